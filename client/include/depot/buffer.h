@@ -1,0 +1,74 @@
+// Buffer and MutableBuffer: handles to an object's bytes in the store's shared memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "depot/object_id.h"
+
+namespace depot {
+
+namespace internal {
+struct Holding;  // one store reference, shared by every handle to the same object
+}  // namespace internal
+
+// Where an object's bytes lie in the host arena.
+struct BufferLocation {
+  uint32_t segment = 0;  // arena segment index
+  uint64_t offset = 0;   // byte offset of the data in the segment
+  uint32_t slot = 0;     // the object's slot in the shared header table
+};
+
+// A read-only view of a sealed object, pointing straight into the store's memory: no copy.
+//
+// A Buffer is a cheap, copyable handle. All handles to one object in one Client share a
+// single reference in the daemon; it is released when the last of them is destroyed (even
+// after the Client itself is gone). While any handle lives, the object stays in memory
+// and is never evicted, and its bytes never change. A default-constructed Buffer is empty.
+// Thread-safe to copy and read from any thread.
+class Buffer {
+ public:
+  Buffer() = default;
+
+  explicit operator bool() const { return holding_ != nullptr; }
+  const ObjectId& id() const;
+  // The object's data and metadata. Empty spans for an empty Buffer.
+  std::span<const std::byte> data() const;
+  std::span<const std::byte> metadata() const;
+  const std::byte* ptr() const { return data().data(); }
+  size_t size() const { return data().size(); }
+  BufferLocation location() const;
+
+ private:
+  friend class Client;
+  explicit Buffer(std::shared_ptr<internal::Holding> h) : holding_(std::move(h)) {}
+  std::shared_ptr<internal::Holding> holding_;
+};
+
+// The writable data of an object this client is creating (between Create and Seal or
+// Abort). The bytes are in shared memory: write them in place, then call Client::Seal.
+// Writing after Seal breaks the store's promise that objects are immutable; don't.
+//
+// Like Buffer, it shares the client's reference to the object. If the last handle to an
+// object that was never sealed goes away, the object is aborted.
+class MutableBuffer {
+ public:
+  MutableBuffer() = default;
+
+  explicit operator bool() const { return holding_ != nullptr; }
+  const ObjectId& id() const;
+  std::span<std::byte> data() const;
+  std::span<const std::byte> metadata() const;
+  std::byte* ptr() const { return data().data(); }
+  size_t size() const { return data().size(); }
+  BufferLocation location() const;
+
+ private:
+  friend class Client;
+  explicit MutableBuffer(std::shared_ptr<internal::Holding> h) : holding_(std::move(h)) {}
+  std::shared_ptr<internal::Holding> holding_;
+};
+
+}  // namespace depot

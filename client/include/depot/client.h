@@ -1,0 +1,167 @@
+// depot's C++ client: put immutable objects into a local depotd, and read anyone's objects
+// with no copy.
+//
+//   DEPOT_ASSIGN_OR_RETURN(auto client, depot::Client::Connect());
+//   auto id = depot::ObjectId::FromName("weights/layer1");
+//   DEPOT_RETURN_NOT_OK(client.Put(id, bytes));
+//   DEPOT_ASSIGN_OR_RETURN(auto buffer, client.Get(id, std::chrono::seconds(1)));
+//   use(buffer.data());  // points into shared memory
+//
+// Every call is thread-safe. Calls that fail return a Status whose message is the
+// daemon's own explanation. A Client holds one connection; when it is destroyed (or the
+// process dies) the daemon releases every reference the connection still held and aborts
+// every object it was creating. Buffers may outlive their Client.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "depot/buffer.h"
+#include "depot/object_id.h"
+#include "depot/status.h"
+
+namespace depot {
+
+namespace internal {
+class Connection;
+}  // namespace internal
+
+struct ConnectOptions {
+  // Shown in the daemon's logs. Default: this program's name.
+  std::string client_name;
+  // How long a call waiting for the daemon's reply polls the socket before it sleeps.
+  // Polling saves a scheduler wake-up per request (about 3 µs); 0 turns it off.
+  std::chrono::microseconds spin{20};
+};
+
+struct CreateOptions {
+  // A small blob stored with the object (e.g. dtype and shape); bounded by the daemon's
+  // message size limit (16 MiB by default).
+  std::span<const std::byte> metadata;
+  // The key the id was made from, if any; kept for display (`depotctl ls`).
+  std::string name;
+  // Never evict this object under memory pressure.
+  bool pin = false;
+  // Compute an XXH3-64 checksum of data and metadata at Seal, for `depotctl verify`.
+  bool checksum = false;
+};
+
+enum class ObjectState : uint8_t { kCreating, kSealed };
+
+// What the daemon knows of one object (Client::List).
+struct ObjectInfo {
+  ObjectId id;
+  std::string name;
+  ObjectState state = ObjectState::kSealed;
+  uint64_t data_size = 0;
+  uint64_t metadata_size = 0;
+  uint32_t ref_count = 0;  // references held by all clients together
+  bool pinned = false;
+  bool delete_pending = false;  // deleted, goes when the last reference is released
+  bool has_checksum = false;
+  uint64_t checksum = 0;
+  uint64_t create_time_ns = 0;  // since the epoch
+  uint64_t access_time_ns = 0;
+  uint32_t segment = 0;
+  uint64_t offset = 0;
+};
+
+// The daemon's state (Client::GetStatus).
+struct StoreStatus {
+  std::string daemon_version;
+  uint32_t pid = 0;
+  uint64_t uptime_ns = 0;
+  std::string socket_path;
+  std::string arena_backend;  // "memfd" or the arena directory
+  uint64_t capacity_bytes = 0;
+  uint64_t mapped_bytes = 0;  // in segments created so far
+  uint64_t used_bytes = 0;    // allocated to objects
+  uint64_t held_bytes = 0;    // of which referenced by some client (not evictable)
+  uint64_t pinned_bytes = 0;
+  uint64_t largest_free_block = 0;
+  uint32_t segments = 0;
+  uint64_t objects_sealed = 0;
+  uint64_t objects_creating = 0;
+  uint32_t clients = 0;
+  uint64_t evictions = 0;
+  uint64_t evicted_bytes = 0;
+  bool eviction_enabled = true;
+  uint32_t header_slots = 0;
+  uint64_t requests = 0;
+};
+
+// Wait for ever (Get).
+inline constexpr std::chrono::milliseconds kForever{-1};
+
+class Client {
+ public:
+  // Connects to the daemon at `socket_path`; empty means $DEPOT_SOCKET, then the default
+  // per-user path. Fails with ConnectionFailed if no daemon listens there (the message says
+  // how to start one) and ProtocolMismatch if the daemon speaks another protocol version.
+  static Result<Client> Connect(const std::string& socket_path = {}, ConnectOptions options = {});
+
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
+  ~Client();
+
+  // Creates an object of `data_size` bytes that only this client can see until Seal.
+  // Returns its writable bytes. Fails with AlreadyExists if the id is taken (sealed or being
+  // created), OutOfMemory if it cannot fit even after evicting unreferenced objects (the
+  // message says how much was asked, free and held), InvalidArgument for the nil id or a
+  // size over the daemon's largest object, LimitExceeded past this client's quotas.
+  Result<MutableBuffer> Create(const ObjectId& id, uint64_t data_size, const CreateOptions& options = {});
+
+  // Makes the object immutable and visible to all; wakes everyone waiting in Get for it.
+  // Handles from Create stay valid (now read-only by contract). Fails with NotFound for an
+  // unknown id, AlreadySealed if sealed before, NotHeld if another client is creating it.
+  Status Seal(const ObjectId& id);
+
+  // Drops an object this client is creating. Fails with NotFound, AlreadySealed, NotHeld as
+  // Seal does. Outstanding MutableBuffers of it must not be written afterwards.
+  Status Abort(const ObjectId& id);
+
+  // Create + copy `data` + Seal, and drops this client's reference. Errors as Create/Seal.
+  Status Put(const ObjectId& id, std::span<const std::byte> data, const CreateOptions& options = {});
+
+  // Returns read-only handles to the objects, in the order of `ids`, waiting up to `timeout`
+  // (0: not at all; kForever) for those not sealed yet. An entry is an empty Buffer if its
+  // object was not sealed in time (or does not exist). Objects this client already holds
+  // cost no round trip. Fails as a whole only on connection errors, LimitExceeded for more
+  // ids than the daemon's batch limit, or InvalidArgument for the nil id.
+  Result<std::vector<Buffer>> Get(std::span<const ObjectId> ids,
+                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+  // One object: fails with NotFound if it does not exist and `timeout` is 0, Timeout if it
+  // was not sealed within `timeout`.
+  Result<Buffer> Get(const ObjectId& id, std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+  // Deletes objects. An object that is referenced goes when its last reference is
+  // released; new Gets cannot find it meanwhile. Fails with NotFound for an unknown id
+  // (the others are still deleted) and NotSealed for an object still being created.
+  Status Delete(const ObjectId& id);
+  Status Delete(std::span<const ObjectId> ids);
+
+  // Whether a sealed object with this id exists (and is not pending deletion).
+  Result<bool> Contains(const ObjectId& id);
+
+  // Every object in the store, sealed or being created, in slot order.
+  Result<std::vector<ObjectInfo>> List();
+
+  // The daemon's capacity, usage and counters.
+  Result<StoreStatus> GetStatus();
+
+  // The daemon's epoch (random per daemon start) and this connection's session id.
+  uint64_t epoch() const;
+  uint64_t session_id() const;
+  const std::string& socket_path() const;
+
+ private:
+  explicit Client(std::shared_ptr<internal::Connection> conn);
+  std::shared_ptr<internal::Connection> conn_;
+};
+
+}  // namespace depot

@@ -1,0 +1,41 @@
+// What both ends of the socket agree on besides the schema: versions, limits, and the
+// conversions between the schema's types and depot's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "depot/object_id.h"
+#include "depot/status.h"
+#include "protocol.capnp.h"
+
+namespace depot::ipc {
+
+// Bumped on every incompatible change to protocol.capnp or to ObjectHeader.
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// The daemon's default bound on one frame. A session that sends a larger one is closed.
+inline constexpr uint32_t kDefaultMaxFrameBytes = 16u << 20;
+// Most ids one batched request may name.
+inline constexpr uint32_t kDefaultMaxBatch = 100'000;
+// Cap'n Proto traversal limit for a frame of `frame_bytes`: nothing may be read twice over.
+inline uint64_t TraversalLimitWords(uint32_t frame_bytes) { return frame_bytes / 8 * 2 + 64; }
+
+inline ObjectId FromWire(wire::Id::Reader id) { return ObjectId::FromWords(id.getLo(), id.getHi()); }
+inline void ToWire(const ObjectId& id, wire::Id::Builder out) {
+  out.setLo(id.lo());
+  out.setHi(id.hi());
+}
+
+inline wire::ErrorCode ToWire(StatusCode code) { return static_cast<wire::ErrorCode>(code); }
+// Unknown wire values become kInternal: a newer peer must not crash an older one.
+StatusCode FromWire(wire::ErrorCode code);
+
+// The Status a reply's error fields describe (OK when `error` is ok).
+Status StatusFromReply(wire::Reply::Reader reply);
+
+// The default socket path for this user: $XDG_RUNTIME_DIR/depot.sock when that directory
+// exists, else /tmp/depot-<uid>.sock. DEPOT_SOCKET, when set, takes precedence.
+std::string DefaultSocketPath();
+
+}  // namespace depot::ipc

@@ -1,0 +1,23 @@
+// Byte sizes as people write them: "4GiB", "512M", "1.5 GiB", "1048576".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "depot/status.h"
+
+namespace depot::ipc {
+
+// Parses a size. Suffixes K, M, G, T (with optional "i" and "B", any case) are powers of
+// 1024; a bare number is bytes. Fails with InvalidArgument naming the bad text.
+Result<uint64_t> ParseSize(std::string_view text);
+
+// Formats a size for people: "0 B", "1023 B", "1.5 KiB", "4.0 GiB".
+std::string FormatSize(uint64_t bytes);
+
+// Nanoseconds since the epoch (CLOCK_REALTIME) and on the monotonic clock.
+uint64_t WallNanos();
+uint64_t MonotonicNanos();
+
+}  // namespace depot::ipc

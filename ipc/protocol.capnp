@@ -1,0 +1,179 @@
+# depot's wire protocol. Both sides compile this file; see docs/architecture.md.
+#
+# Every message on the socket is one frame: an 8-byte header (payload size, number of file
+# descriptors attached) then a Cap'n Proto message in flat-array form. A client sends
+# Requests; the daemon answers each Request whose id is non-zero with one Reply carrying the
+# same id. Replies may come in any order (a get that waits does not hold up later requests).
+@0xc1f3a6d7e2b49a05;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("depot::wire");
+
+# An ObjectId as two 64-bit words (see ObjectId::FromWords).
+struct Id {
+  lo @0 :UInt64;
+  hi @1 :UInt64;
+}
+
+# The same values as depot::StatusCode.
+enum ErrorCode {
+  ok @0;
+  invalidArgument @1;
+  notFound @2;
+  alreadyExists @3;
+  notSealed @4;
+  alreadySealed @5;
+  notHeld @6;
+  outOfMemory @7;
+  timeout @8;
+  limitExceeded @9;
+  protocolMismatch @10;
+  connectionFailed @11;
+  disconnected @12;
+  ioError @13;
+  internal @14;
+}
+
+struct Request {
+  # 0 means "no reply wanted" (allowed for release only: errors are then only logged).
+  id @0 :UInt64;
+  union {
+    hello @1 :Hello;
+    create @2 :Create;
+    seal @3 :Id;
+    abort @4 :Id;
+    get @5 :Get;
+    release @6 :List(Id);
+    delete @7 :List(Id);
+    contains @8 :List(Id);
+    list @9 :ListObjects;
+    status @10 :Void;
+  }
+
+  # The first request of a session; nothing else is accepted before it.
+  struct Hello {
+    protocolVersion @0 :UInt32;
+    clientName @1 :Text;     # for logs and `depotctl clients`
+  }
+
+  struct Create {
+    id @0 :Id;
+    dataSize @1 :UInt64;
+    metadata @2 :Data;       # small: stored after the data, bounded by the frame size
+    name @3 :Text;           # optional key the id was derived from, kept for display
+    pin @4 :Bool;            # never evicted
+    checksum @5 :Bool;       # compute XXH3-64 of data and metadata at seal
+  }
+
+  struct Get {
+    ids @0 :List(Id);
+    # Milliseconds to wait for ids that are not sealed yet: 0 = do not wait, -1 = forever.
+    timeoutMs @1 :Int64;
+  }
+
+  struct ListObjects {
+    startSlot @0 :UInt32;    # resume point from the previous page's nextSlot
+    limit @1 :UInt32;        # at most this many entries (the daemon may return fewer)
+  }
+}
+
+# Where an object's bytes live: a segment of the host arena and an offset in it.
+# The metadata follows the data directly: [offset + dataSize, + metadataSize).
+struct Location {
+  slot @0 :UInt32;           # index of its header in the shared header table
+  segment @1 :UInt32;
+  offset @2 :UInt64;
+  dataSize @3 :UInt64;
+  metadataSize @4 :UInt64;
+}
+
+# A segment of the host arena the session has not been sent yet. Its file descriptor is
+# attached to the frame, in the order of Reply.newSegments.
+struct Segment {
+  index @0 :UInt32;
+  size @1 :UInt64;
+}
+
+struct Reply {
+  id @0 :UInt64;
+  error @1 :ErrorCode;       # ok, or why the request failed as a whole
+  message @2 :Text;          # for a person: what went wrong and what to do about it
+  newSegments @3 :List(Segment);
+  union {
+    none @4 :Void;
+    hello @5 :Hello;
+    create @6 :Location;
+    get @7 :List(GetResult);
+    contains @8 :List(Bool);
+    delete @9 :List(ErrorCode);
+    list @10 :ObjectPage;
+    status @11 :StoreStatus;
+  }
+
+  # The hello reply carries one file descriptor: the shared header table (map it read-only).
+  struct Hello {
+    protocolVersion @0 :UInt32;
+    daemonVersion @1 :Text;
+    epoch @2 :UInt64;        # random per daemon start
+    sessionId @3 :UInt64;
+    headerSlots @4 :UInt32;  # the table holds this many ObjectHeader slots
+    maxFrameBytes @5 :UInt32;
+    maxBatch @6 :UInt32;     # most ids in one get/release/delete/contains
+  }
+
+  struct GetResult {
+    error @0 :ErrorCode;     # ok, notFound (did not exist and no wait), timeout
+    location @1 :Location;
+  }
+
+  struct ObjectPage {
+    objects @0 :List(ObjectInfo);
+    nextSlot @1 :UInt32;
+    done @2 :Bool;
+  }
+}
+
+enum ObjectState {
+  creating @0;
+  sealed @1;
+}
+
+struct ObjectInfo {
+  id @0 :Id;
+  name @1 :Text;
+  state @2 :ObjectState;
+  dataSize @3 :UInt64;
+  metadataSize @4 :UInt64;
+  refCount @5 :UInt32;
+  pinned @6 :Bool;
+  hasChecksum @7 :Bool;
+  checksum @8 :UInt64;
+  createTimeNs @9 :UInt64;   # CLOCK_REALTIME
+  accessTimeNs @10 :UInt64;
+  segment @11 :UInt32;
+  offset @12 :UInt64;
+  deletePending @13 :Bool;   # deleted, gone when the last reference is released
+}
+
+struct StoreStatus {
+  daemonVersion @0 :Text;
+  pid @1 :UInt32;
+  uptimeNs @2 :UInt64;
+  socketPath @3 :Text;
+  arenaBackend @4 :Text;     # "memfd" or the --arena-dir path
+  capacityBytes @5 :UInt64;
+  mappedBytes @6 :UInt64;    # in segments created so far
+  usedBytes @7 :UInt64;      # allocated to objects
+  heldBytes @8 :UInt64;      # of which held by references (cannot be evicted)
+  pinnedBytes @9 :UInt64;
+  segments @10 :UInt32;
+  objectsSealed @11 :UInt64;
+  objectsCreating @12 :UInt64;
+  clients @13 :UInt32;
+  evictions @14 :UInt64;
+  evictedBytes @15 :UInt64;
+  evictionEnabled @16 :Bool;
+  largestFreeBlock @17 :UInt64;
+  headerSlots @18 :UInt32;
+  requests @19 :UInt64;
+}

@@ -1,0 +1,97 @@
+// The host arena: tmpfs-backed segments of shared memory that hold object bytes.
+//
+// Segments are memfds by default (nothing is left behind if the daemon dies) or files in a
+// directory (a tmpfs or hugetlbfs mount). They are added on demand up to the capacity and
+// never removed, so a client maps each one once and keeps it. A new segment is usable at
+// once; its pages are allocated ("pre-faulted") by fallocate on a worker thread, and the
+// arena keeps one empty segment ready ahead of demand, so a put into a warm arena does not
+// pay for page allocation (about 2.4 µs per 4 KiB page on tmpfs, several times memcpy).
+#pragma once
+
+#include <boost/asio/thread_pool.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "depot/ipc/framing.h"
+#include "depot/status.h"
+#include "store/allocator.h"
+
+namespace depot::store {
+
+struct ArenaOptions {
+  uint64_t capacity = 0;      // bytes, over all segments
+  uint64_t segment_size = 0;  // bytes per segment: also the largest object
+  std::string dir;            // empty: memfd segments
+};
+
+class Arena {
+ public:
+  // Objects are placed at multiples of this (a cache line).
+  static constexpr uint64_t kAlignment = 64;
+
+  // Checks the options against what the backing store can hold (physical memory for memfd,
+  // free space for a directory) and creates the first segment. `prefault_pool` runs the
+  // page allocation of new segments; it must outlive the arena.
+  static Result<std::unique_ptr<Arena>> Create(const ArenaOptions& options,
+                                               boost::asio::thread_pool& prefault_pool);
+  ~Arena();
+
+  struct Block {
+    uint32_t segment = 0;
+    uint32_t handle = 0;
+    uint64_t offset = 0;
+    uint64_t size = 0;  // rounded
+  };
+
+  // Allocates `size` bytes in the first segment that has room, adding a segment if none has
+  // and the capacity allows. nullopt when neither works: the caller may evict and retry.
+  std::optional<Block> Allocate(uint64_t size);
+  // Allocates in one segment only (used right after evicting from it).
+  std::optional<Block> AllocateIn(uint32_t segment, uint64_t size);
+  void Free(uint32_t segment, uint32_t handle);
+
+  // Where the daemon sees a segment's bytes.
+  std::byte* base(uint32_t segment) const { return segments_[segment]->base; }
+  int fd(uint32_t segment) const { return segments_[segment]->fd.get(); }
+  uint64_t segment_bytes(uint32_t segment) const { return segments_[segment]->size; }
+  uint32_t segment_count() const { return static_cast<uint32_t>(segments_.size()); }
+
+  uint64_t capacity() const { return options_.capacity; }
+  uint64_t max_object_size() const { return options_.segment_size; }
+  uint64_t mapped_bytes() const { return mapped_; }
+  uint64_t used_bytes() const;
+  uint64_t largest_free_block() const;
+  // "memfd" or the directory.
+  std::string backend() const { return options_.dir.empty() ? "memfd" : options_.dir; }
+  // Bytes actually reserved for a request of `size` (alignment included).
+  static uint64_t RoundedSize(uint64_t size) { return (size + kAlignment - 1) / kAlignment * kAlignment; }
+
+ private:
+  struct Segment {
+    uint32_t index = 0;
+    ipc::UniqueFd fd;
+    uint64_t size = 0;
+    std::byte* base = nullptr;
+    OffsetAllocator allocator;
+    Segment(uint64_t bytes) : size(bytes), allocator(bytes, kAlignment) {}
+  };
+
+  Arena(const ArenaOptions& options, boost::asio::thread_pool& pool)
+      : options_(options), prefault_pool_(pool) {}
+  Status AddSegment();
+  // Adds a segment when the last one has started to fill, so the next one is warm in time.
+  void GrowAhead();
+
+  ArenaOptions options_;
+  boost::asio::thread_pool& prefault_pool_;
+  std::vector<std::unique_ptr<Segment>> segments_;
+  uint64_t mapped_ = 0;
+};
+
+}  // namespace depot::store

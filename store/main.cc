@@ -1,0 +1,153 @@
+// depotd: the depot daemon. One per host; see docs/architecture.md.
+#include <sys/sysinfo.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "depot/ipc/protocol.h"
+#include "depot/ipc/units.h"
+#include "store/arena.h"
+#include "store/header_table.h"
+#include "store/object_store.h"
+#include "store/server.h"
+#include "store/version.h"
+
+namespace {
+
+using depot::Result;
+using depot::Status;
+
+// A size, or a percentage of physical memory ("25%").
+Result<uint64_t> ParseMemory(const std::string& text) {
+  if (!text.empty() && text.back() == '%') {
+    double pct = 0;
+    try {
+      pct = std::stod(text.substr(0, text.size() - 1));
+    } catch (const std::exception&) {
+      pct = -1;
+    }
+    if (!(pct > 0 && pct <= 100)) {
+      return Status::InvalidArgument("'" + text + "' is not a percentage between 0 and 100");
+    }
+    struct sysinfo si {};
+    ::sysinfo(&si);
+    return static_cast<uint64_t>(static_cast<double>(si.totalram) * si.mem_unit * pct / 100);
+  }
+  return depot::ipc::ParseSize(text);
+}
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "depotd: %s\n", st.message().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"depotd: the depot shared-memory object store daemon"};
+  app.set_version_flag("--version", std::string("depotd ") + depot::store::kDepotVersion);
+  std::string socket_path = depot::ipc::DefaultSocketPath();
+  std::string socket_mode = "0600";
+  std::string memory = "25%";
+  std::string segment_size = "1GiB";
+  std::string arena_dir;
+  bool no_evict = false;
+  uint32_t max_objects = 4u << 20;
+  std::string max_frame = "16MiB";
+  uint32_t max_batch = depot::ipc::kDefaultMaxBatch;
+  std::string client_max_bytes = "0";
+  uint32_t client_max_objects = 0;
+  uint32_t client_max_pending = 1024;
+  unsigned workers = std::max(2u, std::thread::hardware_concurrency() / 8);
+  std::string log_level = "info";
+
+  app.add_option("--socket", socket_path, "Unix socket to listen on (env DEPOT_SOCKET)")
+      ->capture_default_str();
+  app.add_option("--socket-mode", socket_mode, "permissions of the socket file, in octal")
+      ->capture_default_str();
+  app.add_option("--memory", memory, "host arena capacity: a size (4GiB) or a share of RAM (25%)")
+      ->capture_default_str();
+  app.add_option("--segment-size", segment_size, "arena segment size, also the largest object")
+      ->capture_default_str();
+  app.add_option("--arena-dir", arena_dir,
+                 "put segments in this directory (a tmpfs or hugetlbfs mount) instead of memfds");
+  app.add_flag("--no-evict", no_evict, "never evict objects; a create that does not fit fails");
+  app.add_option("--max-objects", max_objects, "most objects the store holds at once")
+      ->capture_default_str()->check(CLI::Range(1u, 1u << 30));
+  app.add_option("--max-frame", max_frame, "largest message a client may send")->capture_default_str();
+  app.add_option("--max-batch", max_batch, "most ids in one request")
+      ->capture_default_str()->check(CLI::Range(1u, 10'000'000u));
+  app.add_option("--client-max-bytes", client_max_bytes,
+                 "bytes one client may hold (creating or referenced); 0: no limit")
+      ->capture_default_str();
+  app.add_option("--client-max-objects", client_max_objects, "objects one client may hold; 0: no limit")
+      ->capture_default_str();
+  app.add_option("--client-max-pending", client_max_pending, "gets one client may have waiting; 0: no limit")
+      ->capture_default_str();
+  app.add_option("--workers", workers, "threads for long work (pre-faulting, checksums)")
+      ->capture_default_str()->check(CLI::Range(1u, 256u));
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str()->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [depotd] [%^%l%$] %v");
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto capacity = ParseMemory(memory);
+  if (!capacity.ok()) return Fail(Status::InvalidArgument("--memory: " + capacity.status().message()));
+  auto segment = depot::ipc::ParseSize(segment_size);
+  if (!segment.ok()) return Fail(Status::InvalidArgument("--segment-size: " + segment.status().message()));
+  auto frame = depot::ipc::ParseSize(max_frame);
+  if (!frame.ok() || *frame < 4096 || *frame > (1u << 30)) {
+    return Fail(Status::InvalidArgument("--max-frame must be a size between 4KiB and 1GiB"));
+  }
+  auto client_bytes = depot::ipc::ParseSize(client_max_bytes);
+  if (!client_bytes.ok()) return Fail(Status::InvalidArgument("--client-max-bytes: " + client_bytes.status().message()));
+  mode_t mode = 0;
+  try {
+    size_t used = 0;
+    mode = static_cast<mode_t>(std::stoul(socket_mode, &used, 8));
+    if (used != socket_mode.size() || mode > 0777) throw std::invalid_argument("mode");
+  } catch (const std::exception&) {
+    return Fail(Status::InvalidArgument("--socket-mode '" + socket_mode + "' is not an octal mode like 0660"));
+  }
+
+  boost::asio::io_context loop(1);
+  boost::asio::thread_pool pool(workers);
+  {
+    auto arena = depot::store::Arena::Create({*capacity, *segment, arena_dir}, pool);
+    if (!arena.ok()) return Fail(arena.status());
+    auto headers = depot::store::HeaderTable::Create(max_objects);
+    if (!headers.ok()) return Fail(headers.status());
+    depot::store::ClientLimits limits{*client_bytes, client_max_objects, client_max_pending};
+    depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict);
+    depot::store::Server server(loop, store,
+                                {socket_path, mode, static_cast<uint32_t>(*frame), max_batch});
+    if (Status st = server.Listen(); !st.ok()) return Fail(st);
+
+    boost::asio::signal_set signals(loop, SIGINT, SIGTERM);
+    signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+      if (ec) return;
+      spdlog::info("received signal {}, shutting down", signo);
+      server.Shutdown();
+      loop.stop();
+    });
+    spdlog::info("depotd {} listening on {} (arena {} {}, segments of {}, eviction {})",
+                 depot::store::kDepotVersion, socket_path, depot::ipc::FormatSize((*arena)->capacity()),
+                 (*arena)->backend(), depot::ipc::FormatSize((*arena)->max_object_size()),
+                 no_evict ? "off" : "on");
+    loop.run();
+    pool.join();
+  }
+  spdlog::info("stopped");
+  return 0;
+}

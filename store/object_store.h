@@ -1,0 +1,174 @@
+// The object table and everything that happens to objects: create, seal, get (waiting for
+// seals), release, delete, abort, and eviction under memory pressure.
+//
+// All of it runs on the daemon's one event-loop thread: no locks. Long work (checksums of
+// large objects) goes to the worker pool and posts its result back to the loop. The store
+// knows clients only by ClientId; sessions (the network side) call in and get callbacks.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "depot/object_id.h"
+#include "depot/status.h"
+#include "store/arena.h"
+#include "store/header_table.h"
+#include "store/lru_list.h"
+
+namespace depot::store {
+
+using ClientId = uint32_t;
+
+struct Location {
+  uint32_t slot = 0;
+  uint32_t segment = 0;
+  uint64_t offset = 0;
+  uint64_t data_size = 0;
+  uint64_t metadata_size = 0;
+};
+
+struct CreateParams {
+  ObjectId id;
+  uint64_t data_size = 0;
+  std::span<const std::byte> metadata;
+  std::string_view name;
+  bool pin = false;
+  bool checksum = false;
+};
+
+struct GetResult {
+  StatusCode code = StatusCode::kOk;  // kOk, kNotFound or kTimeout
+  Location location;
+};
+
+struct ClientLimits {
+  uint64_t max_bytes = 0;         // bytes a client may hold (creating or referenced); 0: no limit
+  uint32_t max_objects = 0;       // objects a client may hold; 0: no limit
+  uint32_t max_pending_gets = 0;  // gets of one client waiting at once; 0: no limit
+};
+
+struct StoreCounters {
+  uint64_t objects_sealed = 0;
+  uint64_t objects_creating = 0;
+  uint64_t held_bytes = 0;    // allocated to objects that are referenced or being created
+  uint64_t pinned_bytes = 0;
+  uint64_t evictions = 0;
+  uint64_t evicted_bytes = 0;
+};
+
+class ObjectStore {
+ public:
+  ObjectStore(boost::asio::io_context& loop, boost::asio::thread_pool& workers, Arena& arena,
+              HeaderTable& headers, ClientLimits limits, bool eviction);
+  ~ObjectStore();
+  ObjectStore(const ObjectStore&) = delete;
+  ObjectStore& operator=(const ObjectStore&) = delete;
+
+  void AddClient(ClientId client);
+  // Gives back everything the client held: references released, objects it was creating
+  // aborted, its waiting gets dropped (their callbacks are never called).
+  void RemoveClient(ClientId client);
+
+  // Reserves and publishes (as creating) a new object; the creator holds one reference.
+  // Evicts least-recently-used unreferenced objects when it must.
+  Result<Location> Create(ClientId client, const CreateParams& params);
+
+  // Seals: `done` runs on the loop thread, at once or after a checksum on the worker pool.
+  void Seal(ClientId client, const ObjectId& id, std::function<void(Status)> done);
+  Status Abort(ClientId client, const ObjectId& id);
+
+  using GetDone = std::function<void(std::vector<GetResult>)>;
+  // Answers `done` (possibly before returning) with one result per id; an OK result grants
+  // the client a reference. Waits up to `timeout_ms` (-1: for ever) for missing ids. Returns
+  // an error, and never calls `done`, if the client has too many gets waiting.
+  Status Get(ClientId client, std::vector<ObjectId> ids, int64_t timeout_ms, GetDone done);
+
+  // Releases one reference per id. Returns NotHeld naming the first id the client did not
+  // hold; the others are released all the same.
+  Status Release(ClientId client, std::span<const ObjectId> ids);
+
+  std::vector<StatusCode> Delete(std::span<const ObjectId> ids);
+  bool Contains(const ObjectId& id) const;
+
+  // Live slots from `start` on, at most `limit` of them, and where the next page starts.
+  struct Page {
+    std::vector<uint32_t> slots;
+    uint32_t next = 0;
+    bool done = true;
+  };
+  Page List(uint32_t start, uint32_t limit) const;
+  // The display name of the object in `slot`, empty if it has none.
+  std::string_view NameOf(uint32_t slot) const;
+  bool IsDeletePending(uint32_t slot) const;
+
+  const StoreCounters& counters() const { return counters_; }
+  const HeaderTable& headers() const { return headers_; }
+  const Arena& arena() const { return arena_; }
+  bool eviction_enabled() const { return eviction_; }
+
+ private:
+  struct Object {  // daemon-only state of a live slot
+    uint32_t alloc = 0;     // allocator handle in the header's segment
+    ClientId creator = 0;   // while being created
+    bool want_checksum = false;
+    bool sealing = false;   // checksum running on the worker pool
+  };
+  struct ClientState {
+    std::unordered_map<uint32_t, uint32_t> refs;  // slot -> references held
+    uint64_t held_bytes = 0;
+    std::vector<uint64_t> pending_gets;
+  };
+  struct PendingGet {
+    ClientId client = 0;
+    std::vector<ObjectId> ids;
+    std::vector<GetResult> results;
+    size_t missing = 0;
+    std::unique_ptr<boost::asio::steady_timer> timer;
+    GetDone done;
+  };
+
+  uint32_t Find(const ObjectId& id) const;
+  uint64_t BlockBytes(uint32_t slot) const;
+  Location LocationOf(uint32_t slot) const;
+  Status CheckLimits(ClientId client, const ClientState& state, uint64_t bytes) const;
+  std::optional<Arena::Block> AllocateOrEvict(uint64_t bytes);
+  void Evict(uint32_t slot);
+  void AddRef(ClientId client, ClientState& state, uint32_t slot);
+  // Drops one of the client's references; frees or aborts the object when it was the last.
+  void DropRef(ClientState& state, uint32_t slot);
+  void FinishSeal(uint32_t slot, std::optional<uint64_t> checksum);
+  void FreeObject(uint32_t slot);
+  void CompleteWaiters(uint32_t slot);
+  void ExpireGet(uint64_t pending_id);
+  void ForgetWaits(uint64_t pending_id, const PendingGet& get);
+  std::string OutOfMemoryMessage(const ObjectId& id, uint64_t bytes) const;
+
+  boost::asio::io_context& loop_;
+  boost::asio::thread_pool& workers_;
+  Arena& arena_;
+  HeaderTable& headers_;
+  const ClientLimits limits_;
+  const bool eviction_;
+
+  std::unordered_map<ObjectId, uint32_t> index_;  // live objects -> header slot
+  std::vector<Object> objects_;                   // by slot
+  std::unordered_map<uint32_t, std::string> names_;
+  LruList lru_;  // sealed, unreferenced, unpinned objects: the eviction candidates
+  std::unordered_map<ClientId, ClientState> clients_;
+  std::unordered_map<uint64_t, PendingGet> pending_;
+  std::unordered_map<ObjectId, std::vector<uint64_t>> waiting_;  // id -> pending gets
+  uint64_t next_pending_ = 1;
+  StoreCounters counters_;
+};
+
+}  // namespace depot::store

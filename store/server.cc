@@ -1,0 +1,117 @@
+#include "store/server.h"
+
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <fstream>
+
+#include "depot/ipc/framing.h"
+#include "depot/ipc/units.h"
+#include "store/session.h"
+
+namespace depot::store {
+
+namespace {
+
+Peer ReadPeer(int fd) {
+  Peer peer;
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    peer.pid = cred.pid;
+    peer.uid = cred.uid;
+    std::ifstream comm("/proc/" + std::to_string(cred.pid) + "/comm");
+    std::getline(comm, peer.command);
+  }
+  if (peer.command.empty()) peer.command = "?";
+  return peer;
+}
+
+uint64_t RandomEpoch() {
+  uint64_t epoch = 0;
+  while (epoch == 0) {
+    if (::getrandom(&epoch, sizeof(epoch), 0) != sizeof(epoch)) epoch = ipc::MonotonicNanos();
+  }
+  return epoch;
+}
+
+}  // namespace
+
+Server::Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions options)
+    : loop_(loop),
+      store_(store),
+      options_(std::move(options)),
+      acceptor_(loop),
+      epoch_(RandomEpoch()),
+      start_ns_(ipc::MonotonicNanos()) {}
+
+Server::~Server() { Shutdown(); }
+
+Status Server::Listen() {
+  const std::string& path = options_.socket_path;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return Status::InvalidArgument(path + " exists and is not a socket; remove it or choose another --socket");
+    }
+    if (ipc::ConnectUnix(path).ok()) {
+      return Status::AlreadyExists("another depotd is already listening at " + path);
+    }
+    ::unlink(path.c_str());  // left behind by a daemon that died
+  }
+  boost::system::error_code ec;
+  acceptor_.open(boost::asio::local::stream_protocol(), ec);
+  if (!ec) {
+    // The socket file appears with the mode the umask allows; keep it private until chmod.
+    const mode_t old = ::umask(0177);
+    acceptor_.bind(boost::asio::local::stream_protocol::endpoint(path), ec);
+    ::umask(old);
+  }
+  if (ec) return Status::IoError("cannot create the socket " + path + ": " + ec.message());
+  listening_ = true;
+  if (::chmod(path.c_str(), options_.socket_mode) != 0) {
+    return Status::FromErrno("chmod " + path, errno);
+  }
+  acceptor_.listen(SOMAXCONN, ec);
+  if (ec) return Status::IoError("cannot listen on " + path + ": " + ec.message());
+  Accept();
+  return Status::OK();
+}
+
+void Server::Accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec,
+                                boost::asio::local::stream_protocol::socket socket) {
+    if (ec == boost::asio::error::operation_aborted) return;
+    if (ec) {
+      // Running out of descriptors must not stop the daemon: log and go on.
+      spdlog::warn("accept failed: {}", ec.message());
+    } else {
+      const ClientId id = next_id_++;
+      Peer peer = ReadPeer(socket.native_handle());
+      spdlog::info("session {}: connected (pid {}, uid {}, {})", id, peer.pid, peer.uid, peer.command);
+      auto session = std::make_shared<Session>(*this, std::move(socket), id, std::move(peer));
+      sessions_.emplace(id, session);
+      session->Start();
+    }
+    if (acceptor_.is_open()) Accept();
+  });
+}
+
+void Server::Forget(ClientId id) { sessions_.erase(id); }
+
+void Server::Shutdown() {
+  if (!listening_) return;
+  listening_ = false;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  ::unlink(options_.socket_path.c_str());
+  auto sessions = sessions_;
+  for (auto& [id, session] : sessions) session->Close("daemon shutting down");
+  sessions_.clear();
+}
+
+}  // namespace depot::store

@@ -1,0 +1,64 @@
+// The daemon's front door: the listening Unix socket, the sessions, and shutdown.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "depot/status.h"
+#include "store/object_store.h"
+
+namespace depot::store {
+
+class Session;
+
+struct ServerOptions {
+  std::string socket_path;
+  mode_t socket_mode = 0600;
+  uint32_t max_frame_bytes = 0;
+  uint32_t max_batch = 0;
+};
+
+class Server {
+ public:
+  Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions options);
+  ~Server();
+
+  // Creates the socket file (refusing if another daemon answers there) and starts accepting.
+  Status Listen();
+  // Stops accepting, closes every session and removes the socket file.
+  void Shutdown();
+
+  // For sessions.
+  boost::asio::io_context& loop() { return loop_; }
+  ObjectStore& store() { return store_; }
+  const ServerOptions& options() const { return options_; }
+  uint64_t epoch() const { return epoch_; }
+  uint64_t start_ns() const { return start_ns_; }
+  size_t session_count() const { return sessions_.size(); }
+  uint64_t requests() const { return requests_; }
+  void CountRequest() { ++requests_; }
+  void Forget(ClientId id);
+
+ private:
+  void Accept();
+
+  boost::asio::io_context& loop_;
+  ObjectStore& store_;
+  ServerOptions options_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::unordered_map<ClientId, std::shared_ptr<Session>> sessions_;
+  ClientId next_id_ = 1;
+  uint64_t epoch_ = 0;
+  uint64_t start_ns_ = 0;
+  uint64_t requests_ = 0;
+  bool listening_ = false;
+};
+
+}  // namespace depot::store

@@ -1,0 +1,423 @@
+#include "store/session.h"
+
+#include <capnp/serialize.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/post.hpp>
+
+#include "depot/ipc/protocol.h"
+#include "depot/ipc/units.h"
+#include "store/server.h"
+#include "store/version.h"
+
+namespace depot::store {
+
+namespace {
+// Stop reading from a client whose replies pile up unread beyond this.
+constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
+// Frames handled per wake-up before other sessions get a turn.
+constexpr int kReadsPerTurn = 16;
+// Longest object name accepted.
+constexpr size_t kMaxNameBytes = 4096;
+// Most objects in one page of a list reply.
+constexpr uint32_t kMaxListPage = 10'000;
+
+void ToWire(const Location& loc, wire::Location::Builder out) {
+  out.setSlot(loc.slot);
+  out.setSegment(loc.segment);
+  out.setOffset(loc.offset);
+  out.setDataSize(loc.data_size);
+  out.setMetadataSize(loc.metadata_size);
+}
+}  // namespace
+
+Session::Session(Server& server, boost::asio::local::stream_protocol::socket socket, ClientId id,
+                 Peer peer)
+    : server_(server),
+      socket_(std::move(socket)),
+      id_(id),
+      peer_(std::move(peer)),
+      reader_(server.options().max_frame_bytes) {}
+
+Session::~Session() = default;
+
+void Session::Start() {
+  server_.store().AddClient(id_);
+  socket_.non_blocking(true);
+  WaitReadable();
+}
+
+void Session::Close(const std::string& reason) {
+  if (closed_) return;
+  closed_ = true;
+  spdlog::info("session {} (pid {}, {}) closed: {}", id_, peer_.pid, peer_.command, reason);
+  server_.store().RemoveClient(id_);
+  boost::system::error_code ignored;
+  socket_.close(ignored);
+  out_.clear();
+  // The server owns the last reference; let pending handlers finish with a live object.
+  boost::asio::post(server_.loop(), [self = shared_from_this()] { self->server_.Forget(self->id_); });
+}
+
+void Session::WaitReadable() {
+  if (closed_ || reading_) return;
+  reading_ = true;
+  socket_.async_wait(boost::asio::socket_base::wait_read,
+                     [self = shared_from_this()](const boost::system::error_code& ec) {
+                       self->reading_ = false;
+                       if (self->closed_) return;
+                       if (ec) return self->Close("socket error: " + ec.message());
+                       self->OnReadable();
+                     });
+}
+
+void Session::OnReadable() {
+  for (int turn = 0; turn < kReadsPerTurn; ++turn) {
+    bool would_block = false;
+    auto n = reader_.ReadSome(socket_.native_handle(), &would_block);
+    if (!n.ok()) return Close(n.status().message());
+    if (reader_.pending_fds() != 0) {
+      return Close("protocol violation: the client sent file descriptors, which clients never do");
+    }
+    if (would_block) break;
+    if (*n == 0) {
+      return Close(reader_.buffered_bytes() == 0 ? "client disconnected"
+                                                 : "client disconnected in the middle of a frame");
+    }
+    for (;;) {
+      auto frame = reader_.Next();
+      if (!frame.ok()) return Close("protocol violation: " + frame.status().message());
+      if (!frame->has_value()) break;
+      if (!HandleFrame(**frame) || closed_) return;
+    }
+    if (out_bytes_ > kMaxQueuedReplyBytes) {
+      paused_ = true;  // Flush resumes reading once the replies are drained
+      return;
+    }
+  }
+  WaitReadable();
+}
+
+bool Session::HandleFrame(ipc::FrameReader::Frame& frame) {
+  try {
+    capnp::ReaderOptions options;
+    options.traversalLimitInWords = ipc::TraversalLimitWords(server_.options().max_frame_bytes);
+    options.nestingLimit = 16;
+    capnp::FlatArrayMessageReader message(frame.payload, options);
+    Dispatch(message.getRoot<wire::Request>());
+  } catch (const kj::Exception& e) {
+    Close("protocol violation: malformed message (" + std::string(e.getDescription().cStr()) + ")");
+    return false;
+  } catch (const std::exception& e) {
+    Close(std::string("failed to handle a request: ") + e.what());
+    return false;
+  }
+  return !closed_;
+}
+
+bool Session::CheckBatch(uint64_t rid, size_t count) {
+  if (count <= server_.options().max_batch) return true;
+  SendError(rid, Status::LimitExceeded("a request may name at most " +
+                                       std::to_string(server_.options().max_batch) + " objects, this one names " +
+                                       std::to_string(count)));
+  return false;
+}
+
+void Session::Dispatch(wire::Request::Reader request) {
+  const uint64_t rid = request.getId();
+  ++requests_;
+  server_.CountRequest();
+  const auto which = request.which();
+  if (!said_hello_ && which != wire::Request::HELLO) {
+    return Close("protocol violation: the first request must be hello");
+  }
+  if (rid == 0 && which != wire::Request::RELEASE) {
+    return Close("protocol violation: request id 0 is only allowed for release");
+  }
+  ObjectStore& store = server_.store();
+  switch (which) {
+    case wire::Request::HELLO:
+      return HandleHello(rid, request.getHello());
+    case wire::Request::CREATE:
+      return HandleCreate(rid, request.getCreate());
+    case wire::Request::SEAL:
+      return store.Seal(id_, ipc::FromWire(request.getSeal()),
+                        [weak = weak_from_this(), rid](Status st) {
+                          auto self = weak.lock();
+                          if (!self || self->closed_) return;
+                          if (st.ok()) self->SendOk(rid); else self->SendError(rid, st);
+                        });
+    case wire::Request::ABORT: {
+      Status st = store.Abort(id_, ipc::FromWire(request.getAbort()));
+      return st.ok() ? SendOk(rid) : SendError(rid, st);
+    }
+    case wire::Request::GET:
+      return HandleGet(rid, request.getGet());
+    case wire::Request::RELEASE: {
+      auto list = request.getRelease();
+      if (!CheckBatch(rid, list.size())) return;
+      std::vector<ObjectId> ids;
+      ids.reserve(list.size());
+      for (auto id : list) ids.push_back(ipc::FromWire(id));
+      Status st = store.Release(id_, ids);
+      if (rid == 0) {
+        if (!st.ok()) spdlog::debug("session {}: release: {}", id_, st.message());
+        return;
+      }
+      return st.ok() ? SendOk(rid) : SendError(rid, st);
+    }
+    case wire::Request::DELETE: {
+      auto list = request.getDelete();
+      if (!CheckBatch(rid, list.size())) return;
+      std::vector<ObjectId> ids;
+      ids.reserve(list.size());
+      for (auto id : list) ids.push_back(ipc::FromWire(id));
+      auto codes = store.Delete(ids);
+      capnp::MallocMessageBuilder message;
+      auto reply = message.initRoot<wire::Reply>();
+      reply.setId(rid);
+      auto out = reply.initDelete(static_cast<unsigned>(codes.size()));
+      for (size_t i = 0; i < codes.size(); ++i) out.set(static_cast<unsigned>(i), ipc::ToWire(codes[i]));
+      return SendReply(message, reply, -1);
+    }
+    case wire::Request::CONTAINS: {
+      auto list = request.getContains();
+      if (!CheckBatch(rid, list.size())) return;
+      capnp::MallocMessageBuilder message;
+      auto reply = message.initRoot<wire::Reply>();
+      reply.setId(rid);
+      auto out = reply.initContains(list.size());
+      for (unsigned i = 0; i < list.size(); ++i) out.set(i, store.Contains(ipc::FromWire(list[i])));
+      return SendReply(message, reply, -1);
+    }
+    case wire::Request::LIST:
+      return HandleList(rid, request.getList());
+    case wire::Request::STATUS:
+      return HandleStatus(rid);
+  }
+  SendError(rid, Status::InvalidArgument("unknown request type " + std::to_string(static_cast<int>(which)) +
+                                         "; is the client newer than this depotd (" + kDepotVersion + ")?"));
+}
+
+void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
+  if (said_hello_) return Close("protocol violation: hello sent twice");
+  if (hello.getProtocolVersion() != ipc::kProtocolVersion) {
+    SendError(rid, Status::ProtocolMismatch(
+                       "the client speaks depot protocol version " +
+                       std::to_string(hello.getProtocolVersion()) + " but this depotd (" +
+                       kDepotVersion + ") speaks version " + std::to_string(ipc::kProtocolVersion) +
+                       "; use a client and a daemon from the same release"));
+    // Let the reply go out, then hang up.
+    boost::asio::post(server_.loop(), [self = shared_from_this()] {
+      self->Close("client speaks another protocol version");
+    });
+    return;
+  }
+  said_hello_ = true;
+  const std::string name = hello.getClientName().cStr();
+  spdlog::info("session {}: hello from {} (pid {}, uid {})", id_, name.empty() ? peer_.command : name,
+               peer_.pid, peer_.uid);
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto h = reply.initHello();
+  h.setProtocolVersion(ipc::kProtocolVersion);
+  h.setDaemonVersion(kDepotVersion);
+  h.setEpoch(server_.epoch());
+  h.setSessionId(id_);
+  h.setHeaderSlots(server_.store().headers().slots());
+  h.setMaxFrameBytes(server_.options().max_frame_bytes);
+  h.setMaxBatch(server_.options().max_batch);
+  SendReply(message, reply, -1, {server_.store().headers().fd()});
+}
+
+void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create) {
+  auto name = create.getName();
+  if (name.size() > kMaxNameBytes) {
+    return SendError(rid, Status::InvalidArgument("object name of " + std::to_string(name.size()) +
+                                                  " bytes is longer than the limit of " +
+                                                  std::to_string(kMaxNameBytes)));
+  }
+  auto metadata = create.getMetadata();
+  CreateParams params;
+  params.id = ipc::FromWire(create.getId());
+  params.data_size = create.getDataSize();
+  params.metadata = std::as_bytes(std::span(metadata.begin(), metadata.size()));
+  params.name = std::string_view(name.cStr(), name.size());
+  params.pin = create.getPin();
+  params.checksum = create.getChecksum();
+  auto loc = server_.store().Create(id_, params);
+  if (!loc.ok()) return SendError(rid, loc.status());
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  ToWire(*loc, reply.initCreate());
+  SendReply(message, reply, loc->segment);
+}
+
+void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get) {
+  auto list = get.getIds();
+  if (!CheckBatch(rid, list.size())) return;
+  std::vector<ObjectId> ids;
+  ids.reserve(list.size());
+  for (auto id : list) {
+    ids.push_back(ipc::FromWire(id));
+    if (ids.back().IsNil()) {
+      return SendError(rid, Status::InvalidArgument("the nil object id (all zeros) is reserved"));
+    }
+  }
+  const int64_t timeout = std::max<int64_t>(get.getTimeoutMs(), -1);
+  Status st = server_.store().Get(
+      id_, std::move(ids), timeout, [weak = weak_from_this(), rid](std::vector<GetResult> results) {
+        auto self = weak.lock();
+        if (!self || self->closed_) return;
+        capnp::MallocMessageBuilder message;
+        auto reply = message.initRoot<wire::Reply>();
+        reply.setId(rid);
+        auto out = reply.initGet(static_cast<unsigned>(results.size()));
+        int64_t max_segment = -1;
+        for (unsigned i = 0; i < results.size(); ++i) {
+          out[i].setError(ipc::ToWire(results[i].code));
+          if (results[i].code == StatusCode::kOk) {
+            ToWire(results[i].location, out[i].initLocation());
+            max_segment = std::max<int64_t>(max_segment, results[i].location.segment);
+          }
+        }
+        self->SendReply(message, reply, max_segment);
+      });
+  if (!st.ok()) SendError(rid, st);
+}
+
+void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list) {
+  const ObjectStore& store = server_.store();
+  const uint32_t limit = std::clamp<uint32_t>(list.getLimit(), 1, kMaxListPage);
+  auto page = store.List(list.getStartSlot(), limit);
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initList();
+  out.setNextSlot(page.next);
+  out.setDone(page.done);
+  auto objects = out.initObjects(static_cast<unsigned>(page.slots.size()));
+  for (unsigned i = 0; i < page.slots.size(); ++i) {
+    const uint32_t slot = page.slots[i];
+    const auto& h = store.headers().at(slot);
+    const uint64_t word = h.state_refs.load(std::memory_order_relaxed);
+    auto o = objects[i];
+    ipc::ToWire(ObjectId::FromWords(h.id_lo, h.id_hi), o.initId());
+    auto name = store.NameOf(slot);
+    o.setName(capnp::Text::Reader(name.data(), name.size()));
+    o.setState(ipc::UnpackState(word) == ipc::ObjectState::kSealed ? wire::ObjectState::SEALED
+                                                                   : wire::ObjectState::CREATING);
+    o.setDataSize(h.data_size);
+    o.setMetadataSize(h.metadata_size);
+    o.setRefCount(static_cast<uint32_t>(ipc::UnpackRefs(word)));
+    o.setPinned(h.flags & ipc::kFlagPinned);
+    o.setHasChecksum(h.flags & ipc::kFlagHasChecksum);
+    o.setChecksum(h.checksum);
+    o.setCreateTimeNs(h.create_time_ns);
+    o.setAccessTimeNs(h.access_time_ns);
+    o.setSegment(h.segment);
+    o.setOffset(h.offset);
+    o.setDeletePending(h.flags & ipc::kFlagDeletePending);
+  }
+  SendReply(message, reply, -1);
+}
+
+void Session::HandleStatus(uint64_t rid) {
+  const ObjectStore& store = server_.store();
+  const Arena& arena = store.arena();
+  const StoreCounters& c = store.counters();
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto s = reply.initStatus();
+  s.setDaemonVersion(kDepotVersion);
+  s.setPid(static_cast<uint32_t>(::getpid()));
+  s.setUptimeNs(ipc::MonotonicNanos() - server_.start_ns());
+  s.setSocketPath(server_.options().socket_path);
+  s.setArenaBackend(arena.backend());
+  s.setCapacityBytes(arena.capacity());
+  s.setMappedBytes(arena.mapped_bytes());
+  s.setUsedBytes(arena.used_bytes());
+  s.setHeldBytes(c.held_bytes);
+  s.setPinnedBytes(c.pinned_bytes);
+  s.setSegments(arena.segment_count());
+  s.setObjectsSealed(c.objects_sealed);
+  s.setObjectsCreating(c.objects_creating);
+  s.setClients(static_cast<uint32_t>(server_.session_count()));
+  s.setEvictions(c.evictions);
+  s.setEvictedBytes(c.evicted_bytes);
+  s.setEvictionEnabled(store.eviction_enabled());
+  s.setLargestFreeBlock(arena.largest_free_block());
+  s.setHeaderSlots(store.headers().slots());
+  s.setRequests(server_.requests());
+  SendReply(message, reply, -1);
+}
+
+void Session::SendOk(uint64_t rid) {
+  capnp::MallocMessageBuilder message(64);
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  reply.setNone();
+  SendReply(message, reply, -1);
+}
+
+void Session::SendError(uint64_t rid, const Status& status) {
+  capnp::MallocMessageBuilder message(256);
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  reply.setError(ipc::ToWire(status.code()));
+  reply.setMessage(status.message());
+  SendReply(message, reply, -1);
+}
+
+void Session::SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply,
+                        int64_t max_segment, std::vector<int> extra_fds) {
+  if (closed_) return;
+  std::vector<int> fds;
+  if (max_segment >= static_cast<int64_t>(segments_sent_)) {
+    const Arena& arena = server_.store().arena();
+    const auto first = segments_sent_;
+    const auto last = static_cast<uint32_t>(max_segment);
+    auto segs = reply.initNewSegments(last - first + 1);
+    for (uint32_t s = first; s <= last; ++s) {
+      segs[s - first].setIndex(s);
+      segs[s - first].setSize(arena.segment_bytes(s));
+      fds.push_back(arena.fd(s));
+    }
+    segments_sent_ = last + 1;
+  }
+  fds.insert(fds.end(), extra_fds.begin(), extra_fds.end());
+  auto frame = ipc::EncodeFrame(message, std::move(fds));
+  if (!frame.ok()) return Close("cannot encode a reply: " + frame.status().message());
+  out_bytes_ += frame->bytes.size() * sizeof(capnp::word);
+  out_.push_back(std::move(*frame));
+  if (!writing_) Flush();
+}
+
+void Session::Flush() {
+  while (!out_.empty()) {
+    auto done = ipc::WriteFrame(socket_.native_handle(), out_.front());
+    if (!done.ok()) return Close("cannot write to the client: " + done.status().message());
+    if (!*done) {
+      writing_ = true;
+      socket_.async_wait(boost::asio::socket_base::wait_write,
+                         [self = shared_from_this()](const boost::system::error_code& ec) {
+                           self->writing_ = false;
+                           if (self->closed_) return;
+                           if (ec) return self->Close("socket error: " + ec.message());
+                           self->Flush();
+                         });
+      return;
+    }
+    out_bytes_ -= out_.front().bytes.size() * sizeof(capnp::word);
+    out_.pop_front();
+  }
+  if (paused_) {
+    paused_ = false;
+    WaitReadable();
+  }
+}
+
+}  // namespace depot::store

@@ -1,0 +1,82 @@
+// A session: one client connection. It reads frames, decodes requests, calls the object
+// store, and writes replies (with the file descriptors of segments the client has not been
+// sent yet). Anything malformed closes this session only, with a logged reason.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/local/stream_protocol.hpp>
+
+#include <capnp/message.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "depot/ipc/framing.h"
+#include "protocol.capnp.h"
+#include "store/object_store.h"
+
+namespace depot::store {
+
+class Server;
+
+// Who is on the other end, from SO_PEERCRED.
+struct Peer {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  std::string command;  // /proc/<pid>/comm
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(Server& server, boost::asio::local::stream_protocol::socket socket, ClientId id, Peer peer);
+  ~Session();
+
+  void Start();
+  // Closes the connection and gives back everything the client held. Idempotent.
+  void Close(const std::string& reason);
+
+  ClientId id() const { return id_; }
+  const Peer& peer() const { return peer_; }
+
+ private:
+  void WaitReadable();
+  void OnReadable();
+  // Handles one frame; returns false when the session must close (reason already given).
+  bool HandleFrame(ipc::FrameReader::Frame& frame);
+  void Dispatch(wire::Request::Reader request);
+
+  void HandleHello(uint64_t rid, wire::Request::Hello::Reader hello);
+  void HandleCreate(uint64_t rid, wire::Request::Create::Reader create);
+  void HandleGet(uint64_t rid, wire::Request::Get::Reader get);
+  void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list);
+  void HandleStatus(uint64_t rid);
+
+  // Replies. `max_segment` is the highest segment the reply refers to (-1: none); segments
+  // up to it that this session has not been sent are attached.
+  void SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply, int64_t max_segment,
+                 std::vector<int> extra_fds = {});
+  void SendOk(uint64_t rid);
+  void SendError(uint64_t rid, const Status& status);
+  void Flush();
+  bool CheckBatch(uint64_t rid, size_t count);
+
+  Server& server_;
+  boost::asio::local::stream_protocol::socket socket_;
+  const ClientId id_;
+  const Peer peer_;
+  ipc::FrameReader reader_;
+  std::deque<ipc::OutFrame> out_;
+  size_t out_bytes_ = 0;
+  bool writing_ = false;
+  bool reading_ = false;
+  bool paused_ = false;  // not reading until queued replies drain
+  bool closed_ = false;
+  bool said_hello_ = false;
+  uint32_t segments_sent_ = 0;
+  uint64_t requests_ = 0;
+};
+
+}  // namespace depot::store

@@ -1,0 +1,5 @@
+#pragma once
+
+namespace depot::store {
+inline constexpr const char* kDepotVersion = DEPOT_VERSION;
+}  // namespace depot::store
