@@ -121,6 +121,9 @@ int main(int argc, char** argv) {
     return Fail(Status::InvalidArgument("--socket-mode '" + socket_mode + "' is not an octal mode like 0660"));
   }
 
+  // Before the arena is made: a second daemon on a busy socket should fail fast.
+  if (Status st = depot::store::Server::ClaimSocketPath(socket_path); !st.ok()) return Fail(st);
+
   boost::asio::io_context loop(1);
   boost::asio::thread_pool pool(workers);
   {

@@ -51,8 +51,7 @@ Server::Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions 
 
 Server::~Server() { Shutdown(); }
 
-Status Server::Listen() {
-  const std::string& path = options_.socket_path;
+Status Server::ClaimSocketPath(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
@@ -63,6 +62,12 @@ Status Server::Listen() {
     }
     ::unlink(path.c_str());  // left behind by a daemon that died
   }
+  return Status::OK();
+}
+
+Status Server::Listen() {
+  const std::string& path = options_.socket_path;
+  DEPOT_RETURN_NOT_OK(ClaimSocketPath(path));
   boost::system::error_code ec;
   acceptor_.open(boost::asio::local::stream_protocol(), ec);
   if (!ec) {

@@ -30,7 +30,10 @@ class Server {
   Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions options);
   ~Server();
 
-  // Creates the socket file (refusing if another daemon answers there) and starts accepting.
+  // Checks that `path` can be listened on: refuses if it is not a socket or another daemon
+  // answers there, and removes a socket left behind by a daemon that died.
+  static Status ClaimSocketPath(const std::string& path);
+  // Creates the socket file (after ClaimSocketPath) and starts accepting.
   Status Listen();
   // Stops accepting, closes every session and removes the socket file.
   void Shutdown();
