@@ -1,0 +1,222 @@
+// Unit tests of the ipc layer: sizes, object ids, status, and framing over a real socket.
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "depot/ipc/framing.h"
+#include "depot/ipc/protocol.h"
+#include "depot/ipc/units.h"
+#include "depot/object_id.h"
+#include "depot/status.h"
+
+namespace depot::ipc {
+namespace {
+
+TEST(ParseSize, AcceptsUnitsAsPowersOf1024) {
+  EXPECT_EQ(*ParseSize("1048576"), 1048576u);
+  EXPECT_EQ(*ParseSize("4GiB"), 4ull << 30);
+  EXPECT_EQ(*ParseSize("512M"), 512ull << 20);
+  EXPECT_EQ(*ParseSize("1.5 GiB"), 3ull << 29);
+  EXPECT_EQ(*ParseSize("2kb"), 2048u);
+  EXPECT_EQ(*ParseSize(" 7 B "), 7u);
+}
+
+TEST(ParseSize, RejectsWhatIsNotASizeWithAClearMessage) {
+  for (const char* bad : {"", "abc", "4 parsecs", "-1G", "1.5", "G", "1e3"}) {
+    auto r = ParseSize(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("is not a size"), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(FormatSize, WritesHumanSizes) {
+  EXPECT_EQ(FormatSize(0), "0 B");
+  EXPECT_EQ(FormatSize(1023), "1023 B");
+  EXPECT_EQ(FormatSize(1536), "1.50 KiB");
+  EXPECT_EQ(FormatSize(4ull << 30), "4.00 GiB");
+  EXPECT_EQ(FormatSize(300ull << 20), "300 MiB");
+}
+
+TEST(ObjectId, FromNameIsXxh3Of128BitsInCanonicalHex) {
+  // Reference values from the xxhash Python package (xxh3_128_hexdigest).
+  EXPECT_EQ(ObjectId::FromName("weights/layer1").Hex(), "c34000baa444de958ae09f46b5c618e2");
+  EXPECT_EQ(ObjectId::FromName("").Hex(), "99aa06d3014798d86001c324468d497f");
+}
+
+TEST(ObjectId, HexAndBytesRoundTrip) {
+  const ObjectId id = ObjectId::Random();
+  EXPECT_FALSE(id.IsNil());
+  EXPECT_EQ(ObjectId::FromHex(id.Hex()), id);
+  EXPECT_EQ(ObjectId::FromBytes(id.Bytes()), id);
+  EXPECT_EQ(ObjectId::FromHex(id.Hex().substr(0, 31)), std::nullopt);
+  EXPECT_EQ(ObjectId::FromHex(std::string(32, 'g')), std::nullopt);
+  EXPECT_NE(ObjectId::Random(), ObjectId::Random());
+}
+
+TEST(Status, CarriesCodeAndMessage) {
+  Status ok;
+  EXPECT_TRUE(ok.ok());
+  EXPECT_EQ(ok.ToString(), "OK");
+  Status st = Status::NotFound("object 12 does not exist");
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_EQ(st.ToString(), "NotFound: object 12 does not exist");
+  Result<int> r = st;
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "object 12 does not exist");
+  Result<int> bad = Status::OK();  // a programming error, reported rather than hidden
+  EXPECT_EQ(bad.status().code(), StatusCode::kInternal);
+}
+
+TEST(Protocol, UnknownWireErrorCodesBecomeInternal) {
+  EXPECT_EQ(FromWire(static_cast<wire::ErrorCode>(200)), StatusCode::kInternal);
+  EXPECT_EQ(FromWire(wire::ErrorCode::TIMEOUT), StatusCode::kTimeout);
+}
+
+class FramingTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds_), 0); }
+  void TearDown() override {
+    ::close(fds_[0]);
+    ::close(fds_[1]);
+  }
+
+  static OutFrame StatusRequest(uint64_t id, std::vector<int> fds = {}) {
+    capnp::MallocMessageBuilder message;
+    auto req = message.initRoot<wire::Request>();
+    req.setId(id);
+    req.setStatus();
+    return std::move(*EncodeFrame(message, std::move(fds)));
+  }
+
+  // Reads until a frame is complete.
+  Result<FrameReader::Frame> ReadFrame(FrameReader& reader) {
+    for (;;) {
+      auto next = reader.Next();
+      if (!next.ok()) return next.status();
+      if (next->has_value()) return std::move(**next);
+      bool would_block = false;
+      auto n = reader.ReadSome(fds_[1], &would_block);
+      if (!n.ok()) return n.status();
+      if (*n == 0) return Status::Disconnected("end of stream");
+    }
+  }
+
+  int fds_[2];
+};
+
+TEST_F(FramingTest, FramesArriveWholeAndInOrder) {
+  for (uint64_t i = 1; i <= 3; ++i) {
+    auto f = StatusRequest(i);
+    ASSERT_TRUE(WriteFrameFully(fds_[0], f).ok());
+  }
+  FrameReader reader(1 << 20);
+  for (uint64_t i = 1; i <= 3; ++i) {
+    auto frame = ReadFrame(reader);
+    ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+    capnp::FlatArrayMessageReader msg(frame->payload);
+    EXPECT_EQ(msg.getRoot<wire::Request>().getId(), i);
+  }
+}
+
+TEST_F(FramingTest, FrameSplitAcrossWritesIsReassembled) {
+  auto f = StatusRequest(7);
+  const auto* bytes = reinterpret_cast<const char*>(f.bytes.data());
+  const size_t total = f.bytes.size() * sizeof(capnp::word);
+  FrameReader reader(1 << 20);
+  for (size_t i = 0; i < total; ++i) {
+    ASSERT_EQ(::write(fds_[0], bytes + i, 1), 1);
+    bool would_block = false;
+    ASSERT_TRUE(reader.ReadSome(fds_[1], &would_block).ok());
+    auto next = reader.Next();
+    ASSERT_TRUE(next.ok());
+    EXPECT_EQ(next->has_value(), i + 1 == total);
+  }
+}
+
+TEST_F(FramingTest, DescriptorsTravelWithTheirFrame) {
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  auto plain = StatusRequest(1);
+  auto with_fd = StatusRequest(2, {pipe_fds[1]});
+  ASSERT_TRUE(WriteFrameFully(fds_[0], plain).ok());
+  ASSERT_TRUE(WriteFrameFully(fds_[0], with_fd).ok());
+  FrameReader reader(1 << 20);
+  auto first = ReadFrame(reader);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->fds.empty());
+  auto second = ReadFrame(reader);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->fds.size(), 1u);
+  // The received descriptor is the pipe's write end: what goes in comes out.
+  ASSERT_EQ(::write(second->fds[0].get(), "x", 1), 1);
+  char c = 0;
+  ASSERT_EQ(::read(pipe_fds[0], &c, 1), 1);
+  EXPECT_EQ(c, 'x');
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+}
+
+TEST_F(FramingTest, OversizedFrameIsRefusedBeforeItIsRead) {
+  const FrameHeader header{64u << 20, 0};
+  ASSERT_EQ(::write(fds_[0], &header, sizeof(header)), static_cast<ssize_t>(sizeof(header)));
+  FrameReader reader(1 << 20);
+  auto frame = ReadFrame(reader);
+  ASSERT_FALSE(frame.ok());
+  EXPECT_EQ(frame.status().code(), StatusCode::kLimitExceeded);
+  EXPECT_NE(frame.status().message().find("exceeds the limit"), std::string::npos);
+}
+
+TEST_F(FramingTest, MalformedHeaderIsRefused) {
+  const FrameHeader header{13, 0};  // not a whole number of words
+  ASSERT_EQ(::write(fds_[0], &header, sizeof(header)), static_cast<ssize_t>(sizeof(header)));
+  FrameReader reader(1 << 20);
+  auto frame = ReadFrame(reader);
+  ASSERT_FALSE(frame.ok());
+  EXPECT_EQ(frame.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(FramingTest, FrameAnnouncingDescriptorsThatNeverCameIsRefused) {
+  auto f = StatusRequest(1);
+  FrameHeader header;
+  std::memcpy(&header, f.bytes.data(), sizeof(header));
+  header.fd_count = 2;
+  std::memcpy(static_cast<void*>(f.bytes.data()), &header, sizeof(header));
+  ASSERT_TRUE(WriteFrameFully(fds_[0], f).ok());
+  FrameReader reader(1 << 20);
+  auto frame = ReadFrame(reader);
+  ASSERT_FALSE(frame.ok());
+  EXPECT_NE(frame.status().message().find("file descriptors"), std::string::npos);
+}
+
+TEST_F(FramingTest, MessageOverTheSendersLimitIsNotEncoded) {
+  capnp::MallocMessageBuilder message;
+  auto req = message.initRoot<wire::Request>();
+  req.setId(1);
+  req.initCreate().setMetadata(kj::heapArray<kj::byte>(8192));
+  auto frame = EncodeFrame(message, {}, 4096);
+  ASSERT_FALSE(frame.ok());
+  EXPECT_EQ(frame.status().code(), StatusCode::kLimitExceeded);
+}
+
+TEST(ConnectUnix, NoDaemonGivesAnActionableMessage) {
+  auto fd = ConnectUnix("/tmp/depot-test-nobody-listens-here.sock");
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.status().code(), StatusCode::kConnectionFailed);
+  EXPECT_NE(fd.status().message().find("no depot daemon is listening"), std::string::npos);
+}
+
+TEST(ConnectUnix, OverlongPathIsRefused) {
+  auto fd = ConnectUnix(std::string(200, 'a'));
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace depot::ipc
