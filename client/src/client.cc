@@ -1,0 +1,361 @@
+#include "depot/client.h"
+
+#include <cstring>
+#include <utility>
+
+#include "connection.h"
+#include "holding.h"
+
+namespace depot {
+
+using internal::Connection;
+using internal::Decode;
+using internal::Holding;
+using internal::Reply;
+using internal::RequestMessage;
+
+namespace {
+
+// Objects per List page: a few hundred KiB of reply.
+constexpr uint32_t kListPage = 1024;
+
+int64_t WireTimeout(std::chrono::milliseconds timeout) {
+  return timeout.count() < 0 ? -1 : static_cast<int64_t>(timeout.count());
+}
+
+Status CheckBatch(size_t count, const Connection& conn, const char* what) {
+  if (count <= conn.max_batch()) return Status::OK();
+  return Status::LimitExceeded(std::string(what) + " of " + std::to_string(count) +
+                               " ids exceeds the daemon's batch limit of " +
+                               std::to_string(conn.max_batch()) + " ids; split it");
+}
+
+Status UnexpectedReply(const char* request) {
+  return Status::Internal(std::string("the daemon's reply to ") + request +
+                          " does not match the request");
+}
+
+// A Holding for the reference the daemon just granted to `id` at `location`. If the
+// location is unusable, the reference is given back.
+Result<std::shared_ptr<Holding>> MakeHolding(const std::shared_ptr<Connection>& conn,
+                                             const ObjectId& id, wire::Location::Reader location,
+                                             bool sealed) {
+  const uint64_t data_size = location.getDataSize();
+  const uint64_t metadata_size = location.getMetadataSize();
+  auto data = metadata_size <= UINT64_MAX - data_size
+                  ? conn->segments().Resolve(location.getSegment(), location.getOffset(),
+                                             data_size + metadata_size)
+                  : Result<std::byte*>(Status::Internal("object sizes overflow"));
+  if (!data.ok()) {
+    conn->Release(std::span(&id, 1));
+    return Status(data.status().code(),
+                  "object " + id.Hex() + " is unreadable: " + data.status().message());
+  }
+  const BufferLocation where{location.getSegment(), location.getOffset(), location.getSlot()};
+  return std::make_shared<Holding>(conn, id, *data, data_size, metadata_size, where, sealed);
+}
+
+// The live Holding of `id` if it may answer a Get without asking the daemon: sealed, not
+// deleted since (the header table shows deletes by other clients), and still referenced (a
+// broken connection has lost its references; the Get then fails as any request does).
+std::shared_ptr<Holding> FindSealed(Connection& conn, const ObjectId& id) {
+  if (conn.broken()) return nullptr;
+  auto holding = conn.holdings().Find(id);
+  if (!holding || !holding->sealed.load(std::memory_order_acquire)) return nullptr;
+  if (const ipc::ObjectHeader* header = conn.header(holding->location.slot)) {
+    // The daemon writes flags while clients read them: load it atomically.
+    if (__atomic_load_n(&header->flags, __ATOMIC_ACQUIRE) & ipc::kFlagDeletePending) {
+      return nullptr;
+    }
+  }
+  return holding;
+}
+
+// Holdings of `ids`, in order, each null where the object was not found or not sealed in
+// time; `codes` says which (kOk, kNotFound, kTimeout). Held objects cost no round trip;
+// the others go in one get request.
+Status Fetch(const std::shared_ptr<Connection>& conn, std::span<const ObjectId> ids,
+             std::chrono::milliseconds timeout, std::vector<std::shared_ptr<Holding>>& holdings,
+             std::vector<StatusCode>& codes) {
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn, "a get"));
+  holdings.assign(ids.size(), nullptr);
+  codes.assign(ids.size(), StatusCode::kOk);
+  std::vector<size_t> remote;  // indices into ids
+  for (size_t i = 0; i < ids.size(); ++i) {
+    holdings[i] = FindSealed(*conn, ids[i]);
+    if (!holdings[i]) remote.push_back(i);
+  }
+  if (remote.empty()) return Status::OK();
+
+  RequestMessage request;
+  auto get = request.root().initGet();
+  auto list = get.initIds(static_cast<unsigned>(remote.size()));
+  for (size_t k = 0; k < remote.size(); ++k) ipc::ToWire(ids[remote[k]], list[k]);
+  get.setTimeoutMs(WireTimeout(timeout));
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn->Call(request, &reply));
+  return Decode([&]() -> Status {
+    auto r = reply.get();
+    if (!r.isGet() || r.getGet().size() != remote.size()) return UnexpectedReply("get");
+    auto results = r.getGet();
+    // Every result is turned into a Holding even after one fails, so that on error each
+    // reference granted is given back when `holdings` is dropped.
+    Status first_error;
+    for (size_t k = 0; k < remote.size(); ++k) {
+      const size_t i = remote[k];
+      codes[i] = ipc::FromWire(results[k].getError());
+      if (codes[i] != StatusCode::kOk) continue;
+      auto fresh = MakeHolding(conn, ids[i], results[k].getLocation(), /*sealed=*/true);
+      if (!fresh.ok()) {
+        if (first_error.ok()) first_error = fresh.status();
+        continue;
+      }
+      // A second reference to an object already held (another thread's Get, or this
+      // client's own Create) is dropped by Adopt's caller, which gives it back.
+      holdings[i] = conn->holdings().Adopt(std::move(fresh).value());
+      holdings[i]->sealed.store(true, std::memory_order_release);
+    }
+    return first_error;
+  });
+}
+
+std::string DeleteError(const ObjectId& id, StatusCode code) {
+  const std::string what = "cannot delete object " + id.Hex() + ": ";
+  switch (code) {
+    case StatusCode::kNotFound:
+      return what + "no such object";
+    case StatusCode::kNotSealed:
+      return what + "it is still being created (seal or abort it first)";
+    default:
+      return what + std::string(StatusCodeName(code));
+  }
+}
+
+ObjectInfo ToObjectInfo(wire::ObjectInfo::Reader o) {
+  ObjectInfo info;
+  info.id = ipc::FromWire(o.getId());
+  info.name = o.getName().cStr();
+  info.state =
+      o.getState() == wire::ObjectState::CREATING ? ObjectState::kCreating : ObjectState::kSealed;
+  info.data_size = o.getDataSize();
+  info.metadata_size = o.getMetadataSize();
+  info.ref_count = o.getRefCount();
+  info.pinned = o.getPinned();
+  info.delete_pending = o.getDeletePending();
+  info.has_checksum = o.getHasChecksum();
+  info.checksum = o.getChecksum();
+  info.create_time_ns = o.getCreateTimeNs();
+  info.access_time_ns = o.getAccessTimeNs();
+  info.segment = o.getSegment();
+  info.offset = o.getOffset();
+  return info;
+}
+
+StoreStatus ToStoreStatus(wire::StoreStatus::Reader s) {
+  StoreStatus status;
+  status.daemon_version = s.getDaemonVersion().cStr();
+  status.pid = s.getPid();
+  status.uptime_ns = s.getUptimeNs();
+  status.socket_path = s.getSocketPath().cStr();
+  status.arena_backend = s.getArenaBackend().cStr();
+  status.capacity_bytes = s.getCapacityBytes();
+  status.mapped_bytes = s.getMappedBytes();
+  status.used_bytes = s.getUsedBytes();
+  status.held_bytes = s.getHeldBytes();
+  status.pinned_bytes = s.getPinnedBytes();
+  status.largest_free_block = s.getLargestFreeBlock();
+  status.segments = s.getSegments();
+  status.objects_sealed = s.getObjectsSealed();
+  status.objects_creating = s.getObjectsCreating();
+  status.clients = s.getClients();
+  status.evictions = s.getEvictions();
+  status.evicted_bytes = s.getEvictedBytes();
+  status.eviction_enabled = s.getEvictionEnabled();
+  status.header_slots = s.getHeaderSlots();
+  status.requests = s.getRequests();
+  return status;
+}
+
+}  // namespace
+
+Result<Client> Client::Connect(const std::string& socket_path, ConnectOptions options) {
+  const std::string path = socket_path.empty() ? ipc::DefaultSocketPath() : socket_path;
+  DEPOT_ASSIGN_OR_RETURN(auto conn, Connection::Open(path, options));
+  return Client(std::move(conn));
+}
+
+Client::Client(std::shared_ptr<Connection> conn) : conn_(std::move(conn)) {}
+Client::Client(Client&&) noexcept = default;
+Client& Client::operator=(Client&&) noexcept = default;
+Client::~Client() = default;
+
+Result<MutableBuffer> Client::Create(const ObjectId& id, uint64_t data_size,
+                                     const CreateOptions& options) {
+  RequestMessage request;
+  auto create = request.root().initCreate();
+  ipc::ToWire(id, create.initId());
+  create.setDataSize(data_size);
+  create.setMetadata(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(options.metadata.data()),
+                                         options.metadata.size()));
+  create.setName(capnp::Text::Reader(options.name.c_str(), options.name.size()));
+  create.setPin(options.pin);
+  create.setChecksum(options.checksum);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<MutableBuffer> {
+    auto r = reply.get();
+    if (!r.isCreate()) return UnexpectedReply("create");
+    DEPOT_ASSIGN_OR_RETURN(auto holding, MakeHolding(conn_, id, r.getCreate(), /*sealed=*/false));
+    conn_->holdings().Replace(holding);
+    return MutableBuffer(std::move(holding));
+  });
+}
+
+Status Client::Seal(const ObjectId& id) {
+  RequestMessage request;
+  ipc::ToWire(id, request.root().initSeal());
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  // From now on Gets of it are answered from the creator's Holding.
+  if (auto holding = conn_->holdings().Find(id)) {
+    holding->sealed.store(true, std::memory_order_release);
+  }
+  return Status::OK();
+}
+
+Status Client::Abort(const ObjectId& id) {
+  RequestMessage request;
+  ipc::ToWire(id, request.root().initAbort());
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  // The daemon dropped the creator's reference with the object.
+  if (auto holding = conn_->holdings().Find(id)) {
+    holding->aborted.store(true, std::memory_order_release);
+  }
+  conn_->holdings().Forget(id);
+  return Status::OK();
+}
+
+Status Client::Put(const ObjectId& id, std::span<const std::byte> data,
+                   const CreateOptions& options) {
+  DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(id, data.size(), options));
+  if (!data.empty()) std::memcpy(buffer.ptr(), data.data(), data.size());
+  return Seal(id);
+}
+
+Result<std::vector<Buffer>> Client::Get(std::span<const ObjectId> ids,
+                                        std::chrono::milliseconds timeout) {
+  std::vector<std::shared_ptr<Holding>> holdings;
+  std::vector<StatusCode> codes;
+  DEPOT_RETURN_NOT_OK(Fetch(conn_, ids, timeout, holdings, codes));
+  std::vector<Buffer> buffers;
+  buffers.reserve(holdings.size());
+  for (auto& holding : holdings) buffers.push_back(Buffer(std::move(holding)));
+  return buffers;
+}
+
+Result<Buffer> Client::Get(const ObjectId& id, std::chrono::milliseconds timeout) {
+  std::vector<std::shared_ptr<Holding>> holdings;
+  std::vector<StatusCode> codes;
+  DEPOT_RETURN_NOT_OK(Fetch(conn_, std::span(&id, 1), timeout, holdings, codes));
+  switch (codes[0]) {
+    case StatusCode::kOk:
+      return Buffer(std::move(holdings[0]));
+    case StatusCode::kNotFound:
+      return Status::NotFound("object " + id.Hex() + " does not exist (or is not sealed yet)");
+    case StatusCode::kTimeout:
+      return Status::Timeout("object " + id.Hex() + " was not sealed within " +
+                             std::to_string(timeout.count()) + " ms");
+    default:
+      return Status(codes[0],
+                    "cannot get object " + id.Hex() + ": " + std::string(StatusCodeName(codes[0])));
+  }
+}
+
+Status Client::Delete(const ObjectId& id) { return Delete(std::span(&id, 1)); }
+
+Status Client::Delete(std::span<const ObjectId> ids) {
+  if (ids.empty()) return Status::OK();
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a delete"));
+  RequestMessage request;
+  auto list = request.root().initDelete(static_cast<unsigned>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Status {
+    auto r = reply.get();
+    if (!r.isDelete() || r.getDelete().size() != ids.size()) return UnexpectedReply("delete");
+    auto codes = r.getDelete();
+    Status first_error;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const StatusCode code = ipc::FromWire(codes[i]);
+      if (code == StatusCode::kOk) {
+        // A deleted object is not found by new Gets, even while this client still holds it.
+        conn_->holdings().Forget(ids[i]);
+      } else if (first_error.ok()) {
+        first_error = Status(code, DeleteError(ids[i], code));
+      }
+    }
+    return first_error;
+  });
+}
+
+Result<bool> Client::Contains(const ObjectId& id) {
+  RequestMessage request;
+  ipc::ToWire(id, request.root().initContains(1)[0]);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<bool> {
+    auto r = reply.get();
+    if (!r.isContains() || r.getContains().size() != 1) return UnexpectedReply("contains");
+    return r.getContains()[0];
+  });
+}
+
+Result<std::vector<ObjectInfo>> Client::List() {
+  std::vector<ObjectInfo> objects;
+  uint32_t start = 0;
+  for (;;) {
+    RequestMessage request;
+    auto list = request.root().initList();
+    list.setStartSlot(start);
+    list.setLimit(kListPage);
+    Reply reply;
+    DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+    bool done = false;
+    uint32_t next = 0;
+    DEPOT_RETURN_NOT_OK(Decode([&]() -> Status {
+      auto r = reply.get();
+      if (!r.isList()) return UnexpectedReply("list");
+      auto page = r.getList();
+      for (auto o : page.getObjects()) objects.push_back(ToObjectInfo(o));
+      done = page.getDone();
+      next = page.getNextSlot();
+      return Status::OK();
+    }));
+    if (done) return objects;
+    if (next <= start) {
+      return Status::Internal("the daemon's list did not advance past slot " +
+                              std::to_string(start));
+    }
+    start = next;
+  }
+}
+
+Result<StoreStatus> Client::GetStatus() {
+  RequestMessage request;
+  request.root().setStatus();
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<StoreStatus> {
+    auto r = reply.get();
+    if (!r.isStatus()) return UnexpectedReply("status");
+    return ToStoreStatus(r.getStatus());
+  });
+}
+
+uint64_t Client::epoch() const { return conn_->epoch(); }
+uint64_t Client::session_id() const { return conn_->session_id(); }
+const std::string& Client::socket_path() const { return conn_->socket_path(); }
+
+}  // namespace depot

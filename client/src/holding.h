@@ -1,0 +1,88 @@
+// Holding: one daemon reference to one object, shared by every Buffer and MutableBuffer of
+// that object in one Client; and HoldingTable, which finds the live Holding of an id.
+//
+// Holding the same object again, or getting it again, must not cost a round trip, so a
+// Client keeps exactly one daemon reference per live Holding and answers repeated Gets from
+// the table.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "depot/buffer.h"
+#include "depot/object_id.h"
+
+namespace depot::internal {
+
+class Connection;
+
+struct Holding {
+  Holding(std::shared_ptr<Connection> conn, const ObjectId& id, std::byte* data, uint64_t data_size,
+          uint64_t metadata_size, const BufferLocation& location, bool sealed)
+      : conn(std::move(conn)),
+        id(id),
+        data(data),
+        data_size(data_size),
+        metadata_size(metadata_size),
+        location(location),
+        sealed(sealed) {}
+  Holding(const Holding&) = delete;
+  Holding& operator=(const Holding&) = delete;
+  // Gives the reference back (no reply awaited) unless the object was aborted or the
+  // connection is gone. For an object never sealed, that aborts it.
+  ~Holding();
+
+  // Keeps the socket, and with it the daemon's reference and the segment mappings, alive
+  // for as long as any handle to the object exists, even after the Client is gone.
+  const std::shared_ptr<Connection> conn;
+  const ObjectId id;
+  std::byte* const data;  // the metadata follows the data
+  const uint64_t data_size;
+  const uint64_t metadata_size;
+  const BufferLocation location;
+  std::atomic<bool> sealed;
+  // Set by a successful Abort: the daemon dropped the object and the reference with it.
+  std::atomic<bool> aborted{false};
+};
+
+// Whether two locations name the same bytes, i.e. the same incarnation of an object.
+inline bool SameLocation(const BufferLocation& a, const BufferLocation& b) {
+  return a.segment == b.segment && a.offset == b.offset && a.slot == b.slot;
+}
+
+// The live Holding of each id. Thread-safe. Holdings unregister themselves when destroyed.
+//
+// No Holding is ever destroyed while the table's lock is held: its destructor takes the lock.
+class HoldingTable {
+ public:
+  // The live Holding of `id`, or null.
+  std::shared_ptr<Holding> Find(const ObjectId& id) const;
+
+  // Registers `fresh`, which carries a reference the daemon just granted, unless a live
+  // Holding of the same object (same id and location) exists: then returns that one, and
+  // `fresh`, dropped by the caller, gives its extra reference back. A live Holding of an
+  // older incarnation (deleted and created again) is replaced.
+  std::shared_ptr<Holding> Adopt(std::shared_ptr<Holding> fresh);
+
+  // Makes `holding` the one Find returns for its id, whatever was there (Create).
+  void Replace(const std::shared_ptr<Holding>& holding);
+
+  // Stops finding `id` (after Delete or Abort); its Holdings live on until dropped.
+  void Forget(const ObjectId& id);
+  // Unregisters `holding` if it is the registered one (its destructor).
+  void Forget(const ObjectId& id, const Holding* holding);
+
+ private:
+  struct Entry {
+    std::weak_ptr<Holding> weak;
+    // Identifies the registered Holding after `weak` has expired (in its destructor).
+    const Holding* raw;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<ObjectId, Entry> entries_;
+};
+
+}  // namespace depot::internal

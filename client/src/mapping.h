@@ -1,0 +1,35 @@
+// Mapping: an owned mmap of a file descriptor, unmapped on destruction.
+#pragma once
+
+#include <cstddef>
+
+#include "depot/status.h"
+
+namespace depot::internal {
+
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(Mapping&& o) noexcept;
+  Mapping& operator=(Mapping&& o) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping();
+
+  // Maps `size` bytes of `fd` from offset 0, MAP_SHARED, with `prot` and `extra_flags`
+  // (e.g. MAP_POPULATE). The descriptor is not kept: the caller may close it afterwards.
+  // Fails with IoError naming `what` and the errno.
+  static Result<Mapping> Map(int fd, size_t size, int prot, int extra_flags, const char* what);
+
+  std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  Mapping(std::byte* data, size_t size) : data_(data), size_(size) {}
+  void Unmap();
+
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace depot::internal

@@ -1,0 +1,138 @@
+#include "format.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <ostream>
+
+namespace depot::ctl {
+
+namespace {
+
+// Columns a cell takes on a terminal: UTF-8 continuation bytes take none.
+size_t DisplayWidth(std::string_view text) {
+  return static_cast<size_t>(std::count_if(text.begin(), text.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
+}
+
+}  // namespace
+
+void ReportError(const Status& status) {
+  std::cerr << "depotctl: " << (status.message().empty() ? status.ToString() : status.message())
+            << '\n';
+}
+
+std::string FormatAge(uint64_t nanos) {
+  const uint64_t seconds = nanos / 1'000'000'000ull;
+  if (seconds < 60) return std::to_string(seconds) + "s";
+  if (seconds < 60 * 60) return std::to_string(seconds / 60) + "m";
+  if (seconds < 48 * 60 * 60) return std::to_string(seconds / (60 * 60)) + "h";
+  return std::to_string(seconds / (24 * 60 * 60)) + "d";
+}
+
+std::string Printable(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return out;
+}
+
+void PrintFields(std::ostream& out,
+                 const std::vector<std::pair<std::string, std::string>>& fields) {
+  size_t width = 0;
+  for (const auto& field : fields) width = std::max(width, DisplayWidth(field.first));
+  for (const auto& [key, value] : fields) {
+    out << key << std::string(width - DisplayWidth(key) + 2, ' ') << value << '\n';
+  }
+}
+
+void Table::Print(std::ostream& out) const {
+  std::vector<size_t> widths;
+  for (const Column& column : columns_) widths.push_back(DisplayWidth(column.title));
+  for (const auto& row : rows_) {
+    for (size_t i = 0; i < row.size() && i < widths.size(); ++i) {
+      widths[i] = std::max(widths[i], DisplayWidth(row[i]));
+    }
+  }
+  auto print_row = [&](auto cell_at) {
+    std::string line;
+    for (size_t i = 0; i < columns_.size(); ++i) {
+      const std::string& cell = cell_at(i);
+      const std::string pad(widths[i] - DisplayWidth(cell), ' ');
+      if (i > 0) line += "  ";
+      line += columns_[i].align == Align::kRight ? pad + cell : cell + pad;
+    }
+    line.erase(line.find_last_not_of(' ') + 1);
+    out << line << '\n';
+  };
+  print_row([&](size_t i) -> const std::string& { return columns_[i].title; });
+  static const std::string kEmpty;
+  for (const auto& row : rows_) {
+    print_row([&](size_t i) -> const std::string& { return i < row.size() ? row[i] : kEmpty; });
+  }
+}
+
+std::string JsonString(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned>(c));
+          out += escaped;
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+JsonObject& JsonObject::Member(std::string_view key, std::string_view json) {
+  if (text_.size() > 1) text_ += ", ";
+  text_ += JsonString(key);
+  text_ += ": ";
+  text_ += json;
+  return *this;
+}
+
+JsonObject& JsonObject::String(std::string_view key, std::string_view value) {
+  return Member(key, JsonString(value));
+}
+
+JsonObject& JsonObject::Number(std::string_view key, uint64_t value) {
+  return Member(key, std::to_string(value));
+}
+
+JsonObject& JsonObject::Bool(std::string_view key, bool value) {
+  return Member(key, value ? "true" : "false");
+}
+
+JsonObject& JsonObject::Null(std::string_view key) { return Member(key, "null"); }
+
+}  // namespace depot::ctl

@@ -1,0 +1,65 @@
+// How depotctl shows things to people (aligned tables, sizes, ages) and to programs (JSON).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "depot/status.h"
+
+namespace depot::ctl {
+
+// Prints "depotctl: <what went wrong>" on one line on stderr.
+void ReportError(const Status& status);
+
+// A duration for people, in its largest whole unit: "42s", "5m", "3h", "12d".
+std::string FormatAge(uint64_t nanos);
+
+// `text` with control characters replaced by '?', so that a name cannot break a table.
+std::string Printable(std::string_view text);
+
+// Lines of "key  value", the values aligned.
+void PrintFields(std::ostream& out, const std::vector<std::pair<std::string, std::string>>& fields);
+
+// A table printed with its columns aligned: text columns to the left, numbers to the right.
+class Table {
+ public:
+  enum class Align { kLeft, kRight };
+  struct Column {
+    std::string title;
+    Align align = Align::kLeft;
+  };
+
+  explicit Table(std::vector<Column> columns) : columns_(std::move(columns)) {}
+  // One row: as many cells as columns.
+  void AddRow(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
+  // The title row, then every row, two spaces between columns, no trailing blanks.
+  void Print(std::ostream& out) const;
+
+ private:
+  std::vector<Column> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// `text` as a JSON string literal, quotes included.
+std::string JsonString(std::string_view text);
+
+// A JSON object built one member at a time, in order. Member names are written as given.
+class JsonObject {
+ public:
+  JsonObject& String(std::string_view key, std::string_view value);
+  JsonObject& Number(std::string_view key, uint64_t value);
+  JsonObject& Bool(std::string_view key, bool value);
+  JsonObject& Null(std::string_view key);
+  // `{...}` on one line.
+  std::string str() const { return text_ + "}"; }
+
+ private:
+  JsonObject& Member(std::string_view key, std::string_view json);
+  std::string text_ = "{";  // the members so far, without the closing brace
+};
+
+}  // namespace depot::ctl
