@@ -46,7 +46,8 @@ uint32_t HeaderTable::Acquire() {
   const uint32_t generation = h.generation + 1;
   h.id_lo = h.id_hi = 0;
   h.data_size = h.metadata_size = h.offset = h.checksum = 0;
-  h.segment = h.flags = 0;
+  h.segment = 0;
+  h.flags.store(0, std::memory_order_relaxed);
   h.create_time_ns = h.access_time_ns = 0;
   h.generation = generation;
   return slot;

@@ -157,7 +157,7 @@ Result<Location> ObjectStore::Create(ClientId client, const CreateParams& p) {
   h.metadata_size = p.metadata.size();
   h.offset = block->offset;
   h.segment = block->segment;
-  h.flags = p.pin ? uint32_t{ipc::kFlagPinned} : 0u;
+  h.flags.store(p.pin ? uint32_t{ipc::kFlagPinned} : 0u, std::memory_order_relaxed);
   h.checksum = 0;
   h.create_time_ns = h.access_time_ns = ipc::WallNanos();
   headers_.SetStateRefs(slot, ipc::ObjectState::kCreating, 0);
@@ -418,8 +418,6 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
         FreeObject(slot);
       } else {
         headers_.at(slot).flags |= ipc::kFlagDeletePending;
-        // Republish so readers that check the flag after the state word see it.
-        headers_.SetStateRefs(slot, ipc::ObjectState::kSealed, headers_.refs(slot));
       }
     }
   }

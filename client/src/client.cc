@@ -63,8 +63,7 @@ std::shared_ptr<Holding> FindSealed(Connection& conn, const ObjectId& id) {
   auto holding = conn.holdings().Find(id);
   if (!holding || !holding->sealed.load(std::memory_order_acquire)) return nullptr;
   if (const ipc::ObjectHeader* header = conn.header(holding->location.slot)) {
-    // The daemon writes flags while clients read them: load it atomically.
-    if (__atomic_load_n(&header->flags, __ATOMIC_ACQUIRE) & ipc::kFlagDeletePending) {
+    if (header->flags.load(std::memory_order_acquire) & ipc::kFlagDeletePending) {
       return nullptr;
     }
   }

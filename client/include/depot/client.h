@@ -8,9 +8,12 @@
 //   use(buffer.data());  // points into shared memory
 //
 // Every call is thread-safe. Calls that fail return a Status whose message is the
-// daemon's own explanation. A Client holds one connection; when it is destroyed (or the
-// process dies) the daemon releases every reference the connection still held and aborts
-// every object it was creating. Buffers may outlive their Client.
+// daemon's own explanation. A Client holds one connection. Buffers and MutableBuffers keep
+// that connection open, so they may outlive their Client: their bytes stay valid and their
+// reference is released when the last handle goes. When the connection closes (the Client
+// and all its handles are gone, or the process dies) the daemon releases every reference it
+// still held and aborts every object it was creating. A MutableBuffer outliving its Client
+// cannot be sealed any more: dropping it aborts the object.
 #pragma once
 
 #include <chrono>

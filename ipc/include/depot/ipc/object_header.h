@@ -40,7 +40,7 @@ struct ObjectHeader {
   uint64_t metadata_size;
   uint64_t offset;           // within the segment
   uint32_t segment;          // arena segment index
-  uint32_t flags;            // ObjectFlags
+  std::atomic<uint32_t> flags;  // ObjectFlags; changes while clients read (delete pending)
   uint64_t checksum;         // XXH3-64 of data then metadata, when kFlagHasChecksum
   uint64_t create_time_ns;   // CLOCK_REALTIME
   uint64_t access_time_ns;   // CLOCK_REALTIME, updated on get
@@ -51,5 +51,6 @@ struct ObjectHeader {
 
 static_assert(sizeof(ObjectHeader) == 96, "ObjectHeader is part of the protocol");
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 }  // namespace depot::ipc
