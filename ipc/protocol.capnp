@@ -63,6 +63,12 @@ struct Request {
     name @3 :Text;           # optional key the id was derived from, kept for display
     pin @4 :Bool;            # never evicted
     checksum @5 :Bool;       # compute XXH3-64 of data and metadata at seal
+    # A put in one round trip (small objects): the daemon copies `data` (exactly dataSize
+    # bytes) into the object, then seals it if `seal`, then drops the creator's reference if
+    # `release` (which needs `seal`).
+    data @6 :Data;
+    seal @7 :Bool;
+    release @8 :Bool;
   }
 
   struct Get {

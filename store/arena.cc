@@ -126,7 +126,7 @@ std::optional<Arena::Block> Arena::AllocateIn(uint32_t segment, uint64_t size) {
 }
 
 std::optional<Arena::Block> Arena::Allocate(uint64_t size) {
-  if (size > options_.segment_size) return std::nullopt;
+  if (ReservedSize(size) > options_.segment_size) return std::nullopt;
   for (uint32_t i = 0; i < segments_.size(); ++i) {
     if (auto b = AllocateIn(i, size)) {
       if (i + 1 == segments_.size()) GrowAhead();

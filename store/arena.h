@@ -10,7 +10,7 @@
 
 #include <boost/asio/thread_pool.hpp>
 
-#include <atomic>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -46,7 +46,7 @@ class Arena {
     uint32_t segment = 0;
     uint32_t handle = 0;
     uint64_t offset = 0;
-    uint64_t size = 0;  // rounded
+    uint64_t size = 0;  // bytes reserved (ReservedSize)
   };
 
   // Allocates `size` bytes in the first segment that has room, adding a segment if none has
@@ -66,11 +66,15 @@ class Arena {
   uint64_t max_object_size() const { return options_.segment_size; }
   uint64_t mapped_bytes() const { return mapped_; }
   uint64_t used_bytes() const;
+  uint64_t free_bytes(uint32_t segment) const { return segments_[segment]->allocator.free_bytes(); }
   uint64_t largest_free_block() const;
   // "memfd" or the directory.
   std::string backend() const { return options_.dir.empty() ? "memfd" : options_.dir; }
-  // Bytes actually reserved for a request of `size` (alignment included).
-  static uint64_t RoundedSize(uint64_t size) { return (size + kAlignment - 1) / kAlignment * kAlignment; }
+  // Bytes reserved for an object of `size` bytes: rounded up to kAlignment. A zero-byte
+  // object still takes one unit (the allocator gives every block a place of its own).
+  static uint64_t ReservedSize(uint64_t size) {
+    return std::max(kAlignment, (size + kAlignment - 1) / kAlignment * kAlignment);
+  }
 
  private:
   struct Segment {

@@ -14,6 +14,8 @@ class LruList {
 
   bool empty() const { return head_ == kNil; }
   uint32_t front() const { return head_; }
+  // The slot after `slot` (towards the most recently used), kNil at the end.
+  uint32_t next(uint32_t slot) const { return next_[slot]; }
   bool contains(uint32_t slot) const { return slot < prev_.size() && prev_[slot] != kAbsent; }
   uint32_t size() const { return size_; }
 

@@ -38,7 +38,7 @@ uint32_t ObjectStore::Find(const ObjectId& id) const {
 
 uint64_t ObjectStore::BlockBytes(uint32_t slot) const {
   const auto& h = headers_.at(slot);
-  return Arena::RoundedSize(h.data_size + h.metadata_size);
+  return arena_.ReservedSize(h.data_size + h.metadata_size);
 }
 
 Location ObjectStore::LocationOf(uint32_t slot) const {
@@ -93,16 +93,47 @@ std::string ObjectStore::OutOfMemoryMessage(const ObjectId& id, uint64_t bytes) 
          "; release or delete objects, or start depotd with more --memory";
 }
 
+void ObjectStore::MakeEvictable(uint32_t slot) {
+  const uint32_t segment = headers_.at(slot).segment;
+  if (segment >= evictable_bytes_.size()) evictable_bytes_.resize(segment + 1, 0);
+  evictable_bytes_[segment] += BlockBytes(slot);
+  lru_.PushBack(slot);
+}
+
+void ObjectStore::MakeUnevictable(uint32_t slot) {
+  if (!lru_.contains(slot)) return;
+  lru_.Remove(slot);
+  evictable_bytes_[headers_.at(slot).segment] -= BlockBytes(slot);
+}
+
 std::optional<Arena::Block> ObjectStore::AllocateOrEvict(uint64_t bytes) {
   auto block = arena_.Allocate(bytes);
-  while (!block && eviction_ && !lru_.empty()) {
-    const uint32_t victim = lru_.front();
+  if (block || !eviction_) return block;
+  // Evict in LRU order, but only from segments where evicting everything evictable would
+  // make enough room: a create that cannot fit anyway must not empty the cache on its way
+  // to failing. (Fragmentation can still defeat a segment that has the bytes.)
+  const uint64_t need = arena_.ReservedSize(bytes);
+  uint32_t victim = lru_.front();
+  while (!block && victim != LruList::kNil) {
     const uint32_t segment = headers_.at(victim).segment;
-    Evict(victim);
-    // Only the victim's segment gained room.
-    block = arena_.AllocateIn(segment, bytes);
+    const uint32_t next = lru_.next(victim);
+    if (arena_.free_bytes(segment) + evictable_bytes_[segment] >= need) {
+      Evict(victim);
+      // Only the victim's segment gained room.
+      block = arena_.AllocateIn(segment, bytes);
+    }
+    victim = next;
   }
   return block;
+}
+
+uint32_t ObjectStore::AcquireSlot() {
+  uint32_t slot = headers_.Acquire();
+  if (slot == HeaderTable::kNoSlot && eviction_ && !lru_.empty()) {
+    Evict(lru_.front());
+    slot = headers_.Acquire();
+  }
+  return slot;
 }
 
 void ObjectStore::Evict(uint32_t slot) {
@@ -117,6 +148,11 @@ void ObjectStore::Evict(uint32_t slot) {
 Result<Location> ObjectStore::Create(ClientId client, const CreateParams& p) {
   if (p.id.IsNil()) return Status::InvalidArgument("the nil object id (all zeros) is reserved");
   const uint64_t total = p.data_size + p.metadata.size();
+  if (!p.data.empty() && p.data.size() != p.data_size) {
+    return Status::InvalidArgument("inline data of " + std::to_string(p.data.size()) +
+                                   " bytes for " + Describe(p.id) + " of " +
+                                   std::to_string(p.data_size) + " bytes");
+  }
   if (p.data_size > arena_.max_object_size() || total > arena_.max_object_size()) {
     return Status::InvalidArgument(
         Describe(p.id) + " of " + ipc::FormatSize(total) + " is larger than the largest object (" +
@@ -132,9 +168,9 @@ Result<Location> ObjectStore::Create(ClientId client, const CreateParams& p) {
                               : " is already being created"));
   }
   ClientState& state = clients_.at(client);
-  DEPOT_RETURN_NOT_OK(CheckLimits(client, state, Arena::RoundedSize(total)));
+  DEPOT_RETURN_NOT_OK(CheckLimits(client, state, arena_.ReservedSize(total)));
 
-  const uint32_t slot = headers_.Acquire();
+  const uint32_t slot = AcquireSlot();
   if (slot == HeaderTable::kNoSlot) {
     return Status::LimitExceeded("the store holds " + std::to_string(headers_.slots()) +
                                  " objects, its limit; start depotd with a larger --max-objects");
@@ -144,10 +180,9 @@ Result<Location> ObjectStore::Create(ClientId client, const CreateParams& p) {
     headers_.Release(slot);
     return Status::OutOfMemory(OutOfMemoryMessage(p.id, total));
   }
-  if (!p.metadata.empty()) {
-    std::memcpy(arena_.base(block->segment) + block->offset + p.data_size, p.metadata.data(),
-                p.metadata.size());
-  }
+  std::byte* bytes = arena_.base(block->segment) + block->offset;
+  if (!p.data.empty()) std::memcpy(bytes, p.data.data(), p.data.size());
+  if (!p.metadata.empty()) std::memcpy(bytes + p.data_size, p.metadata.data(), p.metadata.size());
   if (slot >= objects_.size()) objects_.resize(std::max<size_t>(slot + 1, objects_.size() * 2));
   objects_[slot] = Object{block->handle, client, p.checksum, false};
   auto& h = headers_.at(slot);
@@ -164,7 +199,7 @@ Result<Location> ObjectStore::Create(ClientId client, const CreateParams& p) {
   index_.emplace(p.id, slot);
   if (!p.name.empty()) names_.emplace(slot, std::string(p.name));
   counters_.objects_creating++;
-  if (p.pin) counters_.pinned_bytes += block->size;
+  if (p.pin) counters_.pinned_bytes += BlockBytes(slot);
   AddRef(client, state, slot);
   return LocationOf(slot);
 }
@@ -172,7 +207,7 @@ Result<Location> ObjectStore::Create(ClientId client, const CreateParams& p) {
 void ObjectStore::AddRef(ClientId, ClientState& state, uint32_t slot) {
   const uint64_t refs = headers_.refs(slot);
   if (refs == 0) {
-    lru_.Remove(slot);
+    MakeUnevictable(slot);
     counters_.held_bytes += BlockBytes(slot);
   }
   headers_.SetStateRefs(slot, headers_.state(slot), refs + 1);
@@ -201,7 +236,7 @@ void ObjectStore::DropRef(ClientState& state, uint32_t slot) {
   if (IsDeletePending(slot)) {
     FreeObject(slot);
   } else if (!(headers_.at(slot).flags & ipc::kFlagPinned)) {
-    lru_.PushBack(slot);
+    MakeEvictable(slot);
   }
 }
 
@@ -215,7 +250,7 @@ void ObjectStore::FreeObject(uint32_t slot) {
     counters_.objects_sealed--;
   }
   if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes -= bytes;
-  lru_.Remove(slot);
+  MakeUnevictable(slot);
   arena_.Free(h.segment, objects_[slot].alloc);
   index_.erase(id);
   names_.erase(slot);
@@ -263,7 +298,7 @@ void ObjectStore::FinishSeal(uint32_t slot, std::optional<uint64_t> checksum) {
   headers_.SetStateRefs(slot, ipc::ObjectState::kSealed, refs);
   counters_.objects_creating--;
   counters_.objects_sealed++;
-  if (refs == 0 && !(h.flags & ipc::kFlagPinned)) lru_.PushBack(slot);
+  if (refs == 0 && !(h.flags & ipc::kFlagPinned)) MakeEvictable(slot);
   CompleteWaiters(slot);
 }
 

@@ -41,6 +41,7 @@ struct CreateParams {
   ObjectId id;
   uint64_t data_size = 0;
   std::span<const std::byte> metadata;
+  std::span<const std::byte> data;  // copied in by the daemon when given (one-round-trip put)
   std::string_view name;
   bool pin = false;
   bool checksum = false;
@@ -142,7 +143,12 @@ class ObjectStore {
   Location LocationOf(uint32_t slot) const;
   Status CheckLimits(ClientId client, const ClientState& state, uint64_t bytes) const;
   std::optional<Arena::Block> AllocateOrEvict(uint64_t bytes);
+  // A free header slot, evicting the least recently used object if the table is full.
+  uint32_t AcquireSlot();
   void Evict(uint32_t slot);
+  // The LRU list, kept together with the evictable bytes of each segment.
+  void MakeEvictable(uint32_t slot);
+  void MakeUnevictable(uint32_t slot);
   void AddRef(ClientId client, ClientState& state, uint32_t slot);
   // Drops one of the client's references; frees or aborts the object when it was the last.
   void DropRef(ClientState& state, uint32_t slot);
@@ -164,6 +170,7 @@ class ObjectStore {
   std::vector<Object> objects_;                   // by slot
   std::unordered_map<uint32_t, std::string> names_;
   LruList lru_;  // sealed, unreferenced, unpinned objects: the eviction candidates
+  std::vector<uint64_t> evictable_bytes_;  // by segment: bytes of the objects in lru_
   std::unordered_map<ClientId, ClientState> clients_;
   std::unordered_map<uint64_t, PendingGet> pending_;
   std::unordered_map<ObjectId, std::vector<uint64_t>> waiting_;  // id -> pending gets

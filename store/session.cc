@@ -19,6 +19,8 @@ constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
 constexpr int kReadsPerTurn = 16;
 // Longest object name accepted.
 constexpr size_t kMaxNameBytes = 4096;
+// Gets that would wait longer than this (30 days) wait for ever.
+constexpr int64_t kForeverMs = 30ll * 24 * 3600 * 1000;
 // Most objects in one page of a list reply.
 constexpr uint32_t kMaxListPage = 10'000;
 
@@ -238,21 +240,45 @@ void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create) {
                                                   " bytes is longer than the limit of " +
                                                   std::to_string(kMaxNameBytes)));
   }
+  const bool seal = create.getSeal();
+  const bool release = create.getRelease();
+  if (release && !seal) {
+    return SendError(rid, Status::InvalidArgument(
+                              "a create may drop the creator's reference only if it also seals"));
+  }
   auto metadata = create.getMetadata();
+  auto data = create.getData();
   CreateParams params;
   params.id = ipc::FromWire(create.getId());
   params.data_size = create.getDataSize();
   params.metadata = std::as_bytes(std::span(metadata.begin(), metadata.size()));
+  params.data = std::as_bytes(std::span(data.begin(), data.size()));
   params.name = std::string_view(name.cStr(), name.size());
   params.pin = create.getPin();
   params.checksum = create.getChecksum();
-  auto loc = server_.store().Create(id_, params);
-  if (!loc.ok()) return SendError(rid, loc.status());
+  auto created = server_.store().Create(id_, params);
+  if (!created.ok()) return SendError(rid, created.status());
+  const Location loc = *created;
+  if (!seal) return SendLocation(rid, loc);
+  // A put in one round trip: seal now, and drop the creator's reference if asked.
+  server_.store().Seal(id_, params.id, [weak = weak_from_this(), rid, id = params.id, release, loc](Status st) {
+    auto self = weak.lock();
+    if (!self || self->closed_) return;
+    if (!st.ok()) return self->SendError(rid, st);
+    if (release) {
+      Status released = self->server_.store().Release(self->id_, std::span(&id, 1));
+      if (!released.ok()) return self->SendError(rid, released);
+    }
+    self->SendLocation(rid, loc);
+  });
+}
+
+void Session::SendLocation(uint64_t rid, const Location& loc) {
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
-  ToWire(*loc, reply.initCreate());
-  SendReply(message, reply, loc->segment);
+  ToWire(loc, reply.initCreate());
+  SendReply(message, reply, loc.segment);
 }
 
 void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get) {
@@ -266,7 +292,9 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get) {
       return SendError(rid, Status::InvalidArgument("the nil object id (all zeros) is reserved"));
     }
   }
-  const int64_t timeout = std::max<int64_t>(get.getTimeoutMs(), -1);
+  // Waits longer than kForeverMs are for ever (and would overflow the timer's nanoseconds).
+  int64_t timeout = std::max<int64_t>(get.getTimeoutMs(), -1);
+  if (timeout > kForeverMs) timeout = -1;
   Status st = server_.store().Get(
       id_, std::move(ids), timeout, [weak = weak_from_this(), rid](std::vector<GetResult> results) {
         auto self = weak.lock();
@@ -364,6 +392,10 @@ void Session::SendOk(uint64_t rid) {
 }
 
 void Session::SendError(uint64_t rid, const Status& status) {
+  if (rid == 0) {  // the client asked for no reply (release)
+    spdlog::debug("session {}: {}", id_, status.ToString());
+    return;
+  }
   capnp::MallocMessageBuilder message(256);
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);

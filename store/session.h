@@ -59,6 +59,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply, int64_t max_segment,
                  std::vector<int> extra_fds = {});
   void SendOk(uint64_t rid);
+  void SendLocation(uint64_t rid, const Location& loc);
   void SendError(uint64_t rid, const Status& status);
   void Flush();
   bool CheckBatch(uint64_t rid, size_t count);
