@@ -1,0 +1,236 @@
+// Many writers and readers at once, in threads sharing one Client and in separate
+// processes: every object read back is exactly what was written (checked by XXH3).
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "child_process.h"
+#include "daemon.h"
+#include "depot/client.h"
+#include "test_support.h"
+
+namespace depot::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+// An object every participant can name and verify: its contents follow from its name, and
+// its metadata carries the XXH3 of its data.
+struct Named {
+  std::string name;
+  ObjectId id;
+  uint64_t seed;
+  size_t size;
+};
+
+Named MakeNamed(const std::string& name) {
+  const uint64_t seed = Xxh3(AsBytes(name));
+  // 1 byte to 64 KiB, so small objects and multi-page ones mix.
+  return Named{name, ObjectId::FromName(name), seed, 1 + seed % (64 * 1024)};
+}
+
+Status PutNamed(Client& client, const Named& o) {
+  const std::vector<std::byte> data = SeededBytes(o.size, o.seed);
+  const uint64_t sum = Xxh3(data);
+  CreateOptions options;
+  options.metadata = std::as_bytes(std::span(&sum, 1));
+  options.name = o.name;
+  return client.Put(o.id, data, options);
+}
+
+// Empty if `buffer` holds exactly o's contents, else what is wrong.
+std::string CheckNamed(const Buffer& buffer, const Named& o) {
+  if (!buffer) return o.name + ": missing";
+  if (buffer.size() != o.size) {
+    return o.name + ": size " + std::to_string(buffer.size()) + ", expected " +
+           std::to_string(o.size);
+  }
+  uint64_t recorded = 0;
+  if (buffer.metadata().size() != sizeof(recorded)) return o.name + ": metadata has the wrong size";
+  std::memcpy(&recorded, buffer.metadata().data(), sizeof(recorded));
+  const uint64_t actual = Xxh3(buffer.data());
+  if (actual != recorded) return o.name + ": data does not match the checksum in its metadata";
+  if (actual != Xxh3(SeededBytes(o.size, o.seed)))
+    return o.name + ": data differs from what was put";
+  return "";
+}
+
+std::vector<Named> NamedObjects(const std::string& owner, int count) {
+  std::vector<Named> out;
+  for (int i = 0; i < count; ++i)
+    out.push_back(MakeNamed("concurrency/" + owner + "/" + std::to_string(i)));
+  return out;
+}
+
+class ConcurrencyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_.emplace(std::vector<std::string>{"--memory", "256MiB", "--segment-size", "64MiB"});
+    ASSERT_TRUE(daemon_->ok()) << daemon_->error();
+  }
+
+  std::optional<TestDaemon> daemon_;
+};
+
+TEST_F(ConcurrencyTest, ThreadsSharingOneClientPutAndGetIntactObjects) {
+  constexpr int kThreads = 8;
+  constexpr int kObjectsPerThread = 200;
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->socket_path()));
+  std::vector<std::vector<Named>> objects;
+  for (int t = 0; t < kThreads; ++t)
+    objects.push_back(NamedObjects("thread" + std::to_string(t), kObjectsPerThread));
+
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::string& error = errors[t];
+      for (const Named& o : objects[t]) {
+        if (Status st = PutNamed(client, o); !st.ok()) {
+          error = o.name + ": put: " + st.ToString();
+          return;
+        }
+      }
+      // Every thread reads every object, one at a time and in batches, waiting for those
+      // other threads have not put yet.
+      for (int k = 0; k < kThreads; ++k) {
+        const std::vector<Named>& theirs = objects[(t + k) % kThreads];
+        if (k % 2 == 0) {
+          for (const Named& o : theirs) {
+            auto buffer = client.Get(o.id, milliseconds(20'000));
+            if (!buffer.ok()) {
+              error = o.name + ": get: " + buffer.status().ToString();
+              return;
+            }
+            if (std::string bad = CheckNamed(*buffer, o); !bad.empty()) {
+              error = bad;
+              return;
+            }
+          }
+        } else {
+          std::vector<ObjectId> ids;
+          for (const Named& o : theirs) ids.push_back(o.id);
+          auto buffers = client.Get(ids, milliseconds(20'000));
+          if (!buffers.ok()) {
+            error = "batch get: " + buffers.status().ToString();
+            return;
+          }
+          for (size_t i = 0; i < theirs.size(); ++i) {
+            if (std::string bad = CheckNamed((*buffers)[i], theirs[i]); !bad.empty()) {
+              error = bad;
+              return;
+            }
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
+  EXPECT_EQ(status.objects_sealed, uint64_t{kThreads * kObjectsPerThread});
+  EXPECT_EQ(status.held_bytes, 0u) << "every Buffer is gone, so is every reference";
+}
+
+TEST_F(ConcurrencyTest, ProcessesExchangeObjectsByName) {
+  constexpr int kProcesses = 16;
+  constexpr int kObjectsPerProcess = 64;
+  const std::string socket = daemon_->socket_path();
+  std::vector<std::vector<Named>> objects;
+  for (int p = 0; p < kProcesses; ++p)
+    objects.push_back(NamedObjects("process" + std::to_string(p), kObjectsPerProcess));
+
+  std::vector<ChildProcess> children;
+  for (int p = 0; p < kProcesses; ++p) {
+    children.push_back(ChildProcess::Start([&, p]() -> int {
+      auto client = Client::Connect(socket);
+      if (!client.ok()) return ChildFailed(2, client.status().ToString());
+      for (const Named& o : objects[p]) {
+        if (Status st = PutNamed(*client, o); !st.ok())
+          return ChildFailed(3, o.name + ": " + st.ToString());
+      }
+      for (int k = 1; k <= kProcesses; ++k) {
+        const std::vector<Named>& theirs = objects[(p + k) % kProcesses];
+        std::vector<ObjectId> ids;
+        for (const Named& o : theirs) ids.push_back(o.id);
+        auto buffers = client->Get(ids, milliseconds(30'000));
+        if (!buffers.ok()) return ChildFailed(4, buffers.status().ToString());
+        for (size_t i = 0; i < theirs.size(); ++i) {
+          if (std::string bad = CheckNamed((*buffers)[i], theirs[i]); !bad.empty())
+            return ChildFailed(5, bad);
+        }
+      }
+      return 0;
+    }));
+  }
+  for (int p = 0; p < kProcesses; ++p)
+    EXPECT_EQ(children[p].Wait(milliseconds(60'000)), 0) << "process " << p;
+
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(socket));
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
+  EXPECT_EQ(status.objects_sealed, uint64_t{kProcesses * kObjectsPerProcess});
+  // Every reader has exited; the daemon may still be closing the last sessions.
+  const auto deadline = std::chrono::steady_clock::now() + milliseconds(2000);
+  while (status.held_bytes != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(1));
+    ASSERT_OK_AND_ASSIGN(status, client.GetStatus());
+  }
+  EXPECT_EQ(status.held_bytes, 0u);
+}
+
+TEST_F(ConcurrencyTest, ProcessesRacingToCreateOneIdHaveExactlyOneWinner) {
+  constexpr int kProcesses = 16;
+  const ObjectId id = ObjectId::FromName("concurrency/contested");
+  const std::string socket = daemon_->socket_path();
+  // Everyone connects first, then all create at once.
+  std::vector<std::unique_ptr<ReadyPipe>> connected;
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  std::vector<ChildProcess> children;
+  for (int p = 0; p < kProcesses; ++p) {
+    connected.push_back(std::make_unique<ReadyPipe>());
+    ReadyPipe& ready = *connected.back();
+    children.push_back(ChildProcess::Start([&, p]() -> int {
+      ::close(go[1]);
+      auto client = Client::Connect(socket);
+      if (!client.ok()) return ChildFailed(2, client.status().ToString());
+      ready.Signal();
+      char byte;
+      if (::read(go[0], &byte, 1) != 0) return ChildFailed(3, "the start pipe was written to");
+      const std::string mine = "winner " + std::to_string(p);
+      Status st = client->Put(id, AsBytes(mine));
+      if (st.ok()) return 0;
+      if (st.Is(StatusCode::kAlreadyExists)) return 10;
+      return ChildFailed(4, st.ToString());
+    }));
+  }
+  ::close(go[0]);
+  for (auto& ready : connected) ASSERT_TRUE(ready->Wait(milliseconds(10'000)));
+  ::close(go[1]);  // end of file: go
+
+  int winners = 0, losers = 0;
+  for (ChildProcess& child : children) {
+    const int code = child.Wait();
+    if (code == 0) ++winners;
+    if (code == 10) ++losers;
+  }
+  EXPECT_EQ(winners, 1);
+  EXPECT_EQ(losers, kProcesses - 1);
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(socket));
+  ASSERT_OK_AND_ASSIGN(Buffer object, client.Get(id));
+  EXPECT_TRUE(std::string_view(reinterpret_cast<const char*>(object.ptr()), object.size())
+                  .starts_with("winner "));
+}
+
+}  // namespace
+}  // namespace depot::testing

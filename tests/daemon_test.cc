@@ -1,0 +1,142 @@
+// depotd as a process: starting where another daemon listens or a dead one left its socket,
+// the socket's permissions, bad flags, and shutting down with clients still connected.
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "child_process.h"
+#include "daemon.h"
+#include "depot/client.h"
+#include "test_support.h"
+
+namespace depot::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(DaemonTest, RefusesToStartWhereAnotherDaemonListens) {
+  TestDaemon first;
+  ASSERT_TRUE(first.ok()) << first.error();
+  ProgramRun second =
+      RunProgram({DEPOT_DAEMON_PATH, "--socket", first.socket_path(), "--memory", "16MiB"}, {},
+                 milliseconds(10'000));
+  EXPECT_NE(second.exit_code, 0);
+  EXPECT_NE(second.err.find("already listening"), std::string::npos) << second.err;
+  // The first one is untouched.
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(first.socket_path()));
+  EXPECT_OK(client.Put(ObjectId::FromName("daemon/still-here"), AsBytes("yes")));
+}
+
+TEST(DaemonTest, ReplacesTheStaleSocketOfADeadDaemon) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << dir.error();
+  // What a daemon killed with SIGKILL leaves: a socket file nobody listens on.
+  const std::string path = dir.path() + "/stale.sock";
+  {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
+        << std::strerror(errno);
+    ::close(fd);
+  }
+  TestDaemon daemon({"--socket", path});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(path));
+  EXPECT_OK(client.Put(ObjectId::FromName("daemon/fresh"), AsBytes("ok")));
+}
+
+TEST(DaemonTest, RefusesASocketPathThatIsNotASocket) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << dir.error();
+  const std::string path = dir.path() + "/precious.txt";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("data", f);
+    std::fclose(f);
+  }
+  ProgramRun run = RunProgram({DEPOT_DAEMON_PATH, "--socket", path, "--memory", "16MiB"}, {},
+                              milliseconds(10'000));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find(path), std::string::npos) << run.err;
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0) << "the daemon removed a file that was not its socket";
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+}
+
+TEST(DaemonTest, SocketIsPrivateByDefault) {
+  TestDaemon daemon;
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  struct stat st {};
+  ASSERT_EQ(::stat(daemon.socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST(DaemonTest, SocketModeFlagSetsThePermissions) {
+  TestDaemon daemon({"--socket-mode", "0660"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  struct stat st {};
+  ASSERT_EQ(::stat(daemon.socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+}
+
+TEST(DaemonTest, BadFlagIsAClearErrorAtStartup) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << dir.error();
+  ProgramRun run =
+      RunProgram({DEPOT_DAEMON_PATH, "--socket", dir.path() + "/depot.sock", "--memory", "lots"},
+                 {}, milliseconds(10'000));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find("--memory"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("lots"), std::string::npos) << run.err;
+}
+
+TEST(DaemonTest, StatusDescribesTheDaemon) {
+  TestDaemon daemon({"--memory", "32MiB", "--segment-size", "8MiB", "--max-objects", "1000"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.socket_path()));
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
+  EXPECT_EQ(status.pid, static_cast<uint32_t>(daemon.pid()));
+  EXPECT_EQ(status.socket_path, daemon.socket_path());
+  EXPECT_EQ(status.arena_backend, "memfd");
+  EXPECT_EQ(status.capacity_bytes, 32u << 20);
+  EXPECT_EQ(status.header_slots, 1000u);
+  EXPECT_TRUE(status.eviction_enabled);
+  EXPECT_EQ(status.used_bytes, 0u);
+  EXPECT_GE(status.clients, 1u);
+  EXPECT_FALSE(status.daemon_version.empty());
+}
+
+TEST(DaemonTest, ShutdownWithClientsConnectedIsCleanAndDisconnectsThem) {
+  TestDaemon daemon;
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.socket_path()));
+  ASSERT_OK(client.Put(ObjectId::FromName("daemon/held"), AsBytes("held")));
+  ASSERT_OK_AND_ASSIGN(Buffer held, client.Get(ObjectId::FromName("daemon/held")));
+  ASSERT_OK_AND_ASSIGN(MutableBuffer creating,
+                       client.Create(ObjectId::FromName("daemon/creating"), 64));
+  Result<Buffer> waited = Status::Internal("not run");
+  std::thread waiter([&] { waited = client.Get(ObjectId::FromName("daemon/never"), kForever); });
+  std::this_thread::sleep_for(milliseconds(50));
+
+  daemon.Stop();  // checks exit status 0 and that the socket file is gone
+  waiter.join();
+  EXPECT_EQ(waited.status().code(), StatusCode::kDisconnected) << waited.status().ToString();
+  // The mapping outlives the daemon: what a client holds stays readable.
+  EXPECT_TRUE(SameBytes(held.data(), AsBytes("held")));
+  EXPECT_STATUS(client.GetStatus(), StatusCode::kDisconnected);
+}
+
+}  // namespace
+}  // namespace depot::testing

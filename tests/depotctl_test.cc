@@ -1,0 +1,168 @@
+// depotctl run as a user runs it, against a real depotd: put and get files byte for byte,
+// list, remove, and clear errors when something is missing.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "child_process.h"
+#include "daemon.h"
+#include "depot/client.h"
+#include "test_support.h"
+
+#ifndef DEPOTCTL_PATH
+#error "DEPOTCTL_PATH must name the depotctl binary (set by tests/CMakeLists.txt)"
+#endif
+
+namespace depot::testing {
+namespace {
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::vector<std::byte> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(chars.size());
+  if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
+  return bytes;
+}
+
+void WriteFile(const std::string& path, std::span<const std::byte> bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+}
+
+bool Exists(const std::string& path) { return std::ifstream(path).good(); }
+
+class DepotctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_.emplace();
+    ASSERT_TRUE(daemon_->ok()) << daemon_->error();
+    input_ = daemon_->dir() + "/input.bin";
+    WriteFile(input_, contents_);
+  }
+
+  // Runs depotctl with `args`, talking to this test's daemon.
+  ProgramRun Depotctl(std::vector<std::string> args) {
+    args.insert(args.begin(), {DEPOTCTL_PATH, "--socket", daemon_->socket_path()});
+    return RunProgram(args);
+  }
+
+  static std::string Explain(const ProgramRun& run) {
+    return "exit " + std::to_string(run.exit_code) + "\nstdout: " + run.out +
+           "\nstderr: " + run.err;
+  }
+
+  std::optional<TestDaemon> daemon_;
+  // A few MiB of random bytes, not a multiple of any page or word size.
+  const std::vector<std::byte> contents_ = SeededBytes(3 * (1 << 20) + 17, 2024);
+  std::string input_;
+};
+
+TEST_F(DepotctlTest, PutWithNamePrintsTheIdOfThatName) {
+  ProgramRun put = Depotctl({"put", input_, "--name", "ctl/file"});
+  ASSERT_EQ(put.exit_code, 0) << Explain(put);
+  EXPECT_EQ(Trim(put.out), ObjectId::FromName("ctl/file").Hex());
+}
+
+TEST_F(DepotctlTest, PutThenGetByNameRoundTripsTheFileByteForByte) {
+  ProgramRun put = Depotctl({"put", input_, "--name", "ctl/file"});
+  ASSERT_EQ(put.exit_code, 0) << Explain(put);
+  const std::string output = daemon_->dir() + "/output.bin";
+  ProgramRun get = Depotctl({"get", "ctl/file", "-o", output});
+  ASSERT_EQ(get.exit_code, 0) << Explain(get);
+  const std::vector<std::byte> read = ReadFile(output);
+  ASSERT_EQ(read.size(), contents_.size());
+  EXPECT_TRUE(SameBytes(read, contents_));
+}
+
+TEST_F(DepotctlTest, GetByPrintedIdRoundTripsTheFile) {
+  ProgramRun put = Depotctl({"put", input_});
+  ASSERT_EQ(put.exit_code, 0) << Explain(put);
+  const std::string id = Trim(put.out);
+  ASSERT_TRUE(ObjectId::FromHex(id).has_value()) << "not an id: '" << id << "'";
+  const std::string output = daemon_->dir() + "/output.bin";
+  ProgramRun get = Depotctl({"get", id, "-o", output});
+  ASSERT_EQ(get.exit_code, 0) << Explain(get);
+  EXPECT_TRUE(SameBytes(ReadFile(output), contents_));
+}
+
+TEST_F(DepotctlTest, PutFileIsReadableThroughTheClientLibrary) {
+  ProgramRun put = Depotctl({"put", input_, "--name", "ctl/shared"});
+  ASSERT_EQ(put.exit_code, 0) << Explain(put);
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->socket_path()));
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, client.Get(ObjectId::FromName("ctl/shared")));
+  EXPECT_TRUE(SameBytes(buffer.data(), contents_));
+}
+
+TEST_F(DepotctlTest, LsJsonListsTheObjectWithItsName) {
+  ASSERT_EQ(Depotctl({"put", input_, "--name", "ctl/listed"}).exit_code, 0);
+  ProgramRun ls = Depotctl({"ls", "--json"});
+  ASSERT_EQ(ls.exit_code, 0) << Explain(ls);
+  const std::string out = Trim(ls.out);
+  EXPECT_TRUE(out.starts_with("[") && out.ends_with("]")) << out;
+  EXPECT_NE(out.find("\"ctl/listed\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"" + ObjectId::FromName("ctl/listed").Hex() + "\""), std::string::npos)
+      << out;
+  EXPECT_NE(out.find(std::to_string(contents_.size())), std::string::npos) << "size: " << out;
+}
+
+TEST_F(DepotctlTest, LsJsonOfEmptyStoreIsAnEmptyArray) {
+  ProgramRun ls = Depotctl({"ls", "--json"});
+  ASSERT_EQ(ls.exit_code, 0) << Explain(ls);
+  EXPECT_EQ(Trim(ls.out), "[]");
+}
+
+TEST_F(DepotctlTest, GetAfterRmFailsWithAClearMessage) {
+  ASSERT_EQ(Depotctl({"put", input_, "--name", "ctl/doomed"}).exit_code, 0);
+  ProgramRun rm = Depotctl({"rm", "ctl/doomed"});
+  ASSERT_EQ(rm.exit_code, 0) << Explain(rm);
+
+  const std::string output = daemon_->dir() + "/output.bin";
+  ProgramRun get = Depotctl({"get", "ctl/doomed", "-o", output});
+  EXPECT_NE(get.exit_code, 0) << Explain(get);
+  EXPECT_NE(get.err.find("ctl/doomed"), std::string::npos) << get.err;
+  EXPECT_NE(get.err.find("does not exist"), std::string::npos) << get.err;
+  EXPECT_FALSE(Exists(output)) << "a failed get created its output file";
+}
+
+TEST_F(DepotctlTest, RmOfUnknownObjectFailsNamingIt) {
+  ProgramRun rm = Depotctl({"rm", "ctl/never-was"});
+  EXPECT_NE(rm.exit_code, 0) << Explain(rm);
+  EXPECT_NE(rm.err.find("ctl/never-was"), std::string::npos) << rm.err;
+}
+
+TEST_F(DepotctlTest, PutOfMissingFileFailsNamingIt) {
+  const std::string missing = daemon_->dir() + "/no-such-file";
+  ProgramRun put = Depotctl({"put", missing});
+  EXPECT_NE(put.exit_code, 0) << Explain(put);
+  EXPECT_NE(put.err.find(missing), std::string::npos) << put.err;
+}
+
+TEST_F(DepotctlTest, WithoutADaemonFailsSayingNoDaemonListens) {
+  const std::string nowhere = daemon_->dir() + "/nobody-here.sock";
+  ProgramRun ls = RunProgram({DEPOTCTL_PATH, "--socket", nowhere, "ls"});
+  EXPECT_NE(ls.exit_code, 0) << Explain(ls);
+  EXPECT_NE(ls.err.find("no depot daemon"), std::string::npos) << ls.err;
+  EXPECT_NE(ls.err.find(nowhere), std::string::npos) << ls.err;
+}
+
+TEST_F(DepotctlTest, SocketCanComeFromTheEnvironment) {
+  ASSERT_EQ(Depotctl({"put", input_, "--name", "ctl/env"}).exit_code, 0);
+  ProgramRun ls =
+      RunProgram({DEPOTCTL_PATH, "ls", "--json"}, {{"DEPOT_SOCKET", daemon_->socket_path()}});
+  ASSERT_EQ(ls.exit_code, 0) << Explain(ls);
+  EXPECT_NE(ls.out.find("\"ctl/env\""), std::string::npos) << ls.out;
+}
+
+}  // namespace
+}  // namespace depot::testing

@@ -1,0 +1,798 @@
+// The wire protocol spoken by hand (ipc framing, no client library) against a real depotd:
+// the handshake, replies and their error codes, and bad input of every kind, which must
+// close only the offending session.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "daemon.h"
+#include "depot/ipc/framing.h"
+#include "depot/ipc/object_header.h"
+#include "depot/ipc/protocol.h"
+#include "depot/object_id.h"
+#include "test_support.h"
+
+namespace depot::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr milliseconds kReplyTimeout{5000};
+
+// A reply read off the socket, with the descriptors that came with it.
+struct RawReply {
+  std::vector<capnp::word> words;
+  std::vector<ipc::UniqueFd> fds;
+  std::unique_ptr<capnp::FlatArrayMessageReader> message;
+
+  wire::Reply::Reader get() {
+    if (!message)
+      message =
+          std::make_unique<capnp::FlatArrayMessageReader>(kj::arrayPtr(words.data(), words.size()));
+    return message->getRoot<wire::Reply>();
+  }
+};
+
+// One connection to the daemon, framed by hand.
+class RawSession {
+ public:
+  explicit RawSession(const std::string& path) : reader_(1u << 30) {
+    auto fd = ipc::ConnectUnix(path);
+    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
+    if (fd.ok()) fd_ = std::move(*fd);
+  }
+
+  int fd() const { return fd_.get(); }
+
+  // Sends one request; `fill` sets its body (the id is set here).
+  Status Send(uint64_t id, const std::function<void(wire::Request::Builder)>& fill,
+              std::vector<int> fds = {}) {
+    capnp::MallocMessageBuilder message;
+    auto request = message.initRoot<wire::Request>();
+    request.setId(id);
+    fill(request);
+    DEPOT_ASSIGN_OR_RETURN(ipc::OutFrame frame, ipc::EncodeFrame(message, std::move(fds)));
+    return ipc::WriteFrameFully(fd_.get(), frame);
+  }
+
+  // Writes raw bytes.
+  bool SendBytes(const void* data, size_t size) {
+    return ::send(fd_.get(), data, size, MSG_NOSIGNAL) == static_cast<ssize_t>(size);
+  }
+
+  // The next reply, or nullopt if none came within `timeout` or the daemon hung up (then
+  // closed() is true).
+  std::optional<RawReply> Receive(milliseconds timeout = kReplyTimeout) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      auto next = reader_.Next();
+      if (!next.ok()) {
+        ADD_FAILURE() << "bad frame from the daemon: " << next.status().ToString();
+        return std::nullopt;
+      }
+      if (next->has_value()) {
+        RawReply reply;
+        reply.words.assign((*next)->payload.begin(), (*next)->payload.end());
+        reply.fds = std::move((*next)->fds);
+        return reply;
+      }
+      if (closed_) return std::nullopt;
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      pollfd p{fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      bool would_block = false;
+      auto n = reader_.ReadSome(fd_.get(), &would_block);
+      if (!n.ok() || (*n == 0 && !would_block)) closed_ = true;
+    }
+  }
+
+  // Sends a request and returns its reply (nullopt, with a test failure, if none came).
+  std::optional<RawReply> Call(uint64_t id,
+                               const std::function<void(wire::Request::Builder)>& fill) {
+    Status st = Send(id, fill);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    auto reply = Receive();
+    EXPECT_TRUE(reply.has_value())
+        << "no reply to request " << id << (closed_ ? ": the daemon closed the session" : "");
+    if (reply) {
+      EXPECT_EQ(reply->get().getId(), id);
+    }
+    return reply;
+  }
+
+  // Whether the daemon closes the session within `timeout`; replies that come first are
+  // counted in `*replies`.
+  bool ClosedWithin(milliseconds timeout, int* replies = nullptr) {
+    const auto deadline = Clock::now() + timeout;
+    while (!closed_ && Clock::now() < deadline) {
+      if (Receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now())) && replies) {
+        ++*replies;
+      }
+    }
+    return closed_;
+  }
+
+ private:
+  ipc::UniqueFd fd_;
+  ipc::FrameReader reader_;
+  bool closed_ = false;
+};
+
+void FillHello(wire::Request::Builder r, uint32_t version = ipc::kProtocolVersion) {
+  auto hello = r.initHello();
+  hello.setProtocolVersion(version);
+  hello.setClientName("protocol_test");
+}
+
+auto StatusRequest() {
+  return [](wire::Request::Builder r) { r.setStatus(); };
+}
+
+auto CreateOf(const ObjectId& id, uint64_t size, std::string_view metadata = {}) {
+  return [=](wire::Request::Builder r) {
+    auto create = r.initCreate();
+    ipc::ToWire(id, create.initId());
+    create.setDataSize(size);
+    create.setMetadata(
+        capnp::Data::Reader(reinterpret_cast<const kj::byte*>(metadata.data()), metadata.size()));
+  };
+}
+
+auto SealOf(const ObjectId& id) {
+  return [=](wire::Request::Builder r) { ipc::ToWire(id, r.initSeal()); };
+}
+
+auto GetOf(const std::vector<ObjectId>& ids, int64_t timeout_ms = 0) {
+  return [=](wire::Request::Builder r) {
+    auto get = r.initGet();
+    auto list = get.initIds(static_cast<unsigned>(ids.size()));
+    for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+    get.setTimeoutMs(timeout_ms);
+  };
+}
+
+// release, delete and contains all take a list of ids.
+enum class IdList { kRelease, kDelete, kContains };
+auto ListOf(IdList kind, const std::vector<ObjectId>& ids) {
+  return [=](wire::Request::Builder r) {
+    const auto n = static_cast<unsigned>(ids.size());
+    auto list = kind == IdList::kRelease  ? r.initRelease(n)
+                : kind == IdList::kDelete ? r.initDelete(n)
+                                          : r.initContains(n);
+    for (unsigned i = 0; i < n; ++i) ipc::ToWire(ids[i], list[i]);
+  };
+}
+
+std::vector<ObjectId> Ids(const std::string& prefix, size_t count) {
+  std::vector<ObjectId> ids;
+  for (size_t i = 0; i < count; ++i) ids.push_back(ObjectId::FromName(prefix + std::to_string(i)));
+  return ids;
+}
+
+class ProtocolTest : public ::testing::Test {
+ protected:
+  explicit ProtocolTest(std::vector<std::string> flags = {}) : flags_(std::move(flags)) {}
+
+  void SetUp() override {
+    daemon_.emplace(flags_);
+    ASSERT_TRUE(daemon_->ok()) << daemon_->error();
+  }
+
+  std::unique_ptr<RawSession> Open() {
+    return std::make_unique<RawSession>(daemon_->socket_path());
+  }
+
+  // A session that has said hello.
+  std::unique_ptr<RawSession> OpenSession() {
+    auto s = Open();
+    auto reply = s->Call(1, [](auto r) { FillHello(r); });
+    EXPECT_TRUE(reply && reply->get().getError() == wire::ErrorCode::OK && reply->get().isHello());
+    return s;
+  }
+
+  // Checks that `s` is still served: it creates, seals and gets an object of its own.
+  void ExpectServes(RawSession& s, const std::string& name) {
+    const ObjectId id = ObjectId::FromName("protocol/" + name);
+    auto created = s.Call(100, CreateOf(id, 64));
+    ASSERT_TRUE(created);
+    ASSERT_EQ(created->get().getError(), wire::ErrorCode::OK) << created->get().getMessage().cStr();
+    auto sealed = s.Call(101, SealOf(id));
+    ASSERT_TRUE(sealed);
+    ASSERT_EQ(sealed->get().getError(), wire::ErrorCode::OK) << sealed->get().getMessage().cStr();
+    auto got = s.Call(102, GetOf({id}));
+    ASSERT_TRUE(got);
+    ASSERT_TRUE(got->get().isGet());
+    ASSERT_EQ(got->get().getGet().size(), 1u);
+    EXPECT_EQ(got->get().getGet()[0].getError(), wire::ErrorCode::OK);
+  }
+
+  std::vector<std::string> flags_;
+  std::optional<TestDaemon> daemon_;
+};
+
+TEST_F(ProtocolTest, HelloReplyCarriesVersionSessionAndTheHeaderTable) {
+  auto s = Open();
+  auto reply = s->Call(1, [](auto r) { FillHello(r); });
+  ASSERT_TRUE(reply);
+  auto r = reply->get();
+  ASSERT_EQ(r.getError(), wire::ErrorCode::OK) << r.getMessage().cStr();
+  ASSERT_TRUE(r.isHello());
+  auto hello = r.getHello();
+  EXPECT_EQ(hello.getProtocolVersion(), ipc::kProtocolVersion);
+  EXPECT_NE(hello.getEpoch(), 0u);
+  EXPECT_NE(hello.getSessionId(), 0u);
+  EXPECT_GT(hello.getHeaderSlots(), 0u);
+  EXPECT_EQ(hello.getMaxFrameBytes(), ipc::kDefaultMaxFrameBytes);
+  EXPECT_EQ(hello.getMaxBatch(), ipc::kDefaultMaxBatch);
+  EXPECT_STRNE(hello.getDaemonVersion().cStr(), "");
+
+  ASSERT_EQ(reply->fds.size(), 1u) << "the hello reply carries exactly the header table";
+  const size_t bytes = size_t{hello.getHeaderSlots()} * sizeof(ipc::ObjectHeader);
+  struct stat st {};
+  ASSERT_EQ(::fstat(reply->fds[0].get(), &st), 0);
+  EXPECT_GE(static_cast<size_t>(st.st_size), bytes);
+  void* table = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, reply->fds[0].get(), 0);
+  ASSERT_NE(table, MAP_FAILED);
+  ::munmap(table, bytes);
+}
+
+TEST_F(ProtocolTest, WrongProtocolVersionIsAnsweredWithProtocolMismatchThenClosed) {
+  auto s = Open();
+  auto reply = s->Call(1, [](auto r) { FillHello(r, 999); });
+  ASSERT_TRUE(reply);
+  auto r = reply->get();
+  EXPECT_EQ(r.getError(), wire::ErrorCode::PROTOCOL_MISMATCH);
+  const std::string message = r.getMessage().cStr();
+  EXPECT_NE(message.find("999"), std::string::npos) << message;
+  EXPECT_NE(message.find("version " + std::to_string(ipc::kProtocolVersion)), std::string::npos)
+      << message;
+  EXPECT_TRUE(s->ClosedWithin(milliseconds(2000)));
+}
+
+TEST_F(ProtocolTest, RequestBeforeHelloClosesTheSession) {
+  auto s = Open();
+  ASSERT_OK(s->Send(1, StatusRequest()));
+  int replies = 0;
+  EXPECT_TRUE(s->ClosedWithin(milliseconds(2000), &replies));
+  EXPECT_EQ(replies, 0);
+}
+
+TEST_F(ProtocolTest, RequestIdZeroIsRefusedForAnythingButRelease) {
+  auto s = OpenSession();
+  ASSERT_OK(s->Send(0, StatusRequest()));
+  int replies = 0;
+  EXPECT_TRUE(s->ClosedWithin(milliseconds(2000), &replies));
+  EXPECT_EQ(replies, 0);
+}
+
+TEST_F(ProtocolTest, ReleaseOfAnObjectNotHeldIsNotHeld) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/not-held");
+  ASSERT_TRUE(s->Call(2, CreateOf(id, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(id)));
+  ASSERT_TRUE(s->Call(4, ListOf(IdList::kRelease, {id})));  // the creator's reference
+
+  auto reply = s->Call(5, ListOf(IdList::kRelease, {id}));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::NOT_HELD);
+  EXPECT_NE(std::string(reply->get().getMessage().cStr()).find(id.Hex()), std::string::npos);
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*s, "after-not-held"));
+}
+
+TEST_F(ProtocolTest, ReleaseOfAnUnknownObjectIsNotHeld) {
+  auto s = OpenSession();
+  auto reply = s->Call(2, ListOf(IdList::kRelease, {ObjectId::FromName("protocol/nowhere")}));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::NOT_HELD);
+}
+
+TEST_F(ProtocolTest, ReleaseWithIdZeroGetsNoReply) {
+  auto s = OpenSession();
+  ASSERT_OK(s->Send(0, ListOf(IdList::kRelease, {ObjectId::FromName("protocol/nowhere")})));
+  auto reply = s->Call(7, StatusRequest());
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getId(), 7u) << "the release with id 0 was answered";
+}
+
+TEST_F(ProtocolTest, ReleaseListingAnIdTwiceReleasesTwoReferences) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/twice");
+  ASSERT_TRUE(s->Call(2, CreateOf(id, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(id)));
+  ASSERT_TRUE(s->Call(4, GetOf({id})));  // a second reference
+  auto both = s->Call(5, ListOf(IdList::kRelease, {id, id}));
+  ASSERT_TRUE(both);
+  EXPECT_EQ(both->get().getError(), wire::ErrorCode::OK) << both->get().getMessage().cStr();
+  auto third = s->Call(6, ListOf(IdList::kRelease, {id}));
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->get().getError(), wire::ErrorCode::NOT_HELD);
+}
+
+TEST_F(ProtocolTest, ReleaseStillReleasesTheHeldIdsWhenAnotherIsNotHeld) {
+  auto s = OpenSession();
+  const ObjectId held = ObjectId::FromName("protocol/held");
+  ASSERT_TRUE(s->Call(2, CreateOf(held, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(held)));
+  auto mixed =
+      s->Call(4, ListOf(IdList::kRelease, {ObjectId::FromName("protocol/stranger"), held}));
+  ASSERT_TRUE(mixed);
+  EXPECT_EQ(mixed->get().getError(), wire::ErrorCode::NOT_HELD);
+  auto status = s->Call(5, StatusRequest());
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->get().getStatus().getHeldBytes(), 0u) << "the held id was not released";
+}
+
+TEST_F(ProtocolTest, HeaderTableShowsStateAndReferenceCount) {
+  auto s = Open();
+  auto hello = s->Call(1, [](auto r) { FillHello(r); });
+  ASSERT_TRUE(hello);
+  ASSERT_EQ(hello->fds.size(), 1u);
+  const size_t bytes = size_t{hello->get().getHello().getHeaderSlots()} * sizeof(ipc::ObjectHeader);
+  void* mapped = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, hello->fds[0].get(), 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  const auto* table = static_cast<const ipc::ObjectHeader*>(mapped);
+
+  const ObjectId id = ObjectId::FromName("protocol/header");
+  auto created = s->Call(2, CreateOf(id, 100, "meta"));
+  ASSERT_TRUE(created);
+  const ipc::ObjectHeader& h = table[created->get().getCreate().getSlot()];
+  auto state = [&] { return ipc::UnpackState(h.state_refs.load(std::memory_order_acquire)); };
+  auto refs = [&] { return ipc::UnpackRefs(h.state_refs.load(std::memory_order_acquire)); };
+  EXPECT_EQ(state(), ipc::ObjectState::kCreating);
+  EXPECT_EQ(refs(), 1u);
+  EXPECT_EQ(ObjectId::FromWords(h.id_lo, h.id_hi), id);
+  EXPECT_EQ(h.data_size, 100u);
+  EXPECT_EQ(h.metadata_size, 4u);
+
+  ASSERT_TRUE(s->Call(3, SealOf(id)));
+  EXPECT_EQ(state(), ipc::ObjectState::kSealed);
+  auto other = OpenSession();
+  ASSERT_TRUE(other->Call(2, GetOf({id})));
+  EXPECT_EQ(refs(), 2u);
+  ASSERT_TRUE(other->Call(3, ListOf(IdList::kRelease, {id})));
+  ASSERT_TRUE(s->Call(4, ListOf(IdList::kRelease, {id})));
+  EXPECT_EQ(refs(), 0u);
+  EXPECT_EQ(state(), ipc::ObjectState::kSealed);
+  ::munmap(mapped, bytes);
+}
+
+TEST_F(ProtocolTest, ClientThatNeverReadsRepliesIsThrottledWithoutStallingOthers) {
+  auto bystander = OpenSession();
+  auto flooder = OpenSession();
+  // Objects with long names make each list reply large (about 100 KiB).
+  for (const ObjectId& id : Ids("protocol/flood/" + std::string(200, 'n') + "/", 400)) {
+    ASSERT_TRUE(bystander->Call(2, [&](wire::Request::Builder r) {
+      CreateOf(id, 64)(r);
+      r.getCreate().setName(std::string(200, 'n'));
+    }));
+  }
+  ASSERT_EQ(::fcntl(flooder->fd(), F_SETFL, O_NONBLOCK), 0);
+  capnp::MallocMessageBuilder message;
+  auto request = message.initRoot<wire::Request>();
+  request.setId(9);
+  request.initList().setLimit(10'000);
+  // Send list requests, never reading, until the daemon stops reading them too.
+  constexpr int kMaxRequests = 8000;  // ~800 MiB of replies: far past any sane queue
+  int sent = 0;
+  bool stalled = false;
+  while (sent < kMaxRequests && !stalled) {
+    auto frame = ipc::EncodeFrame(message);
+    ASSERT_OK(frame);
+    for (;;) {
+      auto done = ipc::WriteFrame(flooder->fd(), *frame);
+      ASSERT_OK(done);
+      if (*done) break;
+      pollfd p{flooder->fd(), POLLOUT, 0};
+      if (::poll(&p, 1, 500) == 0) {
+        stalled = true;
+        break;
+      }
+    }
+    ++sent;
+  }
+  EXPECT_TRUE(stalled) << "the daemon read all " << sent
+                       << " requests of a client that reads no replies";
+  // Others are served at once.
+  const auto start = Clock::now();
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "while-flooded"));
+  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  // The daemon holds a bounded backlog for the flooder.
+  std::ifstream proc("/proc/" + std::to_string(daemon_->pid()) + "/status");
+  std::string line;
+  uint64_t rss_kib = 0;
+  while (std::getline(proc, line)) {
+    if (line.starts_with("VmRSS:")) rss_kib = std::stoull(line.substr(6));
+  }
+  EXPECT_LT(rss_kib, 512u * 1024) << "daemon RSS " << rss_kib << " KiB after " << sent
+                                  << " requests";
+}
+
+TEST_F(ProtocolTest, ReleasingTheCreatorsReferenceToAnUnsealedObjectAbortsIt) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/abandoned");
+  ASSERT_TRUE(s->Call(2, CreateOf(id, 4096)));
+  auto released = s->Call(3, ListOf(IdList::kRelease, {id}));
+  ASSERT_TRUE(released);
+  EXPECT_EQ(released->get().getError(), wire::ErrorCode::OK);
+  auto status = s->Call(4, StatusRequest());
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->get().getStatus().getObjectsCreating(), 0u);
+  EXPECT_EQ(status->get().getStatus().getUsedBytes(), 0u);
+  auto seal = s->Call(5, SealOf(id));
+  ASSERT_TRUE(seal);
+  EXPECT_EQ(seal->get().getError(), wire::ErrorCode::NOT_FOUND);
+}
+
+TEST_F(ProtocolTest, GarbagePayloadClosesOnlyThatSession) {
+  auto bystander = OpenSession();
+  auto s = OpenSession();
+  // A well-formed frame header, then bytes that are no Cap'n Proto message.
+  std::vector<uint8_t> frame(8 + 64, 0xff);
+  const ipc::FrameHeader header{64, 0};
+  std::memcpy(frame.data(), &header, sizeof(header));
+  ASSERT_TRUE(s->SendBytes(frame.data(), frame.size()));
+  int replies = 0;
+  EXPECT_TRUE(s->ClosedWithin(milliseconds(2000), &replies));
+  EXPECT_EQ(replies, 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "after-garbage"));
+}
+
+TEST_F(ProtocolTest, MalformedFrameHeaderClosesOnlyThatSession) {
+  auto bystander = OpenSession();
+  auto s = OpenSession();
+  const ipc::FrameHeader header{12, 0};  // payloads are whole words
+  ASSERT_TRUE(s->SendBytes(&header, sizeof(header)));
+  ASSERT_TRUE(s->SendBytes("0123456789ab", 12));
+  EXPECT_TRUE(s->ClosedWithin(milliseconds(2000)));
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "after-bad-header"));
+}
+
+TEST_F(ProtocolTest, RandomBytesCloseOnlyThatSession) {
+  auto bystander = OpenSession();
+  auto s = Open();
+  const std::vector<std::byte> noise = SeededBytes(4096, 42);
+  s->SendBytes(noise.data(), noise.size());  // the daemon may hang up before reading it all
+  EXPECT_TRUE(s->ClosedWithin(milliseconds(2000)));
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "after-noise"));
+}
+
+class SmallFrameProtocolTest : public ProtocolTest {
+ protected:
+  SmallFrameProtocolTest() : ProtocolTest({"--max-frame", "64KiB"}) {}
+};
+
+TEST_F(SmallFrameProtocolTest, FrameOverTheLimitClosesOnlyThatSession) {
+  auto bystander = OpenSession();
+  auto s = OpenSession();
+  // Only the header: the daemon must refuse on the size it announces, not wait for 1 MiB.
+  const ipc::FrameHeader header{1u << 20, 0};
+  ASSERT_TRUE(s->SendBytes(&header, sizeof(header)));
+  int replies = 0;
+  EXPECT_TRUE(s->ClosedWithin(milliseconds(2000), &replies));
+  EXPECT_EQ(replies, 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "after-oversized"));
+}
+
+TEST_F(SmallFrameProtocolTest, HelloAnnouncesTheFrameLimit) {
+  auto s = Open();
+  auto reply = s->Call(1, [](auto r) { FillHello(r); });
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getHello().getMaxFrameBytes(), 64u * 1024);
+}
+
+TEST_F(ProtocolTest, TruncatedFrameThenHangUpLeavesTheDaemonServing) {
+  auto bystander = OpenSession();
+  {
+    auto s = OpenSession();
+    capnp::MallocMessageBuilder message;
+    auto request = message.initRoot<wire::Request>();
+    request.setId(2);
+    CreateOf(ObjectId::FromName("protocol/truncated"), 64, std::string(512, 'm'))(request);
+    auto frame = ipc::EncodeFrame(message);
+    ASSERT_OK(frame);
+    const size_t bytes = frame->bytes.size() * sizeof(capnp::word);
+    ASSERT_TRUE(s->SendBytes(frame->bytes.data(), bytes / 2));
+  }  // closed mid-frame
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "after-truncated"));
+  auto status = bystander->Call(9, StatusRequest());
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->get().getStatus().getObjectsCreating(), 0u);
+}
+
+TEST_F(ProtocolTest, FileDescriptorFromAClientClosesOnlyThatSession) {
+  auto bystander = OpenSession();
+  auto s = OpenSession();
+  ipc::UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(devnull);
+  // A valid request frame that announces and carries one descriptor.
+  ASSERT_OK(s->Send(2, StatusRequest(), {devnull.get()}));
+  int replies = 0;
+  EXPECT_TRUE(s->ClosedWithin(milliseconds(2000), &replies));
+  EXPECT_EQ(replies, 0) << "the request that carried a descriptor was answered";
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "after-fd"));
+}
+
+class SmallBatchProtocolTest : public ProtocolTest {
+ protected:
+  SmallBatchProtocolTest() : ProtocolTest({"--max-batch", "8"}) {}
+};
+
+TEST_F(SmallBatchProtocolTest, GetOfMoreIdsThanMaxBatchIsLimitExceeded) {
+  auto s = OpenSession();
+  auto reply = s->Call(2, GetOf(Ids("protocol/batch", 9)));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+  const std::string message = reply->get().getMessage().cStr();
+  EXPECT_NE(message.find('8'), std::string::npos) << message;
+  EXPECT_NE(message.find('9'), std::string::npos) << message;
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*s, "after-big-batch"));
+}
+
+TEST_F(SmallBatchProtocolTest, GetOfExactlyMaxBatchIdsIsAnswered) {
+  auto s = OpenSession();
+  auto reply = s->Call(2, GetOf(Ids("protocol/batch", 8)));
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(reply->get().getError(), wire::ErrorCode::OK) << reply->get().getMessage().cStr();
+  ASSERT_EQ(reply->get().getGet().size(), 8u);
+  for (auto result : reply->get().getGet())
+    EXPECT_EQ(result.getError(), wire::ErrorCode::NOT_FOUND);
+}
+
+TEST_F(SmallBatchProtocolTest, ReleaseDeleteAndContainsOfMoreIdsThanMaxBatchAreLimitExceeded) {
+  auto s = OpenSession();
+  uint64_t id = 2;
+  for (IdList kind : {IdList::kRelease, IdList::kDelete, IdList::kContains}) {
+    auto reply = s->Call(id++, ListOf(kind, Ids("protocol/batch", 9)));
+    ASSERT_TRUE(reply);
+    EXPECT_EQ(reply->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED)
+        << "request kind " << static_cast<int>(kind);
+  }
+}
+
+TEST_F(SmallBatchProtocolTest, OversizedReleaseWithIdZeroGetsNoReply) {
+  // Id 0 means no reply is wanted: errors are only logged, whatever they are.
+  auto s = OpenSession();
+  ASSERT_OK(s->Send(0, ListOf(IdList::kRelease, Ids("protocol/batch", 9))));
+  auto reply = s->Call(7, StatusRequest());
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getId(), 7u)
+      << "the release with id 0 was answered (error " << static_cast<int>(reply->get().getError())
+      << ": " << reply->get().getMessage().cStr() << ")";
+}
+
+TEST_F(ProtocolTest, GetOfTheNilIdIsInvalidArgument) {
+  auto s = OpenSession();
+  auto reply = s->Call(2, GetOf({ObjectId()}));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ProtocolTest, WaitingGetDoesNotHoldUpLaterRequests) {
+  auto s = OpenSession();
+  auto writer = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/later");
+  ASSERT_OK(s->Send(2, GetOf({id}, 10'000)));
+  auto status = s->Call(3, StatusRequest());  // answered while the get waits
+  ASSERT_TRUE(status);
+  ASSERT_TRUE(writer->Call(2, CreateOf(id, 64)));
+  ASSERT_TRUE(writer->Call(3, SealOf(id)));
+  auto got = s->Receive();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->get().getId(), 2u);
+  ASSERT_TRUE(got->get().isGet());
+  EXPECT_EQ(got->get().getGet()[0].getError(), wire::ErrorCode::OK);
+}
+
+TEST_F(ProtocolTest, GetWithAHugeTimeoutWaitsForTheSeal) {
+  auto s = OpenSession();
+  auto writer = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/patient");
+  ASSERT_OK(s->Send(2, GetOf({id}, INT64_MAX)));
+  if (auto early = s->Receive(milliseconds(200))) {
+    auto r = early->get();
+    FAIL() << "a get with a timeout of INT64_MAX ms was answered at once: error "
+           << static_cast<int>(r.getError()) << " " << r.getMessage().cStr()
+           << (r.isGet() && r.getGet().size() == 1
+                   ? ", result " + std::to_string(static_cast<int>(r.getGet()[0].getError()))
+                   : std::string());
+  }
+  ASSERT_TRUE(writer->Call(2, CreateOf(id, 64)));
+  ASSERT_TRUE(writer->Call(3, SealOf(id)));
+  auto got = s->Receive();
+  ASSERT_TRUE(got);
+  ASSERT_TRUE(got->get().isGet());
+  EXPECT_EQ(got->get().getGet()[0].getError(), wire::ErrorCode::OK);
+}
+
+TEST_F(ProtocolTest, WaitingGetNamingAnIdTwiceGetsTwoReferences) {
+  auto s = OpenSession();
+  auto writer = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/dup-wait");
+  ASSERT_OK(s->Send(2, GetOf({id, id}, 10'000)));
+  ASSERT_TRUE(writer->Call(2, CreateOf(id, 64)));
+  ASSERT_TRUE(writer->Call(3, SealOf(id)));
+  auto got = s->Receive();
+  ASSERT_TRUE(got);
+  ASSERT_TRUE(got->get().isGet());
+  ASSERT_EQ(got->get().getGet().size(), 2u);
+  EXPECT_EQ(got->get().getGet()[0].getError(), wire::ErrorCode::OK);
+  EXPECT_EQ(got->get().getGet()[1].getError(), wire::ErrorCode::OK);
+  auto both = s->Call(3, ListOf(IdList::kRelease, {id, id}));
+  ASSERT_TRUE(both);
+  EXPECT_EQ(both->get().getError(), wire::ErrorCode::OK) << both->get().getMessage().cStr();
+  auto third = s->Call(4, ListOf(IdList::kRelease, {id}));
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->get().getError(), wire::ErrorCode::NOT_HELD);
+}
+
+TEST_F(ProtocolTest, GetAnswersTimeoutForIdsNotSealedInTime) {
+  auto s = OpenSession();
+  const ObjectId present = ObjectId::FromName("protocol/present");
+  const ObjectId absent = ObjectId::FromName("protocol/absent");
+  ASSERT_TRUE(s->Call(2, CreateOf(present, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(present)));
+  const auto start = Clock::now();
+  auto reply = s->Call(4, GetOf({present, absent}, 100));
+  ASSERT_TRUE(reply);
+  EXPECT_GE(Clock::now() - start, milliseconds(95));
+  ASSERT_TRUE(reply->get().isGet());
+  auto results = reply->get().getGet();
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].getError(), wire::ErrorCode::OK);
+  EXPECT_EQ(results[1].getError(), wire::ErrorCode::TIMEOUT);
+}
+
+TEST_F(ProtocolTest, DeleteAnswersOneCodePerId) {
+  auto s = OpenSession();
+  const ObjectId sealed = ObjectId::FromName("protocol/del-sealed");
+  const ObjectId creating = ObjectId::FromName("protocol/del-creating");
+  const ObjectId unknown = ObjectId::FromName("protocol/del-unknown");
+  ASSERT_TRUE(s->Call(2, CreateOf(sealed, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(sealed)));
+  ASSERT_TRUE(s->Call(4, CreateOf(creating, 64)));
+  auto reply = s->Call(5, ListOf(IdList::kDelete, {sealed, unknown, creating}));
+  ASSERT_TRUE(reply);
+  ASSERT_TRUE(reply->get().isDelete());
+  auto codes = reply->get().getDelete();
+  ASSERT_EQ(codes.size(), 3u);
+  EXPECT_EQ(codes[0], wire::ErrorCode::OK);
+  EXPECT_EQ(codes[1], wire::ErrorCode::NOT_FOUND);
+  EXPECT_EQ(codes[2], wire::ErrorCode::NOT_SEALED);
+}
+
+TEST_F(ProtocolTest, ContainsIsTrueOnlyForSealedObjects) {
+  auto s = OpenSession();
+  const ObjectId sealed = ObjectId::FromName("protocol/c-sealed");
+  const ObjectId creating = ObjectId::FromName("protocol/c-creating");
+  ASSERT_TRUE(s->Call(2, CreateOf(sealed, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(sealed)));
+  ASSERT_TRUE(s->Call(4, CreateOf(creating, 64)));
+  auto reply = s->Call(
+      5, ListOf(IdList::kContains, {sealed, creating, ObjectId::FromName("protocol/c-none")}));
+  ASSERT_TRUE(reply);
+  ASSERT_TRUE(reply->get().isContains());
+  auto answers = reply->get().getContains();
+  ASSERT_EQ(answers.size(), 3u);
+  EXPECT_TRUE(answers[0]);
+  EXPECT_FALSE(answers[1]);
+  EXPECT_FALSE(answers[2]);
+}
+
+TEST_F(ProtocolTest, CreateReplyPlacesDataWithTheMetadataRightAfterIt) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/metadata");
+  const std::string metadata = "dtype=f32 shape=[7]";
+  auto reply = s->Call(2, CreateOf(id, 28, metadata));
+  ASSERT_TRUE(reply);
+  auto r = reply->get();
+  ASSERT_EQ(r.getError(), wire::ErrorCode::OK) << r.getMessage().cStr();
+  ASSERT_TRUE(r.isCreate());
+  auto location = r.getCreate();
+  EXPECT_EQ(location.getDataSize(), 28u);
+  EXPECT_EQ(location.getMetadataSize(), metadata.size());
+  EXPECT_EQ(location.getOffset() % 64, 0u) << "objects are 64-byte aligned";
+  // The reply brings the segment the object is in.
+  auto segments = r.getNewSegments();
+  ASSERT_EQ(segments.size(), 1u);
+  ASSERT_EQ(reply->fds.size(), 1u);
+  EXPECT_EQ(segments[0].getIndex(), location.getSegment());
+  const size_t size = segments[0].getSize();
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, reply->fds[0].get(), 0);
+  ASSERT_NE(base, MAP_FAILED);
+  const char* meta = static_cast<const char*>(base) + location.getOffset() + location.getDataSize();
+  EXPECT_EQ(std::string(meta, metadata.size()), metadata);
+  ::munmap(base, size);
+}
+
+TEST_F(ProtocolTest, EachSegmentIsSentToASessionOnce) {
+  auto s = OpenSession();
+  auto first = s->Call(2, CreateOf(ObjectId::FromName("protocol/seg-1"), 64));
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->get().getNewSegments().size(), 1u);
+  EXPECT_EQ(first->fds.size(), 1u);
+  auto second = s->Call(3, CreateOf(ObjectId::FromName("protocol/seg-2"), 64));
+  ASSERT_TRUE(second);
+  ASSERT_EQ(second->get().getCreate().getSegment(), first->get().getCreate().getSegment());
+  EXPECT_EQ(second->get().getNewSegments().size(), 0u);
+  EXPECT_TRUE(second->fds.empty());
+  // Another session is sent the segment with its first reply that refers to it.
+  auto other = OpenSession();
+  ASSERT_TRUE(s->Call(4, SealOf(ObjectId::FromName("protocol/seg-1"))));
+  auto got = other->Call(2, GetOf({ObjectId::FromName("protocol/seg-1")}));
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->get().getNewSegments().size(), 1u);
+  EXPECT_EQ(got->fds.size(), 1u);
+}
+
+TEST_F(ProtocolTest, ListPagesThroughEveryObject) {
+  auto s = OpenSession();
+  std::set<ObjectId> created;
+  for (const ObjectId& id : Ids("protocol/list", 5)) {
+    ASSERT_TRUE(s->Call(2, CreateOf(id, 64)));
+    created.insert(id);
+  }
+  std::set<ObjectId> listed;
+  uint32_t start = 0;
+  for (int page = 0; page < 10; ++page) {
+    auto reply = s->Call(3, [&](wire::Request::Builder r) {
+      auto list = r.initList();
+      list.setStartSlot(start);
+      list.setLimit(2);
+    });
+    ASSERT_TRUE(reply);
+    auto p = reply->get().getList();
+    EXPECT_LE(p.getObjects().size(), 2u);
+    for (auto o : p.getObjects()) {
+      listed.insert(ipc::FromWire(o.getId()));
+      EXPECT_EQ(o.getState(), wire::ObjectState::CREATING);
+    }
+    if (p.getDone()) break;
+    ASSERT_GT(p.getNextSlot(), start);
+    start = p.getNextSlot();
+  }
+  EXPECT_EQ(listed, created);
+}
+
+class PendingLimitProtocolTest : public ProtocolTest {
+ protected:
+  PendingLimitProtocolTest() : ProtocolTest({"--client-max-pending", "2"}) {}
+};
+
+TEST_F(PendingLimitProtocolTest, TooManyWaitingGetsIsLimitExceeded) {
+  auto s = OpenSession();
+  const std::vector<ObjectId> ids = Ids("protocol/pending", 3);
+  ASSERT_OK(s->Send(2, GetOf({ids[0]}, 10'000)));
+  ASSERT_OK(s->Send(3, GetOf({ids[1]}, 10'000)));
+  auto third = s->Call(4, GetOf({ids[2]}, 10'000));
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+  EXPECT_NE(std::string(third->get().getMessage().cStr()).find("--client-max-pending"),
+            std::string::npos);
+  // A get that need not wait is still answered.
+  auto now = s->Call(5, GetOf({ids[2]}));
+  ASSERT_TRUE(now);
+  EXPECT_EQ(now->get().getError(), wire::ErrorCode::OK);
+}
+
+}  // namespace
+}  // namespace depot::testing
