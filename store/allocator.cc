@@ -21,6 +21,9 @@ bool RefuseBadHandle([[maybe_unused]] uint32_t handle) {
 #endif
 }
 
+// Bytes from offset up to the next multiple of alignment, a power of two (0 if it is one).
+uint64_t PaddingTo(uint64_t offset, uint64_t alignment) { return -offset & (alignment - 1); }
+
 std::string BlockProblem(uint32_t b, const char* what) {
   return "block " + std::to_string(b) + ": " + what;
 }
@@ -50,29 +53,87 @@ OffsetAllocator::SizeClass OffsetAllocator::ClassOf(uint64_t units) {
   return {shift + 1, static_cast<int>((units >> shift) - kSecondLevelCount)};
 }
 
+OffsetAllocator::SizeClass OffsetAllocator::FitClassOf(uint64_t units) {
+  // Rounding up to the next class boundary: a class's blocks are at least its lower bound.
+  if (units < kSecondLevelCount) return ClassOf(units);
+  return ClassOf(units + (uint64_t{1} << (std::bit_width(units) - 1 - kSecondLevelLog2)) - 1);
+}
+
+// What a request of size bytes reserves (see Allocate); size <= capacity_, so no overflow.
+uint64_t OffsetAllocator::Reserved(uint64_t size) const {
+  return size == 0 ? alignment_ : (size + alignment_ - 1) & ~(alignment_ - 1);
+}
+
 uint64_t OffsetAllocator::SizeOf(uint32_t b) const {
   const uint32_t next = nodes_[b].next_phys;
   return (next == kNone ? capacity_ : OffsetOf(next)) - OffsetOf(b);
 }
 
 std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t size) {
-  // Checked first so that rounding up below cannot overflow.
+  // Checked first so that rounding up cannot overflow.
   if (size > capacity_) return std::nullopt;
-  const uint64_t bytes = size == 0 ? alignment_ : (size + alignment_ - 1) & ~(alignment_ - 1);
+  const uint64_t bytes = Reserved(size);
 
   const uint32_t b = FindFreeBlock(bytes);
   if (b == kNone) return std::nullopt;
+  return TakeFront(b, bytes);
+}
+
+std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t size,
+                                                                     uint64_t alignment) {
+  if (alignment == alignment_) return Allocate(size);
+  // A power of two, tested without std::has_single_bit: that is a library call (popcount)
+  // unless the build targets CPUs with the instruction.
+  if (alignment < alignment_ || (alignment & (alignment - 1)) != 0) return std::nullopt;
+  if (size > capacity_) return std::nullopt;
+  const uint64_t bytes = Reserved(size);
+
+  const uint32_t b = FindAlignedFreeBlock(bytes, alignment);
+  if (b == kNone) return std::nullopt;
+  const uint64_t start = OffsetOf(b) + PaddingTo(OffsetOf(b), alignment);
+  if (start == OffsetOf(b)) return TakeFront(b, bytes);
+
+  // The object goes in the middle of b: b keeps the front padding and stays free (its left
+  // neighbour is not free, as b was), a new node holds the object, and another any tail.
+  // Both nodes are taken before anything changes: growing the pool may throw, and must leave
+  // us intact.
+  const bool has_tail = start + bytes < OffsetOf(b) + SizeOf(b);
+  const uint32_t object = TakeNode();
+  if (object == kNone) return std::nullopt;
+  uint32_t tail = kNone;
+  if (has_tail) {
+    try {
+      tail = TakeNode();
+    } catch (...) {
+      ReturnNode(object);
+      throw;
+    }
+    if (tail == kNone) {
+      ReturnNode(object);
+      return std::nullopt;
+    }
+  }
+  RemoveFree(b);  // while b still has its old size, which files it
+  LinkAfter(b, object, start);
+  InsertFree(b);
+  if (has_tail) {
+    LinkAfter(object, tail, start + bytes);
+    InsertFree(tail);
+  }
+  SetState(object, kAllocated);
+  free_bytes_ -= bytes;
+  ++live_allocations_;
+  return Allocation{start, bytes, object};
+}
+
+// Allocates the first `bytes` of free block b, which holds them; any rest stays free.
+std::optional<OffsetAllocator::Allocation> OffsetAllocator::TakeFront(uint32_t b, uint64_t bytes) {
   if (SizeOf(b) > bytes) {
     // Taken before anything changes: growing the pool may throw, and must leave us intact.
     const uint32_t rest = TakeNode();
     if (rest == kNone) return std::nullopt;
     RemoveFree(b);  // while b still has its old size, which files it
-    Block& r = nodes_[rest];
-    r.offset_and_state = (OffsetOf(b) + bytes) | kFree;
-    r.prev_phys = b;
-    r.next_phys = nodes_[b].next_phys;
-    if (r.next_phys != kNone) nodes_[r.next_phys].prev_phys = rest;
-    nodes_[b].next_phys = rest;
+    LinkAfter(b, rest, OffsetOf(b) + bytes);
     InsertFree(rest);
   } else {
     RemoveFree(b);
@@ -83,37 +144,91 @@ std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t si
   return Allocation{OffsetOf(b), bytes, b};
 }
 
+// Puts spare node n into the physical chain right after block b, starting at offset (inside
+// b, which so ends there). n's state and free links are the caller's to set.
+void OffsetAllocator::LinkAfter(uint32_t b, uint32_t n, uint64_t offset) {
+  Block& node = nodes_[n];
+  node.offset_and_state = offset;
+  node.prev_phys = b;
+  node.next_phys = nodes_[b].next_phys;
+  if (node.next_phys != kNone) nodes_[node.next_phys].prev_phys = n;
+  nodes_[b].next_phys = n;
+}
+
 uint32_t OffsetAllocator::FindFreeBlock(uint64_t bytes) const {
   const uint64_t units = bytes >> alignment_log2_;
   // Searching from the class above the request's (unless the request starts its class)
   // makes every block found big enough: no list walking.
-  uint64_t search = units;
-  if (units >= kSecondLevelCount) {
-    search += (uint64_t{1} << (std::bit_width(units) - 1 - kSecondLevelLog2)) - 1;
-  }
-  const SizeClass from = ClassOf(search);
-  if (from.first < kFirstLevelCount) {
-    int first = from.first;
-    uint32_t seconds = second_level_bitmaps_[first] & (~0u << from.second);
-    if (seconds == 0) {
-      const uint64_t firsts = first_level_bitmap_ & (~uint64_t{0} << (first + 1));
-      if (firsts != 0) {
-        first = std::countr_zero(firsts);
-        seconds = second_level_bitmaps_[first];
-      }
-    }
-    if (seconds != 0) return heads_[first * kSecondLevelCount + std::countr_zero(seconds)];
-  }
+  const SizeClass from = FitClassOf(units);
+  const uint32_t b = FirstFreeFrom(from);
+  if (b != kNone) return b;
   // Nothing in larger classes, but the request's own class may still hold a block that fits
   // (e.g. the whole free region when asked for exactly that): Allocate() promises nullopt
   // only when no block fits, so look. Reached only when memory is nearly exhausted.
-  const SizeClass own = ClassOf(units);
-  if (own.first == from.first && own.second == from.second) return kNone;
-  for (uint32_t b = heads_[own.first * kSecondLevelCount + own.second]; b != kNone;
-       b = nodes_[b].next_free) {
-    if (SizeOf(b) >= bytes) return b;
+  return ScanClassesForFit(FlatIndex(ClassOf(units)), FlatIndex(from), bytes, alignment_);
+}
+
+uint32_t OffsetAllocator::FindAlignedFreeBlock(uint64_t bytes, uint64_t alignment) const {
+  // The block Allocate(size) would take, if it happens to hold the object at an aligned
+  // offset: large objects are mostly page multiples, so their holes mostly start on pages,
+  // and this keeps the fit as tight as unaligned requests get.
+  const uint64_t units = bytes >> alignment_log2_;
+  uint32_t b = FirstFreeFrom(FitClassOf(units));
+  if (b != kNone && Fits(b, bytes, alignment)) return b;
+  // Any block of bytes + alignment - alignment() holds it, wherever the block starts.
+  const uint64_t slack = alignment - alignment_;
+  int scan_to = kClassCount;
+  if (bytes <= capacity_ && slack <= capacity_ - bytes) {
+    const SizeClass from = FitClassOf((bytes + slack) >> alignment_log2_);
+    b = FirstFreeFrom(from);
+    if (b != kNone) return b;
+    scan_to = FlatIndex(from);
+  }
+  // Smaller blocks may still hold it, depending on where they start. Reached only when memory
+  // is nearly exhausted or badly fragmented.
+  return ScanClassesForFit(FlatIndex(ClassOf(units)), scan_to, bytes, alignment);
+}
+
+// The head of the first non-empty class at or above c (kNone if none): O(1), two bit scans.
+uint32_t OffsetAllocator::FirstFreeFrom(SizeClass c) const {
+  if (c.first >= kFirstLevelCount) return kNone;
+  int first = c.first;
+  uint32_t seconds = second_level_bitmaps_[first] & (~0u << c.second);
+  if (seconds == 0) {
+    const uint64_t firsts = first_level_bitmap_ & (~uint64_t{0} << (first + 1));
+    if (firsts == 0) return kNone;
+    first = std::countr_zero(firsts);
+    seconds = second_level_bitmaps_[first];
+  }
+  return heads_[first * kSecondLevelCount + std::countr_zero(seconds)];
+}
+
+// The first free block in the classes numbered [from, to) (see FlatIndex) that holds bytes at
+// a multiple of alignment, or kNone. Walks the lists: O(free blocks in those classes).
+uint32_t OffsetAllocator::ScanClassesForFit(int from, int to, uint64_t bytes,
+                                            uint64_t alignment) const {
+  to = std::min(to, kClassCount);
+  for (int c = from; c < to;) {
+    const int first = c >> kSecondLevelLog2;
+    const uint32_t seconds = second_level_bitmaps_[first] & (~0u << (c & (kSecondLevelCount - 1)));
+    if (seconds == 0) {
+      c = (first + 1) << kSecondLevelLog2;
+      continue;
+    }
+    c = (first << kSecondLevelLog2) + std::countr_zero(seconds);
+    if (c >= to) break;
+    for (uint32_t b = heads_[c]; b != kNone; b = nodes_[b].next_free) {
+      if (Fits(b, bytes, alignment)) return b;
+    }
+    ++c;
   }
   return kNone;
+}
+
+// Whether free block b holds bytes starting at its first multiple of alignment.
+bool OffsetAllocator::Fits(uint32_t b, uint64_t bytes, uint64_t alignment) const {
+  const uint64_t size = SizeOf(b);
+  return size >= bytes && PaddingTo(OffsetOf(b), alignment) <= size - bytes;
 }
 
 bool OffsetAllocator::Free(uint32_t handle) {

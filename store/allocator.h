@@ -32,8 +32,9 @@ class OffsetAllocator {
   // constant of the caller, not an input.
   explicit OffsetAllocator(uint64_t capacity, uint64_t alignment = 64);
 
-  // One reserved range. size is what was actually reserved (the request rounded up to the
-  // alignment); handle identifies the range to Free() and stays valid until then.
+  // One reserved range. size is what was actually reserved (the request rounded up to
+  // alignment(), whatever alignment was asked of the offset); handle identifies the range to
+  // Free() and stays valid until then.
   struct Allocation {
     uint64_t offset = 0;
     uint64_t size = 0;
@@ -47,6 +48,19 @@ class OffsetAllocator {
   // O(1), except when the constant-time search finds nothing: then it scans the one size
   // class that may still hold a fitting block before giving up.
   std::optional<Allocation> Allocate(uint64_t size);
+
+  // As Allocate(size), but the offset is a multiple of `alignment` (the daemon asks for 4096
+  // to put large objects on page boundaries). Only the rounded size is reserved and counted in
+  // used_bytes(), as with Allocate(size): when the block found does not start at an aligned
+  // offset, the bytes in front of the object stay a free block of their own, and later
+  // requests can use them. Free() takes the handle back like any other.
+  // alignment must be a power of two >= alignment(); anything else returns nullopt, in debug
+  // builds too (it is refused, never rounded). Otherwise returns nullopt only when no free
+  // block can hold the rounded size at an aligned offset.
+  // alignment == alignment() is exactly Allocate(size). Otherwise O(1) while some free block
+  // holds size + alignment - alignment() bytes; when none does, it scans the size classes
+  // between size and that before giving up.
+  std::optional<Allocation> Allocate(uint64_t size, uint64_t alignment);
 
   // Frees the live allocation `handle` and merges it with free neighbours. Returns true.
   // Freeing a handle that is not live (never handed out, or freed already) is a bug in the
@@ -101,6 +115,12 @@ class OffsetAllocator {
     int second;
   };
   static SizeClass ClassOf(uint64_t units);
+  // The lowest class whose blocks all hold `units`: the class above units' own, unless units
+  // starts its class. May be one past the last class.
+  static SizeClass FitClassOf(uint64_t units);
+  // Classes numbered in size order (first * kSecondLevelCount + second), for ranges of them.
+  static constexpr int kClassCount = kFirstLevelCount << kSecondLevelLog2;
+  static int FlatIndex(SizeClass c) { return (c.first << kSecondLevelLog2) + c.second; }
 
   uint64_t OffsetOf(uint32_t b) const { return nodes_[b].offset_and_state & ~kStateMask; }
   State StateOf(uint32_t b) const { return State(nodes_[b].offset_and_state & kStateMask); }
@@ -108,9 +128,16 @@ class OffsetAllocator {
     nodes_[b].offset_and_state = (nodes_[b].offset_and_state & ~kStateMask) | s;
   }
   uint64_t SizeOf(uint32_t b) const;
+  uint64_t Reserved(uint64_t size) const;
   uint32_t& Head(SizeClass c) { return heads_[c.first * kSecondLevelCount + c.second]; }
 
   uint32_t FindFreeBlock(uint64_t bytes) const;
+  uint32_t FindAlignedFreeBlock(uint64_t bytes, uint64_t alignment) const;
+  uint32_t FirstFreeFrom(SizeClass c) const;
+  uint32_t ScanClassesForFit(int from, int to, uint64_t bytes, uint64_t alignment) const;
+  bool Fits(uint32_t b, uint64_t bytes, uint64_t alignment) const;
+  std::optional<Allocation> TakeFront(uint32_t b, uint64_t bytes);
+  void LinkAfter(uint32_t b, uint32_t n, uint64_t offset);
   void InsertFree(uint32_t b);
   void RemoveFree(uint32_t b);
   void AbsorbNext(uint32_t b);

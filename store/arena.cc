@@ -120,7 +120,7 @@ void Arena::GrowAhead() {
 }
 
 std::optional<Arena::Block> Arena::AllocateIn(uint32_t segment, uint64_t size) {
-  auto a = segments_[segment]->allocator.Allocate(size);
+  auto a = segments_[segment]->allocator.Allocate(size, size >= kPageAlignFrom ? kPage : kAlignment);
   if (!a) return std::nullopt;
   return Block{segment, a->handle, a->offset, a->size};
 }

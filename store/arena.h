@@ -32,8 +32,14 @@ struct ArenaOptions {
 
 class Arena {
  public:
-  // Objects are placed at multiples of this (a cache line).
+  // Objects are placed at multiples of this (a cache line)...
   static constexpr uint64_t kAlignment = 64;
+  // ...and objects of kPageAlignFrom bytes or more at page boundaries: memcpy into a
+  // destination that is not page-aligned against a page-aligned source runs up to 4x slower
+  // (4K aliasing), and pinning for host-device copies works in pages. The allocator keeps
+  // any bytes in front of such an object as a free block, so nothing is wasted.
+  static constexpr uint64_t kPage = 4096;
+  static constexpr uint64_t kPageAlignFrom = 256 * 1024;
 
   // Checks the options against what the backing store can hold (physical memory for memfd,
   // free space for a directory) and creates the first segment. `prefault_pool` runs the

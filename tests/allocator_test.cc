@@ -27,6 +27,12 @@ Allocation MustAllocate(OffsetAllocator& a, uint64_t size) {
   return r.value_or(Allocation{});
 }
 
+Allocation MustAllocate(OffsetAllocator& a, uint64_t size, uint64_t alignment) {
+  std::optional<Allocation> r = a.Allocate(size, alignment);
+  EXPECT_TRUE(r.has_value()) << "Allocate(" << size << ", " << alignment << ") failed";
+  return r.value_or(Allocation{});
+}
+
 // Release builds ignore a bad Free and return false; debug builds abort on it.
 void ExpectFreeRefused(OffsetAllocator& a, uint32_t handle) {
 #ifdef NDEBUG
@@ -325,6 +331,160 @@ TEST(OffsetAllocatorTest, MillionSmallObjectsCostUnderFortyBytesEach) {
   EXPECT_LE(a.metadata_bytes(), 40ull * kObjects);
 }
 
+TEST(OffsetAllocatorTest, AlignedAllocationOffsetIsMultipleOfRequestedAlignment) {
+  OffsetAllocator a(16 * kMiB, 64);
+  for (uint64_t alignment : {128, 4096, 65536, 1048576}) {
+    for (uint64_t size : {uint64_t{1}, uint64_t{100}, uint64_t{4096}, uint64_t{5000}, 256 * kKiB}) {
+      MustAllocate(a, 100);  // leaves the free space starting off any page boundary
+      Allocation r = MustAllocate(a, size, alignment);
+      EXPECT_EQ(r.offset % alignment, 0u) << "size " << size << ", alignment " << alignment;
+    }
+  }
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, AlignedAllocationReservesOnlyTheRoundedSize) {
+  OffsetAllocator a(1 * kMiB, 64);
+  MustAllocate(a, 100);
+  Allocation r = MustAllocate(a, 5000, 4096);
+  EXPECT_EQ(r.offset, 4096u);
+  EXPECT_EQ(r.size, 5056u);
+  EXPECT_EQ(a.used_bytes(), 128u + 5056);
+  EXPECT_EQ(a.free_bytes(), 1 * kMiB - 128 - 5056);
+  EXPECT_EQ(a.live_allocations(), 2u);
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, FrontPaddingOfAlignedAllocationIsReusedBySmallAllocation) {
+  OffsetAllocator a(1 * kMiB, 64);
+  MustAllocate(a, 64);
+  ASSERT_EQ(MustAllocate(a, 8 * kKiB, 4096).offset, 4096u);
+  // [64, 4096) is a free block of its own, the best fit for anything up to 4032 bytes.
+  EXPECT_EQ(MustAllocate(a, 3000).offset, 64u);
+  EXPECT_EQ(MustAllocate(a, 1000).offset, 64u + 3008);
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, FreedAlignedAllocationMergesWithPaddingAndTail) {
+  OffsetAllocator a(1 * kMiB, 64);
+  Allocation small = MustAllocate(a, 100);
+  Allocation aligned = MustAllocate(a, 10000, 4096);
+  ASSERT_EQ(aligned.offset, 4096u);
+  ASSERT_TRUE(a.Free(aligned.handle));  // both neighbours free: front padding and tail
+  EXPECT_EQ(a.largest_free_block(), 1 * kMiB - 128);
+  EXPECT_EQ(a.CheckInvariants(), "");
+  ASSERT_TRUE(a.Free(small.handle));
+  EXPECT_EQ(a.largest_free_block(), 1 * kMiB);
+  EXPECT_EQ(a.free_bytes(), 1 * kMiB);
+  EXPECT_EQ(a.CheckInvariants(), "");
+  EXPECT_EQ(MustAllocate(a, 1 * kMiB).offset, 0u);
+}
+
+TEST(OffsetAllocatorTest, FreeingNeighboursOfAlignedAllocationMergesThemWithItsPadding) {
+  OffsetAllocator a(1 * kMiB, 64);
+  Allocation small = MustAllocate(a, 100);
+  Allocation aligned = MustAllocate(a, 10000, 4096);
+  ASSERT_TRUE(a.Free(small.handle));  // merges with the front padding: [0, 4096) is free
+  EXPECT_EQ(MustAllocate(a, 4096).offset, 0u);
+  ASSERT_TRUE(a.Free(aligned.handle));
+  EXPECT_EQ(a.largest_free_block(), 1 * kMiB - 4096);
+  EXPECT_EQ(a.live_allocations(), 1u);
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, AlignmentEqualToAllocatorAlignmentBehavesLikePlainAllocate) {
+  OffsetAllocator plain(1 * kMiB, 256);
+  OffsetAllocator aligned(1 * kMiB, 256);
+  std::mt19937_64 rng(3);
+  std::vector<uint32_t> live;
+  for (int step = 0; step < 2000; ++step) {
+    if (live.empty() || rng() % 2 == 0) {
+      const uint64_t size = rng() % (64 * kKiB);
+      std::optional<Allocation> p = plain.Allocate(size);
+      std::optional<Allocation> q = aligned.Allocate(size, 256);
+      ASSERT_EQ(p.has_value(), q.has_value()) << "step " << step;
+      if (!p) continue;
+      ASSERT_EQ(p->offset, q->offset) << "step " << step;
+      ASSERT_EQ(p->size, q->size) << "step " << step;
+      ASSERT_EQ(p->handle, q->handle) << "step " << step;
+      live.push_back(p->handle);
+    } else {
+      const size_t i = rng() % live.size();
+      ASSERT_TRUE(plain.Free(live[i]));
+      ASSERT_TRUE(aligned.Free(live[i]));
+      live[i] = live.back();
+      live.pop_back();
+    }
+  }
+  EXPECT_EQ(aligned.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, AlignedAllocateRefusesAlignmentNotPowerOfTwoOrBelowAllocatorAlignment) {
+  OffsetAllocator a(1 * kMiB, 256);
+  for (uint64_t alignment : {0, 1, 8, 128, 255, 257, 768, 4097, 3 * 4096}) {
+    EXPECT_FALSE(a.Allocate(100, alignment).has_value()) << "alignment " << alignment;
+  }
+  EXPECT_EQ(a.free_bytes(), 1 * kMiB);
+  EXPECT_EQ(a.live_allocations(), 0u);
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, AlignedRequestTakesBlockThatHoldsItOnlyFromItsAlignedStart) {
+  // The one free block, [64, 64 KiB), holds 60 KiB at 4096 and not a byte more.
+  OffsetAllocator a(64 * kKiB, 64);
+  MustAllocate(a, 64);
+  Allocation r = MustAllocate(a, 60 * kKiB, 4096);
+  EXPECT_EQ(r.offset, 4096u);
+  EXPECT_EQ(a.free_bytes(), 4096u - 64);
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, AlignedRequestFindsFittingHoleBehindOneThatDoesNotFit) {
+  // Two holes in the size class of 60 KiB: [0, 60 KiB), page-aligned, and 60 KiB + 64 bytes
+  // at 60 KiB + 64, which holds 60 KiB from no page boundary. The constant-time search finds
+  // the second (it heads the class's list), no block holds 60 KiB plus a page, and only the
+  // scan of the class finds the first.
+  OffsetAllocator a(2 * 60 * kKiB + 192, 64);
+  Allocation aligned_hole = MustAllocate(a, 60 * kKiB);
+  MustAllocate(a, 64);
+  Allocation misaligned_hole = MustAllocate(a, 60 * kKiB + 64);
+  MustAllocate(a, 64);
+  ASSERT_EQ(a.free_bytes(), 0u);
+  ASSERT_TRUE(a.Free(aligned_hole.handle));
+  ASSERT_TRUE(a.Free(misaligned_hole.handle));
+  EXPECT_EQ(MustAllocate(a, 60 * kKiB, 4096).offset, 0u);
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, AlignedRequestReusesPageAlignedHoleOfItsSize) {
+  // The hole is smaller than size + alignment, yet taken before the larger free tail is split.
+  OffsetAllocator a(4 * kMiB, 64);
+  MustAllocate(a, 4096);
+  Allocation first = MustAllocate(a, 256 * kKiB, 4096);
+  MustAllocate(a, 100);  // walls the hole off from the free tail
+  ASSERT_TRUE(a.Free(first.handle));
+  EXPECT_EQ(MustAllocate(a, 256 * kKiB, 4096).offset, first.offset);
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, AlignedRequestIsRefusedWhenNoBlockHoldsItAtAnAlignedOffset) {
+  // 60 KiB + 64 fits the free block's size, not what is left of it from 4096 on.
+  OffsetAllocator a(64 * kKiB, 64);
+  MustAllocate(a, 64);
+  EXPECT_FALSE(a.Allocate(60 * kKiB + 64, 4096).has_value());
+  EXPECT_TRUE(a.Allocate(60 * kKiB + 64).has_value());
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+TEST(OffsetAllocatorTest, AlignmentBeyondCapacityLeavesOnlyOffsetZero) {
+  OffsetAllocator a(1 * kMiB, 64);
+  EXPECT_EQ(MustAllocate(a, 100, uint64_t{1} << 63).offset, 0u);
+  EXPECT_FALSE(a.Allocate(100, uint64_t{1} << 63).has_value());
+  EXPECT_FALSE(a.Allocate(UINT64_MAX, 4096).has_value());  // must not overflow when rounding
+  EXPECT_EQ(a.used_bytes(), 128u);
+  EXPECT_EQ(a.CheckInvariants(), "");
+}
+
 // Drives the allocator with a seeded random mix of Allocate and Free and checks every step
 // against a model of the live ranges: results aligned, inside the region and disjoint;
 // counters exact; a failed Allocate only when no gap between live ranges fits the request.
@@ -334,6 +494,10 @@ struct Workload {
   int steps;
   uint64_t seed;
   int small_percent;  // share of requests drawn from 1 byte..8 KiB instead of the full range
+  // Share of requests made with Allocate(size, aligned_to); half of those are for a multiple
+  // of aligned_to, as large objects mostly are.
+  int aligned_percent = 0;
+  uint64_t aligned_to = 4096;
 };
 
 void RunAgainstReferenceModel(const Workload& w) {
@@ -353,6 +517,19 @@ void RunAgainstReferenceModel(const Workload& w) {
     }
     return std::max(gap, a.capacity() - end);
   };
+  // Whether some gap holds bytes from a multiple of align on.
+  const auto gap_holds = [&](uint64_t bytes, uint64_t align) {
+    uint64_t end = 0;
+    const auto holds = [&](uint64_t from, uint64_t to) {
+      const uint64_t start = (from + align - 1) / align * align;
+      return start <= to && to - start >= bytes;
+    };
+    for (const auto& [offset, size] : model) {
+      if (holds(end, offset)) return true;
+      end = offset + size;
+    }
+    return holds(end, a.capacity());
+  };
   // Log-uniform sizes from 1 byte to capacity / 8 (as many tiny requests as huge ones), or
   // to 8 KiB for the small share. Raw engine bits (not std:: distributions) keep the sequence
   // the same with every standard library.
@@ -365,14 +542,20 @@ void RunAgainstReferenceModel(const Workload& w) {
 
   for (int step = 0; step < w.steps; ++step) {
     if (live.empty() || rng() % 100 < 55) {
-      const uint64_t size = random_size();
+      uint64_t size = random_size();
+      // Drawn only when asked for, so that the other workloads keep their sequences.
+      const bool aligned =
+          w.aligned_percent > 0 && static_cast<int>(rng() % 100) < w.aligned_percent;
+      if (aligned && rng() % 2 == 0) size = (size + w.aligned_to - 1) / w.aligned_to * w.aligned_to;
+      const uint64_t align = aligned ? w.aligned_to : alignment;
       const uint64_t rounded = std::max((size + alignment - 1) / alignment * alignment, alignment);
-      std::optional<Allocation> r = a.Allocate(size);
+      std::optional<Allocation> r = aligned ? a.Allocate(size, align) : a.Allocate(size);
       if (!r) {
-        ASSERT_LT(largest_gap(), rounded) << "step " << step << ": refused a request that fits";
+        ASSERT_FALSE(gap_holds(rounded, align))
+            << "step " << step << ": refused a request that fits";
       } else {
         ASSERT_EQ(r->size, rounded) << "step " << step;
-        ASSERT_EQ(r->offset % alignment, 0u) << "step " << step;
+        ASSERT_EQ(r->offset % align, 0u) << "step " << step;
         ASSERT_LE(r->offset + r->size, a.capacity()) << "step " << step;
         auto next = model.lower_bound(r->offset);
         ASSERT_TRUE(next == model.end() || r->offset + r->size <= next->first)
@@ -425,6 +608,30 @@ TEST(OffsetAllocatorTest, RandomizedRunOfMostlySmallObjectsWithGpuAlignmentMatch
                             .steps = 200'000,
                             .seed = 7,
                             .small_percent = 90});
+}
+
+// Page-aligned and plain requests interleaved, so front paddings are cut, reused and merged
+// back all the time.
+TEST(OffsetAllocatorTest, RandomizedRunMixingPageAlignedAndPlainRequestsMatchesReferenceModel) {
+  RunAgainstReferenceModel({.capacity = 64 * kMiB,
+                            .alignment = 64,
+                            .steps = 100'000,
+                            .seed = 4096,
+                            .small_percent = 50,
+                            .aligned_percent = 50,
+                            .aligned_to = 4096});
+}
+
+// Alignment far above the allocator's: paddings are large, and the free blocks that hold a
+// request only from an aligned start (found by the fallback scan) are common.
+TEST(OffsetAllocatorTest, RandomizedRunWithLargeAlignmentAndGpuAlignmentMatchesReferenceModel) {
+  RunAgainstReferenceModel({.capacity = 48 * kMiB + 12345,
+                            .alignment = 256,
+                            .steps = 50'000,
+                            .seed = 11,
+                            .small_percent = 80,
+                            .aligned_percent = 30,
+                            .aligned_to = 64 * kKiB});
 }
 
 }  // namespace

@@ -358,6 +358,20 @@ TEST_F(LifecycleTest, EmptyObjectCanBePutAndRead) {
   EXPECT_TRUE(SameBytes(buffer.metadata(), AsBytes(metadata)));
 }
 
+TEST_F(LifecycleTest, LargeObjectsStartOnAPageBoundary) {
+  // A small object first, so the next free byte is not page-aligned.
+  ASSERT_OK(client_->Put(ObjectId::FromName("lifecycle/small"), AsBytes(std::string(100, 's'))));
+  const std::vector<std::byte> large = SeededBytes(kMiB, 7);
+  const ObjectId id = ObjectId::FromName("lifecycle/large");
+  ASSERT_OK(client_->Put(id, large));
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, client_->Get(id));
+  EXPECT_EQ(buffer.location().offset % 4096, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.ptr()) % 4096, 0u);
+  EXPECT_TRUE(SameBytes(buffer.data(), large));
+  // The bytes skipped to reach the boundary are not counted as used.
+  EXPECT_EQ(Stats().used_bytes, 128u + kMiB);
+}
+
 TEST_F(LifecycleTest, OverlongNameIsInvalidArgument) {
   CreateOptions options;
   options.name = std::string(5000, 'x');
