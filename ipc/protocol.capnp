@@ -48,6 +48,7 @@ struct Request {
     contains @8 :List(Id);
     list @9 :ListObjects;
     status @10 :Void;
+    metrics @11 :Void;
   }
 
   # The first request of a session; nothing else is accepted before it.
@@ -114,6 +115,7 @@ struct Reply {
     delete @9 :List(ErrorCode);
     list @10 :ObjectPage;
     status @11 :StoreStatus;
+    metrics @12 :Text;       # Prometheus text exposition format 0.0.4
   }
 
   # The hello reply carries one file descriptor: the shared header table (map it read-only).

@@ -16,6 +16,7 @@
 #include "depot/ipc/units.h"
 #include "store/arena.h"
 #include "store/header_table.h"
+#include "store/metrics_http.h"
 #include "store/object_store.h"
 #include "store/server.h"
 #include "store/version.h"
@@ -68,6 +69,9 @@ int main(int argc, char** argv) {
   uint32_t client_max_pending = 1024;
   unsigned workers = std::max(2u, std::thread::hardware_concurrency() / 8);
   std::string log_level = "info";
+  bool no_metrics = false;
+  uint16_t metrics_port = 0;
+  std::string metrics_address = "127.0.0.1";
 
   app.add_option("--socket", socket_path, "Unix socket to listen on (env DEPOT_SOCKET)")
       ->capture_default_str();
@@ -94,6 +98,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--workers", workers, "threads for long work (pre-faulting, checksums)")
       ->capture_default_str()->check(CLI::Range(1u, 256u));
+  app.add_flag("--no-metrics", no_metrics, "keep no request counters or latency histograms");
+  app.add_option("--metrics-port", metrics_port,
+                 "serve GET /metrics (Prometheus text format) on this TCP port; 0: off")
+      ->capture_default_str();
+  app.add_option("--metrics-address", metrics_address, "address of the metrics endpoint")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);
@@ -134,14 +144,20 @@ int main(int argc, char** argv) {
     depot::store::ClientLimits limits{*client_bytes, client_max_objects, client_max_pending};
     depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict);
     depot::store::Server server(loop, store,
-                                {socket_path, mode, static_cast<uint32_t>(*frame), max_batch});
+                                {socket_path, mode, static_cast<uint32_t>(*frame), max_batch, !no_metrics});
     if (Status st = server.Listen(); !st.ok()) return Fail(st);
+    depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
+    if (metrics_port != 0) {
+      if (Status st = metrics_http.Listen(metrics_address, metrics_port); !st.ok()) return Fail(st);
+      spdlog::info("serving metrics at http://{}:{}/metrics", metrics_address, metrics_http.port());
+    }
 
     boost::asio::signal_set signals(loop, SIGINT, SIGTERM);
     signals.async_wait([&](const boost::system::error_code& ec, int signo) {
       if (ec) return;
       spdlog::info("received signal {}, shutting down", signo);
       server.Shutdown();
+      metrics_http.Close();
       loop.stop();
     });
     spdlog::info("depotd {} listening on {} (arena {} {}, segments of {}, eviction {})",

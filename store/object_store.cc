@@ -199,6 +199,7 @@ Result<Location> ObjectStore::Create(ClientId client, const CreateParams& p) {
   index_.emplace(p.id, slot);
   if (!p.name.empty()) names_.emplace(slot, std::string(p.name));
   counters_.objects_creating++;
+  counters_.bytes_in += total;
   if (p.pin) counters_.pinned_bytes += BlockBytes(slot);
   AddRef(client, state, slot);
   return LocationOf(slot);
@@ -330,6 +331,8 @@ Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int64_t time
       AddRef(client, state, slot);
       headers_.at(slot).access_time_ns = now;
       results[i].location = LocationOf(slot);
+      counters_.get_hits++;
+      counters_.bytes_out += results[i].location.data_size + results[i].location.metadata_size;
     } else {
       results[i].code = StatusCode::kNotFound;
       ++missing;
@@ -357,6 +360,7 @@ Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int64_t time
   for (size_t i = 0; i < ids.size(); ++i) {
     if (results[i].code != StatusCode::kOk) waiting_[ids[i]].push_back(pending_id);
   }
+  counters_.get_waits += missing;
   get.ids = std::move(ids);
   get.results = std::move(results);
   state.pending_gets.push_back(pending_id);
@@ -387,7 +391,10 @@ void ObjectStore::ExpireGet(uint64_t pending_id) {
   ForgetWaits(pending_id, get);
   std::erase(clients_.at(get.client).pending_gets, pending_id);
   for (auto& r : get.results) {
-    if (r.code != StatusCode::kOk) r.code = StatusCode::kTimeout;
+    if (r.code != StatusCode::kOk) {
+      r.code = StatusCode::kTimeout;
+      counters_.get_timeouts++;
+    }
   }
   get.done(std::move(get.results));
 }
@@ -408,6 +415,7 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
       if (get.ids[i] != id || get.results[i].code == StatusCode::kOk) continue;
       AddRef(get.client, state, slot);
       get.results[i] = GetResult{StatusCode::kOk, LocationOf(slot)};
+      counters_.bytes_out += h.data_size + h.metadata_size;
       --get.missing;
     }
     if (get.missing == 0) {

@@ -65,6 +65,11 @@ struct StoreCounters {
   uint64_t pinned_bytes = 0;
   uint64_t evictions = 0;
   uint64_t evicted_bytes = 0;
+  uint64_t bytes_in = 0;      // data and metadata of objects created
+  uint64_t bytes_out = 0;     // of objects handed out by gets
+  uint64_t get_hits = 0;      // ids a get found sealed at once
+  uint64_t get_waits = 0;     // ids a get had to wait for
+  uint64_t get_timeouts = 0;  // ids still missing when a wait ran out
 };
 
 class ObjectStore {

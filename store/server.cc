@@ -45,6 +45,7 @@ Server::Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions 
     : loop_(loop),
       store_(store),
       options_(std::move(options)),
+      metrics_(options_.metrics),
       acceptor_(loop),
       epoch_(RandomEpoch()),
       start_ns_(ipc::MonotonicNanos()) {}
@@ -98,6 +99,7 @@ void Server::Accept() {
       const ClientId id = next_id_++;
       Peer peer = ReadPeer(socket.native_handle());
       spdlog::info("session {}: connected (pid {}, uid {}, {})", id, peer.pid, peer.uid, peer.command);
+      metrics_.SessionOpened();
       auto session = std::make_shared<Session>(*this, std::move(socket), id, std::move(peer));
       sessions_.emplace(id, session);
       session->Start();
@@ -107,6 +109,11 @@ void Server::Accept() {
 }
 
 void Server::Forget(ClientId id) { sessions_.erase(id); }
+
+std::string Server::RenderMetrics() const {
+  return metrics_.Render(store_, static_cast<uint32_t>(sessions_.size()),
+                         ipc::MonotonicNanos() - start_ns_);
+}
 
 void Server::Shutdown() {
   if (!listening_) return;

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "depot/status.h"
+#include "store/metrics.h"
 #include "store/object_store.h"
 
 namespace depot::store {
@@ -23,6 +24,7 @@ struct ServerOptions {
   mode_t socket_mode = 0600;
   uint32_t max_frame_bytes = 0;
   uint32_t max_batch = 0;
+  bool metrics = true;  // keep request counters and latency histograms
 };
 
 class Server {
@@ -47,6 +49,9 @@ class Server {
   size_t session_count() const { return sessions_.size(); }
   uint64_t requests() const { return requests_; }
   void CountRequest() { ++requests_; }
+  Metrics& metrics() { return metrics_; }
+  // The metrics in Prometheus text format (the `metrics` request and GET /metrics).
+  std::string RenderMetrics() const;
   void Forget(ClientId id);
 
  private:
@@ -55,6 +60,7 @@ class Server {
   boost::asio::io_context& loop_;
   ObjectStore& store_;
   ServerOptions options_;
+  Metrics metrics_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::unordered_map<ClientId, std::shared_ptr<Session>> sessions_;
   ClientId next_id_ = 1;

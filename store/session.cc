@@ -52,6 +52,7 @@ void Session::Start() {
 void Session::Close(const std::string& reason) {
   if (closed_) return;
   closed_ = true;
+  if (!counted_close_) server_.metrics().SessionClosed(/*protocol_error=*/false);
   spdlog::info("session {} (pid {}, {}) closed: {}", id_, peer_.pid, peer_.command, reason);
   server_.store().RemoveClient(id_);
   boost::system::error_code ignored;
@@ -59,6 +60,13 @@ void Session::Close(const std::string& reason) {
   out_.clear();
   // The server owns the last reference; let pending handlers finish with a live object.
   boost::asio::post(server_.loop(), [self = shared_from_this()] { self->server_.Forget(self->id_); });
+}
+
+void Session::Violation(const std::string& what) {
+  if (closed_) return;
+  server_.metrics().SessionClosed(/*protocol_error=*/true);
+  counted_close_ = true;
+  Close("protocol violation: " + what);
 }
 
 void Session::WaitReadable() {
@@ -79,7 +87,7 @@ void Session::OnReadable() {
     auto n = reader_.ReadSome(socket_.native_handle(), &would_block);
     if (!n.ok()) return Close(n.status().message());
     if (reader_.pending_fds() != 0) {
-      return Close("protocol violation: the client sent file descriptors, which clients never do");
+      return Violation("the client sent file descriptors, which clients never do");
     }
     if (would_block) break;
     if (*n == 0) {
@@ -88,7 +96,7 @@ void Session::OnReadable() {
     }
     for (;;) {
       auto frame = reader_.Next();
-      if (!frame.ok()) return Close("protocol violation: " + frame.status().message());
+      if (!frame.ok()) return Violation(frame.status().message());
       if (!frame->has_value()) break;
       if (!HandleFrame(**frame) || closed_) return;
     }
@@ -108,7 +116,7 @@ bool Session::HandleFrame(ipc::FrameReader::Frame& frame) {
     capnp::FlatArrayMessageReader message(frame.payload, options);
     Dispatch(message.getRoot<wire::Request>());
   } catch (const kj::Exception& e) {
-    Close("protocol violation: malformed message (" + std::string(e.getDescription().cStr()) + ")");
+    Violation("malformed message (" + std::string(e.getDescription().cStr()) + ")");
     return false;
   } catch (const std::exception& e) {
     Close(std::string("failed to handle a request: ") + e.what());
@@ -131,30 +139,36 @@ void Session::Dispatch(wire::Request::Reader request) {
   server_.CountRequest();
   const auto which = request.which();
   if (!said_hello_ && which != wire::Request::HELLO) {
-    return Close("protocol violation: the first request must be hello");
+    return Violation("the first request must be hello");
   }
   if (rid == 0 && which != wire::Request::RELEASE) {
-    return Close("protocol violation: request id 0 is only allowed for release");
+    return Violation("request id 0 is only allowed for release");
   }
   ObjectStore& store = server_.store();
+  // Requests that may be answered later (create with seal, seal, get) record their latency
+  // when they are answered; the others here.
+  const uint64_t start = server_.metrics().enabled() ? ipc::MonotonicNanos() : 0;
   switch (which) {
     case wire::Request::HELLO:
-      return HandleHello(rid, request.getHello());
+      HandleHello(rid, request.getHello());
+      return Observe(RequestType::kHello, start);
     case wire::Request::CREATE:
-      return HandleCreate(rid, request.getCreate());
+      return HandleCreate(rid, request.getCreate(), start);
     case wire::Request::SEAL:
       return store.Seal(id_, ipc::FromWire(request.getSeal()),
-                        [weak = weak_from_this(), rid](Status st) {
+                        [weak = weak_from_this(), rid, start](Status st) {
                           auto self = weak.lock();
                           if (!self || self->closed_) return;
                           if (st.ok()) self->SendOk(rid); else self->SendError(rid, st);
+                          self->Observe(RequestType::kSeal, start);
                         });
     case wire::Request::ABORT: {
       Status st = store.Abort(id_, ipc::FromWire(request.getAbort()));
-      return st.ok() ? SendOk(rid) : SendError(rid, st);
+      st.ok() ? SendOk(rid) : SendError(rid, st);
+      return Observe(RequestType::kAbort, start);
     }
     case wire::Request::GET:
-      return HandleGet(rid, request.getGet());
+      return HandleGet(rid, request.getGet(), start);
     case wire::Request::RELEASE: {
       auto list = request.getRelease();
       if (!CheckBatch(rid, list.size())) return;
@@ -164,9 +178,10 @@ void Session::Dispatch(wire::Request::Reader request) {
       Status st = store.Release(id_, ids);
       if (rid == 0) {
         if (!st.ok()) spdlog::debug("session {}: release: {}", id_, st.message());
-        return;
+      } else {
+        st.ok() ? SendOk(rid) : SendError(rid, st);
       }
-      return st.ok() ? SendOk(rid) : SendError(rid, st);
+      return Observe(RequestType::kRelease, start);
     }
     case wire::Request::DELETE: {
       auto list = request.getDelete();
@@ -180,7 +195,8 @@ void Session::Dispatch(wire::Request::Reader request) {
       reply.setId(rid);
       auto out = reply.initDelete(static_cast<unsigned>(codes.size()));
       for (size_t i = 0; i < codes.size(); ++i) out.set(static_cast<unsigned>(i), ipc::ToWire(codes[i]));
-      return SendReply(message, reply, -1);
+      SendReply(message, reply, -1);
+      return Observe(RequestType::kDelete, start);
     }
     case wire::Request::CONTAINS: {
       auto list = request.getContains();
@@ -190,19 +206,30 @@ void Session::Dispatch(wire::Request::Reader request) {
       reply.setId(rid);
       auto out = reply.initContains(list.size());
       for (unsigned i = 0; i < list.size(); ++i) out.set(i, store.Contains(ipc::FromWire(list[i])));
-      return SendReply(message, reply, -1);
+      SendReply(message, reply, -1);
+      return Observe(RequestType::kContains, start);
     }
     case wire::Request::LIST:
-      return HandleList(rid, request.getList());
+      HandleList(rid, request.getList());
+      return Observe(RequestType::kList, start);
     case wire::Request::STATUS:
-      return HandleStatus(rid);
+      HandleStatus(rid);
+      return Observe(RequestType::kStatus, start);
+    case wire::Request::METRICS: {
+      capnp::MallocMessageBuilder message;
+      auto reply = message.initRoot<wire::Reply>();
+      reply.setId(rid);
+      reply.setMetrics(server_.RenderMetrics());
+      SendReply(message, reply, -1);
+      return Observe(RequestType::kMetrics, start);
+    }
   }
   SendError(rid, Status::InvalidArgument("unknown request type " + std::to_string(static_cast<int>(which)) +
                                          "; is the client newer than this depotd (" + kDepotVersion + ")?"));
 }
 
 void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
-  if (said_hello_) return Close("protocol violation: hello sent twice");
+  if (said_hello_) return Violation("hello sent twice");
   if (hello.getProtocolVersion() != ipc::kProtocolVersion) {
     SendError(rid, Status::ProtocolMismatch(
                        "the client speaks depot protocol version " +
@@ -233,7 +260,7 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
   SendReply(message, reply, -1, {server_.store().headers().fd()});
 }
 
-void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create) {
+void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start) {
   auto name = create.getName();
   if (name.size() > kMaxNameBytes) {
     return SendError(rid, Status::InvalidArgument("object name of " + std::to_string(name.size()) +
@@ -257,19 +284,22 @@ void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create) {
   params.pin = create.getPin();
   params.checksum = create.getChecksum();
   auto created = server_.store().Create(id_, params);
-  if (!created.ok()) return SendError(rid, created.status());
+  if (!created.ok()) {
+    SendError(rid, created.status());
+    return Observe(seal ? RequestType::kPut : RequestType::kCreate, start);
+  }
   const Location loc = *created;
-  if (!seal) return SendLocation(rid, loc);
+  if (!seal) {
+    SendLocation(rid, loc);
+    return Observe(RequestType::kCreate, start);
+  }
   // A put in one round trip: seal now, and drop the creator's reference if asked.
-  server_.store().Seal(id_, params.id, [weak = weak_from_this(), rid, id = params.id, release, loc](Status st) {
+  server_.store().Seal(id_, params.id, [weak = weak_from_this(), rid, id = params.id, release, loc, start](Status st) {
     auto self = weak.lock();
     if (!self || self->closed_) return;
-    if (!st.ok()) return self->SendError(rid, st);
-    if (release) {
-      Status released = self->server_.store().Release(self->id_, std::span(&id, 1));
-      if (!released.ok()) return self->SendError(rid, released);
-    }
-    self->SendLocation(rid, loc);
+    if (st.ok() && release) st = self->server_.store().Release(self->id_, std::span(&id, 1));
+    if (st.ok()) self->SendLocation(rid, loc); else self->SendError(rid, st);
+    self->Observe(RequestType::kPut, start);
   });
 }
 
@@ -281,7 +311,7 @@ void Session::SendLocation(uint64_t rid, const Location& loc) {
   SendReply(message, reply, loc.segment);
 }
 
-void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get) {
+void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start) {
   auto list = get.getIds();
   if (!CheckBatch(rid, list.size())) return;
   std::vector<ObjectId> ids;
@@ -289,14 +319,15 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get) {
   for (auto id : list) {
     ids.push_back(ipc::FromWire(id));
     if (ids.back().IsNil()) {
-      return SendError(rid, Status::InvalidArgument("the nil object id (all zeros) is reserved"));
+      SendError(rid, Status::InvalidArgument("the nil object id (all zeros) is reserved"));
+      return Observe(RequestType::kGet, start);
     }
   }
   // Waits longer than kForeverMs are for ever (and would overflow the timer's nanoseconds).
   int64_t timeout = std::max<int64_t>(get.getTimeoutMs(), -1);
   if (timeout > kForeverMs) timeout = -1;
   Status st = server_.store().Get(
-      id_, std::move(ids), timeout, [weak = weak_from_this(), rid](std::vector<GetResult> results) {
+      id_, std::move(ids), timeout, [weak = weak_from_this(), rid, start](std::vector<GetResult> results) {
         auto self = weak.lock();
         if (!self || self->closed_) return;
         capnp::MallocMessageBuilder message;
@@ -312,8 +343,12 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get) {
           }
         }
         self->SendReply(message, reply, max_segment);
+        self->Observe(RequestType::kGet, start);
       });
-  if (!st.ok()) SendError(rid, st);
+  if (!st.ok()) {
+    SendError(rid, st);
+    Observe(RequestType::kGet, start);
+  }
 }
 
 void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list) {
@@ -383,6 +418,10 @@ void Session::HandleStatus(uint64_t rid) {
   SendReply(message, reply, -1);
 }
 
+void Session::Observe(RequestType type, uint64_t start) {
+  if (start != 0) server_.metrics().Observe(type, ipc::MonotonicNanos() - start);
+}
+
 void Session::SendOk(uint64_t rid) {
   capnp::MallocMessageBuilder message(64);
   auto reply = message.initRoot<wire::Reply>();
@@ -392,6 +431,7 @@ void Session::SendOk(uint64_t rid) {
 }
 
 void Session::SendError(uint64_t rid, const Status& status) {
+  server_.metrics().CountError(status.code());
   if (rid == 0) {  // the client asked for no reply (release)
     spdlog::debug("session {}: {}", id_, status.ToString());
     return;

@@ -16,6 +16,7 @@
 
 #include "depot/ipc/framing.h"
 #include "protocol.capnp.h"
+#include "store/metrics.h"
 #include "store/object_store.h"
 
 namespace depot::store {
@@ -37,6 +38,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void Start();
   // Closes the connection and gives back everything the client held. Idempotent.
   void Close(const std::string& reason);
+  // Closes the session of a client that broke the protocol.
+  void Violation(const std::string& what);
 
   ClientId id() const { return id_; }
   const Peer& peer() const { return peer_; }
@@ -49,8 +52,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void Dispatch(wire::Request::Reader request);
 
   void HandleHello(uint64_t rid, wire::Request::Hello::Reader hello);
-  void HandleCreate(uint64_t rid, wire::Request::Create::Reader create);
-  void HandleGet(uint64_t rid, wire::Request::Get::Reader get);
+  // `start`: when the request arrived (monotonic ns), 0 when metrics are off.
+  void HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start);
+  void HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
   void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list);
   void HandleStatus(uint64_t rid);
 
@@ -58,6 +62,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // up to it that this session has not been sent are attached.
   void SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply, int64_t max_segment,
                  std::vector<int> extra_fds = {});
+  void Observe(RequestType type, uint64_t start);
   void SendOk(uint64_t rid);
   void SendLocation(uint64_t rid, const Location& loc);
   void SendError(uint64_t rid, const Status& status);
@@ -76,6 +81,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool paused_ = false;  // not reading until queued replies drain
   bool closed_ = false;
   bool said_hello_ = false;
+  bool counted_close_ = false;  // metrics already counted this close
   uint32_t segments_sent_ = 0;
   uint64_t requests_ = 0;
 };

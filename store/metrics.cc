@@ -1,0 +1,136 @@
+#include "store/metrics.h"
+
+#include <bit>
+#include <cinttypes>
+#include <cstdio>
+
+#include "store/object_store.h"
+
+namespace depot::store {
+
+namespace {
+
+constexpr const char* kTypeNames[] = {"hello",    "create", "put",  "seal",   "abort",   "get",
+                                      "release", "delete", "contains", "list", "status", "metrics"};
+static_assert(std::size(kTypeNames) == static_cast<size_t>(RequestType::kCount));
+
+// Upper bound of bucket i, in seconds: 2^i microseconds.
+double BucketBound(int i) { return static_cast<double>(uint64_t{1} << i) * 1e-6; }
+
+class Writer {
+ public:
+  void Help(const char* name, const char* type, const char* help) {
+    Line("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+  }
+  template <typename... Args>
+  void Line(const char* format, Args... args) {
+    char buf[512];
+    const int n = std::snprintf(buf, sizeof(buf), format, args...);
+    if (n > 0) out_.append(buf, static_cast<size_t>(std::min<int>(n, sizeof(buf) - 1)));
+  }
+  void Value(const char* name, uint64_t v) { Line("%s %" PRIu64 "\n", name, v); }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+}  // namespace
+
+void Metrics::Observe(RequestType type, uint64_t nanos) {
+  if (!enabled_) return;
+  const auto t = static_cast<size_t>(type);
+  ++requests_[t];
+  Histogram& h = latency_[t];
+  const uint64_t micros = nanos / 1000;
+  // Bucket i holds (2^(i-1), 2^i] µs; bucket 0 everything up to 1 µs.
+  const int bucket = micros <= 1 ? 0 : std::min<int>(kBuckets - 1, std::bit_width(micros - 1));
+  ++h.buckets[static_cast<size_t>(bucket)];
+  ++h.count;
+  h.sum_ns += nanos;
+}
+
+void Metrics::CountError(StatusCode code) {
+  const auto c = static_cast<size_t>(code);
+  if (enabled_ && c < errors_.size()) ++errors_[c];
+}
+
+std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t uptime_ns) const {
+  Writer w;
+  const Arena& arena = store.arena();
+  const StoreCounters& c = store.counters();
+
+  w.Help("depot_up", "gauge", "1 while the daemon serves requests.");
+  w.Value("depot_up", 1);
+  w.Help("depot_uptime_seconds", "gauge", "Seconds since the daemon started.");
+  w.Line("depot_uptime_seconds %.3f\n", static_cast<double>(uptime_ns) / 1e9);
+  w.Help("depot_metrics_enabled", "gauge", "0 when started with --no-metrics: request counters stay 0.");
+  w.Value("depot_metrics_enabled", enabled_ ? 1 : 0);
+
+  w.Help("depot_capacity_bytes", "gauge", "Host arena capacity (--memory).");
+  w.Line("depot_capacity_bytes{tier=\"host\"} %" PRIu64 "\n", arena.capacity());
+  w.Help("depot_mapped_bytes", "gauge", "Bytes in arena segments created so far.");
+  w.Line("depot_mapped_bytes{tier=\"host\"} %" PRIu64 "\n", arena.mapped_bytes());
+  w.Help("depot_used_bytes", "gauge", "Bytes allocated to objects.");
+  w.Line("depot_used_bytes{tier=\"host\"} %" PRIu64 "\n", arena.used_bytes());
+  w.Help("depot_held_bytes", "gauge", "Bytes of objects referenced or being created (not evictable).");
+  w.Line("depot_held_bytes{tier=\"host\"} %" PRIu64 "\n", c.held_bytes);
+  w.Help("depot_pinned_bytes", "gauge", "Bytes of pinned objects.");
+  w.Line("depot_pinned_bytes{tier=\"host\"} %" PRIu64 "\n", c.pinned_bytes);
+  w.Help("depot_objects", "gauge", "Objects in the store, by state.");
+  w.Line("depot_objects{state=\"sealed\"} %" PRIu64 "\n", c.objects_sealed);
+  w.Line("depot_objects{state=\"creating\"} %" PRIu64 "\n", c.objects_creating);
+  w.Help("depot_clients", "gauge", "Connected client sessions.");
+  w.Value("depot_clients", clients);
+
+  w.Help("depot_evictions_total", "counter", "Objects evicted under memory pressure.");
+  w.Value("depot_evictions_total", c.evictions);
+  w.Help("depot_evicted_bytes_total", "counter", "Bytes evicted under memory pressure.");
+  w.Value("depot_evicted_bytes_total", c.evicted_bytes);
+  w.Help("depot_bytes_in_total", "counter", "Bytes of objects created.");
+  w.Line("depot_bytes_in_total{tier=\"host\"} %" PRIu64 "\n", c.bytes_in);
+  w.Help("depot_bytes_out_total", "counter", "Bytes of objects handed out by gets.");
+  w.Line("depot_bytes_out_total{tier=\"host\"} %" PRIu64 "\n", c.bytes_out);
+  w.Help("depot_get_objects_total", "counter",
+         "Objects asked for by gets: found at once (hit), waited for (wait), never sealed in time (timeout).");
+  w.Line("depot_get_objects_total{result=\"hit\"} %" PRIu64 "\n", c.get_hits);
+  w.Line("depot_get_objects_total{result=\"wait\"} %" PRIu64 "\n", c.get_waits);
+  w.Line("depot_get_objects_total{result=\"timeout\"} %" PRIu64 "\n", c.get_timeouts);
+  w.Help("depot_sessions_total", "counter",
+         "Client sessions: opened, closed, and closed for breaking the protocol.");
+  w.Line("depot_sessions_total{event=\"opened\"} %" PRIu64 "\n", sessions_opened_);
+  w.Line("depot_sessions_total{event=\"closed\"} %" PRIu64 "\n", sessions_closed_);
+  w.Line("depot_sessions_total{event=\"protocol_error\"} %" PRIu64 "\n", sessions_failed_);
+
+  w.Help("depot_errors_total", "counter", "Requests answered with an error, by error code.");
+  for (size_t code = 1; code < errors_.size(); ++code) {
+    if (errors_[code] == 0) continue;
+    w.Line("depot_errors_total{code=\"%s\"} %" PRIu64 "\n",
+           std::string(StatusCodeName(static_cast<StatusCode>(code))).c_str(), errors_[code]);
+  }
+
+  w.Help("depot_requests_total", "counter", "Requests handled, by type.");
+  for (size_t t = 0; t < requests_.size(); ++t) {
+    w.Line("depot_requests_total{type=\"%s\"} %" PRIu64 "\n", kTypeNames[t], requests_[t]);
+  }
+  w.Help("depot_request_duration_seconds", "histogram",
+         "Time from a request's arrival to its reply (gets include their wait).");
+  for (size_t t = 0; t < latency_.size(); ++t) {
+    const Histogram& h = latency_[t];
+    if (h.count == 0) continue;
+    uint64_t cumulative = 0;
+    for (int i = 0; i < kBuckets; ++i) {
+      cumulative += h.buckets[static_cast<size_t>(i)];
+      w.Line("depot_request_duration_seconds_bucket{type=\"%s\",le=\"%g\"} %" PRIu64 "\n",
+             kTypeNames[t], BucketBound(i), cumulative);
+    }
+    w.Line("depot_request_duration_seconds_bucket{type=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
+           kTypeNames[t], h.count);
+    w.Line("depot_request_duration_seconds_sum{type=\"%s\"} %.9f\n", kTypeNames[t],
+           static_cast<double>(h.sum_ns) / 1e9);
+    w.Line("depot_request_duration_seconds_count{type=\"%s\"} %" PRIu64 "\n", kTypeNames[t], h.count);
+  }
+  return w.Take();
+}
+
+}  // namespace depot::store
