@@ -1,11 +1,12 @@
 # The two commands of the README: `make run` and `make test`. Everything else is CMake.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 # Flags for `make run`, e.g. make run DEPOTD_ARGS="--memory 8GiB"
 DEPOTD_ARGS ?=
 
-.PHONY: all deps build run test test-release test-asan bench format clean
+.PHONY: all deps build run test test-release test-asan test-tsan format-check bench format clean
 
 all: build
 
@@ -22,8 +23,12 @@ build: deps $(BUILD)/build.ninja
 run: build
 	exec $(BUILD)/bin/depotd $(DEPOTD_ARGS)
 
-# Every test: the Release build, then the same suite under AddressSanitizer + UBSan.
-test: test-release test-asan
+# Every test: formatting, the Release build, then the same suite under AddressSanitizer +
+# UBSan and under ThreadSanitizer.
+test: format-check test-release test-asan test-tsan
+
+format-check: deps
+	clang-format --dry-run --Werror $$(git ls-files '*.h' '*.cc')
 
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 300
@@ -38,6 +43,17 @@ test-asan: deps $(ASAN_BUILD)/build.ninja
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j 2 --timeout 600
 
+$(TSAN_BUILD)/build.ninja: | deps
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DDEPOT_SANITIZE=thread -DDEPOT_BUILD_BENCHMARKS=OFF
+
+# Tests fork client processes from a parent whose Client has a release-flusher thread; the
+# children never touch the parent's Client, so threads after fork are fine (die_after_fork=0).
+test-tsan: deps $(TSAN_BUILD)/build.ninja
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0 \
+	  ctest --output-on-failure -j 2 --timeout 600
+
 # Runs every benchmark program (see bench/README.md).
 bench: build
 	@for b in $(BUILD)/bin/bench_*; do echo "== $$b"; $$b || exit 1; done
@@ -46,4 +62,4 @@ format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
