@@ -47,10 +47,10 @@ Result<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options,
                                    ipc::FormatSize(page) + ")");
   }
   if (o.capacity > available) {
-    return Status::InvalidArgument(
-        "--memory " + ipc::FormatSize(o.capacity) + " is more than " +
-        (o.dir.empty() ? std::string("this machine's memory") : o.dir) + " can hold (" +
-        ipc::FormatSize(available) + (o.dir.empty() ? " in all" : " free") + ")");
+    return Status::InvalidArgument("--memory " + ipc::FormatSize(o.capacity) + " is more than " +
+                                   (o.dir.empty() ? std::string("this machine's memory") : o.dir) +
+                                   " can hold (" + ipc::FormatSize(available) +
+                                   (o.dir.empty() ? " in all" : " free") + ")");
   }
   if (o.segment_size == 0 || o.segment_size > o.capacity) o.segment_size = o.capacity;
   // Segments are whole pages (huge pages on hugetlbfs), so the tail of the last one is too.
@@ -120,7 +120,8 @@ void Arena::GrowAhead() {
 }
 
 std::optional<Arena::Block> Arena::AllocateIn(uint32_t segment, uint64_t size) {
-  auto a = segments_[segment]->allocator.Allocate(size, size >= kPageAlignFrom ? kPage : kAlignment);
+  auto a =
+      segments_[segment]->allocator.Allocate(size, size >= kPageAlignFrom ? kPage : kAlignment);
   if (!a) return std::nullopt;
   return Block{segment, a->handle, a->offset, a->size};
 }

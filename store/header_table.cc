@@ -29,7 +29,8 @@ Result<std::unique_ptr<HeaderTable>> HeaderTable::Create(uint32_t slots) {
 }
 
 HeaderTable::~HeaderTable() {
-  if (headers_ != nullptr) ::munmap(headers_, static_cast<size_t>(slots_) * sizeof(ipc::ObjectHeader));
+  if (headers_ != nullptr)
+    ::munmap(headers_, static_cast<size_t>(slots_) * sizeof(ipc::ObjectHeader));
 }
 
 uint32_t HeaderTable::Acquire() {

@@ -27,7 +27,10 @@ class LruList {
     }
     prev_[slot] = tail_;
     next_[slot] = kNil;
-    if (tail_ != kNil) next_[tail_] = slot; else head_ = slot;
+    if (tail_ != kNil)
+      next_[tail_] = slot;
+    else
+      head_ = slot;
     tail_ = slot;
     ++size_;
   }
@@ -36,8 +39,14 @@ class LruList {
   void Remove(uint32_t slot) {
     if (!contains(slot)) return;
     const uint32_t p = prev_[slot], n = next_[slot];
-    if (p != kNil) next_[p] = n; else head_ = n;
-    if (n != kNil) prev_[n] = p; else tail_ = p;
+    if (p != kNil)
+      next_[p] = n;
+    else
+      head_ = n;
+    if (n != kNil)
+      prev_[n] = p;
+    else
+      tail_ = p;
     prev_[slot] = next_[slot] = kAbsent;
     --size_;
   }

@@ -1,11 +1,11 @@
 // depotd: the depot daemon. One per host; see docs/architecture.md.
 #include <sys/sysinfo.h>
 
+#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <spdlog/spdlog.h>
 
 #include <csignal>
 #include <cstdio>
@@ -85,19 +85,25 @@ int main(int argc, char** argv) {
                  "put segments in this directory (a tmpfs or hugetlbfs mount) instead of memfds");
   app.add_flag("--no-evict", no_evict, "never evict objects; a create that does not fit fails");
   app.add_option("--max-objects", max_objects, "most objects the store holds at once")
-      ->capture_default_str()->check(CLI::Range(1u, 1u << 30));
-  app.add_option("--max-frame", max_frame, "largest message a client may send")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 30));
+  app.add_option("--max-frame", max_frame, "largest message a client may send")
+      ->capture_default_str();
   app.add_option("--max-batch", max_batch, "most ids in one request")
-      ->capture_default_str()->check(CLI::Range(1u, 10'000'000u));
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 10'000'000u));
   app.add_option("--client-max-bytes", client_max_bytes,
                  "bytes one client may hold (creating or referenced); 0: no limit")
       ->capture_default_str();
-  app.add_option("--client-max-objects", client_max_objects, "objects one client may hold; 0: no limit")
+  app.add_option("--client-max-objects", client_max_objects,
+                 "objects one client may hold; 0: no limit")
       ->capture_default_str();
-  app.add_option("--client-max-pending", client_max_pending, "gets one client may have waiting; 0: no limit")
+  app.add_option("--client-max-pending", client_max_pending,
+                 "gets one client may have waiting; 0: no limit")
       ->capture_default_str();
   app.add_option("--workers", workers, "threads for long work (pre-faulting, checksums)")
-      ->capture_default_str()->check(CLI::Range(1u, 256u));
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 256u));
   app.add_flag("--no-metrics", no_metrics, "keep no request counters or latency histograms");
   app.add_option("--metrics-port", metrics_port,
                  "serve GET /metrics (Prometheus text format) on this TCP port; 0: off")
@@ -105,7 +111,8 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-address", metrics_address, "address of the metrics endpoint")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
-      ->capture_default_str()->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_level(spdlog::level::from_str(log_level));
@@ -113,22 +120,26 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   auto capacity = ParseMemory(memory);
-  if (!capacity.ok()) return Fail(Status::InvalidArgument("--memory: " + capacity.status().message()));
+  if (!capacity.ok())
+    return Fail(Status::InvalidArgument("--memory: " + capacity.status().message()));
   auto segment = depot::ipc::ParseSize(segment_size);
-  if (!segment.ok()) return Fail(Status::InvalidArgument("--segment-size: " + segment.status().message()));
+  if (!segment.ok())
+    return Fail(Status::InvalidArgument("--segment-size: " + segment.status().message()));
   auto frame = depot::ipc::ParseSize(max_frame);
   if (!frame.ok() || *frame < 4096 || *frame > (1u << 30)) {
     return Fail(Status::InvalidArgument("--max-frame must be a size between 4KiB and 1GiB"));
   }
   auto client_bytes = depot::ipc::ParseSize(client_max_bytes);
-  if (!client_bytes.ok()) return Fail(Status::InvalidArgument("--client-max-bytes: " + client_bytes.status().message()));
+  if (!client_bytes.ok())
+    return Fail(Status::InvalidArgument("--client-max-bytes: " + client_bytes.status().message()));
   mode_t mode = 0;
   try {
     size_t used = 0;
     mode = static_cast<mode_t>(std::stoul(socket_mode, &used, 8));
     if (used != socket_mode.size() || mode > 0777) throw std::invalid_argument("mode");
   } catch (const std::exception&) {
-    return Fail(Status::InvalidArgument("--socket-mode '" + socket_mode + "' is not an octal mode like 0660"));
+    return Fail(Status::InvalidArgument("--socket-mode '" + socket_mode +
+                                        "' is not an octal mode like 0660"));
   }
 
   // Before the arena is made: a second daemon on a busy socket should fail fast.
@@ -143,8 +154,8 @@ int main(int argc, char** argv) {
     if (!headers.ok()) return Fail(headers.status());
     depot::store::ClientLimits limits{*client_bytes, client_max_objects, client_max_pending};
     depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict);
-    depot::store::Server server(loop, store,
-                                {socket_path, mode, static_cast<uint32_t>(*frame), max_batch, !no_metrics});
+    depot::store::Server server(
+        loop, store, {socket_path, mode, static_cast<uint32_t>(*frame), max_batch, !no_metrics});
     if (Status st = server.Listen(); !st.ok()) return Fail(st);
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
     if (metrics_port != 0) {
@@ -161,9 +172,9 @@ int main(int argc, char** argv) {
       loop.stop();
     });
     spdlog::info("depotd {} listening on {} (arena {} {}, segments of {}, eviction {})",
-                 depot::store::kDepotVersion, socket_path, depot::ipc::FormatSize((*arena)->capacity()),
-                 (*arena)->backend(), depot::ipc::FormatSize((*arena)->max_object_size()),
-                 no_evict ? "off" : "on");
+                 depot::store::kDepotVersion, socket_path,
+                 depot::ipc::FormatSize((*arena)->capacity()), (*arena)->backend(),
+                 depot::ipc::FormatSize((*arena)->max_object_size()), no_evict ? "off" : "on");
     loop.run();
     pool.join();
   }

@@ -10,7 +10,7 @@ namespace depot::store {
 
 namespace {
 
-constexpr const char* kTypeNames[] = {"hello",    "create", "put",  "seal",   "abort",   "get",
+constexpr const char* kTypeNames[] = {"hello",   "create", "put",      "seal", "abort",  "get",
                                       "release", "delete", "contains", "list", "status", "metrics"};
 static_assert(std::size(kTypeNames) == static_cast<size_t>(RequestType::kCount));
 
@@ -64,7 +64,8 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Value("depot_up", 1);
   w.Help("depot_uptime_seconds", "gauge", "Seconds since the daemon started.");
   w.Line("depot_uptime_seconds %.3f\n", static_cast<double>(uptime_ns) / 1e9);
-  w.Help("depot_metrics_enabled", "gauge", "0 when started with --no-metrics: request counters stay 0.");
+  w.Help("depot_metrics_enabled", "gauge",
+         "0 when started with --no-metrics: request counters stay 0.");
   w.Value("depot_metrics_enabled", enabled_ ? 1 : 0);
 
   w.Help("depot_capacity_bytes", "gauge", "Host arena capacity (--memory).");
@@ -73,7 +74,8 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Line("depot_mapped_bytes{tier=\"host\"} %" PRIu64 "\n", arena.mapped_bytes());
   w.Help("depot_used_bytes", "gauge", "Bytes allocated to objects.");
   w.Line("depot_used_bytes{tier=\"host\"} %" PRIu64 "\n", arena.used_bytes());
-  w.Help("depot_held_bytes", "gauge", "Bytes of objects referenced or being created (not evictable).");
+  w.Help("depot_held_bytes", "gauge",
+         "Bytes of objects referenced or being created (not evictable).");
   w.Line("depot_held_bytes{tier=\"host\"} %" PRIu64 "\n", c.held_bytes);
   w.Help("depot_pinned_bytes", "gauge", "Bytes of pinned objects.");
   w.Line("depot_pinned_bytes{tier=\"host\"} %" PRIu64 "\n", c.pinned_bytes);
@@ -92,7 +94,8 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Help("depot_bytes_out_total", "counter", "Bytes of objects handed out by gets.");
   w.Line("depot_bytes_out_total{tier=\"host\"} %" PRIu64 "\n", c.bytes_out);
   w.Help("depot_get_objects_total", "counter",
-         "Objects asked for by gets: found at once (hit), waited for (wait), never sealed in time (timeout).");
+         "Objects asked for by gets: found at once (hit), waited for (wait), never sealed in time "
+         "(timeout).");
   w.Line("depot_get_objects_total{result=\"hit\"} %" PRIu64 "\n", c.get_hits);
   w.Line("depot_get_objects_total{result=\"wait\"} %" PRIu64 "\n", c.get_waits);
   w.Line("depot_get_objects_total{result=\"timeout\"} %" PRIu64 "\n", c.get_timeouts);
@@ -128,7 +131,8 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
            kTypeNames[t], h.count);
     w.Line("depot_request_duration_seconds_sum{type=\"%s\"} %.9f\n", kTypeNames[t],
            static_cast<double>(h.sum_ns) / 1e9);
-    w.Line("depot_request_duration_seconds_count{type=\"%s\"} %" PRIu64 "\n", kTypeNames[t], h.count);
+    w.Line("depot_request_duration_seconds_count{type=\"%s\"} %" PRIu64 "\n", kTypeNames[t],
+           h.count);
   }
   return w.Take();
 }

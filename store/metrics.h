@@ -18,8 +18,19 @@ class ObjectStore;
 
 // The request types, as the metrics name them.
 enum class RequestType : uint8_t {
-  kHello, kCreate, kPut, kSeal, kAbort, kGet, kRelease, kDelete, kContains, kList, kStatus,
-  kMetrics, kCount
+  kHello,
+  kCreate,
+  kPut,
+  kSeal,
+  kAbort,
+  kGet,
+  kRelease,
+  kDelete,
+  kContains,
+  kList,
+  kStatus,
+  kMetrics,
+  kCount
 };
 
 class Metrics {

@@ -49,10 +49,11 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
       response_.body() = render_();
     }
     response_.prepare_payload();
-    http::async_write(stream_, response_, [self = shared_from_this()](boost::beast::error_code, size_t) {
-      boost::beast::error_code ignored;
-      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    });
+    http::async_write(stream_, response_,
+                      [self = shared_from_this()](boost::beast::error_code, size_t) {
+                        boost::beast::error_code ignored;
+                        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+                      });
   }
 
   boost::beast::tcp_stream stream_;
@@ -70,15 +71,16 @@ MetricsHttp::MetricsHttp(boost::asio::io_context& loop, std::function<std::strin
 Status MetricsHttp::Listen(const std::string& address, uint16_t port) {
   boost::system::error_code ec;
   const auto ip = boost::asio::ip::make_address(address, ec);
-  if (ec) return Status::InvalidArgument("--metrics-address '" + address + "' is not an IP address");
+  if (ec)
+    return Status::InvalidArgument("--metrics-address '" + address + "' is not an IP address");
   const tcp::endpoint endpoint(ip, port);
   acceptor_.open(endpoint.protocol(), ec);
   if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor_.bind(endpoint, ec);
   if (!ec) acceptor_.listen(boost::asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return Status::IoError("cannot serve metrics on " + address + ":" + std::to_string(port) + ": " +
-                           ec.message());
+    return Status::IoError("cannot serve metrics on " + address + ":" + std::to_string(port) +
+                           ": " + ec.message());
   }
   Accept();
   return Status::OK();

@@ -87,7 +87,8 @@ std::string ObjectStore::OutOfMemoryMessage(const ObjectId& id, uint64_t bytes) 
   return "cannot fit " + Describe(id) + " of " + ipc::FormatSize(bytes) + ": " +
          ipc::FormatSize(arena_.capacity() - used) + " of " + ipc::FormatSize(arena_.capacity()) +
          " is free (largest free block " + ipc::FormatSize(arena_.largest_free_block()) + "), " +
-         ipc::FormatSize(counters_.held_bytes) + " is held by references or objects being created, " +
+         ipc::FormatSize(counters_.held_bytes) +
+         " is held by references or objects being created, " +
          ipc::FormatSize(counters_.pinned_bytes) + " is pinned" +
          (eviction_ ? "" : ", and eviction is off (--no-evict)") +
          "; release or delete objects, or start depotd with more --memory";
@@ -161,11 +162,12 @@ Result<Location> ObjectStore::Create(ClientId client, const CreateParams& p) {
   if (uint32_t existing = Find(p.id); existing != HeaderTable::kNoSlot) {
     const auto state = headers_.state(existing);
     return Status::AlreadyExists(
-        Describe(p.id) + (state == ipc::ObjectState::kSealed
-                              ? (IsDeletePending(existing)
-                                     ? " was deleted but is still referenced; it cannot be created again until released"
-                                     : " exists already")
-                              : " is already being created"));
+        Describe(p.id) +
+        (state == ipc::ObjectState::kSealed
+             ? (IsDeletePending(existing) ? " was deleted but is still referenced; it cannot be "
+                                            "created again until released"
+                                          : " exists already")
+             : " is already being created"));
   }
   ClientState& state = clients_.at(client);
   DEPOT_RETURN_NOT_OK(CheckLimits(client, state, arena_.ReservedSize(total)));
@@ -319,7 +321,8 @@ Status ObjectStore::Abort(ClientId client, const ObjectId& id) {
   return Status::OK();
 }
 
-Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int64_t timeout_ms, GetDone done) {
+Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int64_t timeout_ms,
+                        GetDone done) {
   ClientState& state = clients_.at(client);
   std::vector<GetResult> results(ids.size());
   size_t missing = 0;

@@ -61,7 +61,7 @@ struct ClientLimits {
 struct StoreCounters {
   uint64_t objects_sealed = 0;
   uint64_t objects_creating = 0;
-  uint64_t held_bytes = 0;    // allocated to objects that are referenced or being created
+  uint64_t held_bytes = 0;  // allocated to objects that are referenced or being created
   uint64_t pinned_bytes = 0;
   uint64_t evictions = 0;
   uint64_t evicted_bytes = 0;
@@ -123,11 +123,11 @@ class ObjectStore {
   bool eviction_enabled() const { return eviction_; }
 
  private:
-  struct Object {  // daemon-only state of a live slot
-    uint32_t alloc = 0;     // allocator handle in the header's segment
-    ClientId creator = 0;   // while being created
+  struct Object {          // daemon-only state of a live slot
+    uint32_t alloc = 0;    // allocator handle in the header's segment
+    ClientId creator = 0;  // while being created
     bool want_checksum = false;
-    bool sealing = false;   // checksum running on the worker pool
+    bool sealing = false;  // checksum running on the worker pool
   };
   struct ClientState {
     std::unordered_map<uint32_t, uint32_t> refs;  // slot -> references held

@@ -56,7 +56,8 @@ Status Server::ClaimSocketPath(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      return Status::InvalidArgument(path + " exists and is not a socket; remove it or choose another --socket");
+      return Status::InvalidArgument(
+          path + " exists and is not a socket; remove it or choose another --socket");
     }
     if (ipc::ConnectUnix(path).ok()) {
       return Status::AlreadyExists("another depotd is already listening at " + path);
@@ -98,7 +99,8 @@ void Server::Accept() {
     } else {
       const ClientId id = next_id_++;
       Peer peer = ReadPeer(socket.native_handle());
-      spdlog::info("session {}: connected (pid {}, uid {}, {})", id, peer.pid, peer.uid, peer.command);
+      spdlog::info("session {}: connected (pid {}, uid {}, {})", id, peer.pid, peer.uid,
+                   peer.command);
       metrics_.SessionOpened();
       auto session = std::make_shared<Session>(*this, std::move(socket), id, std::move(peer));
       sessions_.emplace(id, session);

@@ -59,7 +59,8 @@ void Session::Close(const std::string& reason) {
   socket_.close(ignored);
   out_.clear();
   // The server owns the last reference; let pending handlers finish with a live object.
-  boost::asio::post(server_.loop(), [self = shared_from_this()] { self->server_.Forget(self->id_); });
+  boost::asio::post(server_.loop(),
+                    [self = shared_from_this()] { self->server_.Forget(self->id_); });
 }
 
 void Session::Violation(const std::string& what) {
@@ -128,8 +129,8 @@ bool Session::HandleFrame(ipc::FrameReader::Frame& frame) {
 bool Session::CheckBatch(uint64_t rid, size_t count) {
   if (count <= server_.options().max_batch) return true;
   SendError(rid, Status::LimitExceeded("a request may name at most " +
-                                       std::to_string(server_.options().max_batch) + " objects, this one names " +
-                                       std::to_string(count)));
+                                       std::to_string(server_.options().max_batch) +
+                                       " objects, this one names " + std::to_string(count)));
   return false;
 }
 
@@ -159,7 +160,10 @@ void Session::Dispatch(wire::Request::Reader request) {
                         [weak = weak_from_this(), rid, start](Status st) {
                           auto self = weak.lock();
                           if (!self || self->closed_) return;
-                          if (st.ok()) self->SendOk(rid); else self->SendError(rid, st);
+                          if (st.ok())
+                            self->SendOk(rid);
+                          else
+                            self->SendError(rid, st);
                           self->Observe(RequestType::kSeal, start);
                         });
     case wire::Request::ABORT: {
@@ -194,7 +198,8 @@ void Session::Dispatch(wire::Request::Reader request) {
       auto reply = message.initRoot<wire::Reply>();
       reply.setId(rid);
       auto out = reply.initDelete(static_cast<unsigned>(codes.size()));
-      for (size_t i = 0; i < codes.size(); ++i) out.set(static_cast<unsigned>(i), ipc::ToWire(codes[i]));
+      for (size_t i = 0; i < codes.size(); ++i)
+        out.set(static_cast<unsigned>(i), ipc::ToWire(codes[i]));
       SendReply(message, reply, -1);
       return Observe(RequestType::kDelete, start);
     }
@@ -224,8 +229,9 @@ void Session::Dispatch(wire::Request::Reader request) {
       return Observe(RequestType::kMetrics, start);
     }
   }
-  SendError(rid, Status::InvalidArgument("unknown request type " + std::to_string(static_cast<int>(which)) +
-                                         "; is the client newer than this depotd (" + kDepotVersion + ")?"));
+  SendError(rid, Status::InvalidArgument(
+                     "unknown request type " + std::to_string(static_cast<int>(which)) +
+                     "; is the client newer than this depotd (" + kDepotVersion + ")?"));
 }
 
 void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
@@ -244,8 +250,8 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
   }
   said_hello_ = true;
   const std::string name = hello.getClientName().cStr();
-  spdlog::info("session {}: hello from {} (pid {}, uid {})", id_, name.empty() ? peer_.command : name,
-               peer_.pid, peer_.uid);
+  spdlog::info("session {}: hello from {} (pid {}, uid {})", id_,
+               name.empty() ? peer_.command : name, peer_.pid, peer_.uid);
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
@@ -294,13 +300,18 @@ void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, u
     return Observe(RequestType::kCreate, start);
   }
   // A put in one round trip: seal now, and drop the creator's reference if asked.
-  server_.store().Seal(id_, params.id, [weak = weak_from_this(), rid, id = params.id, release, loc, start](Status st) {
-    auto self = weak.lock();
-    if (!self || self->closed_) return;
-    if (st.ok() && release) st = self->server_.store().Release(self->id_, std::span(&id, 1));
-    if (st.ok()) self->SendLocation(rid, loc); else self->SendError(rid, st);
-    self->Observe(RequestType::kPut, start);
-  });
+  server_.store().Seal(
+      id_, params.id,
+      [weak = weak_from_this(), rid, id = params.id, release, loc, start](Status st) {
+        auto self = weak.lock();
+        if (!self || self->closed_) return;
+        if (st.ok() && release) st = self->server_.store().Release(self->id_, std::span(&id, 1));
+        if (st.ok())
+          self->SendLocation(rid, loc);
+        else
+          self->SendError(rid, st);
+        self->Observe(RequestType::kPut, start);
+      });
 }
 
 void Session::SendLocation(uint64_t rid, const Location& loc) {
@@ -327,7 +338,8 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
   int64_t timeout = std::max<int64_t>(get.getTimeoutMs(), -1);
   if (timeout > kForeverMs) timeout = -1;
   Status st = server_.store().Get(
-      id_, std::move(ids), timeout, [weak = weak_from_this(), rid, start](std::vector<GetResult> results) {
+      id_, std::move(ids), timeout,
+      [weak = weak_from_this(), rid, start](std::vector<GetResult> results) {
         auto self = weak.lock();
         if (!self || self->closed_) return;
         capnp::MallocMessageBuilder message;

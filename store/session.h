@@ -32,7 +32,8 @@ struct Peer {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(Server& server, boost::asio::local::stream_protocol::socket socket, ClientId id, Peer peer);
+  Session(Server& server, boost::asio::local::stream_protocol::socket socket, ClientId id,
+          Peer peer);
   ~Session();
 
   void Start();

@@ -32,7 +32,8 @@ TEST(ParseSize, RejectsWhatIsNotASizeWithAClearMessage) {
     auto r = ParseSize(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find("is not a size"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("is not a size"), std::string::npos)
+        << r.status().message();
   }
 }
 

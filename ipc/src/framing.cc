@@ -220,16 +220,17 @@ Result<UniqueFd> ConnectUnix(const std::string& path) {
     switch (err) {
       case ENOENT:
       case ECONNREFUSED:
-        return Status::ConnectionFailed(
-            "no depot daemon is listening at " + path +
-            " (start one with `depotd --socket " + path + "`, or point DEPOT_SOCKET at a running one)");
+        return Status::ConnectionFailed("no depot daemon is listening at " + path +
+                                        " (start one with `depotd --socket " + path +
+                                        "`, or point DEPOT_SOCKET at a running one)");
       case EACCES:
       case EPERM:
         return Status::ConnectionFailed("permission denied connecting to " + path +
                                         " (the daemon's socket is mode 0600 by default; start it "
                                         "with --socket-mode to share it)");
       case ENOTDIR:
-        return Status::ConnectionFailed("cannot reach " + path + ": a component of the path is not a directory");
+        return Status::ConnectionFailed("cannot reach " + path +
+                                        ": a component of the path is not a directory");
       default:
         return Status::ConnectionFailed("cannot connect to " + path + ": " + std::strerror(err));
     }

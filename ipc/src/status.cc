@@ -6,21 +6,36 @@ namespace depot {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kAlreadyExists: return "AlreadyExists";
-    case StatusCode::kNotSealed: return "NotSealed";
-    case StatusCode::kAlreadySealed: return "AlreadySealed";
-    case StatusCode::kNotHeld: return "NotHeld";
-    case StatusCode::kOutOfMemory: return "OutOfMemory";
-    case StatusCode::kTimeout: return "Timeout";
-    case StatusCode::kLimitExceeded: return "LimitExceeded";
-    case StatusCode::kProtocolMismatch: return "ProtocolMismatch";
-    case StatusCode::kConnectionFailed: return "ConnectionFailed";
-    case StatusCode::kDisconnected: return "Disconnected";
-    case StatusCode::kIoError: return "IoError";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kAlreadyExists:
+      return "AlreadyExists";
+    case StatusCode::kNotSealed:
+      return "NotSealed";
+    case StatusCode::kAlreadySealed:
+      return "AlreadySealed";
+    case StatusCode::kNotHeld:
+      return "NotHeld";
+    case StatusCode::kOutOfMemory:
+      return "OutOfMemory";
+    case StatusCode::kTimeout:
+      return "Timeout";
+    case StatusCode::kLimitExceeded:
+      return "LimitExceeded";
+    case StatusCode::kProtocolMismatch:
+      return "ProtocolMismatch";
+    case StatusCode::kConnectionFailed:
+      return "ConnectionFailed";
+    case StatusCode::kDisconnected:
+      return "Disconnected";
+    case StatusCode::kIoError:
+      return "IoError";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

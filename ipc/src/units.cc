@@ -18,7 +18,8 @@ Result<uint64_t> ParseSize(std::string_view text) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   size_t num_end = 0;
-  while (num_end < s.size() && (std::isdigit(static_cast<unsigned char>(s[num_end])) || s[num_end] == '.')) {
+  while (num_end < s.size() &&
+         (std::isdigit(static_cast<unsigned char>(s[num_end])) || s[num_end] == '.')) {
     ++num_end;
   }
   if (num_end == 0) return bad();
@@ -36,7 +37,8 @@ Result<uint64_t> ParseSize(std::string_view text) {
     static constexpr std::string_view kPrefixes = "KMGTP";
     size_t p = kPrefixes.find(unit[0]);
     std::string_view rest = std::string_view(unit).substr(1);
-    if (p == std::string_view::npos || !(rest.empty() || rest == "B" || rest == "I" || rest == "IB")) {
+    if (p == std::string_view::npos ||
+        !(rest.empty() || rest == "B" || rest == "I" || rest == "IB")) {
       return bad();
     }
     scale = std::pow(1024.0, static_cast<double>(p + 1));
@@ -57,7 +59,8 @@ std::string FormatSize(uint64_t bytes) {
     ++u;
   }
   char buf[32];
-  std::snprintf(buf, sizeof(buf), v < 10 ? "%.2f %s" : (v < 100 ? "%.1f %s" : "%.0f %s"), v, kUnits[u]);
+  std::snprintf(buf, sizeof(buf), v < 10 ? "%.2f %s" : (v < 100 ? "%.1f %s" : "%.0f %s"), v,
+                kUnits[u]);
   return buf;
 }
 

@@ -18,20 +18,20 @@ namespace depot {
 // The codes are also the wire codes of the protocol: values are stable.
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kInvalidArgument = 1,   // the request itself is wrong (bad size, bad name, bad flag)
-  kNotFound = 2,          // no such object
-  kAlreadyExists = 3,     // an object with this id exists already
-  kNotSealed = 4,         // the object is still being created
-  kAlreadySealed = 5,     // the object was sealed already
-  kNotHeld = 6,           // the caller holds no reference to / does not own the object
-  kOutOfMemory = 7,       // the store cannot fit the object, even after eviction
-  kTimeout = 8,           // the wait ran out
-  kLimitExceeded = 9,     // a per-client limit or a message size bound was hit
-  kProtocolMismatch = 10, // client and daemon speak different protocol versions
-  kConnectionFailed = 11, // could not reach the daemon
-  kDisconnected = 12,     // the connection broke while a request was in flight
-  kIoError = 13,          // a system call failed (the message names it and errno)
-  kInternal = 14,         // a bug in depot; the message says where
+  kInvalidArgument = 1,    // the request itself is wrong (bad size, bad name, bad flag)
+  kNotFound = 2,           // no such object
+  kAlreadyExists = 3,      // an object with this id exists already
+  kNotSealed = 4,          // the object is still being created
+  kAlreadySealed = 5,      // the object was sealed already
+  kNotHeld = 6,            // the caller holds no reference to / does not own the object
+  kOutOfMemory = 7,        // the store cannot fit the object, even after eviction
+  kTimeout = 8,            // the wait ran out
+  kLimitExceeded = 9,      // a per-client limit or a message size bound was hit
+  kProtocolMismatch = 10,  // client and daemon speak different protocol versions
+  kConnectionFailed = 11,  // could not reach the daemon
+  kDisconnected = 12,      // the connection broke while a request was in flight
+  kIoError = 13,           // a system call failed (the message names it and errno)
+  kInternal = 14,          // a bug in depot; the message says where
 };
 
 // Returns the code's name, e.g. "NotFound".
@@ -49,18 +49,32 @@ class [[nodiscard]] Status {
   Status& operator=(Status&&) noexcept = default;
 
   static Status OK() { return Status(); }
-  static Status InvalidArgument(std::string msg) { return {StatusCode::kInvalidArgument, std::move(msg)}; }
+  static Status InvalidArgument(std::string msg) {
+    return {StatusCode::kInvalidArgument, std::move(msg)};
+  }
   static Status NotFound(std::string msg) { return {StatusCode::kNotFound, std::move(msg)}; }
-  static Status AlreadyExists(std::string msg) { return {StatusCode::kAlreadyExists, std::move(msg)}; }
+  static Status AlreadyExists(std::string msg) {
+    return {StatusCode::kAlreadyExists, std::move(msg)};
+  }
   static Status NotSealed(std::string msg) { return {StatusCode::kNotSealed, std::move(msg)}; }
-  static Status AlreadySealed(std::string msg) { return {StatusCode::kAlreadySealed, std::move(msg)}; }
+  static Status AlreadySealed(std::string msg) {
+    return {StatusCode::kAlreadySealed, std::move(msg)};
+  }
   static Status NotHeld(std::string msg) { return {StatusCode::kNotHeld, std::move(msg)}; }
   static Status OutOfMemory(std::string msg) { return {StatusCode::kOutOfMemory, std::move(msg)}; }
   static Status Timeout(std::string msg) { return {StatusCode::kTimeout, std::move(msg)}; }
-  static Status LimitExceeded(std::string msg) { return {StatusCode::kLimitExceeded, std::move(msg)}; }
-  static Status ProtocolMismatch(std::string msg) { return {StatusCode::kProtocolMismatch, std::move(msg)}; }
-  static Status ConnectionFailed(std::string msg) { return {StatusCode::kConnectionFailed, std::move(msg)}; }
-  static Status Disconnected(std::string msg) { return {StatusCode::kDisconnected, std::move(msg)}; }
+  static Status LimitExceeded(std::string msg) {
+    return {StatusCode::kLimitExceeded, std::move(msg)};
+  }
+  static Status ProtocolMismatch(std::string msg) {
+    return {StatusCode::kProtocolMismatch, std::move(msg)};
+  }
+  static Status ConnectionFailed(std::string msg) {
+    return {StatusCode::kConnectionFailed, std::move(msg)};
+  }
+  static Status Disconnected(std::string msg) {
+    return {StatusCode::kDisconnected, std::move(msg)};
+  }
   static Status IoError(std::string msg) { return {StatusCode::kIoError, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
   // An IoError whose message is "<what>: <strerror(err)>".
@@ -88,7 +102,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(v_).ok()) {
       v_ = Status::Internal("Result constructed from an OK status without a value");
@@ -119,10 +133,10 @@ class [[nodiscard]] Result {
 #define DEPOT_CONCAT(a, b) DEPOT_CONCAT_IMPL(a, b)
 
 // Returns the Status of `expr` from the enclosing function if it is not OK.
-#define DEPOT_RETURN_NOT_OK(expr)                     \
-  do {                                                \
-    ::depot::Status _depot_st = (expr);               \
-    if (!_depot_st.ok()) return _depot_st;            \
+#define DEPOT_RETURN_NOT_OK(expr)          \
+  do {                                     \
+    ::depot::Status _depot_st = (expr);    \
+    if (!_depot_st.ok()) return _depot_st; \
   } while (false)
 
 #define DEPOT_ASSIGN_OR_RETURN_IMPL(tmp, lhs, rexpr) \

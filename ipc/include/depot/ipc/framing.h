@@ -53,7 +53,7 @@ class UniqueFd {
 struct OutFrame {
   std::vector<capnp::word> bytes;  // FrameHeader, then the payload
   std::vector<int> fds;
-  size_t sent = 0;                 // bytes of `bytes` already written
+  size_t sent = 0;  // bytes of `bytes` already written
 };
 
 // Serialises `message` into a frame. Fails with LimitExceeded if it exceeds `max_bytes`.

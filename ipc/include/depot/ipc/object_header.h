@@ -29,7 +29,9 @@ enum ObjectFlags : uint32_t {
 inline constexpr uint64_t PackStateRefs(ObjectState state, uint64_t refs) {
   return (static_cast<uint64_t>(state) << 56) | (refs & ((1ull << 56) - 1));
 }
-inline constexpr ObjectState UnpackState(uint64_t word) { return static_cast<ObjectState>(word >> 56); }
+inline constexpr ObjectState UnpackState(uint64_t word) {
+  return static_cast<ObjectState>(word >> 56);
+}
 inline constexpr uint64_t UnpackRefs(uint64_t word) { return word & ((1ull << 56) - 1); }
 
 struct ObjectHeader {
@@ -38,15 +40,15 @@ struct ObjectHeader {
   uint64_t id_hi;
   uint64_t data_size;
   uint64_t metadata_size;
-  uint64_t offset;           // within the segment
-  uint32_t segment;          // arena segment index
+  uint64_t offset;              // within the segment
+  uint32_t segment;             // arena segment index
   std::atomic<uint32_t> flags;  // ObjectFlags; changes while clients read (delete pending)
-  uint64_t checksum;         // XXH3-64 of data then metadata, when kFlagHasChecksum
-  uint64_t create_time_ns;   // CLOCK_REALTIME
-  uint64_t access_time_ns;   // CLOCK_REALTIME, updated on get
-  uint32_t generation;       // bumped each time the slot is reused
+  uint64_t checksum;            // XXH3-64 of data then metadata, when kFlagHasChecksum
+  uint64_t create_time_ns;      // CLOCK_REALTIME
+  uint64_t access_time_ns;      // CLOCK_REALTIME, updated on get
+  uint32_t generation;          // bumped each time the slot is reused
   uint32_t reserved0;
-  uint64_t reserved1;        // room for tier and device (GPU objects)
+  uint64_t reserved1;  // room for tier and device (GPU objects)
 };
 
 static_assert(sizeof(ObjectHeader) == 96, "ObjectHeader is part of the protocol");

@@ -21,7 +21,9 @@ inline constexpr uint32_t kDefaultMaxBatch = 100'000;
 // Cap'n Proto traversal limit for a frame of `frame_bytes`: nothing may be read twice over.
 inline uint64_t TraversalLimitWords(uint32_t frame_bytes) { return frame_bytes / 8 * 2 + 64; }
 
-inline ObjectId FromWire(wire::Id::Reader id) { return ObjectId::FromWords(id.getLo(), id.getHi()); }
+inline ObjectId FromWire(wire::Id::Reader id) {
+  return ObjectId::FromWords(id.getLo(), id.getHi());
+}
 inline void ToWire(const ObjectId& id, wire::Id::Builder out) {
   out.setLo(id.lo());
   out.setHi(id.hi());
