@@ -1,9 +1,9 @@
 // bench_get: reading objects from depotd, against a raw Unix-socket round trip of the same
 // size measured in the same run.
 //
-//   get_release   Get of a sealed 1 KiB object, read it, drop the Buffer (which sends a
-//                 one-way release): one real round trip per get, since a client answers
-//                 re-gets of objects it still holds from its own table.
+//   get_release   Get of a sealed 1 KiB object, read it, drop the Buffer (its release goes
+//                 out ahead of the next get): one real round trip per get, since a client
+//                 answers re-gets of objects it still holds from its own table.
 //   get_cached    the same while holding another Buffer of the object: no round trip.
 //   get_batch     one Get of 1,000 ids, then drop the 1,000 Buffers.
 #include <benchmark/benchmark.h>
@@ -88,7 +88,7 @@ void GetRelease(benchmark::State& state, depot::Client* client, depot::ObjectId 
         break;
       }
       benchmark::DoNotOptimize(Touch(*buffer));
-    }  // the last handle goes: a one-way release
+    }  // the last handle goes: its release is queued for the next request
     run.Lap();
   }
   state.SetItemsProcessed(state.iterations());

@@ -160,10 +160,11 @@ void Session::Dispatch(wire::Request::Reader request) {
                         [weak = weak_from_this(), rid, start](Status st) {
                           auto self = weak.lock();
                           if (!self || self->closed_) return;
-                          if (st.ok())
+                          if (st.ok()) {
                             self->SendOk(rid);
-                          else
+                          } else {
                             self->SendError(rid, st);
+                          }
                           self->Observe(RequestType::kSeal, start);
                         });
     case wire::Request::ABORT: {
@@ -281,6 +282,13 @@ void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, u
   }
   auto metadata = create.getMetadata();
   auto data = create.getData();
+  if (seal && data.size() != create.getDataSize()) {
+    // Sealing bytes nobody wrote would publish whatever the block held before.
+    return SendError(
+        rid, Status::InvalidArgument("a create that seals must carry all " +
+                                     std::to_string(create.getDataSize()) + " bytes of data, not " +
+                                     std::to_string(data.size())));
+  }
   CreateParams params;
   params.id = ipc::FromWire(create.getId());
   params.data_size = create.getDataSize();
@@ -306,10 +314,13 @@ void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, u
         auto self = weak.lock();
         if (!self || self->closed_) return;
         if (st.ok() && release) st = self->server_.store().Release(self->id_, std::span(&id, 1));
-        if (st.ok())
+        if (st.ok()) {
           self->SendLocation(rid, loc);
-        else
+        } else {
+          // The client never got a handle to this object: do not leave it behind.
+          (void)self->server_.store().Abort(self->id_, id);
           self->SendError(rid, st);
+        }
         self->Observe(RequestType::kPut, start);
       });
 }

@@ -306,6 +306,48 @@ TEST_F(ProtocolTest, ReleaseOfAnUnknownObjectIsNotHeld) {
   EXPECT_EQ(reply->get().getError(), wire::ErrorCode::NOT_HELD);
 }
 
+TEST_F(ProtocolTest, CreateThatSealsWithoutAllItsDataIsRefused) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/seal-without-data");
+  auto reply = s->Call(2, [&](wire::Request::Builder r) {
+    auto create = r.initCreate();
+    ipc::ToWire(id, create.initId());
+    create.setDataSize(64);
+    create.setData(kj::heapArray<kj::byte>(10));  // 10 of the 64 bytes
+    create.setSeal(true);
+  });
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reply->get().getMessage().cStr()).find("must carry all 64 bytes"),
+            std::string::npos);
+  // Nothing was created: the id is free.
+  auto created = s->Call(3, CreateOf(id, 64));
+  ASSERT_TRUE(created);
+  EXPECT_EQ(created->get().getError(), wire::ErrorCode::OK);
+}
+
+TEST_F(ProtocolTest, CreateWithDataSealAndReleaseIsAPutInOneRequest) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/inline-put");
+  auto reply = s->Call(2, [&](wire::Request::Builder r) {
+    auto create = r.initCreate();
+    ipc::ToWire(id, create.initId());
+    create.setDataSize(16);
+    create.setData(kj::heapArray<kj::byte>(16));
+    create.setSeal(true);
+    create.setRelease(true);
+  });
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(reply->get().getError(), wire::ErrorCode::OK);
+  // Sealed, and the creator holds no reference: releasing it again is NotHeld.
+  auto got = s->Call(3, GetOf({id}));
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->get().getGet()[0].getError(), wire::ErrorCode::OK);
+  auto release = s->Call(4, ListOf(IdList::kRelease, {id, id}));
+  ASSERT_TRUE(release);
+  EXPECT_EQ(release->get().getError(), wire::ErrorCode::NOT_HELD);
+}
+
 TEST_F(ProtocolTest, ReleaseWithIdZeroGetsNoReply) {
   auto s = OpenSession();
   ASSERT_OK(s->Send(0, ListOf(IdList::kRelease, {ObjectId::FromName("protocol/nowhere")})));

@@ -19,6 +19,18 @@ namespace {
 // Objects per List page: a few hundred KiB of reply.
 constexpr uint32_t kListPage = 1024;
 
+// Puts of at most this many bytes take one round trip: the bytes travel inside the create
+// request, and the daemon copies them in, seals and drops the creator's reference. Larger
+// puts create, copy straight into shared memory, and seal: two round trips, but one copy of
+// the bytes instead of four (into the frame, into and out of the socket, into the arena).
+// The extra copies grow with the size and the round trip saved does not: measured on a
+// 2-core machine, a one-round-trip put takes 17 µs at 1 KiB, 26 µs at 32 KiB and 41 µs at
+// 64 KiB, against 33, 35 and 37 µs for create + copy + seal; they cross near 50 KiB. 32 KiB
+// stays clear of that, and bounds the copying done on the daemon's single thread.
+constexpr size_t kInlinePutBytes = 32 * 1024;
+// Room kept in an inline put's frame for everything besides data, metadata and name.
+constexpr size_t kCreateFrameOverhead = 512;
+
 int64_t WireTimeout(std::chrono::milliseconds timeout) {
   return timeout.count() < 0 ? -1 : static_cast<int64_t>(timeout.count());
 }
@@ -35,6 +47,20 @@ Status UnexpectedReply(const char* request) {
                           " does not match the request");
 }
 
+// Fills the create request for `id` of `data_size` bytes, without data.
+wire::Request::Create::Builder InitCreate(RequestMessage& request, const ObjectId& id,
+                                          uint64_t data_size, const CreateOptions& options) {
+  auto create = request.root().initCreate();
+  ipc::ToWire(id, create.initId());
+  create.setDataSize(data_size);
+  create.setMetadata(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(options.metadata.data()),
+                                         options.metadata.size()));
+  create.setName(capnp::Text::Reader(options.name.c_str(), options.name.size()));
+  create.setPin(options.pin);
+  create.setChecksum(options.checksum);
+  return create;
+}
+
 // A Holding for the reference the daemon just granted to `id` at `location`. If the
 // location is unusable, the reference is given back.
 Result<std::shared_ptr<Holding>> MakeHolding(const std::shared_ptr<Connection>& conn,
@@ -47,7 +73,7 @@ Result<std::shared_ptr<Holding>> MakeHolding(const std::shared_ptr<Connection>& 
                                              data_size + metadata_size)
                   : Result<std::byte*>(Status::Internal("object sizes overflow"));
   if (!data.ok()) {
-    conn->Release(std::span(&id, 1));
+    conn->Release(id);
     return Status(data.status().code(),
                   "object " + id.Hex() + " is unreadable: " + data.status().message());
   }
@@ -59,7 +85,7 @@ Result<std::shared_ptr<Holding>> MakeHolding(const std::shared_ptr<Connection>& 
 // deleted since (the header table shows deletes by other clients), and still referenced (a
 // broken connection has lost its references; the Get then fails as any request does).
 std::shared_ptr<Holding> FindSealed(Connection& conn, const ObjectId& id) {
-  if (conn.broken()) return nullptr;
+  if (conn.broken() || conn.forked()) return nullptr;
   auto holding = conn.holdings().Find(id);
   if (!holding || !holding->sealed.load(std::memory_order_acquire)) return nullptr;
   if (const ipc::ObjectHeader* header = conn.header(holding->location.slot)) {
@@ -191,14 +217,7 @@ Client::~Client() = default;
 Result<MutableBuffer> Client::Create(const ObjectId& id, uint64_t data_size,
                                      const CreateOptions& options) {
   RequestMessage request;
-  auto create = request.root().initCreate();
-  ipc::ToWire(id, create.initId());
-  create.setDataSize(data_size);
-  create.setMetadata(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(options.metadata.data()),
-                                         options.metadata.size()));
-  create.setName(capnp::Text::Reader(options.name.c_str(), options.name.size()));
-  create.setPin(options.pin);
-  create.setChecksum(options.checksum);
+  InitCreate(request, id, data_size, options);
   Reply reply;
   DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
   return Decode([&]() -> Result<MutableBuffer> {
@@ -237,6 +256,29 @@ Status Client::Abort(const ObjectId& id) {
 
 Status Client::Put(const ObjectId& id, std::span<const std::byte> data,
                    const CreateOptions& options) {
+  if (data.size() <= kInlinePutBytes &&
+      data.size() + options.metadata.size() + options.name.size() + kCreateFrameOverhead <=
+          conn_->max_frame_bytes()) {
+    // One round trip; no reference, hence no Holding, is left behind.
+    RequestMessage request;
+    auto create = InitCreate(request, id, data.size(), options);
+    const capnp::Data::Reader bytes(reinterpret_cast<const kj::byte*>(data.data()), data.size());
+    if (!data.empty() && reinterpret_cast<uintptr_t>(data.data()) % sizeof(capnp::word) == 0 &&
+        data.size() % sizeof(capnp::word) == 0) {
+      // Whole words, word-aligned: the request points at the caller's bytes, which are
+      // copied once, into the frame, instead of twice.
+      create.adoptData(request.message().getOrphanage().referenceExternalData(bytes));
+    } else {
+      create.setData(bytes);
+    }
+    create.setSeal(true);
+    create.setRelease(true);
+    Reply reply;
+    DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+    return Decode([&]() -> Status {
+      return reply.get().isCreate() ? Status::OK() : UnexpectedReply("create");
+    });
+  }
   DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(id, data.size(), options));
   if (!data.empty()) std::memcpy(buffer.ptr(), data.data(), data.size());
   return Seal(id);

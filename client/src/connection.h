@@ -6,6 +6,16 @@
 // instead, leader/follower: a caller sends its request, and if no other thread is reading
 // the socket it becomes the reader, files the replies it reads for the other callers and
 // wakes them, and on receiving its own reply hands the reader role to a waiting caller.
+//
+// Releases are batched. A dropped Holding queues its id (Release); the queue goes out as one
+// release frame (request id 0, no reply) in the same write as the next request any thread
+// sends, ahead of it, so the daemon always processes a client's releases before its later
+// requests. A full queue (kReleaseBatch ids) is sent at once by the thread that filled it.
+// Otherwise a flusher thread, started with the first release, sends what is still queued at
+// the end of a gathering round (kReleaseGatherDelay), so that a client that makes no further
+// request never keeps references the daemon could reclaim. Rounds follow one another while
+// handles keep being dropped; after two rounds without any, the flusher sleeps until the
+// next release wakes it (the only notify: a queue going from empty to not while it sleeps).
 #pragma once
 
 #include <capnp/message.h>
@@ -20,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "depot/client.h"
@@ -82,6 +93,9 @@ auto Decode(F&& decode) -> decltype(decode()) {
   }
 }
 
+// How many times this process came out of fork() as the child (see Connection::forked).
+extern std::atomic<uint64_t> fork_generation;
+
 class Connection {
  public:
   // Connects to the daemon at `socket_path` and performs the handshake. Fails with
@@ -93,19 +107,31 @@ class Connection {
   Connection(ipc::UniqueFd socket, std::string socket_path, std::chrono::microseconds spin);
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
+  // Stops the flusher; releases still queued are dropped (closing the socket releases
+  // everything). Never runs on the flusher thread, which holds no reference to this.
+  ~Connection();
 
-  // Sends `request` (its id is set here) and waits for the reply. Returns
-  // the reply's error as a Status (OK: read the result from `*reply`); Disconnected if the
-  // connection breaks first or broke earlier; LimitExceeded if the request exceeds the
-  // daemon's frame limit. Thread-safe.
+  // Sends `request` (its id is set here), preceded in the same write by the queued
+  // releases, and waits for the reply. Returns the reply's error as a Status (OK: read the
+  // result from `*reply`); Disconnected if the connection breaks first or broke earlier, or
+  // in a child process forked after the connection was made; LimitExceeded if the request
+  // exceeds the daemon's frame limit. Thread-safe.
   Status Call(RequestMessage& request, Reply* reply);
 
-  // Gives references back, one per id, asking for no reply. Does nothing once the
-  // connection is broken (the daemon has released everything then). Thread-safe.
-  void Release(std::span<const ObjectId> ids);
+  // Gives a reference back, asking for no reply: queues `id` for the next release frame
+  // (see the top of this file). Does nothing once the connection is broken (the daemon has
+  // released everything then), nor in a forked child (the socket is the parent's).
+  // Thread-safe; never blocks on the daemon except when it fills the queue.
+  void Release(const ObjectId& id);
 
   // Whether the connection broke: the daemon has then released every reference it held.
   bool broken() const { return is_broken_.load(std::memory_order_acquire); }
+  // Whether this process is a child forked after the connection was made. The socket then
+  // belongs to the parent, and only the forking thread was copied: the child sends nothing
+  // and takes no lock another thread of the parent may have held at the fork.
+  bool forked() const {
+    return fork_generation.load(std::memory_order_relaxed) != fork_generation_;
+  }
 
   // The header of `slot` in the shared header table; null if the slot is out of range.
   const ipc::ObjectHeader* header(uint32_t slot) const;
@@ -115,6 +141,7 @@ class Connection {
   uint64_t epoch() const { return epoch_; }
   uint64_t session_id() const { return session_id_; }
   uint32_t max_batch() const { return max_batch_; }
+  uint32_t max_frame_bytes() const { return max_frame_bytes_; }
   const std::string& socket_path() const { return socket_path_; }
 
  private:
@@ -128,21 +155,32 @@ class Connection {
   };
 
   Status Handshake(const ConnectOptions& options);
-  // Writes a whole frame; breaks the connection on failure.
-  void Send(ipc::OutFrame& frame);
+  // Writes the queued releases, then `request` unless it is null, in one sendmsg (as far as
+  // the socket takes them); breaks the connection on failure.
+  void Send(ipc::OutFrame* request);
+  // Most ids one release frame carries: the daemon's maxBatch, and what fits its frame limit.
+  size_t ReleaseIdsPerFrame() const;
+  // The flusher thread's body (see the top of this file).
+  void FlushLoop();
+  // Starts the flusher. Called with release_mu_ held, at the first release.
+  void StartFlusher();
   // As the reader: reads and files replies until `me`'s has arrived or the connection breaks.
   void ReadUntilDone(Waiter& me);
   // Files one frame's reply for its waiter, after mapping the segments it announces.
   // Returns whether it was `me`'s; an error means the daemon broke the protocol.
   Result<bool> Dispatch(ipc::FrameReader::Frame frame, Waiter& me);
-  // Waits for the socket to be readable (first polling for spin_) and reads what is there.
+  // Waits for the socket to be readable (first polling for up to spin_, while polling
+  // pays: see ShouldSpin) and reads what is there.
   Status Fill();
+  // Adaptive spinning: whether this wait polls first. Reader only.
+  bool ShouldSpin();
   // Fails every waiter, and every later call, with `why`; shuts the socket down.
   void Break(Status why);
 
   ipc::UniqueFd socket_;
   const std::string socket_path_;
   const std::chrono::microseconds spin_;
+  const uint64_t fork_generation_;  // the process's fork generation when connected
   std::atomic<uint64_t> next_id_{1};
 
   // From the handshake.
@@ -153,7 +191,29 @@ class Connection {
   uint32_t header_slots_ = 0;
   Mapping header_table_;  // read-only
 
-  std::mutex send_mu_;  // one frame at a time on the socket
+  // One writer at a time on the socket. Held while the release queue is taken and written,
+  // so that releases reach the socket in the order they were queued relative to requests.
+  // Lock order: send_mu_, then release_mu_.
+  std::mutex send_mu_;
+  std::vector<ObjectId> sending_;          // the queue being sent; guarded by send_mu_
+  std::vector<ipc::OutFrame> out_frames_;  // its frames; guarded by send_mu_
+
+  // The flusher's thread and what it sleeps on. On the heap, created with the first
+  // release, so that a forked child can leave it alone (see ~Connection).
+  struct Flusher {
+    std::condition_variable cv;  // with release_mu_
+    std::thread thread;
+  };
+
+  // The release queue and the flusher's state, guarded by release_mu_.
+  std::mutex release_mu_;
+  std::vector<ObjectId> releases_;  // ids whose reference goes back with the next write
+  size_t release_batch_;            // send at once at this many ids (see Handshake)
+  std::unique_ptr<Flusher> flusher_;
+  bool flusher_idle_ = false;  // it waits for a first release, and needs a notify
+  bool released_ = false;      // a release was queued in the flusher's current round
+  bool stop_flusher_ = false;
+  bool no_flusher_ = false;  // its thread could not start: releases go at once
 
   std::mutex mu_;
   bool reading_ = false;          // some caller is the reader
@@ -162,6 +222,9 @@ class Connection {
   std::atomic<bool> is_broken_{false};
 
   ipc::FrameReader reader_;  // used only by the thread that is the reader
+  // Adaptive spinning; used only by the thread that is the reader.
+  uint32_t spin_debt_ = 0;   // what recent misses cost, less recent hits (see kSpinMissCost)
+  uint32_t spin_skips_ = 0;  // waits that did not poll since polling was turned off
 
   Segments segments_;
   HoldingTable holdings_;

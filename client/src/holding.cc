@@ -1,14 +1,15 @@
 #include "holding.h"
 
-#include <span>
-
 #include "connection.h"
 
 namespace depot::internal {
 
 Holding::~Holding() {
+  // In a forked child, leave the parent's table and socket alone (see Connection::forked).
+  if (conn->forked()) return;
   conn->holdings().Forget(id, this);
-  if (!aborted.load(std::memory_order_acquire)) conn->Release(std::span(&id, 1));
+  // Queued: it goes with the connection's next request, or within about 1 ms.
+  if (!aborted.load(std::memory_order_acquire)) conn->Release(id);
 }
 
 std::shared_ptr<Holding> HoldingTable::Find(const ObjectId& id) const {

@@ -28,6 +28,12 @@ struct BufferLocation {
 // after the Client itself is gone). While any handle lives, the object stays in memory
 // and is never evicted, and its bytes never change. A default-constructed Buffer is empty.
 // Thread-safe to copy and read from any thread.
+//
+// Dropping the last handle usually costs no system call: the release is queued, and reaches
+// the daemon with the Client's next request (ahead of it, in the same write), or within
+// about 1 ms, whichever comes first. So this Client's own later requests always see it (e.g. a
+// Delete right after dropping the object's last Buffer frees it at once); other clients
+// may see the object referenced for up to that long.
 class Buffer {
  public:
   Buffer() = default;
@@ -51,8 +57,9 @@ class Buffer {
 // Abort). The bytes are in shared memory: write them in place, then call Client::Seal.
 // Writing after Seal breaks the store's promise that objects are immutable; don't.
 //
-// Like Buffer, it shares the client's reference to the object. If the last handle to an
-// object that was never sealed goes away, the object is aborted.
+// Like Buffer, it shares the client's reference to the object, and its release is queued
+// the same way. If the last handle to an object that was never sealed goes away, the object
+// is aborted (when the release reaches the daemon).
 class MutableBuffer {
  public:
   MutableBuffer() = default;

@@ -14,6 +14,18 @@
 // and all its handles are gone, or the process dies) the daemon releases every reference it
 // still held and aborts every object it was creating. A MutableBuffer outliving its Client
 // cannot be sealed any more: dropping it aborts the object.
+//
+// Releases are batched: dropping the last handle to an object queues its reference, which
+// reaches the daemon with the Client's next request (in the same write, ahead of it), or
+// within about 1 ms, whichever is first; a full queue (about a thousand ids) goes at once.
+// The Client's own later requests therefore always see the release. A Client starts one
+// helper thread, with every signal blocked, the first time it releases, to send the queue
+// of a client that makes no further request.
+//
+// A Client and its handles belong to the process that connected it. After fork(), the child
+// must not use the parent's Client: connect one of its own. (The parent's connection is
+// unusable in the child: its calls fail with Disconnected, and dropping its handles there
+// sends nothing, so the parent's references are untouched.)
 #pragma once
 
 #include <chrono>
@@ -38,6 +50,13 @@ struct ConnectOptions {
   std::string client_name;
   // How long a call waiting for the daemon's reply polls the socket before it sleeps.
   // Polling saves a scheduler wake-up per request (about 3 µs); 0 turns it off.
+  //
+  // Polling adapts to the machine: it goes on while replies arrive within `spin`. When
+  // they stop doing so (three polls in a row, or more than about one in five, saw no reply
+  // in time: a busy machine, where polling takes the CPU the daemon needs, or a daemon that
+  // answers slowly), calls block at once, and only one wait in 64 polls first; when those
+  // see their replies in time again, polling resumes. This costs no clock reads beyond the
+  // polling's own.
   std::chrono::microseconds spin{20};
 };
 
@@ -116,7 +135,8 @@ class Client {
   // created), OutOfMemory if it cannot fit even after evicting unreferenced objects (the
   // message says how much was asked, free and held), InvalidArgument for the nil id or a
   // size over the daemon's largest object, LimitExceeded past this client's quotas.
-  Result<MutableBuffer> Create(const ObjectId& id, uint64_t data_size, const CreateOptions& options = {});
+  Result<MutableBuffer> Create(const ObjectId& id, uint64_t data_size,
+                               const CreateOptions& options = {});
 
   // Makes the object immutable and visible to all; wakes everyone waiting in Get for it.
   // Handles from Create stay valid (now read-only by contract). Fails with NotFound for an
@@ -128,7 +148,12 @@ class Client {
   Status Abort(const ObjectId& id);
 
   // Create + copy `data` + Seal, and drops this client's reference. Errors as Create/Seal.
-  Status Put(const ObjectId& id, std::span<const std::byte> data, const CreateOptions& options = {});
+  // Up to 32 KiB, the bytes travel in the request and the daemon does all of it: one round
+  // trip, and no reference is held afterwards. Larger data is copied straight into shared
+  // memory between Create and Seal (two round trips), and the creator's reference is
+  // released as a dropped handle's is.
+  Status Put(const ObjectId& id, std::span<const std::byte> data,
+             const CreateOptions& options = {});
 
   // Returns read-only handles to the objects, in the order of `ids`, waiting up to `timeout`
   // (0: not at all; kForever) for those not sealed yet. An entry is an empty Buffer if its
@@ -140,7 +165,8 @@ class Client {
 
   // One object: fails with NotFound if it does not exist and `timeout` is 0, Timeout if it
   // was not sealed within `timeout`.
-  Result<Buffer> Get(const ObjectId& id, std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  Result<Buffer> Get(const ObjectId& id,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
   // Deletes objects. An object that is referenced goes when its last reference is
   // released; new Gets cannot find it meanwhile. Fails with NotFound for an unknown id
