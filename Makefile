@@ -49,10 +49,14 @@ $(TSAN_BUILD)/build.ninja: | deps
 
 # Tests fork client processes from a parent whose Client has a release-flusher thread; the
 # children never touch the parent's Client, so threads after fork are fine (die_after_fork=0).
+# One test is skipped here: its child starts a flusher thread on the stack glibc reclaimed
+# from the parent's, so the thread gets the parent thread's id and TSan aborts with "dup
+# thread" (a TSan limitation with fork, not a race). The Release and ASan runs cover it.
+TSAN_SKIP = LifecycleTest.ReaderInAnotherProcessSeesTheObjectInSharedMemoryWithoutCopy
 test-tsan: deps $(TSAN_BUILD)/build.ninja
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0 \
-	  ctest --output-on-failure -j 2 --timeout 600
+	  ctest --output-on-failure -j 2 --timeout 600 -E '$(TSAN_SKIP)'
 
 # Runs every benchmark program (see bench/README.md).
 bench: build
