@@ -49,6 +49,11 @@ struct Request {
     list @9 :ListObjects;
     status @10 :Void;
     metrics @11 :Void;
+    # Admin requests (depotctl), answered from the daemon's own tables.
+    clients @12 :Void;       # every connected session
+    objectInfo @13 :Id;      # one object and which sessions hold it
+    verify @14 :List(Id);    # recompute checksums; empty: every sealed object that has one
+    evict @15 :Evict;        # evict unreferenced, unpinned objects now, least recently used first
   }
 
   # The first request of a session; nothing else is accepted before it.
@@ -81,6 +86,13 @@ struct Request {
   struct ListObjects {
     startSlot @0 :UInt32;    # resume point from the previous page's nextSlot
     limit @1 :UInt32;        # at most this many entries (the daemon may return fewer)
+  }
+
+  # Evicts until `bytes` are freed (or nothing evictable is left), or, with
+  # `allUnreferenced`, everything evictable. One of the two must be given.
+  struct Evict {
+    bytes @0 :UInt64;
+    allUnreferenced @1 :Bool;
   }
 }
 
@@ -116,6 +128,10 @@ struct Reply {
     list @10 :ObjectPage;
     status @11 :StoreStatus;
     metrics @12 :Text;       # Prometheus text exposition format 0.0.4
+    clients @13 :List(ClientInfo);  # in session id order
+    objectInfo @14 :ObjectDetails;
+    verify @15 :List(VerifyResult); # in request order; for an empty request, in slot order
+    evict @16 :EvictResult;
   }
 
   # The hello reply carries one file descriptor: the shared header table (map it read-only).
@@ -184,4 +200,55 @@ struct StoreStatus {
   largestFreeBlock @17 :UInt64;
   headerSlots @18 :UInt32;
   requests @19 :UInt64;
+}
+
+# A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED
+# and /proc/<pid>/comm when the client connected.
+struct ClientInfo {
+  sessionId @0 :UInt64;
+  pid @1 :UInt32;
+  uid @2 :UInt32;
+  command @3 :Text;
+  clientName @4 :Text;       # from its hello; empty before hello
+  objectsHeld @5 :UInt64;    # distinct objects it holds references to (or is creating)
+  references @6 :UInt64;     # references it holds, all objects together
+  bytesHeld @7 :UInt64;      # allocated bytes of the objects it holds
+  requests @8 :UInt64;       # requests it has sent
+  connectedTimeNs @9 :UInt64;  # CLOCK_REALTIME
+}
+
+# A session holding references to an object (the `objectInfo` request). Session id 0 is the
+# daemon itself, holding an object while a `verify` reads it.
+struct Holder {
+  sessionId @0 :UInt64;
+  pid @1 :UInt32;
+  uid @2 :UInt32;
+  command @3 :Text;
+  clientName @4 :Text;
+  references @5 :UInt32;
+}
+
+struct ObjectDetails {
+  info @0 :ObjectInfo;
+  holders @1 :List(Holder);  # in session id order; their references sum to info.refCount
+}
+
+enum VerifyState {
+  ok @0;                     # the checksum recomputed now matches the one taken at seal
+  mismatch @1;               # it does not: the bytes changed after seal
+  noChecksum @2;             # created without a checksum: nothing to compare with
+  notFound @3;               # no such object (or deleted)
+  notSealed @4;              # still being created
+}
+
+struct VerifyResult {
+  id @0 :Id;
+  state @1 :VerifyState;
+  expected @2 :UInt64;       # XXH3-64 taken at seal (ok, mismatch)
+  actual @3 :UInt64;         # XXH3-64 of the bytes now (ok, mismatch)
+}
+
+struct EvictResult {
+  objects @0 :UInt64;
+  bytes @1 :UInt64;          # allocated bytes freed
 }

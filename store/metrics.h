@@ -30,6 +30,10 @@ enum class RequestType : uint8_t {
   kList,
   kStatus,
   kMetrics,
+  kClients,
+  kObjectInfo,
+  kVerify,
+  kEvict,
   kCount
 };
 

@@ -25,7 +25,9 @@ ObjectStore::ObjectStore(boost::asio::io_context& loop, boost::asio::thread_pool
       arena_(arena),
       headers_(headers),
       limits_(limits),
-      eviction_(eviction) {}
+      eviction_(eviction) {
+  clients_.try_emplace(kStoreClient);
+}
 
 ObjectStore::~ObjectStore() {
   for (auto& [id, get] : pending_) get.timer->cancel();
@@ -495,6 +497,123 @@ ObjectStore::Page ObjectStore::List(uint32_t start, uint32_t limit) const {
 std::string_view ObjectStore::NameOf(uint32_t slot) const {
   auto it = names_.find(slot);
   return it == names_.end() ? std::string_view() : std::string_view(it->second);
+}
+
+ClientUsage ObjectStore::UsageOf(ClientId client) const {
+  ClientUsage usage;
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return usage;
+  usage.objects = it->second.refs.size();
+  usage.bytes = it->second.held_bytes;
+  for (const auto& [slot, count] : it->second.refs) usage.references += count;
+  return usage;
+}
+
+std::vector<std::pair<ClientId, uint32_t>> ObjectStore::HoldersOf(uint32_t slot) const {
+  std::vector<std::pair<ClientId, uint32_t>> holders;
+  for (const auto& [client, state] : clients_) {
+    if (auto it = state.refs.find(slot); it != state.refs.end()) {
+      holders.emplace_back(client, it->second);
+    }
+  }
+  std::sort(holders.begin(), holders.end());
+  return holders;
+}
+
+struct ObjectStore::VerifyRun {
+  std::vector<VerifyOutcome> outcomes;
+  std::vector<uint32_t> held;  // by outcome: the slot the store holds for it, or kNoSlot
+  size_t jobs_left = 0;
+  VerifyDone done;
+};
+
+void ObjectStore::Verify(std::vector<ObjectId> ids, VerifyDone done) {
+  if (ids.empty()) {
+    for (uint32_t slot = 0; slot < headers_.high_water(); ++slot) {
+      const auto& h = headers_.at(slot);
+      if (headers_.state(slot) == ipc::ObjectState::kSealed && !IsDeletePending(slot) &&
+          (h.flags & ipc::kFlagHasChecksum)) {
+        ids.push_back(ObjectId::FromWords(h.id_lo, h.id_hi));
+      }
+    }
+  }
+  auto run = std::make_shared<VerifyRun>();
+  run->outcomes.resize(ids.size());
+  run->held.assign(ids.size(), HeaderTable::kNoSlot);
+  run->done = std::move(done);
+  ClientState& store_refs = clients_.at(kStoreClient);
+  // Objects are hashed in jobs of about kInlineChecksumBytes, so that many small objects
+  // cost few hand-offs and one large object does not wait behind others.
+  struct Piece {
+    size_t index;  // into run->outcomes
+    const std::byte* bytes;
+    uint64_t size;
+  };
+  std::vector<std::vector<Piece>> jobs;
+  uint64_t job_bytes = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    VerifyOutcome& outcome = run->outcomes[i];
+    outcome.id = ids[i];
+    const uint32_t slot = Find(ids[i]);
+    if (slot == HeaderTable::kNoSlot || IsDeletePending(slot)) {
+      outcome.state = VerifyState::kNotFound;
+      continue;
+    }
+    const auto& h = headers_.at(slot);
+    if (headers_.state(slot) != ipc::ObjectState::kSealed) {
+      outcome.state = VerifyState::kNotSealed;
+    } else if (!(h.flags & ipc::kFlagHasChecksum)) {
+      outcome.state = VerifyState::kNoChecksum;
+    } else {
+      outcome.expected = h.checksum;
+      AddRef(kStoreClient, store_refs, slot);
+      run->held[i] = slot;
+      if (jobs.empty() || job_bytes >= kInlineChecksumBytes) {
+        jobs.emplace_back();
+        job_bytes = 0;
+      }
+      const uint64_t size = h.data_size + h.metadata_size;
+      jobs.back().push_back({i, arena_.base(h.segment) + h.offset, size});
+      job_bytes += size;
+    }
+  }
+  if (jobs.empty()) return FinishVerify(run);
+  run->jobs_left = jobs.size();
+  for (auto& job : jobs) {
+    boost::asio::post(workers_, [this, run, job = std::move(job)]() mutable {
+      std::vector<uint64_t> sums;
+      sums.reserve(job.size());
+      for (const Piece& piece : job) sums.push_back(XXH3_64bits(piece.bytes, piece.size));
+      boost::asio::post(loop_,
+                        [this, run = std::move(run), job = std::move(job), sums = std::move(sums)] {
+                          for (size_t k = 0; k < job.size(); ++k)
+                            run->outcomes[job[k].index].actual = sums[k];
+                          if (--run->jobs_left == 0) FinishVerify(run);
+                        });
+    });
+  }
+}
+
+void ObjectStore::FinishVerify(const std::shared_ptr<VerifyRun>& run) {
+  ClientState& store_refs = clients_.at(kStoreClient);
+  for (size_t i = 0; i < run->outcomes.size(); ++i) {
+    if (run->held[i] == HeaderTable::kNoSlot) continue;
+    VerifyOutcome& outcome = run->outcomes[i];
+    outcome.state = outcome.actual == outcome.expected ? VerifyState::kOk : VerifyState::kMismatch;
+    DropRef(store_refs, run->held[i]);
+  }
+  run->done(std::move(run->outcomes));
+}
+
+EvictOutcome ObjectStore::EvictUnreferenced(uint64_t bytes, bool all) {
+  EvictOutcome outcome;
+  while (!lru_.empty() && (all || outcome.bytes < bytes)) {
+    const uint32_t slot = lru_.front();
+    outcome.objects++;
+    outcome.bytes += BlockBytes(slot);
+    Evict(slot);
+  }
+  return outcome;
 }
 
 }  // namespace depot::store

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "depot/object_id.h"
@@ -28,6 +29,9 @@
 namespace depot::store {
 
 using ClientId = uint32_t;
+// The store's own client id: it holds references under it to objects a Verify is reading.
+// Sessions are numbered from 1.
+inline constexpr ClientId kStoreClient = 0;
 
 struct Location {
   uint32_t slot = 0;
@@ -70,6 +74,27 @@ struct StoreCounters {
   uint64_t get_hits = 0;      // ids a get found sealed at once
   uint64_t get_waits = 0;     // ids a get had to wait for
   uint64_t get_timeouts = 0;  // ids still missing when a wait ran out
+};
+
+// What a client holds (the admin `clients` view).
+struct ClientUsage {
+  uint64_t objects = 0;     // distinct objects referenced or being created
+  uint64_t references = 0;  // references, all objects together
+  uint64_t bytes = 0;       // allocated bytes of those objects
+};
+
+enum class VerifyState : uint8_t { kOk, kMismatch, kNoChecksum, kNotFound, kNotSealed };
+
+struct VerifyOutcome {
+  ObjectId id;
+  VerifyState state = VerifyState::kNotFound;
+  uint64_t expected = 0;  // the checksum taken at seal (kOk, kMismatch)
+  uint64_t actual = 0;    // the checksum of the bytes now (kOk, kMismatch)
+};
+
+struct EvictOutcome {
+  uint64_t objects = 0;
+  uint64_t bytes = 0;  // allocated bytes freed
 };
 
 class ObjectStore {
@@ -117,6 +142,29 @@ class ObjectStore {
   std::string_view NameOf(uint32_t slot) const;
   bool IsDeletePending(uint32_t slot) const;
 
+  // Admin views and actions (depotctl). They may walk every client or object: they are for
+  // people, not for hot paths.
+
+  // The live slot of `id`, or HeaderTable::kNoSlot.
+  uint32_t SlotOf(const ObjectId& id) const { return Find(id); }
+  // What `client` holds; all zero for an unknown client.
+  ClientUsage UsageOf(ClientId client) const;
+  // The clients holding references to the object in `slot`, with how many each, in client
+  // id order (kStoreClient first, when a Verify is reading it).
+  std::vector<std::pair<ClientId, uint32_t>> HoldersOf(uint32_t slot) const;
+
+  using VerifyDone = std::function<void(std::vector<VerifyOutcome>)>;
+  // Recomputes the checksums of `ids` (empty: every sealed object that has one, in slot
+  // order) and compares them with those taken at seal. The hashing runs on the worker pool;
+  // the store holds a reference to each object meanwhile, so it is neither evicted nor freed
+  // under the reader. `done` runs on the loop thread with one outcome per id, in order: at
+  // once if there is nothing to hash, else when the last worker reports back.
+  void Verify(std::vector<ObjectId> ids, VerifyDone done);
+
+  // Evicts sealed, unreferenced, unpinned objects in LRU order until at least `bytes` are
+  // freed or none is left; with `all`, every one of them. Counted as evictions.
+  EvictOutcome EvictUnreferenced(uint64_t bytes, bool all);
+
   const StoreCounters& counters() const { return counters_; }
   const HeaderTable& headers() const { return headers_; }
   const Arena& arena() const { return arena_; }
@@ -163,6 +211,9 @@ class ObjectStore {
   void ExpireGet(uint64_t pending_id);
   void ForgetWaits(uint64_t pending_id, const PendingGet& get);
   std::string OutOfMemoryMessage(const ObjectId& id, uint64_t bytes) const;
+  struct VerifyRun;
+  // Gives back the references a Verify took, fills in its outcomes and answers it.
+  void FinishVerify(const std::shared_ptr<VerifyRun>& run);
 
   boost::asio::io_context& loop_;
   boost::asio::thread_pool& workers_;

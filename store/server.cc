@@ -112,6 +112,11 @@ void Server::Accept() {
 
 void Server::Forget(ClientId id) { sessions_.erase(id); }
 
+const Session* Server::FindSession(ClientId id) const {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
 std::string Server::RenderMetrics() const {
   return metrics_.Render(store_, static_cast<uint32_t>(sessions_.size()),
                          ipc::MonotonicNanos() - start_ns_);

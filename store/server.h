@@ -53,6 +53,11 @@ class Server {
   // The metrics in Prometheus text format (the `metrics` request and GET /metrics).
   std::string RenderMetrics() const;
   void Forget(ClientId id);
+  // The session of a client, null if it has gone.
+  const Session* FindSession(ClientId id) const;
+  const std::unordered_map<ClientId, std::shared_ptr<Session>>& sessions() const {
+    return sessions_;
+  }
 
  private:
   void Accept();

@@ -1,8 +1,11 @@
 #include "store/session.h"
 
+#include <unistd.h>
+
 #include <capnp/serialize.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 
 #include "depot/ipc/protocol.h"
@@ -31,6 +34,43 @@ void ToWire(const Location& loc, wire::Location::Builder out) {
   out.setDataSize(loc.data_size);
   out.setMetadataSize(loc.metadata_size);
 }
+
+void ToWire(const ObjectStore& store, uint32_t slot, wire::ObjectInfo::Builder o) {
+  const auto& h = store.headers().at(slot);
+  const uint64_t word = h.state_refs.load(std::memory_order_relaxed);
+  ipc::ToWire(ObjectId::FromWords(h.id_lo, h.id_hi), o.initId());
+  auto name = store.NameOf(slot);
+  o.setName(capnp::Text::Reader(name.data(), name.size()));
+  o.setState(ipc::UnpackState(word) == ipc::ObjectState::kSealed ? wire::ObjectState::SEALED
+                                                                 : wire::ObjectState::CREATING);
+  o.setDataSize(h.data_size);
+  o.setMetadataSize(h.metadata_size);
+  o.setRefCount(static_cast<uint32_t>(ipc::UnpackRefs(word)));
+  o.setPinned(h.flags & ipc::kFlagPinned);
+  o.setHasChecksum(h.flags & ipc::kFlagHasChecksum);
+  o.setChecksum(h.checksum);
+  o.setCreateTimeNs(h.create_time_ns);
+  o.setAccessTimeNs(h.access_time_ns);
+  o.setSegment(h.segment);
+  o.setOffset(h.offset);
+  o.setDeletePending(h.flags & ipc::kFlagDeletePending);
+}
+
+wire::VerifyState ToWire(VerifyState state) {
+  switch (state) {
+    case VerifyState::kOk:
+      return wire::VerifyState::OK;
+    case VerifyState::kMismatch:
+      return wire::VerifyState::MISMATCH;
+    case VerifyState::kNoChecksum:
+      return wire::VerifyState::NO_CHECKSUM;
+    case VerifyState::kNotFound:
+      return wire::VerifyState::NOT_FOUND;
+    case VerifyState::kNotSealed:
+      return wire::VerifyState::NOT_SEALED;
+  }
+  return wire::VerifyState::NOT_FOUND;
+}
 }  // namespace
 
 Session::Session(Server& server, boost::asio::local::stream_protocol::socket socket, ClientId id,
@@ -39,6 +79,7 @@ Session::Session(Server& server, boost::asio::local::stream_protocol::socket soc
       socket_(std::move(socket)),
       id_(id),
       peer_(std::move(peer)),
+      connected_time_ns_(ipc::WallNanos()),
       reader_(server.options().max_frame_bytes) {}
 
 Session::~Session() = default;
@@ -229,6 +270,17 @@ void Session::Dispatch(wire::Request::Reader request) {
       SendReply(message, reply, -1);
       return Observe(RequestType::kMetrics, start);
     }
+    case wire::Request::CLIENTS:
+      HandleClients(rid);
+      return Observe(RequestType::kClients, start);
+    case wire::Request::OBJECT_INFO:
+      HandleObjectInfo(rid, ipc::FromWire(request.getObjectInfo()));
+      return Observe(RequestType::kObjectInfo, start);
+    case wire::Request::VERIFY:
+      return HandleVerify(rid, request.getVerify(), start);
+    case wire::Request::EVICT:
+      HandleEvict(rid, request.getEvict());
+      return Observe(RequestType::kEvict, start);
   }
   SendError(rid, Status::InvalidArgument(
                      "unknown request type " + std::to_string(static_cast<int>(which)) +
@@ -250,9 +302,9 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
     return;
   }
   said_hello_ = true;
-  const std::string name = hello.getClientName().cStr();
+  client_name_ = hello.getClientName().cStr();
   spdlog::info("session {}: hello from {} (pid {}, uid {})", id_,
-               name.empty() ? peer_.command : name, peer_.pid, peer_.uid);
+               client_name_.empty() ? peer_.command : client_name_, peer_.pid, peer_.uid);
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
@@ -385,28 +437,7 @@ void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list) 
   out.setNextSlot(page.next);
   out.setDone(page.done);
   auto objects = out.initObjects(static_cast<unsigned>(page.slots.size()));
-  for (unsigned i = 0; i < page.slots.size(); ++i) {
-    const uint32_t slot = page.slots[i];
-    const auto& h = store.headers().at(slot);
-    const uint64_t word = h.state_refs.load(std::memory_order_relaxed);
-    auto o = objects[i];
-    ipc::ToWire(ObjectId::FromWords(h.id_lo, h.id_hi), o.initId());
-    auto name = store.NameOf(slot);
-    o.setName(capnp::Text::Reader(name.data(), name.size()));
-    o.setState(ipc::UnpackState(word) == ipc::ObjectState::kSealed ? wire::ObjectState::SEALED
-                                                                   : wire::ObjectState::CREATING);
-    o.setDataSize(h.data_size);
-    o.setMetadataSize(h.metadata_size);
-    o.setRefCount(static_cast<uint32_t>(ipc::UnpackRefs(word)));
-    o.setPinned(h.flags & ipc::kFlagPinned);
-    o.setHasChecksum(h.flags & ipc::kFlagHasChecksum);
-    o.setChecksum(h.checksum);
-    o.setCreateTimeNs(h.create_time_ns);
-    o.setAccessTimeNs(h.access_time_ns);
-    o.setSegment(h.segment);
-    o.setOffset(h.offset);
-    o.setDeletePending(h.flags & ipc::kFlagDeletePending);
-  }
+  for (unsigned i = 0; i < page.slots.size(); ++i) ToWire(store, page.slots[i], objects[i]);
   SendReply(message, reply, -1);
 }
 
@@ -438,6 +469,110 @@ void Session::HandleStatus(uint64_t rid) {
   s.setLargestFreeBlock(arena.largest_free_block());
   s.setHeaderSlots(store.headers().slots());
   s.setRequests(server_.requests());
+  SendReply(message, reply, -1);
+}
+
+void Session::HandleClients(uint64_t rid) {
+  std::vector<const Session*> sessions;
+  for (const auto& [id, session] : server_.sessions()) {
+    if (!session->closed()) sessions.push_back(session.get());
+  }
+  std::sort(sessions.begin(), sessions.end(),
+            [](const Session* a, const Session* b) { return a->id() < b->id(); });
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initClients(static_cast<unsigned>(sessions.size()));
+  for (unsigned i = 0; i < sessions.size(); ++i) {
+    const Session& session = *sessions[i];
+    const ClientUsage usage = server_.store().UsageOf(session.id());
+    auto c = out[i];
+    c.setSessionId(session.id());
+    c.setPid(static_cast<uint32_t>(session.peer().pid));
+    c.setUid(session.peer().uid);
+    c.setCommand(session.peer().command);
+    c.setClientName(session.client_name());
+    c.setObjectsHeld(usage.objects);
+    c.setReferences(usage.references);
+    c.setBytesHeld(usage.bytes);
+    c.setRequests(session.requests());
+    c.setConnectedTimeNs(session.connected_time_ns());
+  }
+  SendReply(message, reply, -1);
+}
+
+void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
+  const ObjectStore& store = server_.store();
+  const uint32_t slot = store.SlotOf(id);
+  if (slot == HeaderTable::kNoSlot) {
+    return SendError(rid, Status::NotFound("object " + id.Hex() + " does not exist"));
+  }
+  const auto holders = store.HoldersOf(slot);
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto details = reply.initObjectInfo();
+  ToWire(store, slot, details.initInfo());
+  auto out = details.initHolders(static_cast<unsigned>(holders.size()));
+  for (unsigned i = 0; i < holders.size(); ++i) {
+    const auto [client, references] = holders[i];
+    auto h = out[i];
+    h.setSessionId(client);
+    h.setReferences(references);
+    if (client == kStoreClient) {  // a verify reading the object
+      h.setPid(static_cast<uint32_t>(::getpid()));
+      h.setUid(::getuid());
+      h.setCommand("depotd");
+      h.setClientName("verify");
+    } else if (const Session* session = server_.FindSession(client)) {
+      h.setPid(static_cast<uint32_t>(session->peer().pid));
+      h.setUid(session->peer().uid);
+      h.setCommand(session->peer().command);
+      h.setClientName(session->client_name());
+    }
+  }
+  SendReply(message, reply, -1);
+}
+
+void Session::HandleVerify(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start) {
+  if (!CheckBatch(rid, list.size())) return;
+  std::vector<ObjectId> ids;
+  ids.reserve(list.size());
+  for (auto id : list) ids.push_back(ipc::FromWire(id));
+  server_.store().Verify(
+      std::move(ids), [weak = weak_from_this(), rid, start](std::vector<VerifyOutcome> outcomes) {
+        auto self = weak.lock();
+        if (!self || self->closed_) return;
+        capnp::MallocMessageBuilder message;
+        auto reply = message.initRoot<wire::Reply>();
+        reply.setId(rid);
+        auto out = reply.initVerify(static_cast<unsigned>(outcomes.size()));
+        for (unsigned i = 0; i < outcomes.size(); ++i) {
+          ipc::ToWire(outcomes[i].id, out[i].initId());
+          out[i].setState(ToWire(outcomes[i].state));
+          out[i].setExpected(outcomes[i].expected);
+          out[i].setActual(outcomes[i].actual);
+        }
+        self->SendReply(message, reply, -1);
+        self->Observe(RequestType::kVerify, start);
+      });
+}
+
+void Session::HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict) {
+  if (evict.getBytes() == 0 && !evict.getAllUnreferenced()) {
+    return SendError(
+        rid, Status::InvalidArgument("evict needs a number of bytes to free, or allUnreferenced"));
+  }
+  const EvictOutcome outcome =
+      server_.store().EvictUnreferenced(evict.getBytes(), evict.getAllUnreferenced());
+  spdlog::info("session {} (pid {}, {}): evicted {} objects ({})", id_, peer_.pid, peer_.command,
+               outcome.objects, ipc::FormatSize(outcome.bytes));
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initEvict();
+  out.setObjects(outcome.objects);
+  out.setBytes(outcome.bytes);
   SendReply(message, reply, -1);
 }
 

@@ -44,6 +44,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   ClientId id() const { return id_; }
   const Peer& peer() const { return peer_; }
+  // For the admin views: the name the client gave in hello (empty before it), when it
+  // connected (CLOCK_REALTIME ns), the requests it has sent, and whether it has gone.
+  const std::string& client_name() const { return client_name_; }
+  uint64_t connected_time_ns() const { return connected_time_ns_; }
+  uint64_t requests() const { return requests_; }
+  bool closed() const { return closed_; }
 
  private:
   void WaitReadable();
@@ -58,6 +64,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
   void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list);
   void HandleStatus(uint64_t rid);
+  // Admin requests (depotctl).
+  void HandleClients(uint64_t rid);
+  void HandleObjectInfo(uint64_t rid, const ObjectId& id);
+  void HandleVerify(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start);
+  void HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict);
 
   // Replies. `max_segment` is the highest segment the reply refers to (-1: none); segments
   // up to it that this session has not been sent are attached.
@@ -74,6 +85,8 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::local::stream_protocol::socket socket_;
   const ClientId id_;
   const Peer peer_;
+  const uint64_t connected_time_ns_;
+  std::string client_name_;
   ipc::FrameReader reader_;
   std::deque<ipc::OutFrame> out_;
   size_t out_bytes_ = 0;

@@ -126,6 +126,20 @@ class MetricsEndpointTest(unittest.TestCase):
         self.assertEqual(buckets[-1][1], self.value(hist, "depot_request_duration_seconds_count", type="get"))
         self.assertGreater(self.value(hist, "depot_request_duration_seconds_sum", type="get"), 0)
 
+    def test_depotctl_metrics_prints_the_same_families_as_the_endpoint(self):
+        text = self.depotctl("metrics").stdout
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        self.assertEqual(set(families), set(self.scrape()))
+        # depotctl's own request shows: it asked for the metrics over the socket.
+        self.assertGreaterEqual(self.value(families["depot_sessions"], "depot_sessions_total",
+                                           event="opened"), 1)
+
+    def test_depotctl_metrics_without_a_daemon_fails_clearly(self):
+        result = subprocess.run([ARGS.depotctl, "--socket", os.path.join(self.dir.name, "none.sock"),
+                                 "metrics"], capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("no depot daemon is listening", result.stderr)
+
     def test_other_paths_and_methods_are_refused(self):
         base = "http://127.0.0.1:%d" % self.port
         with self.assertRaises(urllib.error.HTTPError) as e:

@@ -502,9 +502,13 @@ TEST_F(ProtocolTest, GarbagePayloadClosesOnlyThatSession) {
 TEST_F(ProtocolTest, MalformedFrameHeaderClosesOnlyThatSession) {
   auto bystander = OpenSession();
   auto s = OpenSession();
+  // Header and payload in one send: the daemon may hang up as soon as it reads the header,
+  // and a second send would then fail.
+  char frame[sizeof(ipc::FrameHeader) + 12];
   const ipc::FrameHeader header{12, 0};  // payloads are whole words
-  ASSERT_TRUE(s->SendBytes(&header, sizeof(header)));
-  ASSERT_TRUE(s->SendBytes("0123456789ab", 12));
+  std::memcpy(frame, &header, sizeof(header));
+  std::memcpy(frame + sizeof(header), "0123456789ab", 12);
+  ASSERT_TRUE(s->SendBytes(frame, sizeof(frame)));
   EXPECT_TRUE(s->ClosedWithin(milliseconds(2000)));
   ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "after-bad-header"));
 }
@@ -834,6 +838,82 @@ TEST_F(PendingLimitProtocolTest, TooManyWaitingGetsIsLimitExceeded) {
   auto now = s->Call(5, GetOf({ids[2]}));
   ASSERT_TRUE(now);
   EXPECT_EQ(now->get().getError(), wire::ErrorCode::OK);
+}
+
+TEST_F(ProtocolTest, ObjectInfoOfAnUnknownIdIsNotFoundNamingTheId) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/never-created");
+  auto reply = s->Call(2, [&](wire::Request::Builder r) { ipc::ToWire(id, r.initObjectInfo()); });
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::NOT_FOUND);
+  EXPECT_NE(std::string(reply->get().getMessage().cStr()).find(id.Hex()), std::string::npos)
+      << reply->get().getMessage().cStr();
+  ExpectServes(*s, "after-object-info");
+}
+
+TEST_F(ProtocolTest, ObjectInfoNamesTheSessionHoldingTheObject) {
+  auto s = Open();
+  auto hello = s->Call(1, [](auto r) { FillHello(r); });
+  ASSERT_TRUE(hello && hello->get().isHello());
+  const uint64_t session = hello->get().getHello().getSessionId();
+  const ObjectId id = ObjectId::FromName("protocol/held");
+  auto created = s->Call(2, CreateOf(id, 64));
+  ASSERT_TRUE(created && created->get().getError() == wire::ErrorCode::OK);
+
+  auto reply = s->Call(3, [&](wire::Request::Builder r) { ipc::ToWire(id, r.initObjectInfo()); });
+  ASSERT_TRUE(reply);
+  ASSERT_TRUE(reply->get().isObjectInfo()) << reply->get().getMessage().cStr();
+  auto details = reply->get().getObjectInfo();
+  EXPECT_EQ(details.getInfo().getState(), wire::ObjectState::CREATING);
+  EXPECT_EQ(details.getInfo().getRefCount(), 1u);
+  ASSERT_EQ(details.getHolders().size(), 1u);
+  auto holder = details.getHolders()[0];
+  EXPECT_EQ(holder.getSessionId(), session);
+  EXPECT_EQ(holder.getPid(), static_cast<uint32_t>(::getpid()));
+  EXPECT_EQ(holder.getUid(), ::getuid());
+  EXPECT_STREQ(holder.getClientName().cStr(), "protocol_test");
+  EXPECT_EQ(holder.getReferences(), 1u);
+}
+
+TEST_F(ProtocolTest, VerifyOfAnUnknownIdReportsNotFound) {
+  auto s = OpenSession();
+  const ObjectId known = ObjectId::FromName("protocol/verified");
+  ExpectServes(*s, "verified");  // creates, seals and gets protocol/verified, no checksum
+  const ObjectId unknown = ObjectId::FromName("protocol/never-created");
+  auto reply = s->Call(2, [&](wire::Request::Builder r) {
+    auto ids = r.initVerify(3);
+    ipc::ToWire(unknown, ids[0]);
+    ipc::ToWire(known, ids[1]);
+    ipc::ToWire(ObjectId(), ids[2]);
+  });
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(reply->get().getError(), wire::ErrorCode::OK) << reply->get().getMessage().cStr();
+  ASSERT_TRUE(reply->get().isVerify());
+  auto results = reply->get().getVerify();
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(ipc::FromWire(results[0].getId()), unknown);
+  EXPECT_EQ(results[0].getState(), wire::VerifyState::NOT_FOUND);
+  EXPECT_EQ(results[1].getState(), wire::VerifyState::NO_CHECKSUM);
+  EXPECT_EQ(results[2].getState(), wire::VerifyState::NOT_FOUND);
+}
+
+TEST_F(ProtocolTest, EvictAskingForNothingIsInvalidArgument) {
+  auto s = OpenSession();
+  auto reply = s->Call(2, [](wire::Request::Builder r) { r.initEvict(); });
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+  ExpectServes(*s, "after-evict");
+}
+
+TEST_F(SmallBatchProtocolTest, VerifyOfMoreIdsThanMaxBatchIsLimitExceeded) {
+  auto s = OpenSession();
+  const std::vector<ObjectId> ids = Ids("protocol/verify-batch", 17);
+  auto reply = s->Call(2, [&](wire::Request::Builder r) {
+    auto list = r.initVerify(static_cast<unsigned>(ids.size()));
+    for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+  });
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
 }
 
 }  // namespace

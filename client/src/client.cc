@@ -201,6 +201,48 @@ StoreStatus ToStoreStatus(wire::StoreStatus::Reader s) {
   return status;
 }
 
+ClientInfo ToClientInfo(wire::ClientInfo::Reader c) {
+  ClientInfo info;
+  info.session_id = c.getSessionId();
+  info.pid = c.getPid();
+  info.uid = c.getUid();
+  info.command = c.getCommand().cStr();
+  info.client_name = c.getClientName().cStr();
+  info.objects_held = c.getObjectsHeld();
+  info.references = c.getReferences();
+  info.bytes_held = c.getBytesHeld();
+  info.requests = c.getRequests();
+  info.connected_time_ns = c.getConnectedTimeNs();
+  return info;
+}
+
+Holder ToHolder(wire::Holder::Reader h) {
+  Holder holder;
+  holder.session_id = h.getSessionId();
+  holder.pid = h.getPid();
+  holder.uid = h.getUid();
+  holder.command = h.getCommand().cStr();
+  holder.client_name = h.getClientName().cStr();
+  holder.references = h.getReferences();
+  return holder;
+}
+
+VerifyState FromWire(wire::VerifyState state) {
+  switch (state) {
+    case wire::VerifyState::OK:
+      return VerifyState::kOk;
+    case wire::VerifyState::MISMATCH:
+      return VerifyState::kMismatch;
+    case wire::VerifyState::NO_CHECKSUM:
+      return VerifyState::kNoChecksum;
+    case wire::VerifyState::NOT_SEALED:
+      return VerifyState::kNotSealed;
+    case wire::VerifyState::NOT_FOUND:
+      break;
+  }
+  return VerifyState::kNotFound;
+}
+
 }  // namespace
 
 Result<Client> Client::Connect(const std::string& socket_path, ConnectOptions options) {
@@ -383,6 +425,73 @@ Result<std::vector<ObjectInfo>> Client::List() {
   }
 }
 
+Result<std::vector<ClientInfo>> Client::Clients() {
+  RequestMessage request;
+  request.root().setClients();
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<std::vector<ClientInfo>> {
+    auto r = reply.get();
+    if (!r.isClients()) return UnexpectedReply("clients");
+    std::vector<ClientInfo> clients;
+    for (auto c : r.getClients()) clients.push_back(ToClientInfo(c));
+    return clients;
+  });
+}
+
+Result<ObjectDetails> Client::Describe(const ObjectId& id) {
+  RequestMessage request;
+  ipc::ToWire(id, request.root().initObjectInfo());
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<ObjectDetails> {
+    auto r = reply.get();
+    if (!r.isObjectInfo()) return UnexpectedReply("objectInfo");
+    ObjectDetails details;
+    details.info = ToObjectInfo(r.getObjectInfo().getInfo());
+    for (auto h : r.getObjectInfo().getHolders()) details.holders.push_back(ToHolder(h));
+    return details;
+  });
+}
+
+Result<std::vector<VerifyResult>> Client::Verify(std::span<const ObjectId> ids) {
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a verify"));
+  RequestMessage request;
+  auto list = request.root().initVerify(static_cast<unsigned>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<std::vector<VerifyResult>> {
+    auto r = reply.get();
+    if (!r.isVerify() || (!ids.empty() && r.getVerify().size() != ids.size())) {
+      return UnexpectedReply("verify");
+    }
+    std::vector<VerifyResult> results;
+    for (auto v : r.getVerify()) {
+      results.push_back(
+          {ipc::FromWire(v.getId()), FromWire(v.getState()), v.getExpected(), v.getActual()});
+    }
+    return results;
+  });
+}
+
+Result<EvictResult> Client::Evict(uint64_t bytes, bool all_unreferenced) {
+  if (bytes == 0 && !all_unreferenced) {
+    return Status::InvalidArgument("evict needs a number of bytes to free, or all_unreferenced");
+  }
+  RequestMessage request;
+  auto evict = request.root().initEvict();
+  evict.setBytes(bytes);
+  evict.setAllUnreferenced(all_unreferenced);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<EvictResult> {
+    auto r = reply.get();
+    if (!r.isEvict()) return UnexpectedReply("evict");
+    return EvictResult{r.getEvict().getObjects(), r.getEvict().getBytes()};
+  });
+}
+
 Result<StoreStatus> Client::GetStatus() {
   RequestMessage request;
   request.root().setStatus();
@@ -392,6 +501,18 @@ Result<StoreStatus> Client::GetStatus() {
     auto r = reply.get();
     if (!r.isStatus()) return UnexpectedReply("status");
     return ToStoreStatus(r.getStatus());
+  });
+}
+
+Result<std::string> Client::Metrics() {
+  RequestMessage request;
+  request.root().setMetrics();
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<std::string> {
+    auto r = reply.get();
+    if (!r.isMetrics()) return UnexpectedReply("metrics");
+    return std::string(r.getMetrics().cStr(), r.getMetrics().size());
   });
 }
 

@@ -1,6 +1,7 @@
 #include "commands.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <span>
 
 #include "depot/client.h"
@@ -102,7 +105,7 @@ std::string Flags(const ObjectInfo& o) {
   return flags.empty() ? "-" : flags;
 }
 
-std::string ObjectJson(const ObjectInfo& o) {
+JsonObject ObjectJson(const ObjectInfo& o) {
   JsonObject json;
   json.String("id", o.id.Hex())
       .String("name", o.name)
@@ -121,7 +124,7 @@ std::string ObjectJson(const ObjectInfo& o) {
       .Number("access_time_ns", o.access_time_ns)
       .Number("segment", o.segment)
       .Number("offset", o.offset);
-  return json.str();
+  return json;
 }
 
 std::string StatusJson(const StoreStatus& s) {
@@ -150,6 +153,13 @@ std::string StatusJson(const StoreStatus& s) {
 }
 
 }  // namespace
+
+Status PrintMetrics(const std::string& socket) {
+  DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
+  DEPOT_ASSIGN_OR_RETURN(std::string text, client.Metrics());
+  std::cout << text;
+  return Status::OK();
+}
 
 Status ShowStatus(const std::string& socket, bool json) {
   DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
@@ -185,13 +195,113 @@ Status ShowStatus(const std::string& socket, bool json) {
   return Status::OK();
 }
 
-Status ListObjects(const std::string& socket, bool json) {
+namespace {
+
+enum class SortKey { kSlot, kSize, kAge, kRefs, kName };
+
+// The checked form of ListOptions.
+struct ObjectFilter {
+  std::string name_glob;
+  std::optional<ObjectState> state;
+  uint64_t min_size = 0;
+  uint64_t older_than_ns = 0;
+  bool held = false;
+  SortKey sort = SortKey::kSlot;
+
+  bool Keep(const ObjectInfo& o, uint64_t now) const {
+    // A pattern selects among named objects: even "*" leaves out those without a name.
+    if (!name_glob.empty() &&
+        (o.name.empty() || ::fnmatch(name_glob.c_str(), o.name.c_str(), 0) != 0)) {
+      return false;
+    }
+    if (state && o.state != *state) return false;
+    if (o.data_size < min_size) return false;
+    if (older_than_ns != 0 && AgeNanos(o.create_time_ns, now) < older_than_ns) return false;
+    return !held || o.ref_count > 0;
+  }
+};
+
+Status CheckTier(const std::string& tier) {
+  if (tier.empty() || tier == "host") return Status::OK();
+  return Status::InvalidArgument("--tier " + Printable(tier) +
+                                 ": this depotd has only the host tier (shared memory); GPU "
+                                 "tiers and devices are not available yet");
+}
+
+Result<ObjectFilter> ParseFilter(const ListOptions& options) {
+  DEPOT_RETURN_NOT_OK(CheckTier(options.tier));
+  ObjectFilter filter;
+  filter.name_glob = options.name_glob;
+  if (options.state == "creating") {
+    filter.state = ObjectState::kCreating;
+  } else if (options.state == "sealed") {
+    filter.state = ObjectState::kSealed;
+  } else if (!options.state.empty()) {
+    return Status::InvalidArgument("--state must be creating or sealed, not '" +
+                                   Printable(options.state) + "'");
+  }
+  if (!options.min_size.empty()) {
+    auto size = ipc::ParseSize(options.min_size);
+    if (!size.ok()) return Status::InvalidArgument("--min-size: " + size.status().message());
+    filter.min_size = *size;
+  }
+  if (!options.older_than.empty()) {
+    auto age = ParseDuration(options.older_than);
+    if (!age.ok()) return Status::InvalidArgument("--older-than: " + age.status().message());
+    filter.older_than_ns = *age;
+  }
+  filter.held = options.held;
+  if (options.sort == "size") {
+    filter.sort = SortKey::kSize;
+  } else if (options.sort == "age") {
+    filter.sort = SortKey::kAge;
+  } else if (options.sort == "refs") {
+    filter.sort = SortKey::kRefs;
+  } else if (options.sort == "name") {
+    filter.sort = SortKey::kName;
+  } else if (!options.sort.empty()) {
+    return Status::InvalidArgument("--sort must be size, age, refs or name, not '" +
+                                   Printable(options.sort) + "'");
+  }
+  return filter;
+}
+
+// Sorts stably, so that ties stay in slot order.
+void SortObjects(std::vector<ObjectInfo>& objects, SortKey key) {
+  const auto by = [&](auto before) { std::stable_sort(objects.begin(), objects.end(), before); };
+  switch (key) {
+    case SortKey::kSlot:
+      return;
+    case SortKey::kSize:
+      return by([](const ObjectInfo& a, const ObjectInfo& b) { return a.data_size > b.data_size; });
+    case SortKey::kAge:
+      return by([](const ObjectInfo& a, const ObjectInfo& b) {
+        return a.create_time_ns < b.create_time_ns;
+      });
+    case SortKey::kRefs:
+      return by([](const ObjectInfo& a, const ObjectInfo& b) { return a.ref_count > b.ref_count; });
+    case SortKey::kName:
+      return by([](const ObjectInfo& a, const ObjectInfo& b) { return a.name < b.name; });
+  }
+}
+
+}  // namespace
+
+Status ListObjects(const std::string& socket, const ListOptions& options) {
+  DEPOT_ASSIGN_OR_RETURN(ObjectFilter filter, ParseFilter(options));
   DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
-  DEPOT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects, client.List());
-  if (json) {
+  DEPOT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> listed, client.List());
+  const uint64_t now = ipc::WallNanos();
+  std::vector<ObjectInfo> objects;
+  for (ObjectInfo& o : listed) {
+    if (filter.Keep(o, now)) objects.push_back(std::move(o));
+  }
+  SortObjects(objects, filter.sort);
+  if (options.limit != 0 && objects.size() > options.limit) objects.resize(options.limit);
+  if (options.json) {
     std::cout << '[';
     for (size_t i = 0; i < objects.size(); ++i) {
-      std::cout << (i == 0 ? "\n  " : ",\n  ") << ObjectJson(objects[i]);
+      std::cout << (i == 0 ? "\n  " : ",\n  ") << ObjectJson(objects[i]).str();
     }
     std::cout << (objects.empty() ? "]\n" : "\n]\n");
     return Status::OK();
@@ -205,7 +315,6 @@ Status ListObjects(const std::string& socket, bool json) {
                {"REFS", Align::kRight},
                {"AGE", Align::kRight},
                {"FLAGS"}});
-  const uint64_t now = ipc::WallNanos();
   for (const ObjectInfo& o : objects) {
     table.AddRow({o.id.Hex(), o.name.empty() ? "-" : Printable(o.name),
                   o.state == ObjectState::kSealed ? "sealed" : "creating",
@@ -284,6 +393,329 @@ Status RemoveObjects(const std::string& socket, const std::vector<std::string>& 
     last_error = std::move(st);
   }
   return last_error;
+}
+
+namespace {
+
+std::string HolderJson(const Holder& h) {
+  return JsonObject()
+      .Number("session_id", h.session_id)
+      .Number("pid", h.pid)
+      .Number("uid", h.uid)
+      .String("command", h.command)
+      .String("client_name", h.client_name)
+      .Number("references", h.references)
+      .str();
+}
+
+std::string ClientJson(const ClientInfo& c) {
+  return JsonObject()
+      .Number("session_id", c.session_id)
+      .Number("pid", c.pid)
+      .Number("uid", c.uid)
+      .String("command", c.command)
+      .String("client_name", c.client_name)
+      .Number("objects_held", c.objects_held)
+      .Number("references", c.references)
+      .Number("bytes_held", c.bytes_held)
+      .Number("requests", c.requests)
+      .Number("connected_time_ns", c.connected_time_ns)
+      .str();
+}
+
+// A JSON array of already formatted elements.
+std::string JsonArray(const std::vector<std::string>& elements) {
+  std::string out = "[";
+  for (size_t i = 0; i < elements.size(); ++i) out += (i == 0 ? "" : ", ") + elements[i];
+  return out + "]";
+}
+
+std::string Bytes(uint64_t n) {
+  return ipc::FormatSize(n) + " (" + std::to_string(n) + " byte" + (n == 1 ? "" : "s") + ")";
+}
+
+std::string HexBytes(std::span<const std::byte> bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (std::byte b : bytes) {
+    char two[3];
+    std::snprintf(two, sizeof(two), "%02x", static_cast<unsigned>(b));
+    out += two;
+  }
+  return out;
+}
+
+const char* VerifyStateName(VerifyState state) {
+  switch (state) {
+    case VerifyState::kOk:
+      return "ok";
+    case VerifyState::kMismatch:
+      return "mismatch";
+    case VerifyState::kNoChecksum:
+      return "no_checksum";
+    case VerifyState::kNotFound:
+      return "not_found";
+    case VerifyState::kNotSealed:
+      return "not_sealed";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+Status ShowObject(const std::string& socket, const std::string& target_text, bool json,
+                  const std::string& hexdump_text) {
+  uint64_t hexdump = 0;
+  if (!hexdump_text.empty()) {
+    auto size = ipc::ParseSize(hexdump_text);
+    if (!size.ok()) return Status::InvalidArgument("--hexdump: " + size.status().message());
+    hexdump = *size;
+  }
+  const Target target = ParseTarget(target_text);
+  DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
+  auto described = client.Describe(target.id);
+  if (described.status().Is(StatusCode::kNotFound)) {
+    return Status::NotFound(target.label + " does not exist");
+  }
+  if (!described.ok()) return described.status();
+  const ObjectDetails& details = *described;
+  const ObjectInfo& o = details.info;
+
+  // The data is read after Describe, so that this command is not among the holders shown.
+  Buffer buffer;
+  if (hexdump > 0) {
+    if (o.state != ObjectState::kSealed) {
+      return Status::NotSealed(target.label +
+                               " is still being created; its data can be shown "
+                               "once it is sealed");
+    }
+    auto got = client.Get(target.id);
+    if (!got.ok()) {
+      return Status(got.status().code(),
+                    "cannot read the data of " + target.label + ": " + got.status().message());
+    }
+    buffer = std::move(got).value();
+  }
+  const auto shown = buffer.data().first(std::min<uint64_t>(hexdump, buffer.size()));
+
+  if (json) {
+    std::vector<std::string> holders;
+    for (const Holder& h : details.holders) holders.push_back(HolderJson(h));
+    JsonObject out = ObjectJson(o);
+    out.String("tier", "host").Json("holders", JsonArray(holders));
+    if (hexdump > 0) out.String("data_hex", HexBytes(shown));
+    std::cout << out.str() << '\n';
+    return Status::OK();
+  }
+  const uint64_t now = ipc::WallNanos();
+  char offset[64];
+  std::snprintf(offset, sizeof(offset), "%" PRIu64 " (0x%" PRIx64 ")", o.offset, o.offset);
+  PrintFields(
+      std::cout,
+      {
+          {"id", o.id.Hex()},
+          {"name", o.name.empty() ? "-" : Printable(o.name)},
+          {"state", std::string(o.state == ObjectState::kSealed ? "sealed" : "being created") +
+                        (o.delete_pending ? ", deleted (goes with its last reference)" : "")},
+          {"data", Bytes(o.data_size)},
+          {"metadata", Bytes(o.metadata_size)},
+          {"location", "host tier, segment " + std::to_string(o.segment) + ", offset " + offset},
+          {"checksum", o.has_checksum ? "xxh3-64 " + Hex64(o.checksum) : "none"},
+          {"flags", Flags(o)},
+          {"references", std::to_string(o.ref_count)},
+          {"created", FormatTime(o.create_time_ns) + " (" +
+                          FormatAge(AgeNanos(o.create_time_ns, now)) + " ago)"},
+          {"accessed", FormatTime(o.access_time_ns) + " (" +
+                           FormatAge(AgeNanos(o.access_time_ns, now)) + " ago)"},
+          {"holders", details.holders.empty() ? std::string("none")
+                                              : std::to_string(details.holders.size()) + " client" +
+                                                    (details.holders.size() == 1 ? "" : "s")},
+      });
+  if (!details.holders.empty()) {
+    using Align = Table::Align;
+    Table table({{"SESSION", Align::kRight},
+                 {"PID", Align::kRight},
+                 {"UID", Align::kRight},
+                 {"COMMAND"},
+                 {"NAME"},
+                 {"REFS", Align::kRight}});
+    for (const Holder& h : details.holders) {
+      table.AddRow({std::to_string(h.session_id), std::to_string(h.pid), std::to_string(h.uid),
+                    Printable(h.command), h.client_name.empty() ? "-" : Printable(h.client_name),
+                    std::to_string(h.references)});
+    }
+    std::cout << '\n';
+    table.Print(std::cout);
+  }
+  if (hexdump > 0) {
+    std::cout << "\ndata, first " << shown.size() << " of " << buffer.size() << " bytes:\n";
+    HexDump(std::cout, reinterpret_cast<const unsigned char*>(shown.data()), shown.size());
+  }
+  return Status::OK();
+}
+
+Status ListClients(const std::string& socket, bool json) {
+  DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
+  DEPOT_ASSIGN_OR_RETURN(std::vector<ClientInfo> clients, client.Clients());
+  if (json) {
+    std::cout << '[';
+    for (size_t i = 0; i < clients.size(); ++i) {
+      std::cout << (i == 0 ? "\n  " : ",\n  ") << ClientJson(clients[i]);
+    }
+    std::cout << (clients.empty() ? "]\n" : "\n]\n");
+    return Status::OK();
+  }
+  using Align = Table::Align;
+  Table table({{"SESSION", Align::kRight},
+               {"PID", Align::kRight},
+               {"UID", Align::kRight},
+               {"COMMAND"},
+               {"NAME"},
+               {"OBJECTS", Align::kRight},
+               {"REFS", Align::kRight},
+               {"HELD", Align::kRight},
+               {"REQUESTS", Align::kRight},
+               {"CONNECTED", Align::kRight}});
+  const uint64_t now = ipc::WallNanos();
+  for (const ClientInfo& c : clients) {
+    table.AddRow({std::to_string(c.session_id), std::to_string(c.pid), std::to_string(c.uid),
+                  Printable(c.command), c.client_name.empty() ? "-" : Printable(c.client_name),
+                  std::to_string(c.objects_held), std::to_string(c.references),
+                  ipc::FormatSize(c.bytes_held), std::to_string(c.requests),
+                  FormatAge(AgeNanos(c.connected_time_ns, now)) + " ago"});
+  }
+  table.Print(std::cout);
+  return Status::OK();
+}
+
+Status VerifyObjects(const std::string& socket, const std::vector<std::string>& targets, bool all,
+                     bool json) {
+  if (all && !targets.empty()) {
+    return Status::InvalidArgument("give objects to verify or --all, not both");
+  }
+  if (!all && targets.empty()) {
+    return Status::InvalidArgument("name the objects to verify (ids or names), or give --all");
+  }
+  std::vector<Target> parsed;
+  std::vector<ObjectId> ids;
+  for (const std::string& text : targets) {
+    parsed.push_back(ParseTarget(text));
+    ids.push_back(parsed.back().id);
+  }
+  DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
+  DEPOT_ASSIGN_OR_RETURN(std::vector<VerifyResult> results, client.Verify(ids));
+  // Names for the report: the store's, or the one given on the command line.
+  DEPOT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> listed, client.List());
+  std::map<ObjectId, std::string> names;
+  for (const ObjectInfo& o : listed) {
+    if (!o.name.empty()) names.emplace(o.id, o.name);
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (!ObjectId::FromHex(targets[i])) names.emplace(parsed[i].id, targets[i]);
+  }
+  const auto name_of = [&](const ObjectId& id) {
+    auto it = names.find(id);
+    return it == names.end() ? std::string() : it->second;
+  };
+
+  std::map<VerifyState, size_t> counts;
+  for (const VerifyResult& r : results) counts[r.state]++;
+  if (json) {
+    std::vector<std::string> objects;
+    for (const VerifyResult& r : results) {
+      JsonObject o;
+      o.String("id", r.id.Hex()).String("name", name_of(r.id));
+      o.String("result", VerifyStateName(r.state));
+      if (r.state == VerifyState::kOk || r.state == VerifyState::kMismatch) {
+        o.String("expected", Hex64(r.expected)).String("actual", Hex64(r.actual));
+      } else {
+        o.Null("expected").Null("actual");
+      }
+      objects.push_back(o.str());
+    }
+    JsonObject out;
+    out.Number("checked", results.size());
+    for (VerifyState state : {VerifyState::kOk, VerifyState::kMismatch, VerifyState::kNoChecksum,
+                              VerifyState::kNotFound, VerifyState::kNotSealed}) {
+      out.Number(VerifyStateName(state), counts[state]);
+    }
+    std::cout << out.Json("objects", JsonArray(objects)).str() << '\n';
+  } else {
+    Table table({{"ID"}, {"NAME"}, {"RESULT"}, {"DETAIL"}});
+    for (const VerifyResult& r : results) {
+      std::string result = VerifyStateName(r.state);
+      std::replace(result.begin(), result.end(), '_', ' ');
+      std::string detail = "-";
+      if (r.state == VerifyState::kOk) {
+        detail = "xxh3-64 " + Hex64(r.actual);
+      } else if (r.state == VerifyState::kMismatch) {
+        result = "MISMATCH";
+        detail = "expected " + Hex64(r.expected) + ", actual " + Hex64(r.actual);
+      }
+      const std::string name = name_of(r.id);
+      table.AddRow({r.id.Hex(), name.empty() ? "-" : Printable(name), result, detail});
+    }
+    if (!results.empty()) table.Print(std::cout);
+    std::string summary = std::to_string(results.size()) + " object" +
+                          (results.size() == 1 ? "" : "s") +
+                          " checked: " + std::to_string(counts[VerifyState::kOk]) + " ok";
+    const std::pair<VerifyState, const char*> others[] = {
+        {VerifyState::kMismatch, "MISMATCHED"},
+        {VerifyState::kNoChecksum, "without a checksum"},
+        {VerifyState::kNotFound, "not found"},
+        {VerifyState::kNotSealed, "not sealed yet"}};
+    for (const auto& [state, what] : others) {
+      if (counts[state] != 0) summary += ", " + std::to_string(counts[state]) + " " + what;
+    }
+    std::cout << summary << '\n';
+  }
+  const size_t mismatched = counts[VerifyState::kMismatch];
+  const size_t missing = counts[VerifyState::kNotFound];
+  if (mismatched != 0) {
+    return Status::IoError("verify failed: " + std::to_string(mismatched) + " of " +
+                           std::to_string(results.size()) +
+                           " objects do not match the checksum taken at seal (their bytes "
+                           "changed since)");
+  }
+  if (missing != 0) {
+    return Status::NotFound("verify failed: " + std::to_string(missing) + " of " +
+                            std::to_string(results.size()) + " objects do not exist");
+  }
+  return Status::OK();
+}
+
+Status EvictObjects(const std::string& socket, const std::string& bytes_text, bool all_unreferenced,
+                    bool json) {
+  if (all_unreferenced == !bytes_text.empty()) {
+    return Status::InvalidArgument("give either --bytes SIZE or --all-unreferenced");
+  }
+  uint64_t bytes = 0;
+  if (!bytes_text.empty()) {
+    auto size = ipc::ParseSize(bytes_text);
+    if (!size.ok()) return Status::InvalidArgument("--bytes: " + size.status().message());
+    if (*size == 0) return Status::InvalidArgument("--bytes must be more than 0");
+    bytes = *size;
+  }
+  DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
+  DEPOT_ASSIGN_OR_RETURN(EvictResult evicted, client.Evict(bytes, all_unreferenced));
+  if (json) {
+    std::cout << JsonObject()
+                     .Number("objects", evicted.objects)
+                     .Number("bytes", evicted.bytes)
+                     .Number("requested_bytes", bytes)
+                     .Bool("all_unreferenced", all_unreferenced)
+                     .str()
+              << '\n';
+    return Status::OK();
+  }
+  std::cout << "evicted " << evicted.objects << " object" << (evicted.objects == 1 ? "" : "s")
+            << ", " << ipc::FormatSize(evicted.bytes);
+  if (!all_unreferenced && evicted.bytes < bytes) {
+    std::cout << " (of " << ipc::FormatSize(bytes)
+              << " asked: everything else is referenced, pinned or being created)";
+  }
+  std::cout << '\n';
+  return Status::OK();
 }
 
 }  // namespace depot::ctl

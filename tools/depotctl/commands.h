@@ -12,8 +12,24 @@ namespace depot::ctl {
 // The daemon's capacity, usage and counters.
 Status ShowStatus(const std::string& socket, bool json);
 
-// Every object in the store, in slot order.
-Status ListObjects(const std::string& socket, bool json);
+// The daemon's metrics in the Prometheus text format, as served at /metrics.
+Status PrintMetrics(const std::string& socket);
+
+// Which objects `ls` shows, and how. Every option is checked before the daemon is asked.
+struct ListOptions {
+  bool json = false;
+  std::string name_glob;   // fnmatch pattern the name must match; empty: any
+  std::string state;       // creating or sealed; empty: either
+  std::string min_size;    // a size (ipc::ParseSize): data of at least this many bytes
+  std::string older_than;  // a duration (ParseDuration): created at least this long ago
+  bool held = false;       // referenced by some client
+  std::string sort;        // size (largest first), age (oldest first), refs (most first),
+                           // name; empty: slot order
+  size_t limit = 0;        // at most this many, after sorting; 0: all
+  std::string tier;        // host (the only tier there is); empty: all tiers
+};
+// The objects in the store that pass the filters.
+Status ListObjects(const std::string& socket, const ListOptions& options);
 
 struct PutOptions {
   std::string file;
@@ -29,5 +45,25 @@ Status GetFile(const std::string& socket, const std::string& target, const std::
 
 // Deletes objects (ids or names). Tries every one; reports each failure on stderr.
 Status RemoveObjects(const std::string& socket, const std::vector<std::string>& targets);
+
+// One object in full: every header field, where it lies, its checksum and the clients
+// holding it. With `hexdump` (a size, e.g. 256 or 4KiB), also the first bytes of its data as
+// `hexdump -C` shows them, read through a Get. Fails with NotFound naming the object.
+Status ShowObject(const std::string& socket, const std::string& target, bool json,
+                  const std::string& hexdump);
+
+// The clients connected to the daemon, and what each holds.
+Status ListClients(const std::string& socket, bool json);
+
+// Recomputes the checksums of `targets` (ids or names), or with `all` of every object that
+// has one, and reports each. Fails (after the report, with a summary) if any object does
+// not match its checksum or a named object does not exist.
+Status VerifyObjects(const std::string& socket, const std::vector<std::string>& targets, bool all,
+                     bool json);
+
+// Evicts unreferenced, unpinned objects, least recently used first, until `bytes` (a size)
+// are freed, or with `all_unreferenced` all of them; exactly one of the two must be given.
+Status EvictObjects(const std::string& socket, const std::string& bytes, bool all_unreferenced,
+                    bool json);
 
 }  // namespace depot::ctl

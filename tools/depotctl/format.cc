@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <iostream>
 #include <ostream>
 
@@ -29,6 +30,72 @@ std::string FormatAge(uint64_t nanos) {
   if (seconds < 60 * 60) return std::to_string(seconds / 60) + "m";
   if (seconds < 48 * 60 * 60) return std::to_string(seconds / (60 * 60)) + "h";
   return std::to_string(seconds / (24 * 60 * 60)) + "d";
+}
+
+std::string FormatTime(uint64_t epoch_nanos) {
+  const time_t seconds = static_cast<time_t>(epoch_nanos / 1'000'000'000ull);
+  tm utc{};
+  ::gmtime_r(&seconds, &utc);
+  char text[64];
+  const size_t n = std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S", &utc);
+  char millis[32];
+  std::snprintf(millis, sizeof(millis), ".%03u UTC",
+                static_cast<unsigned>(epoch_nanos / 1'000'000ull % 1000));
+  return std::string(text, n) + millis;
+}
+
+Result<uint64_t> ParseDuration(std::string_view text) {
+  const auto bad = [&] {
+    return Status::InvalidArgument("'" + Printable(text) +
+                                   "' is not a duration: give a number and a unit, ms, s, m, h or "
+                                   "d (e.g. 30s, 5m, 2h)");
+  };
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 12) return bad();
+  uint64_t value = 0;
+  for (size_t i = 0; i < digits; ++i) value = value * 10 + static_cast<uint64_t>(text[i] - '0');
+  const std::string_view unit = text.substr(digits);
+  constexpr uint64_t kSecond = 1'000'000'000ull;
+  uint64_t scale = 0;
+  if (unit.empty() || unit == "s") {
+    scale = kSecond;
+  } else if (unit == "ms") {
+    scale = 1'000'000ull;
+  } else if (unit == "m") {
+    scale = 60 * kSecond;
+  } else if (unit == "h") {
+    scale = 60 * 60 * kSecond;
+  } else if (unit == "d") {
+    scale = 24 * 60 * 60 * kSecond;
+  } else {
+    return bad();
+  }
+  if (value > UINT64_MAX / scale) return bad();
+  return value * scale;
+}
+
+void HexDump(std::ostream& out, const unsigned char* bytes, size_t size) {
+  char text[24];
+  for (size_t line = 0; line < size; line += 16) {
+    std::snprintf(text, sizeof(text), "%08zx ", line);
+    std::string row = text;
+    std::string ascii;
+    for (size_t i = 0; i < 16; ++i) {
+      if (i == 8) row += ' ';
+      if (line + i < size) {
+        const unsigned char c = bytes[line + i];
+        std::snprintf(text, sizeof(text), " %02x", c);
+        row += text;
+        ascii += (c >= 0x20 && c < 0x7f) ? static_cast<char>(c) : '.';
+      } else {
+        row += "   ";
+      }
+    }
+    out << row << "  |" << ascii << "|\n";
+  }
+  std::snprintf(text, sizeof(text), "%08zx", size);
+  out << text << '\n';
 }
 
 std::string Printable(std::string_view text) {

@@ -18,6 +18,17 @@ void ReportError(const Status& status);
 // A duration for people, in its largest whole unit: "42s", "5m", "3h", "12d".
 std::string FormatAge(uint64_t nanos);
 
+// A wall-clock time (ns since the epoch) in UTC: "2025-06-01 12:34:56.789 UTC".
+std::string FormatTime(uint64_t epoch_nanos);
+
+// Parses a duration as people write it: a number with a unit, ms, s, m, h or d ("30s",
+// "5m", "2h"); a bare number is seconds. Fails with InvalidArgument naming the bad text.
+Result<uint64_t> ParseDuration(std::string_view text);
+
+// `bytes` as `hexdump -C` prints them: 16 bytes a line, offset, hex, and printable ASCII,
+// then the offset just past the end.
+void HexDump(std::ostream& out, const unsigned char* bytes, size_t size);
+
 // `text` with control characters replaced by '?', so that a name cannot break a table.
 std::string Printable(std::string_view text);
 
@@ -54,6 +65,8 @@ class JsonObject {
   JsonObject& Number(std::string_view key, uint64_t value);
   JsonObject& Bool(std::string_view key, bool value);
   JsonObject& Null(std::string_view key);
+  // A member whose value is already JSON (an array, a nested object).
+  JsonObject& Json(std::string_view key, std::string_view json) { return Member(key, json); }
   // `{...}` on one line.
   std::string str() const { return text_ + "}"; }
 

@@ -25,10 +25,31 @@ int main(int argc, char** argv) {
   status->add_flag("--json", status_json, "print one JSON object");
   status->callback([&] { result = ShowStatus(socket, status_json); });
 
-  bool ls_json = false;
-  auto* ls = app.add_subcommand("ls", "list every object in the store");
-  ls->add_flag("--json", ls_json, "print a JSON array of objects");
-  ls->callback([&] { result = ListObjects(socket, ls_json); });
+  auto* metrics = app.add_subcommand(
+      "metrics", "print the daemon's counters and latency histograms (Prometheus text format)");
+  metrics->callback([&] { result = PrintMetrics(socket); });
+
+  ListOptions ls_options;
+  auto* ls = app.add_subcommand("ls", "list the objects in the store (all, or those that match)");
+  ls->add_flag("--json", ls_options.json, "print a JSON array of objects");
+  ls->add_option("--name", ls_options.name_glob, "only named objects whose name matches GLOB")
+      ->option_text("GLOB");
+  ls->add_option("--state", ls_options.state, "only objects in this state: creating or sealed")
+      ->option_text("STATE");
+  ls->add_option("--min-size", ls_options.min_size, "only objects of at least SIZE (e.g. 1MiB)")
+      ->option_text("SIZE");
+  ls->add_option("--older-than", ls_options.older_than,
+                 "only objects created at least DURATION ago (e.g. 30s, 5m, 2h)")
+      ->option_text("DURATION");
+  ls->add_flag("--held", ls_options.held, "only objects some client holds a reference to");
+  ls->add_option("--sort", ls_options.sort,
+                 "order by size (largest first), age (oldest first), refs (most first) or name")
+      ->option_text("KEY");
+  ls->add_option("--limit", ls_options.limit, "show at most N objects (after sorting)")
+      ->option_text("N");
+  ls->add_option("--tier", ls_options.tier, "only objects in this tier: host (the only one)")
+      ->option_text("TIER");
+  ls->callback([&] { result = ListObjects(socket, ls_options); });
 
   PutOptions put_options;
   auto* put = app.add_subcommand("put", "store a file as a new object and print its id");
@@ -58,6 +79,47 @@ int main(int argc, char** argv) {
       ->type_name("")
       ->required();
   rm->callback([&] { result = RemoveObjects(socket, rm_targets); });
+
+  std::string show_target;
+  bool show_json = false;
+  std::string show_hexdump;
+  auto* show = app.add_subcommand(
+      "show", "show one object in full: header, location, checksum, and who holds it");
+  show->add_option("OBJECT", show_target, "a 32-hex-digit object id, or a name")
+      ->type_name("")
+      ->required();
+  show->add_flag("--json", show_json, "print one JSON object");
+  show->add_option("--hexdump", show_hexdump,
+                   "also print the first N bytes of data, hexdump -C style")
+      ->option_text("N");
+  show->callback([&] { result = ShowObject(socket, show_target, show_json, show_hexdump); });
+
+  bool clients_json = false;
+  auto* clients = app.add_subcommand("clients", "list the connected clients and what they hold");
+  clients->add_flag("--json", clients_json, "print a JSON array of clients");
+  clients->callback([&] { result = ListClients(socket, clients_json); });
+
+  std::vector<std::string> verify_targets;
+  bool verify_all = false;
+  bool verify_json = false;
+  auto* verify = app.add_subcommand(
+      "verify", "recompute objects' checksums and compare (exit status 1 on any mismatch)");
+  verify->add_option("OBJECT", verify_targets, "32-hex-digit object ids or names")->type_name("");
+  verify->add_flag("--all", verify_all, "every sealed object that has a checksum");
+  verify->add_flag("--json", verify_json, "print one JSON object");
+  verify->callback(
+      [&] { result = VerifyObjects(socket, verify_targets, verify_all, verify_json); });
+
+  std::string evict_bytes;
+  bool evict_all = false;
+  bool evict_json = false;
+  auto* evict = app.add_subcommand(
+      "evict", "evict unreferenced, unpinned objects now, least recently used first");
+  evict->add_option("--bytes", evict_bytes, "evict until SIZE is freed (e.g. 512MiB)")
+      ->option_text("SIZE");
+  evict->add_flag("--all-unreferenced", evict_all, "evict every object that can be");
+  evict->add_flag("--json", evict_json, "print one JSON object");
+  evict->callback([&] { result = EvictObjects(socket, evict_bytes, evict_all, evict_json); });
 
   try {
     app.parse(argc, argv);

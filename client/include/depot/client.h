@@ -116,6 +116,58 @@ struct StoreStatus {
   uint64_t requests = 0;
 };
 
+// A client connected to the daemon (Client::Clients). pid, uid and command are the
+// peer's, as the kernel reported them (SO_PEERCRED, /proc/<pid>/comm) when it connected.
+struct ClientInfo {
+  uint64_t session_id = 0;
+  uint32_t pid = 0;
+  uint32_t uid = 0;
+  std::string command;
+  std::string client_name;         // ConnectOptions::client_name; empty before its handshake
+  uint64_t objects_held = 0;       // distinct objects it references or is creating
+  uint64_t references = 0;         // references it holds, all objects together
+  uint64_t bytes_held = 0;         // allocated bytes of those objects
+  uint64_t requests = 0;           // requests it has sent
+  uint64_t connected_time_ns = 0;  // since the epoch
+};
+
+// A client holding references to an object (ObjectDetails). Session id 0 is the daemon
+// itself, holding the object while a Verify reads it.
+struct Holder {
+  uint64_t session_id = 0;
+  uint32_t pid = 0;
+  uint32_t uid = 0;
+  std::string command;
+  std::string client_name;
+  uint32_t references = 0;
+};
+
+// One object and who holds it (Client::Describe).
+struct ObjectDetails {
+  ObjectInfo info;
+  std::vector<Holder> holders;  // by session id; their references add up to info.ref_count
+};
+
+enum class VerifyState : uint8_t {
+  kOk,          // the checksum of the bytes now matches the one taken at Seal
+  kMismatch,    // it does not: the bytes were written after Seal
+  kNoChecksum,  // created without CreateOptions::checksum: nothing to compare with
+  kNotFound,    // no such object, or it was deleted
+  kNotSealed,   // still being created
+};
+
+struct VerifyResult {
+  ObjectId id;
+  VerifyState state = VerifyState::kNotFound;
+  uint64_t expected = 0;  // XXH3-64 taken at Seal (kOk, kMismatch)
+  uint64_t actual = 0;    // XXH3-64 of the bytes now (kOk, kMismatch)
+};
+
+struct EvictResult {
+  uint64_t objects = 0;
+  uint64_t bytes = 0;  // allocated bytes freed
+};
+
 // Wait for ever (Get).
 inline constexpr std::chrono::milliseconds kForever{-1};
 
@@ -180,8 +232,35 @@ class Client {
   // Every object in the store, sealed or being created, in slot order.
   Result<std::vector<ObjectInfo>> List();
 
+  // The clients connected to the daemon, this one included, by session id: who they are
+  // and what they hold.
+  Result<std::vector<ClientInfo>> Clients();
+
+  // One object's header fields and the clients holding references to it. Fails with
+  // NotFound (naming the id) if no object has this id; an object being created or deleted
+  // but still referenced is found.
+  Result<ObjectDetails> Describe(const ObjectId& id);
+
+  // Recomputes the checksums of `ids` (empty: of every sealed object that has one) and
+  // compares them with those taken at Seal: one result per id, in order (for an empty
+  // `ids`, in slot order). The daemon hashes on its worker threads and holds each object
+  // meanwhile, so none is evicted or freed while being read. Fails as a whole only on
+  // connection errors or LimitExceeded for more ids than the daemon's batch limit.
+  Result<std::vector<VerifyResult>> Verify(std::span<const ObjectId> ids = {});
+
+  // Evicts sealed objects that no client references and that are not pinned, least
+  // recently used first, until at least `bytes` are freed or none is left; with
+  // `all_unreferenced`, every one of them. Returns what was evicted (counted in
+  // StoreStatus::evictions like evictions under memory pressure). Fails with
+  // InvalidArgument if `bytes` is 0 and `all_unreferenced` is false.
+  Result<EvictResult> Evict(uint64_t bytes, bool all_unreferenced = false);
+
   // The daemon's capacity, usage and counters.
   Result<StoreStatus> GetStatus();
+
+  // The daemon's counters, latency histograms and gauges in the Prometheus text exposition
+  // format (version 0.0.4), as `depotd --metrics-port` serves them at /metrics.
+  Result<std::string> Metrics();
 
   // The daemon's epoch (random per daemon start) and this connection's session id.
   uint64_t epoch() const;
