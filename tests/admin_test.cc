@@ -63,11 +63,6 @@ class AdminTest : public ::testing::Test {
     return RunProgram(args);
   }
 
-  static std::string Explain(const ProgramRun& run) {
-    return "exit " + std::to_string(run.exit_code) + "\nstdout: " + run.out +
-           "\nstderr: " + run.err;
-  }
-
   Result<Client> Connect(const std::string& name = {}) {
     ConnectOptions options;
     options.client_name = name;
@@ -88,7 +83,7 @@ class AdminTest : public ::testing::Test {
   // to go on serving.
   void ExpectFails(std::vector<std::string> args, const std::string& message) {
     ProgramRun run = Depotctl(args);
-    EXPECT_NE(run.exit_code, 0) << Explain(run);
+    EXPECT_NE(run.exit_code, 0) << run.Explain();
     EXPECT_TRUE(Has(run.err, message)) << "wanted '" << message << "' in: " << run.err;
     EXPECT_EQ(LinesWith(run.err, "depotctl:").size(), 1u) << run.err;
     EXPECT_EQ(Depotctl({"status"}).exit_code, 0);
@@ -118,7 +113,7 @@ TEST_F(AdminTest, ShowPrintsTheHeaderAndTheForkedChildHoldingTheObject) {
   const std::string pid = std::to_string(child.pid());
 
   ProgramRun show = Depotctl({"show", "admin/held"});
-  ASSERT_EQ(show.exit_code, 0) << Explain(show);
+  ASSERT_EQ(show.exit_code, 0) << show.Explain();
   EXPECT_TRUE(Has(show.out, ObjectId::FromName("admin/held").Hex())) << show.out;
   EXPECT_TRUE(Has(show.out, "4.00 KiB (4096 bytes)")) << show.out;
   EXPECT_TRUE(Has(show.out, "xxh3-64 " + Hex64(Xxh3(bytes)))) << show.out;
@@ -128,7 +123,7 @@ TEST_F(AdminTest, ShowPrintsTheHeaderAndTheForkedChildHoldingTheObject) {
   EXPECT_TRUE(Has(rows[0], "admin_test")) << rows[0];
 
   ProgramRun json = Depotctl({"show", "admin/held", "--json"});
-  ASSERT_EQ(json.exit_code, 0) << Explain(json);
+  ASSERT_EQ(json.exit_code, 0) << json.Explain();
   EXPECT_TRUE(Has(json.out, "\"ref_count\": 1,")) << json.out;
   EXPECT_TRUE(Has(json.out, "\"checksum\": \"" + Hex64(Xxh3(bytes)) + "\"")) << json.out;
   EXPECT_TRUE(Has(json.out, "\"holders\": [{\"session_id\": ")) << json.out;
@@ -144,7 +139,7 @@ TEST_F(AdminTest, ShowHexdumpPrintsTheFirstBytesAsHexdumpDoes) {
     PutNamed(client, "admin/text", AsBytes("Hello, depot world! 0123456789abcdefghij"));
   }
   ProgramRun show = Depotctl({"show", "admin/text", "--hexdump", "20"});
-  ASSERT_EQ(show.exit_code, 0) << Explain(show);
+  ASSERT_EQ(show.exit_code, 0) << show.Explain();
   EXPECT_TRUE(Has(show.out, "first 20 of 40 bytes")) << show.out;
   EXPECT_TRUE(Has(show.out,
                   "00000000  48 65 6c 6c 6f 2c 20 64  65 70 6f 74 20 77 6f 72  |Hello, depot wor|\n"
@@ -155,7 +150,7 @@ TEST_F(AdminTest, ShowHexdumpPrintsTheFirstBytesAsHexdumpDoes) {
                                                  << show.out;
 
   ProgramRun json = Depotctl({"show", "admin/text", "--json", "--hexdump", "5"});
-  ASSERT_EQ(json.exit_code, 0) << Explain(json);
+  ASSERT_EQ(json.exit_code, 0) << json.Explain();
   EXPECT_TRUE(Has(json.out, "\"data_hex\": \"48656c6c6f\"")) << json.out;
 }
 
@@ -166,7 +161,7 @@ TEST_F(AdminTest, ClientsListsASecondClientWithItsPidAndWhatItHolds) {
   const std::string pid = std::to_string(::getpid());
 
   ProgramRun table = Depotctl({"clients"});
-  ASSERT_EQ(table.exit_code, 0) << Explain(table);
+  ASSERT_EQ(table.exit_code, 0) << table.Explain();
   auto rows = LinesWith(table.out, "admin-second");
   ASSERT_EQ(rows.size(), 1u) << table.out;
   EXPECT_TRUE(Has(rows[0], " " + pid + " ")) << rows[0];
@@ -174,7 +169,7 @@ TEST_F(AdminTest, ClientsListsASecondClientWithItsPidAndWhatItHolds) {
   EXPECT_EQ(LinesWith(table.out, "depotctl").size(), 1u) << "depotctl sees itself\n" << table.out;
 
   ProgramRun json = Depotctl({"clients", "--json"});
-  ASSERT_EQ(json.exit_code, 0) << Explain(json);
+  ASSERT_EQ(json.exit_code, 0) << json.Explain();
   auto entries = LinesWith(json.out, "\"client_name\": \"admin-second\"");
   ASSERT_EQ(entries.size(), 1u) << json.out;
   EXPECT_TRUE(Has(entries[0], "\"session_id\": " + std::to_string(client.session_id()) + ","))
@@ -192,12 +187,12 @@ TEST_F(AdminTest, VerifyReportsIntactObjectsAsOk) {
     PutNamed(client, "admin/plain", SeededBytes(100, 3));
   }
   ProgramRun all = Depotctl({"verify", "--all"});
-  ASSERT_EQ(all.exit_code, 0) << Explain(all);
+  ASSERT_EQ(all.exit_code, 0) << all.Explain();
   EXPECT_TRUE(Has(all.out, "2 objects checked: 2 ok\n")) << all.out;
   EXPECT_EQ(LinesWith(all.out, " ok ").size(), 2u) << all.out;
 
   ProgramRun named = Depotctl({"verify", "admin/b", "admin/plain", "--json"});
-  ASSERT_EQ(named.exit_code, 0) << Explain(named);
+  ASSERT_EQ(named.exit_code, 0) << named.Explain();
   EXPECT_TRUE(Has(named.out, "\"checked\": 2, \"ok\": 1, \"mismatch\": 0, \"no_checksum\": 1,"))
       << named.out;
   EXPECT_TRUE(Has(named.out, "\"name\": \"admin/plain\", \"result\": \"no_checksum\""))
@@ -221,7 +216,7 @@ TEST_F(AdminTest, VerifyReportsAMismatchAfterTheBytesChangeAndExitsWithOne) {
   const uint64_t actual = Xxh3(writer.data());
 
   ProgramRun table = Depotctl({"verify", "--all"});
-  EXPECT_EQ(table.exit_code, 1) << Explain(table);
+  EXPECT_EQ(table.exit_code, 1) << table.Explain();
   auto rows = LinesWith(table.out, "admin/corrupt");
   ASSERT_EQ(rows.size(), 1u) << table.out;
   EXPECT_TRUE(
@@ -231,7 +226,7 @@ TEST_F(AdminTest, VerifyReportsAMismatchAfterTheBytesChangeAndExitsWithOne) {
   EXPECT_TRUE(Has(table.err, "1 of 2 objects do not match")) << table.err;
 
   ProgramRun json = Depotctl({"verify", "admin/corrupt", "--json"});
-  EXPECT_EQ(json.exit_code, 1) << Explain(json);
+  EXPECT_EQ(json.exit_code, 1) << json.Explain();
   EXPECT_TRUE(Has(json.out, "\"result\": \"mismatch\", \"expected\": \"" + Hex64(Xxh3(original)) +
                                 "\", \"actual\": \"" + Hex64(actual) + "\""))
       << json.out;
@@ -253,13 +248,13 @@ TEST_F(AdminTest, EvictFreesTheAskedBytesAndLeavesPinnedAndReferencedObjects) {
   ASSERT_OK(client.Contains(ObjectId::FromName("evict/1")));  // sends the queued releases
 
   ProgramRun one = Depotctl({"evict", "--bytes", "1MiB", "--json"});
-  ASSERT_EQ(one.exit_code, 0) << Explain(one);
+  ASSERT_EQ(one.exit_code, 0) << one.Explain();
   EXPECT_TRUE(Has(one.out, "{\"objects\": 1, \"bytes\": 1048576,")) << one.out;
   EXPECT_FALSE(*client.Contains(ObjectId::FromName("evict/1"))) << "the least recently used";
   EXPECT_TRUE(*client.Contains(ObjectId::FromName("evict/2")));
 
   ProgramRun rest = Depotctl({"evict", "--all-unreferenced"});
-  ASSERT_EQ(rest.exit_code, 0) << Explain(rest);
+  ASSERT_EQ(rest.exit_code, 0) << rest.Explain();
   EXPECT_EQ(rest.out, "evicted 2 objects, 2.00 MiB\n");
   for (const char* name : {"evict/2", "evict/3"}) {
     EXPECT_FALSE(*client.Contains(ObjectId::FromName(name))) << name;
@@ -269,7 +264,7 @@ TEST_F(AdminTest, EvictFreesTheAskedBytesAndLeavesPinnedAndReferencedObjects) {
   EXPECT_TRUE(SameBytes(held.data(), mib));
 
   ProgramRun nothing = Depotctl({"evict", "--bytes", "1GiB"});
-  ASSERT_EQ(nothing.exit_code, 0) << Explain(nothing);
+  ASSERT_EQ(nothing.exit_code, 0) << nothing.Explain();
   EXPECT_TRUE(Has(nothing.out, "evicted 0 objects, 0 B (of 1.00 GiB asked")) << nothing.out;
 
   ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
@@ -301,7 +296,7 @@ TEST_F(AdminTest, LsFiltersSortsAndLimits) {
   const auto ls = [&](std::vector<std::string> args) {
     args.insert(args.begin(), "ls");
     ProgramRun run = Depotctl(args);
-    EXPECT_EQ(run.exit_code, 0) << Explain(run);
+    EXPECT_EQ(run.exit_code, 0) << run.Explain();
     return run.out;
   };
   EXPECT_EQ(names_in(ls({"--name", "ls/*", "--json"})),

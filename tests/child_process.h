@@ -79,6 +79,11 @@ struct ProgramRun {
   int exit_code = -1;  // 128 + signal if killed by one; -1 if it could not run or timed out
   std::string out;     // its stdout
   std::string err;     // its stderr
+
+  // Its exit status, stdout and stderr: what a failed expectation about it should show.
+  std::string Explain() const {
+    return "exit " + std::to_string(exit_code) + "\nstdout: " + out + "\nstderr: " + err;
+  }
 };
 
 // Runs `argv` (argv[0] is the path of the program) with `env` added to this process's

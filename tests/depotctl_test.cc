@@ -57,11 +57,6 @@ class DepotctlTest : public ::testing::Test {
     return RunProgram(args);
   }
 
-  static std::string Explain(const ProgramRun& run) {
-    return "exit " + std::to_string(run.exit_code) + "\nstdout: " + run.out +
-           "\nstderr: " + run.err;
-  }
-
   std::optional<TestDaemon> daemon_;
   // A few MiB of random bytes, not a multiple of any page or word size.
   const std::vector<std::byte> contents_ = SeededBytes(3 * (1 << 20) + 17, 2024);
@@ -70,16 +65,16 @@ class DepotctlTest : public ::testing::Test {
 
 TEST_F(DepotctlTest, PutWithNamePrintsTheIdOfThatName) {
   ProgramRun put = Depotctl({"put", input_, "--name", "ctl/file"});
-  ASSERT_EQ(put.exit_code, 0) << Explain(put);
+  ASSERT_EQ(put.exit_code, 0) << put.Explain();
   EXPECT_EQ(Trim(put.out), ObjectId::FromName("ctl/file").Hex());
 }
 
 TEST_F(DepotctlTest, PutThenGetByNameRoundTripsTheFileByteForByte) {
   ProgramRun put = Depotctl({"put", input_, "--name", "ctl/file"});
-  ASSERT_EQ(put.exit_code, 0) << Explain(put);
+  ASSERT_EQ(put.exit_code, 0) << put.Explain();
   const std::string output = daemon_->dir() + "/output.bin";
   ProgramRun get = Depotctl({"get", "ctl/file", "-o", output});
-  ASSERT_EQ(get.exit_code, 0) << Explain(get);
+  ASSERT_EQ(get.exit_code, 0) << get.Explain();
   const std::vector<std::byte> read = ReadFile(output);
   ASSERT_EQ(read.size(), contents_.size());
   EXPECT_TRUE(SameBytes(read, contents_));
@@ -87,18 +82,18 @@ TEST_F(DepotctlTest, PutThenGetByNameRoundTripsTheFileByteForByte) {
 
 TEST_F(DepotctlTest, GetByPrintedIdRoundTripsTheFile) {
   ProgramRun put = Depotctl({"put", input_});
-  ASSERT_EQ(put.exit_code, 0) << Explain(put);
+  ASSERT_EQ(put.exit_code, 0) << put.Explain();
   const std::string id = Trim(put.out);
   ASSERT_TRUE(ObjectId::FromHex(id).has_value()) << "not an id: '" << id << "'";
   const std::string output = daemon_->dir() + "/output.bin";
   ProgramRun get = Depotctl({"get", id, "-o", output});
-  ASSERT_EQ(get.exit_code, 0) << Explain(get);
+  ASSERT_EQ(get.exit_code, 0) << get.Explain();
   EXPECT_TRUE(SameBytes(ReadFile(output), contents_));
 }
 
 TEST_F(DepotctlTest, PutFileIsReadableThroughTheClientLibrary) {
   ProgramRun put = Depotctl({"put", input_, "--name", "ctl/shared"});
-  ASSERT_EQ(put.exit_code, 0) << Explain(put);
+  ASSERT_EQ(put.exit_code, 0) << put.Explain();
   ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->socket_path()));
   ASSERT_OK_AND_ASSIGN(Buffer buffer, client.Get(ObjectId::FromName("ctl/shared")));
   EXPECT_TRUE(SameBytes(buffer.data(), contents_));
@@ -107,7 +102,7 @@ TEST_F(DepotctlTest, PutFileIsReadableThroughTheClientLibrary) {
 TEST_F(DepotctlTest, LsJsonListsTheObjectWithItsName) {
   ASSERT_EQ(Depotctl({"put", input_, "--name", "ctl/listed"}).exit_code, 0);
   ProgramRun ls = Depotctl({"ls", "--json"});
-  ASSERT_EQ(ls.exit_code, 0) << Explain(ls);
+  ASSERT_EQ(ls.exit_code, 0) << ls.Explain();
   const std::string out = Trim(ls.out);
   EXPECT_TRUE(out.starts_with("[") && out.ends_with("]")) << out;
   EXPECT_NE(out.find("\"ctl/listed\""), std::string::npos) << out;
@@ -118,18 +113,18 @@ TEST_F(DepotctlTest, LsJsonListsTheObjectWithItsName) {
 
 TEST_F(DepotctlTest, LsJsonOfEmptyStoreIsAnEmptyArray) {
   ProgramRun ls = Depotctl({"ls", "--json"});
-  ASSERT_EQ(ls.exit_code, 0) << Explain(ls);
+  ASSERT_EQ(ls.exit_code, 0) << ls.Explain();
   EXPECT_EQ(Trim(ls.out), "[]");
 }
 
 TEST_F(DepotctlTest, GetAfterRmFailsWithAClearMessage) {
   ASSERT_EQ(Depotctl({"put", input_, "--name", "ctl/doomed"}).exit_code, 0);
   ProgramRun rm = Depotctl({"rm", "ctl/doomed"});
-  ASSERT_EQ(rm.exit_code, 0) << Explain(rm);
+  ASSERT_EQ(rm.exit_code, 0) << rm.Explain();
 
   const std::string output = daemon_->dir() + "/output.bin";
   ProgramRun get = Depotctl({"get", "ctl/doomed", "-o", output});
-  EXPECT_NE(get.exit_code, 0) << Explain(get);
+  EXPECT_NE(get.exit_code, 0) << get.Explain();
   EXPECT_NE(get.err.find("ctl/doomed"), std::string::npos) << get.err;
   EXPECT_NE(get.err.find("does not exist"), std::string::npos) << get.err;
   EXPECT_FALSE(Exists(output)) << "a failed get created its output file";
@@ -137,21 +132,21 @@ TEST_F(DepotctlTest, GetAfterRmFailsWithAClearMessage) {
 
 TEST_F(DepotctlTest, RmOfUnknownObjectFailsNamingIt) {
   ProgramRun rm = Depotctl({"rm", "ctl/never-was"});
-  EXPECT_NE(rm.exit_code, 0) << Explain(rm);
+  EXPECT_NE(rm.exit_code, 0) << rm.Explain();
   EXPECT_NE(rm.err.find("ctl/never-was"), std::string::npos) << rm.err;
 }
 
 TEST_F(DepotctlTest, PutOfMissingFileFailsNamingIt) {
   const std::string missing = daemon_->dir() + "/no-such-file";
   ProgramRun put = Depotctl({"put", missing});
-  EXPECT_NE(put.exit_code, 0) << Explain(put);
+  EXPECT_NE(put.exit_code, 0) << put.Explain();
   EXPECT_NE(put.err.find(missing), std::string::npos) << put.err;
 }
 
 TEST_F(DepotctlTest, WithoutADaemonFailsSayingNoDaemonListens) {
   const std::string nowhere = daemon_->dir() + "/nobody-here.sock";
   ProgramRun ls = RunProgram({DEPOTCTL_PATH, "--socket", nowhere, "ls"});
-  EXPECT_NE(ls.exit_code, 0) << Explain(ls);
+  EXPECT_NE(ls.exit_code, 0) << ls.Explain();
   EXPECT_NE(ls.err.find("no depot daemon"), std::string::npos) << ls.err;
   EXPECT_NE(ls.err.find(nowhere), std::string::npos) << ls.err;
 }
@@ -160,7 +155,7 @@ TEST_F(DepotctlTest, SocketCanComeFromTheEnvironment) {
   ASSERT_EQ(Depotctl({"put", input_, "--name", "ctl/env"}).exit_code, 0);
   ProgramRun ls =
       RunProgram({DEPOTCTL_PATH, "ls", "--json"}, {{"DEPOT_SOCKET", daemon_->socket_path()}});
-  ASSERT_EQ(ls.exit_code, 0) << Explain(ls);
+  ASSERT_EQ(ls.exit_code, 0) << ls.Explain();
   EXPECT_NE(ls.out.find("\"ctl/env\""), std::string::npos) << ls.out;
 }
 
