@@ -156,13 +156,11 @@ int main(int argc, char** argv) {
     depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict);
     depot::store::Server server(
         loop, store, {socket_path, mode, static_cast<uint32_t>(*frame), max_batch, !no_metrics});
-    if (Status st = server.Listen(); !st.ok()) return Fail(st);
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
-    if (metrics_port != 0) {
-      if (Status st = metrics_http.Listen(metrics_address, metrics_port); !st.ok()) return Fail(st);
-      spdlog::info("serving metrics at http://{}:{}/metrics", metrics_address, metrics_http.port());
-    }
 
+    // Catch the signals before the socket exists: a SIGTERM that arrives as soon as clients
+    // can connect must still shut down cleanly and remove the socket file. Signals caught
+    // before the loop runs are handled when it starts.
     boost::asio::signal_set signals(loop, SIGINT, SIGTERM);
     signals.async_wait([&](const boost::system::error_code& ec, int signo) {
       if (ec) return;
@@ -171,6 +169,11 @@ int main(int argc, char** argv) {
       metrics_http.Close();
       loop.stop();
     });
+    if (Status st = server.Listen(); !st.ok()) return Fail(st);
+    if (metrics_port != 0) {
+      if (Status st = metrics_http.Listen(metrics_address, metrics_port); !st.ok()) return Fail(st);
+      spdlog::info("serving metrics at http://{}:{}/metrics", metrics_address, metrics_http.port());
+    }
     spdlog::info("depotd {} listening on {} (arena {} {}, segments of {}, eviction {})",
                  depot::store::kDepotVersion, socket_path,
                  depot::ipc::FormatSize((*arena)->capacity()), (*arena)->backend(),

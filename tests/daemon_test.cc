@@ -83,6 +83,16 @@ TEST(DaemonTest, SocketIsPrivateByDefault) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
+TEST(DaemonTest, SigtermAsSoonAsTheSocketAcceptsShutsDownCleanly) {
+  // The signal handler must be in place before the socket exists: TestDaemon sends SIGTERM
+  // right after its first successful connect, then checks exit status 0 and that the socket
+  // file is gone. Repeated, because the window it guards against is short.
+  for (int i = 0; i < 20; ++i) {
+    TestDaemon daemon;
+    ASSERT_TRUE(daemon.ok()) << daemon.error();
+  }
+}
+
 TEST(DaemonTest, SocketModeFlagSetsThePermissions) {
   TestDaemon daemon({"--socket-mode", "0660"});
   ASSERT_TRUE(daemon.ok()) << daemon.error();
