@@ -63,19 +63,7 @@ void Report(benchmark::State& state, const std::string& name, const Latencies& r
 }
 
 void SocketRoundTrip(benchmark::State& state) {
-  depot::bench::SocketEcho echo(kObjectBytes);
-  Latencies run;
-  run.Reserve(state.max_iterations);
-  run.Start();
-  for (auto _ : state) {
-    if (!echo.RoundTrip()) {
-      state.SkipWithError("socket round trip failed");
-      break;
-    }
-    run.Lap();
-  }
-  state.SetItemsProcessed(state.iterations());
-  Report(state, kBaseline, run);
+  Report(state, kBaseline, depot::bench::MeasureRoundTrips(state, kObjectBytes));
 }
 
 void GetRelease(benchmark::State& state, depot::Client* client, depot::ObjectId id,

@@ -89,18 +89,7 @@ depot::Status DeleteAll(depot::Client& client, const std::vector<depot::ObjectId
 }
 
 void SocketRoundTrip(benchmark::State& state) {
-  depot::bench::SocketEcho echo(kSmallBytes);
-  Latencies run;
-  run.Reserve(state.max_iterations);
-  run.Start();
-  for (auto _ : state) {
-    if (!echo.RoundTrip()) {
-      state.SkipWithError("socket round trip failed");
-      break;
-    }
-    run.Lap();
-  }
-  state.SetItemsProcessed(state.iterations());
+  const Latencies run = depot::bench::MeasureRoundTrips(state, kSmallBytes);
   state.counters["median_us"] = run.Median() / 1e3;
   g_latencies[kRtt].AddRun(run);
 }

@@ -57,4 +57,20 @@ bool SocketEcho::RoundTrip() {
   return near_ >= 0 && WriteAll(near_, out_.data(), bytes_) && ReadAll(near_, in_.data(), bytes_);
 }
 
+Latencies MeasureRoundTrips(benchmark::State& state, size_t message_bytes) {
+  SocketEcho echo(message_bytes);
+  Latencies run;
+  run.Reserve(state.max_iterations);
+  run.Start();
+  for (auto _ : state) {
+    if (!echo.RoundTrip()) {
+      state.SkipWithError("socket round trip failed");
+      break;
+    }
+    run.Lap();
+  }
+  state.SetItemsProcessed(state.iterations());
+  return run;
+}
+
 }  // namespace depot::bench

@@ -2,9 +2,13 @@
 // a Unix stream socket to an echo thread in the same program, with blocking reads.
 #pragma once
 
+#include <benchmark/benchmark.h>
+
 #include <cstddef>
 #include <thread>
 #include <vector>
+
+#include "latency.h"
 
 namespace depot::bench {
 
@@ -27,5 +31,9 @@ class SocketEcho {
   std::vector<std::byte> in_;
   std::thread echo_;
 };
+
+// Times one round trip of `message_bytes` per benchmark iteration, the baseline run of every
+// benchmark program; the caller reports the latencies.
+Latencies MeasureRoundTrips(benchmark::State& state, size_t message_bytes);
 
 }  // namespace depot::bench
