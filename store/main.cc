@@ -1,14 +1,18 @@
 // depotd: the depot daemon. One per host; see docs/architecture.md.
+#include <signal.h>
+#include <sys/signalfd.h>
 #include <sys/sysinfo.h>
 
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -48,6 +52,25 @@ Result<uint64_t> ParseMemory(const std::string& text) {
 int Fail(const Status& st) {
   std::fprintf(stderr, "depotd: %s\n", st.message().c_str());
   return 1;
+}
+
+// Blocks SIGINT and SIGTERM in the calling thread, and so in every thread it starts later,
+// and returns a signalfd that reads them. Called before any thread exists, this means the
+// shutdown signals never run a handler on some thread at some moment: they wait in the
+// kernel until the loop reads them from the descriptor, even if they arrive before the loop
+// runs. (Asio's signal_set runs a handler; under ThreadSanitizer, which defers handlers to
+// its own safe points, a SIGTERM could then sit unhandled while the loop slept.)
+Result<int> BlockShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  if (int err = pthread_sigmask(SIG_BLOCK, &signals, nullptr); err != 0) {
+    return Status::IoError(std::string("pthread_sigmask: ") + std::strerror(err));
+  }
+  int fd = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (fd < 0) return Status::IoError(std::string("signalfd: ") + std::strerror(errno));
+  return fd;
 }
 
 }  // namespace
@@ -145,7 +168,10 @@ int main(int argc, char** argv) {
   // Before the arena is made: a second daemon on a busy socket should fail fast.
   if (Status st = depot::store::Server::ClaimSocketPath(socket_path); !st.ok()) return Fail(st);
 
+  auto signal_fd = BlockShutdownSignals();
+  if (!signal_fd.ok()) return Fail(signal_fd.status());
   boost::asio::io_context loop(1);
+  boost::asio::posix::stream_descriptor signals(loop, *signal_fd);
   boost::asio::thread_pool pool(workers);
   {
     auto arena = depot::store::Arena::Create({*capacity, *segment, arena_dir}, pool);
@@ -158,17 +184,19 @@ int main(int argc, char** argv) {
         loop, store, {socket_path, mode, static_cast<uint32_t>(*frame), max_batch, !no_metrics});
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
 
-    // Catch the signals before the socket exists: a SIGTERM that arrives as soon as clients
-    // can connect must still shut down cleanly and remove the socket file. Signals caught
-    // before the loop runs are handled when it starts.
-    boost::asio::signal_set signals(loop, SIGINT, SIGTERM);
-    signals.async_wait([&](const boost::system::error_code& ec, int signo) {
-      if (ec) return;
-      spdlog::info("received signal {}, shutting down", signo);
-      server.Shutdown();
-      metrics_http.Close();
-      loop.stop();
-    });
+    // The shutdown signals have been blocked since before the socket existed, so a SIGTERM
+    // that arrives as soon as clients can connect still shuts down cleanly and removes the
+    // socket file: it is read here when the loop starts.
+    signalfd_siginfo received{};
+    signals.async_read_some(boost::asio::buffer(&received, sizeof received),
+                            [&](const boost::system::error_code& ec, size_t) {
+                              if (ec) return;
+                              spdlog::info("received SIG{}, shutting down",
+                                           sigabbrev_np(static_cast<int>(received.ssi_signo)));
+                              server.Shutdown();
+                              metrics_http.Close();
+                              loop.stop();
+                            });
     if (Status st = server.Listen(); !st.ok()) return Fail(st);
     if (metrics_port != 0) {
       if (Status st = metrics_http.Listen(metrics_address, metrics_port); !st.ok()) return Fail(st);
