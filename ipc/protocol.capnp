@@ -54,6 +54,8 @@ struct Request {
     objectInfo @13 :Id;      # one object and which sessions hold it
     verify @14 :List(Id);    # recompute checksums; empty: every sealed object that has one
     evict @15 :Evict;        # evict unreferenced, unpinned objects now, least recently used first
+    # Gives back references on any tier (`release` is the host-only short form).
+    releaseRefs @16 :List(Ref);
   }
 
   # The first request of a session; nothing else is accepted before it.
@@ -75,12 +77,24 @@ struct Request {
     data @6 :Data;
     seal @7 :Bool;
     release @8 :Bool;
+    # Where the object is made: -1 = host memory; k >= 0 = the k-th GPU of Reply.Hello.devices.
+    # A GPU object takes no inline data; its writer fills it through its own mapping.
+    device @9 :Int32 = -1;
   }
 
   struct Get {
     ids @0 :List(Id);
     # Milliseconds to wait for ids that are not sealed yet: 0 = do not wait, -1 = forever.
     timeoutMs @1 :Int64;
+    # Where the caller wants the bytes (as Create.device). The daemon makes a replica there
+    # when the object lives elsewhere, and answers when it is ready.
+    device @2 :Int32 = -1;
+  }
+
+  # A reference on one tier (Create.device numbering).
+  struct Ref {
+    id @0 :Id;
+    device @1 :Int32 = -1;
   }
 
   struct ListObjects {
@@ -96,14 +110,18 @@ struct Request {
   }
 }
 
-# Where an object's bytes live: a segment of the host arena and an offset in it.
-# The metadata follows the data directly: [offset + dataSize, + metadataSize).
+# Where an object's bytes live. In host memory (device -1): a segment of the host arena and an
+# offset in it, and the metadata follows the data directly: [offset + dataSize, + metadataSize).
+# On a GPU (device k): a chunk of that GPU's pool (`segment` is the chunk's index) and an
+# offset in it; the metadata, kept by the daemon in host memory, travels in `metadata`.
 struct Location {
   slot @0 :UInt32;           # index of its header in the shared header table
   segment @1 :UInt32;
   offset @2 :UInt64;
   dataSize @3 :UInt64;
   metadataSize @4 :UInt64;
+  device @5 :Int32 = -1;
+  metadata @6 :Data;
 }
 
 # A segment of the host arena the session has not been sent yet. Its file descriptor is
@@ -113,11 +131,43 @@ struct Segment {
   size @1 :UInt64;
 }
 
+# How a client reaches a chunk of a GPU pool (depot::ipc::ChunkHandle).
+enum ChunkHandle {
+  posixFd @0;                # cuMemCreate memory exported as a file descriptor
+  legacyIpc @1;              # a CUDA IPC handle (in `ipcHandle`), for devices without fd export
+  memfd @2;                  # a simulated device's memory: a memfd to map
+}
+
+# A chunk of a GPU pool the session has not been sent yet. The file descriptors of those
+# whose handle has one are attached to the frame after the new segments' ones, in order.
+struct Chunk {
+  device @0 :UInt32;         # index into Reply.Hello.devices
+  index @1 :UInt32;
+  size @2 :UInt64;
+  handle @3 :ChunkHandle;
+  ipcHandle @4 :Data;
+}
+
+# A GPU the daemon serves (Reply.Hello.devices, StoreStatus.devices).
+struct Device {
+  uuid @0 :Data;             # 16 bytes, as cuDeviceGetUuid reports it
+  name @1 :Text;
+  simulated @2 :Bool;        # a test and demo device backed by host memory
+  totalBytes @3 :UInt64;     # the device's memory
+  limitBytes @4 :UInt64;     # what the daemon's pool may take of it (--gpu-memory)
+  reservedBytes @5 :UInt64;  # in chunks allocated so far
+  usedBytes @6 :UInt64;      # allocated to objects
+  heldBytes @7 :UInt64;      # of which held by references or objects being created
+  chunks @8 :UInt32;
+  replicas @9 :UInt64;       # objects with bytes on this device
+}
+
 struct Reply {
   id @0 :UInt64;
   error @1 :ErrorCode;       # ok, or why the request failed as a whole
   message @2 :Text;          # for a person: what went wrong and what to do about it
   newSegments @3 :List(Segment);
+  newChunks @17 :List(Chunk);
   union {
     none @4 :Void;
     hello @5 :Hello;
@@ -143,6 +193,8 @@ struct Reply {
     headerSlots @4 :UInt32;  # the table holds this many ObjectHeader slots
     maxFrameBytes @5 :UInt32;
     maxBatch @6 :UInt32;     # most ids in one get/release/delete/contains
+    devices @7 :List(Device);  # the GPUs, in the order requests number them
+    deviceBackend @8 :Text;  # "cuda", "simulated", or why there are no GPUs
   }
 
   struct GetResult {
@@ -177,6 +229,8 @@ struct ObjectInfo {
   segment @11 :UInt32;
   offset @12 :UInt64;
   deletePending @13 :Bool;   # deleted, gone when the last reference is released
+  onHost @14 :Bool;          # has bytes in host memory (segment and offset are valid)
+  devices @15 :List(UInt32); # the GPUs it has bytes on (a replica each)
 }
 
 struct StoreStatus {
@@ -200,6 +254,12 @@ struct StoreStatus {
   largestFreeBlock @17 :UInt64;
   headerSlots @18 :UInt32;
   requests @19 :UInt64;
+  devices @20 :List(Device);
+  deviceBackend @21 :Text;   # "cuda", "simulated", or why there are no GPUs
+  spills @22 :UInt64;        # objects moved from a full GPU to host memory
+  spilledBytes @23 :UInt64;
+  replicasMade @24 :UInt64;  # copies made for a get on another tier (spills not included)
+  replicasDropped @25 :UInt64;  # extra copies dropped to make room
 }
 
 # A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED
@@ -231,6 +291,16 @@ struct Holder {
 struct ObjectDetails {
   info @0 :ObjectInfo;
   holders @1 :List(Holder);  # in session id order; their references sum to info.refCount
+  replicas @2 :List(Replica);  # host first, then GPUs in order
+}
+
+# One copy of an object's bytes (the `objectInfo` request).
+struct Replica {
+  device @0 :Int32;          # -1: host memory
+  segment @1 :UInt32;        # arena segment, or chunk of the GPU's pool
+  offset @2 :UInt64;
+  references @3 :UInt32;     # references to this copy
+  ready @4 :Bool;            # false while it is being copied
 }
 
 enum VerifyState {
@@ -239,6 +309,7 @@ enum VerifyState {
   noChecksum @2;             # created without a checksum: nothing to compare with
   notFound @3;               # no such object (or deleted)
   notSealed @4;              # still being created
+  notOnHost @5;              # its bytes are only on GPUs now; the checksum is of host bytes
 }
 
 struct VerifyResult {

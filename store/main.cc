@@ -19,6 +19,7 @@
 #include "depot/ipc/protocol.h"
 #include "depot/ipc/units.h"
 #include "store/arena.h"
+#include "store/gpu/setup.h"
 #include "store/header_table.h"
 #include "store/metrics_http.h"
 #include "store/object_store.h"
@@ -95,6 +96,7 @@ int main(int argc, char** argv) {
   bool no_metrics = false;
   uint16_t metrics_port = 0;
   std::string metrics_address = "127.0.0.1";
+  depot::store::gpu::GpuOptions gpu_options;
 
   app.add_option("--socket", socket_path, "Unix socket to listen on (env DEPOT_SOCKET)")
       ->capture_default_str();
@@ -133,6 +135,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--metrics-address", metrics_address, "address of the metrics endpoint")
       ->capture_default_str();
+  app.add_option("--gpu-memory", gpu_options.memory,
+                 "what each GPU pool may take: 75% (the default), 8GiB, or per GPU 0:8GiB,1:50%");
+  app.add_option("--gpu-chunk-size", gpu_options.chunk_size,
+                 "size of the chunks GPU pools grow by (objects larger get their own)")
+      ->capture_default_str();
+  app.add_option("--simulate-gpus", gpu_options.simulate,
+                 "serve N simulated GPUs of SIZE (N or N:SIZE, default size 1GiB), backed by "
+                 "host memory, instead of real ones: for tests and demos");
+  app.add_flag("--no-gpus", gpu_options.disabled, "serve no GPUs (do not load the CUDA driver)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
@@ -174,14 +185,18 @@ int main(int argc, char** argv) {
   boost::asio::posix::stream_descriptor signals(loop, *signal_fd);
   boost::asio::thread_pool pool(workers);
   {
+    auto gpus = depot::store::gpu::SetUpGpus(gpu_options);
+    if (!gpus.ok()) return Fail(gpus.status());
     auto arena = depot::store::Arena::Create({*capacity, *segment, arena_dir}, pool);
     if (!arena.ok()) return Fail(arena.status());
     auto headers = depot::store::HeaderTable::Create(max_objects);
     if (!headers.ok()) return Fail(headers.status());
     depot::store::ClientLimits limits{*client_bytes, client_max_objects, client_max_pending};
-    depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict);
-    depot::store::Server server(
-        loop, store, {socket_path, mode, static_cast<uint32_t>(*frame), max_batch, !no_metrics});
+    depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict,
+                                    (*gpus)->pool_pointers());
+    depot::store::Server server(loop, store,
+                                {socket_path, mode, static_cast<uint32_t>(*frame), max_batch,
+                                 !no_metrics, (*gpus)->description});
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
 
     // The shutdown signals have been blocked since before the socket existed, so a SIGTERM

@@ -19,13 +19,19 @@ std::string Describe(const ObjectId& id) { return "object " + id.Hex(); }
 }  // namespace
 
 ObjectStore::ObjectStore(boost::asio::io_context& loop, boost::asio::thread_pool& workers,
-                         Arena& arena, HeaderTable& headers, ClientLimits limits, bool eviction)
+                         Arena& arena, HeaderTable& headers, ClientLimits limits, bool eviction,
+                         std::vector<gpu::DevicePool*> pools)
     : loop_(loop),
       workers_(workers),
       arena_(arena),
       headers_(headers),
       limits_(limits),
-      eviction_(eviction) {
+      eviction_(eviction),
+      pools_(std::move(pools)),
+      device_lru_(pools_.size()),
+      device_usage_(pools_.size()),
+      room_waits_(pools_.size()),
+      spills_in_flight_(pools_.size(), 0) {
   clients_.try_emplace(kStoreClient);
 }
 
@@ -43,9 +49,69 @@ uint64_t ObjectStore::BlockBytes(uint32_t slot) const {
   return arena_.ReservedSize(h.data_size + h.metadata_size);
 }
 
-Location ObjectStore::LocationOf(uint32_t slot) const {
+uint64_t ObjectStore::TierBytes(uint32_t slot, int32_t device) const {
+  if (device == kHost) return BlockBytes(slot);
+  return gpu::DevicePool::ReservedSize(headers_.at(slot).data_size);
+}
+
+Location ObjectStore::LocationOf(uint32_t slot, int32_t device) const {
   const auto& h = headers_.at(slot);
-  return Location{slot, h.segment, h.offset, h.data_size, h.metadata_size};
+  if (device == kHost) return Location{slot, h.segment, h.offset, h.data_size, h.metadata_size};
+  const Replica* r = FindReplica(slot, device);
+  return Location{
+      slot, r->chunk, r->offset, h.data_size, h.metadata_size, device, objects_[slot].metadata};
+}
+
+ObjectStore::Replica* ObjectStore::FindReplica(uint32_t slot, int32_t device) {
+  for (Replica& r : objects_[slot].replicas) {
+    if (r.device == device) return &r;
+  }
+  return nullptr;
+}
+
+const ObjectStore::Replica* ObjectStore::FindReplica(uint32_t slot, int32_t device) const {
+  return const_cast<ObjectStore*>(this)->FindReplica(slot, device);
+}
+
+bool ObjectStore::IsReady(uint32_t slot, int32_t device) const {
+  if (device == kHost) return objects_[slot].on_host && objects_[slot].host_ready;
+  const Replica* r = FindReplica(slot, device);
+  return r != nullptr && r->ready;
+}
+
+bool ObjectStore::HasOtherCopy(uint32_t slot, int32_t device) const {
+  if (device != kHost && IsReady(slot, kHost)) return true;
+  for (const Replica& r : objects_[slot].replicas) {
+    if (r.device != device && r.ready) return true;
+  }
+  return false;
+}
+
+uint32_t& ObjectStore::TierRefs(uint32_t slot, int32_t device) {
+  if (device == kHost) return objects_[slot].host_refs;
+  return FindReplica(slot, device)->refs;
+}
+
+uint64_t ObjectStore::TiersOf(uint32_t slot) const {
+  uint64_t tiers = IsReady(slot, kHost) ? ipc::kTierHost : 0;
+  for (const Replica& r : objects_[slot].replicas) {
+    if (r.ready) tiers |= ipc::TierBit(r.device);
+  }
+  return tiers;
+}
+
+void ObjectStore::PublishTiers(uint32_t slot) {
+  headers_.at(slot).tiers.store(TiersOf(slot), std::memory_order_release);
+}
+
+Status ObjectStore::CheckDevice(int32_t device) const {
+  if (device == kHost || (device >= 0 && static_cast<size_t>(device) < pools_.size())) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(
+      "there is no GPU " + std::to_string(device) + ": this daemon serves " +
+      std::to_string(pools_.size()) + " GPU" + (pools_.size() == 1 ? "" : "s") +
+      (pools_.empty() ? " (start depotd on a host with GPUs, or with --simulate-gpus)" : ""));
 }
 
 void ObjectStore::AddClient(ClientId client) { clients_.try_emplace(client); }
@@ -62,9 +128,9 @@ void ObjectStore::RemoveClient(ClientId client) {
     pending_.erase(p);
   }
   // Drop every reference; the last reference to an unsealed object aborts it.
-  std::vector<std::pair<uint32_t, uint32_t>> refs(state.refs.begin(), state.refs.end());
-  for (auto [slot, count] : refs) {
-    for (uint32_t i = 0; i < count; ++i) DropRef(state, slot);
+  std::vector<std::pair<uint64_t, uint32_t>> refs(state.refs.begin(), state.refs.end());
+  for (auto [key, count] : refs) {
+    for (uint32_t i = 0; i < count; ++i) DropRef(state, SlotOfKey(key), DeviceOfKey(key));
   }
   clients_.erase(it);
 }
@@ -132,15 +198,25 @@ std::optional<Arena::Block> ObjectStore::AllocateOrEvict(uint64_t bytes) {
 
 uint32_t ObjectStore::AcquireSlot() {
   uint32_t slot = headers_.Acquire();
-  if (slot == HeaderTable::kNoSlot && eviction_ && !lru_.empty()) {
-    Evict(lru_.front());
-    slot = headers_.Acquire();
+  if (slot != HeaderTable::kNoSlot || !eviction_) return slot;
+  // Only evicting a whole object gives a slot back: skip host replicas that have copies.
+  for (uint32_t victim = lru_.front(); victim != LruList::kNil; victim = lru_.next(victim)) {
+    if (!HasOtherCopy(victim, kHost)) {
+      Evict(victim);
+      return headers_.Acquire();
+    }
   }
   return slot;
 }
 
 void ObjectStore::Evict(uint32_t slot) {
   const auto& h = headers_.at(slot);
+  if (HasOtherCopy(slot, kHost)) {
+    spdlog::debug("dropping the host copy of {}", ObjectId::FromWords(h.id_lo, h.id_hi).Hex());
+    counters_.replicas_dropped++;
+    DropHostReplica(slot);
+    return;
+  }
   spdlog::debug("evicting {} ({})", ObjectId::FromWords(h.id_lo, h.id_hi).Hex(),
                 ipc::FormatSize(h.data_size + h.metadata_size));
   counters_.evictions++;
@@ -148,115 +224,277 @@ void ObjectStore::Evict(uint32_t slot) {
   FreeObject(slot);
 }
 
-Result<Location> ObjectStore::Create(ClientId client, const CreateParams& p) {
-  if (p.id.IsNil()) return Status::InvalidArgument("the nil object id (all zeros) is reserved");
-  const uint64_t total = p.data_size + p.metadata.size();
+void ObjectStore::DropHostReplica(uint32_t slot) {
+  Object& o = objects_[slot];
+  MakeUnevictable(slot);
+  if (headers_.at(slot).flags & ipc::kFlagPinned) counters_.pinned_bytes -= BlockBytes(slot);
+  arena_.Free(headers_.at(slot).segment, o.alloc);
+  o.on_host = o.host_ready = false;
+  PublishTiers(slot);
+}
+
+void ObjectStore::DropDeviceReplica(uint32_t slot, int32_t device) {
+  Object& o = objects_[slot];
+  device_lru_[device].Remove(slot);
+  auto it = std::find_if(o.replicas.begin(), o.replicas.end(),
+                         [device](const Replica& r) { return r.device == device; });
+  pools_[device]->Free(it->chunk, it->alloc);
+  o.replicas.erase(it);
+  device_usage_[device].replicas--;
+  PublishTiers(slot);
+  Reconsider(slot);  // the host copy may be the only one now
+}
+
+void ObjectStore::Create(ClientId client, const CreateParams& p, CreateDone done) {
+  if (p.id.IsNil())
+    return done(Status::InvalidArgument("the nil object id (all zeros) is reserved"));
   if (!p.data.empty() && p.data.size() != p.data_size) {
-    return Status::InvalidArgument("inline data of " + std::to_string(p.data.size()) +
-                                   " bytes for " + Describe(p.id) + " of " +
-                                   std::to_string(p.data_size) + " bytes");
+    return done(Status::InvalidArgument("inline data of " + std::to_string(p.data.size()) +
+                                        " bytes for " + Describe(p.id) + " of " +
+                                        std::to_string(p.data_size) + " bytes"));
   }
-  if (p.data_size > arena_.max_object_size() || total > arena_.max_object_size()) {
-    return Status::InvalidArgument(
-        Describe(p.id) + " of " + ipc::FormatSize(total) + " is larger than the largest object (" +
-        ipc::FormatSize(arena_.max_object_size()) + "); start depotd with a larger --segment-size");
-  }
+  if (Status st = CheckDevice(p.device); !st.ok()) return done(st);
   if (uint32_t existing = Find(p.id); existing != HeaderTable::kNoSlot) {
     const auto state = headers_.state(existing);
-    return Status::AlreadyExists(
+    return done(Status::AlreadyExists(
         Describe(p.id) +
         (state == ipc::ObjectState::kSealed
              ? (IsDeletePending(existing) ? " was deleted but is still referenced; it cannot be "
                                             "created again until released"
                                           : " exists already")
-             : " is already being created"));
+             : " is already being created")));
   }
-  ClientState& state = clients_.at(client);
-  DEPOT_RETURN_NOT_OK(CheckLimits(client, state, arena_.ReservedSize(total)));
+  if (creating_.contains(p.id)) {
+    return done(Status::AlreadyExists(Describe(p.id) + " is already being created"));
+  }
+  if (p.device == kHost) return CreateOnHost(client, p, std::move(done));
+  CreateOnDevice(client, p, std::move(done));
+}
 
-  const uint32_t slot = AcquireSlot();
-  if (slot == HeaderTable::kNoSlot) {
-    return Status::LimitExceeded("the store holds " + std::to_string(headers_.slots()) +
-                                 " objects, its limit; start depotd with a larger --max-objects");
-  }
-  auto block = AllocateOrEvict(total);
-  if (!block) {
-    headers_.Release(slot);
-    return Status::OutOfMemory(OutOfMemoryMessage(p.id, total));
-  }
-  std::byte* bytes = arena_.base(block->segment) + block->offset;
-  if (!p.data.empty()) std::memcpy(bytes, p.data.data(), p.data.size());
-  if (!p.metadata.empty()) std::memcpy(bytes + p.data_size, p.metadata.data(), p.metadata.size());
+uint32_t ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t slot) {
   if (slot >= objects_.size()) objects_.resize(std::max<size_t>(slot + 1, objects_.size() * 2));
-  objects_[slot] = Object{block->handle, client, p.checksum, false};
+  objects_[slot] = Object{};
+  objects_[slot].creator = client;
+  objects_[slot].want_checksum = p.checksum;
   auto& h = headers_.at(slot);
   h.id_lo = p.id.lo();
   h.id_hi = p.id.hi();
   h.data_size = p.data_size;
   h.metadata_size = p.metadata.size();
-  h.offset = block->offset;
-  h.segment = block->segment;
   h.flags.store(p.pin ? uint32_t{ipc::kFlagPinned} : 0u, std::memory_order_relaxed);
   h.checksum = 0;
   h.create_time_ns = h.access_time_ns = ipc::WallNanos();
+  h.tiers.store(0, std::memory_order_relaxed);
   headers_.SetStateRefs(slot, ipc::ObjectState::kCreating, 0);
   index_.emplace(p.id, slot);
   if (!p.name.empty()) names_.emplace(slot, std::string(p.name));
   counters_.objects_creating++;
-  counters_.bytes_in += total;
-  if (p.pin) counters_.pinned_bytes += BlockBytes(slot);
-  AddRef(client, state, slot);
-  return LocationOf(slot);
+  counters_.bytes_in += p.data_size + p.metadata.size();
+  return slot;
 }
 
-void ObjectStore::AddRef(ClientId, ClientState& state, uint32_t slot) {
-  const uint64_t refs = headers_.refs(slot);
-  if (refs == 0) {
-    MakeUnevictable(slot);
-    counters_.held_bytes += BlockBytes(slot);
+void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDone done) {
+  const uint64_t total = p.data_size + p.metadata.size();
+  if (p.data_size > arena_.max_object_size() || total > arena_.max_object_size()) {
+    return done(Status::InvalidArgument(Describe(p.id) + " of " + ipc::FormatSize(total) +
+                                        " is larger than the largest object (" +
+                                        ipc::FormatSize(arena_.max_object_size()) +
+                                        "); start depotd with a larger --segment-size"));
   }
-  headers_.SetStateRefs(slot, headers_.state(slot), refs + 1);
-  auto [it, inserted] = state.refs.try_emplace(slot, 0);
-  if (inserted) state.held_bytes += BlockBytes(slot);
-  it->second++;
+  ClientState& state = clients_.at(client);
+  if (Status st = CheckLimits(client, state, arena_.ReservedSize(total)); !st.ok()) return done(st);
+  const uint32_t slot = AcquireSlot();
+  if (slot == HeaderTable::kNoSlot) {
+    return done(
+        Status::LimitExceeded("the store holds " + std::to_string(headers_.slots()) +
+                              " objects, its limit; start depotd with a larger --max-objects"));
+  }
+  auto block = AllocateOrEvict(total);
+  if (!block) {
+    headers_.Release(slot);
+    return done(Status::OutOfMemory(OutOfMemoryMessage(p.id, total)));
+  }
+  std::byte* bytes = arena_.base(block->segment) + block->offset;
+  if (!p.data.empty()) std::memcpy(bytes, p.data.data(), p.data.size());
+  if (!p.metadata.empty()) std::memcpy(bytes + p.data_size, p.metadata.data(), p.metadata.size());
+  auto& h = headers_.at(slot);
+  h.offset = block->offset;
+  h.segment = block->segment;
+  Publish(client, p, slot);
+  objects_[slot].alloc = block->handle;
+  h.tiers.store(ipc::kTierHost, std::memory_order_relaxed);
+  if (p.pin) counters_.pinned_bytes += BlockBytes(slot);
+  AddRef(client, state, slot, kHost);
+  done(LocationOf(slot));
 }
 
-void ObjectStore::DropRef(ClientState& state, uint32_t slot) {
-  auto it = state.refs.find(slot);
+void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateDone done) {
+  gpu::DevicePool& pool = *pools_[p.device];
+  if (!p.data.empty()) {
+    return done(Status::InvalidArgument(
+        "inline data is for host objects; write a GPU object through its device pointer"));
+  }
+  if (p.checksum) {
+    return done(Status::InvalidArgument("checksums are taken of host objects only; " +
+                                        Describe(p.id) + " is created on " + pool.info().name));
+  }
+  if (!pool.CouldFit(p.data_size)) {
+    return done(Status::InvalidArgument(Describe(p.id) + " of " + ipc::FormatSize(p.data_size) +
+                                        " is larger than the pool of " + pool.info().name + " (" +
+                                        ipc::FormatSize(pool.limit()) + ", --gpu-memory)"));
+  }
+  ClientState& state = clients_.at(client);
+  if (Status st = CheckLimits(client, state, pool.ReservedSize(p.data_size)); !st.ok()) {
+    return done(st);
+  }
+  // The parameters outlive the request: room may come only after spills.
+  struct Owned {
+    CreateParams params;
+    std::vector<std::byte> metadata;
+    std::string name;
+  };
+  auto owned = std::make_shared<Owned>();
+  owned->params = p;
+  owned->metadata.assign(p.metadata.begin(), p.metadata.end());
+  owned->name = std::string(p.name);
+  owned->params.metadata = owned->metadata;
+  owned->params.name = owned->name;
+  creating_.insert(p.id);
+  AllocateOnDevice(
+      p.device, p.data_size,
+      [this, client, owned,
+       done = std::move(done)](std::optional<gpu::DevicePool::Block> block) mutable {
+        const CreateParams& p = owned->params;
+        creating_.erase(p.id);
+        gpu::DevicePool& pool = *pools_[p.device];
+        auto it = clients_.find(client);
+        if (it == clients_.end()) {  // gone while waiting for room
+          if (block) pool.Free(block->chunk, block->handle);
+          return;
+        }
+        if (!block) {
+          return done(Status::OutOfMemory(DeviceOutOfMemoryMessage(p.device, p.id, p.data_size)));
+        }
+        const uint32_t slot = AcquireSlot();
+        if (slot == HeaderTable::kNoSlot) {
+          pool.Free(block->chunk, block->handle);
+          return done(Status::LimitExceeded(
+              "the store holds " + std::to_string(headers_.slots()) +
+              " objects, its limit; start depotd with a larger --max-objects"));
+        }
+        Publish(client, p, slot);
+        Object& o = objects_[slot];
+        o.on_host = o.host_ready = false;
+        o.metadata = std::move(owned->metadata);
+        o.replicas.push_back(Replica{p.device, block->chunk, block->handle, block->offset});
+        device_usage_[p.device].replicas++;
+        AddRef(client, it->second, slot, p.device);
+        done(LocationOf(slot, p.device));
+      });
+}
+
+std::string ObjectStore::DeviceOutOfMemoryMessage(int32_t device, const ObjectId& id,
+                                                  uint64_t bytes) const {
+  const gpu::DevicePool& pool = *pools_[device];
+  return "cannot fit " + Describe(id) + " of " + ipc::FormatSize(bytes) + " on " +
+         pool.info().name + ": its pool uses " + ipc::FormatSize(pool.used_bytes()) + " of " +
+         ipc::FormatSize(pool.limit()) + " (largest free block " +
+         ipc::FormatSize(pool.largest_free_block()) + "), " +
+         ipc::FormatSize(device_usage_[device].held_bytes) +
+         " is held by references or objects being created, and nothing more can spill to "
+         "host memory; release or delete objects, or give the pool more --gpu-memory";
+}
+
+void ObjectStore::AddRef(ClientId, ClientState& state, uint32_t slot, int32_t device) {
+  uint32_t& tier_refs = TierRefs(slot, device);
+  if (tier_refs++ == 0) {
+    if (device == kHost) {
+      counters_.held_bytes += BlockBytes(slot);
+    } else {
+      device_usage_[device].held_bytes += TierBytes(slot, device);
+    }
+  }
+  headers_.SetStateRefs(slot, headers_.state(slot), headers_.refs(slot) + 1);
+  auto [it, inserted] = state.refs.try_emplace(RefKey(slot, device), 0);
+  if (inserted) state.held_bytes += TierBytes(slot, device);
+  it->second++;
+  Reconsider(slot);
+}
+
+void ObjectStore::DropRef(ClientState& state, uint32_t slot, int32_t device) {
+  auto it = state.refs.find(RefKey(slot, device));
   if (--it->second == 0) {
-    state.held_bytes -= BlockBytes(slot);
+    state.held_bytes -= TierBytes(slot, device);
     state.refs.erase(it);
+  }
+  if (--TierRefs(slot, device) == 0) {
+    if (device == kHost) {
+      counters_.held_bytes -= BlockBytes(slot);
+    } else {
+      device_usage_[device].held_bytes -= TierBytes(slot, device);
+    }
   }
   const uint64_t refs = headers_.refs(slot) - 1;
   const auto st = headers_.state(slot);
   headers_.SetStateRefs(slot, st, refs);
-  if (refs != 0) return;
-  counters_.held_bytes -= BlockBytes(slot);
-  if (st == ipc::ObjectState::kCreating) {
+  if (refs == 0 && st == ipc::ObjectState::kCreating) {
     // The creator let go of an object it never sealed: abort it. An object whose seal is
     // running on the worker pool is finished by FinishSeal instead.
     if (!objects_[slot].sealing) FreeObject(slot);
     return;
   }
-  if (IsDeletePending(slot)) {
-    FreeObject(slot);
-  } else if (!(headers_.at(slot).flags & ipc::kFlagPinned)) {
+  if (refs == 0 && IsDeletePending(slot)) return FreeObject(slot);
+  Reconsider(slot);
+}
+
+bool ObjectStore::HostEvictable(uint32_t slot) const {
+  const Object& o = objects_[slot];
+  if (headers_.state(slot) != ipc::ObjectState::kSealed || IsDeletePending(slot) || o.sealing ||
+      !o.on_host || !o.host_ready || o.host_refs != 0) {
+    return false;
+  }
+  return HasOtherCopy(slot, kHost) ||
+         (headers_.refs(slot) == 0 && !(headers_.at(slot).flags & ipc::kFlagPinned));
+}
+
+void ObjectStore::Reconsider(uint32_t slot) {
+  if (!HostEvictable(slot)) {
+    MakeUnevictable(slot);
+  } else if (!lru_.contains(slot)) {
     MakeEvictable(slot);
+  }
+  const bool usable = headers_.state(slot) == ipc::ObjectState::kSealed && !IsDeletePending(slot);
+  for (const Replica& r : objects_[slot].replicas) {
+    LruList& lru = device_lru_[r.device];
+    if (!(usable && r.ready && !r.spilling && r.refs == 0)) {
+      lru.Remove(slot);
+    } else if (!lru.contains(slot)) {
+      lru.PushBack(slot);
+    }
   }
 }
 
 void ObjectStore::FreeObject(uint32_t slot) {
   auto& h = headers_.at(slot);
+  Object& o = objects_[slot];
   const ObjectId id = ObjectId::FromWords(h.id_lo, h.id_hi);
-  const uint64_t bytes = BlockBytes(slot);
   if (headers_.state(slot) == ipc::ObjectState::kCreating) {
     counters_.objects_creating--;
   } else {
     counters_.objects_sealed--;
   }
-  if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes -= bytes;
   MakeUnevictable(slot);
-  arena_.Free(h.segment, objects_[slot].alloc);
+  if (o.on_host) {
+    if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes -= BlockBytes(slot);
+    arena_.Free(h.segment, o.alloc);
+  }
+  for (const Replica& r : o.replicas) {
+    device_lru_[r.device].Remove(slot);
+    pools_[r.device]->Free(r.chunk, r.alloc);
+    device_usage_[r.device].replicas--;
+    ScheduleRoomWaits(r.device);
+  }
+  o = Object{};
   index_.erase(id);
   names_.erase(slot);
   headers_.Release(slot);
@@ -296,14 +534,17 @@ void ObjectStore::Seal(ClientId client, const ObjectId& id, std::function<void(S
 
 void ObjectStore::FinishSeal(uint32_t slot, std::optional<uint64_t> checksum) {
   auto& h = headers_.at(slot);
-  objects_[slot].sealing = false;
+  Object& o = objects_[slot];
+  o.sealing = false;
   h.checksum = checksum.value_or(0);
   if (checksum) h.flags |= ipc::kFlagHasChecksum;
-  const uint64_t refs = headers_.refs(slot);
-  headers_.SetStateRefs(slot, ipc::ObjectState::kSealed, refs);
+  // An object made on a GPU has its one replica there; it is complete now.
+  for (Replica& r : o.replicas) r.ready = true;
+  PublishTiers(slot);
+  headers_.SetStateRefs(slot, ipc::ObjectState::kSealed, headers_.refs(slot));
   counters_.objects_creating--;
   counters_.objects_sealed++;
-  if (refs == 0 && !(h.flags & ipc::kFlagPinned)) MakeEvictable(slot);
+  Reconsider(slot);
   CompleteWaiters(slot);
 }
 
@@ -316,41 +557,55 @@ Status ObjectStore::Abort(ClientId client, const ObjectId& id) {
   if (objects_[slot].creator != client) {
     return Status::NotHeld(Describe(id) + " is being created by another client");
   }
-  // Only the creator can hold an unsealed object; dropping its references frees it.
+  // Only the creator can hold an unsealed object, on the tier it creates it on; dropping its
+  // references frees it.
+  const int32_t tier = objects_[slot].on_host ? kHost : objects_[slot].replicas.front().device;
   ClientState& state = clients_.at(client);
-  uint32_t count = state.refs.at(slot);
-  for (uint32_t i = 0; i < count; ++i) DropRef(state, slot);
+  const uint32_t count = state.refs.at(RefKey(slot, tier));
+  for (uint32_t i = 0; i < count; ++i) DropRef(state, slot, tier);
   return Status::OK();
 }
 
-Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int64_t timeout_ms,
-                        GetDone done) {
+Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int32_t device,
+                        int64_t timeout_ms, GetDone done) {
+  DEPOT_RETURN_NOT_OK(CheckDevice(device));
   ClientState& state = clients_.at(client);
   std::vector<GetResult> results(ids.size());
-  size_t missing = 0;
+  std::vector<Wait> waits(ids.size(), Wait::kNone);
+  size_t seal_waits = 0, copy_waits = 0;
   const uint64_t now = ipc::WallNanos();
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t slot = Find(ids[i]);
-    if (slot != HeaderTable::kNoSlot && headers_.state(slot) == ipc::ObjectState::kSealed &&
-        !IsDeletePending(slot)) {
-      AddRef(client, state, slot);
+    const bool sealed = slot != HeaderTable::kNoSlot &&
+                        headers_.state(slot) == ipc::ObjectState::kSealed && !IsDeletePending(slot);
+    if (sealed && IsReady(slot, device)) {
+      AddRef(client, state, slot, device);
       headers_.at(slot).access_time_ns = now;
-      results[i].location = LocationOf(slot);
+      results[i].location = LocationOf(slot, device);
       counters_.get_hits++;
       counters_.bytes_out += results[i].location.data_size + results[i].location.metadata_size;
+    } else if (sealed) {
+      waits[i] = Wait::kCopy;
+      ++copy_waits;
+      counters_.get_hits++;
     } else {
       results[i].code = StatusCode::kNotFound;
-      ++missing;
+      if (timeout_ms != 0) {
+        waits[i] = Wait::kSeal;
+        ++seal_waits;
+      }
     }
   }
-  if (missing == 0 || timeout_ms == 0) {
+  if (seal_waits + copy_waits == 0) {
     done(std::move(results));
     return Status::OK();
   }
   if (limits_.max_pending_gets != 0 && state.pending_gets.size() >= limits_.max_pending_gets) {
     // Give back what this call granted: the request fails as a whole.
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (results[i].code == StatusCode::kOk) DropRef(state, results[i].location.slot);
+      if (results[i].code == StatusCode::kOk && waits[i] == Wait::kNone) {
+        DropRef(state, results[i].location.slot, device);
+      }
     }
     return Status::LimitExceeded("client " + std::to_string(client) + " already has " +
                                  std::to_string(state.pending_gets.size()) +
@@ -359,28 +614,34 @@ Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int64_t time
   const uint64_t pending_id = next_pending_++;
   PendingGet& get = pending_[pending_id];
   get.client = client;
-  get.missing = missing;
+  get.device = device;
+  get.missing = seal_waits + copy_waits;
   get.done = std::move(done);
   get.timer = std::make_unique<boost::asio::steady_timer>(loop_);
+  std::vector<uint32_t> copies;
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (results[i].code != StatusCode::kOk) waiting_[ids[i]].push_back(pending_id);
+    if (waits[i] == Wait::kSeal) waiting_[ids[i]].push_back(pending_id);
+    if (waits[i] == Wait::kCopy) copies.push_back(Find(ids[i]));
   }
-  counters_.get_waits += missing;
+  counters_.get_waits += seal_waits;
   get.ids = std::move(ids);
   get.results = std::move(results);
+  get.waits.swap(waits);
   state.pending_gets.push_back(pending_id);
-  if (timeout_ms > 0) {
+  if (timeout_ms > 0 && seal_waits > 0) {
     get.timer->expires_after(std::chrono::milliseconds(timeout_ms));
     get.timer->async_wait([this, pending_id](const boost::system::error_code& ec) {
       if (!ec) ExpireGet(pending_id);
     });
   }
+  // Last: a copy that fails at once answers the get, which may then be gone.
+  for (uint32_t slot : copies) StartTransfer(slot, device, /*spill=*/false, pending_id);
   return Status::OK();
 }
 
 void ObjectStore::ForgetWaits(uint64_t pending_id, const PendingGet& get) {
   for (size_t i = 0; i < get.ids.size(); ++i) {
-    if (get.results[i].code == StatusCode::kOk) continue;
+    if (get.waits[i] != Wait::kSeal) continue;
     auto w = waiting_.find(get.ids[i]);
     if (w == waiting_.end()) continue;
     std::erase(w->second, pending_id);
@@ -391,17 +652,27 @@ void ObjectStore::ForgetWaits(uint64_t pending_id, const PendingGet& get) {
 void ObjectStore::ExpireGet(uint64_t pending_id) {
   auto it = pending_.find(pending_id);
   if (it == pending_.end()) return;
-  PendingGet get = std::move(it->second);
-  pending_.erase(it);
+  PendingGet& get = it->second;
   ForgetWaits(pending_id, get);
-  std::erase(clients_.at(get.client).pending_gets, pending_id);
-  for (auto& r : get.results) {
-    if (r.code != StatusCode::kOk) {
-      r.code = StatusCode::kTimeout;
-      counters_.get_timeouts++;
-    }
+  // Ids still waiting for a seal time out; copies under way are waited for (they end).
+  for (size_t i = 0; i < get.ids.size(); ++i) {
+    if (get.waits[i] != Wait::kSeal) continue;
+    get.waits[i] = Wait::kNone;
+    get.results[i].code = StatusCode::kTimeout;
+    counters_.get_timeouts++;
+    --get.missing;
   }
-  get.done(std::move(get.results));
+  FinishGetIfDone(pending_id);
+}
+
+void ObjectStore::FinishGetIfDone(uint64_t pending_id) {
+  auto it = pending_.find(pending_id);
+  if (it == pending_.end() || it->second.missing != 0) return;
+  PendingGet finished = std::move(it->second);
+  pending_.erase(it);
+  finished.timer->cancel();
+  std::erase(clients_.at(finished.client).pending_gets, pending_id);
+  finished.done(std::move(finished.results));
 }
 
 void ObjectStore::CompleteWaiters(uint32_t slot) {
@@ -411,42 +682,284 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
   if (w == waiting_.end()) return;
   std::vector<uint64_t> waiters = std::move(w->second);
   waiting_.erase(w);
+  std::vector<std::pair<int32_t, uint64_t>> copies;  // (tier, pending get) to start
   for (uint64_t pending_id : waiters) {
     auto it = pending_.find(pending_id);
     if (it == pending_.end()) continue;
     PendingGet& get = it->second;
     ClientState& state = clients_.at(get.client);
     for (size_t i = 0; i < get.ids.size(); ++i) {
-      if (get.ids[i] != id || get.results[i].code == StatusCode::kOk) continue;
-      AddRef(get.client, state, slot);
-      get.results[i] = GetResult{StatusCode::kOk, LocationOf(slot)};
+      if (get.ids[i] != id || get.waits[i] != Wait::kSeal) continue;
+      if (!IsReady(slot, get.device)) {
+        get.waits[i] = Wait::kCopy;
+        copies.emplace_back(get.device, pending_id);
+        continue;
+      }
+      AddRef(get.client, state, slot, get.device);
+      get.results[i] = GetResult{StatusCode::kOk, LocationOf(slot, get.device)};
       counters_.bytes_out += h.data_size + h.metadata_size;
+      get.waits[i] = Wait::kNone;
       --get.missing;
     }
-    if (get.missing == 0) {
-      PendingGet finished = std::move(get);
-      pending_.erase(it);
-      finished.timer->cancel();
-      std::erase(state.pending_gets, pending_id);
-      finished.done(std::move(finished.results));
-    }
+    FinishGetIfDone(pending_id);
+  }
+  for (auto [device, pending_id] : copies) {
+    StartTransfer(slot, device, /*spill=*/false, pending_id);
   }
 }
 
-Status ObjectStore::Release(ClientId client, std::span<const ObjectId> ids) {
+void ObjectStore::Answer(uint64_t pending_id, uint32_t slot, const ObjectId& id,
+                         StatusCode failure) {
+  auto it = pending_.find(pending_id);
+  if (it == pending_.end()) return;
+  PendingGet& get = it->second;
+  const bool usable = failure == StatusCode::kOk && Find(id) == slot &&
+                      headers_.state(slot) == ipc::ObjectState::kSealed && !IsDeletePending(slot) &&
+                      IsReady(slot, get.device);
+  for (size_t i = 0; i < get.ids.size(); ++i) {
+    if (get.ids[i] != id || get.waits[i] != Wait::kCopy) continue;
+    if (usable) {
+      AddRef(get.client, clients_.at(get.client), slot, get.device);
+      get.results[i] = GetResult{StatusCode::kOk, LocationOf(slot, get.device)};
+      counters_.bytes_out += get.results[i].location.data_size;
+    } else {
+      get.results[i].code = failure == StatusCode::kOk ? StatusCode::kNotFound : failure;
+    }
+    get.waits[i] = Wait::kNone;
+    --get.missing;
+  }
+  FinishGetIfDone(pending_id);
+}
+
+void ObjectStore::StartTransfer(uint32_t slot, int32_t device, bool spill, uint64_t pending_id) {
+  const auto key = std::make_pair(slot, device);
+  if (auto it = transfers_.find(key); it != transfers_.end()) {
+    if (pending_id != 0) it->second.waiters.push_back(pending_id);
+    return;
+  }
+  // The source: for a spill, the GPU it leaves; else another GPU's copy (a peer copy is the
+  // fastest way onto a GPU), else the host copy.
+  Object& o = objects_[slot];
+  constexpr int32_t kNoSource = kHost - 1;
+  int32_t source = kNoSource;
+  for (const Replica& r : o.replicas) {
+    if (spill ? r.spilling : (r.ready && r.device != device)) source = r.device;
+  }
+  if (source == kNoSource && !spill && device != kHost && IsReady(slot, kHost)) source = kHost;
+  auto& h = headers_.at(slot);
+  const ObjectId id = ObjectId::FromWords(h.id_lo, h.id_hi);
+  if (source == kNoSource || !IsReady(slot, source)) {
+    spdlog::error("{} has no copy to make a replica from", Describe(id));
+    if (pending_id != 0) Answer(pending_id, slot, id, StatusCode::kInternal);
+    return;
+  }
+  Transfer& t = transfers_[key];
+  t.source = source;
+  t.spill = spill;
+  if (pending_id != 0) t.waiters.push_back(pending_id);
+  // The store holds the source for the copy: neither it nor the object goes meanwhile.
+  AddRef(kStoreClient, clients_.at(kStoreClient), slot, source);
+  if (o.metadata.empty() && h.metadata_size != 0 && source == kHost) {
+    const std::byte* meta = arena_.base(h.segment) + h.offset + h.data_size;
+    o.metadata.assign(meta, meta + h.metadata_size);
+  }
+  if (device == kHost) {
+    auto block = AllocateOrEvict(h.data_size + h.metadata_size);
+    if (!block) {
+      return FinishTransfer(
+          slot, kHost, Status::OutOfMemory(OutOfMemoryMessage(id, h.data_size + h.metadata_size)));
+    }
+    o.alloc = block->handle;
+    o.on_host = true;
+    o.host_ready = false;
+    h.segment = block->segment;
+    h.offset = block->offset;
+    if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes += BlockBytes(slot);
+    return RunCopy(slot, kHost);
+  }
+  AllocateOnDevice(device, h.data_size,
+                   [this, slot, device, id](std::optional<gpu::DevicePool::Block> block) {
+                     if (!block) {
+                       return FinishTransfer(slot, device,
+                                             Status::OutOfMemory(DeviceOutOfMemoryMessage(
+                                                 device, id, headers_.at(slot).data_size)));
+                     }
+                     objects_[slot].replicas.push_back(
+                         Replica{device, block->chunk, block->handle, block->offset});
+                     device_usage_[device].replicas++;
+                     RunCopy(slot, device);
+                   });
+}
+
+void ObjectStore::RunCopy(uint32_t slot, int32_t device) {
+  const auto& h = headers_.at(slot);
+  const int32_t source = transfers_.at({slot, device}).source;
+  gpu::DeviceBackend& backend = pools_.front()->backend();
+  const uint64_t bytes = h.data_size;
+  // Addresses stay valid until FinishTransfer: the store holds the source, and the
+  // destination is no eviction candidate before it is ready.
+  auto address = [&](int32_t tier) -> uint64_t {
+    if (tier == kHost) return reinterpret_cast<uint64_t>(arena_.base(h.segment) + h.offset);
+    const Replica* r = FindReplica(slot, tier);
+    return pools_[tier]->address(r->chunk, r->offset);
+  };
+  const uint64_t from = address(source), to = address(device);
+  boost::asio::post(workers_, [this, &backend, slot, device, source, from, to, bytes] {
+    Status st;
+    if (bytes == 0) {
+      st = Status::OK();
+    } else if (source == kHost) {
+      st = backend.CopyFromHost(device, reinterpret_cast<const void*>(from), to, bytes);
+    } else if (device == kHost) {
+      st = backend.CopyToHost(source, from, reinterpret_cast<void*>(to), bytes);
+    } else {
+      st = backend.CopyBetweenDevices(source, from, device, to, bytes);
+    }
+    boost::asio::post(
+        loop_, [this, slot, device, st = std::move(st)] { FinishTransfer(slot, device, st); });
+  });
+}
+
+void ObjectStore::FinishTransfer(uint32_t slot, int32_t device, Status status) {
+  Transfer t = std::move(transfers_.extract({slot, device}).mapped());
+  auto& h = headers_.at(slot);
+  Object& o = objects_[slot];
+  const ObjectId id = ObjectId::FromWords(h.id_lo, h.id_hi);
+  const uint32_t generation = h.generation;
+  if (status.ok()) {
+    if (device == kHost) {
+      if (!o.metadata.empty()) {
+        std::memcpy(arena_.base(h.segment) + h.offset + h.data_size, o.metadata.data(),
+                    o.metadata.size());
+      }
+      o.host_ready = true;
+    } else {
+      FindReplica(slot, device)->ready = true;
+    }
+    PublishTiers(slot);
+    if (t.spill) {
+      counters_.spills++;
+      counters_.spilled_bytes += h.data_size;
+    } else {
+      counters_.replicas_made++;
+    }
+  } else {
+    spdlog::warn("cannot copy {} to {}: {}", Describe(id), TierName(device), status.message());
+    if (device == kHost && o.on_host && !o.host_ready) {
+      if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes -= BlockBytes(slot);
+      arena_.Free(h.segment, o.alloc);
+      o.on_host = false;
+    } else if (Replica* r = FindReplica(slot, device); r != nullptr && !r->ready) {
+      pools_[device]->Free(r->chunk, r->alloc);
+      std::erase_if(o.replicas, [device](const Replica& x) { return x.device == device; });
+      device_usage_[device].replicas--;
+    }
+  }
+  // The waiting gets take their references before the store lets go of the source.
+  for (uint64_t pending_id : t.waiters) Answer(pending_id, slot, id, status.code());
+  if (t.spill) {
+    if (Replica* r = FindReplica(slot, t.source)) r->spilling = false;
+  }
+  DropRef(clients_.at(kStoreClient), slot, t.source);
+  const bool alive = headers_.state(slot) != ipc::ObjectState::kFree && h.generation == generation;
+  if (alive && t.spill && status.ok()) {
+    // Spilled: the GPU copy goes unless someone took a reference to it meanwhile.
+    if (const Replica* r = FindReplica(slot, t.source); r != nullptr && r->refs == 0) {
+      DropDeviceReplica(slot, t.source);
+    }
+  }
+  if (t.spill) {
+    spills_in_flight_[t.source]--;
+    ScheduleRoomWaits(t.source);
+  }
+}
+
+std::string ObjectStore::TierName(int32_t device) const {
+  return device == kHost ? std::string("host memory") : pools_[device]->info().name;
+}
+
+std::optional<gpu::DevicePool::Block> ObjectStore::AllocateDroppingReplicas(int32_t device,
+                                                                            uint64_t bytes) {
+  gpu::DevicePool& pool = *pools_[device];
+  auto block = pool.Allocate(bytes);
+  LruList& lru = device_lru_[device];
+  for (uint32_t victim = lru.front(); !block && victim != LruList::kNil;) {
+    const uint32_t next = lru.next(victim);
+    if (HasOtherCopy(victim, device)) {
+      const uint32_t chunk = FindReplica(victim, device)->chunk;
+      DropDeviceReplica(victim, device);
+      counters_.replicas_dropped++;
+      block = pool.AllocateIn(chunk, bytes);
+    }
+    victim = next;
+  }
+  return block;
+}
+
+bool ObjectStore::StartSpills(int32_t device, uint64_t bytes) {
+  const uint64_t need = gpu::DevicePool::ReservedSize(bytes);
+  uint64_t started = 0;
+  LruList& lru = device_lru_[device];
+  for (uint32_t victim = lru.front(); victim != LruList::kNil && started < need;) {
+    const uint32_t next = lru.next(victim);
+    if (!HasOtherCopy(victim, device) && !transfers_.contains({victim, kHost})) {
+      FindReplica(victim, device)->spilling = true;
+      spills_in_flight_[device]++;
+      Reconsider(victim);  // out of the LRU list while it spills
+      started += TierBytes(victim, device);
+      StartTransfer(victim, kHost, /*spill=*/true, 0);
+    }
+    victim = next;
+  }
+  return spills_in_flight_[device] > 0;
+}
+
+void ObjectStore::AllocateOnDevice(int32_t device, uint64_t bytes, RoomDone then) {
+  if (auto block = AllocateDroppingReplicas(device, bytes)) return then(block);
+  if (StartSpills(device, bytes)) {
+    room_waits_[device].push_back(RoomWait{bytes, std::move(then)});
+    return;
+  }
+  then(std::nullopt);
+}
+
+void ObjectStore::ScheduleRoomWaits(int32_t device) {
+  if (room_waits_[device].empty()) return;
+  // Posted, not called: the caller may be in the middle of changing the tables.
+  boost::asio::post(loop_, [this, device] { ServeRoomWaits(device); });
+}
+
+void ObjectStore::ServeRoomWaits(int32_t device) {
+  auto& waits = room_waits_[device];
+  while (!waits.empty()) {
+    std::optional<gpu::DevicePool::Block> block =
+        AllocateDroppingReplicas(device, waits.front().bytes);
+    if (!block && (spills_in_flight_[device] > 0 || StartSpills(device, waits.front().bytes))) {
+      return;  // more room is on its way
+    }
+    RoomWait wait = std::move(waits.front());
+    waits.erase(waits.begin());
+    wait.then(block);
+  }
+}
+
+Status ObjectStore::Release(ClientId client, std::span<const ObjectId> ids, int32_t device) {
   ClientState& state = clients_.at(client);
   Status first_error;
   for (const ObjectId& id : ids) {
     const uint32_t slot = Find(id);
-    if (slot == HeaderTable::kNoSlot || !state.refs.contains(slot)) {
+    if (slot == HeaderTable::kNoSlot || !state.refs.contains(RefKey(slot, device))) {
       if (first_error.ok()) {
-        first_error = Status::NotHeld(Describe(id) + (slot == HeaderTable::kNoSlot
-                                                          ? " does not exist"
-                                                          : " is not held by this client"));
+        first_error = Status::NotHeld(
+            Describe(id) +
+            (slot == HeaderTable::kNoSlot
+                 ? " does not exist"
+                 : " is not held by this client" +
+                       (device == kHost ? std::string() : " on " + TierName(device))));
       }
       continue;
     }
-    DropRef(state, slot);
+    DropRef(state, slot, device);
   }
   return first_error;
 }
@@ -466,6 +979,7 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
         FreeObject(slot);
       } else {
         headers_.at(slot).flags |= ipc::kFlagDeletePending;
+        Reconsider(slot);  // no replica of it is a candidate any more
       }
     }
   }
@@ -503,21 +1017,42 @@ ClientUsage ObjectStore::UsageOf(ClientId client) const {
   ClientUsage usage;
   auto it = clients_.find(client);
   if (it == clients_.end()) return usage;
-  usage.objects = it->second.refs.size();
+  std::unordered_set<uint32_t> slots;
+  for (const auto& [key, count] : it->second.refs) {
+    slots.insert(SlotOfKey(key));
+    usage.references += count;
+  }
+  usage.objects = slots.size();
   usage.bytes = it->second.held_bytes;
-  for (const auto& [slot, count] : it->second.refs) usage.references += count;
   return usage;
 }
 
 std::vector<std::pair<ClientId, uint32_t>> ObjectStore::HoldersOf(uint32_t slot) const {
   std::vector<std::pair<ClientId, uint32_t>> holders;
   for (const auto& [client, state] : clients_) {
-    if (auto it = state.refs.find(slot); it != state.refs.end()) {
-      holders.emplace_back(client, it->second);
+    uint32_t count = 0;
+    for (int32_t device = kHost; device < static_cast<int32_t>(pools_.size()); ++device) {
+      if (auto it = state.refs.find(RefKey(slot, device)); it != state.refs.end()) {
+        count += it->second;
+      }
     }
+    if (count != 0) holders.emplace_back(client, count);
   }
   std::sort(holders.begin(), holders.end());
   return holders;
+}
+
+std::vector<ReplicaInfo> ObjectStore::ReplicasOf(uint32_t slot) const {
+  std::vector<ReplicaInfo> replicas;
+  const Object& o = objects_[slot];
+  const auto& h = headers_.at(slot);
+  if (o.on_host) replicas.push_back({kHost, h.segment, h.offset, o.host_refs, o.host_ready});
+  for (const Replica& r : o.replicas) {
+    replicas.push_back({r.device, r.chunk, r.offset, r.refs, r.ready});
+  }
+  std::sort(replicas.begin(), replicas.end(),
+            [](const ReplicaInfo& a, const ReplicaInfo& b) { return a.device < b.device; });
+  return replicas;
 }
 
 struct ObjectStore::VerifyRun {
@@ -564,6 +1099,8 @@ void ObjectStore::Verify(std::vector<ObjectId> ids, VerifyDone done) {
       outcome.state = VerifyState::kNotSealed;
     } else if (!(h.flags & ipc::kFlagHasChecksum)) {
       outcome.state = VerifyState::kNoChecksum;
+    } else if (!IsReady(slot, kHost)) {
+      outcome.state = VerifyState::kNotOnHost;
     } else {
       outcome.expected = h.checksum;
       AddRef(kStoreClient, store_refs, slot);

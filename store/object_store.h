@@ -1,9 +1,18 @@
 // The object table and everything that happens to objects: create, seal, get (waiting for
 // seals), release, delete, abort, and eviction under memory pressure.
 //
+// Tiers. An object's bytes may be in host memory (the arena) and on any number of GPUs (their
+// pools), a replica on each; references are per replica. A get on a tier where the object has
+// no replica makes one: the copy runs on the worker pool and the get is answered when it is
+// done. When a GPU pool is full, unreferenced extra replicas there are dropped first, then
+// unreferenced objects whose only replica is there spill to host memory (their id stays
+// valid); under host pressure, host replicas of objects that are also on a GPU go before
+// whole objects are evicted.
+//
 // All of it runs on the daemon's one event-loop thread: no locks. Long work (checksums of
-// large objects) goes to the worker pool and posts its result back to the loop. The store
-// knows clients only by ClientId; sessions (the network side) call in and get callbacks.
+// large objects, copies between tiers) goes to the worker pool and posts its result back to
+// the loop. The store knows clients only by ClientId; sessions (the network side) call in and
+// get callbacks.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -12,17 +21,21 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "depot/object_id.h"
 #include "depot/status.h"
 #include "store/arena.h"
+#include "store/gpu/pool.h"
 #include "store/header_table.h"
 #include "store/lru_list.h"
 
@@ -33,12 +46,18 @@ using ClientId = uint32_t;
 // Sessions are numbered from 1.
 inline constexpr ClientId kStoreClient = 0;
 
+// A tier: host memory, or GPU pool k (k >= 0), numbered as on the wire.
+inline constexpr int32_t kHost = -1;
+
 struct Location {
   uint32_t slot = 0;
-  uint32_t segment = 0;
+  uint32_t segment = 0;  // on a GPU: the chunk of its pool
   uint64_t offset = 0;
   uint64_t data_size = 0;
   uint64_t metadata_size = 0;
+  int32_t device = kHost;
+  // On a GPU: the metadata, kept in daemon memory. Valid until the store next changes.
+  std::span<const std::byte> metadata;
 };
 
 struct CreateParams {
@@ -49,10 +68,12 @@ struct CreateParams {
   std::string_view name;
   bool pin = false;
   bool checksum = false;
+  int32_t device = kHost;
 };
 
 struct GetResult {
-  StatusCode code = StatusCode::kOk;  // kOk, kNotFound or kTimeout
+  // kOk, kNotFound, kTimeout, or why a copy to the asked tier failed (kOutOfMemory, ...)
+  StatusCode code = StatusCode::kOk;
   Location location;
 };
 
@@ -69,11 +90,30 @@ struct StoreCounters {
   uint64_t pinned_bytes = 0;
   uint64_t evictions = 0;
   uint64_t evicted_bytes = 0;
-  uint64_t bytes_in = 0;      // data and metadata of objects created
-  uint64_t bytes_out = 0;     // of objects handed out by gets
-  uint64_t get_hits = 0;      // ids a get found sealed at once
-  uint64_t get_waits = 0;     // ids a get had to wait for
-  uint64_t get_timeouts = 0;  // ids still missing when a wait ran out
+  uint64_t bytes_in = 0;          // data and metadata of objects created
+  uint64_t bytes_out = 0;         // of objects handed out by gets
+  uint64_t get_hits = 0;          // ids a get found sealed at once
+  uint64_t get_waits = 0;         // ids a get had to wait for
+  uint64_t get_timeouts = 0;      // ids still missing when a wait ran out
+  uint64_t replicas_made = 0;     // copies made for gets on another tier
+  uint64_t replicas_dropped = 0;  // extra copies dropped to make room
+  uint64_t spills = 0;            // objects moved from a full GPU to host memory
+  uint64_t spilled_bytes = 0;
+};
+
+// One GPU pool's use (status).
+struct DeviceUsage {
+  uint64_t held_bytes = 0;  // of replicas referenced or being created
+  uint64_t replicas = 0;    // objects with a replica there
+};
+
+// One replica of an object (the admin `show` view).
+struct ReplicaInfo {
+  int32_t device = kHost;
+  uint32_t segment = 0;  // arena segment, or chunk of the GPU's pool
+  uint64_t offset = 0;
+  uint32_t references = 0;
+  bool ready = false;  // false while it is being copied
 };
 
 // What a client holds (the admin `clients` view).
@@ -83,7 +123,7 @@ struct ClientUsage {
   uint64_t bytes = 0;       // allocated bytes of those objects
 };
 
-enum class VerifyState : uint8_t { kOk, kMismatch, kNoChecksum, kNotFound, kNotSealed };
+enum class VerifyState : uint8_t { kOk, kMismatch, kNoChecksum, kNotFound, kNotSealed, kNotOnHost };
 
 struct VerifyOutcome {
   ObjectId id;
@@ -99,8 +139,10 @@ struct EvictOutcome {
 
 class ObjectStore {
  public:
+  // `pools`: one per GPU, in device order (empty: no GPUs). They must outlive the store.
   ObjectStore(boost::asio::io_context& loop, boost::asio::thread_pool& workers, Arena& arena,
-              HeaderTable& headers, ClientLimits limits, bool eviction);
+              HeaderTable& headers, ClientLimits limits, bool eviction,
+              std::vector<gpu::DevicePool*> pools = {});
   ~ObjectStore();
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;
@@ -111,22 +153,28 @@ class ObjectStore {
   void RemoveClient(ClientId client);
 
   // Reserves and publishes (as creating) a new object; the creator holds one reference.
-  // Evicts least-recently-used unreferenced objects when it must.
-  Result<Location> Create(ClientId client, const CreateParams& params);
+  // Evicts least-recently-used unreferenced objects when it must; on a GPU, may first wait
+  // for objects to spill to host memory. `done` runs on the loop thread, at once for host
+  // objects. It is dropped uncalled if the client goes away meanwhile.
+  using CreateDone = std::function<void(Result<Location>)>;
+  void Create(ClientId client, const CreateParams& params, CreateDone done);
 
   // Seals: `done` runs on the loop thread, at once or after a checksum on the worker pool.
   void Seal(ClientId client, const ObjectId& id, std::function<void(Status)> done);
   Status Abort(ClientId client, const ObjectId& id);
 
   using GetDone = std::function<void(std::vector<GetResult>)>;
-  // Answers `done` (possibly before returning) with one result per id; an OK result grants
-  // the client a reference. Waits up to `timeout_ms` (-1: for ever) for missing ids. Returns
-  // an error, and never calls `done`, if the client has too many gets waiting.
-  Status Get(ClientId client, std::vector<ObjectId> ids, int64_t timeout_ms, GetDone done);
+  // Answers `done` (possibly before returning) with one result per id, located on `device`;
+  // an OK result grants the client a reference to that replica. Waits up to `timeout_ms`
+  // (-1: for ever) for missing ids, and for as long as copies to `device` take. Returns an
+  // error, and never calls `done`, if the client has too many gets waiting or `device` is
+  // not a tier of this store.
+  Status Get(ClientId client, std::vector<ObjectId> ids, int32_t device, int64_t timeout_ms,
+             GetDone done);
 
-  // Releases one reference per id. Returns NotHeld naming the first id the client did not
-  // hold; the others are released all the same.
-  Status Release(ClientId client, std::span<const ObjectId> ids);
+  // Releases one reference per id on `device`. Returns NotHeld naming the first id the
+  // client did not hold there; the others are released all the same.
+  Status Release(ClientId client, std::span<const ObjectId> ids, int32_t device = kHost);
 
   std::vector<StatusCode> Delete(std::span<const ObjectId> ids);
   bool Contains(const ObjectId& id) const;
@@ -152,6 +200,10 @@ class ObjectStore {
   // The clients holding references to the object in `slot`, with how many each, in client
   // id order (kStoreClient first, when a Verify is reading it).
   std::vector<std::pair<ClientId, uint32_t>> HoldersOf(uint32_t slot) const;
+  // The replicas of the object in `slot`: host first, then GPUs in device order.
+  std::vector<ReplicaInfo> ReplicasOf(uint32_t slot) const;
+  // The tiers the object in `slot` has ready bytes on (ObjectHeader::tiers).
+  uint64_t TiersOf(uint32_t slot) const;
 
   using VerifyDone = std::function<void(std::vector<VerifyOutcome>)>;
   // Recomputes the checksums of `ids` (empty: every sealed object that has one, in slot
@@ -166,51 +218,130 @@ class ObjectStore {
   EvictOutcome EvictUnreferenced(uint64_t bytes, bool all);
 
   const StoreCounters& counters() const { return counters_; }
+  std::span<gpu::DevicePool* const> pools() const { return pools_; }
+  const DeviceUsage& device_usage(uint32_t device) const { return device_usage_[device]; }
   const HeaderTable& headers() const { return headers_; }
   const Arena& arena() const { return arena_; }
   bool eviction_enabled() const { return eviction_; }
 
  private:
+  struct Replica {  // an object's bytes on a GPU
+    int32_t device = 0;
+    uint32_t chunk = 0;
+    uint32_t alloc = 0;  // allocator handle in the chunk
+    uint64_t offset = 0;
+    uint32_t refs = 0;
+    bool ready = false;     // its bytes are there (false while being copied in)
+    bool spilling = false;  // being copied to host memory, to be dropped after
+  };
   struct Object {          // daemon-only state of a live slot
-    uint32_t alloc = 0;    // allocator handle in the header's segment
+    uint32_t alloc = 0;    // allocator handle in the header's segment (when on_host)
     ClientId creator = 0;  // while being created
     bool want_checksum = false;
-    bool sealing = false;  // checksum running on the worker pool
+    bool sealing = false;             // checksum running on the worker pool
+    bool on_host = true;              // has a host block: alloc and the header's location are valid
+    bool host_ready = true;           // the host block holds the bytes (false while copied in)
+    uint32_t host_refs = 0;           // references to the host replica
+    std::vector<Replica> replicas;    // on GPUs, few: found by linear search
+    std::vector<std::byte> metadata;  // kept here once the object has a GPU replica
   };
+  // A client's references are per (slot, tier): RefKey packs the pair.
+  static uint64_t RefKey(uint32_t slot, int32_t device) {
+    return (uint64_t{slot} << 8) | static_cast<uint8_t>(device + 1);
+  }
+  static uint32_t SlotOfKey(uint64_t key) { return static_cast<uint32_t>(key >> 8); }
+  static int32_t DeviceOfKey(uint64_t key) { return static_cast<int32_t>(key & 0xff) - 1; }
   struct ClientState {
-    std::unordered_map<uint32_t, uint32_t> refs;  // slot -> references held
+    std::unordered_map<uint64_t, uint32_t> refs;  // RefKey -> references held
     uint64_t held_bytes = 0;
     std::vector<uint64_t> pending_gets;
   };
+  enum class Wait { kNone, kSeal, kCopy };
   struct PendingGet {
     ClientId client = 0;
+    int32_t device = kHost;
     std::vector<ObjectId> ids;
     std::vector<GetResult> results;
+    std::vector<Wait> waits;  // by id: what it still waits for
     size_t missing = 0;
     std::unique_ptr<boost::asio::steady_timer> timer;
     GetDone done;
   };
+  // A copy of an object to another tier, in flight or waiting for room there.
+  struct Transfer {
+    int32_t source = kHost;
+    bool spill = false;             // drop the source replica after, if nobody holds it
+    std::vector<uint64_t> waiters;  // pending gets
+  };
+  // A create or copy on a GPU waiting for spills to make room.
+  using RoomDone = std::function<void(std::optional<gpu::DevicePool::Block>)>;
+  struct RoomWait {
+    uint64_t bytes = 0;
+    RoomDone then;
+  };
 
   uint32_t Find(const ObjectId& id) const;
   uint64_t BlockBytes(uint32_t slot) const;
-  Location LocationOf(uint32_t slot) const;
+  uint64_t TierBytes(uint32_t slot, int32_t device) const;
+  Location LocationOf(uint32_t slot, int32_t device = kHost) const;
+  Replica* FindReplica(uint32_t slot, int32_t device);
+  const Replica* FindReplica(uint32_t slot, int32_t device) const;
+  bool IsReady(uint32_t slot, int32_t device) const;
+  // Whether the object has ready bytes on a tier other than `device`.
+  bool HasOtherCopy(uint32_t slot, int32_t device) const;
+  uint32_t& TierRefs(uint32_t slot, int32_t device);
+  void PublishTiers(uint32_t slot);
+  Status CheckDevice(int32_t device) const;
+  void CreateOnHost(ClientId client, const CreateParams& params, CreateDone done);
+  void CreateOnDevice(ClientId client, const CreateParams& params, CreateDone done);
+  // Fills in the header and tables of a new object whose bytes are placed.
+  uint32_t Publish(ClientId client, const CreateParams& params, uint32_t slot);
   Status CheckLimits(ClientId client, const ClientState& state, uint64_t bytes) const;
   std::optional<Arena::Block> AllocateOrEvict(uint64_t bytes);
   // A free header slot, evicting the least recently used object if the table is full.
   uint32_t AcquireSlot();
+  // Makes room in host memory by taking the object in `slot` out of it: drops its host
+  // replica if it has another, else evicts it.
   void Evict(uint32_t slot);
-  // The LRU list, kept together with the evictable bytes of each segment.
+  void DropHostReplica(uint32_t slot);
+  void DropDeviceReplica(uint32_t slot, int32_t device);
+  // Puts the object in, or takes it out of, the LRU lists of its tiers, as its state says.
+  // A replica that stays a candidate keeps its place.
+  void Reconsider(uint32_t slot);
+  bool HostEvictable(uint32_t slot) const;
   void MakeEvictable(uint32_t slot);
   void MakeUnevictable(uint32_t slot);
-  void AddRef(ClientId client, ClientState& state, uint32_t slot);
+  void AddRef(ClientId client, ClientState& state, uint32_t slot, int32_t device = kHost);
   // Drops one of the client's references; frees or aborts the object when it was the last.
-  void DropRef(ClientState& state, uint32_t slot);
+  void DropRef(ClientState& state, uint32_t slot, int32_t device = kHost);
+  // Room on a GPU: allocates at once if it can (dropping extra replicas), else starts
+  // spills and calls `then` when they made room, or with nullopt when nothing can.
+  void AllocateOnDevice(int32_t device, uint64_t bytes, RoomDone then);
+  std::optional<gpu::DevicePool::Block> AllocateDroppingReplicas(int32_t device, uint64_t bytes);
+  // Starts spilling LRU objects off `device` until enough bytes are on their way out;
+  // returns whether any spill is in flight.
+  bool StartSpills(int32_t device, uint64_t bytes);
+  void ServeRoomWaits(int32_t device);
+  // ServeRoomWaits soon, from the loop, if anything waits for room on `device`.
+  void ScheduleRoomWaits(int32_t device);
+  // Copies the object in `slot` to `device` unless a copy is under way; `pending_id` (0:
+  // none) waits for it.
+  void StartTransfer(uint32_t slot, int32_t device, bool spill, uint64_t pending_id);
+  // Runs the copy of a transfer whose destination is placed, on the worker pool.
+  void RunCopy(uint32_t slot, int32_t device);
+  void FinishTransfer(uint32_t slot, int32_t device, Status status);
+  // Grants a waiting get the replica on its tier, or tells it why not.
+  void Answer(uint64_t pending_id, uint32_t slot, const ObjectId& id, StatusCode failure);
+  void FinishGetIfDone(uint64_t pending_id);
   void FinishSeal(uint32_t slot, std::optional<uint64_t> checksum);
   void FreeObject(uint32_t slot);
   void CompleteWaiters(uint32_t slot);
   void ExpireGet(uint64_t pending_id);
   void ForgetWaits(uint64_t pending_id, const PendingGet& get);
   std::string OutOfMemoryMessage(const ObjectId& id, uint64_t bytes) const;
+  std::string DeviceOutOfMemoryMessage(int32_t device, const ObjectId& id, uint64_t bytes) const;
+  // "host memory" or the GPU's name.
+  std::string TierName(int32_t device) const;
   struct VerifyRun;
   // Gives back the references a Verify took, fills in its outcomes and answers it.
   void FinishVerify(const std::shared_ptr<VerifyRun>& run);
@@ -225,8 +356,15 @@ class ObjectStore {
   std::unordered_map<ObjectId, uint32_t> index_;  // live objects -> header slot
   std::vector<Object> objects_;                   // by slot
   std::unordered_map<uint32_t, std::string> names_;
-  LruList lru_;  // sealed, unreferenced, unpinned objects: the eviction candidates
+  LruList lru_;  // host replicas that can go (HostEvictable): the eviction candidates
   std::vector<uint64_t> evictable_bytes_;  // by segment: bytes of the objects in lru_
+  std::vector<gpu::DevicePool*> pools_;
+  std::vector<LruList> device_lru_;  // by device: ready, unreferenced replicas there
+  std::vector<DeviceUsage> device_usage_;
+  std::vector<std::vector<RoomWait>> room_waits_;               // by device, oldest first
+  std::vector<uint32_t> spills_in_flight_;                      // by device
+  std::map<std::pair<uint32_t, int32_t>, Transfer> transfers_;  // (slot, destination tier)
+  std::unordered_set<ObjectId> creating_;                       // GPU creates waiting for room
   std::unordered_map<ClientId, ClientState> clients_;
   std::unordered_map<uint64_t, PendingGet> pending_;
   std::unordered_map<ObjectId, std::vector<uint64_t>> waiting_;  // id -> pending gets

@@ -25,6 +25,8 @@ struct ServerOptions {
   uint32_t max_frame_bytes = 0;
   uint32_t max_batch = 0;
   bool metrics = true;  // keep request counters and latency histograms
+  // What serves GPUs, for hello and status: "cuda", "simulated", or why there are none.
+  std::string device_backend;
 };
 
 class Server {

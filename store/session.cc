@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <boost/asio/post.hpp>
 
 #include "depot/ipc/protocol.h"
@@ -33,6 +34,38 @@ void ToWire(const Location& loc, wire::Location::Builder out) {
   out.setOffset(loc.offset);
   out.setDataSize(loc.data_size);
   out.setMetadataSize(loc.metadata_size);
+  if (loc.device != kHost) {
+    out.setDevice(loc.device);
+    out.setMetadata(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(loc.metadata.data()),
+                                        loc.metadata.size()));
+  }
+}
+
+void ToWire(const ObjectStore& store, uint32_t device, wire::Device::Builder out) {
+  const gpu::DevicePool& pool = *store.pools()[device];
+  const gpu::DeviceInfo& info = pool.info();
+  out.setUuid(capnp::Data::Reader(info.uuid.data(), info.uuid.size()));
+  out.setName(info.name);
+  out.setSimulated(info.simulated);
+  out.setTotalBytes(info.total_bytes);
+  out.setLimitBytes(pool.limit());
+  out.setReservedBytes(pool.reserved_bytes());
+  out.setUsedBytes(pool.used_bytes());
+  out.setHeldBytes(store.device_usage(device).held_bytes);
+  out.setChunks(pool.chunk_count());
+  out.setReplicas(store.device_usage(device).replicas);
+}
+
+wire::ChunkHandle ToWire(ipc::ChunkHandle handle) {
+  switch (handle) {
+    case ipc::ChunkHandle::kPosixFd:
+      return wire::ChunkHandle::POSIX_FD;
+    case ipc::ChunkHandle::kLegacyIpc:
+      return wire::ChunkHandle::LEGACY_IPC;
+    case ipc::ChunkHandle::kMemfd:
+      return wire::ChunkHandle::MEMFD;
+  }
+  return wire::ChunkHandle::MEMFD;
 }
 
 void ToWire(const ObjectStore& store, uint32_t slot, wire::ObjectInfo::Builder o) {
@@ -54,6 +87,14 @@ void ToWire(const ObjectStore& store, uint32_t slot, wire::ObjectInfo::Builder o
   o.setSegment(h.segment);
   o.setOffset(h.offset);
   o.setDeletePending(h.flags & ipc::kFlagDeletePending);
+  const uint64_t tiers = store.TiersOf(slot);
+  o.setOnHost(tiers & ipc::kTierHost);
+  const auto devices = static_cast<unsigned>(std::popcount(tiers >> 1));
+  auto out = o.initDevices(devices);
+  unsigned i = 0;
+  for (uint32_t d = 0; i < devices; ++d) {
+    if (tiers & ipc::TierBit(static_cast<int32_t>(d))) out.set(i++, d);
+  }
 }
 
 wire::VerifyState ToWire(VerifyState state) {
@@ -68,6 +109,8 @@ wire::VerifyState ToWire(VerifyState state) {
       return wire::VerifyState::NOT_FOUND;
     case VerifyState::kNotSealed:
       return wire::VerifyState::NOT_SEALED;
+    case VerifyState::kNotOnHost:
+      return wire::VerifyState::NOT_ON_HOST;
   }
   return wire::VerifyState::NOT_FOUND;
 }
@@ -183,7 +226,7 @@ void Session::Dispatch(wire::Request::Reader request) {
   if (!said_hello_ && which != wire::Request::HELLO) {
     return Violation("the first request must be hello");
   }
-  if (rid == 0 && which != wire::Request::RELEASE) {
+  if (rid == 0 && which != wire::Request::RELEASE && which != wire::Request::RELEASE_REFS) {
     return Violation("request id 0 is only allowed for release");
   }
   ObjectStore& store = server_.store();
@@ -226,6 +269,22 @@ void Session::Dispatch(wire::Request::Reader request) {
         if (!st.ok()) spdlog::debug("session {}: release: {}", id_, st.message());
       } else {
         st.ok() ? SendOk(rid) : SendError(rid, st);
+      }
+      return Observe(RequestType::kRelease, start);
+    }
+    case wire::Request::RELEASE_REFS: {
+      auto list = request.getReleaseRefs();
+      if (!CheckBatch(rid, list.size())) return;
+      Status first;
+      for (auto ref : list) {
+        const ObjectId id = ipc::FromWire(ref.getId());
+        Status st = store.Release(id_, std::span(&id, 1), ref.getDevice());
+        if (first.ok()) first = st;
+      }
+      if (rid == 0) {
+        if (!first.ok()) spdlog::debug("session {}: release: {}", id_, first.message());
+      } else {
+        first.ok() ? SendOk(rid) : SendError(rid, first);
       }
       return Observe(RequestType::kRelease, start);
     }
@@ -316,7 +375,11 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
   h.setHeaderSlots(server_.store().headers().slots());
   h.setMaxFrameBytes(server_.options().max_frame_bytes);
   h.setMaxBatch(server_.options().max_batch);
-  SendReply(message, reply, -1, {server_.store().headers().fd()});
+  const ObjectStore& store = server_.store();
+  auto devices = h.initDevices(static_cast<unsigned>(store.pools().size()));
+  for (unsigned d = 0; d < devices.size(); ++d) ToWire(store, d, devices[d]);
+  h.setDeviceBackend(server_.options().device_backend);
+  SendReply(message, reply, -1, kHost, -1, {server_.store().headers().fd()});
 }
 
 void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start) {
@@ -349,32 +412,47 @@ void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, u
   params.name = std::string_view(name.cStr(), name.size());
   params.pin = create.getPin();
   params.checksum = create.getChecksum();
-  auto created = server_.store().Create(id_, params);
-  if (!created.ok()) {
-    SendError(rid, created.status());
-    return Observe(seal ? RequestType::kPut : RequestType::kCreate, start);
+  params.device = create.getDevice();
+  if (params.device != kHost && seal) {
+    return SendError(rid, Status::InvalidArgument(
+                              "a GPU object is written by its creator, so its create cannot seal; "
+                              "create it, write it, then seal it"));
   }
-  const Location loc = *created;
-  if (!seal) {
-    SendLocation(rid, loc);
-    return Observe(RequestType::kCreate, start);
-  }
+  // Answered at once for host objects; a GPU create may wait for room (spills).
+  server_.store().Create(id_, params,
+                         [weak = weak_from_this(), rid, seal, release, id = params.id,
+                          start](Result<Location> created) {
+                           auto self = weak.lock();
+                           if (!self || self->closed_) return;
+                           if (!created.ok()) {
+                             self->SendError(rid, created.status());
+                             return self->Observe(seal ? RequestType::kPut : RequestType::kCreate,
+                                                  start);
+                           }
+                           if (!seal) {
+                             self->SendLocation(rid, *created);
+                             return self->Observe(RequestType::kCreate, start);
+                           }
+                           self->SealAfterPut(rid, id, release, *created, start);
+                         });
+}
+
+void Session::SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const Location& loc,
+                           uint64_t start) {
   // A put in one round trip: seal now, and drop the creator's reference if asked.
-  server_.store().Seal(
-      id_, params.id,
-      [weak = weak_from_this(), rid, id = params.id, release, loc, start](Status st) {
-        auto self = weak.lock();
-        if (!self || self->closed_) return;
-        if (st.ok() && release) st = self->server_.store().Release(self->id_, std::span(&id, 1));
-        if (st.ok()) {
-          self->SendLocation(rid, loc);
-        } else {
-          // The client never got a handle to this object: do not leave it behind.
-          (void)self->server_.store().Abort(self->id_, id);
-          self->SendError(rid, st);
-        }
-        self->Observe(RequestType::kPut, start);
-      });
+  server_.store().Seal(id_, id, [weak = weak_from_this(), rid, id, release, loc, start](Status st) {
+    auto self = weak.lock();
+    if (!self || self->closed_) return;
+    if (st.ok() && release) st = self->server_.store().Release(self->id_, std::span(&id, 1));
+    if (st.ok()) {
+      self->SendLocation(rid, loc);
+    } else {
+      // The client never got a handle to this object: do not leave it behind.
+      (void)self->server_.store().Abort(self->id_, id);
+      self->SendError(rid, st);
+    }
+    self->Observe(RequestType::kPut, start);
+  });
 }
 
 void Session::SendLocation(uint64_t rid, const Location& loc) {
@@ -382,7 +460,8 @@ void Session::SendLocation(uint64_t rid, const Location& loc) {
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
   ToWire(loc, reply.initCreate());
-  SendReply(message, reply, loc.segment);
+  if (loc.device == kHost) return SendReply(message, reply, loc.segment);
+  SendReply(message, reply, -1, loc.device, loc.segment);
 }
 
 void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start) {
@@ -400,9 +479,10 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
   // Waits longer than kForeverMs are for ever (and would overflow the timer's nanoseconds).
   int64_t timeout = std::max<int64_t>(get.getTimeoutMs(), -1);
   if (timeout > kForeverMs) timeout = -1;
+  const int32_t device = get.getDevice();
   Status st = server_.store().Get(
-      id_, std::move(ids), timeout,
-      [weak = weak_from_this(), rid, start](std::vector<GetResult> results) {
+      id_, std::move(ids), device, timeout,
+      [weak = weak_from_this(), rid, start, device](std::vector<GetResult> results) {
         auto self = weak.lock();
         if (!self || self->closed_) return;
         capnp::MallocMessageBuilder message;
@@ -417,7 +497,11 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
             max_segment = std::max<int64_t>(max_segment, results[i].location.segment);
           }
         }
-        self->SendReply(message, reply, max_segment);
+        if (device == kHost) {
+          self->SendReply(message, reply, max_segment);
+        } else {
+          self->SendReply(message, reply, -1, device, max_segment);
+        }
         self->Observe(RequestType::kGet, start);
       });
   if (!st.ok()) {
@@ -468,6 +552,13 @@ void Session::HandleStatus(uint64_t rid) {
   s.setEvictionEnabled(store.eviction_enabled());
   s.setLargestFreeBlock(arena.largest_free_block());
   s.setHeaderSlots(store.headers().slots());
+  auto devices = s.initDevices(static_cast<unsigned>(store.pools().size()));
+  for (unsigned d = 0; d < devices.size(); ++d) ToWire(store, d, devices[d]);
+  s.setDeviceBackend(server_.options().device_backend);
+  s.setSpills(c.spills);
+  s.setSpilledBytes(c.spilled_bytes);
+  s.setReplicasMade(c.replicas_made);
+  s.setReplicasDropped(c.replicas_dropped);
   s.setRequests(server_.requests());
   SendReply(message, reply, -1);
 }
@@ -530,6 +621,15 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
       h.setCommand(session->peer().command);
       h.setClientName(session->client_name());
     }
+  }
+  const auto replicas = store.ReplicasOf(slot);
+  auto copies = details.initReplicas(static_cast<unsigned>(replicas.size()));
+  for (unsigned i = 0; i < replicas.size(); ++i) {
+    copies[i].setDevice(replicas[i].device);
+    copies[i].setSegment(replicas[i].segment);
+    copies[i].setOffset(replicas[i].offset);
+    copies[i].setReferences(replicas[i].references);
+    copies[i].setReady(replicas[i].ready);
   }
   SendReply(message, reply, -1);
 }
@@ -603,7 +703,8 @@ void Session::SendError(uint64_t rid, const Status& status) {
 }
 
 void Session::SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply,
-                        int64_t max_segment, std::vector<int> extra_fds) {
+                        int64_t max_segment, int32_t chunk_device, int64_t max_chunk,
+                        std::vector<int> extra_fds) {
   if (closed_) return;
   std::vector<int> fds;
   if (max_segment >= static_cast<int64_t>(segments_sent_)) {
@@ -618,12 +719,38 @@ void Session::SendReply(capnp::MessageBuilder& message, wire::Reply::Builder rep
     }
     segments_sent_ = last + 1;
   }
+  if (chunk_device != kHost) AttachChunks(reply, chunk_device, max_chunk, fds);
   fds.insert(fds.end(), extra_fds.begin(), extra_fds.end());
   auto frame = ipc::EncodeFrame(message, std::move(fds));
   if (!frame.ok()) return Close("cannot encode a reply: " + frame.status().message());
   out_bytes_ += frame->bytes.size() * sizeof(capnp::word);
   out_.push_back(std::move(*frame));
   if (!writing_) Flush();
+}
+
+void Session::AttachChunks(wire::Reply::Builder reply, int32_t device, int64_t max_chunk,
+                           std::vector<int>& fds) {
+  if (chunks_sent_.size() <= static_cast<size_t>(device)) chunks_sent_.resize(device + 1, 0);
+  const uint32_t first = chunks_sent_[device];
+  if (max_chunk < static_cast<int64_t>(first)) return;
+  const auto last = static_cast<uint32_t>(max_chunk);
+  const gpu::DevicePool& pool = *server_.store().pools()[device];
+  auto chunks = reply.initNewChunks(last - first + 1);
+  for (uint32_t c = first; c <= last; ++c) {
+    const gpu::Chunk& chunk = pool.chunk(c);
+    auto out = chunks[c - first];
+    out.setDevice(static_cast<uint32_t>(device));
+    out.setIndex(c);
+    out.setSize(chunk.size);
+    out.setHandle(ToWire(chunk.handle));
+    if (chunk.handle == ipc::ChunkHandle::kLegacyIpc) {
+      out.setIpcHandle(capnp::Data::Reader(
+          reinterpret_cast<const capnp::byte*>(chunk.ipc_handle.data()), chunk.ipc_handle.size()));
+    } else {
+      fds.push_back(chunk.fd.get());
+    }
+  }
+  chunks_sent_[device] = last + 1;
 }
 
 void Session::Flush() {

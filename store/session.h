@@ -70,10 +70,17 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleVerify(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start);
   void HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict);
 
+  void SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const Location& loc,
+                    uint64_t start);
+
   // Replies. `max_segment` is the highest segment the reply refers to (-1: none); segments
-  // up to it that this session has not been sent are attached.
+  // up to it that this session has not been sent are attached. Likewise `max_chunk` for the
+  // chunks of GPU `chunk_device`'s pool (kHost: none).
   void SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply, int64_t max_segment,
+                 int32_t chunk_device = kHost, int64_t max_chunk = -1,
                  std::vector<int> extra_fds = {});
+  void AttachChunks(wire::Reply::Builder reply, int32_t device, int64_t max_chunk,
+                    std::vector<int>& fds);
   void Observe(RequestType type, uint64_t start);
   void SendOk(uint64_t rid);
   void SendLocation(uint64_t rid, const Location& loc);
@@ -97,6 +104,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool said_hello_ = false;
   bool counted_close_ = false;  // metrics already counted this close
   uint32_t segments_sent_ = 0;
+  std::vector<uint32_t> chunks_sent_;  // by GPU: chunks of its pool sent so far
   uint64_t requests_ = 0;
 };
 

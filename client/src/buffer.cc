@@ -1,5 +1,6 @@
 // Buffer and MutableBuffer: views of a Holding.
 #include "depot/buffer.h"
+#include "depot/device_buffer.h"
 
 #include "holding.h"
 
@@ -38,5 +39,24 @@ std::span<const std::byte> MutableBuffer::metadata() const {
 BufferLocation MutableBuffer::location() const {
   return holding_ ? holding_->location : BufferLocation{};
 }
+
+}  // namespace depot
+
+namespace depot {
+
+const ObjectId& DeviceBuffer::id() const { return holding_ ? holding_->id : kNilId; }
+uint64_t DeviceBuffer::device_ptr() const { return holding_ ? holding_->address : 0; }
+uint64_t DeviceBuffer::size() const { return holding_ ? holding_->size : 0; }
+int DeviceBuffer::device() const { return holding_ ? holding_->ordinal : -1; }
+std::span<const std::byte> DeviceBuffer::metadata() const {
+  return holding_ ? std::span<const std::byte>(holding_->metadata) : std::span<const std::byte>();
+}
+bool DeviceBuffer::simulated() const { return holding_ && holding_->simulated; }
+
+const ObjectId& MutableDeviceBuffer::id() const { return holding_ ? holding_->id : kNilId; }
+uint64_t MutableDeviceBuffer::device_ptr() const { return holding_ ? holding_->address : 0; }
+uint64_t MutableDeviceBuffer::size() const { return holding_ ? holding_->size : 0; }
+int MutableDeviceBuffer::device() const { return holding_ ? holding_->ordinal : -1; }
+bool MutableDeviceBuffer::simulated() const { return holding_ && holding_->simulated; }
 
 }  // namespace depot

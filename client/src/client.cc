@@ -173,6 +173,8 @@ ObjectInfo ToObjectInfo(wire::ObjectInfo::Reader o) {
   info.access_time_ns = o.getAccessTimeNs();
   info.segment = o.getSegment();
   info.offset = o.getOffset();
+  info.on_host = o.getOnHost();
+  for (uint32_t gpu : o.getDevices()) info.gpus.push_back(gpu);
   return info;
 }
 
@@ -198,6 +200,25 @@ StoreStatus ToStoreStatus(wire::StoreStatus::Reader s) {
   status.eviction_enabled = s.getEvictionEnabled();
   status.header_slots = s.getHeaderSlots();
   status.requests = s.getRequests();
+  status.gpu_backend = s.getDeviceBackend().cStr();
+  status.spills = s.getSpills();
+  status.spilled_bytes = s.getSpilledBytes();
+  status.replicas_made = s.getReplicasMade();
+  status.replicas_dropped = s.getReplicasDropped();
+  for (auto d : s.getDevices()) {
+    GpuInfo& g = status.gpus.emplace_back();
+    auto uuid = d.getUuid();
+    std::memcpy(g.uuid.data(), uuid.begin(), std::min<size_t>(uuid.size(), g.uuid.size()));
+    g.name = d.getName().cStr();
+    g.simulated = d.getSimulated();
+    g.total_bytes = d.getTotalBytes();
+    g.limit_bytes = d.getLimitBytes();
+    g.reserved_bytes = d.getReservedBytes();
+    g.used_bytes = d.getUsedBytes();
+    g.held_bytes = d.getHeldBytes();
+    g.chunks = d.getChunks();
+    g.replicas = d.getReplicas();
+  }
   return status;
 }
 
@@ -237,6 +258,8 @@ VerifyState FromWire(wire::VerifyState state) {
       return VerifyState::kNoChecksum;
     case wire::VerifyState::NOT_SEALED:
       return VerifyState::kNotSealed;
+    case wire::VerifyState::NOT_ON_HOST:
+      return VerifyState::kNotOnHost;
     case wire::VerifyState::NOT_FOUND:
       break;
   }
@@ -450,6 +473,10 @@ Result<ObjectDetails> Client::Describe(const ObjectId& id) {
     ObjectDetails details;
     details.info = ToObjectInfo(r.getObjectInfo().getInfo());
     for (auto h : r.getObjectInfo().getHolders()) details.holders.push_back(ToHolder(h));
+    for (auto c : r.getObjectInfo().getReplicas()) {
+      details.replicas.push_back(
+          {c.getDevice(), c.getSegment(), c.getOffset(), c.getReferences(), c.getReady()});
+    }
     return details;
   });
 }
@@ -500,7 +527,11 @@ Result<StoreStatus> Client::GetStatus() {
   return Decode([&]() -> Result<StoreStatus> {
     auto r = reply.get();
     if (!r.isStatus()) return UnexpectedReply("status");
-    return ToStoreStatus(r.getStatus());
+    StoreStatus status = ToStoreStatus(r.getStatus());
+    for (size_t d = 0; d < status.gpus.size(); ++d) {
+      status.gpus[d].ordinal = conn_->LocalOrdinal(static_cast<int32_t>(d));
+    }
+    return status;
   });
 }
 
@@ -519,5 +550,114 @@ Result<std::string> Client::Metrics() {
 uint64_t Client::epoch() const { return conn_->epoch(); }
 uint64_t Client::session_id() const { return conn_->session_id(); }
 const std::string& Client::socket_path() const { return conn_->socket_path(); }
+
+}  // namespace depot
+
+// GPU objects.
+namespace depot {
+
+namespace {
+
+// A DeviceHolding for the reference the daemon just granted on GPU `device`. If the
+// location is unusable, the reference is given back.
+Result<std::shared_ptr<internal::DeviceHolding>> MakeDeviceHolding(
+    const std::shared_ptr<Connection>& conn, const ObjectId& id, wire::Location::Reader location) {
+  const int32_t device = location.getDevice();
+  auto address = conn->ResolveChunk(device, location.getSegment(), location.getOffset(),
+                                    location.getDataSize());
+  if (!address.ok() || device < 0) {
+    conn->Release(id, device);
+    return address.ok() ? Status::Internal("the daemon answered a GPU get with a host object")
+                        : address.status();
+  }
+  auto meta = location.getMetadata();
+  std::vector<std::byte> metadata(reinterpret_cast<const std::byte*>(meta.begin()),
+                                  reinterpret_cast<const std::byte*>(meta.end()));
+  return std::make_shared<internal::DeviceHolding>(
+      conn, id, device, conn->LocalOrdinal(device), *address, location.getDataSize(),
+      std::move(metadata), conn->gpus()[static_cast<size_t>(device)].simulated);
+}
+
+}  // namespace
+
+Status Client::Seal(const ObjectId& id, uintptr_t stream) {
+  if (!conn_->gpus().empty()) {
+    DEPOT_ASSIGN_OR_RETURN(internal::DeviceImporter * importer, conn_->Importer());
+    DEPOT_RETURN_NOT_OK(importer->SynchronizeStream(stream));
+  }
+  return Seal(id);
+}
+
+Result<std::vector<GpuInfo>> Client::Gpus() {
+  DEPOT_ASSIGN_OR_RETURN(StoreStatus status, GetStatus());
+  return status.gpus;
+}
+
+Result<MutableDeviceBuffer> Client::CreateOnDevice(const ObjectId& id, uint64_t data_size,
+                                                   int device, const CreateOptions& options) {
+  DEPOT_ASSIGN_OR_RETURN(const int32_t daemon_device, conn_->DaemonDevice(device));
+  RequestMessage request;
+  InitCreate(request, id, data_size, options).setDevice(daemon_device);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<MutableDeviceBuffer> {
+    auto r = reply.get();
+    if (!r.isCreate()) return UnexpectedReply("create");
+    DEPOT_ASSIGN_OR_RETURN(auto holding, MakeDeviceHolding(conn_, id, r.getCreate()));
+    return MutableDeviceBuffer(std::move(holding));
+  });
+}
+
+Result<std::vector<DeviceBuffer>> Client::GetOnDevice(std::span<const ObjectId> ids, int device,
+                                                      std::chrono::milliseconds timeout) {
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a get"));
+  DEPOT_ASSIGN_OR_RETURN(const int32_t daemon_device, conn_->DaemonDevice(device));
+  RequestMessage request;
+  auto get = request.root().initGet();
+  auto list = get.initIds(static_cast<unsigned>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+  get.setTimeoutMs(WireTimeout(timeout));
+  get.setDevice(daemon_device);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<std::vector<DeviceBuffer>> {
+    auto r = reply.get();
+    if (!r.isGet() || r.getGet().size() != ids.size()) return UnexpectedReply("get");
+    auto results = r.getGet();
+    std::vector<DeviceBuffer> buffers(ids.size());
+    Status first_error;
+    for (unsigned i = 0; i < results.size(); ++i) {
+      const StatusCode code = ipc::FromWire(results[i].getError());
+      if (code == StatusCode::kNotFound || code == StatusCode::kTimeout) continue;
+      if (code != StatusCode::kOk) {
+        if (first_error.ok()) {
+          first_error =
+              Status(code, "cannot get object " + ids[i].Hex() + " on GPU " +
+                               std::to_string(device) + ": " + std::string(StatusCodeName(code)));
+        }
+        continue;
+      }
+      auto holding = MakeDeviceHolding(conn_, ids[i], results[i].getLocation());
+      if (!holding.ok()) {
+        if (first_error.ok()) first_error = holding.status();
+        continue;
+      }
+      buffers[i] = DeviceBuffer(std::move(holding).value());
+    }
+    if (!first_error.ok()) return first_error;
+    return buffers;
+  });
+}
+
+Result<DeviceBuffer> Client::GetOnDevice(const ObjectId& id, int device,
+                                         std::chrono::milliseconds timeout) {
+  DEPOT_ASSIGN_OR_RETURN(auto buffers, GetOnDevice(std::span(&id, 1), device, timeout));
+  if (buffers[0]) return std::move(buffers[0]);
+  if (timeout.count() == 0) {
+    return Status::NotFound("object " + id.Hex() + " does not exist (or is not sealed yet)");
+  }
+  return Status::Timeout("object " + id.Hex() + " was not sealed within " +
+                         std::to_string(timeout.count()) + " ms");
+}
 
 }  // namespace depot

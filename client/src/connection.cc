@@ -11,6 +11,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cstring>
 #include <system_error>
 #include <utility>
 
@@ -215,6 +216,13 @@ Status Connection::Handshake(const ConnectOptions& options) {
     session_id_ = h.getSessionId();
     if (h.getMaxBatch() != 0) max_batch_ = h.getMaxBatch();
     if (h.getMaxFrameBytes() != 0) max_frame_bytes_ = h.getMaxFrameBytes();
+    for (auto gpu : h.getDevices()) {
+      DaemonGpu& g = gpus_.emplace_back();
+      auto uuid = gpu.getUuid();
+      std::memcpy(g.uuid.data(), uuid.begin(), std::min<size_t>(uuid.size(), g.uuid.size()));
+      g.name = gpu.getName().cStr();
+      g.simulated = gpu.getSimulated();
+    }
     // No Holding exists yet, so nothing reads this concurrently.
     release_batch_ = std::min(kReleaseBatch, ReleaseIdsPerFrame());
     return Status::OK();
@@ -288,6 +296,17 @@ void Connection::Release(const ObjectId& id) {
   if (send_now) Send(nullptr);
 }
 
+void Connection::Release(const ObjectId& id, int32_t device) {
+  if (device == ipc::kHostDevice) return Release(id);
+  if (forked() || broken()) return;
+  {
+    std::lock_guard lock(release_mu_);
+    device_releases_.emplace_back(id, device);
+  }
+  // GPU references are few and large: no batching, they go at once.
+  Send(nullptr);
+}
+
 void Connection::StartFlusher() {
   flusher_ = std::make_unique<Flusher>();
   // The thread inherits the signal mask of its creator: it is created with every signal
@@ -341,14 +360,29 @@ void Connection::Send(ipc::OutFrame* request) {
     std::lock_guard lock(send_mu_);
     // Taken under send_mu_: whoever takes a release writes it before any later request.
     sending_.clear();
+    sending_device_.clear();
     {
       std::lock_guard release_lock(release_mu_);
       sending_.swap(releases_);
+      sending_device_.swap(device_releases_);
     }
     // Once broken, queued releases are dropped: the daemon has released everything. (A
     // request's caller was failed by Break, and learns it from its Waiter.)
-    if (broken() || (sending_.empty() && request == nullptr)) return;
+    if (broken() || (sending_.empty() && sending_device_.empty() && request == nullptr)) return;
     out_frames_.clear();
+    if (!sending_device_.empty()) {
+      RequestMessage release;
+      auto root = release.root();
+      root.setId(0);
+      auto list = root.initReleaseRefs(static_cast<unsigned>(sending_device_.size()));
+      for (size_t k = 0; k < sending_device_.size(); ++k) {
+        ipc::ToWire(sending_device_[k].first, list[k].initId());
+        list[k].setDevice(sending_device_[k].second);
+      }
+      if (auto frame = ipc::EncodeFrame(release.message(), {}, max_frame_bytes_); frame.ok()) {
+        out_frames_.push_back(std::move(*frame));
+      }
+    }
     const size_t per_frame = ReleaseIdsPerFrame();
     for (size_t first = 0; first < sending_.size(); first += per_frame) {
       const size_t n = std::min(per_frame, sending_.size() - first);
@@ -433,6 +467,7 @@ Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
       segments_.Add(segments[i].getIndex(), segments[i].getSize(), std::move(frame.fds[i]));
     }
     frame.fds.erase(frame.fds.begin(), frame.fds.begin() + segments.size());
+    if (reply.hasNewChunks()) DEPOT_RETURN_NOT_OK(ImportChunks(reply.getNewChunks(), frame.fds));
   } catch (const kj::Exception& e) {
     return Status::Internal(std::string("malformed reply: ") + e.getDescription().cStr());
   }
@@ -505,6 +540,119 @@ void Connection::Break(Status why) {
     w->cv.notify_one();
   }
   waiters_.clear();
+}
+
+}  // namespace depot::internal
+
+namespace depot::internal {
+
+Result<DeviceImporter*> Connection::Importer() {
+  std::lock_guard lock(device_mu_);
+  if (importer_) return importer_.get();
+  if (!importer_error_.ok()) return importer_error_;
+  if (!gpus_.empty() && gpus_.front().simulated) {
+    std::vector<ipc::DeviceUuid> uuids;
+    for (const DaemonGpu& g : gpus_) uuids.push_back(g.uuid);
+    importer_ = MakeSimulatedImporter(std::move(uuids));
+    return importer_.get();
+  }
+  auto cuda = LoadCudaImporter();
+  if (!cuda.ok()) {
+    importer_error_ = cuda.status();
+    return importer_error_;
+  }
+  importer_ = std::move(cuda).value();
+  return importer_.get();
+}
+
+Result<int32_t> Connection::DaemonDevice(int ordinal) {
+  if (gpus_.empty()) {
+    return Status::InvalidArgument("the daemon at " + socket_path_ +
+                                   " serves no GPUs (start it on a host with GPUs, or with "
+                                   "--simulate-gpus)");
+  }
+  DEPOT_ASSIGN_OR_RETURN(DeviceImporter * importer, Importer());
+  const auto visible = importer->VisibleDevices();
+  if (ordinal < 0 || static_cast<size_t>(ordinal) >= visible.size()) {
+    return Status::InvalidArgument("there is no GPU " + std::to_string(ordinal) +
+                                   " in this process (it sees " + std::to_string(visible.size()) +
+                                   ")");
+  }
+  for (size_t d = 0; d < gpus_.size(); ++d) {
+    if (gpus_[d].uuid == visible[ordinal]) return static_cast<int32_t>(d);
+  }
+  return Status::InvalidArgument("the daemon does not serve GPU " + std::to_string(ordinal) + " (" +
+                                 ipc::FormatUuid(visible[ordinal]) + ")");
+}
+
+int Connection::LocalOrdinal(int32_t device) {
+  auto importer = Importer();
+  if (!importer.ok() || device < 0 || static_cast<size_t>(device) >= gpus_.size()) return -1;
+  const auto visible = (*importer)->VisibleDevices();
+  for (size_t k = 0; k < visible.size(); ++k) {
+    if (visible[k] == gpus_[device].uuid) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+Status Connection::ImportChunks(capnp::List<wire::Chunk>::Reader chunks,
+                                std::vector<ipc::UniqueFd>& fds) {
+  size_t next_fd = 0;
+  for (auto c : chunks) {
+    ChunkToImport in;
+    in.size = c.getSize();
+    switch (c.getHandle()) {
+      case wire::ChunkHandle::POSIX_FD:
+        in.handle = ipc::ChunkHandle::kPosixFd;
+        break;
+      case wire::ChunkHandle::LEGACY_IPC:
+        in.handle = ipc::ChunkHandle::kLegacyIpc;
+        break;
+      case wire::ChunkHandle::MEMFD:
+        in.handle = ipc::ChunkHandle::kMemfd;
+        break;
+      default:
+        return Status::Internal("a GPU chunk of an unknown handle kind");
+    }
+    if (in.handle == ipc::ChunkHandle::kLegacyIpc) {
+      auto h = c.getIpcHandle();
+      in.ipc_handle = std::as_bytes(std::span(h.begin(), h.size()));
+    } else {
+      if (next_fd >= fds.size()) return Status::Internal("a GPU chunk came without its descriptor");
+      in.fd = std::move(fds[next_fd++]);
+    }
+    if (c.getDevice() >= gpus_.size()) return Status::Internal("a chunk of an unknown GPU");
+    in.device = gpus_[c.getDevice()].uuid;
+    ImportedEntry entry;
+    auto importer = Importer();
+    if (!importer.ok()) {
+      entry.error = importer.status();
+    } else if (auto imported = (*importer)->Import(std::move(in)); imported.ok()) {
+      entry.chunk = std::move(imported).value();
+    } else {
+      entry.error = imported.status();
+    }
+    std::lock_guard lock(device_mu_);
+    chunks_.try_emplace({static_cast<int32_t>(c.getDevice()), c.getIndex()}, std::move(entry));
+  }
+  fds.erase(fds.begin(), fds.begin() + static_cast<ptrdiff_t>(next_fd));
+  return Status::OK();
+}
+
+Result<uint64_t> Connection::ResolveChunk(int32_t device, uint32_t chunk, uint64_t offset,
+                                          uint64_t size) {
+  std::lock_guard lock(device_mu_);
+  auto it = chunks_.find({device, chunk});
+  if (it == chunks_.end()) {
+    return Status::Internal("the daemon referred to chunk " + std::to_string(chunk) + " of GPU " +
+                            std::to_string(device) + ", which it never sent to this client");
+  }
+  if (!it->second.error.ok()) return it->second.error;
+  const uint64_t limit = it->second.chunk->size();
+  if (offset > limit || size > limit - offset) {
+    return Status::Internal("the daemon placed a GPU object outside its chunk");
+  }
+  return it->second.chunk->address() + offset;
 }
 
 }  // namespace depot::internal

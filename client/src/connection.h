@@ -25,6 +25,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,8 +36,10 @@
 
 #include "depot/client.h"
 #include "depot/ipc/framing.h"
+#include "depot/ipc/gpu.h"
 #include "depot/ipc/object_header.h"
 #include "depot/ipc/protocol.h"
+#include "device_import.h"
 #include "holding.h"
 #include "mapping.h"
 #include "segments.h"
@@ -96,6 +99,13 @@ auto Decode(F&& decode) -> decltype(decode()) {
 // How many times this process came out of fork() as the child (see Connection::forked).
 extern std::atomic<uint64_t> fork_generation;
 
+// A GPU as the daemon's hello describes it.
+struct DaemonGpu {
+  ipc::DeviceUuid uuid{};
+  std::string name;
+  bool simulated = false;
+};
+
 class Connection {
  public:
   // Connects to the daemon at `socket_path` and performs the handshake. Fails with
@@ -123,6 +133,21 @@ class Connection {
   // released everything then), nor in a forked child (the socket is the parent's).
   // Thread-safe; never blocks on the daemon except when it fills the queue.
   void Release(const ObjectId& id);
+  // The same for a reference to a GPU replica (`device`: the daemon's GPU index).
+  void Release(const ObjectId& id, int32_t device);
+
+  // GPUs. The daemon numbers them in its own order; this process by its CUDA ordinals.
+  const std::vector<DaemonGpu>& gpus() const { return gpus_; }
+  // The daemon's index of this process's GPU `ordinal`; InvalidArgument if the daemon does
+  // not serve it.
+  Result<int32_t> DaemonDevice(int ordinal);
+  // This process's ordinal of the daemon's GPU `device`, or -1.
+  int LocalOrdinal(int32_t device);
+  // The address in this process of bytes [offset, offset + size) of chunk `chunk` of GPU
+  // `device`'s pool, imported when the daemon announced it. Thread-safe.
+  Result<uint64_t> ResolveChunk(int32_t device, uint32_t chunk, uint64_t offset, uint64_t size);
+  // The importer matching the daemon's GPUs, made on first use.
+  Result<DeviceImporter*> Importer();
 
   // Whether the connection broke: the daemon has then released every reference it held.
   bool broken() const { return is_broken_.load(std::memory_order_acquire); }
@@ -155,6 +180,8 @@ class Connection {
   };
 
   Status Handshake(const ConnectOptions& options);
+  // Imports the chunks a reply announces; `fds` are the descriptors after its segments'.
+  Status ImportChunks(capnp::List<wire::Chunk>::Reader chunks, std::vector<ipc::UniqueFd>& fds);
   // Writes the queued releases, then `request` unless it is null, in one sendmsg (as far as
   // the socket takes them); breaks the connection on failure.
   void Send(ipc::OutFrame* request);
@@ -195,8 +222,9 @@ class Connection {
   // so that releases reach the socket in the order they were queued relative to requests.
   // Lock order: send_mu_, then release_mu_.
   std::mutex send_mu_;
-  std::vector<ObjectId> sending_;          // the queue being sent; guarded by send_mu_
-  std::vector<ipc::OutFrame> out_frames_;  // its frames; guarded by send_mu_
+  std::vector<ObjectId> sending_;  // the queue being sent; guarded by send_mu_
+  std::vector<std::pair<ObjectId, int32_t>> sending_device_;  // guarded by send_mu_
+  std::vector<ipc::OutFrame> out_frames_;                     // its frames; guarded by send_mu_
 
   // The flusher's thread and what it sleeps on. On the heap, created with the first
   // release, so that a forked child can leave it alone (see ~Connection).
@@ -208,7 +236,8 @@ class Connection {
   // The release queue and the flusher's state, guarded by release_mu_.
   std::mutex release_mu_;
   std::vector<ObjectId> releases_;  // ids whose reference goes back with the next write
-  size_t release_batch_;            // send at once at this many ids (see Handshake)
+  std::vector<std::pair<ObjectId, int32_t>> device_releases_;  // the same on GPUs
+  size_t release_batch_;  // send at once at this many ids (see Handshake)
   std::unique_ptr<Flusher> flusher_;
   bool flusher_idle_ = false;  // it waits for a first release, and needs a notify
   bool released_ = false;      // a release was queued in the flusher's current round
@@ -228,6 +257,17 @@ class Connection {
 
   Segments segments_;
   HoldingTable holdings_;
+
+  // GPUs, from the handshake, and their chunks, imported as the daemon announces them.
+  std::vector<DaemonGpu> gpus_;
+  std::mutex device_mu_;
+  std::unique_ptr<DeviceImporter> importer_;  // guarded by device_mu_
+  Status importer_error_;                     // why it could not be made; guarded by device_mu_
+  struct ImportedEntry {
+    std::unique_ptr<ImportedChunk> chunk;
+    Status error;  // why importing failed, if it did
+  };
+  std::map<std::pair<int32_t, uint32_t>, ImportedEntry> chunks_;  // guarded by device_mu_
 };
 
 }  // namespace depot::internal

@@ -47,3 +47,11 @@ void HoldingTable::Forget(const ObjectId& id, const Holding* holding) {
 }
 
 }  // namespace depot::internal
+
+namespace depot::internal {
+
+DeviceHolding::~DeviceHolding() {
+  if (!aborted.load(std::memory_order_acquire)) conn->Release(id, device);
+}
+
+}  // namespace depot::internal

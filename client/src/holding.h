@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "depot/buffer.h"
 #include "depot/object_id.h"
@@ -84,6 +85,40 @@ class HoldingTable {
   };
   mutable std::mutex mu_;
   std::unordered_map<ObjectId, Entry> entries_;
+};
+
+}  // namespace depot::internal
+
+namespace depot::internal {
+
+// One daemon reference to one GPU replica of an object. Unlike host Holdings these are not
+// shared through a table: each GetOnDevice takes its own reference (GPU objects are few and
+// large; a get costs a round trip but no CUDA call once the chunk is mapped).
+struct DeviceHolding {
+  DeviceHolding(std::shared_ptr<Connection> conn, const ObjectId& id, int32_t device, int ordinal,
+                uint64_t address, uint64_t size, std::vector<std::byte> metadata, bool simulated)
+      : conn(std::move(conn)),
+        id(id),
+        device(device),
+        ordinal(ordinal),
+        address(address),
+        size(size),
+        metadata(std::move(metadata)),
+        simulated(simulated) {}
+  DeviceHolding(const DeviceHolding&) = delete;
+  DeviceHolding& operator=(const DeviceHolding&) = delete;
+  // Gives the reference back (queued), unless the object was aborted.
+  ~DeviceHolding();
+
+  const std::shared_ptr<Connection> conn;  // keeps the chunk mappings alive too
+  const ObjectId id;
+  const int32_t device;  // the daemon's index
+  const int ordinal;     // this process's
+  const uint64_t address;
+  const uint64_t size;
+  const std::vector<std::byte> metadata;
+  const bool simulated;
+  std::atomic<bool> aborted{false};
 };
 
 }  // namespace depot::internal

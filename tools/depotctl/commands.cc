@@ -457,6 +457,8 @@ const char* VerifyStateName(VerifyState state) {
       return "not_found";
     case VerifyState::kNotSealed:
       return "not_sealed";
+    case VerifyState::kNotOnHost:
+      return "not_on_host";
   }
   return "unknown";
 }

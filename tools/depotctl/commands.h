@@ -66,4 +66,16 @@ Status VerifyObjects(const std::string& socket, const std::vector<std::string>& 
 Status EvictObjects(const std::string& socket, const std::string& bytes, bool all_unreferenced,
                     bool json);
 
+struct TopOptions {
+  double interval = 1.0;  // seconds between frames, from 0.1 to 86400
+  bool once = false;      // one frame as plain text, even on a terminal
+  size_t iterations = 0;  // stop after this many frames; 0: when the user quits (q)
+};
+// A live view of the daemon (top.cc), redrawn every `interval`: memory per tier, object
+// counts, request and byte rates, the largest objects, the clients. On a terminal (stdin
+// and stdout both) it takes the whole screen until q, Ctrl-C or SIGTERM, and always gives
+// the terminal back as it was. Otherwise, or with `once`, it prints plain frames: one, or
+// `iterations`. Fails, with the terminal given back, if the daemon goes away.
+Status ShowTop(const std::string& socket, const TopOptions& options);
+
 }  // namespace depot::ctl

@@ -106,6 +106,17 @@ std::string Printable(std::string_view text) {
   return out;
 }
 
+std::string FitWidth(std::string_view text, size_t columns) {
+  size_t used = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    // A character starts at every byte that is not a UTF-8 continuation byte.
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80 && used++ == columns) {
+      return std::string(text.substr(0, i));
+    }
+  }
+  return std::string(text);
+}
+
 void PrintFields(std::ostream& out,
                  const std::vector<std::pair<std::string, std::string>>& fields) {
   size_t width = 0;

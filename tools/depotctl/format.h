@@ -32,6 +32,9 @@ void HexDump(std::ostream& out, const unsigned char* bytes, size_t size);
 // `text` with control characters replaced by '?', so that a name cannot break a table.
 std::string Printable(std::string_view text);
 
+// `text` cut to at most `columns` terminal columns, counted as Table counts them.
+std::string FitWidth(std::string_view text, size_t columns);
+
 // Lines of "key  value", the values aligned.
 void PrintFields(std::ostream& out, const std::vector<std::pair<std::string, std::string>>& fields);
 

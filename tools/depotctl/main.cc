@@ -121,6 +121,20 @@ int main(int argc, char** argv) {
   evict->add_flag("--json", evict_json, "print one JSON object");
   evict->callback([&] { result = EvictObjects(socket, evict_bytes, evict_all, evict_json); });
 
+  TopOptions top_options;
+  auto* top = app.add_subcommand(
+      "top", "a live view of memory, objects, clients and request rates (q quits)");
+  top->add_option("--interval", top_options.interval,
+                  "seconds between refreshes, fractions allowed (default 1)")
+      ->option_text("SECONDS");
+  auto* top_once =
+      top->add_flag("--once", top_options.once,
+                    "print one frame as plain text and exit (what a pipe gets anyway)");
+  top->add_option("--iterations", top_options.iterations, "exit after N frames")
+      ->option_text("N")
+      ->excludes(top_once);
+  top->callback([&] { result = ShowTop(socket, top_options); });
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

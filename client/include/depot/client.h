@@ -28,6 +28,7 @@
 // sends nothing, so the parent's references are untouched.)
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "depot/buffer.h"
+#include "depot/device_buffer.h"
 #include "depot/object_id.h"
 #include "depot/status.h"
 
@@ -74,6 +76,21 @@ struct CreateOptions {
 
 enum class ObjectState : uint8_t { kCreating, kSealed };
 
+// A GPU the daemon serves, with its pool (Client::Gpus, StoreStatus::gpus).
+struct GpuInfo {
+  int ordinal = -1;  // this process's ordinal for it; -1 if this process cannot see it
+  std::array<uint8_t, 16> uuid{};
+  std::string name;
+  bool simulated = false;
+  uint64_t total_bytes = 0;
+  uint64_t limit_bytes = 0;     // what the pool may take of it
+  uint64_t reserved_bytes = 0;  // in chunks allocated so far
+  uint64_t used_bytes = 0;      // allocated to objects
+  uint64_t held_bytes = 0;      // of which referenced or being created
+  uint32_t chunks = 0;
+  uint64_t replicas = 0;  // objects with bytes on it
+};
+
 // What the daemon knows of one object (Client::List).
 struct ObjectInfo {
   ObjectId id;
@@ -90,6 +107,8 @@ struct ObjectInfo {
   uint64_t access_time_ns = 0;
   uint32_t segment = 0;
   uint64_t offset = 0;
+  bool on_host = true;         // has bytes in host memory (segment and offset are valid)
+  std::vector<uint32_t> gpus;  // the daemon's GPUs (StoreStatus::gpus) it has bytes on
 };
 
 // The daemon's state (Client::GetStatus).
@@ -114,6 +133,12 @@ struct StoreStatus {
   bool eviction_enabled = true;
   uint32_t header_slots = 0;
   uint64_t requests = 0;
+  std::vector<GpuInfo> gpus;  // ordinal: this process's, -1 if it cannot see the GPU
+  std::string gpu_backend;    // "cuda", "simulated", or why there are no GPUs
+  uint64_t spills = 0;        // objects moved from a full GPU to host memory
+  uint64_t spilled_bytes = 0;
+  uint64_t replicas_made = 0;     // copies made for gets on another tier
+  uint64_t replicas_dropped = 0;  // extra copies dropped to make room
 };
 
 // A client connected to the daemon (Client::Clients). pid, uid and command are the
@@ -143,9 +168,19 @@ struct Holder {
 };
 
 // One object and who holds it (Client::Describe).
+// One copy of an object's bytes.
+struct Replica {
+  int device = -1;       // -1: host memory; else the daemon's GPU (StoreStatus::gpus)
+  uint32_t segment = 0;  // arena segment, or chunk of the GPU's pool
+  uint64_t offset = 0;
+  uint32_t references = 0;  // references to this copy
+  bool ready = false;       // false while it is being copied
+};
+
 struct ObjectDetails {
   ObjectInfo info;
-  std::vector<Holder> holders;  // by session id; their references add up to info.ref_count
+  std::vector<Holder> holders;    // by session id; their references add up to info.ref_count
+  std::vector<Replica> replicas;  // host first, then GPUs in order
 };
 
 enum class VerifyState : uint8_t {
@@ -154,6 +189,7 @@ enum class VerifyState : uint8_t {
   kNoChecksum,  // created without CreateOptions::checksum: nothing to compare with
   kNotFound,    // no such object, or it was deleted
   kNotSealed,   // still being created
+  kNotOnHost,   // its bytes are only on GPUs now (the checksum is of host bytes)
 };
 
 struct VerifyResult {
@@ -194,6 +230,36 @@ class Client {
   // Handles from Create stay valid (now read-only by contract). Fails with NotFound for an
   // unknown id, AlreadySealed if sealed before, NotHeld if another client is creating it.
   Status Seal(const ObjectId& id);
+
+  // Seal for an object written on a GPU: waits for the work queued on `stream` (a
+  // CUstream; 0: the legacy default stream) to complete, then seals. The writer must make
+  // its writes complete before sealing; this is the usual way. On a simulated GPU there is
+  // nothing to wait for.
+  Status Seal(const ObjectId& id, uintptr_t stream);
+
+  // GPU objects. `device` is this process's ordinal for the GPU (as CUDA numbers them here,
+  // after CUDA_VISIBLE_DEVICES); the daemon knows GPUs by UUID. On a daemon with simulated
+  // GPUs, ordinal k is its simulated GPU k.
+
+  // The GPUs the daemon serves that this process can use, by ordinal.
+  Result<std::vector<GpuInfo>> Gpus();
+
+  // Creates an object of `data_size` bytes in `device`'s pool, visible only to this client
+  // until Seal. Fails as Create does, with OutOfMemory naming the GPU when its pool cannot
+  // make room even by dropping extra replicas and spilling objects to host memory, and
+  // InvalidArgument for a GPU the daemon does not serve or `checksum` (host objects only).
+  Result<MutableDeviceBuffer> CreateOnDevice(const ObjectId& id, uint64_t data_size, int device,
+                                             const CreateOptions& options = {});
+
+  // Gets objects on `device`: the daemon makes a replica there (from another GPU or host
+  // memory) when the object is not there yet, and answers when it is ready. Results and
+  // failures as Get. A warm get (the chunk is mapped already) makes no CUDA call.
+  Result<std::vector<DeviceBuffer>> GetOnDevice(
+      std::span<const ObjectId> ids, int device,
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  Result<DeviceBuffer> GetOnDevice(
+      const ObjectId& id, int device,
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
   // Drops an object this client is creating. Fails with NotFound, AlreadySealed, NotHeld as
   // Seal does. Outstanding MutableBuffers of it must not be written afterwards.

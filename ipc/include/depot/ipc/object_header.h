@@ -48,8 +48,13 @@ struct ObjectHeader {
   uint64_t access_time_ns;      // CLOCK_REALTIME, updated on get
   uint32_t generation;          // bumped each time the slot is reused
   uint32_t reserved0;
-  uint64_t reserved1;  // room for tier and device (GPU objects)
+  // Where the bytes are: bit 0 = host memory (segment and offset are valid), bit k + 1 =
+  // GPU k of the daemon's device list. Changes while clients read (replicas, spills).
+  std::atomic<uint64_t> tiers;
 };
+
+inline constexpr uint64_t kTierHost = 1;
+inline constexpr uint64_t TierBit(int32_t device) { return uint64_t{1} << (device + 1); }
 
 static_assert(sizeof(ObjectHeader) == 96, "ObjectHeader is part of the protocol");
 static_assert(std::atomic<uint64_t>::is_always_lock_free);

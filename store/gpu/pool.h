@@ -1,0 +1,85 @@
+// A GPU's pool: large chunks of device memory from the backend, carved into objects with the
+// same offset allocator as the host arena (256-byte aligned, the alignment cudaMalloc gives).
+//
+// Chunks are added on demand up to the pool's limit and kept until the daemon exits, so a
+// client imports each one once. An object larger than the usual chunk gets a chunk of its
+// own (rounded up to the device's granularity), which later objects reuse once it is free.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "store/allocator.h"
+#include "store/gpu/device_backend.h"
+
+namespace depot::store::gpu {
+
+class DevicePool {
+ public:
+  static constexpr uint64_t kAlignment = 256;
+
+  // A pool on `device` that takes at most `limit` bytes of it, in chunks of `chunk_size`
+  // (both rounded down to the device's granularity, and at least one granule).
+  DevicePool(DeviceBackend& backend, uint32_t device, uint64_t limit, uint64_t chunk_size);
+  ~DevicePool();
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  struct Block {
+    uint32_t chunk = 0;
+    uint32_t handle = 0;
+    uint64_t offset = 0;
+    uint64_t size = 0;  // bytes reserved
+  };
+
+  // Allocates in the first chunk with room, adding a chunk if none has and the limit allows.
+  // nullopt when neither works (the caller may free replicas or spill, and retry); a chunk
+  // the backend failed to make is logged and counts as no room.
+  std::optional<Block> Allocate(uint64_t bytes);
+  // Allocates in one chunk only (used right after freeing in it).
+  std::optional<Block> AllocateIn(uint32_t chunk, uint64_t bytes);
+  void Free(uint32_t chunk, uint32_t handle);
+
+  // Whether an object of `bytes` could ever fit: a chunk for it fits under the limit.
+  bool CouldFit(uint64_t bytes) const;
+  static uint64_t ReservedSize(uint64_t bytes) {
+    return bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  }
+
+  uint32_t device() const { return device_; }
+  DeviceBackend& backend() const { return backend_; }
+  const DeviceInfo& info() const { return backend_.devices()[device_]; }
+  uint32_t chunk_count() const { return static_cast<uint32_t>(chunks_.size()); }
+  const Chunk& chunk(uint32_t index) const { return chunks_[index]->chunk; }
+  // The daemon's address of byte `offset` of chunk `index`.
+  uint64_t address(uint32_t index, uint64_t offset) const {
+    return chunks_[index]->chunk.address + offset;
+  }
+  uint64_t free_bytes(uint32_t index) const { return chunks_[index]->allocator.free_bytes(); }
+
+  uint64_t limit() const { return limit_; }
+  uint64_t reserved_bytes() const { return reserved_; }
+  uint64_t used_bytes() const;
+  uint64_t largest_free_block() const;
+
+ private:
+  struct Entry {
+    Chunk chunk;
+    OffsetAllocator allocator;
+    Entry(Chunk c) : allocator(c.size, kAlignment) { chunk = std::move(c); }
+  };
+  // Adds a chunk that can hold `bytes`; false when the limit or the device says no.
+  bool AddChunk(uint64_t bytes);
+  uint64_t RoundToGranule(uint64_t bytes) const;
+
+  DeviceBackend& backend_;
+  const uint32_t device_;
+  uint64_t limit_;
+  uint64_t chunk_size_;
+  uint64_t reserved_ = 0;
+  std::vector<std::unique_ptr<Entry>> chunks_;
+};
+
+}  // namespace depot::store::gpu
