@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -540,6 +541,27 @@ TEST_F(CudaGpu, TheImporterSeesTheBackendsDevices) {
     EXPECT_NE(std::find(visible.begin(), visible.end(), device.uuid), visible.end())
         << ipc::FormatUuid(device.uuid);
   }
+}
+
+TEST_F(CudaGpu, SynchronizingTheDefaultStreamNeedsACurrentContext) {
+  auto importer = internal::LoadCudaImporter();
+  ASSERT_OK(importer);
+  const CudaDriver& d = **CudaDriver::Load();
+  // A fresh thread has no current context: its "default stream" is no stream at all.
+  std::thread([&] {
+    EXPECT_STATUS((*importer)->SynchronizeStream(0), StatusCode::kInvalidArgument);
+    CUdevice device = 0;
+    CUcontext context = nullptr;
+    ASSERT_OK(d.Check(d.DeviceGet(&device, 0), "cuDeviceGet"));
+    ASSERT_OK(d.Check(d.DevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain"));
+    ASSERT_OK(d.Check(d.CtxSetCurrent(context), "cuCtxSetCurrent"));
+    EXPECT_OK((*importer)->SynchronizeStream(0));
+    CUcontext current = nullptr;
+    EXPECT_OK(d.Check(d.CtxGetCurrent(&current), "cuCtxGetCurrent"));
+    EXPECT_EQ(current, context) << "SynchronizeStream changed the thread's current context";
+    d.CtxSetCurrent(nullptr);
+    d.DevicePrimaryCtxRelease(device);
+  }).join();
 }
 
 TEST_F(CudaGpu, ImportFromAGpuThisProcessCannotSeeNamesIt) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "depot/ipc/cuda_driver.h"
+#include "depot/ipc/units.h"
 #include "device_import.h"
 
 namespace depot::internal {
@@ -141,8 +142,8 @@ class CudaImporter final : public DeviceImporter {
   std::vector<ipc::DeviceUuid> VisibleDevices() const override { return uuids_; }
 
   Result<std::unique_ptr<ImportedChunk>> Import(ChunkToImport chunk) override {
-    const std::string where = "importing a GPU chunk of " + std::to_string(chunk.size) +
-                              " bytes on " + ipc::FormatUuid(chunk.device);
+    const std::string where = "importing a GPU chunk of " + ipc::FormatSize(chunk.size) + " on " +
+                              ipc::FormatUuid(chunk.device);
     if (chunk.handle != ipc::ChunkHandle::kPosixFd &&
         chunk.handle != ipc::ChunkHandle::kLegacyIpc) {
       return Status::InvalidArgument(where +

@@ -121,7 +121,7 @@ const Sample* Earlier(const std::optional<Sample>& sample) { return sample ? &*s
 Status RunPlain(Client& client, const TopOptions& options) {
   const size_t frames = options.once || options.iterations == 0 ? 1 : options.iterations;
   std::optional<Sample> before;
-  Clock::time_point next = Clock::now();
+  Clock::time_point next;
   for (size_t frame = 0; frame < frames; ++frame) {
     if (frame > 0) {
       std::this_thread::sleep_until(next);
