@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "depot/ipc/cuda_driver.h"
+#include "depot/ipc/undo.h"
 #include "depot/ipc/units.h"
 #include "device_import.h"
 
@@ -113,23 +114,6 @@ class OpenedIpcChunk final : public ImportedChunk {
   const uint64_t size_;
 };
 
-// Runs a function on scope exit unless cancelled: the undo steps of an import.
-template <typename F>
-class Undo {
- public:
-  explicit Undo(F f) : f_(std::move(f)) {}
-  Undo(const Undo&) = delete;
-  Undo& operator=(const Undo&) = delete;
-  ~Undo() {
-    if (armed_) f_();
-  }
-  void Cancel() { armed_ = false; }
-
- private:
-  F f_;
-  bool armed_ = true;
-};
-
 class CudaImporter final : public DeviceImporter {
  public:
   CudaImporter(const CudaDriver& driver, std::vector<CUdevice> devices,
@@ -216,22 +200,10 @@ class CudaImporter final : public DeviceImporter {
                                     &handle, os_handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
                                 "cuMemImportFromShareableHandle"));
     // Released on every path: once mapped, the mapping holds the memory.
-    Undo release([&] { d.MemRelease(handle); });
+    ipc::Undo release([&] { d.MemRelease(handle); });
 
-    CUdeviceptr ptr = 0;
-    DEPOT_RETURN_NOT_OK(
-        d.Check(d.MemAddressReserve(&ptr, chunk.size, 0, 0, 0), "cuMemAddressReserve"));
-    Undo free_address([&] { d.MemAddressFree(ptr, chunk.size); });
-    DEPOT_RETURN_NOT_OK(d.Check(d.MemMap(ptr, chunk.size, 0, handle, 0), "cuMemMap"));
-    Undo unmap([&] { d.MemUnmap(ptr, chunk.size); });
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    DEPOT_RETURN_NOT_OK(d.Check(d.MemSetAccess(ptr, chunk.size, &access, 1), "cuMemSetAccess"));
-
-    unmap.Cancel();
-    free_address.Cancel();
+    DEPOT_ASSIGN_OR_RETURN(const CUdeviceptr ptr,
+                           d.MapWithAccess(handle, chunk.size, std::span(&device, 1)));
     return std::unique_ptr<ImportedChunk>(new MappedChunk(d, std::move(context), ptr, chunk.size));
   }
 

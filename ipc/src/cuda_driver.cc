@@ -1,10 +1,13 @@
 #include "depot/ipc/cuda_driver.h"
 
+#include "depot/ipc/undo.h"
+
 #include <dlfcn.h>
 
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 namespace depot::ipc {
 
@@ -110,6 +113,26 @@ Status CudaDriver::Open() {
   if (r != CUDA_ERROR_NO_DEVICE || visible == nullptr) return st;
   // The usual reason a driver sees no device on a host that has some.
   return Status(st.code(), st.message() + " (CUDA_VISIBLE_DEVICES=" + visible + ")");
+}
+
+Result<CUdeviceptr> CudaDriver::MapWithAccess(CUmemGenericAllocationHandle handle, uint64_t size,
+                                              std::span<const CUdevice> devices) const {
+  CUdeviceptr ptr = 0;
+  DEPOT_RETURN_NOT_OK(Check(MemAddressReserve(&ptr, size, 0, 0, 0), "cuMemAddressReserve"));
+  Undo free_address([&] { MemAddressFree(ptr, size); });
+  DEPOT_RETURN_NOT_OK(Check(MemMap(ptr, size, 0, handle, 0), "cuMemMap"));
+  Undo unmap([&] { MemUnmap(ptr, size); });
+  std::vector<CUmemAccessDesc> access(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = devices[i];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  DEPOT_RETURN_NOT_OK(
+      Check(MemSetAccess(ptr, size, access.data(), access.size()), "cuMemSetAccess"));
+  unmap.Cancel();
+  free_address.Cancel();
+  return ptr;
 }
 
 Status CudaDriver::Check(CUresult result, const char* call) const {

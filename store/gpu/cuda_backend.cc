@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "depot/ipc/cuda_driver.h"
+#include "depot/ipc/undo.h"
 #include "depot/ipc/units.h"
 #include "store/gpu/device_backend.h"
 
@@ -31,23 +32,6 @@ constexpr uint64_t kStagingPiece = 8 << 20;
 // Chunk sizes for cuMemAlloc devices, which have no allocation granularity to ask for:
 // cuMemAlloc hands out whole 2 MiB pages of device memory.
 constexpr uint64_t kLegacyGranularity = 2 << 20;
-
-// Runs a function on scope exit unless cancelled: the undo steps of a multi-step allocation.
-template <typename F>
-class Undo {
- public:
-  explicit Undo(F f) : f_(std::move(f)) {}
-  Undo(const Undo&) = delete;
-  Undo& operator=(const Undo&) = delete;
-  ~Undo() {
-    if (armed_) f_();
-  }
-  void Cancel() { armed_ = false; }
-
- private:
-  F f_;
-  bool armed_ = true;
-};
 
 // The same status with `context` in front of its message.
 Status Prefixed(const std::string& context, const Status& st) {
@@ -406,7 +390,7 @@ class CudaBackend final : public DeviceBackend {
     const CUmemAllocationProp prop = ChunkProperties(dev.device);
     CUmemGenericAllocationHandle handle = 0;
     DEPOT_RETURN_NOT_OK(d.Check(d.MemCreate(&handle, size, &prop, 0), "cuMemCreate"));
-    Undo release([&] { d.MemRelease(handle); });
+    ipc::Undo release([&] { d.MemRelease(handle); });
 
     int fd = -1;
     DEPOT_RETURN_NOT_OK(d.Check(
@@ -419,21 +403,10 @@ class CudaBackend final : public DeviceBackend {
       return Status::FromErrno("fcntl(FD_CLOEXEC) on an exported GPU chunk", errno);
     }
 
-    CUdeviceptr ptr = 0;
-    DEPOT_RETURN_NOT_OK(d.Check(d.MemAddressReserve(&ptr, size, 0, 0, 0), "cuMemAddressReserve"));
-    Undo free_address([&] { d.MemAddressFree(ptr, size); });
-    DEPOT_RETURN_NOT_OK(d.Check(d.MemMap(ptr, size, 0, handle, 0), "cuMemMap"));
-    Undo unmap([&] { d.MemUnmap(ptr, size); });
+    std::vector<CUdevice> access(dev.readers.begin(), dev.readers.end());
+    access.push_back(dev.device);
+    DEPOT_ASSIGN_OR_RETURN(const CUdeviceptr ptr, d.MapWithAccess(handle, size, access));
 
-    std::vector<CUmemAccessDesc> access;
-    access.reserve(1 + dev.readers.size());
-    for (CUdevice reader : dev.readers) access.push_back(ReadWrite(reader));
-    access.push_back(ReadWrite(dev.device));
-    DEPOT_RETURN_NOT_OK(
-        d.Check(d.MemSetAccess(ptr, size, access.data(), access.size()), "cuMemSetAccess"));
-
-    unmap.Cancel();
-    free_address.Cancel();
     release.Cancel();
     Chunk chunk;
     chunk.size = size;
@@ -444,21 +417,13 @@ class CudaBackend final : public DeviceBackend {
     return chunk;
   }
 
-  static CUmemAccessDesc ReadWrite(CUdevice device) {
-    CUmemAccessDesc desc{};
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = device;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return desc;
-  }
-
   // cuMemAlloc memory (on the current context's device) with a legacy IPC handle, for
   // devices that cannot export file descriptors.
   Result<Chunk> AllocateLegacy(uint64_t size) {
     const CudaDriver& d = *driver_;
     CUdeviceptr ptr = 0;
     DEPOT_RETURN_NOT_OK(d.Check(d.MemAlloc(&ptr, size), "cuMemAlloc"));
-    Undo free_memory([&] { d.MemFree(ptr); });
+    ipc::Undo free_memory([&] { d.MemFree(ptr); });
     CUipcMemHandle handle{};
     DEPOT_RETURN_NOT_OK(d.Check(d.IpcGetMemHandle(&handle, ptr), "cuIpcGetMemHandle"));
     free_memory.Cancel();
@@ -478,7 +443,7 @@ class CudaBackend final : public DeviceBackend {
                          uint64_t bytes) {
     const CudaDriver& d = *driver_;
     DEPOT_ASSIGN_OR_RETURN(void* staging, TakeStaging());
-    Undo give_back([&] { ReturnStaging(staging); });
+    ipc::Undo give_back([&] { ReturnStaging(staging); });
     auto* halves = static_cast<std::byte*>(staging);
 
     DEPOT_RETURN_NOT_OK(MakeCurrent(from));
@@ -491,7 +456,7 @@ class CudaBackend final : public DeviceBackend {
     const StreamLease* up[2] = {&up0, &up1};
 
     // Whatever happens, no upload may still read the buffer when it goes back to the pool.
-    Undo drain([&] {
+    ipc::Undo drain([&] {
       d.StreamSynchronize(up0.get());
       d.StreamSynchronize(up1.get());
     });

@@ -13,6 +13,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <span>
 #include <string>
 
 #include "depot/status.h"
@@ -96,6 +97,13 @@ class CudaDriver {
   // "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (out of memory)", as OutOfMemory for
   // CUDA_ERROR_OUT_OF_MEMORY and IoError for every other error.
   Status Check(CUresult result, const char* call) const;
+
+  // Reserves exactly `size` bytes of address space, maps the allocation `handle` there and
+  // lets each of `devices` read and write it. Undoes what it did on failure. Needs a current
+  // context. The caller still owns `handle` (the mapping keeps the memory alive after
+  // cuMemRelease).
+  Result<CUdeviceptr> MapWithAccess(CUmemGenericAllocationHandle handle, uint64_t size,
+                                    std::span<const CUdevice> devices) const;
 
   // The driver's CUDA version as cuDriverGetVersion reports it, e.g. 12080 for 12.8.
   int version() const { return version_; }
