@@ -944,6 +944,8 @@ void ObjectStore::ServeRoomWaits(int32_t device) {
 }
 
 Status ObjectStore::Release(ClientId client, std::span<const ObjectId> ids, int32_t device) {
+  // Checked first: RefKey keeps 8 bits of the tier, so an unchecked one could name another.
+  DEPOT_RETURN_NOT_OK(CheckDevice(device));
   ClientState& state = clients_.at(client);
   Status first_error;
   for (const ObjectId& id : ids) {

@@ -283,5 +283,28 @@ TEST_F(GpuTest, BadGpuRequestsAreClearErrors) {
   EXPECT_TRUE(SameBytes(buffer.device_ptr(), 16, 9));
 }
 
+TEST(GpuFlagsTest, BadGpuFlagsAreClearErrorsAtStartup) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << dir.error();
+  const std::string socket = dir.path() + "/depot.sock";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--simulate-gpus", "zero"}, "--simulate-gpus 'zero'"},
+      {{"--simulate-gpus", "64"}, "N from 1 to 63"},
+      {{"--simulate-gpus", "2:lots"}, "--simulate-gpus"},
+      {{"--simulate-gpus", "1:1KiB"}, "at least 2MiB"},
+      {{"--simulate-gpus", "2", "--gpu-memory", "3:1GiB"}, "there is no GPU 3"},
+      {{"--simulate-gpus", "2", "--gpu-memory", "0:150%"}, "percentage"},
+      {{"--simulate-gpus", "2", "--gpu-memory", "x:1GiB"}, "DEVICE:SIZE"},
+      {{"--simulate-gpus", "2", "--gpu-chunk-size", "big"}, "--gpu-chunk-size"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    std::vector<std::string> argv = {DEPOT_DAEMON_PATH, "--socket", socket, "--memory", "16MiB"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    ProgramRun run = RunProgram(argv, {}, milliseconds(10'000));
+    EXPECT_NE(run.exit_code, 0) << flags.back();
+    EXPECT_NE(run.err.find(expected), std::string::npos) << run.Explain();
+  }
+}
+
 }  // namespace
 }  // namespace depot::testing

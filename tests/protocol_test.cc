@@ -916,5 +916,97 @@ TEST_F(SmallBatchProtocolTest, VerifyOfMoreIdsThanMaxBatchIsLimitExceeded) {
   EXPECT_EQ(reply->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
 }
 
+// GPU fields spoken by hand: a device the daemon does not serve, a GPU create that tries to
+// seal in the same request, a release on the wrong tier. Each is a clear error that leaves
+// the session (and the daemon) serving.
+class GpuProtocolTest : public ProtocolTest {
+ protected:
+  GpuProtocolTest() : ProtocolTest({"--simulate-gpus", "1:16MiB"}) {}
+};
+
+TEST_F(GpuProtocolTest, CreateOrGetOnADeviceTheDaemonDoesNotServeIsInvalidArgument) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/gpu-nowhere");
+  for (int32_t device : {1, 63, -2, 1 << 30}) {
+    auto created = s->Call(2, [&](wire::Request::Builder r) {
+      CreateOf(id, 64)(r);
+      r.getCreate().setDevice(device);
+    });
+    ASSERT_TRUE(created);
+    EXPECT_EQ(created->get().getError(), wire::ErrorCode::INVALID_ARGUMENT) << device;
+    EXPECT_NE(std::string(created->get().getMessage().cStr()).find("serves 1 GPU"),
+              std::string::npos)
+        << created->get().getMessage().cStr();
+    auto got = s->Call(3, [&](wire::Request::Builder r) {
+      GetOf({id})(r);
+      r.getGet().setDevice(device);
+    });
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->get().getError(), wire::ErrorCode::INVALID_ARGUMENT) << device;
+  }
+  ExpectServes(*s, "gpu-after-bad-device");
+}
+
+TEST_F(GpuProtocolTest, GpuCreateThatSealsOrCarriesDataIsRefused) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/gpu-put");
+  auto sealing = s->Call(2, [&](wire::Request::Builder r) {
+    auto create = r.initCreate();
+    ipc::ToWire(id, create.initId());
+    create.setDataSize(8);
+    create.setData(kj::heapArray<kj::byte>(8));
+    create.setSeal(true);
+    create.setDevice(0);
+  });
+  ASSERT_TRUE(sealing);
+  EXPECT_EQ(sealing->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sealing->get().getMessage().cStr()).find("cannot seal"), std::string::npos);
+  auto with_data = s->Call(3, [&](wire::Request::Builder r) {
+    auto create = r.initCreate();
+    ipc::ToWire(id, create.initId());
+    create.setDataSize(8);
+    create.setData(kj::heapArray<kj::byte>(8));
+    create.setDevice(0);
+  });
+  ASSERT_TRUE(with_data);
+  EXPECT_EQ(with_data->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(std::string(with_data->get().getMessage().cStr()).find("inline data"),
+            std::string::npos);
+  ExpectServes(*s, "gpu-after-bad-create");
+}
+
+TEST_F(GpuProtocolTest, ReleaseOnATierWhereNothingIsHeldIsNotHeld) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/gpu-release");
+  ASSERT_TRUE(s->Call(2, CreateOf(id, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(id)));
+  // The session holds the host copy (the creator's reference), not one on GPU 0.
+  auto reply = s->Call(4, [&](wire::Request::Builder r) {
+    auto refs = r.initReleaseRefs(1);
+    ipc::ToWire(id, refs[0].initId());
+    refs[0].setDevice(0);
+  });
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::NOT_HELD);
+  EXPECT_NE(std::string(reply->get().getMessage().cStr()).find("simulated GPU 0"),
+            std::string::npos)
+      << reply->get().getMessage().cStr();
+  // A tier the daemon does not serve (255 would alias the host tier in an 8-bit key).
+  for (int32_t device : {1, 255, -2}) {
+    auto bad = s->Call(5, [&](wire::Request::Builder r) {
+      auto refs = r.initReleaseRefs(1);
+      ipc::ToWire(id, refs[0].initId());
+      refs[0].setDevice(device);
+    });
+    ASSERT_TRUE(bad) << "the daemon closed the session over device " << device;
+    EXPECT_EQ(bad->get().getError(), wire::ErrorCode::INVALID_ARGUMENT) << device;
+  }
+  // The creator's host reference survived all of that: releasing it works once.
+  auto host = s->Call(6, ListOf(IdList::kRelease, {id}));
+  ASSERT_TRUE(host);
+  EXPECT_EQ(host->get().getError(), wire::ErrorCode::OK);
+  ExpectServes(*s, "gpu-after-bad-release");
+}
+
 }  // namespace
 }  // namespace depot::testing
