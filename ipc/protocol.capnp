@@ -100,6 +100,9 @@ struct Request {
   struct ListObjects {
     startSlot @0 :UInt32;    # resume point from the previous page's nextSlot
     limit @1 :UInt32;        # at most this many entries (the daemon may return fewer)
+    # If not 0: instead of a page, the `largest` largest objects by data size (ties: oldest
+    # first), largest first, in one reply (done), at most the page limit. For `top`.
+    largest @2 :UInt32;
   }
 
   # Evicts until `bytes` are freed (or nothing evictable is left), or, with
@@ -260,6 +263,9 @@ struct StoreStatus {
   spilledBytes @23 :UInt64;
   replicasMade @24 :UInt64;  # copies made for a get on another tier (spills not included)
   replicasDropped @25 :UInt64;  # extra copies dropped to make room
+  arenaPageLockedBytes @26 :UInt64;  # of the arena, registered with the CUDA driver (pinned)
+                                     # so copies to and from GPUs run at full speed
+  objectsOnHost @27 :UInt64;  # objects with a copy in host memory (Device.replicas: on a GPU)
 }
 
 # A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED
@@ -286,6 +292,13 @@ struct Holder {
   command @3 :Text;
   clientName @4 :Text;
   references @5 :UInt32;
+  tiers @6 :List(TierReferences);  # the same references by tier, host first; only tiers with some
+}
+
+# A holder's references on one tier (Holder.tiers).
+struct TierReferences {
+  device @0 :Int32;          # -1: host memory; else the GPU (Reply.Hello.devices numbering)
+  references @1 :UInt32;
 }
 
 struct ObjectDetails {

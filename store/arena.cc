@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <chrono>
+#include <cstring>
 
 #include "depot/ipc/units.h"
 
@@ -62,10 +64,12 @@ Result<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options,
 }
 
 Arena::~Arena() {
-  // Prefault jobs hold only the descriptor number; wait for them before closing it.
+  // Prefault jobs use the segments: wait for them before unlocking and unmapping.
   prefault_pool_.wait();
   for (auto& s : segments_) {
-    if (s->base != nullptr) ::munmap(s->base, s->size);
+    if (s->base == nullptr) continue;
+    if (s->page_locked.load(std::memory_order_acquire)) options_.unlock_pages(s->base);
+    ::munmap(s->base, s->size);
   }
 }
 
@@ -97,19 +101,37 @@ Status Arena::AddSegment() {
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd.get(), 0);
   if (base == MAP_FAILED) return Status::FromErrno("mmap of " + name, errno);
   seg->base = static_cast<std::byte*>(base);
-  if (options_.dir.empty()) {
-    const int fd = seg->fd.get();
-    boost::asio::post(prefault_pool_, [fd, size, index = seg->index] {
-      if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0) {
-        // Not fatal: pages are then allocated as they are first written.
-        spdlog::warn("could not pre-allocate segment {}: {}", index, std::strerror(errno));
-      }
-    });
+  if (options_.dir.empty() || options_.lock_pages) {
+    // The segment stays where it is (segments_ holds unique_ptrs), and the destructor waits
+    // for this job.
+    boost::asio::post(prefault_pool_, [this, segment = seg.get()] { PrepareSegment(*segment); });
   }
   spdlog::info("arena: added segment {} ({}, {})", seg->index, ipc::FormatSize(size), backend());
   mapped_ += size;
   segments_.push_back(std::move(seg));
   return Status::OK();
+}
+
+void Arena::PrepareSegment(Segment& segment) {
+  if (options_.dir.empty() &&
+      ::fallocate(segment.fd.get(), 0, 0, static_cast<off_t>(segment.size)) != 0) {
+    // Not fatal: pages are then allocated as they are first written.
+    spdlog::warn("could not pre-allocate segment {}: {}", segment.index, std::strerror(errno));
+  }
+  if (!options_.lock_pages) return;
+  const auto start = std::chrono::steady_clock::now();
+  if (Status st = options_.lock_pages(segment.base, segment.size); !st.ok()) {
+    // Not fatal either: copies to and from GPUs then go through the driver's staging buffers.
+    spdlog::warn("arena: segment {} is not page-locked, so GPU copies from it are slower: {}",
+                 segment.index, st.message());
+    return;
+  }
+  segment.page_locked.store(true, std::memory_order_release);
+  page_locked_.fetch_add(segment.size, std::memory_order_relaxed);
+  spdlog::info(
+      "arena: page-locked segment {} ({}) for GPU copies in {:.1f} ms", segment.index,
+      ipc::FormatSize(segment.size),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
 }
 
 void Arena::GrowAhead() {

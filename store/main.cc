@@ -187,7 +187,15 @@ int main(int argc, char** argv) {
   {
     auto gpus = depot::store::gpu::SetUpGpus(gpu_options);
     if (!gpus.ok()) return Fail(gpus.status());
-    auto arena = depot::store::Arena::Create({*capacity, *segment, arena_dir}, pool);
+    depot::store::ArenaOptions arena_options{*capacity, *segment, arena_dir};
+    if (depot::store::gpu::DeviceBackend* backend = (*gpus)->backend.get();
+        backend != nullptr && backend->kind() == "cuda" && !backend->devices().empty()) {
+      arena_options.lock_pages = [backend](void* base, uint64_t bytes) {
+        return backend->RegisterHostMemory(base, bytes);
+      };
+      arena_options.unlock_pages = [backend](void* base) { backend->UnregisterHostMemory(base); };
+    }
+    auto arena = depot::store::Arena::Create(arena_options, pool);
     if (!arena.ok()) return Fail(arena.status());
     auto headers = depot::store::HeaderTable::Create(max_objects);
     if (!headers.ok()) return Fail(headers.status());

@@ -1010,6 +1010,41 @@ ObjectStore::Page ObjectStore::List(uint32_t start, uint32_t limit) const {
   return page;
 }
 
+std::vector<uint32_t> ObjectStore::Largest(uint32_t n) const {
+  // A min-heap of the n largest seen so far: O(objects log n), n entries of memory.
+  const auto larger = [this](uint32_t a, uint32_t b) {
+    const ipc::ObjectHeader& x = headers_.at(a);
+    const ipc::ObjectHeader& y = headers_.at(b);
+    if (x.data_size != y.data_size) return x.data_size > y.data_size;
+    if (x.create_time_ns != y.create_time_ns) return x.create_time_ns < y.create_time_ns;
+    return a < b;
+  };
+  std::vector<uint32_t> heap;
+  if (n == 0) return heap;
+  heap.reserve(n);
+  for (uint32_t slot = 0, end = headers_.high_water(); slot < end; ++slot) {
+    if (headers_.state(slot) == ipc::ObjectState::kFree) continue;
+    if (heap.size() < n) {
+      heap.push_back(slot);
+      std::push_heap(heap.begin(), heap.end(), larger);
+    } else if (larger(slot, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), larger);
+      heap.back() = slot;
+      std::push_heap(heap.begin(), heap.end(), larger);
+    }
+  }
+  std::sort_heap(heap.begin(), heap.end(), larger);
+  return heap;
+}
+
+uint64_t ObjectStore::ObjectsOnHost() const {
+  uint64_t count = 0;
+  for (uint32_t slot = 0, end = headers_.high_water(); slot < end; ++slot) {
+    if (headers_.state(slot) != ipc::ObjectState::kFree && objects_[slot].on_host) ++count;
+  }
+  return count;
+}
+
 std::string_view ObjectStore::NameOf(uint32_t slot) const {
   auto it = names_.find(slot);
   return it == names_.end() ? std::string_view() : std::string_view(it->second);
@@ -1029,18 +1064,21 @@ ClientUsage ObjectStore::UsageOf(ClientId client) const {
   return usage;
 }
 
-std::vector<std::pair<ClientId, uint32_t>> ObjectStore::HoldersOf(uint32_t slot) const {
-  std::vector<std::pair<ClientId, uint32_t>> holders;
+std::vector<HolderInfo> ObjectStore::HoldersOf(uint32_t slot) const {
+  std::vector<HolderInfo> holders;
   for (const auto& [client, state] : clients_) {
-    uint32_t count = 0;
+    HolderInfo holder;
+    holder.client = client;
     for (int32_t device = kHost; device < static_cast<int32_t>(pools_.size()); ++device) {
       if (auto it = state.refs.find(RefKey(slot, device)); it != state.refs.end()) {
-        count += it->second;
+        holder.references += it->second;
+        holder.tiers.emplace_back(device, it->second);
       }
     }
-    if (count != 0) holders.emplace_back(client, count);
+    if (holder.references != 0) holders.push_back(std::move(holder));
   }
-  std::sort(holders.begin(), holders.end());
+  std::sort(holders.begin(), holders.end(),
+            [](const HolderInfo& a, const HolderInfo& b) { return a.client < b.client; });
   return holders;
 }
 

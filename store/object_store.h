@@ -116,6 +116,14 @@ struct ReplicaInfo {
   bool ready = false;  // false while it is being copied
 };
 
+// A client's references to one object (the admin `show` view).
+struct HolderInfo {
+  ClientId client = 0;
+  uint32_t references = 0;  // on all tiers together
+  // (tier, references) for each tier it holds references on, host first.
+  std::vector<std::pair<int32_t, uint32_t>> tiers;
+};
+
 // What a client holds (the admin `clients` view).
 struct ClientUsage {
   uint64_t objects = 0;     // distinct objects referenced or being created
@@ -186,6 +194,8 @@ class ObjectStore {
     bool done = true;
   };
   Page List(uint32_t start, uint32_t limit) const;
+  // The slots of the `n` largest objects by data size (ties: oldest first), largest first.
+  std::vector<uint32_t> Largest(uint32_t n) const;
   // The display name of the object in `slot`, empty if it has none.
   std::string_view NameOf(uint32_t slot) const;
   bool IsDeletePending(uint32_t slot) const;
@@ -197,9 +207,12 @@ class ObjectStore {
   uint32_t SlotOf(const ObjectId& id) const { return Find(id); }
   // What `client` holds; all zero for an unknown client.
   ClientUsage UsageOf(ClientId client) const;
-  // The clients holding references to the object in `slot`, with how many each, in client
-  // id order (kStoreClient first, when a Verify is reading it).
-  std::vector<std::pair<ClientId, uint32_t>> HoldersOf(uint32_t slot) const;
+  // The clients holding references to the object in `slot`, with how many each, in all and
+  // by tier, in client id order (kStoreClient first, when a Verify is reading it).
+  std::vector<HolderInfo> HoldersOf(uint32_t slot) const;
+  // Objects with a copy in host memory, ready or being made. Counts them: O(objects), for
+  // the admin `status` request.
+  uint64_t ObjectsOnHost() const;
   // The replicas of the object in `slot`: host first, then GPUs in device order.
   std::vector<ReplicaInfo> ReplicasOf(uint32_t slot) const;
   // The tiers the object in `slot` has ready bytes on (ObjectHeader::tiers).

@@ -513,7 +513,12 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
 void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list) {
   const ObjectStore& store = server_.store();
   const uint32_t limit = std::clamp<uint32_t>(list.getLimit(), 1, kMaxListPage);
-  auto page = store.List(list.getStartSlot(), limit);
+  ObjectStore::Page page;
+  if (list.getLargest() != 0) {
+    page.slots = store.Largest(std::min(list.getLargest(), limit));
+  } else {
+    page = store.List(list.getStartSlot(), limit);
+  }
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
@@ -559,6 +564,8 @@ void Session::HandleStatus(uint64_t rid) {
   s.setSpilledBytes(c.spilled_bytes);
   s.setReplicasMade(c.replicas_made);
   s.setReplicasDropped(c.replicas_dropped);
+  s.setArenaPageLockedBytes(arena.page_locked_bytes());
+  s.setObjectsOnHost(store.ObjectsOnHost());
   s.setRequests(server_.requests());
   SendReply(message, reply, -1);
 }
@@ -606,10 +613,15 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
   ToWire(store, slot, details.initInfo());
   auto out = details.initHolders(static_cast<unsigned>(holders.size()));
   for (unsigned i = 0; i < holders.size(); ++i) {
-    const auto [client, references] = holders[i];
+    const ClientId client = holders[i].client;
     auto h = out[i];
     h.setSessionId(client);
-    h.setReferences(references);
+    h.setReferences(holders[i].references);
+    auto tiers = h.initTiers(static_cast<unsigned>(holders[i].tiers.size()));
+    for (unsigned t = 0; t < tiers.size(); ++t) {
+      tiers[t].setDevice(holders[i].tiers[t].first);
+      tiers[t].setReferences(holders[i].tiers[t].second);
+    }
     if (client == kStoreClient) {  // a verify reading the object
       h.setPid(static_cast<uint32_t>(::getpid()));
       h.setUid(::getuid());

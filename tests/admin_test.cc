@@ -1,21 +1,24 @@
 // depotctl's operator view against a real depotd with known contents: show (fields, holders,
 // hexdump), clients, verify (intact and corrupted objects), evict, the ls filters, and clear
-// errors for bad input.
+// errors for bad input; and the GPU tiers of status, ls and show on simulated GPUs.
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "child_process.h"
 #include "daemon.h"
 #include "depot/client.h"
+#include "depot/ipc/gpu.h"
 #include "test_support.h"
 
 #ifndef DEPOTCTL_PATH
@@ -130,7 +133,8 @@ TEST_F(AdminTest, ShowPrintsTheHeaderAndTheForkedChildHoldingTheObject) {
   EXPECT_TRUE(Has(json.out, "\"pid\": " + pid + ", \"uid\": " + std::to_string(::getuid()) +
                                 ", \"command\": \"admin_test\""))
       << json.out;
-  EXPECT_TRUE(Has(json.out, "\"references\": 1}]")) << json.out;
+  EXPECT_TRUE(Has(json.out, "\"references\": 1, \"references_by_tier\": {\"host\": 1}}]"))
+      << json.out;
 }
 
 TEST_F(AdminTest, ShowHexdumpPrintsTheFirstBytesAsHexdumpDoes) {
@@ -325,6 +329,26 @@ TEST_F(AdminTest, LsFiltersSortsAndLimits) {
   EXPECT_TRUE(Has(by_refs, "ls/medium")) << by_refs;
 }
 
+TEST_F(AdminTest, ListLargestReturnsTheLargestObjectsLargestFirstInOneRequest) {
+  ASSERT_OK_AND_ASSIGN(Client client, Connect());
+  // Sizes 1..40 KiB put in a shuffled order, so that slot order is not size order.
+  for (int i = 0; i < 40; ++i) {
+    const int kib = 1 + (i * 17) % 40;
+    PutNamed(client, "sized/" + std::to_string(kib), SeededBytes(kib * 1024, kib));
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> largest, client.ListLargest(5));
+  ASSERT_EQ(largest.size(), 5u);
+  for (size_t i = 0; i < largest.size(); ++i) {
+    EXPECT_EQ(largest[i].data_size, (40 - i) * 1024) << i;
+    EXPECT_EQ(largest[i].name, "sized/" + std::to_string(40 - i));
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> all, client.ListLargest(1000));
+  EXPECT_EQ(all.size(), 40u);
+  EXPECT_EQ(all.back().data_size, 1024u);
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> none, client.ListLargest(0));
+  EXPECT_TRUE(none.empty());
+}
+
 TEST_F(AdminTest, BadInputFailsWithAClearMessage) {
   ExpectFails({"show", "admin/never-was"}, "'admin/never-was' (object " +
                                                ObjectId::FromName("admin/never-was").Hex() +
@@ -335,14 +359,235 @@ TEST_F(AdminTest, BadInputFailsWithAClearMessage) {
   ExpectFails({"ls", "--older-than", "m"}, "is not a duration");
   ExpectFails({"ls", "--state", "frozen"}, "--state must be creating or sealed");
   ExpectFails({"ls", "--min-size", "big"}, "--min-size:");
-  ExpectFails({"ls", "--tier", "gpu"}, "GPU tiers and devices are not available yet");
-  ExpectFails({"ls", "--tier", "gpu:0"}, "GPU tiers and devices are not available yet");
+  ExpectFails({"ls", "--tier", "gpu:0"},
+              "--tier must be host, gpu or gpuK (e.g. gpu0), not 'gpu:0'");
+  ExpectFails({"ls", "--tier", "disk"}, "depot has no disk tier yet");
+  ExpectFails({"ls", "--device", "one"}, "--device must be a GPU index");
+  ExpectFails({"ls", "--device", "-1"}, "--device must be a GPU index");
+  ExpectFails({"ls", "--device", "0", "--tier", "host"}, "cannot go with --tier host");
+  ExpectFails({"ls", "--device", "99"}, "--device 99: this depotd");
   ExpectFails({"verify"}, "name the objects to verify");
   ExpectFails({"verify", "admin/x", "--all"}, "not both");
   ExpectFails({"verify", "admin/never-was"}, "1 of 1 objects do not exist");
   ExpectFails({"evict"}, "give either --bytes SIZE or --all-unreferenced");
   ExpectFails({"evict", "--bytes", "1MiB", "--all-unreferenced"}, "give either");
   ExpectFails({"evict", "--bytes", "0"}, "--bytes must be more than 0");
+}
+
+// The GPU tiers, on a daemon with two simulated GPUs (their memory is host memory this test
+// can write through device_ptr()). GPU 0's pool may take 16 MiB, GPU 1's 32 MiB, in chunks
+// of 8 MiB. Four objects, one per combination of tiers:
+//   tier/host         host memory only                            (4 KiB)
+//   tier/gpu0         created on GPU 0, nowhere else              (1 MiB)
+//   tier/gpu0+gpu1    created on GPU 0, replicated to GPU 1       (2 MiB), GPU 1's copy held
+//   tier/host+gpu1    put in host memory, replicated to GPU 1     (1 MiB)
+class AdminGpuTest : public AdminTest {
+ protected:
+  static constexpr uint64_t kMiB = 1 << 20;
+
+  void SetUp() override {
+    daemon_.emplace(std::vector<std::string>{"--simulate-gpus", "2:64MiB", "--gpu-memory",
+                                             "0:16MiB,1:32MiB", "--gpu-chunk-size", "8MiB"});
+    ASSERT_TRUE(daemon_->ok()) << daemon_->error();
+    ASSERT_OK_AND_ASSIGN(Client client, Connect("admin-gpu"));
+    client_.emplace(std::move(client));
+
+    PutNamed(*client_, "tier/host", SeededBytes(4096, 1));
+    PutOnGpu0("tier/gpu0", kMiB, 2);
+    PutOnGpu0("tier/gpu0+gpu1", 2 * kMiB, 3);
+    ASSERT_OK_AND_ASSIGN(held_on_gpu1_, client_->GetOnDevice(Id("tier/gpu0+gpu1"), 1));
+    PutNamed(*client_, "tier/host+gpu1", SeededBytes(kMiB, 4));
+    { ASSERT_OK(client_->GetOnDevice(Id("tier/host+gpu1"), 1)); }
+    ASSERT_OK(client_->Contains(Id("tier/host")));  // sends the queued releases
+  }
+
+  static ObjectId Id(const std::string& name) { return ObjectId::FromName(name); }
+
+  // Creates `name` on GPU 0, writes it through the simulated device's pointer, seals it and
+  // drops it.
+  void PutOnGpu0(const std::string& name, uint64_t size, uint64_t seed) {
+    CreateOptions options;
+    options.name = name;
+    ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer buffer,
+                         client_->CreateOnDevice(Id(name), size, 0, options));
+    ASSERT_TRUE(buffer.simulated());
+    const std::vector<std::byte> bytes = SeededBytes(size, seed);
+    std::memcpy(reinterpret_cast<void*>(buffer.device_ptr()), bytes.data(), size);
+    ASSERT_OK(client_->Seal(Id(name), /*stream=*/0));
+  }
+
+  // The names of this fixture's objects that `ls` printed, in the order printed.
+  std::vector<std::string> Listed(std::vector<std::string> args) {
+    args.insert(args.begin(), "ls");
+    ProgramRun run = Depotctl(args);
+    EXPECT_EQ(run.exit_code, 0) << run.Explain();
+    std::vector<std::pair<size_t, std::string>> found;
+    for (const char* name : {"tier/host", "tier/gpu0", "tier/gpu0+gpu1", "tier/host+gpu1"}) {
+      const size_t at = run.out.find(" " + std::string(name) + " ");
+      if (at != std::string::npos) found.emplace_back(at, name);
+    }
+    std::sort(found.begin(), found.end());
+    std::vector<std::string> names;
+    for (auto& [at, name] : found) names.push_back(std::move(name));
+    return names;
+  }
+
+  std::optional<Client> client_;
+  DeviceBuffer held_on_gpu1_;
+};
+
+TEST_F(AdminGpuTest, StatusShowsEachGpuPoolTheBackendAndObjectsByTier) {
+  ProgramRun status = Depotctl({"status"});
+  ASSERT_EQ(status.exit_code, 0) << status.Explain();
+  const std::string& out = status.out;
+  EXPECT_TRUE(Has(out, "\ngpus      simulated, 2 GPUs\n")) << out;
+  EXPECT_TRUE(Has(out, "\ntiers     2 on host, 2 on gpu0, 2 on gpu1\n")) << out;
+  auto gpu0 = LinesWith(out, "gpu0 ");
+  ASSERT_EQ(gpu0.size(), 1u) << out;
+  EXPECT_TRUE(gpu0[0].starts_with("gpu0      simulated GPU 0, GPU-")) << gpu0[0];
+  EXPECT_TRUE(Has(gpu0[0], ", 64.0 MiB total")) << gpu0[0];
+  auto pools = LinesWith(out, "pool limit");
+  ASSERT_EQ(pools.size(), 2u) << out;
+  EXPECT_EQ(
+      pools[0],
+      "          pool limit 16.0 MiB, reserved 8.00 MiB in 1 chunk, used 3.00 MiB (held 0 B), "
+      "2 replicas");
+  EXPECT_EQ(pools[1],
+            "          pool limit 32.0 MiB, reserved 8.00 MiB in 1 chunk, used 3.00 MiB (held "
+            "2.00 MiB), 2 replicas");
+  EXPECT_TRUE(LinesWith(out, "gpu1      simulated GPU 1, GPU-").size() == 1) << out;
+  EXPECT_TRUE(Has(out, "\ntiering   2 replicas made, 0 dropped; 0 spills to host (0 B)\n")) << out;
+
+  ProgramRun json = Depotctl({"status", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.Explain();
+  ASSERT_OK_AND_ASSIGN(StoreStatus s, client_->GetStatus());
+  ASSERT_EQ(s.gpus.size(), 2u);
+  const std::string uuid0 = ipc::FormatUuid(s.gpus[0].uuid);
+  EXPECT_TRUE(Has(json.out,
+                  "\"gpu_backend\": \"simulated\", \"gpus\": [{\"index\": 0, \"name\": "
+                  "\"simulated GPU 0\", \"simulated\": true, \"uuid\": \"" +
+                      uuid0 +
+                      "\", \"total_bytes\": 67108864, \"limit_bytes\": 16777216, "
+                      "\"reserved_bytes\": 8388608, \"chunks\": 1, \"used_bytes\": "
+                      "3145728, \"held_bytes\": 0, \"replicas\": 2}, {\"index\": 1,"))
+      << json.out;
+  EXPECT_TRUE(Has(json.out, "\"held_bytes\": 2097152, \"replicas\": 2}]")) << json.out;
+  EXPECT_TRUE(Has(json.out,
+                  "\"spills\": 0, \"spilled_bytes\": 0, \"replicas_made\": 2, "
+                  "\"replicas_dropped\": 0"))
+      << json.out;
+  EXPECT_TRUE(Has(json.out, "\"objects_by_tier\": {\"host\": 2, \"gpu0\": 2, \"gpu1\": 2}}"))
+      << json.out;
+}
+
+TEST_F(AdminGpuTest, LsSelectsObjectsByTierAndShowsWhereEachIs) {
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(Listed({}), (Names{"tier/host", "tier/gpu0", "tier/gpu0+gpu1", "tier/host+gpu1"}));
+  EXPECT_EQ(Listed({"--tier", "host"}), (Names{"tier/host", "tier/host+gpu1"}));
+  EXPECT_EQ(Listed({"--tier", "gpu"}), (Names{"tier/gpu0", "tier/gpu0+gpu1", "tier/host+gpu1"}));
+  EXPECT_EQ(Listed({"--device", "1"}), (Names{"tier/gpu0+gpu1", "tier/host+gpu1"}));
+  EXPECT_EQ(Listed({"--device", "0", "--tier", "gpu"}), (Names{"tier/gpu0", "tier/gpu0+gpu1"}));
+  EXPECT_EQ(Listed({"--tier", "gpu0"}), (Names{"tier/gpu0", "tier/gpu0+gpu1"}));
+
+  // The TIER column names every tier the object has bytes on.
+  ProgramRun table = Depotctl({"ls", "--sort", "name"});
+  ASSERT_EQ(table.exit_code, 0) << table.Explain();
+  auto title = LinesWith(table.out, "TIER");
+  ASSERT_EQ(title.size(), 1u) << table.out;
+  const size_t column = title[0].find("TIER");
+  for (const auto& [name, tiers] :
+       std::vector<std::pair<std::string, std::string>>{{"tier/host", "host "},
+                                                        {"tier/gpu0", "gpu0 "},
+                                                        {"tier/gpu0+gpu1", "gpu0+gpu1 "},
+                                                        {"tier/host+gpu1", "host+gpu1 "}}) {
+    auto rows = LinesWith(table.out, " " + name + " ");
+    ASSERT_EQ(rows.size(), 1u) << table.out;
+    EXPECT_EQ(rows[0].substr(column, tiers.size()), tiers) << table.out;
+  }
+
+  ProgramRun json = Depotctl({"ls", "--json", "--device", "1", "--name", "tier/gpu0+gpu1"});
+  ASSERT_EQ(json.exit_code, 0) << json.Explain();
+  EXPECT_TRUE(Has(json.out,
+                  "\"segment\": null, \"offset\": null, \"tiers\": [\"gpu0\", \"gpu1\"], "
+                  "\"on_host\": false, \"gpus\": [0, 1]}"))
+      << json.out;
+  ProgramRun host_json = Depotctl({"ls", "--json", "--name", "tier/host+gpu1"});
+  ASSERT_EQ(host_json.exit_code, 0) << host_json.Explain();
+  EXPECT_TRUE(
+      Has(host_json.out, "\"tiers\": [\"host\", \"gpu1\"], \"on_host\": true, \"gpus\": [1]}"))
+      << host_json.out;
+}
+
+TEST_F(AdminGpuTest, LsOfATierOrGpuThereIsNotFailsClearly) {
+  ExpectFails({"ls", "--device", "7"},
+              "--device 7: this depotd has no GPU 7; it serves GPUs 0 to 1 (depotctl status "
+              "lists them)");
+  ExpectFails({"ls", "--tier", "gpu2"}, "--device 2: this depotd has no GPU 2");
+  ExpectFails({"ls", "--tier", "disk"},
+              "--tier disk: depot has no disk tier yet; objects are in host memory (--tier host) "
+              "or on GPUs (--tier gpu)");
+  ExpectFails({"ls", "--tier", "bogus"},
+              "--tier must be host, gpu or gpuK (e.g. gpu0), not 'bogus'");
+  ExpectFails({"ls", "--tier", "gpu0", "--device", "1"},
+              "--tier gpu0 and --device 1 name different GPUs");
+}
+
+TEST_F(AdminGpuTest, ShowListsEveryReplicaAndTheTiersOfEachHoldersReferences) {
+  ProgramRun show = Depotctl({"show", "tier/gpu0+gpu1"});
+  ASSERT_EQ(show.exit_code, 0) << show.Explain();
+  auto replicas = LinesWith(show.out, " tier ");
+  ASSERT_EQ(replicas.size(), 2u) << show.out;
+  EXPECT_TRUE(replicas[0].starts_with("replicas    gpu0 tier (simulated GPU 0), chunk 0, offset "))
+      << show.out;
+  EXPECT_TRUE(Has(replicas[0], ": 0 references, ready")) << replicas[0];
+  EXPECT_TRUE(replicas[1].starts_with("            gpu1 tier (simulated GPU 1), chunk 0, offset "))
+      << show.out;
+  EXPECT_TRUE(Has(replicas[1], ": 1 reference, ready")) << replicas[1];
+  auto holder = LinesWith(show.out, "admin-gpu");
+  ASSERT_EQ(holder.size(), 1u) << show.out;
+  EXPECT_TRUE(holder[0].ends_with("  1  gpu1 1")) << holder[0];
+
+  ProgramRun host = Depotctl({"show", "tier/host+gpu1"});
+  ASSERT_EQ(host.exit_code, 0) << host.Explain();
+  EXPECT_TRUE(Has(host.out, "replicas    host tier, segment 0, offset ")) << host.out;
+  EXPECT_TRUE(Has(host.out, "\n            gpu1 tier (simulated GPU 1), chunk 0, offset "))
+      << host.out;
+  EXPECT_TRUE(Has(host.out, "holders     none")) << host.out;
+
+  ProgramRun json = Depotctl({"show", "tier/gpu0+gpu1", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.Explain();
+  EXPECT_TRUE(Has(json.out,
+                  "\"replicas\": [{\"tier\": \"gpu0\", \"gpu\": 0, \"gpu_name\": "
+                  "\"simulated GPU 0\", \"chunk\": 0, \"offset\": "))
+      << json.out;
+  EXPECT_TRUE(Has(json.out,
+                  "{\"tier\": \"gpu1\", \"gpu\": 1, \"gpu_name\": \"simulated GPU 1\", "
+                  "\"chunk\": 0, \"offset\": 0, \"references\": 1, \"ready\": true, "
+                  "\"state\": \"ready\"}]"))
+      << json.out;
+  EXPECT_TRUE(Has(json.out,
+                  "\"client_name\": \"admin-gpu\", \"references\": 1, "
+                  "\"references_by_tier\": {\"gpu1\": 1}}]"))
+      << json.out;
+}
+
+TEST_F(AdminGpuTest, HexdumpOfAnObjectOnlyOnGpusFailsAndLeavesItThere) {
+  ExpectFails({"show", "tier/gpu0", "--hexdump", "16"},
+              "--hexdump shows bytes in host memory, and 'tier/gpu0' (object " +
+                  Id("tier/gpu0").Hex() +
+                  ") has no copy there (it is on gpu0); depotctl does not read GPU memory");
+  ASSERT_OK_AND_ASSIGN(ObjectDetails details, client_->Describe(Id("tier/gpu0")));
+  EXPECT_FALSE(details.info.on_host) << "show copied the object to host memory";
+  EXPECT_EQ(details.replicas.size(), 1u);
+
+  // An object with a copy in host memory shows its bytes, whatever else it is on.
+  ProgramRun show = Depotctl({"show", "tier/host+gpu1", "--hexdump", "16"});
+  ASSERT_EQ(show.exit_code, 0) << show.Explain();
+  const std::vector<std::byte> bytes = SeededBytes(16, 4);
+  char first[8];
+  std::snprintf(first, sizeof(first), "%02x %02x", static_cast<unsigned>(bytes[0]),
+                static_cast<unsigned>(bytes[1]));
+  EXPECT_TRUE(Has(show.out, "00000000  " + std::string(first))) << show.out;
 }
 
 }  // namespace

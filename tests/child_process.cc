@@ -129,6 +129,13 @@ void ReadyPipe::Signal() {
   }
 }
 
+bool ReadyPipe::PassOnExec(int fd) {
+  // dup2 onto another number gives a descriptor without O_CLOEXEC; onto the same one it
+  // changes nothing, so clear the flag by hand.
+  if (fds_[1] == fd) return ::fcntl(fd, F_SETFD, 0) == 0;
+  return ::dup2(fds_[1], fd) == fd;
+}
+
 bool ReadyPipe::Wait(std::chrono::milliseconds timeout) {
   pollfd p{fds_[0], POLLIN, 0};
   int r;

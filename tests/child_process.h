@@ -66,6 +66,9 @@ class ReadyPipe {
 
   // Child side: writes one byte.
   void Signal();
+  // Child side, before exec: makes the write end descriptor `fd` of the program the child
+  // execs, which signals by writing one byte to it. Returns false (errno set) on failure.
+  bool PassOnExec(int fd);
   // Parent side: waits for that byte; false if it did not come within `timeout` (or the
   // child ended first).
   bool Wait(std::chrono::milliseconds timeout);

@@ -1,19 +1,34 @@
-// GPU objects on simulated devices (depotd --simulate-gpus): the protocol, pools, replicas,
-// spilling and crash safety run exactly as with real GPUs; only the copies are memcpy, and a
-// "device pointer" is a host address the test can read and write. Real GPUs are exercised
-// by cuda_driver_test (ctest label gpu).
+// GPU objects end to end: a real depotd, real clients, and GPUs of one of two kinds.
+//
+// This file builds twice. gpu_test runs it against simulated GPUs (depotd --simulate-gpus),
+// where the protocol, pools, replicas, spilling and crash safety run exactly as with real
+// GPUs and only the copies are memcpy; it runs everywhere, CI included. gpu_cuda_test
+// (DEPOT_GPU_TEST_CUDA, ctest label gpu) runs the same tests against the CUDA GPUs of the
+// host, and skips each one, saying so, on a host without any. Tests that need two GPUs say
+// so when the host has one.
+//
+// Other client processes are gpu_test_client, run as programs: this process uses CUDA in
+// gpu_cuda_test, and the driver does not survive fork.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "child_process.h"
 #include "daemon.h"
 #include "depot/client.h"
+#include "device_memory.h"
 #include "test_support.h"
+
+#ifndef DEPOT_GPU_CLIENT_PATH
+#error "DEPOT_GPU_CLIENT_PATH must name gpu_test_client (set by tests/CMakeLists.txt)"
+#endif
 
 namespace depot::testing {
 namespace {
@@ -22,23 +37,42 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kMiB = 1u << 20;
 
-std::byte* HostView(uint64_t device_ptr) { return reinterpret_cast<std::byte*>(device_ptr); }
+#ifdef DEPOT_GPU_TEST_CUDA
+constexpr GpuKind kKind = GpuKind::kCuda;
+#else
+constexpr GpuKind kKind = GpuKind::kSimulated;
+#endif
 
 class GpuTest : public ::testing::Test {
  protected:
-  // Two simulated GPUs; GPU 0's pool takes 16 MiB in chunks of 8 MiB, so a few objects of
-  // 6 MiB fill it.
-  void StartDaemon(std::vector<std::string> extra = {}) {
-    std::vector<std::string> flags = {"--memory",         "64MiB",        "--simulate-gpus",
-                                      "2:64MiB",          "--gpu-memory", "0:16MiB,1:32MiB",
-                                      "--gpu-chunk-size", "8MiB"};
-    flags.insert(flags.end(), extra.begin(), extra.end());
+  void SetUp() override {
+    if (kKind == GpuKind::kSimulated) {
+      gpus_ = 2;
+      return;
+    }
+    auto count = CudaDeviceCount();
+    if (!count.ok()) GTEST_SKIP() << "no CUDA device: skipped (" << count.status().message() << ")";
+    gpus_ = *count;
+  }
+
+  // GPU 0's pool takes 16 MiB in chunks of 8 MiB, so a few objects of 6 MiB fill it; GPU 1's
+  // (on a host with two) takes 32 MiB. Simulated: two GPUs of 64 MiB.
+  void StartDaemon() {
+    std::vector<std::string> flags = {
+        "--memory", "64MiB",        "--gpu-chunk-size",
+        "8MiB",     "--gpu-memory", gpus_ >= 2 ? "0:16MiB,1:32MiB" : "0:16MiB"};
+    if (kKind == GpuKind::kSimulated) {
+      flags.insert(flags.end(), {"--simulate-gpus", "2:64MiB"});
+    }
     daemon_.emplace(flags);
     ASSERT_TRUE(daemon_->ok()) << daemon_->error();
     auto client = Client::Connect(daemon_->socket_path());
     ASSERT_TRUE(client.ok()) << client.status().ToString();
     client_.emplace(std::move(*client));
   }
+
+  // Why a test that needs two GPUs is skipped on a host with one.
+  std::string NeedsTwoGpus() const { return "needs two GPUs; this host has one"; }
 
   // Creates `id` on `device` filled with SeededBytes(size, seed), seals it, and drops it.
   void PutOnDevice(const ObjectId& id, uint64_t size, int device, uint64_t seed,
@@ -47,11 +81,11 @@ class GpuTest : public ::testing::Test {
     options.metadata = AsBytes(metadata);
     ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer buffer,
                          client_->CreateOnDevice(id, size, device, options));
-    ASSERT_TRUE(buffer.simulated());
+    ASSERT_EQ(buffer.simulated(), kKind == GpuKind::kSimulated);
     ASSERT_EQ(buffer.size(), size);
-    const auto bytes = SeededBytes(size, seed);
-    std::memcpy(HostView(buffer.device_ptr()), bytes.data(), size);
-    ASSERT_OK(client_->Seal(id, /*stream=*/0));
+    ASSERT_OK(CopyToDevice(kKind, device, buffer.device_ptr(), SeededBytes(size, seed)));
+    // CopyToDevice returns once its copy is complete: no stream to wait for.
+    ASSERT_OK(client_->Seal(id));
   }
 
   StoreStatus Stats() {
@@ -60,91 +94,85 @@ class GpuTest : public ::testing::Test {
     return status.ok() ? *status : StoreStatus{};
   }
 
-  static bool SameBytes(uint64_t device_ptr, uint64_t size, uint64_t seed) {
-    const auto expected = SeededBytes(size, seed);
-    return std::memcmp(HostView(device_ptr), expected.data(), size) == 0;
+  // Whether the device memory of `buffer` holds SeededBytes(size, seed).
+  static bool SameBytes(const DeviceBuffer& buffer, uint64_t seed) {
+    auto bytes = CopyFromDevice(kKind, buffer.device(), buffer.device_ptr(), buffer.size());
+    EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+    return bytes.ok() && *bytes == SeededBytes(buffer.size(), seed);
   }
 
+  // gpu_test_client's arguments up to its command's own.
+  std::vector<std::string> ClientCommand(const std::string& command) const {
+    return {DEPOT_GPU_CLIENT_PATH, std::string(kKind == GpuKind::kCuda ? "cuda" : "simulated"),
+            command, daemon_->socket_path()};
+  }
+
+  int gpus_ = 0;
   std::optional<TestDaemon> daemon_;
   std::optional<Client> client_;
 };
 
-TEST_F(GpuTest, DaemonWithoutGpusServesHostObjectsAndSaysWhyThereAreNone) {
-  daemon_.emplace(std::vector<std::string>{"--no-gpus"});
-  ASSERT_TRUE(daemon_->ok()) << daemon_->error();
-  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->socket_path()));
-  ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
-  EXPECT_TRUE(status.gpus.empty());
-  EXPECT_NE(status.gpu_backend.find("--no-gpus"), std::string::npos) << status.gpu_backend;
-  const ObjectId id = ObjectId::FromName("gpu/host-only");
-  ASSERT_OK(client.Put(id, AsBytes("still a store")));
-  ASSERT_OK_AND_ASSIGN(Buffer buffer, client.Get(id));
-  EXPECT_EQ(buffer.size(), 13u);
-  auto created = client.CreateOnDevice(ObjectId::FromName("gpu/nowhere"), 16, 0);
-  ASSERT_FALSE(created.ok());
-  EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(created.status().message().find("serves no GPUs"), std::string::npos)
-      << created.status().message();
-}
+// The fixture is named for the kind of GPU, so ctest tells the two builds' tests apart.
+#ifdef DEPOT_GPU_TEST_CUDA
+class CudaGpuTest : public GpuTest {};
+#define GPU_TEST(name) TEST_F(CudaGpuTest, name)
+#else
+class SimulatedGpuTest : public GpuTest {};
+#define GPU_TEST(name) TEST_F(SimulatedGpuTest, name)
+#endif
 
-TEST_F(GpuTest, DefaultDaemonOnAHostWithoutADriverReportsZeroGpus) {
-  // This is what depotd does on a machine without the NVIDIA driver: no GPUs, host objects
-  // served. (On a machine with GPUs the CUDA backend serves them: skip.)
-  daemon_.emplace();
-  ASSERT_TRUE(daemon_->ok()) << daemon_->error();
-  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->socket_path()));
-  ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
-  if (!status.gpus.empty()) GTEST_SKIP() << "this host has CUDA GPUs: nothing to check here";
-  EXPECT_NE(status.gpu_backend.find("none"), std::string::npos) << status.gpu_backend;
-  ASSERT_OK(client.Put(ObjectId::FromName("gpu/driverless"), AsBytes("ok")));
-}
-
-TEST_F(GpuTest, StatusNamesSimulatedGpusAndTheirPools) {
+GPU_TEST(StatusNamesTheGpusAndTheirPools) {
   StartDaemon();
   ASSERT_OK_AND_ASSIGN(std::vector<GpuInfo> gpus, client_->Gpus());
-  ASSERT_EQ(gpus.size(), 2u);
-  EXPECT_EQ(gpus[0].name, "simulated GPU 0");
-  EXPECT_TRUE(gpus[0].simulated);
+  ASSERT_EQ(gpus.size(), static_cast<size_t>(gpus_));
   EXPECT_EQ(gpus[0].ordinal, 0);
-  EXPECT_EQ(gpus[1].ordinal, 1);
   EXPECT_EQ(gpus[0].limit_bytes, 16 * kMiB);
-  EXPECT_EQ(gpus[1].limit_bytes, 32 * kMiB);
-  EXPECT_EQ(gpus[0].total_bytes, 64 * kMiB);
-  EXPECT_EQ(Stats().gpu_backend, "simulated");
+  if (kKind == GpuKind::kSimulated) {
+    EXPECT_EQ(gpus[0].name, "simulated GPU 0");
+    EXPECT_TRUE(gpus[0].simulated);
+    EXPECT_EQ(gpus[0].total_bytes, 64 * kMiB);
+    EXPECT_EQ(Stats().gpu_backend, "simulated");
+  } else {
+    EXPECT_FALSE(gpus[0].simulated);
+    EXPECT_EQ(gpus[0].name.find("simulated"), std::string::npos) << gpus[0].name;
+    EXPECT_GT(gpus[0].total_bytes, gpus[0].limit_bytes);
+    EXPECT_EQ(Stats().gpu_backend, "cuda");
+  }
+  if (gpus_ >= 2) {
+    EXPECT_EQ(gpus[1].ordinal, 1);
+    EXPECT_EQ(gpus[1].limit_bytes, 32 * kMiB);
+  }
 }
 
-TEST_F(GpuTest, AnotherProcessGetsTheGpuObjectWithItsBytesAndMetadata) {
+GPU_TEST(HostArenaIsPageLockedForCudaCopiesOnly) {
   StartDaemon();
-  const ObjectId id = ObjectId::FromName("gpu/shared");
-  PutOnDevice(id, kMiB, 0, 7, "float32[262144]");
-  const std::string socket = daemon_->socket_path();
-  const int code = RunInChild([&]() -> int {
-    auto client = Client::Connect(socket);
-    if (!client.ok()) return ChildFailed(2, client.status().ToString());
-    auto buffer = client->GetOnDevice(id, 0);
-    if (!buffer.ok()) return ChildFailed(3, buffer.status().ToString());
-    if (buffer->size() != kMiB || buffer->device() != 0) return ChildFailed(4, "wrong size/device");
-    if (!SameBytes(buffer->device_ptr(), kMiB, 7)) return ChildFailed(5, "bytes differ");
-    const auto meta = buffer->metadata();
-    if (std::string_view(reinterpret_cast<const char*>(meta.data()), meta.size()) !=
-        "float32[262144]") {
-      return ChildFailed(6, "metadata differs");
-    }
-    // A second get of the same object is answered from the chunk mapped already.
-    auto again = client->GetOnDevice(id, 0);
-    if (!again.ok() || again->device_ptr() != buffer->device_ptr()) return ChildFailed(7, "again");
-    return 0;
-  });
-  EXPECT_EQ(code, 0);
+  // A worker page-locks each segment once its pages are allocated.
+  const auto deadline = Clock::now() + milliseconds(10'000);
+  StoreStatus status = Stats();
+  while (kKind == GpuKind::kCuda && status.arena_page_locked_bytes < status.mapped_bytes &&
+         Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+    status = Stats();
+  }
+  // Simulated GPUs copy with memcpy: nothing to page-lock for.
+  EXPECT_EQ(status.arena_page_locked_bytes, kKind == GpuKind::kCuda ? status.mapped_bytes : 0u)
+      << daemon_->Log();
+  EXPECT_EQ(daemon_->Log().find("is not page-locked"), std::string::npos) << daemon_->Log();
 }
 
-TEST_F(GpuTest, GetOnAnotherGpuAndOnHostMakesReplicasWithTheSameBytes) {
+GPU_TEST(AnotherProcessGetsTheGpuObjectWithItsBytesAndMetadata) {
   StartDaemon();
-  const ObjectId id = ObjectId::FromName("gpu/replicated");
+  PutOnDevice(ObjectId::FromName("gpu/shared"), kMiB, 0, 7, "float32[262144]");
+  std::vector<std::string> argv = ClientCommand("get");
+  argv.insert(argv.end(), {"gpu/shared", "0", std::to_string(kMiB), "7", "float32[262144]"});
+  const ProgramRun run = RunProgram(argv);
+  EXPECT_EQ(run.exit_code, 0) << run.Explain();
+}
+
+GPU_TEST(GetOnHostMakesAHostReplicaWithTheSameBytes) {
+  StartDaemon();
+  const ObjectId id = ObjectId::FromName("gpu/to-host");
   PutOnDevice(id, 3 * kMiB + 100, 0, 11, "meta");
-  ASSERT_OK_AND_ASSIGN(DeviceBuffer on1, client_->GetOnDevice(id, 1));
-  EXPECT_EQ(on1.device(), 1);
-  EXPECT_TRUE(SameBytes(on1.device_ptr(), 3 * kMiB + 100, 11));
   ASSERT_OK_AND_ASSIGN(Buffer on_host, client_->Get(id));
   const auto expected = SeededBytes(3 * kMiB + 100, 11);
   ASSERT_EQ(on_host.size(), expected.size());
@@ -153,25 +181,40 @@ TEST_F(GpuTest, GetOnAnotherGpuAndOnHostMakesReplicasWithTheSameBytes) {
                              on_host.metadata().size()),
             "meta");
   ASSERT_OK_AND_ASSIGN(ObjectDetails details, client_->Describe(id));
-  ASSERT_EQ(details.replicas.size(), 3u);
+  ASSERT_EQ(details.replicas.size(), 2u);
   EXPECT_EQ(details.replicas[0].device, -1);
+  EXPECT_EQ(details.replicas[0].references, 1u);
   EXPECT_EQ(details.replicas[1].device, 0);
-  EXPECT_EQ(details.replicas[2].device, 1);
-  EXPECT_EQ(details.replicas[2].references, 1u);
-  EXPECT_EQ(Stats().replicas_made, 2u);
+  EXPECT_EQ(Stats().replicas_made, 1u);
 }
 
-TEST_F(GpuTest, HostObjectGoesToAGpuOnGet) {
+GPU_TEST(GetOnAnotherGpuMakesAReplicaWithTheSameBytes) {
+  if (gpus_ < 2) GTEST_SKIP() << NeedsTwoGpus();
+  StartDaemon();
+  const ObjectId id = ObjectId::FromName("gpu/replicated");
+  PutOnDevice(id, 3 * kMiB + 100, 0, 11, "meta");
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer on1, client_->GetOnDevice(id, 1));
+  EXPECT_EQ(on1.device(), 1);
+  EXPECT_TRUE(SameBytes(on1, 11));
+  EXPECT_EQ(on1.metadata().size(), 4u);
+  ASSERT_OK_AND_ASSIGN(ObjectDetails details, client_->Describe(id));
+  ASSERT_EQ(details.replicas.size(), 2u);
+  EXPECT_EQ(details.replicas[0].device, 0);
+  EXPECT_EQ(details.replicas[1].device, 1);
+  EXPECT_EQ(details.replicas[1].references, 1u);
+  EXPECT_EQ(Stats().replicas_made, 1u);
+}
+
+GPU_TEST(HostObjectGoesToAGpuOnGet) {
   StartDaemon();
   const ObjectId id = ObjectId::FromName("gpu/from-host");
-  const auto bytes = SeededBytes(2 * kMiB, 3);
-  ASSERT_OK(client_->Put(id, bytes, {.metadata = AsBytes("m")}));
+  ASSERT_OK(client_->Put(id, SeededBytes(2 * kMiB, 3), {.metadata = AsBytes("m")}));
   ASSERT_OK_AND_ASSIGN(DeviceBuffer on0, client_->GetOnDevice(id, 0));
-  EXPECT_TRUE(SameBytes(on0.device_ptr(), 2 * kMiB, 3));
+  EXPECT_TRUE(SameBytes(on0, 3));
   EXPECT_EQ(on0.metadata().size(), 1u);
 }
 
-TEST_F(GpuTest, FullPoolSpillsTheLeastRecentlyUsedObjectAndGetBringsItBack) {
+GPU_TEST(FullPoolSpillsTheLeastRecentlyUsedObjectAndGetBringsItBack) {
   StartDaemon();
   const ObjectId a = ObjectId::FromName("gpu/a"), b = ObjectId::FromName("gpu/b"),
                  c = ObjectId::FromName("gpu/c");
@@ -188,14 +231,14 @@ TEST_F(GpuTest, FullPoolSpillsTheLeastRecentlyUsedObjectAndGetBringsItBack) {
   EXPECT_TRUE(spilled.info.on_host);
   // Its id stays valid: a get on the GPU brings it back (spilling b to make room).
   ASSERT_OK_AND_ASSIGN(DeviceBuffer back, client_->GetOnDevice(a, 0));
-  EXPECT_TRUE(SameBytes(back.device_ptr(), 6 * kMiB, 1));
+  EXPECT_TRUE(SameBytes(back, 1));
   EXPECT_EQ(Stats().spills, 2u);
   ASSERT_OK_AND_ASSIGN(Buffer b_on_host, client_->Get(b));
   const auto expected = SeededBytes(6 * kMiB, 2);
   EXPECT_EQ(std::memcmp(b_on_host.ptr(), expected.data(), expected.size()), 0);
 }
 
-TEST_F(GpuTest, ExtraReplicasAreDroppedBeforeAnythingSpills) {
+GPU_TEST(ExtraReplicasAreDroppedBeforeAnythingSpills) {
   StartDaemon();
   const ObjectId a = ObjectId::FromName("gpu/extra-a"), b = ObjectId::FromName("gpu/extra-b"),
                  c = ObjectId::FromName("gpu/extra-c");
@@ -209,7 +252,7 @@ TEST_F(GpuTest, ExtraReplicasAreDroppedBeforeAnythingSpills) {
   EXPECT_EQ(status.spills, 0u) << "b must stay: a's GPU copy was an extra one";
 }
 
-TEST_F(GpuTest, PoolFullOfReferencedObjectsIsAClearOutOfMemory) {
+GPU_TEST(PoolFullOfReferencedObjectsIsAClearOutOfMemory) {
   StartDaemon();
   ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer a,
                        client_->CreateOnDevice(ObjectId::FromName("gpu/held-a"), 6 * kMiB, 0));
@@ -218,50 +261,57 @@ TEST_F(GpuTest, PoolFullOfReferencedObjectsIsAClearOutOfMemory) {
   auto c = client_->CreateOnDevice(ObjectId::FromName("gpu/held-c"), 6 * kMiB, 0);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kOutOfMemory);
-  EXPECT_NE(c.status().message().find("simulated GPU 0"), std::string::npos)
-      << c.status().message();
+  ASSERT_OK_AND_ASSIGN(std::vector<GpuInfo> gpus, client_->Gpus());
+  EXPECT_NE(c.status().message().find(gpus[0].name), std::string::npos) << c.status().message();
   EXPECT_NE(c.status().message().find("--gpu-memory"), std::string::npos) << c.status().message();
-  // GPU 1 still has room.
-  EXPECT_OK(client_->CreateOnDevice(ObjectId::FromName("gpu/held-c"), 6 * kMiB, 1).status());
+  // Another GPU still has room.
+  if (gpus_ >= 2) {
+    EXPECT_OK(client_->CreateOnDevice(ObjectId::FromName("gpu/held-c"), 6 * kMiB, 1).status());
+  }
 }
 
-TEST_F(GpuTest, KilledClientGivesBackItsGpuReferencesAndUnsealedObjects) {
+GPU_TEST(KilledClientGivesBackItsGpuReferencesAndUnsealedObjects) {
   StartDaemon();
-  const ObjectId sealed = ObjectId::FromName("gpu/read-by-victim");
-  PutOnDevice(sealed, kMiB, 1, 5);
+  const int other = gpus_ >= 2 ? 1 : 0;
+  PutOnDevice(ObjectId::FromName("gpu/read-by-victim"), kMiB, other, 5);
   const ObjectId creating = ObjectId::FromName("gpu/created-by-victim");
-  const std::string socket = daemon_->socket_path();
+  std::vector<std::string> argv = ClientCommand("hold");
+  argv.insert(argv.end(), {"gpu/read-by-victim", std::to_string(other), "gpu/created-by-victim",
+                           "0", std::to_string(2 * kMiB)});
   ReadyPipe ready;
   ChildProcess victim = ChildProcess::Start([&]() -> int {
-    auto client = Client::Connect(socket);
-    if (!client.ok()) return ChildFailed(2, client.status().ToString());
-    auto held = client->GetOnDevice(sealed, 1);
-    if (!held.ok()) return ChildFailed(3, held.status().ToString());
-    auto made = client->CreateOnDevice(creating, 2 * kMiB, 0);
-    if (!made.ok()) return ChildFailed(4, made.status().ToString());
-    ready.Signal();
-    for (;;) ::pause();
+    if (!ready.PassOnExec(3)) return ChildFailed(126, "cannot pass the ready pipe");
+    std::vector<char*> args;
+    for (std::string& arg : argv) args.push_back(arg.data());
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    return ChildFailed(127, "exec of " + argv[0] + " failed");
   });
   ASSERT_TRUE(ready.Wait(milliseconds(10'000))) << "the client process did not get ready";
   StoreStatus status = Stats();
   ASSERT_GT(status.gpus[0].held_bytes, 0u);
-  ASSERT_GT(status.gpus[1].held_bytes, 0u);
+  ASSERT_GT(status.gpus[other].held_bytes, 0u);
   ASSERT_TRUE(victim.Kill(SIGKILL));
   const auto killed = Clock::now();
-  while ((status.gpus[0].held_bytes != 0 || status.gpus[1].held_bytes != 0 ||
-          status.objects_creating != 0) &&
+  const auto held = [&] {
+    uint64_t bytes = 0;
+    for (const GpuInfo& gpu : status.gpus) bytes += gpu.held_bytes;
+    return bytes;
+  };
+  while ((held() != 0 || status.objects_creating != 0) &&
          Clock::now() - killed < milliseconds(5000)) {
     status = Stats();
   }
-  EXPECT_EQ(status.gpus[0].held_bytes, 0u);
-  EXPECT_EQ(status.gpus[1].held_bytes, 0u);
+  EXPECT_EQ(held(), 0u);
   EXPECT_EQ(status.objects_creating, 0u);
-  EXPECT_EQ(status.gpus[0].used_bytes, 0u) << "the unsealed object was aborted";
+  if (other != 0) {
+    EXPECT_EQ(status.gpus[0].used_bytes, 0u) << "the unsealed object was aborted";
+  }
   EXPECT_STATUS(client_->Describe(creating).status(), StatusCode::kNotFound);
   EXPECT_EQ(victim.Wait(), kSignalExitBase + SIGKILL);
 }
 
-TEST_F(GpuTest, BadGpuRequestsAreClearErrors) {
+GPU_TEST(BadGpuRequestsAreClearErrors) {
   StartDaemon();
   const ObjectId id = ObjectId::FromName("gpu/bad");
   auto no_such = client_->CreateOnDevice(id, 16, 5);
@@ -280,7 +330,40 @@ TEST_F(GpuTest, BadGpuRequestsAreClearErrors) {
   // The daemon and this client are fine afterwards.
   PutOnDevice(id, 16, 0, 9);
   ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, client_->GetOnDevice(id, 0));
-  EXPECT_TRUE(SameBytes(buffer.device_ptr(), 16, 9));
+  EXPECT_TRUE(SameBytes(buffer, 9));
+}
+
+#ifndef DEPOT_GPU_TEST_CUDA
+// Daemons without GPUs, and bad GPU flags: the same on every host, so only in gpu_test.
+
+TEST(NoGpuTest, DaemonWithoutGpusServesHostObjectsAndSaysWhyThereAreNone) {
+  TestDaemon daemon({"--no-gpus"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.socket_path()));
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
+  EXPECT_TRUE(status.gpus.empty());
+  EXPECT_NE(status.gpu_backend.find("--no-gpus"), std::string::npos) << status.gpu_backend;
+  const ObjectId id = ObjectId::FromName("gpu/host-only");
+  ASSERT_OK(client.Put(id, AsBytes("still a store")));
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, client.Get(id));
+  EXPECT_EQ(buffer.size(), 13u);
+  auto created = client.CreateOnDevice(ObjectId::FromName("gpu/nowhere"), 16, 0);
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(created.status().message().find("serves no GPUs"), std::string::npos)
+      << created.status().message();
+}
+
+TEST(NoGpuTest, DefaultDaemonOnAHostWithoutADriverReportsZeroGpus) {
+  // This is what depotd does on a machine without the NVIDIA driver: no GPUs, host objects
+  // served. (On a machine with GPUs the CUDA backend serves them: skip.)
+  TestDaemon daemon;
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.socket_path()));
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
+  if (!status.gpus.empty()) GTEST_SKIP() << "this host has CUDA GPUs: nothing to check here";
+  EXPECT_NE(status.gpu_backend.find("none"), std::string::npos) << status.gpu_backend;
+  ASSERT_OK(client.Put(ObjectId::FromName("gpu/driverless"), AsBytes("ok")));
 }
 
 TEST(GpuFlagsTest, BadGpuFlagsAreClearErrorsAtStartup) {
@@ -305,6 +388,8 @@ TEST(GpuFlagsTest, BadGpuFlagsAreClearErrorsAtStartup) {
     EXPECT_NE(run.err.find(expected), std::string::npos) << run.Explain();
   }
 }
+
+#endif
 
 }  // namespace
 }  // namespace depot::testing

@@ -226,8 +226,12 @@ std::optional<std::string> OwnRow(const std::vector<std::string>& frame) {
 
 class TopTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    daemon_.emplace();
+  // Without GPUs, so that the frame has the same summary lines on every host (a GPU pool
+  // adds its own).
+  void SetUp() override { StartDaemon({"--no-gpus"}); }
+
+  void StartDaemon(std::vector<std::string> flags) {
+    daemon_.emplace(std::move(flags));
     ASSERT_TRUE(daemon_->ok()) << daemon_->error();
     ConnectOptions options;
     options.client_name = "top-test";
@@ -399,6 +403,43 @@ TEST_F(TopTest, OncePrintsOnePlainFrameWithoutEscapes) {
   EXPECT_TRUE(LineWith(lines, {"requests -  gets -  puts -  in -  out -"})) << run.out;
   EXPECT_TRUE(LineWith(lines, {"3.00 MiB", "top/weights"})) << run.out;
   EXPECT_TRUE(LineWith(lines, {"1000 B", "top/config"})) << run.out;
+}
+
+// Two simulated GPUs, with pools of 16 MiB and 32 MiB in chunks of 8 MiB.
+class TopGpuTest : public TopTest {
+ protected:
+  void SetUp() override {
+    StartDaemon({"--simulate-gpus", "2:64MiB", "--gpu-memory", "0:16MiB,1:32MiB",
+                 "--gpu-chunk-size", "8MiB"});
+  }
+};
+
+TEST_F(TopGpuTest, OnceShowsABarForEachGpuPoolNamedAfterItsGpu) {
+  // 6 MiB on GPU 0, held by this test: 37.5% of its pool, all of it held.
+  const ObjectId id = ObjectId::FromName("top/on-gpu0");
+  ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer buffer, client_->CreateOnDevice(id, 6 << 20, 0));
+  ASSERT_OK(client_->Seal(id, /*stream=*/0));
+  ProgramRun run = RunProgram(TopArgs({"--once"}), {{"COLUMNS", "100"}, {"LINES", "40"}});
+  ASSERT_EQ(run.exit_code, 0) << run.Explain();
+  const auto lines = SplitLines(run.out);
+  EXPECT_TRUE(ShowsDaemonAndTest(lines)) << run.out;
+  const auto host = LineWith(lines, {"host    [", "of 64.0 MiB"});
+  const auto gpu0 = LineWith(lines, {"gpu0    [#", "]  6.00 MiB of 16.0 MiB (37.5%)"});
+  const auto gpu1 = LineWith(lines, {"gpu1    [ ", "]  0 B of 32.0 MiB (0.0%)"});
+  ASSERT_TRUE(host && gpu0 && gpu1) << run.out;
+  EXPECT_EQ(gpu0->find('['), host->find('[')) << "the bars line up\n" << run.out;
+  EXPECT_FALSE(Has(*gpu0, "=")) << "all of it is held\n" << run.out;
+  EXPECT_EQ(gpu0->size(), 100u) << "the bar fills the width\n" << run.out;
+  EXPECT_TRUE(LineWith(lines, {"        simulated GPU 0  # held 6.00 MiB  1 replica  reserved "
+                               "8.00 MiB of 64.0 MiB"}))
+      << run.out;
+  EXPECT_TRUE(LineWith(lines, {"        simulated GPU 1  # held 0 B  0 replicas  reserved 0 B of "
+                               "64.0 MiB"}))
+      << run.out;
+  EXPECT_TRUE(LineWith(lines, {"tiering replicas made 0, dropped 0   spills 0 (0 B)"})) << run.out;
+  // The pools come in GPU order.
+  EXPECT_LT(std::find(lines.begin(), lines.end(), *gpu0),
+            std::find(lines.begin(), lines.end(), *gpu1));
 }
 
 TEST_F(TopTest, WithoutATerminalPrintsOneFrameSizedByColumnsAndLines) {

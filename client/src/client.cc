@@ -203,6 +203,8 @@ StoreStatus ToStoreStatus(wire::StoreStatus::Reader s) {
   status.gpu_backend = s.getDeviceBackend().cStr();
   status.spills = s.getSpills();
   status.spilled_bytes = s.getSpilledBytes();
+  status.arena_page_locked_bytes = s.getArenaPageLockedBytes();
+  status.objects_on_host = s.getObjectsOnHost();
   status.replicas_made = s.getReplicasMade();
   status.replicas_dropped = s.getReplicasDropped();
   for (auto d : s.getDevices()) {
@@ -245,6 +247,7 @@ Holder ToHolder(wire::Holder::Reader h) {
   holder.command = h.getCommand().cStr();
   holder.client_name = h.getClientName().cStr();
   holder.references = h.getReferences();
+  for (auto t : h.getTiers()) holder.tiers.push_back({t.getDevice(), t.getReferences()});
   return holder;
 }
 
@@ -416,6 +419,24 @@ Result<bool> Client::Contains(const ObjectId& id) {
     if (!r.isContains() || r.getContains().size() != 1) return UnexpectedReply("contains");
     return r.getContains()[0];
   });
+}
+
+Result<std::vector<ObjectInfo>> Client::ListLargest(uint32_t n) {
+  if (n == 0) return std::vector<ObjectInfo>{};
+  RequestMessage request;
+  auto list = request.root().initList();
+  list.setLimit(n);
+  list.setLargest(n);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  std::vector<ObjectInfo> objects;
+  DEPOT_RETURN_NOT_OK(Decode([&]() -> Status {
+    auto r = reply.get();
+    if (!r.isList()) return UnexpectedReply("list");
+    for (auto o : r.getList().getObjects()) objects.push_back(ToObjectInfo(o));
+    return Status::OK();
+  }));
+  return objects;
 }
 
 Result<std::vector<ObjectInfo>> Client::List() {

@@ -68,7 +68,8 @@ class DeviceBackend {
 
   // Copies `bytes` between device memory (addresses as in Chunk::address) and host memory,
   // or between two devices, and returns when the copy is complete. Host memory passed here
-  // lies in the host arena, registered with RegisterHostMemory beforehand.
+  // lies in the host arena; copies run at full speed once its segment is registered
+  // (RegisterHostMemory), and still work, more slowly, before that.
   virtual Status CopyToHost(uint32_t device, uint64_t source, void* destination,
                             uint64_t bytes) = 0;
   virtual Status CopyFromHost(uint32_t device, const void* source, uint64_t destination,

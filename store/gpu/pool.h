@@ -2,8 +2,12 @@
 // same offset allocator as the host arena (256-byte aligned, the alignment cudaMalloc gives).
 //
 // Chunks are added on demand up to the pool's limit and kept until the daemon exits, so a
-// client imports each one once. An object larger than the usual chunk gets a chunk of its
-// own (rounded up to the device's granularity), which later objects reuse once it is free.
+// client imports each one once. Nothing but the destructor frees a chunk, and that is what
+// makes handing chunks out safe: a client keeps a chunk mapped (a legacy IPC handle open)
+// for as long as it is connected, with no message to say it has let go, so a chunk freed
+// while the daemon runs could be reused under a client still reading it. An object larger than the
+// usual chunk gets a chunk of its own (rounded up to the device's granularity), which later objects
+// reuse once it is free.
 #pragma once
 
 #include <cstdint>

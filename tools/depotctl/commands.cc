@@ -13,8 +13,10 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <string_view>
 
 #include "depot/client.h"
+#include "depot/ipc/gpu.h"
 #include "depot/ipc/units.h"
 #include "format.h"
 
@@ -92,6 +94,13 @@ std::string Hex64(uint64_t value) {
   return text;
 }
 
+// A JSON array of already formatted elements.
+std::string JsonArray(const std::vector<std::string>& elements) {
+  std::string out = "[";
+  for (size_t i = 0; i < elements.size(); ++i) out += (i == 0 ? "" : ", ") + elements[i];
+  return out + "]";
+}
+
 uint64_t AgeNanos(uint64_t since_ns, uint64_t now_ns) {
   return now_ns > since_ns ? now_ns - since_ns : 0;
 }
@@ -120,14 +129,61 @@ JsonObject ObjectJson(const ObjectInfo& o) {
   } else {
     json.Null("checksum");
   }
-  json.Number("create_time_ns", o.create_time_ns)
-      .Number("access_time_ns", o.access_time_ns)
-      .Number("segment", o.segment)
-      .Number("offset", o.offset);
+  json.Number("create_time_ns", o.create_time_ns).Number("access_time_ns", o.access_time_ns);
+  // Where its host copy is, if it has one.
+  if (o.on_host) {
+    json.Number("segment", o.segment).Number("offset", o.offset);
+  } else {
+    json.Null("segment").Null("offset");
+  }
+  std::vector<std::string> tiers;
+  if (o.on_host) tiers.push_back(JsonString("host"));
+  std::vector<std::string> gpus;
+  for (uint32_t gpu : o.gpus) {
+    tiers.push_back(JsonString(TierName(static_cast<int>(gpu))));
+    gpus.push_back(std::to_string(gpu));
+  }
+  json.Json("tiers", JsonArray(tiers)).Bool("on_host", o.on_host).Json("gpus", JsonArray(gpus));
   return json;
 }
 
-std::string StatusJson(const StoreStatus& s) {
+// How many objects have a copy on each tier (copies being made included), as the daemon
+// counts them.
+struct TierCounts {
+  uint64_t host = 0;
+  std::vector<uint64_t> gpus;  // by the daemon's GPU index
+};
+
+TierCounts CountByTier(const StoreStatus& s) {
+  TierCounts counts{s.objects_on_host, {}};
+  for (const GpuInfo& g : s.gpus) counts.gpus.push_back(g.replicas);
+  return counts;
+}
+
+std::string GpuJson(size_t index, const GpuInfo& g) {
+  return JsonObject()
+      .Number("index", index)
+      .String("name", g.name)
+      .Bool("simulated", g.simulated)
+      .String("uuid", ipc::FormatUuid(g.uuid))
+      .Number("total_bytes", g.total_bytes)
+      .Number("limit_bytes", g.limit_bytes)
+      .Number("reserved_bytes", g.reserved_bytes)
+      .Number("chunks", g.chunks)
+      .Number("used_bytes", g.used_bytes)
+      .Number("held_bytes", g.held_bytes)
+      .Number("replicas", g.replicas)
+      .str();
+}
+
+std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
+  std::vector<std::string> gpus;
+  for (size_t d = 0; d < s.gpus.size(); ++d) gpus.push_back(GpuJson(d, s.gpus[d]));
+  JsonObject by_tier;
+  by_tier.Number("host", counts.host);
+  for (size_t d = 0; d < counts.gpus.size(); ++d) {
+    by_tier.Number(TierName(static_cast<int>(d)), counts.gpus[d]);
+  }
   return JsonObject()
       .String("daemon_version", s.daemon_version)
       .Number("pid", s.pid)
@@ -139,6 +195,7 @@ std::string StatusJson(const StoreStatus& s) {
       .Number("used_bytes", s.used_bytes)
       .Number("held_bytes", s.held_bytes)
       .Number("pinned_bytes", s.pinned_bytes)
+      .Number("arena_page_locked_bytes", s.arena_page_locked_bytes)
       .Number("largest_free_block", s.largest_free_block)
       .Number("segments", s.segments)
       .Number("objects_sealed", s.objects_sealed)
@@ -149,7 +206,50 @@ std::string StatusJson(const StoreStatus& s) {
       .Bool("eviction_enabled", s.eviction_enabled)
       .Number("header_slots", s.header_slots)
       .Number("requests", s.requests)
+      .String("gpu_backend", s.gpu_backend)
+      .Json("gpus", JsonArray(gpus))
+      .Number("spills", s.spills)
+      .Number("spilled_bytes", s.spilled_bytes)
+      .Number("replicas_made", s.replicas_made)
+      .Number("replicas_dropped", s.replicas_dropped)
+      .Json("objects_by_tier", by_tier.str())
       .str();
+}
+
+std::string Count(uint64_t n, const char* what) {
+  return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+}
+
+// The status lines about GPUs: the backend, each pool, and the copies between tiers.
+void AddGpuFields(std::vector<std::pair<std::string, std::string>>& fields, const StoreStatus& s) {
+  using ipc::FormatSize;
+  if (s.gpus.empty()) {
+    fields.emplace_back("gpus", s.gpu_backend);
+    return;
+  }
+  fields.emplace_back("gpus", s.gpu_backend + ", " + Count(s.gpus.size(), "GPU"));
+  for (size_t d = 0; d < s.gpus.size(); ++d) {
+    const GpuInfo& g = s.gpus[d];
+    fields.emplace_back(
+        TierName(static_cast<int>(d)),
+        GpuName(g) + ", " + ipc::FormatUuid(g.uuid) + ", " + FormatSize(g.total_bytes) + " total");
+    fields.emplace_back("", "pool limit " + FormatSize(g.limit_bytes) + ", reserved " +
+                                FormatSize(g.reserved_bytes) + " in " + Count(g.chunks, "chunk") +
+                                ", used " + FormatSize(g.used_bytes) + " (held " +
+                                FormatSize(g.held_bytes) + "), " + Count(g.replicas, "replica"));
+  }
+  fields.emplace_back("tiering", Count(s.replicas_made, "replica") + " made, " +
+                                     std::to_string(s.replicas_dropped) + " dropped; " +
+                                     Count(s.spills, "spill") + " to host (" +
+                                     FormatSize(s.spilled_bytes) + ")");
+}
+
+std::string TierCountsText(const TierCounts& counts) {
+  std::string text = std::to_string(counts.host) + " on host";
+  for (size_t d = 0; d < counts.gpus.size(); ++d) {
+    text += ", " + std::to_string(counts.gpus[d]) + " on " + TierName(static_cast<int>(d));
+  }
+  return text;
 }
 
 }  // namespace
@@ -164,40 +264,43 @@ Status PrintMetrics(const std::string& socket) {
 Status ShowStatus(const std::string& socket, bool json) {
   DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
   DEPOT_ASSIGN_OR_RETURN(StoreStatus s, client.GetStatus());
+  const TierCounts counts = CountByTier(s);
   if (json) {
-    std::cout << StatusJson(s) << '\n';
+    std::cout << StatusJson(s, counts) << '\n';
     return Status::OK();
   }
   using ipc::FormatSize;
-  const auto count = [](uint64_t n, const char* what) {
-    return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+  std::vector<std::pair<std::string, std::string>> fields{
+      {"daemon", "depotd " + s.daemon_version + ", pid " + std::to_string(s.pid) + ", up " +
+                     FormatAge(s.uptime_ns)},
+      {"socket", s.socket_path},
+      {"arena", s.arena_backend + ": " + FormatSize(s.capacity_bytes) + " capacity, " +
+                    FormatSize(s.mapped_bytes) + " mapped in " + Count(s.segments, "segment") +
+                    (s.arena_page_locked_bytes == 0 ? std::string()
+                                                    : ", " + FormatSize(s.arena_page_locked_bytes) +
+                                                          " page-locked for GPU copies")},
+      {"used", FormatSize(s.used_bytes) + " (held " + FormatSize(s.held_bytes) + ", pinned " +
+                   FormatSize(s.pinned_bytes) + "), largest free block " +
+                   FormatSize(s.largest_free_block)},
+      {"objects", std::to_string(s.objects_sealed) + " sealed, " +
+                      std::to_string(s.objects_creating) + " being created"},
+      {"tiers", TierCountsText(counts)},
+      {"clients", std::to_string(s.clients)},
+      {"eviction", std::string(s.eviction_enabled ? "on" : "off") + ", " +
+                       Count(s.evictions, "object") + " evicted (" + FormatSize(s.evicted_bytes) +
+                       ")"},
   };
-  PrintFields(
-      std::cout,
-      {
-          {"daemon", "depotd " + s.daemon_version + ", pid " + std::to_string(s.pid) + ", up " +
-                         FormatAge(s.uptime_ns)},
-          {"socket", s.socket_path},
-          {"arena", s.arena_backend + ": " + FormatSize(s.capacity_bytes) + " capacity, " +
-                        FormatSize(s.mapped_bytes) + " mapped in " + count(s.segments, "segment")},
-          {"used", FormatSize(s.used_bytes) + " (held " + FormatSize(s.held_bytes) + ", pinned " +
-                       FormatSize(s.pinned_bytes) + "), largest free block " +
-                       FormatSize(s.largest_free_block)},
-          {"objects", std::to_string(s.objects_sealed) + " sealed, " +
-                          std::to_string(s.objects_creating) + " being created"},
-          {"clients", std::to_string(s.clients)},
-          {"eviction", std::string(s.eviction_enabled ? "on" : "off") + ", " +
-                           count(s.evictions, "object") + " evicted (" +
-                           FormatSize(s.evicted_bytes) + ")"},
-          {"header", std::to_string(s.header_slots) + " slots"},
-          {"requests", std::to_string(s.requests)},
-      });
+  AddGpuFields(fields, s);
+  fields.emplace_back("header", std::to_string(s.header_slots) + " slots");
+  fields.emplace_back("requests", std::to_string(s.requests));
+  PrintFields(std::cout, fields);
   return Status::OK();
 }
 
 namespace {
 
 enum class SortKey { kSlot, kSize, kAge, kRefs, kName };
+enum class TierFilter { kAny, kHost, kGpu };
 
 // The checked form of ListOptions.
 struct ObjectFilter {
@@ -206,6 +309,8 @@ struct ObjectFilter {
   uint64_t min_size = 0;
   uint64_t older_than_ns = 0;
   bool held = false;
+  TierFilter tier = TierFilter::kAny;
+  std::optional<uint32_t> device;  // the daemon's GPU index (implies kGpu)
   SortKey sort = SortKey::kSlot;
 
   bool Keep(const ObjectInfo& o, uint64_t now) const {
@@ -217,20 +322,79 @@ struct ObjectFilter {
     if (state && o.state != *state) return false;
     if (o.data_size < min_size) return false;
     if (older_than_ns != 0 && AgeNanos(o.create_time_ns, now) < older_than_ns) return false;
+    if (tier == TierFilter::kHost && !o.on_host) return false;
+    if (tier == TierFilter::kGpu && o.gpus.empty()) return false;
+    if (device && std::find(o.gpus.begin(), o.gpus.end(), *device) == o.gpus.end()) return false;
     return !held || o.ref_count > 0;
   }
 };
 
-Status CheckTier(const std::string& tier) {
-  if (tier.empty() || tier == "host") return Status::OK();
-  return Status::InvalidArgument("--tier " + Printable(tier) +
-                                 ": this depotd has only the host tier (shared memory); GPU "
-                                 "tiers and devices are not available yet");
+// A GPU index as given on the command line: decimal digits only.
+std::optional<uint32_t> ParseGpuIndex(std::string_view text) {
+  if (text.empty() || text.size() > 9) return std::nullopt;
+  uint32_t index = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    index = index * 10 + static_cast<uint32_t>(c - '0');
+  }
+  return index;
+}
+
+// --tier host|gpu|gpuK and --device K.
+Status ParseTier(const ListOptions& options, ObjectFilter& filter) {
+  const std::string& tier = options.tier;
+  if (tier == "host") {
+    filter.tier = TierFilter::kHost;
+  } else if (tier == "gpu") {
+    filter.tier = TierFilter::kGpu;
+  } else if (tier.starts_with("gpu") && ParseGpuIndex(std::string_view(tier).substr(3))) {
+    filter.tier = TierFilter::kGpu;
+    filter.device = ParseGpuIndex(std::string_view(tier).substr(3));
+  } else if (tier == "disk") {
+    return Status::InvalidArgument(
+        "--tier disk: depot has no disk tier yet; objects are in host memory (--tier host) "
+        "or on GPUs (--tier gpu)");
+  } else if (!tier.empty()) {
+    return Status::InvalidArgument("--tier must be host, gpu or gpuK (e.g. gpu0), not '" +
+                                   Printable(tier) + "'");
+  }
+  if (options.device.empty()) return Status::OK();
+  const std::optional<uint32_t> device = ParseGpuIndex(options.device);
+  if (!device) {
+    const std::string given = Printable(options.device);
+    return Status::InvalidArgument("--device must be a GPU index as status lists them, not '" +
+                                   given + "'");
+  }
+  if (filter.tier == TierFilter::kHost) {
+    return Status::InvalidArgument("--device " + options.device +
+                                   " selects a GPU; it cannot go with --tier host");
+  }
+  if (filter.device && *filter.device != *device) {
+    return Status::InvalidArgument("--tier " + tier + " and --device " + options.device +
+                                   " name different GPUs");
+  }
+  filter.tier = TierFilter::kGpu;
+  filter.device = device;
+  return Status::OK();
+}
+
+// Fails, naming the GPUs there are, if the daemon does not serve the GPU `device`.
+Status CheckGpuServed(Client& client, uint32_t device) {
+  DEPOT_ASSIGN_OR_RETURN(StoreStatus s, client.GetStatus());
+  if (device < s.gpus.size()) return Status::OK();
+  const std::string asked = "--device " + std::to_string(device) + ": ";
+  if (s.gpus.empty()) {
+    return Status::InvalidArgument(asked + "this depotd serves no GPUs (" + s.gpu_backend + ")");
+  }
+  const std::string served =
+      s.gpus.size() == 1 ? "only GPU 0" : "GPUs 0 to " + std::to_string(s.gpus.size() - 1);
+  return Status::InvalidArgument(asked + "this depotd has no GPU " + std::to_string(device) +
+                                 "; it serves " + served + " (depotctl status lists them)");
 }
 
 Result<ObjectFilter> ParseFilter(const ListOptions& options) {
-  DEPOT_RETURN_NOT_OK(CheckTier(options.tier));
   ObjectFilter filter;
+  DEPOT_RETURN_NOT_OK(ParseTier(options, filter));
   filter.name_glob = options.name_glob;
   if (options.state == "creating") {
     filter.state = ObjectState::kCreating;
@@ -290,6 +454,9 @@ void SortObjects(std::vector<ObjectInfo>& objects, SortKey key) {
 Status ListObjects(const std::string& socket, const ListOptions& options) {
   DEPOT_ASSIGN_OR_RETURN(ObjectFilter filter, ParseFilter(options));
   DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
+  if (filter.device) {
+    DEPOT_RETURN_NOT_OK(CheckGpuServed(client, *filter.device));
+  }
   DEPOT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> listed, client.List());
   const uint64_t now = ipc::WallNanos();
   std::vector<ObjectInfo> objects;
@@ -310,6 +477,7 @@ Status ListObjects(const std::string& socket, const ListOptions& options) {
   Table table({{"ID"},
                {"NAME"},
                {"STATE"},
+               {"TIER"},
                {"SIZE", Align::kRight},
                {"META", Align::kRight},
                {"REFS", Align::kRight},
@@ -317,7 +485,7 @@ Status ListObjects(const std::string& socket, const ListOptions& options) {
                {"FLAGS"}});
   for (const ObjectInfo& o : objects) {
     table.AddRow({o.id.Hex(), o.name.empty() ? "-" : Printable(o.name),
-                  o.state == ObjectState::kSealed ? "sealed" : "creating",
+                  o.state == ObjectState::kSealed ? "sealed" : "creating", TiersText(o),
                   ipc::FormatSize(o.data_size), ipc::FormatSize(o.metadata_size),
                   std::to_string(o.ref_count), FormatAge(AgeNanos(o.create_time_ns, now)),
                   Flags(o)});
@@ -398,6 +566,8 @@ Status RemoveObjects(const std::string& socket, const std::vector<std::string>& 
 namespace {
 
 std::string HolderJson(const Holder& h) {
+  JsonObject by_tier;
+  for (const TierReferences& t : h.tiers) by_tier.Number(TierName(t.device), t.references);
   return JsonObject()
       .Number("session_id", h.session_id)
       .Number("pid", h.pid)
@@ -405,7 +575,57 @@ std::string HolderJson(const Holder& h) {
       .String("command", h.command)
       .String("client_name", h.client_name)
       .Number("references", h.references)
+      .Json("references_by_tier", by_tier.str())
       .str();
+}
+
+// A holder's references by tier: "host 1, gpu1 2".
+std::string HolderTiers(const Holder& h) {
+  std::string text;
+  for (const TierReferences& t : h.tiers) {
+    text += (text.empty() ? "" : ", ") + TierName(t.device) + " " + std::to_string(t.references);
+  }
+  return text.empty() ? "-" : text;
+}
+
+// A replica's bytes: ready, or on their way (written by the creator, or copied in).
+std::string ReplicaState(const Replica& r, const ObjectInfo& o) {
+  if (r.ready) return "ready";
+  return o.state == ObjectState::kCreating ? "being created" : "copying";
+}
+
+std::string ReplicaJson(const Replica& r, const ObjectInfo& o, const std::vector<GpuInfo>& gpus) {
+  JsonObject json;
+  json.String("tier", TierName(r.device));
+  if (r.device < 0) {
+    json.Number("segment", r.segment);
+  } else {
+    const size_t d = static_cast<size_t>(r.device);
+    json.Number("gpu", d)
+        .String("gpu_name", d < gpus.size() ? gpus[d].name : "")
+        .Number("chunk", r.segment);
+  }
+  return json.Number("offset", r.offset)
+      .Number("references", r.references)
+      .Bool("ready", r.ready)
+      .String("state", ReplicaState(r, o))
+      .str();
+}
+
+// One replica for people: "host tier, segment 0, offset 4096 (0x1000): 1 reference, ready".
+std::string ReplicaText(const Replica& r, const ObjectInfo& o, const std::vector<GpuInfo>& gpus) {
+  char offset[64];
+  std::snprintf(offset, sizeof(offset), "%" PRIu64 " (0x%" PRIx64 ")", r.offset, r.offset);
+  std::string where;
+  if (r.device < 0) {
+    where = "host tier, segment " + std::to_string(r.segment);
+  } else {
+    const size_t d = static_cast<size_t>(r.device);
+    where = TierName(r.device) + " tier" + (d < gpus.size() ? " (" + GpuName(gpus[d]) + ")" : "") +
+            ", chunk " + std::to_string(r.segment);
+  }
+  return where + ", offset " + offset + ": " + Count(r.references, "reference") + ", " +
+         ReplicaState(r, o);
 }
 
 std::string ClientJson(const ClientInfo& c) {
@@ -421,13 +641,6 @@ std::string ClientJson(const ClientInfo& c) {
       .Number("requests", c.requests)
       .Number("connected_time_ns", c.connected_time_ns)
       .str();
-}
-
-// A JSON array of already formatted elements.
-std::string JsonArray(const std::vector<std::string>& elements) {
-  std::string out = "[";
-  for (size_t i = 0; i < elements.size(); ++i) out += (i == 0 ? "" : ", ") + elements[i];
-  return out + "]";
 }
 
 std::string Bytes(uint64_t n) {
@@ -482,6 +695,13 @@ Status ShowObject(const std::string& socket, const std::string& target_text, boo
   if (!described.ok()) return described.status();
   const ObjectDetails& details = *described;
   const ObjectInfo& o = details.info;
+  // The GPUs' names, for replicas on them.
+  std::vector<GpuInfo> gpus;
+  if (!o.gpus.empty() || std::any_of(details.replicas.begin(), details.replicas.end(),
+                                     [](const Replica& r) { return r.device >= 0; })) {
+    DEPOT_ASSIGN_OR_RETURN(StoreStatus s, client.GetStatus());
+    gpus = std::move(s.gpus);
+  }
 
   // The data is read after Describe, so that this command is not among the holders shown.
   Buffer buffer;
@@ -490,6 +710,12 @@ Status ShowObject(const std::string& socket, const std::string& target_text, boo
       return Status::NotSealed(target.label +
                                " is still being created; its data can be shown "
                                "once it is sealed");
+    }
+    // A get from host memory would copy a GPU-only object there: show must change nothing.
+    if (!o.on_host) {
+      return Status::InvalidArgument("--hexdump shows bytes in host memory, and " + target.label +
+                                     " has no copy there (it is on " + TiersText(o) +
+                                     "); depotctl does not read GPU memory");
     }
     auto got = client.Get(target.id);
     if (!got.ok()) {
@@ -503,36 +729,42 @@ Status ShowObject(const std::string& socket, const std::string& target_text, boo
   if (json) {
     std::vector<std::string> holders;
     for (const Holder& h : details.holders) holders.push_back(HolderJson(h));
+    std::vector<std::string> replicas;
+    for (const Replica& r : details.replicas) replicas.push_back(ReplicaJson(r, o, gpus));
     JsonObject out = ObjectJson(o);
-    out.String("tier", "host").Json("holders", JsonArray(holders));
+    out.Json("replicas", JsonArray(replicas)).Json("holders", JsonArray(holders));
     if (hexdump > 0) out.String("data_hex", HexBytes(shown));
     std::cout << out.str() << '\n';
     return Status::OK();
   }
   const uint64_t now = ipc::WallNanos();
-  char offset[64];
-  std::snprintf(offset, sizeof(offset), "%" PRIu64 " (0x%" PRIx64 ")", o.offset, o.offset);
-  PrintFields(
-      std::cout,
-      {
-          {"id", o.id.Hex()},
-          {"name", o.name.empty() ? "-" : Printable(o.name)},
-          {"state", std::string(o.state == ObjectState::kSealed ? "sealed" : "being created") +
-                        (o.delete_pending ? ", deleted (goes with its last reference)" : "")},
-          {"data", Bytes(o.data_size)},
-          {"metadata", Bytes(o.metadata_size)},
-          {"location", "host tier, segment " + std::to_string(o.segment) + ", offset " + offset},
-          {"checksum", o.has_checksum ? "xxh3-64 " + Hex64(o.checksum) : "none"},
-          {"flags", Flags(o)},
-          {"references", std::to_string(o.ref_count)},
-          {"created", FormatTime(o.create_time_ns) + " (" +
-                          FormatAge(AgeNanos(o.create_time_ns, now)) + " ago)"},
-          {"accessed", FormatTime(o.access_time_ns) + " (" +
-                           FormatAge(AgeNanos(o.access_time_ns, now)) + " ago)"},
-          {"holders", details.holders.empty() ? std::string("none")
-                                              : std::to_string(details.holders.size()) + " client" +
-                                                    (details.holders.size() == 1 ? "" : "s")},
-      });
+  std::vector<std::pair<std::string, std::string>> fields{
+      {"id", o.id.Hex()},
+      {"name", o.name.empty() ? "-" : Printable(o.name)},
+      {"state", std::string(o.state == ObjectState::kSealed ? "sealed" : "being created") +
+                    (o.delete_pending ? ", deleted (goes with its last reference)" : "")},
+      {"data", Bytes(o.data_size)},
+      {"metadata", Bytes(o.metadata_size)},
+  };
+  // Every copy, one line each: the first after the key, the others under it.
+  for (size_t i = 0; i < details.replicas.size(); ++i) {
+    fields.emplace_back(i == 0 ? "replicas" : "", ReplicaText(details.replicas[i], o, gpus));
+  }
+  if (details.replicas.empty()) fields.emplace_back("replicas", "none");
+  const std::vector<std::pair<std::string, std::string>> rest{
+      {"checksum", o.has_checksum ? "xxh3-64 " + Hex64(o.checksum) : "none"},
+      {"flags", Flags(o)},
+      {"references", std::to_string(o.ref_count)},
+      {"created",
+       FormatTime(o.create_time_ns) + " (" + FormatAge(AgeNanos(o.create_time_ns, now)) + " ago)"},
+      {"accessed",
+       FormatTime(o.access_time_ns) + " (" + FormatAge(AgeNanos(o.access_time_ns, now)) + " ago)"},
+      {"holders", details.holders.empty() ? std::string("none")
+                                          : std::to_string(details.holders.size()) + " client" +
+                                                (details.holders.size() == 1 ? "" : "s")},
+  };
+  fields.insert(fields.end(), rest.begin(), rest.end());
+  PrintFields(std::cout, fields);
   if (!details.holders.empty()) {
     using Align = Table::Align;
     Table table({{"SESSION", Align::kRight},
@@ -540,11 +772,12 @@ Status ShowObject(const std::string& socket, const std::string& target_text, boo
                  {"UID", Align::kRight},
                  {"COMMAND"},
                  {"NAME"},
-                 {"REFS", Align::kRight}});
+                 {"REFS", Align::kRight},
+                 {"ON TIERS"}});
     for (const Holder& h : details.holders) {
       table.AddRow({std::to_string(h.session_id), std::to_string(h.pid), std::to_string(h.uid),
                     Printable(h.command), h.client_name.empty() ? "-" : Printable(h.client_name),
-                    std::to_string(h.references)});
+                    std::to_string(h.references), HolderTiers(h)});
     }
     std::cout << '\n';
     table.Print(std::cout);
@@ -637,8 +870,9 @@ Status VerifyObjects(const std::string& socket, const std::vector<std::string>& 
     }
     JsonObject out;
     out.Number("checked", results.size());
-    for (VerifyState state : {VerifyState::kOk, VerifyState::kMismatch, VerifyState::kNoChecksum,
-                              VerifyState::kNotFound, VerifyState::kNotSealed}) {
+    for (VerifyState state :
+         {VerifyState::kOk, VerifyState::kMismatch, VerifyState::kNoChecksum,
+          VerifyState::kNotFound, VerifyState::kNotSealed, VerifyState::kNotOnHost}) {
       out.Number(VerifyStateName(state), counts[state]);
     }
     std::cout << out.Json("objects", JsonArray(objects)).str() << '\n';
@@ -665,7 +899,8 @@ Status VerifyObjects(const std::string& socket, const std::vector<std::string>& 
         {VerifyState::kMismatch, "MISMATCHED"},
         {VerifyState::kNoChecksum, "without a checksum"},
         {VerifyState::kNotFound, "not found"},
-        {VerifyState::kNotSealed, "not sealed yet"}};
+        {VerifyState::kNotSealed, "not sealed yet"},
+        {VerifyState::kNotOnHost, "only on GPUs"}};
     for (const auto& [state, what] : others) {
       if (counts[state] != 0) summary += ", " + std::to_string(counts[state]) + " " + what;
     }

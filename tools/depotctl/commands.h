@@ -9,7 +9,8 @@
 
 namespace depot::ctl {
 
-// The daemon's capacity, usage and counters.
+// The daemon's capacity, usage and counters: host memory, each GPU's pool, the copies
+// between tiers, and how many objects are on each tier (counted from the object list).
 Status ShowStatus(const std::string& socket, bool json);
 
 // The daemon's metrics in the Prometheus text format, as served at /metrics.
@@ -26,7 +27,10 @@ struct ListOptions {
   std::string sort;        // size (largest first), age (oldest first), refs (most first),
                            // name; empty: slot order
   size_t limit = 0;        // at most this many, after sorting; 0: all
-  std::string tier;        // host (the only tier there is); empty: all tiers
+  // host (objects with a copy in host memory), gpu (with a copy on any GPU), or gpuK (on
+  // the daemon's GPU K); empty: all. There is no disk tier yet.
+  std::string tier;
+  std::string device;  // a GPU index K, as status lists them: objects on that GPU
 };
 // The objects in the store that pass the filters.
 Status ListObjects(const std::string& socket, const ListOptions& options);
@@ -46,9 +50,11 @@ Status GetFile(const std::string& socket, const std::string& target, const std::
 // Deletes objects (ids or names). Tries every one; reports each failure on stderr.
 Status RemoveObjects(const std::string& socket, const std::vector<std::string>& targets);
 
-// One object in full: every header field, where it lies, its checksum and the clients
-// holding it. With `hexdump` (a size, e.g. 256 or 4KiB), also the first bytes of its data as
-// `hexdump -C` shows them, read through a Get. Fails with NotFound naming the object.
+// One object in full: every header field, each replica (host memory, GPUs), its checksum
+// and the clients holding it, with their references by tier. With `hexdump` (a size, e.g.
+// 256 or 4KiB), also the first bytes of its data as `hexdump -C` shows them, read through a
+// Get from host memory. Fails with NotFound naming the object, and with InvalidArgument
+// for a hexdump of an object that has no copy in host memory (it is not copied there).
 Status ShowObject(const std::string& socket, const std::string& target, bool json,
                   const std::string& hexdump);
 

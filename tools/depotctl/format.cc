@@ -117,6 +117,21 @@ std::string FitWidth(std::string_view text, size_t columns) {
   return std::string(text);
 }
 
+std::string TierName(int device) { return device < 0 ? "host" : "gpu" + std::to_string(device); }
+
+std::string TiersText(const ObjectInfo& o) {
+  std::string tiers = o.on_host ? "host" : "";
+  for (uint32_t gpu : o.gpus) {
+    tiers += (tiers.empty() ? "" : "+") + TierName(static_cast<int>(gpu));
+  }
+  return tiers.empty() ? "-" : tiers;
+}
+
+std::string GpuName(const GpuInfo& gpu) {
+  if (!gpu.simulated || gpu.name.find("simulated") != std::string::npos) return gpu.name;
+  return gpu.name + " (simulated)";
+}
+
 void PrintFields(std::ostream& out,
                  const std::vector<std::pair<std::string, std::string>>& fields) {
   size_t width = 0;

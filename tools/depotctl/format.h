@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "depot/client.h"
 #include "depot/status.h"
 
 namespace depot::ctl {
@@ -34,6 +35,17 @@ std::string Printable(std::string_view text);
 
 // `text` cut to at most `columns` terminal columns, counted as Table counts them.
 std::string FitWidth(std::string_view text, size_t columns);
+
+// A tier as depotctl names it (ls --tier, the TIER column): "host" for host memory (device
+// -1), "gpu<k>" for the daemon's GPU k.
+std::string TierName(int device);
+
+// The tiers `o` has ready bytes on, host first, joined by '+': "host", "gpu0", "host+gpu1";
+// "-" when it has none yet (being created on a GPU).
+std::string TiersText(const ObjectInfo& o);
+
+// A GPU's name, marked "(simulated)" for a simulated device whose name does not say so.
+std::string GpuName(const GpuInfo& gpu);
 
 // Lines of "key  value", the values aligned.
 void PrintFields(std::ostream& out, const std::vector<std::pair<std::string, std::string>>& fields);

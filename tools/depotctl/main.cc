@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
   depot::Status result;
 
   bool status_json = false;
-  auto* status = app.add_subcommand("status", "show the daemon's capacity, usage and counters");
+  auto* status = app.add_subcommand(
+      "status", "show the daemon's capacity, usage and counters, host memory and each GPU");
   status->add_flag("--json", status_json, "print one JSON object");
   status->callback([&] { result = ShowStatus(socket, status_json); });
 
@@ -47,8 +48,12 @@ int main(int argc, char** argv) {
       ->option_text("KEY");
   ls->add_option("--limit", ls_options.limit, "show at most N objects (after sorting)")
       ->option_text("N");
-  ls->add_option("--tier", ls_options.tier, "only objects in this tier: host (the only one)")
+  ls->add_option("--tier", ls_options.tier,
+                 "only objects with a copy in this tier: host, gpu (any GPU) or gpuK (GPU K)")
       ->option_text("TIER");
+  ls->add_option("--device", ls_options.device,
+                 "only objects with a copy on the daemon's GPU K (as status lists them)")
+      ->option_text("K");
   ls->callback([&] { result = ListObjects(socket, ls_options); });
 
   PutOptions put_options;
@@ -84,7 +89,7 @@ int main(int argc, char** argv) {
   bool show_json = false;
   std::string show_hexdump;
   auto* show = app.add_subcommand(
-      "show", "show one object in full: header, location, checksum, and who holds it");
+      "show", "show one object in full: header, every replica, checksum, and who holds it");
   show->add_option("OBJECT", show_target, "a 32-hex-digit object id, or a name")
       ->type_name("")
       ->required();

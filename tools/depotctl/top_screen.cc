@@ -77,6 +77,21 @@ std::vector<std::string> HostDetail(const StoreStatus& s) {
               FormatSize(s.largest_free_block) + ", fragmentation " + Fragmentation(s)};
 }
 
+// Under a GPU pool's bar: which GPU it is, what is held, and what the pool has taken of the
+// GPU (last, so that a narrow screen cuts it first).
+std::string GpuDetail(const GpuInfo& g) {
+  return Label("") + GpuName(g) + "  # held " + FormatSize(g.held_bytes) + "  " +
+         std::to_string(g.replicas) + " replica" + (g.replicas == 1 ? "" : "s") + "  reserved " +
+         FormatSize(g.reserved_bytes) + " of " + FormatSize(g.total_bytes);
+}
+
+// The copies between tiers, once there are GPUs to copy to.
+std::string TieringLine(const StoreStatus& s) {
+  return Label("tiering") + "replicas made " + std::to_string(s.replicas_made) + ", dropped " +
+         std::to_string(s.replicas_dropped) + "   spills " + std::to_string(s.spills) + " (" +
+         FormatSize(s.spilled_bytes) + ")";
+}
+
 std::string CountsLine(const StoreStatus& s) {
   return Label("objects") + std::to_string(s.objects_sealed) + " sealed, " +
          std::to_string(s.objects_creating) + " being created   clients " +
@@ -228,9 +243,16 @@ std::vector<std::string> RenderFrame(const Sample& now, const Sample* before, Sc
   const StoreStatus& s = now.status;
   std::vector<std::string> lines;
   lines.push_back(HeaderLine(s, hint));
-  // One bar per tier; GPU pools will add theirs below the host arena's.
+  // One bar per tier: the host arena's, then each GPU pool's, out of what the pool may take.
   lines.push_back(TierBar("host", s.capacity_bytes, s.used_bytes, s.held_bytes, size.columns));
   for (std::string& line : HostDetail(s)) lines.push_back(std::move(line));
+  for (size_t d = 0; d < s.gpus.size(); ++d) {
+    const GpuInfo& g = s.gpus[d];
+    lines.push_back(TierBar(TierName(static_cast<int>(d)), g.limit_bytes, g.used_bytes,
+                            g.held_bytes, size.columns));
+    lines.push_back(GpuDetail(g));
+  }
+  if (!s.gpus.empty()) lines.push_back(TieringLine(s));
   lines.push_back(CountsLine(s));
   lines.push_back(RatesLine(now, before));
 

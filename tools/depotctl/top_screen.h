@@ -43,7 +43,7 @@ inline constexpr size_t kMaxObjectRows = 500;
 //   host  [#####=====                ]  1.5 GiB of 4.0 GiB (37.5%)
 // '#' are bytes held by clients, '=' the rest of the used bytes, blank the free bytes. A
 // share too small for a whole cell that is not zero still gets one. Each tier (the host
-// arena, later each GPU pool) is one such line.
+// arena, each GPU pool) is one such line.
 std::string TierBar(std::string_view label, uint64_t capacity, uint64_t used, uint64_t held,
                     size_t width);
 

@@ -139,6 +139,11 @@ struct StoreStatus {
   uint64_t spilled_bytes = 0;
   uint64_t replicas_made = 0;     // copies made for gets on another tier
   uint64_t replicas_dropped = 0;  // extra copies dropped to make room
+  // Arena bytes registered with the CUDA driver (page-locked), so that copies between them
+  // and GPUs run at full speed; 0 without CUDA GPUs.
+  uint64_t arena_page_locked_bytes = 0;
+  // Objects with a copy in host memory, ready or being made (GpuInfo::replicas: on a GPU).
+  uint64_t objects_on_host = 0;
 };
 
 // A client connected to the daemon (Client::Clients). pid, uid and command are the
@@ -156,6 +161,12 @@ struct ClientInfo {
   uint64_t connected_time_ns = 0;  // since the epoch
 };
 
+// A holder's references on one tier (Holder::tiers).
+struct TierReferences {
+  int device = -1;  // -1: host memory; else the daemon's GPU (StoreStatus::gpus)
+  uint32_t references = 0;
+};
+
 // A client holding references to an object (ObjectDetails). Session id 0 is the daemon
 // itself, holding the object while a Verify reads it.
 struct Holder {
@@ -164,10 +175,10 @@ struct Holder {
   uint32_t uid = 0;
   std::string command;
   std::string client_name;
-  uint32_t references = 0;
+  uint32_t references = 0;            // on all tiers together
+  std::vector<TierReferences> tiers;  // the same by tier, host first; only tiers with some
 };
 
-// One object and who holds it (Client::Describe).
 // One copy of an object's bytes.
 struct Replica {
   int device = -1;       // -1: host memory; else the daemon's GPU (StoreStatus::gpus)
@@ -177,6 +188,7 @@ struct Replica {
   bool ready = false;       // false while it is being copied
 };
 
+// One object and who holds it (Client::Describe).
 struct ObjectDetails {
   ObjectInfo info;
   std::vector<Holder> holders;    // by session id; their references add up to info.ref_count
@@ -297,6 +309,9 @@ class Client {
 
   // Every object in the store, sealed or being created, in slot order.
   Result<std::vector<ObjectInfo>> List();
+  // The `n` largest objects by data size (ties: oldest first), largest first, in one
+  // request; at most 1,000 (the daemon's page size).
+  Result<std::vector<ObjectInfo>> ListLargest(uint32_t n);
 
   // The clients connected to the daemon, this one included, by session id: who they are
   // and what they hold.
