@@ -69,17 +69,37 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
          "0 when started with --no-metrics: request counters stay 0.");
   w.Value("depot_metrics_enabled", enabled_ ? 1 : 0);
 
-  w.Help("depot_capacity_bytes", "gauge", "Host arena capacity (--memory).");
+  // Memory by tier: the host arena, then each GPU's pool (tier="gpuK", K as in `status`).
+  const auto pools = store.pools();
+  const auto each_gpu = [&](const char* name, auto value) {
+    for (uint32_t d = 0; d < pools.size(); ++d) {
+      w.Line("%s{tier=\"gpu%u\"} %" PRIu64 "\n", name, d, static_cast<uint64_t>(value(d)));
+    }
+  };
+  w.Help("depot_capacity_bytes", "gauge",
+         "What a tier may take: the host arena (--memory), a GPU pool's limit (--gpu-memory).");
   w.Line("depot_capacity_bytes{tier=\"host\"} %" PRIu64 "\n", arena.capacity());
-  w.Help("depot_mapped_bytes", "gauge", "Bytes in arena segments created so far.");
+  each_gpu("depot_capacity_bytes", [&](uint32_t d) { return pools[d]->limit(); });
+  w.Help("depot_mapped_bytes", "gauge",
+         "Bytes in arena segments, or GPU pool chunks, created so far.");
   w.Line("depot_mapped_bytes{tier=\"host\"} %" PRIu64 "\n", arena.mapped_bytes());
+  each_gpu("depot_mapped_bytes", [&](uint32_t d) { return pools[d]->reserved_bytes(); });
   w.Help("depot_used_bytes", "gauge", "Bytes allocated to objects.");
   w.Line("depot_used_bytes{tier=\"host\"} %" PRIu64 "\n", arena.used_bytes());
+  each_gpu("depot_used_bytes", [&](uint32_t d) { return pools[d]->used_bytes(); });
   w.Help("depot_held_bytes", "gauge",
-         "Bytes of objects referenced or being created (not evictable).");
+         "Bytes of objects referenced or being created (not evictable, not spillable).");
   w.Line("depot_held_bytes{tier=\"host\"} %" PRIu64 "\n", c.held_bytes);
+  each_gpu("depot_held_bytes", [&](uint32_t d) { return store.device_usage(d).held_bytes; });
   w.Help("depot_pinned_bytes", "gauge", "Bytes of pinned objects.");
   w.Line("depot_pinned_bytes{tier=\"host\"} %" PRIu64 "\n", c.pinned_bytes);
+  w.Help("depot_page_locked_bytes", "gauge",
+         "Host arena bytes page-locked (registered with the CUDA driver) for GPU copies.");
+  w.Line("depot_page_locked_bytes{tier=\"host\"} %" PRIu64 "\n", arena.page_locked_bytes());
+  if (!pools.empty()) {
+    w.Help("depot_replicas", "gauge", "Objects with a copy on a GPU, copies being made included.");
+    each_gpu("depot_replicas", [&](uint32_t d) { return store.device_usage(d).replicas; });
+  }
   w.Help("depot_objects", "gauge", "Objects in the store, by state.");
   w.Line("depot_objects{state=\"sealed\"} %" PRIu64 "\n", c.objects_sealed);
   w.Line("depot_objects{state=\"creating\"} %" PRIu64 "\n", c.objects_creating);
@@ -90,10 +110,21 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Value("depot_evictions_total", c.evictions);
   w.Help("depot_evicted_bytes_total", "counter", "Bytes evicted under memory pressure.");
   w.Value("depot_evicted_bytes_total", c.evicted_bytes);
-  w.Help("depot_bytes_in_total", "counter", "Bytes of objects created.");
+  w.Help("depot_bytes_in_total", "counter",
+         "Bytes of objects created, by tier (on GPUs: data only; metadata stays on host).");
   w.Line("depot_bytes_in_total{tier=\"host\"} %" PRIu64 "\n", c.bytes_in);
-  w.Help("depot_bytes_out_total", "counter", "Bytes of objects handed out by gets.");
+  each_gpu("depot_bytes_in_total", [&](uint32_t d) { return store.device_usage(d).bytes_in; });
+  w.Help("depot_bytes_out_total", "counter", "Bytes of objects handed out by gets, by tier.");
   w.Line("depot_bytes_out_total{tier=\"host\"} %" PRIu64 "\n", c.bytes_out);
+  each_gpu("depot_bytes_out_total", [&](uint32_t d) { return store.device_usage(d).bytes_out; });
+  w.Help("depot_replicas_total", "counter",
+         "Copies between tiers: made for a get on another tier, dropped to make room on a GPU.");
+  w.Line("depot_replicas_total{event=\"made\"} %" PRIu64 "\n", c.replicas_made);
+  w.Line("depot_replicas_total{event=\"dropped\"} %" PRIu64 "\n", c.replicas_dropped);
+  w.Help("depot_spills_total", "counter", "Objects moved from a full GPU pool to host memory.");
+  w.Value("depot_spills_total", c.spills);
+  w.Help("depot_spilled_bytes_total", "counter", "Bytes moved from full GPU pools to host memory.");
+  w.Value("depot_spilled_bytes_total", c.spilled_bytes);
   w.Help("depot_get_objects_total", "counter",
          "Objects asked for by gets: found at once (hit), waited for (wait), never sealed in time "
          "(timeout).");

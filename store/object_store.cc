@@ -289,8 +289,20 @@ uint32_t ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t s
   index_.emplace(p.id, slot);
   if (!p.name.empty()) names_.emplace(slot, std::string(p.name));
   counters_.objects_creating++;
-  counters_.bytes_in += p.data_size + p.metadata.size();
+  if (p.device == kHost) {
+    counters_.bytes_in += p.data_size + p.metadata.size();
+  } else {
+    device_usage_[p.device].bytes_in += p.data_size;
+  }
   return slot;
+}
+
+void ObjectStore::CountBytesOut(int32_t device, const Location& location) {
+  if (device == kHost) {
+    counters_.bytes_out += location.data_size + location.metadata_size;
+  } else {
+    device_usage_[device].bytes_out += location.data_size;
+  }
 }
 
 void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDone done) {
@@ -583,7 +595,7 @@ Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int32_t devi
       headers_.at(slot).access_time_ns = now;
       results[i].location = LocationOf(slot, device);
       counters_.get_hits++;
-      counters_.bytes_out += results[i].location.data_size + results[i].location.metadata_size;
+      CountBytesOut(device, results[i].location);
     } else if (sealed) {
       waits[i] = Wait::kCopy;
       ++copy_waits;
@@ -697,7 +709,7 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
       }
       AddRef(get.client, state, slot, get.device);
       get.results[i] = GetResult{StatusCode::kOk, LocationOf(slot, get.device)};
-      counters_.bytes_out += h.data_size + h.metadata_size;
+      CountBytesOut(get.device, get.results[i].location);
       get.waits[i] = Wait::kNone;
       --get.missing;
     }
@@ -721,7 +733,7 @@ void ObjectStore::Answer(uint64_t pending_id, uint32_t slot, const ObjectId& id,
     if (usable) {
       AddRef(get.client, clients_.at(get.client), slot, get.device);
       get.results[i] = GetResult{StatusCode::kOk, LocationOf(slot, get.device)};
-      counters_.bytes_out += get.results[i].location.data_size;
+      CountBytesOut(get.device, get.results[i].location);
     } else {
       get.results[i].code = failure == StatusCode::kOk ? StatusCode::kNotFound : failure;
     }

@@ -90,8 +90,8 @@ struct StoreCounters {
   uint64_t pinned_bytes = 0;
   uint64_t evictions = 0;
   uint64_t evicted_bytes = 0;
-  uint64_t bytes_in = 0;          // data and metadata of objects created
-  uint64_t bytes_out = 0;         // of objects handed out by gets
+  uint64_t bytes_in = 0;          // data and metadata of objects created in host memory
+  uint64_t bytes_out = 0;         // of host objects handed out by gets
   uint64_t get_hits = 0;          // ids a get found sealed at once
   uint64_t get_waits = 0;         // ids a get had to wait for
   uint64_t get_timeouts = 0;      // ids still missing when a wait ran out
@@ -105,6 +105,8 @@ struct StoreCounters {
 struct DeviceUsage {
   uint64_t held_bytes = 0;  // of replicas referenced or being created
   uint64_t replicas = 0;    // objects with a replica there
+  uint64_t bytes_in = 0;    // data of objects created there (their metadata stays on host)
+  uint64_t bytes_out = 0;   // of objects handed out there by gets
 };
 
 // One replica of an object (the admin `show` view).
@@ -309,6 +311,8 @@ class ObjectStore {
   void CreateOnDevice(ClientId client, const CreateParams& params, CreateDone done);
   // Fills in the header and tables of a new object whose bytes are placed.
   uint32_t Publish(ClientId client, const CreateParams& params, uint32_t slot);
+  // Counts a get's bytes handed out on `device` (StoreCounters, DeviceUsage).
+  void CountBytesOut(int32_t device, const Location& location);
   Status CheckLimits(ClientId client, const ClientState& state, uint64_t bytes) const;
   std::optional<Arena::Block> AllocateOrEvict(uint64_t bytes);
   // A free header slot, evicting the least recently used object if the table is full.

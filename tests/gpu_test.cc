@@ -311,6 +311,27 @@ GPU_TEST(KilledClientGivesBackItsGpuReferencesAndUnsealedObjects) {
   EXPECT_EQ(victim.Wait(), kSignalExitBase + SIGKILL);
 }
 
+GPU_TEST(MetricsCountBytesAndCopiesByTier) {
+  StartDaemon();
+  const ObjectId id = ObjectId::FromName("gpu/metered");
+  PutOnDevice(id, kMiB, 0, 4, "meta");
+  { ASSERT_OK_AND_ASSIGN(DeviceBuffer on0, client_->GetOnDevice(id, 0)); }
+  { ASSERT_OK_AND_ASSIGN(Buffer on_host, client_->Get(id)); }
+  ASSERT_OK_AND_ASSIGN(std::string metrics, client_->Metrics());
+  const auto has = [&](const std::string& line) {
+    return metrics.find("\n" + line + "\n") != std::string::npos;
+  };
+  EXPECT_TRUE(has("depot_capacity_bytes{tier=\"gpu0\"} " + std::to_string(16 * kMiB))) << metrics;
+  // On a GPU the data is counted; the metadata stays in host memory.
+  EXPECT_TRUE(has("depot_bytes_in_total{tier=\"gpu0\"} " + std::to_string(kMiB))) << metrics;
+  EXPECT_TRUE(has("depot_bytes_out_total{tier=\"gpu0\"} " + std::to_string(kMiB))) << metrics;
+  EXPECT_TRUE(has("depot_bytes_in_total{tier=\"host\"} 0")) << metrics;
+  EXPECT_TRUE(has("depot_bytes_out_total{tier=\"host\"} " + std::to_string(kMiB + 4))) << metrics;
+  EXPECT_TRUE(has("depot_replicas_total{event=\"made\"} 1")) << metrics;
+  EXPECT_TRUE(has("depot_replicas{tier=\"gpu0\"} 1")) << metrics;
+  EXPECT_TRUE(has("depot_spills_total 0")) << metrics;
+}
+
 GPU_TEST(BadGpuRequestsAreClearErrors) {
   StartDaemon();
   const ObjectId id = ObjectId::FromName("gpu/bad");

@@ -37,7 +37,10 @@ class MetricsEndpointTest(unittest.TestCase):
         self.log = open(os.path.join(self.dir.name, "depotd.log"), "w+")
         self.daemon = subprocess.Popen(
             [ARGS.depotd, "--socket", self.socket, "--memory", "64MiB",
-             "--metrics-port", str(self.port)],
+             "--metrics-port", str(self.port),
+             # Two simulated GPUs, so the per-GPU series are parsed too.
+             "--simulate-gpus", "2:64MiB", "--gpu-memory", "0:16MiB,1:32MiB",
+             "--gpu-chunk-size", "8MiB"],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -98,6 +101,15 @@ class MetricsEndpointTest(unittest.TestCase):
         self.assertEqual(self.value(families["depot_up"], "depot_up"), 1)
         self.assertEqual(self.value(families["depot_capacity_bytes"], "depot_capacity_bytes", tier="host"),
                          64 * 1024 * 1024)
+        for gpu, limit in (("gpu0", 16), ("gpu1", 32)):
+            self.assertEqual(self.value(families["depot_capacity_bytes"], "depot_capacity_bytes",
+                                        tier=gpu), limit * 1024 * 1024)
+            self.assertEqual(self.value(families["depot_used_bytes"], "depot_used_bytes", tier=gpu), 0)
+            self.assertEqual(self.value(families["depot_bytes_in"], "depot_bytes_in_total", tier=gpu), 0)
+        self.assertEqual(self.value(families["depot_replicas"], "depot_replicas_total", event="made"), 0)
+        self.assertEqual(self.value(families["depot_spills"], "depot_spills_total"), 0)
+        self.assertEqual(self.value(families["depot_page_locked_bytes"], "depot_page_locked_bytes",
+                                    tier="host"), 0)
         self.assertEqual(self.value(families["depot_objects"], "depot_objects", state="sealed"), 1)
         self.assertEqual(self.value(families["depot_bytes_in"], "depot_bytes_in_total", tier="host"),
                          len(payload))
