@@ -2,11 +2,13 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+PY_BUILD   ?= build-py
+PYTHON     ?= python3
 JOBS       ?= $(shell nproc)
 # Flags for `make run`, e.g. make run DEPOTD_ARGS="--memory 8GiB"
 DEPOTD_ARGS ?=
 
-.PHONY: all deps build run test test-release test-asan test-tsan format-check bench format clean
+.PHONY: all deps build run test test-release test-asan test-tsan test-python format-check bench format clean
 
 all: build
 
@@ -24,8 +26,8 @@ run: build
 	exec $(BUILD)/bin/depotd $(DEPOTD_ARGS)
 
 # Every test: formatting, the Release build, then the same suite under AddressSanitizer +
-# UBSan and under ThreadSanitizer.
-test: format-check test-release test-asan test-tsan
+# UBSan and under ThreadSanitizer, then the Python package.
+test: format-check test-release test-asan test-tsan test-python
 
 format-check: deps
 	clang-format --dry-run --Werror $$(git ls-files '*.h' '*.cc')
@@ -58,6 +60,16 @@ test-tsan: deps $(TSAN_BUILD)/build.ninja
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0 \
 	  ctest --output-on-failure -j 2 --timeout 600 -E '$(TSAN_SKIP)'
 
+# The Python package: `pip install .` into a venv under $(PY_BUILD) (so the packaging is tested
+# too; the CMake build is kept in $(PY_BUILD)/<wheel tag> between runs), then pytest against
+# private daemons (tests/python).
+test-python: deps
+	test -x $(PY_BUILD)/venv/bin/python || $(PYTHON) -m venv $(PY_BUILD)/venv
+	$(PY_BUILD)/venv/bin/python -m pip install --quiet --disable-pip-version-check pytest numpy
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_BUILD)/venv/bin/python -m pip install --quiet \
+	  --disable-pip-version-check --config-settings=build-dir='$(abspath $(PY_BUILD))/{wheel_tag}' .
+	$(PY_BUILD)/venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+
 # Runs every benchmark program (see bench/README.md).
 bench: build
 	@for b in $(BUILD)/bin/bench_*; do echo "== $$b"; $$b || exit 1; done
@@ -66,4 +78,4 @@ format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(PY_BUILD)

@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev       # tests
   libbenchmark-dev                # bench/
   python3                         # tests/metrics_test.py
+  python3-venv python3-dev        # make test-python: a venv to pip install into; Python.h
 )
 
 # The metrics test parses with prometheus_client's own parser.

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Benchmarks of the Python client, each against baselines run in the same process.
+
+  python bench/python/bench_python.py [--sizes 100MB,1GB] [--repeat 5]
+
+Needs the depot package installed (`pip install .`, or `make test-python`'s venv:
+build-py/venv/bin/python) and numpy. It starts a private depotd.
+
+1. get of a small object (100 bytes), cold (each result dropped before the next get, so
+   every get is a round trip to the daemon) and warm (the object is still held elsewhere in
+   the process: no round trip), against the binding's raw get (no decoding) and a Unix
+   socket round trip between two threads of this process.
+2. put, then get, of an N-byte numpy array: against memcpy into a preallocated array (the
+   floor for a put), multiprocessing.shared_memory (create a segment, copy the array in, which
+   faults in its fresh pages; attach by name and view it) and pickle through a pipe
+   (multiprocessing.Pipe, another thread receiving). Every get reads the array (a sum over one
+   element per page), so no baseline gets away without touching its memory.
+
+Times are medians of --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import socket
+import statistics
+import threading
+import time
+from multiprocessing import Pipe, shared_memory
+
+import numpy as np
+
+import depot
+
+
+def median_time(fn, repeat):
+    times = []
+    for _ in range(repeat):
+        gc.collect()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def per_op(fn, n):
+    start = time.perf_counter()
+    fn(n)
+    return (time.perf_counter() - start) / n
+
+
+def touch(array):
+    """Reads one element per page, so a view must have its pages mapped."""
+    flat = array.reshape(-1)
+    step = max(1, 4096 // flat.itemsize)
+    return float(flat[::step].sum())
+
+
+def bench_small_get(client, n):
+    ref = client.put(b"x" * 100)
+    raw = client._conn  # the binding, without decoding
+    rid = ref.id
+
+    def cold(k):
+        for _ in range(k):
+            client.get(ref)
+
+    def warm(k):
+        for _ in range(k):
+            client.get(ref)
+
+    def binding(k):
+        for _ in range(k):
+            raw.get(rid, 0)
+
+    cold(1000)
+    t_cold = min(per_op(cold, n) for _ in range(3))
+    t_binding = min(per_op(binding, n) for _ in range(3))
+    held = client.get(ref)  # noqa: F841 - keeps a reference: later gets are answered locally
+    t_warm = min(per_op(warm, n) for _ in range(3))
+    del held
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def echo():
+        while True:
+            data = b.recv(64)
+            if not data:
+                return
+            b.sendall(data)
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+
+    def round_trip(k):
+        for _ in range(k):
+            a.sendall(b"p" * 32)
+            a.recv(64)
+
+    round_trip(1000)
+    t_socket = min(per_op(round_trip, n) for _ in range(3))
+    a.close()
+    thread.join()
+
+    print("get of a 100-byte object (µs per get; ratio to the baseline)")
+    print(f"  depot get, cold (round trip)    {t_cold * 1e6:8.2f} µs")
+    print(f"  depot get, warm (held: local)   {t_warm * 1e6:8.2f} µs")
+    print(f"  baseline: binding's raw get     {t_binding * 1e6:8.2f} µs   "
+          f"depot cold / raw = {t_cold / t_binding:.2f}x")
+    print(f"  baseline: socket round trip     {t_socket * 1e6:8.2f} µs   "
+          f"depot cold / socket = {t_cold / t_socket:.2f}x  (two Python threads)")
+
+
+def bench_array(client, size, repeat):
+    array = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).view(np.uint8)
+    expected = touch(array)
+
+    # depot
+    refs = []
+
+    def depot_put():
+        refs.append(client.put(array))
+
+    def depot_get():
+        assert touch(client.get(refs[-1])) == expected
+
+    put_times, get_times = [], []
+    for _ in range(repeat):
+        put_times.append(median_time(depot_put, 1))
+        get_times.append(median_time(depot_get, 1))
+        client.delete(refs.pop())
+    d_put, d_get = statistics.median(put_times), statistics.median(get_times)
+
+    # multiprocessing.shared_memory with a copy in
+    put_times, get_times = [], []
+    for _ in range(repeat):
+        gc.collect()
+        start = time.perf_counter()
+        shm = shared_memory.SharedMemory(create=True, size=size)
+        np.ndarray(array.shape, array.dtype, buffer=shm.buf)[:] = array
+        put_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        other = shared_memory.SharedMemory(name=shm.name)
+        view = np.ndarray(array.shape, array.dtype, buffer=other.buf)
+        assert touch(view) == expected
+        get_times.append(time.perf_counter() - start)
+        del view
+        other.close()
+        shm.close()
+        shm.unlink()
+    s_put, s_get = statistics.median(put_times), statistics.median(get_times)
+
+    # memcpy: a copy into a preallocated, already-touched array (the floor for any put)
+    target = np.empty_like(array)
+    target[:] = 0
+    m_copy = median_time(lambda: np.copyto(target, array), repeat)
+    del target
+
+    # pickle through a pipe: send (put) and receive + unpickle (get) overlap, so only the
+    # total is meaningful.
+    totals = []
+    for _ in range(repeat):
+        receiver, sender = Pipe(duplex=False)
+        got = []
+        gc.collect()
+        start = time.perf_counter()
+        thread = threading.Thread(target=lambda: got.append(receiver.recv()))
+        thread.start()
+        sender.send(array)
+        thread.join()
+        assert touch(got[0]) == expected
+        totals.append(time.perf_counter() - start)
+        del got
+        receiver.close()
+        sender.close()
+    p_total = statistics.median(totals)
+
+    mb = size / 1e6
+    d_total, s_total = d_put + d_get, s_put + s_get
+    print(f"\nput + get of a {mb:.0f} MB numpy array (ms; GB/s of the total; ratio: baseline / depot)")
+    print(f"  depot               put {d_put * 1e3:8.2f}  get {d_get * 1e3:7.3f}  "
+          f"total {d_total * 1e3:8.2f} ms  {size / d_total / 1e9:6.2f} GB/s")
+    print(f"  baseline: memcpy    put {m_copy * 1e3:8.2f}                                "
+          f"       depot put / memcpy = {d_put / m_copy:.2f}x")
+    print(f"  shared_memory+copy  put {s_put * 1e3:8.2f}  get {s_get * 1e3:7.3f}  "
+          f"total {s_total * 1e3:8.2f} ms  {size / s_total / 1e9:6.2f} GB/s   "
+          f"depot is {s_total / d_total:.2f}x faster")
+    print(f"  pickle via pipe                                   "
+          f"total {p_total * 1e3:8.2f} ms  {size / p_total / 1e9:6.2f} GB/s   "
+          f"depot is {p_total / d_total:.2f}x faster")
+
+
+def parse_size(text):
+    units = {"KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
+    t = text.strip().upper()
+    for u, f in units.items():
+        if t.endswith(u):
+            return int(float(t[: -len(u)]) * f)
+    return int(t)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="100MB,1GB", help="array sizes, comma-separated")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--gets", type=int, default=20000, help="small gets per measurement")
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    largest = max(sizes)
+    memory = 2 * largest + (256 << 20)
+    with depot.start_daemon(memory=memory, segment_size=largest + (64 << 20)) as daemon:
+        with daemon.client() as client:
+            bench_small_get(client, args.gets)
+            for size in sizes:
+                bench_array(client, size, args.repeat)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""depot: a per-host shared-memory object store, from Python.
+
+    import depot, numpy as np
+
+    with depot.start_daemon(memory="2GiB") as daemon, depot.Client(daemon.socket) as client:
+        ref = client.put(np.arange(1_000_000))     # one copy, into shared memory
+        array = client.get(ref)                    # read-only, no copy, in any process
+
+See docs/python.md for how values are stored and how long they live.
+"""
+
+from . import _depot
+from ._client import Client, RefLike
+from ._daemon import Daemon, find_depotd, start_daemon
+from ._errors import (
+    BY_CODE as _BY_CODE,
+    ConnectionError,
+    DepotError,
+    Disconnected,
+    GpuNotSupported,
+    InternalError,
+    InvalidArgument,
+    IoError,
+    LimitExceeded,
+    NotHeld,
+    ObjectAlreadySealed,
+    ObjectExists,
+    ObjectNotFound,
+    ObjectNotSealed,
+    ProtocolMismatch,
+    StoreFull,
+    Timeout,
+)
+from ._ref import ObjectRef
+
+_depot._register_errors(_BY_CODE)
+
+ClientInfo = _depot.ClientInfo
+GpuInfo = _depot.GpuInfo
+ObjectInfo = _depot.ObjectInfo
+StoreBuffer = _depot.StoreBuffer
+StoreStatus = _depot.StoreStatus
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "ClientInfo",
+    "ConnectionError",
+    "Daemon",
+    "DepotError",
+    "Disconnected",
+    "GpuInfo",
+    "GpuNotSupported",
+    "InternalError",
+    "InvalidArgument",
+    "IoError",
+    "LimitExceeded",
+    "NotHeld",
+    "ObjectAlreadySealed",
+    "ObjectExists",
+    "ObjectInfo",
+    "ObjectNotFound",
+    "ObjectNotSealed",
+    "ObjectRef",
+    "ProtocolMismatch",
+    "RefLike",
+    "StoreBuffer",
+    "StoreFull",
+    "StoreStatus",
+    "Timeout",
+    "find_depotd",
+    "start_daemon",
+]

@@ -1,0 +1,228 @@
+"""depot.Client: put Python values into depotd and get them back without copies."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, List, Optional, Sequence, Union
+
+from . import _codec, _depot
+from ._errors import GpuNotSupported, InvalidArgument
+from ._ref import ObjectRef
+
+RefLike = Union[ObjectRef, str]
+"""An ObjectRef, or the name an object was put with."""
+
+
+def _ref(target: RefLike) -> ObjectRef:
+    if isinstance(target, ObjectRef):
+        return target
+    if isinstance(target, str):
+        return ObjectRef.from_name(target)
+    raise TypeError(f"expected an ObjectRef or a name, not {type(target).__name__}")
+
+
+def _no_device(device: Optional[int]) -> None:
+    if device is not None:
+        raise GpuNotSupported(
+            "GPU support is not available in the Python client yet: get(..., device=k) "
+            "cannot return GPU objects; get without device= for host memory"
+        )
+
+
+def _writable_of(target: Any) -> Optional[Any]:
+    """The WritableBuffer behind a view returned by create/create_array, if it is one."""
+    seen = 0
+    while target is not None and seen < 16:
+        if isinstance(target, _depot.WritableBuffer):
+            return target
+        if isinstance(target, memoryview):
+            target = target.obj
+        else:
+            target = getattr(target, "base", None)
+        seen += 1
+    return None
+
+
+class Client:
+    """A connection to the depot daemon on this host.
+
+    ``socket`` is the daemon's Unix socket; by default ``$DEPOT_SOCKET``, else
+    ``$XDG_RUNTIME_DIR/depot.sock``, else ``/tmp/depot-<uid>.sock`` (as depotd). Raises
+    :class:`depot.ConnectionError` if no daemon listens there.
+
+    Thread-safe: one Client may serve every thread of a process; each call releases the GIL
+    while it waits for the daemon. Values returned by :meth:`get` view the store's shared
+    memory and keep their object alive (and unevictable) until they, and every view of them,
+    are garbage collected, even after the Client is closed. After ``fork()``, a child must
+    connect its own Client.
+    """
+
+    def __init__(self, socket: Union[str, "os.PathLike[str]", None] = None, *, name: str = "") -> None:
+        self._conn = _depot.Connection("" if socket is None else os.fspath(socket), name)
+
+    @property
+    def socket(self) -> str:
+        """The path of the daemon's socket."""
+        return self._conn.socket_path
+
+    def close(self) -> None:
+        """Closes the connection. Values already returned stay valid."""
+        self._conn.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._conn.closed else "connected"
+        return f"<depot.Client {state} to {self._conn.socket_path!r}>"
+
+    # Writing.
+
+    def put(self, value: Any, *, name: Optional[str] = None, pin: bool = False) -> ObjectRef:
+        """Stores ``value`` as a new immutable object and returns its reference.
+
+        numpy arrays (of plain dtypes) and bytes-like values are stored as their raw bytes;
+        anything else is pickled (protocol 5), with the data of arrays and other buffers
+        inside it stored out of band, so they come back without copies. ``name`` gives the
+        object a fixed id (the same in every process); without it the id is random.
+        ``pin`` keeps the store from evicting the object.
+
+        Raises ObjectExists if the name is taken, StoreFull if the store cannot make room,
+        InvalidArgument for a value that cannot be pickled, GpuNotSupported for a GPU array.
+        """
+        ref = ObjectRef.from_name(name) if name is not None else ObjectRef(_depot.random_id())
+        self._put(ref, value, pin)
+        return ref
+
+    def put_many(
+        self, values: Iterable[Any], *, names: Optional[Sequence[str]] = None, pin: bool = False
+    ) -> List[ObjectRef]:
+        """Stores each value as :meth:`put` does; returns their references in order."""
+        values = list(values)
+        if names is not None and len(names) != len(values):
+            raise InvalidArgument(f"{len(values)} values but {len(names)} names")
+        return [
+            self.put(v, name=None if names is None else names[i], pin=pin)
+            for i, v in enumerate(values)
+        ]
+
+    def _put(self, ref: ObjectRef, value: Any, pin: bool) -> None:
+        encoded = _codec.encode(value)
+        name = ref.name or ""
+        if isinstance(encoded, _codec.StridedArray):
+            array = encoded.array
+            writable = self._conn.create(ref.id, array.nbytes, encoded.metadata, name, pin)
+            import numpy as np
+
+            np.copyto(np.frombuffer(writable, dtype=array.dtype).reshape(array.shape), array)
+            self._conn.seal(ref.id)
+            return
+        self._conn.put(
+            ref.id, encoded.parts, encoded.offsets, encoded.size, encoded.metadata, name, pin
+        )
+
+    def create(self, size: int, *, name: Optional[str] = None, pin: bool = False) -> memoryview:
+        """Creates an object of ``size`` bytes for writing in place; returns its writable bytes.
+
+        Only this client sees the object until :meth:`seal`; ``get`` returns it as bytes (a
+        read-only memoryview). If the view (and every view of it) is collected before the
+        object is sealed, the object is aborted. Do not write it after sealing.
+        """
+        ref = ObjectRef.from_name(name) if name is not None else ObjectRef(_depot.random_id())
+        writable = self._conn.create(ref.id, size, _codec.BYTES_METADATA, ref.name or "", pin)
+        return memoryview(writable)
+
+    def create_array(
+        self, shape: Union[int, Sequence[int]], dtype: Any, *, name: Optional[str] = None,
+        pin: bool = False,
+    ) -> Any:
+        """Creates an object holding a C-order numpy array to fill in place; returns it
+        (writable). Seal it with :meth:`seal`; ``get`` then returns a read-only array."""
+        import numpy as np
+
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        if not _codec._plain_dtype(dtype):
+            raise InvalidArgument(f"create_array needs a plain dtype, not {dtype}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        ref = ObjectRef.from_name(name) if name is not None else ObjectRef(_depot.random_id())
+        metadata = _codec.array_metadata(dtype, "C", shape)
+        writable = self._conn.create(ref.id, nbytes, metadata, ref.name or "", pin)
+        return np.frombuffer(writable, dtype=dtype).reshape(shape)
+
+    def seal(self, target: Union[RefLike, memoryview, Any]) -> ObjectRef:
+        """Seals an object made with :meth:`create` or :meth:`create_array`: it becomes
+        immutable and visible to every process. ``target`` is the view they returned (or
+        the object's ref or name). Returns the object's reference."""
+        writable = _writable_of(target) if not isinstance(target, (ObjectRef, str)) else None
+        ref = ObjectRef(writable.id) if writable is not None else _ref(target)
+        self._conn.seal(ref.id)
+        return ref
+
+    def abort(self, target: Union[RefLike, memoryview, Any]) -> None:
+        """Drops an object being created (by its view, ref or name)."""
+        writable = _writable_of(target) if not isinstance(target, (ObjectRef, str)) else None
+        self._conn.abort(writable.id if writable is not None else _ref(target).id)
+
+    # Reading.
+
+    def get(
+        self, ref: RefLike, *, timeout: Optional[float] = None, device: Optional[int] = None
+    ) -> Any:
+        """The value of an object, viewing the store's memory with no copy where it can.
+
+        Waits up to ``timeout`` seconds for an object that is not sealed yet (``None``: for
+        ever, interruptible with Ctrl-C; ``0``: not at all). Arrays and memoryviews returned
+        are read-only. Raises ObjectNotFound (timeout 0) or Timeout.
+        """
+        _no_device(device)
+        return _codec.decode(self._conn.get(_ref(ref).id, _codec.parse_timeout(timeout)))
+
+    def get_many(
+        self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
+        device: Optional[int] = None,
+    ) -> List[Any]:
+        """The values of several objects, in order, in one request to the daemon. Waits
+        and raises as :meth:`get`, naming the first object missing."""
+        _no_device(device)
+        ids = [_ref(r).id for r in refs]
+        buffers = self._conn.get_many(ids, _codec.parse_timeout(timeout))
+        return [_codec.decode(b) for b in buffers]
+
+    def get_buffer(self, ref: RefLike, *, timeout: Optional[float] = None) -> Any:
+        """The raw object: a StoreBuffer (read-only buffer protocol) with ``metadata``,
+        ``address`` and ``size``. Holds the object until collected."""
+        return self._conn.get(_ref(ref).id, _codec.parse_timeout(timeout))
+
+    # Managing.
+
+    def delete(self, refs: Union[RefLike, Iterable[RefLike]]) -> None:
+        """Deletes objects. One still referenced goes when its last reference is released;
+        new gets no longer find it. Raises ObjectNotFound for an unknown one (the others
+        are still deleted)."""
+        if isinstance(refs, (ObjectRef, str)):
+            refs = [refs]
+        self._conn.delete([_ref(r).id for r in refs])
+
+    def contains(self, ref: RefLike) -> bool:
+        """Whether a sealed object with this reference (or name) exists."""
+        return self._conn.contains(_ref(ref).id)
+
+    def __contains__(self, ref: RefLike) -> bool:
+        return self.contains(ref)
+
+    def list(self) -> List[Any]:
+        """Every object in the store (depot.ObjectInfo), sealed or being created."""
+        return self._conn.list()
+
+    def status(self) -> Any:
+        """The daemon's capacity, usage and counters (depot.StoreStatus). ``held_bytes``
+        counts the bytes of objects some client holds a reference to."""
+        return self._conn.status()
+
+    def clients(self) -> List[Any]:
+        """The connected clients (depot.ClientInfo), this one included."""
+        return self._conn.clients()

@@ -1,0 +1,157 @@
+"""start_daemon: a private depotd for notebooks, scripts and tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket as _socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from typing import Optional, Sequence, Union
+
+from ._client import Client
+from ._errors import DepotError
+
+
+def find_depotd() -> str:
+    """The depotd to run: ``$DEPOT_DAEMON``, else the one installed with this package (the
+    interpreter's scripts directory), else the first on PATH."""
+    explicit = os.environ.get("DEPOT_DAEMON")
+    if explicit:
+        return explicit
+    beside = os.path.join(os.path.dirname(sys.executable), "depotd")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("depotd")
+    if found:
+        return found
+    raise DepotError(
+        "depotd not found: install depot with `pip install .`, put depotd on PATH, or set "
+        "DEPOT_DAEMON to its path"
+    )
+
+
+class Daemon:
+    """A depotd started by :func:`start_daemon`. Stops it on :meth:`close`, on leaving a
+    ``with`` block, or when the interpreter exits."""
+
+    def __init__(self, process: subprocess.Popen, socket: str, directory: str, log_path: str):
+        self._process = process
+        self.socket = socket
+        """The daemon's socket: pass it to depot.Client (or set DEPOT_SOCKET)."""
+        self.log_path = log_path
+        """The daemon's log (its stdout and stderr)."""
+        self._directory = directory
+        self._finalizer = weakref.finalize(self, Daemon._stop, process, directory)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process.poll() is None
+
+    def client(self, **kwargs) -> Client:
+        """A new Client connected to this daemon."""
+        return Client(self.socket, **kwargs)
+
+    def log(self) -> str:
+        """What the daemon has written to its log so far."""
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Stops the daemon (SIGTERM, then SIGKILL after 5 s) and removes its directory.
+        Objects in it are gone; values still viewing them stay readable."""
+        self._finalizer()
+
+    @staticmethod
+    def _stop(process: subprocess.Popen, directory: str) -> None:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def __enter__(self) -> "Daemon":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<depot.Daemon pid={self.pid} {state} on {self.socket!r}>"
+
+
+def _accepts(path: str) -> bool:
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def start_daemon(
+    memory: Union[str, int] = "1GiB",
+    *,
+    segment_size: Union[str, int, None] = None,
+    socket: Optional[str] = None,
+    args: Sequence[str] = (),
+    executable: Optional[str] = None,
+    log_level: str = "warn",
+    timeout: float = 10.0,
+) -> Daemon:
+    """Starts a private depotd and waits until it accepts connections.
+
+    ``memory`` is the arena's capacity (``"4GiB"``, a byte count, or a share of RAM such as
+    ``"25%"``); ``segment_size`` the size of its segments, which is also the largest object
+    (default: 1 GiB, or the capacity if smaller). The socket is in a new temporary directory
+    unless ``socket`` is given; ``args`` are further depotd flags (``depotd --help``). The
+    daemon is the one installed with this package (see :func:`find_depotd`) unless
+    ``executable`` names another.
+
+    Returns a :class:`Daemon`; use it as a context manager, or call ``close()``. It is
+    stopped at interpreter exit in any case. Raises DepotError with the daemon's log if it
+    does not start within ``timeout`` seconds.
+    """
+    program = executable or find_depotd()
+    directory = tempfile.mkdtemp(prefix="depot-")
+    path = socket or os.path.join(directory, "depot.sock")
+    log_path = os.path.join(directory, "depotd.log")
+    argv = [program, "--socket", path, "--memory", str(memory), "--log-level", log_level]
+    if segment_size is not None:
+        argv += ["--segment-size", str(segment_size)]
+    argv += list(args)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    daemon = Daemon(process, path, directory, log_path)
+    deadline = time.monotonic() + timeout
+    while not _accepts(path):
+        if process.poll() is not None or time.monotonic() > deadline:
+            why = (
+                f"exited with status {process.returncode}"
+                if process.poll() is not None
+                else f"did not accept connections within {timeout} s"
+            )
+            output = daemon.log()
+            daemon.close()
+            raise DepotError(f"depotd ({' '.join(argv)}) {why}; its log:\n{output}")
+        time.sleep(0.005)
+    return daemon
+
+

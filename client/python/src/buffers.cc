@@ -1,0 +1,83 @@
+#include "buffers.h"
+
+#include <cstdint>
+#include <string>
+
+namespace nb = nanobind;
+
+namespace depot::python {
+namespace {
+
+template <typename T>
+int GetBuffer(PyObject* exporter, Py_buffer* view, int flags, bool read_only) {
+  T* self = nb::inst_ptr<T>(exporter);
+  void* data = const_cast<std::byte*>(static_cast<const std::byte*>(self->buffer.ptr()));
+  // An empty object has no bytes, but a buffer needs a non-null pointer.
+  static char empty = 0;
+  if (data == nullptr) data = &empty;
+  return PyBuffer_FillInfo(view, exporter, data, static_cast<Py_ssize_t>(self->buffer.size()),
+                           read_only ? 1 : 0, flags);
+}
+
+int GetStoreBuffer(PyObject* exporter, Py_buffer* view, int flags) {
+  return GetBuffer<StoreBuffer>(exporter, view, flags, /*read_only=*/true);
+}
+
+int GetWritableBuffer(PyObject* exporter, Py_buffer* view, int flags) {
+  return GetBuffer<WritableBuffer>(exporter, view, flags, /*read_only=*/false);
+}
+
+PyType_Slot store_buffer_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(GetStoreBuffer)},
+    {0, nullptr},
+};
+
+PyType_Slot writable_buffer_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(GetWritableBuffer)},
+    {0, nullptr},
+};
+
+nb::bytes IdBytes(const ObjectId& id) {
+  const auto bytes = id.Bytes();
+  return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+template <typename T>
+void BindCommon(nb::class_<T>& cls) {
+  cls.def_prop_ro(
+         "id", [](const T& b) { return IdBytes(b.buffer.id()); }, "The object's 16-byte id.")
+      .def_prop_ro(
+          "size", [](const T& b) { return b.buffer.size(); }, "Bytes of data.")
+      .def_prop_ro(
+          "address", [](const T& b) { return reinterpret_cast<uintptr_t>(b.buffer.ptr()); },
+          "Address of the data in this process (inside a mapping of an arena segment).")
+      .def_prop_ro(
+          "metadata",
+          [](const T& b) {
+            const auto md = b.buffer.metadata();
+            return nb::bytes(reinterpret_cast<const char*>(md.data()), md.size());
+          },
+          "The object's metadata blob.")
+      .def_prop_ro(
+          "segment", [](const T& b) { return b.buffer.location().segment; },
+          "Arena segment holding the data.")
+      .def_prop_ro(
+          "offset", [](const T& b) { return b.buffer.location().offset; },
+          "Offset of the data in its segment.")
+      .def("__len__", [](const T& b) { return b.buffer.size(); });
+}
+
+}  // namespace
+
+void BindBuffers(nb::module_& m) {
+  nb::class_<StoreBuffer> store(m, "StoreBuffer", nb::type_slots(store_buffer_slots),
+                                "A sealed object's bytes in shared memory (read-only buffer "
+                                "protocol). Holds one store reference until collected.");
+  BindCommon(store);
+  nb::class_<WritableBuffer> writable(m, "WritableBuffer", nb::type_slots(writable_buffer_slots),
+                                      "The writable bytes of an object being created. Dropping "
+                                      "it before the object is sealed aborts the object.");
+  BindCommon(writable);
+}
+
+}  // namespace depot::python

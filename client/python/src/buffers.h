@@ -1,0 +1,28 @@
+// The Python objects that own a store reference and export the object's bytes through the
+// buffer protocol, so memoryview, numpy.frombuffer and pickle's out-of-band buffers view the
+// store's shared memory with no copy.
+//
+// Lifetime: every memoryview or ndarray made from one of these holds a strong reference to
+// it (Py_buffer.obj), so the C++ handle, and with it the daemon's reference, is dropped only
+// when the last view is garbage collected.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "depot/buffer.h"
+
+namespace depot::python {
+
+// A sealed object's bytes: read-only (a request for a writable buffer fails with BufferError).
+struct StoreBuffer {
+  Buffer buffer;
+};
+
+// The bytes of an object this process is creating: writable, until sealed by contract.
+struct WritableBuffer {
+  MutableBuffer buffer;
+};
+
+void BindBuffers(nanobind::module_& m);
+
+}  // namespace depot::python

@@ -1,0 +1,431 @@
+// depot._depot: the C++ client as the low-level layer of the Python package. Encoding of
+// Python values (numpy, pickle) lives in Python (depot/_codec.py); this module moves bytes
+// and references, and releases the GIL around every call that may block.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "buffers.h"
+#include "depot/client.h"
+#include "errors.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace depot::python {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Long waits are cut into slices so Ctrl-C (a pending signal) is noticed between them.
+constexpr milliseconds kWaitSlice{200};
+
+ObjectId ToId(nb::bytes b) {
+  if (b.size() != ObjectId::kSize) throw nb::value_error("an object id is 16 bytes");
+  std::array<std::byte, ObjectId::kSize> bytes{};
+  std::memcpy(bytes.data(), b.c_str(), bytes.size());
+  return ObjectId::FromBytes(bytes);
+}
+
+nb::bytes IdBytes(const ObjectId& id) {
+  const auto bytes = id.Bytes();
+  return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+// A contiguous read-only view of a Python buffer (bytes, memoryview, ndarray, PickleBuffer),
+// released on destruction. Held across GIL releases: the exporter stays alive meanwhile.
+class ReadView {
+ public:
+  explicit ReadView(nb::handle obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_ANY_CONTIGUOUS) != 0) throw nb::python_error();
+  }
+  ReadView(const ReadView&) = delete;
+  ReadView& operator=(const ReadView&) = delete;
+  ~ReadView() { PyBuffer_Release(&view_); }
+  std::span<const std::byte> bytes() const {
+    return {static_cast<const std::byte*>(view_.buf), static_cast<size_t>(view_.len)};
+  }
+
+ private:
+  Py_buffer view_{};
+};
+
+std::string Describe(const ObjectId& id) { return "object " + id.Hex(); }
+
+// Checks for a pending signal (KeyboardInterrupt) with the GIL held; raises it if there is one.
+void CheckSignals() {
+  if (PyErr_CheckSignals() != 0) throw nb::python_error();
+}
+
+// Calls `f(client)` with the GIL released; returns its value or raises its error.
+template <typename F>
+auto Blocking(Client& client, F&& f) {
+  auto r = [&] {
+    nb::gil_scoped_release release;
+    return f(client);
+  }();
+  return ValueOrRaise(std::move(r));
+}
+
+// A connection to depotd (depot::Client). Thread-safe; Python's Client wraps it.
+class Connection {
+ public:
+  Connection(const std::string& socket_path, const std::string& client_name) {
+    ConnectOptions options;
+    options.client_name = client_name;
+    Result<Client> client = [&] {
+      nb::gil_scoped_release release;
+      return Client::Connect(socket_path, options);
+    }();
+    client_.emplace(ValueOrRaise(std::move(client)));
+    socket_path_ = client_->socket_path();
+  }
+
+  void Close() {
+    // Handles (StoreBuffer, WritableBuffer) keep the connection itself open until they go.
+    std::optional<Client> client = std::move(client_);
+    client_.reset();
+    nb::gil_scoped_release release;
+    client.reset();
+  }
+
+  bool closed() const { return !client_.has_value(); }
+  const std::string& socket_path() const { return socket_path_; }
+  uint64_t session_id() { return client().session_id(); }
+
+  // Stores `parts` at `offsets` in a new object of `size` bytes and seals it. Gaps between
+  // parts are zeroed. Small objects travel in one request (Client::Put); larger ones are
+  // created, copied into shared memory and sealed.
+  void Put(nb::bytes id_bytes, nb::list parts, const std::vector<uint64_t>& offsets, uint64_t size,
+           nb::bytes metadata, const std::string& name, bool pin) {
+    const ObjectId id = ToId(id_bytes);
+    if (offsets.size() != parts.size()) throw nb::value_error("one offset per part");
+    std::vector<std::unique_ptr<ReadView>> views;
+    views.reserve(parts.size());
+    uint64_t end = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      views.push_back(std::make_unique<ReadView>(parts[i]));
+      if (offsets[i] < end) throw nb::value_error("parts overlap or are out of order");
+      end = offsets[i] + views.back()->bytes().size();
+    }
+    if (end > size) throw nb::value_error("parts run past the object's size");
+    CreateOptions options;
+    options.metadata = {reinterpret_cast<const std::byte*>(metadata.c_str()), metadata.size()};
+    options.name = name;
+    options.pin = pin;
+    Client& c = client();
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = PutParts(c, id, views, offsets, size, options);
+    }
+    RaiseIfError(st);
+  }
+
+  WritableBuffer Create(nb::bytes id_bytes, uint64_t size, nb::bytes metadata,
+                        const std::string& name, bool pin) {
+    const ObjectId id = ToId(id_bytes);
+    CreateOptions options;
+    options.metadata = {reinterpret_cast<const std::byte*>(metadata.c_str()), metadata.size()};
+    options.name = name;
+    options.pin = pin;
+    Client& c = client();
+    Result<MutableBuffer> r = [&] {
+      nb::gil_scoped_release release;
+      return c.Create(id, size, options);
+    }();
+    return WritableBuffer{ValueOrRaise(std::move(r))};
+  }
+
+  void Seal(nb::bytes id_bytes) { Call(&Client::Seal, id_bytes); }
+  void Abort(nb::bytes id_bytes) { Call(&Client::Abort, id_bytes); }
+
+  // One object, waiting up to `timeout_ms` (-1: for ever) for its seal. Raises NotFound
+  // (timeout 0) or Timeout.
+  StoreBuffer Get(nb::bytes id_bytes, int64_t timeout_ms) {
+    const ObjectId id = ToId(id_bytes);
+    Client& c = client();
+    if (timeout_ms >= 0 && timeout_ms <= kWaitSlice.count()) {
+      Result<Buffer> r = [&] {
+        nb::gil_scoped_release release;
+        return c.Get(id, milliseconds(timeout_ms));
+      }();
+      return StoreBuffer{ValueOrRaise(std::move(r))};
+    }
+    std::vector<ObjectId> ids{id};
+    std::vector<Buffer> out = GetSliced(c, ids, timeout_ms);
+    return StoreBuffer{std::move(out[0])};
+  }
+
+  // Many objects in one request: a list of StoreBuffer in the order of `ids`. Raises
+  // NotFound (timeout 0) or Timeout naming the first object that was not there in time.
+  nb::list GetMany(const std::vector<nb::bytes>& id_bytes, int64_t timeout_ms) {
+    std::vector<ObjectId> ids;
+    ids.reserve(id_bytes.size());
+    for (const auto& b : id_bytes) ids.push_back(ToId(b));
+    std::vector<Buffer> buffers = GetSliced(client(), ids, timeout_ms);
+    nb::list out;
+    for (auto& b : buffers) out.append(nb::cast(StoreBuffer{std::move(b)}));
+    return out;
+  }
+
+  void Delete(const std::vector<nb::bytes>& id_bytes) {
+    std::vector<ObjectId> ids;
+    for (const auto& b : id_bytes) ids.push_back(ToId(b));
+    Client& c = client();
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = c.Delete(ids);
+    }
+    RaiseIfError(st);
+  }
+
+  bool Contains(nb::bytes id_bytes) {
+    const ObjectId id = ToId(id_bytes);
+    Client& c = client();
+    Result<bool> r = [&] {
+      nb::gil_scoped_release release;
+      return c.Contains(id);
+    }();
+    return ValueOrRaise(std::move(r));
+  }
+
+  std::vector<ObjectInfo> List() {
+    return Blocking(client(), [](Client& c) { return c.List(); });
+  }
+  StoreStatus GetStatus() {
+    return Blocking(client(), [](Client& c) { return c.GetStatus(); });
+  }
+  std::vector<ClientInfo> Clients() {
+    return Blocking(client(), [](Client& c) { return c.Clients(); });
+  }
+
+ private:
+  Client& client() {
+    if (!client_) {
+      Raise(Status::ConnectionFailed("this Client is closed; connect a new one"));
+    }
+    return *client_;
+  }
+
+  // Calls a Client method that takes one id and returns a Status, with the GIL released.
+  void Call(Status (Client::*method)(const ObjectId&), nb::bytes id_bytes) {
+    const ObjectId id = ToId(id_bytes);
+    Client& c = client();
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = (c.*method)(id);
+    }
+    RaiseIfError(st);
+  }
+
+  static Status PutParts(Client& c, const ObjectId& id,
+                         const std::vector<std::unique_ptr<ReadView>>& views,
+                         const std::vector<uint64_t>& offsets, uint64_t size,
+                         const CreateOptions& options) {
+    auto fill = [&](std::byte* dst) {
+      uint64_t pos = 0;
+      for (size_t i = 0; i < views.size(); ++i) {
+        const auto src = views[i]->bytes();
+        std::memset(dst + pos, 0, offsets[i] - pos);
+        if (!src.empty()) std::memcpy(dst + offsets[i], src.data(), src.size());
+        pos = offsets[i] + src.size();
+      }
+      std::memset(dst + pos, 0, size - pos);
+    };
+    // Client::Put sends small objects inline, in one round trip.
+    if (views.size() == 1 && offsets[0] == 0 && views[0]->bytes().size() == size) {
+      return c.Put(id, views[0]->bytes(), options);
+    }
+    if (size <= 32 * 1024) {
+      std::vector<std::byte> blob(size);
+      fill(blob.data());
+      return c.Put(id, blob, options);
+    }
+    DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
+    fill(buffer.ptr());
+    return c.Seal(id);
+  }
+
+  // Gets `ids`, waiting up to `timeout_ms` (-1: for ever) in slices, with the GIL released
+  // during each and signals checked between them.
+  static std::vector<Buffer> GetSliced(Client& c, const std::vector<ObjectId>& ids,
+                                       int64_t timeout_ms) {
+    using Clock = std::chrono::steady_clock;
+    const bool forever = timeout_ms < 0;
+    const auto deadline = Clock::now() + milliseconds(std::max<int64_t>(timeout_ms, 0));
+    std::vector<Buffer> out(ids.size());
+    std::vector<size_t> missing(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) missing[i] = i;
+    for (bool first = true;; first = false) {
+      milliseconds slice{0};
+      if (forever) {
+        slice = kWaitSlice;
+      } else {
+        const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
+        if (!first && left.count() <= 0) break;
+        slice = std::clamp(left, milliseconds(0), kWaitSlice);
+      }
+      std::vector<ObjectId> wanted;
+      wanted.reserve(missing.size());
+      for (size_t i : missing) wanted.push_back(ids[i]);
+      Result<std::vector<Buffer>> r = [&] {
+        nb::gil_scoped_release release;
+        return c.Get(wanted, slice);
+      }();
+      std::vector<Buffer> got = ValueOrRaise(std::move(r));
+      std::vector<size_t> still;
+      for (size_t k = 0; k < missing.size(); ++k) {
+        if (got[k]) {
+          out[missing[k]] = std::move(got[k]);
+        } else {
+          still.push_back(missing[k]);
+        }
+      }
+      missing = std::move(still);
+      if (missing.empty()) return out;
+      if (!forever && timeout_ms == 0) break;
+      CheckSignals();
+    }
+    const ObjectId& id = ids[missing.front()];
+    if (timeout_ms == 0) Raise(Status::NotFound(Describe(id) + " does not exist"));
+    Raise(Status::Timeout(
+        Describe(id) + " was not sealed within " + std::to_string(timeout_ms) + " ms" +
+        (missing.size() > 1 ? " (nor " + std::to_string(missing.size() - 1) + " other objects)"
+                            : "")));
+  }
+
+  std::optional<Client> client_;
+  std::string socket_path_;
+};
+
+void BindInfo(nb::module_& m) {
+  nb::class_<GpuInfo>(m, "GpuInfo", "A GPU the daemon serves, and its pool.")
+      .def_ro("ordinal", &GpuInfo::ordinal)
+      .def_prop_ro("uuid",
+                   [](const GpuInfo& g) {
+                     return nb::bytes(reinterpret_cast<const char*>(g.uuid.data()), g.uuid.size());
+                   })
+      .def_ro("name", &GpuInfo::name)
+      .def_ro("simulated", &GpuInfo::simulated)
+      .def_ro("total_bytes", &GpuInfo::total_bytes)
+      .def_ro("limit_bytes", &GpuInfo::limit_bytes)
+      .def_ro("reserved_bytes", &GpuInfo::reserved_bytes)
+      .def_ro("used_bytes", &GpuInfo::used_bytes)
+      .def_ro("held_bytes", &GpuInfo::held_bytes)
+      .def_ro("chunks", &GpuInfo::chunks)
+      .def_ro("replicas", &GpuInfo::replicas);
+
+  nb::class_<ObjectInfo>(m, "ObjectInfo", "What the daemon knows of one object (Client.list).")
+      .def_prop_ro("id", [](const ObjectInfo& o) { return IdBytes(o.id); })
+      .def_ro("name", &ObjectInfo::name)
+      .def_prop_ro("sealed", [](const ObjectInfo& o) { return o.state == ObjectState::kSealed; })
+      .def_ro("data_size", &ObjectInfo::data_size)
+      .def_ro("metadata_size", &ObjectInfo::metadata_size)
+      .def_ro("ref_count", &ObjectInfo::ref_count)
+      .def_ro("pinned", &ObjectInfo::pinned)
+      .def_ro("delete_pending", &ObjectInfo::delete_pending)
+      .def_ro("create_time_ns", &ObjectInfo::create_time_ns)
+      .def_ro("access_time_ns", &ObjectInfo::access_time_ns)
+      .def_ro("on_host", &ObjectInfo::on_host)
+      .def_ro("gpus", &ObjectInfo::gpus)
+      .def("__repr__", [](const ObjectInfo& o) {
+        return "ObjectInfo(id=" + o.id.Hex() + ", name='" + o.name +
+               "', data_size=" + std::to_string(o.data_size) +
+               ", ref_count=" + std::to_string(o.ref_count) + ")";
+      });
+
+  nb::class_<StoreStatus>(m, "StoreStatus", "The daemon's capacity, usage and counters.")
+      .def_ro("daemon_version", &StoreStatus::daemon_version)
+      .def_ro("pid", &StoreStatus::pid)
+      .def_ro("uptime_ns", &StoreStatus::uptime_ns)
+      .def_ro("socket_path", &StoreStatus::socket_path)
+      .def_ro("arena_backend", &StoreStatus::arena_backend)
+      .def_ro("capacity_bytes", &StoreStatus::capacity_bytes)
+      .def_ro("mapped_bytes", &StoreStatus::mapped_bytes)
+      .def_ro("used_bytes", &StoreStatus::used_bytes)
+      .def_ro("held_bytes", &StoreStatus::held_bytes)
+      .def_ro("pinned_bytes", &StoreStatus::pinned_bytes)
+      .def_ro("largest_free_block", &StoreStatus::largest_free_block)
+      .def_ro("segments", &StoreStatus::segments)
+      .def_ro("objects_sealed", &StoreStatus::objects_sealed)
+      .def_ro("objects_creating", &StoreStatus::objects_creating)
+      .def_ro("clients", &StoreStatus::clients)
+      .def_ro("evictions", &StoreStatus::evictions)
+      .def_ro("evicted_bytes", &StoreStatus::evicted_bytes)
+      .def_ro("eviction_enabled", &StoreStatus::eviction_enabled)
+      .def_ro("requests", &StoreStatus::requests)
+      .def_ro("gpus", &StoreStatus::gpus)
+      .def_ro("gpu_backend", &StoreStatus::gpu_backend);
+
+  nb::class_<ClientInfo>(m, "ClientInfo", "A client connected to the daemon.")
+      .def_ro("session_id", &ClientInfo::session_id)
+      .def_ro("pid", &ClientInfo::pid)
+      .def_ro("uid", &ClientInfo::uid)
+      .def_ro("command", &ClientInfo::command)
+      .def_ro("client_name", &ClientInfo::client_name)
+      .def_ro("objects_held", &ClientInfo::objects_held)
+      .def_ro("references", &ClientInfo::references)
+      .def_ro("bytes_held", &ClientInfo::bytes_held)
+      .def_ro("requests", &ClientInfo::requests);
+}
+
+}  // namespace
+}  // namespace depot::python
+
+NB_MODULE(_depot, m) {
+  using depot::ObjectId;
+  using depot::python::Connection;
+  m.doc() = "depot's C++ client, the low-level layer of the depot package (use depot.Client).";
+
+  depot::python::BindBuffers(m);
+  depot::python::BindInfo(m);
+
+  m.def("_register_errors", &depot::python::RegisterErrorTypes, "types"_a);
+  m.def(
+      "id_from_name",
+      [](const std::string& name) { return depot::python::IdBytes(ObjectId::FromName(name)); },
+      "name"_a, "The id of a name: XXH3-128 of its UTF-8 bytes, as in every depot client.");
+  m.def(
+      "random_id", [] { return depot::python::IdBytes(ObjectId::Random()); }, "A fresh random id.");
+  m.def(
+      "id_hex", [](nb::bytes id) { return depot::python::ToId(id).Hex(); }, "id"_a,
+      "The 32-character hex form depotctl shows.");
+  m.def(
+      "id_from_hex",
+      [](const std::string& hex) {
+        auto id = ObjectId::FromHex(hex);
+        if (!id) throw nb::value_error("not a 32-character hex object id");
+        return depot::python::IdBytes(*id);
+      },
+      "hex"_a);
+
+  nb::class_<Connection>(m, "Connection", "One connection to depotd (thread-safe).")
+      .def(nb::init<const std::string&, const std::string&>(), "socket_path"_a, "client_name"_a)
+      .def("close", &Connection::Close)
+      .def_prop_ro("closed", &Connection::closed)
+      .def_prop_ro("socket_path", &Connection::socket_path)
+      .def_prop_ro("session_id", &Connection::session_id)
+      .def("put", &Connection::Put, "id"_a, "parts"_a, "offsets"_a, "size"_a, "metadata"_a,
+           "name"_a, "pin"_a)
+      .def("create", &Connection::Create, "id"_a, "size"_a, "metadata"_a, "name"_a, "pin"_a)
+      .def("seal", &Connection::Seal, "id"_a)
+      .def("abort", &Connection::Abort, "id"_a)
+      .def("get", &Connection::Get, "id"_a, "timeout_ms"_a)
+      .def("get_many", &Connection::GetMany, "ids"_a, "timeout_ms"_a)
+      .def("delete", &Connection::Delete, "ids"_a)
+      .def("contains", &Connection::Contains, "id"_a)
+      .def("list", &Connection::List)
+      .def("status", &Connection::GetStatus)
+      .def("clients", &Connection::Clients);
+}

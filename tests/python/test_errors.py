@@ -1,0 +1,167 @@
+"""Failures raise depot's exceptions, with the daemon's message."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import depot
+
+
+def test_missing_object_without_waiting_is_not_found(client):
+    with pytest.raises(depot.ObjectNotFound) as e:
+        client.get("missing", timeout=0)
+    assert e.value.code == "NotFound"
+    assert depot.ObjectRef.from_name("missing").hex in str(e.value)
+    assert isinstance(e.value, depot.DepotError) and isinstance(e.value, KeyError)
+
+
+def test_missing_object_times_out_after_the_timeout(client):
+    start = time.monotonic()
+    with pytest.raises(depot.Timeout) as e:
+        client.get("late", timeout=0.5)
+    assert 0.45 <= time.monotonic() - start < 3
+    assert e.value.code == "Timeout" and isinstance(e.value, TimeoutError)
+    with pytest.raises(depot.Timeout):
+        client.get_many([client.put(1), "late"], timeout=0.1)
+    with pytest.raises(depot.ObjectNotFound):
+        client.get_many(["late"], timeout=0)
+
+
+def test_get_waits_for_a_put_from_another_thread(client, daemon):
+    """The GIL is released while get waits: the writer thread runs meanwhile."""
+
+    def write_later():
+        time.sleep(0.3)
+        with daemon.client() as writer:
+            writer.put(np.arange(3), name="later")
+
+    thread = threading.Thread(target=write_later)
+    thread.start()
+    try:
+        assert list(client.get("later", timeout=10)) == [0, 1, 2]
+    finally:
+        thread.join()
+
+
+def test_get_without_timeout_waits_for_ever(client, daemon):
+    thread = threading.Timer(0.5, lambda: daemon.client().put(7, name="eventually"))
+    thread.start()
+    assert client.get("eventually") == 7
+    thread.join()
+
+
+def test_bad_socket_path_is_a_connection_error(tmp_path):
+    with pytest.raises(depot.ConnectionError) as e:
+        depot.Client(tmp_path / "no.sock")
+    assert str(tmp_path / "no.sock") in str(e.value)
+    assert e.value.code == "ConnectionFailed"
+
+
+def test_closed_client_is_a_connection_error(daemon):
+    client = daemon.client()
+    client.close()
+    with pytest.raises(depot.ConnectionError):
+        client.put(1)
+
+
+def test_name_taken_is_object_exists(client):
+    client.put(1, name="once")
+    with pytest.raises(depot.ObjectExists):
+        client.put(2, name="once")
+
+
+def test_object_larger_than_the_store_is_store_full():
+    with depot.start_daemon(memory="16MiB", args=["--no-evict"]) as d, d.client() as client:
+        client.put(np.zeros(1 << 20))  # 8 MiB
+        with pytest.raises(depot.StoreFull) as e:
+            client.put(np.zeros(1 << 20))
+        assert e.value.code == "OutOfMemory"
+
+
+def test_object_over_the_largest_size_is_invalid(client):
+    with pytest.raises(depot.InvalidArgument):
+        client.create(1 << 40)
+
+
+def test_unpicklable_value_is_invalid_argument(client):
+    with pytest.raises(depot.InvalidArgument) as e:
+        client.put(threading.Lock())
+    assert "pickle" in str(e.value)
+
+
+def test_sealing_twice_is_already_sealed(client):
+    buf = client.create(4)
+    ref = client.seal(buf)
+    with pytest.raises(depot.ObjectAlreadySealed):
+        client.seal(ref)
+
+
+def test_seal_of_unknown_object_is_not_found(client):
+    with pytest.raises(depot.ObjectNotFound):
+        client.seal("never-created")
+
+
+class FakeGpuArray:
+    """Looks like a CUDA array to DLPack consumers."""
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA, device 0
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("must not be exported")
+
+
+def test_gpu_values_are_not_supported_yet(client):
+    with pytest.raises(depot.GpuNotSupported) as e:
+        client.put(FakeGpuArray())
+    assert "GPU support is not available" in str(e.value)
+    ref = client.put(np.arange(3))
+    with pytest.raises(depot.GpuNotSupported):
+        client.get(ref, device=0)
+    with pytest.raises(depot.GpuNotSupported):
+        client.get_many([ref], device=0)
+
+
+def test_cpu_dlpack_values_are_stored(client):
+    assert np.array_equal(client.get(client.put(np.arange(4))), np.arange(4))
+
+
+def test_daemon_that_cannot_start_reports_its_log():
+    with pytest.raises(depot.DepotError) as e:
+        depot.start_daemon(memory="not-a-size")
+    assert "not-a-size" in str(e.value)
+
+
+def test_errors_survive_pickling():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(depot.Timeout("waited", "Timeout")))
+    assert isinstance(error, depot.Timeout) and error.code == "Timeout" and str(error) == "waited"
+
+
+def test_ctrl_c_interrupts_a_get_that_waits_for_ever(daemon):
+    import signal
+    import subprocess
+    import sys
+
+    waiter = (
+        "import depot, sys\n"
+        f"client = depot.Client({daemon.socket!r})\n"
+        "print('waiting', flush=True)\n"
+        "try:\n"
+        "    client.get('never')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", waiter], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)
+        child.send_signal(signal.SIGINT)
+        assert child.stdout.readline().strip() == "interrupted"
+        assert child.wait(5) == 0
+    finally:
+        child.kill()
+        child.stdout.close()

@@ -1,0 +1,100 @@
+"""A value's store reference lives exactly as long as the value and every view of it."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+import depot
+from conftest import wait_for
+
+
+def held(client):
+    return client.status().held_bytes
+
+
+def test_reference_is_released_only_when_the_last_view_goes(client):
+    array = client.get(client.put(np.arange(1_000_000)))
+    view = array[10:20]
+    buffer = memoryview(array)
+    del array
+    gc.collect()
+    assert held(client) > 0
+    del buffer
+    gc.collect()
+    assert held(client) > 0
+    assert view.sum() == sum(range(10, 20))
+    del view
+    gc.collect()
+    assert held(client) == 0
+
+
+def test_nested_arrays_keep_the_object_until_each_is_gone(client):
+    value = client.get(client.put({"a": np.arange(100_000), "b": np.ones(100_000)}))
+    a, b = value["a"], value["b"]
+    del value
+    gc.collect()
+    del a
+    gc.collect()
+    assert held(client) > 0
+    del b
+    gc.collect()
+    assert held(client) == 0
+
+
+def test_memoryview_keeps_its_object(client):
+    view = client.get(client.put(b"q" * 100_000))
+    assert held(client) > 0
+    sliced = view[5:10]
+    del view
+    gc.collect()
+    assert held(client) > 0 and sliced.tobytes() == b"qqqqq"
+    del sliced
+    gc.collect()
+    assert held(client) == 0
+
+
+def test_put_holds_no_reference(client):
+    client.put(np.arange(1_000_000))
+    client.put({"x": np.arange(1_000_000)})
+    assert held(client) == 0
+
+
+def test_deleted_object_stays_readable_while_held(client):
+    ref = client.put(np.arange(1000))
+    array = client.get(ref)
+    client.delete(ref)
+    assert not client.contains(ref)
+    assert array.sum() == sum(range(1000))
+    del array
+    gc.collect()
+    assert wait_for(lambda: client.status().used_bytes == 0)
+
+
+def test_killed_process_releases_what_it_held(client, daemon):
+    refs = [client.put(np.arange(1_000_000)) for _ in range(3)]
+    holder = textwrap.dedent(
+        f"""
+        import sys, time, depot
+        client = depot.Client({daemon.socket!r})
+        arrays = [client.get(depot.ObjectRef(bytes.fromhex(h))) for h in sys.argv[1:]]
+        nested = client.get(client.put({{"k": arrays[0] + 1}}))
+        print("holding", flush=True)
+        time.sleep(60)
+        """
+    )
+    ids = [r.id.hex() for r in refs]
+    child = subprocess.Popen([sys.executable, "-c", holder, *ids], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "holding"
+        assert held(client) >= 4 * 8_000_000
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        child.kill()
+        child.stdout.close()
+    assert wait_for(lambda: held(client) == 0), f"still held: {held(client)} bytes"
