@@ -169,6 +169,25 @@ GPU_TEST(AnotherProcessGetsTheGpuObjectWithItsBytesAndMetadata) {
   EXPECT_EQ(run.exit_code, 0) << run.Explain();
 }
 
+GPU_TEST(ClientsOfOneProcessShareEachChunkMapping) {
+  StartDaemon();
+  const ObjectId id = ObjectId::FromName("gpu/two-clients");
+  PutOnDevice(id, kMiB, 0, 21);
+  std::optional<Client> second;
+  {
+    auto connected = Client::Connect(daemon_->socket_path());
+    ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+    second.emplace(std::move(*connected));
+  }
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer mine, client_->GetOnDevice(id, 0));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer theirs, second->GetOnDevice(id, 0));
+  // The second connection found the chunk mapped by the first: the same address, no import.
+  EXPECT_EQ(theirs.device_ptr(), mine.device_ptr());
+  // The mapping lives as long as either connection needs it.
+  client_.reset();
+  EXPECT_TRUE(SameBytes(theirs, 21));
+}
+
 GPU_TEST(GetOnHostMakesAHostReplicaWithTheSameBytes) {
   StartDaemon();
   const ObjectId id = ObjectId::FromName("gpu/to-host");

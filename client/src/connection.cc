@@ -15,6 +15,8 @@
 #include <system_error>
 #include <utility>
 
+#include "chunk_cache.h"
+
 namespace depot::internal {
 
 // Incremented in the child by a pthread_atfork handler, which runs in the child's only
@@ -624,11 +626,13 @@ Status Connection::ImportChunks(capnp::List<wire::Chunk>::Reader chunks,
     if (c.getDevice() >= gpus_.size()) return Status::Internal("a chunk of an unknown GPU");
     in.device = gpus_[c.getDevice()].uuid;
     ImportedEntry entry;
-    auto importer = Importer();
-    if (!importer.ok()) {
+    const ChunkKey key{epoch_, static_cast<int32_t>(c.getDevice()), c.getIndex()};
+    if ((entry.chunk = FindImportedChunk(key))) {
+      // Another connection of this process mapped it: its descriptor here is not needed.
+    } else if (auto importer = Importer(); !importer.ok()) {
       entry.error = importer.status();
     } else if (auto imported = (*importer)->Import(std::move(in)); imported.ok()) {
-      entry.chunk = std::move(imported).value();
+      entry.chunk = ShareImportedChunk(key, std::move(imported).value());
     } else {
       entry.error = imported.status();
     }

@@ -264,8 +264,8 @@ class Connection {
   std::unique_ptr<DeviceImporter> importer_;  // guarded by device_mu_
   Status importer_error_;                     // why it could not be made; guarded by device_mu_
   struct ImportedEntry {
-    std::unique_ptr<ImportedChunk> chunk;
-    Status error;  // why importing failed, if it did
+    std::shared_ptr<ImportedChunk> chunk;  // shared with this process's other connections
+    Status error;                          // why importing failed, if it did
   };
   std::map<std::pair<int32_t, uint32_t>, ImportedEntry> chunks_;  // guarded by device_mu_
 };
