@@ -16,6 +16,12 @@ build-py/venv/bin/python) and numpy. It starts a private depotd.
    (multiprocessing.Pipe, another thread receiving). Every get reads the array (a sum over one
    element per page), so no baseline gets away without touching its memory.
 
+3. GPU objects (skipped with --no-gpu): get(..., device=0) of a small object (a
+   depot.DeviceArray; plus a DLPack capsule of it) against a host get, on the host's CUDA GPUs
+   if the daemon finds any, else on a simulated GPU; with CuPy or PyTorch on a real GPU, put
+   and get-on-device of an N-byte GPU array (largest of --sizes, at most 1 GB) against a
+   device-to-device copy in that library (the floor for a put).
+
 Times are medians of --repeat runs.
 """
 
@@ -191,6 +197,91 @@ def bench_array(client, size, repeat):
           f"depot is {p_total / d_total:.2f}x faster")
 
 
+def _gpu_library():
+    """(name, module) of CuPy or PyTorch if one sees a CUDA device, else (None, None)."""
+    for name in ("torch", "cupy"):
+        try:
+            module = __import__(name)
+            count = (module.cuda.device_count() if module.cuda.is_available() else 0) \
+                if name == "torch" else module.cuda.runtime.getDeviceCount()
+        except Exception:
+            continue
+        if count:
+            return name, module
+    return None, None
+
+
+def bench_gpu(size, repeat, n):
+    with depot.start_daemon(memory=size + (256 << 20), segment_size=size + (64 << 20)) as d:
+        with d.client() as client:
+            real = bool(client.gpus())
+    simulate = None if real else "1:256MiB"
+    with depot.start_daemon(memory=size + (256 << 20), segment_size=size + (64 << 20),
+                            simulate_gpus=simulate) as daemon, daemon.client() as client:
+        ref = client.put(b"x" * 100)
+
+        def host_get(k):
+            for _ in range(k):
+                client.get(ref)
+
+        def device_get(k):
+            for _ in range(k):
+                client.get(ref, device=0)
+
+        def device_get_dlpack(k):
+            for _ in range(k):
+                client.get(ref, device=0).__dlpack__(max_version=(1, 0))
+
+        device_get(100)
+        t_host = min(per_op(host_get, n) for _ in range(3))
+        t_dev = min(per_op(device_get, n) for _ in range(3))
+        t_cap = min(per_op(device_get_dlpack, n) for _ in range(3))
+        where = "a CUDA GPU" if real else "a simulated GPU"
+        print(f"get of a 100-byte object on {where} (µs per get, cold)")
+        print(f"  depot get(device=0): DeviceArray {t_dev * 1e6:8.2f} µs")
+        print(f"  ... and a DLPack capsule         {t_cap * 1e6:8.2f} µs")
+        print(f"  baseline: host get               {t_host * 1e6:8.2f} µs   "
+              f"device / host = {t_dev / t_host:.2f}x")
+        name, lib = _gpu_library()
+        if not real or lib is None:
+            print("  (no CuPy/PyTorch on a real GPU: GPU array put/get skipped)")
+            return
+        if name == "torch":
+            x = lib.ones(size // 4, dtype=lib.float32, device="cuda:0")
+            sync = lib.cuda.synchronize
+            as_lib = lib.from_dlpack
+        else:
+            x = lib.ones(size // 4, dtype=lib.float32)
+            sync = lib.cuda.runtime.deviceSynchronize
+            as_lib = lib.from_dlpack
+        refs = []
+
+        def put():
+            refs.append(client.put(x))
+
+        def get():
+            y = as_lib(client.get(refs[-1], device=0))
+            sync()
+            return y
+
+        def copy():
+            y = x.clone() if name == "torch" else x.copy()
+            sync()
+            return y
+
+        t_put = median_time(put, repeat)
+        t_get = median_time(get, repeat)
+        t_copy = median_time(copy, repeat)
+        for r in refs:
+            client.delete(r)
+        gb = size / 1e9
+        print(f"put / get(device=0) of a {size / 1e6:.0f} MB {name} array on GPU 0")
+        print(f"  depot put (DtoD into the pool)  {t_put * 1e3:8.2f} ms  {gb / t_put:6.1f} GB/s")
+        print(f"  depot get + {name}.from_dlpack   {t_get * 1e3:8.2f} ms  (no copy)")
+        print(f"  baseline: {name} DtoD copy      {t_copy * 1e3:8.2f} ms  {gb / t_copy:6.1f} GB/s   "
+              f"put / copy = {t_put / t_copy:.2f}x")
+
+
 def parse_size(text):
     units = {"KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
     t = text.strip().upper()
@@ -205,6 +296,7 @@ def main():
     parser.add_argument("--sizes", default="100MB,1GB", help="array sizes, comma-separated")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--gets", type=int, default=20000, help="small gets per measurement")
+    parser.add_argument("--no-gpu", action="store_true", help="skip the GPU benchmarks")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     largest = max(sizes)
@@ -214,6 +306,8 @@ def main():
             bench_small_get(client, args.gets)
             for size in sizes:
                 bench_array(client, size, args.repeat)
+    if not args.no_gpu:
+        bench_gpu(min(largest, 1 << 30), args.repeat, min(args.gets, 5000))
 
 
 if __name__ == "__main__":

@@ -57,3 +57,10 @@ def memory_kib(field, pid="self"):
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise KeyError(field)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "gpu: needs a real CUDA GPU and CuPy or PyTorch (skipped, saying why, without them)",
+    )

@@ -6,12 +6,15 @@
         ref = client.put(np.arange(1_000_000))     # one copy, into shared memory
         array = client.get(ref)                    # read-only, no copy, in any process
 
-See docs/python.md for how values are stored and how long they live.
+GPU arrays (CuPy, PyTorch, any DLPack producer) are put the same way, onto their GPU;
+``client.get(ref, device=0)`` returns a depot.DeviceArray for ``torch.from_dlpack`` or
+``cupy.from_dlpack``. See docs/python.md for how values are stored and how long they live.
 """
 
 from . import _depot
 from ._client import Client, RefLike
 from ._daemon import Daemon, find_depotd, start_daemon
+from ._device import DeviceArray
 from ._errors import (
     BY_CODE as _BY_CODE,
     ConnectionError,
@@ -48,6 +51,7 @@ __all__ = [
     "ClientInfo",
     "ConnectionError",
     "Daemon",
+    "DeviceArray",
     "DepotError",
     "Disconnected",
     "GpuInfo",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
-from . import _codec, _depot
-from ._errors import GpuNotSupported, InvalidArgument
+from . import _codec, _depot, _device
+from ._device import DeviceArray
+from ._errors import InvalidArgument
 from ._ref import ObjectRef
 
 RefLike = Union[ObjectRef, str]
@@ -21,12 +22,17 @@ def _ref(target: RefLike) -> ObjectRef:
     raise TypeError(f"expected an ObjectRef or a name, not {type(target).__name__}")
 
 
-def _no_device(device: Optional[int]) -> None:
-    if device is not None:
-        raise GpuNotSupported(
-            "GPU support is not available in the Python client yet: get(..., device=k) "
-            "cannot return GPU objects; get without device= for host memory"
-        )
+def _device_ordinal(device: Any) -> int:
+    if isinstance(device, bool) or not isinstance(device, int):
+        try:
+            device = int(device.__index__())
+        except AttributeError:
+            raise InvalidArgument(
+                f"device must be a GPU ordinal (an int) or None for host memory, not {device!r}"
+            ) from None
+    if device < 0:
+        raise InvalidArgument(f"device must be a GPU ordinal (>= 0) or None, not {device}")
+    return device
 
 
 def _writable_of(target: Any) -> Optional[Any]:
@@ -81,7 +87,10 @@ class Client:
 
     # Writing.
 
-    def put(self, value: Any, *, name: Optional[str] = None, pin: bool = False) -> ObjectRef:
+    def put(
+        self, value: Any, *, name: Optional[str] = None, pin: bool = False,
+        device: Optional[int] = None,
+    ) -> ObjectRef:
         """Stores ``value`` as a new immutable object and returns its reference.
 
         numpy arrays (of plain dtypes) and bytes-like values are stored as their raw bytes;
@@ -90,11 +99,19 @@ class Client:
         object a fixed id (the same in every process); without it the id is random.
         ``pin`` keeps the store from evicting the object.
 
+        A CUDA GPU array (any DLPack producer on a CUDA device: CuPy, PyTorch, JAX; or a
+        ``__cuda_array_interface__`` producer) is copied into the store's pool on its own
+        GPU, which must be C-contiguous; the copy is complete when put returns. ``device``
+        is only for ``__cuda_array_interface__`` producers, which do not say which GPU their
+        memory is on (default 0).
+
         Raises ObjectExists if the name is taken, StoreFull if the store cannot make room,
-        InvalidArgument for a value that cannot be pickled, GpuNotSupported for a GPU array.
+        InvalidArgument for a value that cannot be pickled, a non-contiguous GPU array, or a
+        GPU the daemon does not serve, GpuNotSupported for an array on a device that is
+        neither host memory nor a CUDA GPU.
         """
         ref = ObjectRef.from_name(name) if name is not None else ObjectRef(_depot.random_id())
-        self._put(ref, value, pin)
+        self._put(ref, value, pin, None if device is None else _device_ordinal(device))
         return ref
 
     def put_many(
@@ -109,9 +126,17 @@ class Client:
             for i, v in enumerate(values)
         ]
 
-    def _put(self, ref: ObjectRef, value: Any, pin: bool) -> None:
+    def _put(self, ref: ObjectRef, value: Any, pin: bool, device: Optional[int] = None) -> None:
         encoded = _codec.encode(value)
         name = ref.name or ""
+        if isinstance(encoded, (_device.DLPackSource, _device.InterfaceSource)):
+            _device.put_device(self._conn, ref, encoded, device, pin)
+            return
+        if device is not None:
+            raise InvalidArgument(
+                f"device= is for GPU arrays; a {type(value).__name__} is stored in host memory "
+                "(get(..., device=k) copies it to a GPU)"
+            )
         if isinstance(encoded, _codec.StridedArray):
             array = encoded.array
             writable = self._conn.create(ref.id, array.nbytes, encoded.metadata, name, pin)
@@ -177,9 +202,19 @@ class Client:
         Waits up to ``timeout`` seconds for an object that is not sealed yet (``None``: for
         ever, interruptible with Ctrl-C; ``0``: not at all). Arrays and memoryviews returned
         are read-only. Raises ObjectNotFound (timeout 0) or Timeout.
+
+        With ``device=k`` (this process's CUDA ordinal), returns a :class:`depot.DeviceArray`
+        viewing the object's copy on GPU k, which the daemon makes if there is none yet
+        (from another GPU or host memory): an array's shape and dtype, any other object's
+        bytes (uint8). Without ``device``, an object put from a GPU comes back as a host
+        ndarray (the daemon copies it to host memory). Raises InvalidArgument for a GPU the
+        daemon does not serve.
         """
-        _no_device(device)
-        return _codec.decode(self._conn.get(_ref(ref).id, _codec.parse_timeout(timeout)))
+        timeout_ms = _codec.parse_timeout(timeout)
+        if device is not None:
+            buffer = self._conn.get_on_device(_ref(ref).id, _device_ordinal(device), timeout_ms)
+            return DeviceArray._of(buffer)
+        return _codec.decode(self._conn.get(_ref(ref).id, timeout_ms))
 
     def get_many(
         self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
@@ -187,9 +222,13 @@ class Client:
     ) -> List[Any]:
         """The values of several objects, in order, in one request to the daemon. Waits
         and raises as :meth:`get`, naming the first object missing."""
-        _no_device(device)
         ids = [_ref(r).id for r in refs]
-        buffers = self._conn.get_many(ids, _codec.parse_timeout(timeout))
+        timeout_ms = _codec.parse_timeout(timeout)
+        if device is not None:
+            return _device.wrap(
+                self._conn.get_many_on_device(ids, _device_ordinal(device), timeout_ms)
+            )
+        buffers = self._conn.get_many(ids, timeout_ms)
         return [_codec.decode(b) for b in buffers]
 
     def get_buffer(self, ref: RefLike, *, timeout: Optional[float] = None) -> Any:
@@ -217,6 +256,11 @@ class Client:
     def list(self) -> List[Any]:
         """Every object in the store (depot.ObjectInfo), sealed or being created."""
         return self._conn.list()
+
+    def gpus(self) -> List[Any]:
+        """The GPUs the daemon serves that this process can use (depot.GpuInfo), by ordinal:
+        ``simulated`` is true for a daemon's ``--simulate-gpus`` devices."""
+        return self._conn.gpus()
 
     def status(self) -> Any:
         """The daemon's capacity, usage and counters (depot.StoreStatus). ``held_bytes``

@@ -10,6 +10,12 @@ and names its kind; the other fields are ASCII, separated by single spaces:
     ``numpy.dtype.str`` (``<f8``, ``|b1``, ``<M8[ns]``) and ``<shape>`` the dimensions,
     comma-separated (empty for a 0-d array). ``get`` returns a read-only ndarray on the
     store's memory.
+``depot-py/1 devarray <dtype> <shape>``
+    A GPU array put from a DLPack or CUDA array interface producer: its elements in C
+    order; ``<dtype>`` is a numpy type string, or ``dlpack:<code>:<bits>:<lanes>`` for a
+    type numpy has not (bfloat16). ``get`` returns a read-only ndarray on the store's memory
+    (the daemon copies the object to host memory), of dtype ``V<n>`` for the latter;
+    ``get(..., device=k)`` a depot.DeviceArray.
 ``depot-py/1 pickle <n> <offset>:<length> ...``
     The data starts with a pickle (protocol 5) stream of ``<n>`` bytes; each following field
     locates one of its out-of-band buffers in the data, in order, each 64-byte aligned.
@@ -26,15 +32,12 @@ import pickle
 import sys
 from typing import Any, List, NamedTuple, Optional, Tuple
 
-from ._errors import GpuNotSupported, InvalidArgument
+from . import _device
+from ._errors import InvalidArgument
 
 MAGIC = b"depot-py/1 "
 ALIGN = 64
 BYTES_METADATA = MAGIC + b"bytes"
-
-# DLPack device types that are host memory (kDLCPU); anything else is a GPU or accelerator.
-_DLPACK_CPU = 1
-
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
@@ -80,7 +83,8 @@ def array_metadata(dtype, order: str, shape: Tuple[int, ...]) -> bytes:
 
 
 def encode(value: Any):
-    """Returns Encoded, or StridedArray for a non-contiguous array."""
+    """Returns Encoded, StridedArray for a non-contiguous array, or for a GPU array the
+    source _device.put_device takes (_device.DLPackSource, _device.InterfaceSource)."""
     if isinstance(value, (bytes, bytearray)):
         return Encoded([value], [0], len(value), BYTES_METADATA)
     if isinstance(value, memoryview):
@@ -98,24 +102,10 @@ def encode(value: Any):
         # A byte view: numpy cannot export some dtypes (datetime64) through the buffer protocol.
         raw = value.ravel(order="K").view(np.uint8)
         return Encoded([raw], [0], value.nbytes, array_metadata(value.dtype, order, value.shape))
-    check_not_gpu(value)
+    source = _device.classify(value)
+    if source is not None:
+        return source
     return _encode_pickle(value)
-
-
-def check_not_gpu(value: Any) -> None:
-    device = getattr(value, "__dlpack_device__", None)
-    if device is None:
-        return
-    try:
-        device_type = int(device()[0])
-    except Exception:  # not a DLPack producer after all
-        return
-    if device_type != _DLPACK_CPU:
-        raise GpuNotSupported(
-            "GPU support is not available in the Python client yet: cannot put an object on "
-            f"DLPack device type {device_type} ({type(value).__name__}); copy it to host "
-            "memory first (e.g. .cpu() / cupy.asnumpy)"
-        )
 
 
 def _encode_pickle(value: Any) -> Encoded:
@@ -158,6 +148,8 @@ def decode(buffer: Any) -> Any:
         return _decode_array(buffer, fields)
     if kind == b"pickle":
         return _decode_pickle(buffer, fields)
+    if kind == _device.DEVARRAY:
+        return _decode_devarray(buffer, fields)
     return memoryview(buffer)
 
 
@@ -173,6 +165,24 @@ def _decode_array(buffer: Any, fields: List[bytes]) -> Any:
     count = buffer.size // dtype.itemsize
     flat = np.frombuffer(buffer, dtype=dtype, count=count)
     return flat.reshape(shape, order=fields[3].decode())
+
+
+def _decode_devarray(buffer: Any, fields: List[bytes]) -> Any:
+    _numpy_or_raise()
+    dtype = _device.numpy_dtype(fields[2].decode())
+    shape = tuple(int(d) for d in fields[3].split(b",")) if fields[3] else ()
+    count = buffer.size // dtype.itemsize
+    import numpy as np
+
+    return np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
+
+
+def _numpy_or_raise() -> None:
+    if _numpy() is None:
+        try:
+            import numpy  # noqa: F401 - only needed for objects that hold arrays
+        except ImportError as e:
+            raise InvalidArgument("this object is an array: install numpy to read it") from e
 
 
 def _decode_pickle(buffer: Any, fields: List[bytes]) -> Any:

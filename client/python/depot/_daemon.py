@@ -115,6 +115,7 @@ def start_daemon(
     executable: Optional[str] = None,
     log_level: str = "warn",
     timeout: float = 10.0,
+    simulate_gpus: Union[int, str, None] = None,
 ) -> Daemon:
     """Starts a private depotd and waits until it accepts connections.
 
@@ -123,7 +124,10 @@ def start_daemon(
     (default: 1 GiB, or the capacity if smaller). The socket is in a new temporary directory
     unless ``socket`` is given; ``args`` are further depotd flags (``depotd --help``). The
     daemon is the one installed with this package (see :func:`find_depotd`) unless
-    ``executable`` names another.
+    ``executable`` names another. ``simulate_gpus`` serves simulated GPUs backed by host
+    memory instead of the host's real ones (``depotd --simulate-gpus``): a count, or
+    ``"N:SIZE"`` such as ``"2:256MiB"``; their device pointers are host addresses, for tests
+    of GPU code paths on machines without a GPU.
 
     Returns a :class:`Daemon`; use it as a context manager, or call ``close()``. It is
     stopped at interpreter exit in any case. Raises DepotError with the daemon's log if it
@@ -136,6 +140,8 @@ def start_daemon(
     argv = [program, "--socket", path, "--memory", str(memory), "--log-level", log_level]
     if segment_size is not None:
         argv += ["--segment-size", str(segment_size)]
+    if simulate_gpus is not None:
+        argv += ["--simulate-gpus", str(simulate_gpus)]
     argv += list(args)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)

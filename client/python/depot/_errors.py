@@ -83,7 +83,8 @@ class InternalError(DepotError):
 
 
 class GpuNotSupported(DepotError):
-    """GPU objects (DLPack, ``get(..., device=k)``) are not available in the Python client yet."""
+    """An array on a device depot does not store (DLPack device types other than host memory
+    and CUDA GPUs, e.g. ROCm)."""
 
 
 # depot::StatusCode names (StatusCodeName) -> class; the C++ layer raises through this table.

@@ -3,6 +3,7 @@
 // and references, and releases the GIL around every call that may block.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -15,6 +16,7 @@
 
 #include "buffers.h"
 #include "depot/client.h"
+#include "device.h"
 #include "errors.h"
 
 namespace nb = nanobind;
@@ -145,6 +147,52 @@ class Connection {
     return WritableBuffer{ValueOrRaise(std::move(r))};
   }
 
+  // Creates an object of `size` bytes on GPU `device`, copies `size` bytes from `source` (a
+  // device pointer there; see CopyIntoDevice) into it, and seals it, with the GIL released.
+  // The creator's reference goes with the handle; a failed copy aborts the object.
+  void PutDevice(nb::bytes id_bytes, uint64_t source, uint64_t size, int device,
+                 std::optional<uintptr_t> wait_stream, nb::bytes metadata, const std::string& name,
+                 bool pin) {
+    const ObjectId id = ToId(id_bytes);
+    CreateOptions options;
+    options.metadata = {reinterpret_cast<const std::byte*>(metadata.c_str()), metadata.size()};
+    options.name = name;
+    options.pin = pin;
+    Client& c = client();
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = [&]() -> Status {
+        DEPOT_ASSIGN_OR_RETURN(MutableDeviceBuffer target,
+                               c.CreateOnDevice(id, size, device, options));
+        DEPOT_RETURN_NOT_OK(CopyIntoDevice(target, source, size, wait_stream));
+        return c.Seal(id);
+      }();
+    }
+    RaiseIfError(st);
+  }
+
+  // The GPUs the daemon serves that this process sees, by ordinal.
+  std::vector<GpuInfo> Gpus() {
+    return Blocking(client(), [](Client& c) { return c.Gpus(); });
+  }
+
+  // One object on GPU `device` (the daemon copies it there if needed), waiting as Get.
+  DeviceStoreBuffer GetOnDevice(nb::bytes id_bytes, int device, int64_t timeout_ms) {
+    std::vector<ObjectId> ids{ToId(id_bytes)};
+    return DeviceStoreBuffer{std::move(GetDeviceSliced(client(), ids, device, timeout_ms)[0])};
+  }
+
+  nb::list GetManyOnDevice(const std::vector<nb::bytes>& id_bytes, int device, int64_t timeout_ms) {
+    std::vector<ObjectId> ids;
+    ids.reserve(id_bytes.size());
+    for (const auto& b : id_bytes) ids.push_back(ToId(b));
+    std::vector<DeviceBuffer> buffers = GetDeviceSliced(client(), ids, device, timeout_ms);
+    nb::list out;
+    for (auto& b : buffers) out.append(nb::cast(DeviceStoreBuffer{std::move(b)}));
+    return out;
+  }
+
   void Seal(nb::bytes id_bytes) { Call(&Client::Seal, id_bytes); }
   void Abort(nb::bytes id_bytes) { Call(&Client::Abort, id_bytes); }
 
@@ -261,10 +309,30 @@ class Connection {
   // during each and signals checked between them.
   static std::vector<Buffer> GetSliced(Client& c, const std::vector<ObjectId>& ids,
                                        int64_t timeout_ms) {
+    return Sliced<Buffer>(ids, timeout_ms,
+                          [&](const std::vector<ObjectId>& wanted, milliseconds slice) {
+                            return c.Get(wanted, slice);
+                          });
+  }
+
+  // The same on GPU `device` (Client::GetOnDevice).
+  static std::vector<DeviceBuffer> GetDeviceSliced(Client& c, const std::vector<ObjectId>& ids,
+                                                   int device, int64_t timeout_ms) {
+    return Sliced<DeviceBuffer>(ids, timeout_ms,
+                                [&](const std::vector<ObjectId>& wanted, milliseconds slice) {
+                                  return c.GetOnDevice(wanted, device, slice);
+                                });
+  }
+
+  // Calls `get(ids still missing, slice)` (a Get of some kind, returning empty handles for
+  // objects not sealed in time) with the GIL released until every object is there or
+  // `timeout_ms` (-1: for ever) has passed.
+  template <typename T, typename GetFn>
+  static std::vector<T> Sliced(const std::vector<ObjectId>& ids, int64_t timeout_ms, GetFn get) {
     using Clock = std::chrono::steady_clock;
     const bool forever = timeout_ms < 0;
     const auto deadline = Clock::now() + milliseconds(std::max<int64_t>(timeout_ms, 0));
-    std::vector<Buffer> out(ids.size());
+    std::vector<T> out(ids.size());
     std::vector<size_t> missing(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) missing[i] = i;
     for (bool first = true;; first = false) {
@@ -279,11 +347,11 @@ class Connection {
       std::vector<ObjectId> wanted;
       wanted.reserve(missing.size());
       for (size_t i : missing) wanted.push_back(ids[i]);
-      Result<std::vector<Buffer>> r = [&] {
+      Result<std::vector<T>> r = [&] {
         nb::gil_scoped_release release;
-        return c.Get(wanted, slice);
+        return get(wanted, slice);
       }();
-      std::vector<Buffer> got = ValueOrRaise(std::move(r));
+      std::vector<T> got = ValueOrRaise(std::move(r));
       std::vector<size_t> still;
       for (size_t k = 0; k < missing.size(); ++k) {
         if (got[k]) {
@@ -389,6 +457,7 @@ NB_MODULE(_depot, m) {
   m.doc() = "depot's C++ client, the low-level layer of the depot package (use depot.Client).";
 
   depot::python::BindBuffers(m);
+  depot::python::BindDevice(m);
   depot::python::BindInfo(m);
 
   m.def("_register_errors", &depot::python::RegisterErrorTypes, "types"_a);
@@ -419,6 +488,11 @@ NB_MODULE(_depot, m) {
       .def("put", &Connection::Put, "id"_a, "parts"_a, "offsets"_a, "size"_a, "metadata"_a,
            "name"_a, "pin"_a)
       .def("create", &Connection::Create, "id"_a, "size"_a, "metadata"_a, "name"_a, "pin"_a)
+      .def("put_device", &Connection::PutDevice, "id"_a, "source"_a, "size"_a, "device"_a,
+           "wait_stream"_a.none(), "metadata"_a, "name"_a, "pin"_a)
+      .def("gpus", &Connection::Gpus)
+      .def("get_on_device", &Connection::GetOnDevice, "id"_a, "device"_a, "timeout_ms"_a)
+      .def("get_many_on_device", &Connection::GetManyOnDevice, "ids"_a, "device"_a, "timeout_ms"_a)
       .def("seal", &Connection::Seal, "id"_a)
       .def("abort", &Connection::Abort, "id"_a)
       .def("get", &Connection::Get, "id"_a, "timeout_ms"_a)
