@@ -14,7 +14,9 @@ build-py/venv/bin/python) and numpy. It starts a private depotd.
    floor for a put), multiprocessing.shared_memory (create a segment, copy the array in, which
    faults in its fresh pages; attach by name and view it) and pickle through a pipe
    (multiprocessing.Pipe, another thread receiving). Every get reads the array (a sum over one
-   element per page), so no baseline gets away without touching its memory.
+   element per page), so no baseline gets away without touching its memory. If Ray is
+   installed (`pip install ray`), ray.put and ray.get of the same array in a local Ray
+   instance (its plasma store, started once, untimed) are added as a reference.
 
 3. GPU objects (skipped with --no-gpu): get(..., device=0) of a small object (a
    depot.DeviceArray; plus a DLPack capsule of it) against a host get, on the host's CUDA GPUs
@@ -118,7 +120,39 @@ def bench_small_get(client, n):
           f"depot cold / socket = {t_cold / t_socket:.2f}x  (two Python threads)")
 
 
-def bench_array(client, size, repeat):
+def start_ray(memory):
+    """Starts a local Ray instance whose object store holds `memory` bytes, or returns None
+    (and says why) if Ray is not installed or does not start."""
+    try:
+        import ray
+    except ImportError:
+        print("\n(ray is not installed: no Ray reference; pip install ray to add one)")
+        return None
+    try:
+        ray.init(num_cpus=1, object_store_memory=memory, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)
+    except Exception as e:  # a reference only: its failure must not stop the benchmark
+        print(f"\n(ray did not start: {type(e).__name__}: {e}; no Ray reference)")
+        return None
+    return ray
+
+
+def bench_ray(ray, array, expected, repeat):
+    """Median ray.put and ray.get (+ reading the array) times of `array`."""
+    put_times, get_times = [], []
+    for _ in range(repeat):
+        gc.collect()
+        start = time.perf_counter()
+        ref = ray.put(array)
+        put_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        assert touch(ray.get(ref)) == expected
+        get_times.append(time.perf_counter() - start)
+        del ref
+    return statistics.median(put_times), statistics.median(get_times)
+
+
+def bench_array(client, size, repeat, ray=None):
     array = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).view(np.uint8)
     expected = touch(array)
 
@@ -182,6 +216,10 @@ def bench_array(client, size, repeat):
         sender.close()
     p_total = statistics.median(totals)
 
+    r_put = r_get = None
+    if ray is not None:
+        r_put, r_get = bench_ray(ray, array, expected, repeat)
+
     mb = size / 1e6
     d_total, s_total = d_put + d_get, s_put + s_get
     print(f"\nput + get of a {mb:.0f} MB numpy array (ms; GB/s of the total; ratio: baseline / depot)")
@@ -195,6 +233,11 @@ def bench_array(client, size, repeat):
     print(f"  pickle via pipe                                   "
           f"total {p_total * 1e3:8.2f} ms  {size / p_total / 1e9:6.2f} GB/s   "
           f"depot is {p_total / d_total:.2f}x faster")
+    if r_put is not None:
+        r_total = r_put + r_get
+        print(f"  ray.put + ray.get   put {r_put * 1e3:8.2f}  get {r_get * 1e3:7.3f}  "
+              f"total {r_total * 1e3:8.2f} ms  {size / r_total / 1e9:6.2f} GB/s   "
+              f"depot is {r_total / d_total:.2f}x faster")
 
 
 def _gpu_library():
@@ -297,15 +340,19 @@ def main():
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--gets", type=int, default=20000, help="small gets per measurement")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU benchmarks")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray reference")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     largest = max(sizes)
     memory = 2 * largest + (256 << 20)
+    ray = None if args.no_ray else start_ray(memory)
     with depot.start_daemon(memory=memory, segment_size=largest + (64 << 20)) as daemon:
         with daemon.client() as client:
             bench_small_get(client, args.gets)
             for size in sizes:
-                bench_array(client, size, args.repeat)
+                bench_array(client, size, args.repeat, ray)
+    if ray is not None:
+        ray.shutdown()
     if not args.no_gpu:
         bench_gpu(min(largest, 1 << 30), args.repeat, min(args.gets, 5000))
 
