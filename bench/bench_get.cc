@@ -191,6 +191,14 @@ void PrintSummary() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Repetitions of the benchmarks run in random order, so that the metrics comparison
+  // (get_release with and without) is not skewed by which of the two runs first, while the
+  // machine is still settling after setup. A flag given on the command line wins.
+  std::vector<char*> args(argv, argv + argc);
+  std::string interleave = "--benchmark_enable_random_interleaving=true";
+  args.insert(args.begin() + 1, interleave.data());
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
