@@ -1,5 +1,6 @@
 #include "daemon.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -35,7 +36,7 @@ bool Accepts(const std::string& path) {
 
 }  // namespace
 
-Daemon::Daemon(const std::vector<std::string>& flags) : owner_(::getpid()) {
+Daemon::Daemon(const std::vector<std::string>& flags, int cpu) : owner_(::getpid()) {
   char dir[] = "/tmp/depot-bench-XXXXXX";
   if (::mkdtemp(dir) == nullptr) Die(std::string("mkdtemp: ") + std::strerror(errno));
   dir_ = dir;
@@ -52,6 +53,14 @@ Daemon::Daemon(const std::vector<std::string>& flags) : owner_(::getpid()) {
   if (pid_ == 0) {
     // A benchmark that crashes must not leave its daemon behind.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
+        std::fprintf(stderr, "bench: cannot pin depotd to CPU %d: %s\n", cpu, std::strerror(errno));
+      }
+    }
     ::execv(argv[0], argv.data());
     std::fprintf(stderr, "bench: cannot run %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);

@@ -14,7 +14,9 @@ class Daemon {
   // Starts the depotd built with the benchmarks, with `flags` besides --socket, and waits
   // until its socket accepts connections. A benchmark without its daemon has nothing to
   // measure, so on failure this prints why and exits the program.
-  explicit Daemon(const std::vector<std::string>& flags);
+  // `cpu` >= 0 runs the daemon (all its threads) on that CPU only, so that two daemons
+  // compared in one benchmark sit at the same distance from the client.
+  explicit Daemon(const std::vector<std::string>& flags, int cpu = -1);
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
   // Stops the daemon with SIGTERM and waits for it. Does nothing in a forked child: only the
