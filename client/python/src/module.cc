@@ -37,6 +37,15 @@ ObjectId ToId(nb::bytes b) {
   return ObjectId::FromBytes(bytes);
 }
 
+// CreateOptions over the caller's `metadata` (which must outlive them) and `name`.
+CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& name, bool pin) {
+  CreateOptions options;
+  options.metadata = {reinterpret_cast<const std::byte*>(metadata.c_str()), metadata.size()};
+  options.name = name;
+  options.pin = pin;
+  return options;
+}
+
 nb::bytes IdBytes(const ObjectId& id) {
   const auto bytes = id.Bytes();
   return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -119,10 +128,7 @@ class Connection {
       end = offsets[i] + views.back()->bytes().size();
     }
     if (end > size) throw nb::value_error("parts run past the object's size");
-    CreateOptions options;
-    options.metadata = {reinterpret_cast<const std::byte*>(metadata.c_str()), metadata.size()};
-    options.name = name;
-    options.pin = pin;
+    const CreateOptions options = MakeCreateOptions(metadata, name, pin);
     Client& c = client();
     Status st;
     {
@@ -135,10 +141,7 @@ class Connection {
   WritableBuffer Create(nb::bytes id_bytes, uint64_t size, nb::bytes metadata,
                         const std::string& name, bool pin) {
     const ObjectId id = ToId(id_bytes);
-    CreateOptions options;
-    options.metadata = {reinterpret_cast<const std::byte*>(metadata.c_str()), metadata.size()};
-    options.name = name;
-    options.pin = pin;
+    const CreateOptions options = MakeCreateOptions(metadata, name, pin);
     Client& c = client();
     Result<MutableBuffer> r = [&] {
       nb::gil_scoped_release release;
@@ -154,10 +157,7 @@ class Connection {
                  std::optional<uintptr_t> wait_stream, nb::bytes metadata, const std::string& name,
                  bool pin) {
     const ObjectId id = ToId(id_bytes);
-    CreateOptions options;
-    options.metadata = {reinterpret_cast<const std::byte*>(metadata.c_str()), metadata.size()};
-    options.name = name;
-    options.pin = pin;
+    const CreateOptions options = MakeCreateOptions(metadata, name, pin);
     Client& c = client();
     Status st;
     {
