@@ -101,7 +101,7 @@ struct Request {
     startSlot @0 :UInt32;    # resume point from the previous page's nextSlot
     limit @1 :UInt32;        # at most this many entries (the daemon may return fewer)
     # If not 0: instead of a page, the `largest` largest objects by data size (ties: oldest
-    # first), largest first, in one reply (done), at most the page limit. For `top`.
+    # first), largest first, in one reply (done), at most 1,000; `limit` is not used. For `top`.
     largest @2 :UInt32;
   }
 

@@ -97,8 +97,10 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
          "Host arena bytes page-locked (registered with the CUDA driver) for GPU copies.");
   w.Line("depot_page_locked_bytes{tier=\"host\"} %" PRIu64 "\n", arena.page_locked_bytes());
   if (!pools.empty()) {
-    w.Help("depot_replicas", "gauge", "Objects with a copy on a GPU, copies being made included.");
-    each_gpu("depot_replicas", [&](uint32_t d) { return store.device_usage(d).replicas; });
+    // Not depot_replicas: Prometheus parsers name the family of depot_replicas_total so.
+    w.Help("depot_tier_objects", "gauge",
+           "Objects with a copy on a GPU, copies being made included.");
+    each_gpu("depot_tier_objects", [&](uint32_t d) { return store.device_usage(d).replicas; });
   }
   w.Help("depot_objects", "gauge", "Objects in the store, by state.");
   w.Line("depot_objects{state=\"sealed\"} %" PRIu64 "\n", c.objects_sealed);

@@ -515,7 +515,7 @@ void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list) 
   const uint32_t limit = std::clamp<uint32_t>(list.getLimit(), 1, kMaxListPage);
   ObjectStore::Page page;
   if (list.getLargest() != 0) {
-    page.slots = store.Largest(std::min(list.getLargest(), limit));
+    page.slots = store.Largest(std::min(list.getLargest(), kMaxListPage));
   } else {
     page = store.List(list.getStartSlot(), limit);
   }

@@ -183,7 +183,8 @@ GPU_TEST(ClientsOfOneProcessShareEachChunkMapping) {
   ASSERT_OK_AND_ASSIGN(DeviceBuffer theirs, second->GetOnDevice(id, 0));
   // The second connection found the chunk mapped by the first: the same address, no import.
   EXPECT_EQ(theirs.device_ptr(), mine.device_ptr());
-  // The mapping lives as long as either connection needs it.
+  // The mapping lives as long as either connection needs it: here the second one's.
+  mine = DeviceBuffer();
   client_.reset();
   EXPECT_TRUE(SameBytes(theirs, 21));
 }
@@ -347,7 +348,7 @@ GPU_TEST(MetricsCountBytesAndCopiesByTier) {
   EXPECT_TRUE(has("depot_bytes_in_total{tier=\"host\"} 0")) << metrics;
   EXPECT_TRUE(has("depot_bytes_out_total{tier=\"host\"} " + std::to_string(kMiB + 4))) << metrics;
   EXPECT_TRUE(has("depot_replicas_total{event=\"made\"} 1")) << metrics;
-  EXPECT_TRUE(has("depot_replicas{tier=\"gpu0\"} 1")) << metrics;
+  EXPECT_TRUE(has("depot_tier_objects{tier=\"gpu0\"} 1")) << metrics;
   EXPECT_TRUE(has("depot_spills_total 0")) << metrics;
 }
 

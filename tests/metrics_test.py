@@ -106,6 +106,8 @@ class MetricsEndpointTest(unittest.TestCase):
                                         tier=gpu), limit * 1024 * 1024)
             self.assertEqual(self.value(families["depot_used_bytes"], "depot_used_bytes", tier=gpu), 0)
             self.assertEqual(self.value(families["depot_bytes_in"], "depot_bytes_in_total", tier=gpu), 0)
+            self.assertEqual(self.value(families["depot_tier_objects"], "depot_tier_objects",
+                                        tier=gpu), 0)
         self.assertEqual(self.value(families["depot_replicas"], "depot_replicas_total", event="made"), 0)
         self.assertEqual(self.value(families["depot_spills"], "depot_spills_total"), 0)
         self.assertEqual(self.value(families["depot_page_locked_bytes"], "depot_page_locked_bytes",

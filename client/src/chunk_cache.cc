@@ -1,5 +1,7 @@
 #include "chunk_cache.h"
 
+#include <pthread.h>
+
 #include <map>
 #include <mutex>
 
@@ -8,6 +10,7 @@ namespace depot::internal {
 namespace {
 
 struct Cache {
+  // Held across a whole import, and by fork (below), so a child never inherits it locked.
   std::mutex mu;
   std::map<ChunkKey, std::weak_ptr<ImportedChunk>> chunks;  // guarded by mu
 };
@@ -18,27 +21,29 @@ Cache& TheCache() {
   return *cache;
 }
 
+// fork() takes the lock first, so no other thread holds it in the child, where the entries
+// are forgotten: the parent's CUDA mappings are not valid there.
+[[maybe_unused]] const int kForkHandlers =
+    pthread_atfork([] { TheCache().mu.lock(); }, [] { TheCache().mu.unlock(); },
+                   [] {
+                     Cache& cache = TheCache();
+                     cache.chunks.clear();
+                     cache.mu.unlock();
+                   });
+
 }  // namespace
 
-std::shared_ptr<ImportedChunk> FindImportedChunk(const ChunkKey& key) {
-  Cache& cache = TheCache();
-  std::lock_guard lock(cache.mu);
-  auto it = cache.chunks.find(key);
-  if (it == cache.chunks.end()) return nullptr;
-  if (auto chunk = it->second.lock()) return chunk;
-  cache.chunks.erase(it);
-  return nullptr;
-}
-
-std::shared_ptr<ImportedChunk> ShareImportedChunk(const ChunkKey& key,
-                                                  std::shared_ptr<ImportedChunk> chunk) {
+Result<std::shared_ptr<ImportedChunk>> ImportChunkOnce(
+    const ChunkKey& key, const std::function<Result<std::unique_ptr<ImportedChunk>>()>& import) {
   Cache& cache = TheCache();
   std::lock_guard lock(cache.mu);
   std::weak_ptr<ImportedChunk>& entry = cache.chunks[key];
-  if (auto first = entry.lock()) return first;
+  if (auto mapped = entry.lock()) return mapped;
+  DEPOT_ASSIGN_OR_RETURN(std::unique_ptr<ImportedChunk> imported, import());
+  std::shared_ptr<ImportedChunk> chunk = std::move(imported);
+  entry = chunk;
   // Drop entries whose chunks are gone, so the map does not grow with daemon restarts.
   std::erase_if(cache.chunks, [](const auto& e) { return e.second.expired(); });
-  cache.chunks[key] = chunk;
   return chunk;
 }
 

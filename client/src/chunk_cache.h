@@ -5,12 +5,15 @@
 // and a legacy IPC handle, which the driver lets a process open only once, works from any
 // number of connections. Entries are keyed by the daemon's epoch (random per start, so a
 // restarted daemon's chunk 0 is not mistaken for the old one), its GPU index and the chunk's
-// index, and live while some connection holds them.
+// index, and live while some connection holds them. A forked child starts with none: CUDA
+// mappings do not survive fork.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
+#include "depot/status.h"
 #include "device_import.h"
 
 namespace depot::internal {
@@ -22,12 +25,10 @@ struct ChunkKey {
   auto operator<=>(const ChunkKey&) const = default;
 };
 
-// The chunk if some connection of this process holds it mapped; null otherwise.
-std::shared_ptr<ImportedChunk> FindImportedChunk(const ChunkKey& key);
-
-// Records `chunk` as the mapping of `key` and returns it, or, if another connection
-// recorded one first, returns that one (and `chunk` is unmapped). Thread-safe.
-std::shared_ptr<ImportedChunk> ShareImportedChunk(const ChunkKey& key,
-                                                  std::shared_ptr<ImportedChunk> chunk);
+// The mapping of `key`: the one some connection of this process holds, else the one
+// `import` makes, which is then recorded for the others. Imports run one at a time, so two
+// connections never import the same chunk at once. Thread-safe.
+Result<std::shared_ptr<ImportedChunk>> ImportChunkOnce(
+    const ChunkKey& key, const std::function<Result<std::unique_ptr<ImportedChunk>>()>& import);
 
 }  // namespace depot::internal

@@ -627,14 +627,15 @@ Status Connection::ImportChunks(capnp::List<wire::Chunk>::Reader chunks,
     in.device = gpus_[c.getDevice()].uuid;
     ImportedEntry entry;
     const ChunkKey key{epoch_, static_cast<int32_t>(c.getDevice()), c.getIndex()};
-    if ((entry.chunk = FindImportedChunk(key))) {
-      // Another connection of this process mapped it: its descriptor here is not needed.
-    } else if (auto importer = Importer(); !importer.ok()) {
-      entry.error = importer.status();
-    } else if (auto imported = (*importer)->Import(std::move(in)); imported.ok()) {
-      entry.chunk = ShareImportedChunk(key, std::move(imported).value());
+    // If another connection of this process mapped the chunk, its descriptor here goes unused.
+    auto chunk = ImportChunkOnce(key, [&]() -> Result<std::unique_ptr<ImportedChunk>> {
+      DEPOT_ASSIGN_OR_RETURN(DeviceImporter * importer, Importer());
+      return importer->Import(std::move(in));
+    });
+    if (chunk.ok()) {
+      entry.chunk = std::move(chunk).value();
     } else {
-      entry.error = imported.status();
+      entry.error = chunk.status();
     }
     std::lock_guard lock(device_mu_);
     chunks_.try_emplace({static_cast<int32_t>(c.getDevice()), c.getIndex()}, std::move(entry));

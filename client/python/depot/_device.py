@@ -246,9 +246,19 @@ def put_device(conn: Any, ref: ObjectRef, source: Any, device: Optional[int], pi
     if strides is not None and not is_c_contiguous(shape, strides, itemsize):
         raise _not_contiguous(value, shape, strides)
     pointer = int(cai["data"][0])
+    # The interface does not say which GPU the data is on; the driver does. The copy, and the
+    # wait for the producer's stream, then run in that GPU's context. (Unknown to the driver:
+    # a simulated GPU's pointer; `device`, default 0, names the GPU.)
+    on = _depot.pointer_device(pointer)
+    if on is not None and device is not None and int(device) != on:
+        raise InvalidArgument(
+            f"this {type(value).__name__} is on GPU {on}, not {device}: a GPU array is stored "
+            "on its own GPU (get(..., device=k) copies it elsewhere)"
+        )
+    target = on if on is not None else (0 if device is None else int(device))
     stream = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
     conn.put_device(
-        ref.id, pointer, _product(shape) * itemsize, 0 if device is None else int(device),
+        ref.id, pointer, _product(shape) * itemsize, target,
         None if stream is None else int(stream), devarray_metadata(typestr, shape), name, pin,
     )
 
@@ -391,8 +401,8 @@ class DeviceArray:
             raise BufferError(f"dtype {self._typestr} has no DLPack equivalent")
         versioned = max_version is not None and int(max_version[0]) >= 1
         strides = None
-        if self._strides is not None and not is_c_contiguous(self._shape, self._strides, 1):
-            itemsize = itemsize_of(self._typestr)
+        itemsize = itemsize_of(self._typestr)
+        if self._strides is not None and not is_c_contiguous(self._shape, self._strides, itemsize):
             strides = [s // itemsize for s in self._strides]
         code, bits, lanes = dtype
         return self._buffer.dlpack(versioned, KDL_CUDA, list(self._shape), strides, code, bits,

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -52,13 +53,16 @@ bool ReadableHostRange(uint64_t start, uint64_t size) {
     uint64_t lo = 0;
     uint64_t hi = 0;
     char perms[8] = {};
-    if (std::sscanf(line, "%" SCNx64 "-%" SCNx64 " %7s", &lo, &hi, perms) != 3) continue;
-    if (hi <= pos) continue;
+    const bool parsed = std::sscanf(line, "%" SCNx64 "-%" SCNx64 " %7s", &lo, &hi, perms) == 3;
+    // Skip the rest of a line longer than the buffer, whatever it said, before the next.
+    char rest[512];
+    for (const char* tail = line; std::strchr(tail, '\n') == nullptr;) {
+      if (std::fgets(rest, sizeof rest, maps) == nullptr) break;
+      tail = rest;
+    }
+    if (!parsed || hi <= pos) continue;
     if (lo > pos || perms[0] != 'r') break;
     pos = hi;
-    // Skip the rest of a line longer than the buffer.
-    while (std::strchr(line, '\n') == nullptr && std::fgets(line, sizeof line, maps) != nullptr) {
-    }
   }
   std::fclose(maps);
   return pos >= end;
@@ -92,6 +96,21 @@ Status CudaCopy(int ordinal, uint64_t target, uint64_t source, uint64_t size,
       d.Check(d.MemcpyDtoDAsync(target, source, size, CU_STREAM_LEGACY), "cuMemcpyDtoDAsync"));
   return d.Check(d.StreamSynchronize(CU_STREAM_LEGACY), "cuStreamSynchronize");
 }
+
+// The ordinal of the GPU whose memory `pointer` is, or nullopt if the driver does not know
+// it as device memory (no driver, host memory, a simulated GPU's "device pointer").
+std::optional<int> PointerDevice(uint64_t pointer) {
+  auto driver = ipc::CudaDriver::Load();
+  if (!driver.ok()) return std::nullopt;
+  int ordinal = -1;
+  if ((*driver)->PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pointer) !=
+      CUDA_SUCCESS) {
+    return std::nullopt;
+  }
+  return ordinal;
+}
+#else
+std::optional<int> PointerDevice(uint64_t) { return std::nullopt; }
 #endif
 
 // A producer's DLPack tensor, taken over from its capsule: the capsule is renamed
@@ -320,6 +339,10 @@ void BindDevice(nb::module_& m) {
       .def_prop_ro("lanes", &DLPackImport::lanes)
       .def_prop_ro("shape", &DLPackImport::shape)
       .def_prop_ro("strides", &DLPackImport::strides, "In elements; None: C order.");
+
+  m.def("pointer_device", &PointerDevice, "pointer"_a,
+        "The ordinal of the CUDA GPU whose memory `pointer` is, or None if the driver does not "
+        "know it as device memory (no driver, host memory, a simulated GPU's pointer).");
 
   m.attr("HAVE_CUDA") =
 #ifdef DEPOT_HAVE_CUDA

@@ -63,6 +63,7 @@ namespace depot::ipc {
   X(IpcOpenMemHandle, 11000)             \
   X(IpcCloseMemHandle, 4010)             \
   X(MemHostRegister, 6050)               \
+  X(PointerGetAttribute, 4000)           \
   X(MemHostUnregister, 4000)             \
   X(MemHostAlloc, 2020)                  \
   X(MemFreeHost, 2000)                   \
