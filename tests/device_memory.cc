@@ -16,34 +16,29 @@ std::string_view GpuKindName(GpuKind kind) { return kind == GpuKind::kCuda ? "CU
 #ifdef DEPOT_HAVE_CUDA
 namespace {
 
-// The primary context of `device`, retained for the rest of the process, with the driver.
-Result<std::pair<const ipc::CudaDriver*, CUcontext>> Context(int device) {
+// The primary context of `device`, retained for the rest of the process.
+Result<std::shared_ptr<ipc::CudaPrimaryContext>> Context(const ipc::CudaDriver& driver,
+                                                         int device) {
   static std::mutex mutex;
-  static std::map<int, CUcontext> contexts;
-  DEPOT_ASSIGN_OR_RETURN(const ipc::CudaDriver* driver, ipc::CudaDriver::Load());
+  static std::map<int, std::shared_ptr<ipc::CudaPrimaryContext>> contexts;
   std::lock_guard lock(mutex);
-  if (auto it = contexts.find(device); it != contexts.end()) return std::pair{driver, it->second};
+  if (auto it = contexts.find(device); it != contexts.end()) return it->second;
   CUdevice handle = 0;
-  DEPOT_RETURN_NOT_OK(driver->Check(driver->DeviceGet(&handle, device), "cuDeviceGet"));
-  CUcontext context = nullptr;
-  DEPOT_RETURN_NOT_OK(
-      driver->Check(driver->DevicePrimaryCtxRetain(&context, handle), "cuDevicePrimaryCtxRetain"));
+  DEPOT_RETURN_NOT_OK(driver.Check(driver.DeviceGet(&handle, device), "cuDeviceGet"));
+  DEPOT_ASSIGN_OR_RETURN(auto context, ipc::CudaPrimaryContext::Retain(driver, handle));
   contexts.emplace(device, context);
-  return std::pair{driver, context};
+  return context;
 }
 
 // Runs `copy` (a driver call queued on the legacy default stream) with the device's context
 // current, and waits for it.
 template <typename Copy>
 Status RunCopy(int device, const char* call, Copy copy) {
-  DEPOT_ASSIGN_OR_RETURN(auto found, Context(device));
-  const auto [driver, context] = found;
-  DEPOT_RETURN_NOT_OK(driver->Check(driver->CtxPushCurrent(context), "cuCtxPushCurrent"));
-  Status st = driver->Check(copy(*driver), call);
-  if (st.ok()) st = driver->Check(driver->StreamSynchronize(nullptr), "cuStreamSynchronize");
-  CUcontext popped = nullptr;
-  driver->CtxPopCurrent(&popped);
-  return st;
+  DEPOT_ASSIGN_OR_RETURN(const ipc::CudaDriver* driver, ipc::CudaDriver::Load());
+  DEPOT_ASSIGN_OR_RETURN(auto context, Context(*driver, device));
+  DEPOT_ASSIGN_OR_RETURN(auto scope, ipc::CudaContextScope::Enter(*driver, context->get()));
+  DEPOT_RETURN_NOT_OK(driver->Check(copy(*driver), call));
+  return driver->Check(driver->StreamSynchronize(nullptr), "cuStreamSynchronize");
 }
 
 }  // namespace

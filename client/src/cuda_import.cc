@@ -24,94 +24,62 @@ namespace {
 
 using ipc::CudaDriver;
 
-// A device's primary context, retained while the importer or any chunk imported on the
+// Each device's primary context is retained while the importer or any chunk imported on the
 // device lives: releasing the last reference would destroy the context and every mapping in
 // it.
-class PrimaryContext {
- public:
-  static Result<std::shared_ptr<PrimaryContext>> Retain(const CudaDriver& driver, CUdevice device) {
-    CUcontext context = nullptr;
-    DEPOT_RETURN_NOT_OK(
-        driver.Check(driver.DevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain"));
-    return std::shared_ptr<PrimaryContext>(new PrimaryContext(driver, device, context));
-  }
-  PrimaryContext(const PrimaryContext&) = delete;
-  PrimaryContext& operator=(const PrimaryContext&) = delete;
-  ~PrimaryContext() { driver_.DevicePrimaryCtxRelease(device_); }
+using PrimaryContext = ipc::CudaPrimaryContext;
+using ContextScope = ipc::CudaContextScope;
 
-  CUcontext get() const { return context_; }
+// A chunk mapped into this process in a device's primary context: how it was mapped decides
+// how it is undone (Release), in that context.
+class ChunkInContext : public ImportedChunk {
+ public:
+  ChunkInContext(const CudaDriver& driver, std::shared_ptr<PrimaryContext> context,
+                 CUdeviceptr address, uint64_t size)
+      : driver_(driver), context_(std::move(context)), address_(address), size_(size) {}
+  uint64_t address() const override { return address_; }
+  uint64_t size() const override { return size_; }
+
+ protected:
+  // For the destructors: undoes the mapping with the chunk's context current. Errors cannot
+  // be reported from there; at process exit the driver may already be shut down
+  // (CUDA_ERROR_DEINITIALIZED), which frees everything anyway.
+  template <typename Undo>
+  void Release(Undo undo) {
+    auto scope = ContextScope::Enter(driver_, context_->get());
+    undo(driver_, address_, size_);
+  }
 
  private:
-  PrimaryContext(const CudaDriver& driver, CUdevice device, CUcontext context)
-      : driver_(driver), device_(device), context_(context) {}
   const CudaDriver& driver_;
-  const CUdevice device_;
-  const CUcontext context_;
-};
-
-// Makes a context current in this thread for its own lifetime, then restores the one that
-// was current before: the user's thread is left as it was found.
-class ContextScope {
- public:
-  static Result<ContextScope> Enter(const CudaDriver& driver, CUcontext context) {
-    DEPOT_RETURN_NOT_OK(driver.Check(driver.CtxPushCurrent(context), "cuCtxPushCurrent"));
-    return ContextScope(driver);
-  }
-  ContextScope(ContextScope&& o) noexcept : driver_(std::exchange(o.driver_, nullptr)) {}
-  ContextScope& operator=(ContextScope&&) = delete;
-  ~ContextScope() {
-    CUcontext popped = nullptr;
-    if (driver_ != nullptr) driver_->CtxPopCurrent(&popped);
-  }
-
- private:
-  explicit ContextScope(const CudaDriver& driver) : driver_(&driver) {}
-  const CudaDriver* driver_;
+  const std::shared_ptr<PrimaryContext> context_;
+  const CUdeviceptr address_;
+  const uint64_t size_;
 };
 
 // A cuMemCreate chunk imported from its file descriptor and mapped at an address range of
 // exactly its size. The mapping alone keeps the memory alive (the import handle is released
 // once mapped), so unmapping is all there is to undo.
-class MappedChunk final : public ImportedChunk {
+class MappedChunk final : public ChunkInContext {
  public:
-  MappedChunk(const CudaDriver& driver, std::shared_ptr<PrimaryContext> context,
-              CUdeviceptr address, uint64_t size)
-      : driver_(driver), context_(std::move(context)), address_(address), size_(size) {}
+  using ChunkInContext::ChunkInContext;
   ~MappedChunk() override {
-    // Errors cannot be reported from here; at process exit the driver may already be shut
-    // down (CUDA_ERROR_DEINITIALIZED), which frees everything anyway.
-    auto scope = ContextScope::Enter(driver_, context_->get());
-    driver_.MemUnmap(address_, size_);
-    driver_.MemAddressFree(address_, size_);
+    Release([](const CudaDriver& driver, CUdeviceptr address, uint64_t size) {
+      driver.MemUnmap(address, size);
+      driver.MemAddressFree(address, size);
+    });
   }
-  uint64_t address() const override { return address_; }
-  uint64_t size() const override { return size_; }
-
- private:
-  const CudaDriver& driver_;
-  const std::shared_ptr<PrimaryContext> context_;
-  const CUdeviceptr address_;
-  const uint64_t size_;
 };
 
 // A cuMemAlloc chunk opened from its legacy IPC handle.
-class OpenedIpcChunk final : public ImportedChunk {
+class OpenedIpcChunk final : public ChunkInContext {
  public:
-  OpenedIpcChunk(const CudaDriver& driver, std::shared_ptr<PrimaryContext> context,
-                 CUdeviceptr address, uint64_t size)
-      : driver_(driver), context_(std::move(context)), address_(address), size_(size) {}
+  using ChunkInContext::ChunkInContext;
   ~OpenedIpcChunk() override {
-    auto scope = ContextScope::Enter(driver_, context_->get());
-    driver_.IpcCloseMemHandle(address_);
+    Release([](const CudaDriver& driver, CUdeviceptr address, uint64_t) {
+      driver.IpcCloseMemHandle(address);
+    });
   }
-  uint64_t address() const override { return address_; }
-  uint64_t size() const override { return size_; }
-
- private:
-  const CudaDriver& driver_;
-  const std::shared_ptr<PrimaryContext> context_;
-  const CUdeviceptr address_;
-  const uint64_t size_;
 };
 
 class CudaImporter final : public DeviceImporter {

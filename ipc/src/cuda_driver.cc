@@ -150,4 +150,17 @@ Status CudaDriver::Check(CUresult result, const char* call) const {
   return Status::IoError(std::move(message));
 }
 
+Result<std::shared_ptr<CudaPrimaryContext>> CudaPrimaryContext::Retain(const CudaDriver& driver,
+                                                                       CUdevice device) {
+  CUcontext context = nullptr;
+  DEPOT_RETURN_NOT_OK(
+      driver.Check(driver.DevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain"));
+  return std::shared_ptr<CudaPrimaryContext>(new CudaPrimaryContext(driver, device, context));
+}
+
+Result<CudaContextScope> CudaContextScope::Enter(const CudaDriver& driver, CUcontext context) {
+  DEPOT_RETURN_NOT_OK(driver.Check(driver.CtxPushCurrent(context), "cuCtxPushCurrent"));
+  return CudaContextScope(driver);
+}
+
 }  // namespace depot::ipc

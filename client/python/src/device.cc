@@ -20,7 +20,6 @@
 
 #ifdef DEPOT_HAVE_CUDA
 #include "depot/ipc/cuda_driver.h"
-#include "depot/ipc/undo.h"
 #endif
 
 namespace nb = nanobind;
@@ -77,15 +76,8 @@ Status CudaCopy(int ordinal, uint64_t target, uint64_t source, uint64_t size,
   DEPOT_RETURN_NOT_OK(d.Check(d.DeviceGet(&device, ordinal), "cuDeviceGet"));
   // The primary context (the CUDA runtime's, which CuPy and PyTorch use), current only for
   // this call; the client's importer holds it retained already, so this is cheap.
-  CUcontext context = nullptr;
-  DEPOT_RETURN_NOT_OK(
-      d.Check(d.DevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain"));
-  ipc::Undo release([&] { d.DevicePrimaryCtxRelease(device); });
-  DEPOT_RETURN_NOT_OK(d.Check(d.CtxPushCurrent(context), "cuCtxPushCurrent"));
-  ipc::Undo pop([&] {
-    CUcontext popped = nullptr;
-    d.CtxPopCurrent(&popped);
-  });
+  DEPOT_ASSIGN_OR_RETURN(auto context, ipc::CudaPrimaryContext::Retain(d, device));
+  DEPOT_ASSIGN_OR_RETURN(auto scope, ipc::CudaContextScope::Enter(d, context->get()));
   if (wait_stream) {
     DEPOT_RETURN_NOT_OK(d.Check(d.StreamSynchronize(reinterpret_cast<CUstream>(*wait_stream)),
                                 "cuStreamSynchronize (the producer's stream)"));

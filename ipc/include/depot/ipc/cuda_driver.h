@@ -13,6 +13,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <memory>
 #include <span>
 #include <string>
 
@@ -125,5 +126,42 @@ class CudaDriver {
 
 // "12.8" for 12080.
 std::string FormatCudaVersion(int version);
+
+// A device's primary context (the CUDA runtime's, which CuPy and PyTorch use), retained for
+// as long as this object lives: whatever was mapped in it stays valid while someone holds it.
+class CudaPrimaryContext {
+ public:
+  static Result<std::shared_ptr<CudaPrimaryContext>> Retain(const CudaDriver& driver,
+                                                            CUdevice device);
+  CudaPrimaryContext(const CudaPrimaryContext&) = delete;
+  CudaPrimaryContext& operator=(const CudaPrimaryContext&) = delete;
+  ~CudaPrimaryContext() { driver_.DevicePrimaryCtxRelease(device_); }
+
+  CUcontext get() const { return context_; }
+
+ private:
+  CudaPrimaryContext(const CudaDriver& driver, CUdevice device, CUcontext context)
+      : driver_(driver), device_(device), context_(context) {}
+  const CudaDriver& driver_;
+  const CUdevice device_;
+  const CUcontext context_;
+};
+
+// Makes a context current in this thread for its own lifetime, then restores the one that
+// was current before: the caller's thread is left as it was found.
+class CudaContextScope {
+ public:
+  static Result<CudaContextScope> Enter(const CudaDriver& driver, CUcontext context);
+  CudaContextScope(CudaContextScope&& o) noexcept : driver_(o.driver_) { o.driver_ = nullptr; }
+  CudaContextScope& operator=(CudaContextScope&&) = delete;
+  ~CudaContextScope() {
+    CUcontext popped = nullptr;
+    if (driver_ != nullptr) driver_->CtxPopCurrent(&popped);
+  }
+
+ private:
+  explicit CudaContextScope(const CudaDriver& driver) : driver_(&driver) {}
+  const CudaDriver* driver_;
+};
 
 }  // namespace depot::ipc
