@@ -1,6 +1,7 @@
 #include "depot/client.h"
 
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "connection.h"
@@ -421,21 +422,36 @@ Result<bool> Client::Contains(const ObjectId& id) {
   });
 }
 
-Result<std::vector<ObjectInfo>> Client::ListLargest(uint32_t n) {
-  if (n == 0) return std::vector<ObjectInfo>{};
+namespace {
+
+// One list request (ListObjects: from `start`, at most `limit`, or the `largest` largest):
+// appends what the daemon returned to `objects`; the slot the next page starts from, or
+// nullopt when the list is complete.
+Result<std::optional<uint32_t>> ListPage(Connection& conn, uint32_t start, uint32_t limit,
+                                         uint32_t largest, std::vector<ObjectInfo>& objects) {
   RequestMessage request;
   auto list = request.root().initList();
-  list.setLimit(n);
-  list.setLargest(n);
+  list.setStartSlot(start);
+  list.setLimit(limit);
+  list.setLargest(largest);
   Reply reply;
-  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
-  std::vector<ObjectInfo> objects;
-  DEPOT_RETURN_NOT_OK(Decode([&]() -> Status {
+  DEPOT_RETURN_NOT_OK(conn.Call(request, &reply));
+  return Decode([&]() -> Result<std::optional<uint32_t>> {
     auto r = reply.get();
     if (!r.isList()) return UnexpectedReply("list");
-    for (auto o : r.getList().getObjects()) objects.push_back(ToObjectInfo(o));
-    return Status::OK();
-  }));
+    auto page = r.getList();
+    for (auto o : page.getObjects()) objects.push_back(ToObjectInfo(o));
+    if (page.getDone()) return std::optional<uint32_t>();
+    return std::optional<uint32_t>(page.getNextSlot());
+  });
+}
+
+}  // namespace
+
+Result<std::vector<ObjectInfo>> Client::ListLargest(uint32_t n) {
+  std::vector<ObjectInfo> objects;
+  if (n == 0) return objects;
+  DEPOT_RETURN_NOT_OK(ListPage(*conn_, 0, n, n, objects).status());
   return objects;
 }
 
@@ -443,29 +459,14 @@ Result<std::vector<ObjectInfo>> Client::List() {
   std::vector<ObjectInfo> objects;
   uint32_t start = 0;
   for (;;) {
-    RequestMessage request;
-    auto list = request.root().initList();
-    list.setStartSlot(start);
-    list.setLimit(kListPage);
-    Reply reply;
-    DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
-    bool done = false;
-    uint32_t next = 0;
-    DEPOT_RETURN_NOT_OK(Decode([&]() -> Status {
-      auto r = reply.get();
-      if (!r.isList()) return UnexpectedReply("list");
-      auto page = r.getList();
-      for (auto o : page.getObjects()) objects.push_back(ToObjectInfo(o));
-      done = page.getDone();
-      next = page.getNextSlot();
-      return Status::OK();
-    }));
-    if (done) return objects;
-    if (next <= start) {
+    DEPOT_ASSIGN_OR_RETURN(std::optional<uint32_t> next,
+                           ListPage(*conn_, start, kListPage, 0, objects));
+    if (!next) return objects;
+    if (*next <= start) {
       return Status::Internal("the daemon's list did not advance past slot " +
                               std::to_string(start));
     }
-    start = next;
+    start = *next;
   }
 }
 
