@@ -819,6 +819,23 @@ TEST_F(ProtocolTest, ListPagesThroughEveryObject) {
   EXPECT_EQ(listed, created);
 }
 
+TEST_F(ProtocolTest, ListOfTheLargestIsCappedAtAPageWhateverItAsks) {
+  auto s = OpenSession();
+  for (const ObjectId& id : Ids("protocol/largest", 3)) ASSERT_TRUE(s->Call(2, CreateOf(id, 64)));
+  // An absurd count, no limit, an absurd start: one reply with what there is, done.
+  auto reply = s->Call(3, [&](wire::Request::Builder r) {
+    auto list = r.initList();
+    list.setLargest(4'000'000'000u);
+    list.setStartSlot(4'000'000'000u);
+  });
+  ASSERT_TRUE(reply);
+  auto page = reply->get().getList();
+  EXPECT_EQ(page.getObjects().size(), 3u);
+  EXPECT_TRUE(page.getDone());
+  // The session goes on being served.
+  EXPECT_TRUE(s->Call(4, CreateOf(ObjectId::FromName("protocol/largest/after"), 64)));
+}
+
 class PendingLimitProtocolTest : public ProtocolTest {
  protected:
   PendingLimitProtocolTest() : ProtocolTest({"--client-max-pending", "2"}) {}
