@@ -10,12 +10,12 @@
 //     descriptor 3, and waits to be killed.
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "child_process.h"
 #include "depot/client.h"
 #include "device_memory.h"
 #include "test_support.h"
@@ -25,56 +25,52 @@ namespace {
 
 constexpr int kReadyFd = 3;
 
-int Failed(int code, const std::string& what) {
-  std::fprintf(stderr, "gpu_test_client %d: %s\n", ::getpid(), what.c_str());
-  return code;
-}
-
 int Get(GpuKind kind, Client& client, const std::vector<std::string>& args) {
   const ObjectId id = ObjectId::FromName(args[0]);
   const int device = std::stoi(args[1]);
   const uint64_t size = std::stoull(args[2]);
   const uint64_t seed = std::stoull(args[3]);
   auto buffer = client.GetOnDevice(id, device);
-  if (!buffer.ok()) return Failed(3, "get: " + buffer.status().ToString());
-  if (buffer->size() != size || buffer->device() != device) return Failed(4, "wrong size/device");
+  if (!buffer.ok()) return ChildFailed(3, "get: " + buffer.status().ToString());
+  if (buffer->size() != size || buffer->device() != device)
+    return ChildFailed(4, "wrong size/device");
   auto bytes = CopyFromDevice(kind, device, buffer->device_ptr(), size);
-  if (!bytes.ok()) return Failed(5, "reading the GPU: " + bytes.status().ToString());
-  if (*bytes != SeededBytes(size, seed)) return Failed(6, "the bytes differ");
+  if (!bytes.ok()) return ChildFailed(5, "reading the GPU: " + bytes.status().ToString());
+  if (*bytes != SeededBytes(size, seed)) return ChildFailed(6, "the bytes differ");
   const auto meta = buffer->metadata();
   if (std::string_view(reinterpret_cast<const char*>(meta.data()), meta.size()) != args[4]) {
-    return Failed(7, "the metadata differs");
+    return ChildFailed(7, "the metadata differs");
   }
   auto again = client.GetOnDevice(id, device);
   if (!again.ok() || again->device_ptr() != buffer->device_ptr()) {
-    return Failed(8, "a second get did not return the same device pointer");
+    return ChildFailed(8, "a second get did not return the same device pointer");
   }
   return 0;
 }
 
 int Hold(Client& client, const std::vector<std::string>& args) {
   auto held = client.GetOnDevice(ObjectId::FromName(args[0]), std::stoi(args[1]));
-  if (!held.ok()) return Failed(3, "get: " + held.status().ToString());
+  if (!held.ok()) return ChildFailed(3, "get: " + held.status().ToString());
   auto made =
       client.CreateOnDevice(ObjectId::FromName(args[2]), std::stoull(args[4]), std::stoi(args[3]));
-  if (!made.ok()) return Failed(4, "create: " + made.status().ToString());
+  if (!made.ok()) return ChildFailed(4, "create: " + made.status().ToString());
   const char byte = 1;
-  if (::write(kReadyFd, &byte, 1) != 1) return Failed(5, "cannot signal readiness");
+  if (::write(kReadyFd, &byte, 1) != 1) return ChildFailed(5, "cannot signal readiness");
   for (;;) ::pause();
 }
 
 int Main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() < 3 || (args[0] != "simulated" && args[0] != "cuda")) {
-    return Failed(2, "usage: gpu_test_client simulated|cuda get|hold SOCKET ...");
+    return ChildFailed(2, "usage: gpu_test_client simulated|cuda get|hold SOCKET ...");
   }
   const GpuKind kind = args[0] == "cuda" ? GpuKind::kCuda : GpuKind::kSimulated;
   const std::vector<std::string> rest(args.begin() + 3, args.end());
   auto client = Client::Connect(args[2]);
-  if (!client.ok()) return Failed(2, "connect: " + client.status().ToString());
+  if (!client.ok()) return ChildFailed(2, "connect: " + client.status().ToString());
   if (args[1] == "get" && rest.size() == 5) return Get(kind, *client, rest);
   if (args[1] == "hold" && rest.size() == 5) return Hold(*client, rest);
-  return Failed(2, "unknown command or wrong number of arguments: " + args[1]);
+  return ChildFailed(2, "unknown command or wrong number of arguments: " + args[1]);
 }
 
 }  // namespace
