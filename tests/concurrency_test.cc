@@ -188,6 +188,53 @@ TEST_F(ConcurrencyTest, ProcessesExchangeObjectsByName) {
   EXPECT_EQ(status.held_bytes, 0u);
 }
 
+// A child forked while the parent's release flusher starts or sends must not inherit a lock
+// the flusher held. With an allocator that has no fork handlers of its own (ASan's), a child
+// forked just after a flusher thread was created hung at its first allocation of the size
+// the new thread was allocating. Each round forks at another point of a new flusher's first
+// gathering round: as it starts, while it waits, and while it sends.
+TEST_F(ConcurrencyTest, ForkWhileTheParentsFlusherWorksGivesAWorkingChild) {
+  const std::string socket = daemon_->socket_path();
+  // Small enough to be sent whole, so that no flusher has started before the first round's:
+  // a process's first thread is the slowest to start.
+  const ObjectId shared = ObjectId::FromName("concurrency/fork/shared");
+  {
+    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(socket));
+    ASSERT_OK(client.Put(shared, SeededBytes(1000, 0)));
+  }
+  constexpr int kRounds = 40;
+  for (int round = 0; round < kRounds; ++round) {
+    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(socket));
+    {
+      ASSERT_OK_AND_ASSIGN(Buffer held, client.Get(shared));
+    }  // the first release starts the flusher, which sends it about 1 ms later
+    std::this_thread::sleep_for(std::chrono::microseconds(50 * round));
+    const ObjectId mine = ObjectId::FromName("concurrency/fork/" + std::to_string(round));
+    const std::vector<std::byte> data = SeededBytes(1000, round);
+    // The child takes no reference (a small put is sent whole), so it starts no flusher of
+    // its own, which TSan would refuse: it would get the parent flusher's thread id.
+    const int code = RunInChild(
+        [&]() -> int {
+          // Enough blocks of every small size that each size class of the allocator, and
+          // the lock that guards it, is used here.
+          std::vector<std::unique_ptr<char[]>> blocks;
+          for (size_t size = 8; size <= 16 * 1024; size += size / 8) {
+            for (int k = 0; k < 64; ++k) blocks.emplace_back(new char[size]);
+          }
+          auto child = Client::Connect(socket);
+          if (!child.ok()) return ChildFailed(2, child.status().ToString());
+          if (Status st = child->Put(mine, data); !st.ok()) return ChildFailed(3, st.ToString());
+          auto found = child->Contains(shared);
+          if (!found.ok() || !*found) return ChildFailed(4, "the shared object is not found");
+          return 0;
+        },
+        milliseconds(20'000));
+    ASSERT_EQ(code, 0) << "round " << round;
+    ASSERT_OK_AND_ASSIGN(bool put, client.Contains(mine));
+    EXPECT_TRUE(put) << "round " << round;
+  }
+}
+
 TEST_F(ConcurrencyTest, ProcessesRacingToCreateOneIdHaveExactlyOneWinner) {
   constexpr int kProcesses = 16;
   const ObjectId id = ObjectId::FromName("concurrency/contested");

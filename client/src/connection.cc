@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <system_error>
 #include <utility>
 
@@ -19,8 +20,8 @@
 
 namespace depot::internal {
 
-// Incremented in the child by a pthread_atfork handler, which runs in the child's only
-// thread before fork() returns there: relaxed accesses suffice.
+// Incremented in the child by a pthread_atfork handler (ResumeInForkedChild), which runs in
+// the child's only thread before fork() returns there: relaxed accesses suffice.
 std::atomic<uint64_t> fork_generation{0};
 
 namespace {
@@ -80,16 +81,16 @@ constexpr uint32_t kSpinMissCost = 4;
 constexpr uint32_t kSpinDebtLimit = 3 * kSpinMissCost;
 constexpr uint32_t kSpinRetryEvery = 64;
 
-void CountFork() { fork_generation.fetch_add(1, std::memory_order_relaxed); }
+// Every connection of the process, for fork() (Connection::StillForFork).
+struct LiveConnections {
+  std::mutex mu;
+  std::set<Connection*> all;  // guarded by mu
+};
 
-// The current fork generation; counting starts with the first connection.
-uint64_t ForkGeneration() {
-  static const bool registered = [] {
-    ::pthread_atfork(nullptr, nullptr, &CountFork);
-    return true;
-  }();
-  static_cast<void>(registered);
-  return fork_generation.load(std::memory_order_relaxed);
+// Never destroyed: connections may outlive static destruction order at exit.
+LiveConnections& Live() {
+  static auto* live = new LiveConnections;
+  return *live;
 }
 
 // Writes all of `iov`, waiting while the socket is full.
@@ -154,9 +155,51 @@ Connection::Connection(ipc::UniqueFd socket, std::string socket_path,
       spin_(spin),
       fork_generation_(ForkGeneration()),
       release_batch_(kReleaseBatch),
-      reader_(kMaxReplyBytes) {}
+      reader_(kMaxReplyBytes) {
+  LiveConnections& live = Live();
+  std::lock_guard lock(live.mu);
+  live.all.insert(this);
+}
+
+uint64_t Connection::ForkGeneration() {
+  static const bool registered = [] {
+    ::pthread_atfork(&StillForFork, &ResumeAfterFork, &ResumeInForkedChild);
+    return true;
+  }();
+  static_cast<void>(registered);
+  return fork_generation.load(std::memory_order_relaxed);
+}
+
+void Connection::StillForFork() {
+  LiveConnections& live = Live();
+  live.mu.lock();
+  for (Connection* conn : live.all) {
+    conn->send_mu_.lock();
+    conn->release_mu_.lock();
+  }
+}
+
+void Connection::ResumeAfterFork() {
+  LiveConnections& live = Live();
+  for (Connection* conn : live.all) {
+    conn->release_mu_.unlock();
+    conn->send_mu_.unlock();
+  }
+  live.mu.unlock();
+}
+
+void Connection::ResumeInForkedChild() {
+  // The child's only thread: every connection it inherited now answers kForkedMessage.
+  fork_generation.fetch_add(1, std::memory_order_relaxed);
+  ResumeAfterFork();
+}
 
 Connection::~Connection() {
+  // Held until the flusher has exited: a fork meanwhile would find its thread half torn
+  // down (see StillForFork).
+  LiveConnections& live = Live();
+  std::lock_guard live_lock(live.mu);
+  live.all.erase(this);
   if (!flusher_) return;
   if (forked()) {
     // The flusher thread was not copied into this process, and the condition variable
@@ -319,7 +362,14 @@ void Connection::StartFlusher() {
   try {
     // `this`, not a shared_ptr: the flusher must not keep the connection alive, and the
     // destructor joins it before anything it uses goes.
-    flusher_->thread = std::thread([this] { FlushLoop(); });
+    flusher_->thread = std::thread([this, flusher = flusher_.get()] {
+      flusher->started.store(true);
+      flusher->started.notify_one();
+      FlushLoop();
+    });
+    // Until its code runs, a new thread may be in its runtime's start-up (allocating its
+    // caches, under the allocator's locks): a fork then would copy those locks held.
+    flusher_->started.wait(false);
   } catch (const std::system_error&) {
     no_flusher_ = true;
   }

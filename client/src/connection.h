@@ -226,11 +226,28 @@ class Connection {
   std::vector<std::pair<ObjectId, int32_t>> sending_device_;  // guarded by send_mu_
   std::vector<ipc::OutFrame> out_frames_;                     // its frames; guarded by send_mu_
 
+  // fork() handlers. A child inherits the memory of the parent's threads but only the
+  // thread that forked, so a lock some other thread held at the fork stays held in the
+  // child for ever. The C library's allocator guards against this with fork handlers of its
+  // own; others do not (AddressSanitizer's, for one), and a child forked while a flusher
+  // allocates may hang at its first allocation. So no flusher allocates across a fork:
+  // StillForFork takes the registry's lock, which a connection holds from stopping its
+  // flusher until it has joined it, then every connection's send_mu_ and release_mu_: no
+  // flusher is then encoding a release frame, or starting (StartFlusher runs under
+  // release_mu_ and waits until the new thread runs its own code). The forking thread
+  // holds none of them: no Client call forks. Registered with the first connection, by
+  // ForkGeneration, which returns the process's fork generation.
+  static uint64_t ForkGeneration();
+  static void StillForFork();
+  static void ResumeAfterFork();
+  static void ResumeInForkedChild();  // also counts the fork (fork_generation)
+
   // The flusher's thread and what it sleeps on. On the heap, created with the first
   // release, so that a forked child can leave it alone (see ~Connection).
   struct Flusher {
     std::condition_variable cv;  // with release_mu_
     std::thread thread;
+    std::atomic<bool> started{false};  // its code runs (see StartFlusher)
   };
 
   // The release queue and the flusher's state, guarded by release_mu_.
