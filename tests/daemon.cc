@@ -1,12 +1,8 @@
 #include "daemon.h"
 
 #include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -20,7 +16,8 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
-#include <thread>
+
+#include "daemon_process.h"
 
 #ifndef DEPOT_DAEMON_PATH
 #error "DEPOT_DAEMON_PATH must name the depotd binary (set by tests/CMakeLists.txt)"
@@ -43,31 +40,6 @@ const std::vector<std::pair<std::string, std::string>> kDefaultFlags = {
 bool HasFlag(const std::vector<std::string>& flags, const std::string& name) {
   return std::any_of(flags.begin(), flags.end(),
                      [&](const std::string& f) { return f == name || f.starts_with(name + "="); });
-}
-
-// Whether something accepts connections at `path`.
-bool Accepts(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return ok;
-}
-
-std::optional<int> TryReap(pid_t pid) {
-  int status = 0;
-  if (::waitpid(pid, &status, WNOHANG) != pid) return std::nullopt;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + WTERMSIG(status);
-}
-
-std::string Describe(int code) {
-  return code >= 128 ? "was killed by signal " + std::to_string(code - 128) + " (" +
-                           strsignal(code - 128) + ")"
-                     : "exited with status " + std::to_string(code);
 }
 
 }  // namespace
@@ -116,9 +88,6 @@ TestDaemon::TestDaemon(std::vector<std::string> flags) {
     }
   }
   argv.insert(argv.end(), flags.begin(), flags.end());
-  std::vector<char*> args;
-  for (std::string& a : argv) args.push_back(a.data());
-  args.push_back(nullptr);
 
   const int log_fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log_fd < 0) {
@@ -133,39 +102,11 @@ TestDaemon::TestDaemon(std::vector<std::string> flags) {
     const std::string s = line.str();
     (void)!::write(log_fd, s.data(), s.size());
   }
-  std::fflush(nullptr);
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    // Only async-signal-safe calls between fork and exec.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    ::dup2(log_fd, STDOUT_FILENO);
-    ::dup2(log_fd, STDERR_FILENO);
-    ::execv(args[0], args.data());
-    static const char kMsg[] = "exec of depotd failed\n";
-    (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-    ::_exit(127);
-  }
+  pid_ = launch::Spawn(argv, {.output_fd = log_fd}, &error_);
   ::close(log_fd);
-  if (pid_ < 0) {
-    error_ = std::string("fork: ") + std::strerror(errno);
-    return;
-  }
-
-  const auto deadline = std::chrono::steady_clock::now() + kStartDeadline;
-  for (;;) {
-    if (Accepts(socket_path_)) return;
-    if (std::optional<int> code = TryReap(pid_)) {
-      pid_ = -1;
-      error_ = "depotd " + Describe(*code) + " before accepting connections; its log:\n" + Log();
-      return;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      error_ = "depotd did not accept connections at " + socket_path_ + " within 5 s; its log:\n" +
-               Log();
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  if (pid_ < 0) return;
+  error_ = launch::AwaitAccepting(&pid_, socket_path_, kStartDeadline);
+  if (!error_.empty()) error_ += "; its log:\n" + Log();
 }
 
 TestDaemon::~TestDaemon() { Stop(); }
@@ -179,19 +120,10 @@ std::string TestDaemon::Log() const {
 
 void TestDaemon::Stop() {
   if (pid_ > 0) {
-    ::kill(pid_, SIGTERM);
-    const auto deadline = std::chrono::steady_clock::now() + kStopDeadline;
-    std::optional<int> code;
-    while (!(code = TryReap(pid_)) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (!code) {
+    if (std::optional<int> code = launch::Terminate(pid_, kStopDeadline); !code) {
       ADD_FAILURE() << "depotd (pid " << pid_ << ") did not exit within 10 s of SIGTERM";
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
     } else {
-      EXPECT_EQ(*code, 0) << "depotd " << Describe(*code) << " after SIGTERM";
+      EXPECT_EQ(*code, 0) << "depotd " << launch::DescribeExit(*code) << " after SIGTERM";
       struct stat st {};
       EXPECT_NE(::lstat(socket_path_.c_str(), &st), 0)
           << "depotd left its socket file " << socket_path_ << " behind";
