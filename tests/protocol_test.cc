@@ -454,10 +454,12 @@ TEST_F(ProtocolTest, ClientThatNeverReadsRepliesIsThrottledWithoutStallingOthers
   }
   EXPECT_TRUE(stalled) << "the daemon read all " << sent
                        << " requests of a client that reads no replies";
-  // Others are served at once.
+  // Others are still served. A daemon stalled on the flooder would never answer; the bound
+  // leaves room for the backlog the daemon is still working through, which took 1.5 s under
+  // TSan on a loaded 2-core machine.
   const auto start = Clock::now();
   ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "while-flooded"));
-  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  EXPECT_LT(Clock::now() - start, milliseconds(10'000));
   // The daemon holds a bounded backlog for the flooder.
   std::ifstream proc("/proc/" + std::to_string(daemon_->pid()) + "/status");
   std::string line;
