@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -43,6 +44,8 @@ const char kRtt[] = "socket_rtt/1KiB";
 std::map<std::string, Latencies> g_latencies;
 // Fresh ids: no put ever reuses one, deleted or not.
 uint64_t g_next_id = 1;
+// put_many/1KiB's median time per object, one entry per repetition.
+std::vector<double> g_put_many_per_object_ns;
 
 double MedianNs(const std::string& name) {
   auto it = g_latencies.find(name);
@@ -115,6 +118,40 @@ void PutSmall(benchmark::State& state, depot::Client* client, const std::string&
   if (MedianNs(kRtt) > 0) state.counters["ratio_to_socket_rtt"] = run.Median() / MedianNs(kRtt);
   g_latencies[name].AddRun(run);
   // After the timed loop: keeps the store the same size from run to run.
+  if (depot::Status st = DeleteAll(*client, ids); !st.ok()) {
+    state.SkipWithError(st.ToString().c_str());
+  }
+}
+
+// 1 KiB puts through PutMany, a window (Client::kPutManyWindow) per call: the time per
+// object, against put/1KiB's one round trip per object.
+void PutManySmall(benchmark::State& state, depot::Client* client) {
+  const std::vector<std::byte> payload(kSmallBytes, std::byte{0x42});
+  std::vector<depot::ObjectId> ids;
+  std::vector<depot::PutItem> items(depot::Client::kPutManyWindow);
+  Latencies run;
+  run.Reserve(state.max_iterations);
+  run.Start();
+  for (auto _ : state) {
+    for (depot::PutItem& item : items) {
+      item.id = depot::ObjectId::FromWords(g_next_id++, 0xba7c4);
+      item.data = payload;
+      ids.push_back(item.id);
+    }
+    for (const depot::Status& st : client->PutMany(items)) {
+      if (!st.ok()) {
+        state.SkipWithError(st.ToString().c_str());
+        break;
+      }
+    }
+    run.Lap();
+  }
+  const double per_object = run.Median() / static_cast<double>(items.size());
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(items.size()));
+  state.counters["per_object_us"] = per_object / 1e3;
+  if (MedianNs("put/1KiB") > 0)
+    state.counters["speedup_vs_put"] = MedianNs("put/1KiB") / per_object;
+  g_put_many_per_object_ns.push_back(per_object);
   if (depot::Status st = DeleteAll(*client, ids); !st.ok()) {
     state.SkipWithError(st.ToString().c_str());
   }
@@ -250,6 +287,14 @@ void PrintSummary() {
         "puts/s)\n",
         name, put / 1e3, 1e9 / put, rtt > 0 ? put / rtt : 0, 1e9 / g_latencies[name].Mean());
   }
+  if (!g_put_many_per_object_ns.empty()) {
+    std::vector<double> v = g_put_many_per_object_ns;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    const double per_object = v[v.size() / 2], put = MedianNs("put/1KiB");
+    std::printf("  %-34s %8.2f us per object, %zu a call: %.1fx the rate of put/1KiB\n",
+                "put_many/1KiB", per_object / 1e3, depot::Client::kPutManyWindow,
+                per_object > 0 ? put / per_object : 0);
+  }
   const double memcpy_ns = MedianNs("memcpy/256MiB");
   for (auto [put, copy] : {std::pair{"put/256MiB/warm", "memcpy/256MiB"},
                            std::pair{"put/256MiB/warm/after_64B", "memcpy/256MiB/dst+64"}}) {
@@ -309,6 +354,10 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->DisplayAggregatesOnly(true);
   }
+  benchmark::RegisterBenchmark("put_many/1KiB", PutManySmall, &*client)
+      ->Repetitions(5)
+      ->UseRealTime()
+      ->DisplayAggregatesOnly(true);
   benchmark::RegisterBenchmark("create_seal/1KiB", CreateSealSmall, &*client)
       ->Repetitions(5)
       ->UseRealTime()

@@ -139,6 +139,72 @@ TEST_F(LifecycleTest, GetWaitsForALaterSealByAnotherProcess) {
   EXPECT_EQ(writer.Wait(), 0);
 }
 
+TEST_F(LifecycleTest, PutManyStoresEveryItemInOrderAndReportsEachFailure) {
+  // More small items than one window holds, a large one between them, a name, metadata, an
+  // id put twice, one that already exists and the nil id: every outcome is the one
+  // sequential Puts give, and a failing item spoils none of the others.
+  ASSERT_OK(client_->Put(ObjectId::FromName("lifecycle/put-many/existing"), SeededBytes(8, 1)));
+  std::vector<std::vector<std::byte>> data;
+  std::vector<PutItem> items;
+  const size_t small = Client::kPutManyWindow + 44;
+  for (size_t i = 0; i < small; ++i) {
+    data.push_back(SeededBytes(1 + i * 97 % 5000, i));
+    items.push_back(
+        {ObjectId::FromName("lifecycle/put-many/" + std::to_string(i)), data.back(), {}});
+  }
+  data.push_back(SeededBytes(Client::kInlinePutBytes + 1, 7));
+  const size_t large = items.size();
+  items.push_back({ObjectId::FromName("lifecycle/put-many/large"), data.back(), {}});
+  const std::vector<std::byte> metadata = SeededBytes(40, 8);
+  const size_t named = items.size();
+  items.push_back({ObjectId::FromName("lifecycle/put-many/named"), data[3], {}});
+  items.back().options.name = "lifecycle/put-many/named";
+  items.back().options.metadata = metadata;
+  const size_t again = items.size();
+  items.push_back({items[5].id, data[6], {}});
+  const size_t existing = items.size();
+  items.push_back({ObjectId::FromName("lifecycle/put-many/existing"), data[0], {}});
+  const size_t nil = items.size();
+  items.push_back({ObjectId(), data[1], {}});
+
+  const std::vector<Status> statuses = client_->PutMany(items);
+  ASSERT_EQ(statuses.size(), items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i == again || i == existing) {
+      EXPECT_TRUE(statuses[i].Is(StatusCode::kAlreadyExists))
+          << i << ": " << statuses[i].ToString();
+      continue;
+    }
+    if (i == nil) {
+      EXPECT_TRUE(statuses[i].Is(StatusCode::kInvalidArgument)) << statuses[i].ToString();
+      continue;
+    }
+    ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].ToString();
+    ASSERT_OK_AND_ASSIGN(Buffer read, client_->Get(items[i].id));
+    EXPECT_TRUE(SameBytes(read.data(), items[i].data)) << i;
+  }
+  {
+    ASSERT_OK_AND_ASSIGN(Buffer first_put, client_->Get(items[5].id));
+    EXPECT_TRUE(SameBytes(first_put.data(), data[5])) << "the first put of an id wins";
+    ASSERT_OK_AND_ASSIGN(Buffer with_metadata, client_->Get(items[named].id));
+    EXPECT_TRUE(SameBytes(with_metadata.metadata(), metadata));
+    ASSERT_OK_AND_ASSIGN(Buffer large_put, client_->Get(items[large].id));
+    EXPECT_EQ(large_put.size(), Client::kInlinePutBytes + 1);
+  }
+  // No reference is left behind once the reads are dropped: the small puts keep none, and
+  // the large one's went back.
+  const auto deadline = Clock::now() + milliseconds(2000);
+  StoreStatus status = Stats();
+  while (status.held_bytes != 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(1));
+    status = Stats();
+  }
+  EXPECT_EQ(status.held_bytes, 0u);
+  EXPECT_EQ(status.objects_sealed, small + 3);
+
+  EXPECT_TRUE(client_->PutMany({}).empty());
+}
+
 TEST_F(LifecycleTest, GetTimesOutCleanlyNamingTheObject) {
   const ObjectId id = ObjectId::FromName("lifecycle/never-sealed");
   const auto start = Clock::now();
@@ -560,7 +626,8 @@ TEST_F(LifecycleTest, WaitingGetDoesNotHoldUpOtherCallsOnTheSameClient) {
   Result<StoreStatus> status = client_->GetStatus();
   const auto took = Clock::now() - start;
   EXPECT_OK(status);
-  EXPECT_LT(took, milliseconds(1000)) << "a status call waited behind a waiting get";
+  // Held up, it would wait the get's 10 s; far less leaves room for a loaded machine.
+  EXPECT_LT(took, milliseconds(5000)) << "a status call waited behind a waiting get";
   EXPECT_OK(client_->Put(id, AsBytes("now")));
   getter.join();
   ASSERT_OK(waited);

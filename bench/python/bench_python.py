@@ -18,7 +18,10 @@ build-py/venv/bin/python) and numpy. It starts a private depotd.
    installed (`pip install ray`), ray.put and ray.get of the same array in a local Ray
    instance (its plasma store, started once, untimed) are added as a reference.
 
-3. GPU objects (skipped with --no-gpu): get(..., device=0) of a small object (a
+3. put_many of 10,000 small values (1 KiB numpy arrays) against a loop of put: the batch
+   sends a few hundred puts per write instead of one round trip each.
+
+4. GPU objects (skipped with --no-gpu): get(..., device=0) of a small object (a
    depot.DeviceArray; plus a DLPack capsule of it) against a host get, on the host's CUDA GPUs
    if the daemon finds any, else on a simulated GPU; with CuPy or PyTorch on a real GPU, put
    and get-on-device of an N-byte GPU array (largest of --sizes, at most 1 GB) against a
@@ -118,6 +121,24 @@ def bench_small_get(client, n):
           f"depot cold / raw = {t_cold / t_binding:.2f}x")
     print(f"  baseline: socket round trip     {t_socket * 1e6:8.2f} µs   "
           f"depot cold / socket = {t_cold / t_socket:.2f}x  (two Python threads)")
+
+
+def bench_put_many(client, n, repeat):
+    values = [np.full(128, i, dtype=np.float64) for i in range(n)]  # 1 KiB each
+
+    def one_by_one():
+        refs = [client.put(v) for v in values]
+        client.delete(refs)
+
+    def batched():
+        client.delete(client.put_many(values))
+
+    t_loop = median_time(one_by_one, repeat) / n
+    t_many = median_time(batched, repeat) / n
+    print(f"put of {n} 1 KiB arrays (µs per value, including deleting them afterwards)")
+    print(f"  depot put_many                  {t_many * 1e6:8.2f} µs")
+    print(f"  baseline: a loop of put         {t_loop * 1e6:8.2f} µs   "
+          f"put_many is {t_loop / t_many:.1f}x faster")
 
 
 def start_ray(memory):
@@ -349,6 +370,7 @@ def main():
     with depot.start_daemon(memory=memory, segment_size=largest + (64 << 20)) as daemon:
         with daemon.client() as client:
             bench_small_get(client, args.gets)
+            bench_put_many(client, 10_000, args.repeat)
             for size in sizes:
                 bench_array(client, size, args.repeat, ray)
     if ray is not None:

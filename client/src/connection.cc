@@ -280,20 +280,60 @@ const ipc::ObjectHeader* Connection::header(uint32_t slot) const {
 }
 
 Status Connection::Call(RequestMessage& request, Reply* reply) {
-  if (forked()) return Status::Disconnected(kForkedMessage);
-  Waiter me{next_id_.fetch_add(1, std::memory_order_relaxed), reply};
-  request.root().setId(me.id);
-  DEPOT_ASSIGN_OR_RETURN(ipc::OutFrame frame,
-                         ipc::EncodeFrame(request.message(), {}, max_frame_bytes_));
-  {
-    // Registered before sending: the reply may be read by another thread at once.
-    std::lock_guard lock(mu_);
-    if (!broken_.ok()) return broken_;
-    waiters_.push_back(&me);
-  }
-  // A failed send breaks the connection, which fails `me`: the loop below returns that.
-  Send(&frame);
+  RequestMessage* requests[] = {&request};
+  return std::move(CallMany(requests, reply).front());
+}
 
+std::vector<Status> Connection::CallMany(std::span<RequestMessage* const> requests,
+                                         Reply* replies) {
+  std::vector<Status> statuses(requests.size());
+  if (forked()) {
+    std::fill(statuses.begin(), statuses.end(), Status::Disconnected(kForkedMessage));
+    return statuses;
+  }
+  std::unique_ptr<Waiter[]> waiters(new Waiter[requests.size()]);
+  std::vector<ipc::OutFrame> frames;
+  frames.reserve(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Waiter& w = waiters[i];
+    w.id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    w.reply = &replies[i];
+    requests[i]->root().setId(w.id);
+    Result<ipc::OutFrame> frame = ipc::EncodeFrame(requests[i]->message(), {}, max_frame_bytes_);
+    if (!frame.ok()) {
+      w.status = frame.status();
+      w.done = true;  // never sent
+      continue;
+    }
+    frames.push_back(std::move(*frame));
+  }
+  if (!frames.empty()) {
+    {
+      // Registered before sending: a reply may be read by another thread at once.
+      std::lock_guard lock(mu_);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        if (waiters[i].done) continue;
+        if (!broken_.ok()) {
+          waiters[i].status = broken_;
+          waiters[i].done = true;
+        } else {
+          waiters_.push_back(&waiters[i]);
+        }
+      }
+    }
+    // A failed send breaks the connection, which fails the waiters: Await returns that.
+    Send(frames);
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Waiter& w = waiters[i];
+    Await(w);
+    statuses[i] = w.status.ok() ? Decode([&] { return ipc::StatusFromReply(w.reply->get()); })
+                                : std::move(w.status);
+  }
+  return statuses;
+}
+
+void Connection::Await(Waiter& me) {
   std::unique_lock lock(mu_);
   while (!me.done) {
     if (reading_) {
@@ -308,9 +348,6 @@ Status Connection::Call(RequestMessage& request, Reply* reply) {
     // Hand the reader role on; whoever finds reading_ false next takes it.
     if (!waiters_.empty()) waiters_.front()->cv.notify_one();
   }
-  lock.unlock();
-  if (!me.status.ok()) return me.status;
-  return Decode([&] { return ipc::StatusFromReply(reply->get()); });
 }
 
 size_t Connection::ReleaseIdsPerFrame() const {
@@ -338,7 +375,7 @@ void Connection::Release(const ObjectId& id) {
     }
   }
   if (notify) flusher_->cv.notify_one();
-  if (send_now) Send(nullptr);
+  if (send_now) Send({});
 }
 
 void Connection::Release(const ObjectId& id, int32_t device) {
@@ -349,7 +386,7 @@ void Connection::Release(const ObjectId& id, int32_t device) {
     device_releases_.emplace_back(id, device);
   }
   // GPU references are few and large: no batching, they go at once.
-  Send(nullptr);
+  Send({});
 }
 
 void Connection::StartFlusher() {
@@ -401,12 +438,12 @@ void Connection::FlushLoop() {
     quiet_rounds = released_ ? 0 : quiet_rounds + 1;
     if (releases_.empty()) continue;
     lock.unlock();
-    Send(nullptr);
+    Send({});
     lock.lock();
   }
 }
 
-void Connection::Send(ipc::OutFrame* request) {
+void Connection::Send(std::span<ipc::OutFrame> requests) {
   Status st;
   {
     std::lock_guard lock(send_mu_);
@@ -420,7 +457,7 @@ void Connection::Send(ipc::OutFrame* request) {
     }
     // Once broken, queued releases are dropped: the daemon has released everything. (A
     // request's caller was failed by Break, and learns it from its Waiter.)
-    if (broken() || (sending_.empty() && sending_device_.empty() && request == nullptr)) return;
+    if (broken() || (sending_.empty() && sending_device_.empty() && requests.empty())) return;
     out_frames_.clear();
     if (!sending_device_.empty()) {
       RequestMessage release;
@@ -448,10 +485,10 @@ void Connection::Send(ipc::OutFrame* request) {
         out_frames_.push_back(std::move(*frame));
       }
     }
-    // Releases first, then the request: one system call for all of it.
+    // Releases first, then the requests: one system call for all of it.
     iovec iov_small[2];
     std::vector<iovec> iov_large;
-    const size_t count = out_frames_.size() + (request != nullptr ? 1 : 0);
+    const size_t count = out_frames_.size() + requests.size();
     std::span<iovec> iov(iov_small, count);
     if (count > std::size(iov_small)) {
       iov_large.resize(count);
@@ -461,8 +498,8 @@ void Connection::Send(ipc::OutFrame* request) {
     for (ipc::OutFrame& f : out_frames_) {
       iov[k++] = iovec{f.bytes.data(), f.bytes.size() * sizeof(capnp::word)};
     }
-    if (request != nullptr) {
-      iov[k++] = iovec{request->bytes.data(), request->bytes.size() * sizeof(capnp::word)};
+    for (ipc::OutFrame& f : requests) {
+      iov[k++] = iovec{f.bytes.data(), f.bytes.size() * sizeof(capnp::word)};
     }
     st = WriteAll(socket_.get(), iov);
   }

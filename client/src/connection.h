@@ -127,6 +127,13 @@ class Connection {
   // in a child process forked after the connection was made; LimitExceeded if the request
   // exceeds the daemon's frame limit. Thread-safe.
   Status Call(RequestMessage& request, Reply* reply);
+  // Call for several requests at once: they go out in one write, after the queued releases,
+  // and the caller waits for every reply (`replies[i]` for `requests[i]`). Returns each
+  // request's status as Call would, in order. The caller reads no reply until all are
+  // written, and the daemon stops reading once it holds 64 MiB of replies unsent: keep a
+  // batch's replies well below that (hundreds of small replies, not a get of large ones).
+  // Thread-safe.
+  std::vector<Status> CallMany(std::span<RequestMessage* const> requests, Reply* replies);
 
   // Gives a reference back, asking for no reply: queues `id` for the next release frame
   // (see the top of this file). Does nothing once the connection is broken (the daemon has
@@ -170,7 +177,7 @@ class Connection {
   const std::string& socket_path() const { return socket_path_; }
 
  private:
-  // A caller waiting for its reply. Lives on the caller's stack; guarded by mu_.
+  // A caller waiting for a reply. Lives with the caller (Call, CallMany); guarded by mu_.
   struct Waiter {
     uint64_t id;
     Reply* reply;
@@ -182,9 +189,11 @@ class Connection {
   Status Handshake(const ConnectOptions& options);
   // Imports the chunks a reply announces; `fds` are the descriptors after its segments'.
   Status ImportChunks(capnp::List<wire::Chunk>::Reader chunks, std::vector<ipc::UniqueFd>& fds);
-  // Writes the queued releases, then `request` unless it is null, in one sendmsg (as far as
-  // the socket takes them); breaks the connection on failure.
-  void Send(ipc::OutFrame* request);
+  // Writes the queued releases, then `requests`, in one sendmsg (as far as the socket takes
+  // them); breaks the connection on failure.
+  void Send(std::span<ipc::OutFrame> requests);
+  // Waits until `me` is done, reading replies for everyone while no other thread does.
+  void Await(Waiter& me);
   // Most ids one release frame carries: the daemon's maxBatch, and what fits its frame limit.
   size_t ReleaseIdsPerFrame() const;
   // The flusher thread's body (see the top of this file).

@@ -133,6 +133,36 @@ def test_put_many_and_get_many_keep_order(client):
     assert client.get_many(["two", named[0]]) == [2, 1]
 
 
+def test_put_many_batches_every_kind_of_value_in_order(client):
+    # More small values than one batch write holds, between large, strided and pickled ones.
+    small = [np.full(i % 50 + 1, i, dtype=np.int32) for i in range(600)]
+    large = np.arange(1 << 20, dtype=np.float64)  # 8 MiB: created in place
+    strided = np.arange(100, dtype=np.int64)[::3]
+    values = small[:300] + [large, strided, {"nested": small[1]}] + small[300:] + [b"tail"]
+    refs = client.put_many(values)
+    got = client.get_many(refs)
+    for i, (want, have) in enumerate(zip(values, got)):
+        if isinstance(want, np.ndarray):
+            assert np.array_equal(want, have), i
+    assert np.array_equal(got[302]["nested"], small[1])
+    assert got[-1].tobytes() == b"tail"
+
+
+def test_put_many_stores_the_rest_and_raises_the_first_failure(client):
+    client.put(b"taken", name="put-many/taken")
+    with pytest.raises(depot.ObjectExists, match="put-many/taken|exists"):
+        client.put_many([b"a", b"b", b"c"], names=["put-many/a", "put-many/taken", "put-many/c"])
+    assert client.get("put-many/a").tobytes() == b"a"
+    assert client.get("put-many/c").tobytes() == b"c"
+    assert client.get("put-many/taken").tobytes() == b"taken"
+
+
+def test_put_many_of_an_unpicklable_value_stores_nothing(client):
+    with pytest.raises(depot.InvalidArgument):
+        client.put_many([b"first", lambda: None], names=["put-many/first", "put-many/lambda"])
+    assert "put-many/first" not in client
+
+
 def test_object_ref_is_hashable_picklable_and_printable(client):
     ref = client.put(1, name="answer")
     copy = pickle.loads(pickle.dumps(ref))

@@ -74,6 +74,13 @@ struct CreateOptions {
   bool checksum = false;
 };
 
+// One object of Client::PutMany.
+struct PutItem {
+  ObjectId id;
+  std::span<const std::byte> data;
+  CreateOptions options;
+};
+
 enum class ObjectState : uint8_t { kCreating, kSealed };
 
 // A GPU the daemon serves, with its pool (Client::Gpus, StoreStatus::gpus).
@@ -284,6 +291,15 @@ class Client {
   // released as a dropped handle's is.
   Status Put(const ObjectId& id, std::span<const std::byte> data,
              const CreateOptions& options = {});
+
+  // Puts each item as Put does, and returns each one's status, in order: one failing does
+  // not stop the others. The small ones (those Put sends in one request) are pipelined, up
+  // to kPutManyWindow requests in one write, so that a batch of small objects costs about
+  // one round trip per window instead of one per object.
+  std::vector<Status> PutMany(std::span<const PutItem> items);
+  static constexpr size_t kPutManyWindow = 256;
+  // Puts of at most this many bytes of data travel inside their request (see Put).
+  static constexpr size_t kInlinePutBytes = 32 * 1024;
 
   // Returns read-only handles to the objects, in the order of `ids`, waiting up to `timeout`
   // (0: not at all; kForever) for those not sealed yet. An entry is an empty Buffer if its

@@ -118,16 +118,7 @@ class Connection {
   void Put(nb::bytes id_bytes, nb::list parts, const std::vector<uint64_t>& offsets, uint64_t size,
            nb::bytes metadata, const std::string& name, bool pin) {
     const ObjectId id = ToId(id_bytes);
-    if (offsets.size() != parts.size()) throw nb::value_error("one offset per part");
-    std::vector<std::unique_ptr<ReadView>> views;
-    views.reserve(parts.size());
-    uint64_t end = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      views.push_back(std::make_unique<ReadView>(parts[i]));
-      if (offsets[i] < end) throw nb::value_error("parts overlap or are out of order");
-      end = offsets[i] + views.back()->bytes().size();
-    }
-    if (end > size) throw nb::value_error("parts run past the object's size");
+    const std::vector<std::unique_ptr<ReadView>> views = ViewParts(parts, offsets, size);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin);
     Client& c = client();
     Status st;
@@ -136,6 +127,63 @@ class Connection {
       st = PutParts(c, id, views, offsets, size, options);
     }
     RaiseIfError(st);
+  }
+
+  // Puts each of `items`, tuples (id, parts, offsets, size, metadata, name) as Put takes
+  // them, pipelining the small ones (Client::PutMany). Every item is attempted; the first
+  // failure, if any, is raised afterwards.
+  void PutMany(nb::list items, bool pin) {
+    struct Pending {
+      ObjectId id;
+      std::vector<std::unique_ptr<ReadView>> views;
+      std::vector<uint64_t> offsets;
+      uint64_t size = 0;
+      CreateOptions options;
+      std::vector<std::byte> gathered;  // the parts of a small object, joined
+    };
+    std::vector<Pending> pending(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      nb::tuple item = nb::cast<nb::tuple>(items[i]);
+      if (item.size() != 6) throw nb::value_error("put_many: each item is 6 values");
+      Pending& p = pending[i];
+      p.id = ToId(nb::cast<nb::bytes>(item[0]));
+      p.offsets = nb::cast<std::vector<uint64_t>>(item[2]);
+      p.size = nb::cast<uint64_t>(item[3]);
+      p.views = ViewParts(nb::cast<nb::list>(item[1]), p.offsets, p.size);
+      p.options =
+          MakeCreateOptions(nb::cast<nb::bytes>(item[4]), nb::cast<std::string>(item[5]), pin);
+    }
+    Client& c = client();
+    Status first_error;
+    {
+      nb::gil_scoped_release release;
+      std::vector<PutItem> batch;
+      auto put_batch = [&] {
+        for (Status& st : c.PutMany(batch)) {
+          if (first_error.ok()) first_error = std::move(st);
+        }
+        batch.clear();
+      };
+      for (Pending& p : pending) {
+        if (p.size > Client::kInlinePutBytes) {
+          put_batch();  // in order, as puts one by one would be
+          Status st = PutParts(c, p.id, p.views, p.offsets, p.size, p.options);
+          if (first_error.ok()) first_error = std::move(st);
+          continue;
+        }
+        std::span<const std::byte> data;
+        if (p.views.size() == 1 && p.offsets[0] == 0 && p.views[0]->bytes().size() == p.size) {
+          data = p.views[0]->bytes();
+        } else {
+          p.gathered.resize(p.size);
+          FillParts(p.gathered.data(), p.views, p.offsets, p.size);
+          data = p.gathered;
+        }
+        batch.push_back(PutItem{p.id, data, p.options});
+      }
+      put_batch();
+    }
+    RaiseIfError(first_error);
   }
 
   WritableBuffer Create(nb::bytes id_bytes, uint64_t size, nb::bytes metadata,
@@ -277,31 +325,51 @@ class Connection {
     RaiseIfError(st);
   }
 
+  // Views of `parts`, checked to lie at `offsets`, in order and within `size` bytes.
+  static std::vector<std::unique_ptr<ReadView>> ViewParts(nb::list parts,
+                                                          const std::vector<uint64_t>& offsets,
+                                                          uint64_t size) {
+    if (offsets.size() != parts.size()) throw nb::value_error("one offset per part");
+    std::vector<std::unique_ptr<ReadView>> views;
+    views.reserve(parts.size());
+    uint64_t end = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      views.push_back(std::make_unique<ReadView>(parts[i]));
+      if (offsets[i] < end) throw nb::value_error("parts overlap or are out of order");
+      end = offsets[i] + views.back()->bytes().size();
+    }
+    if (end > size) throw nb::value_error("parts run past the object's size");
+    return views;
+  }
+
+  // Writes the parts at their offsets into `dst` (`size` bytes), zeroing the gaps.
+  static void FillParts(std::byte* dst, const std::vector<std::unique_ptr<ReadView>>& views,
+                        const std::vector<uint64_t>& offsets, uint64_t size) {
+    uint64_t pos = 0;
+    for (size_t i = 0; i < views.size(); ++i) {
+      const auto src = views[i]->bytes();
+      std::memset(dst + pos, 0, offsets[i] - pos);
+      if (!src.empty()) std::memcpy(dst + offsets[i], src.data(), src.size());
+      pos = offsets[i] + src.size();
+    }
+    std::memset(dst + pos, 0, size - pos);
+  }
+
   static Status PutParts(Client& c, const ObjectId& id,
                          const std::vector<std::unique_ptr<ReadView>>& views,
                          const std::vector<uint64_t>& offsets, uint64_t size,
                          const CreateOptions& options) {
-    auto fill = [&](std::byte* dst) {
-      uint64_t pos = 0;
-      for (size_t i = 0; i < views.size(); ++i) {
-        const auto src = views[i]->bytes();
-        std::memset(dst + pos, 0, offsets[i] - pos);
-        if (!src.empty()) std::memcpy(dst + offsets[i], src.data(), src.size());
-        pos = offsets[i] + src.size();
-      }
-      std::memset(dst + pos, 0, size - pos);
-    };
     // Client::Put sends small objects inline, in one round trip.
     if (views.size() == 1 && offsets[0] == 0 && views[0]->bytes().size() == size) {
       return c.Put(id, views[0]->bytes(), options);
     }
-    if (size <= 32 * 1024) {
+    if (size <= Client::kInlinePutBytes) {
       std::vector<std::byte> blob(size);
-      fill(blob.data());
+      FillParts(blob.data(), views, offsets, size);
       return c.Put(id, blob, options);
     }
     DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
-    fill(buffer.ptr());
+    FillParts(buffer.ptr(), views, offsets, size);
     return c.Seal(id);
   }
 
@@ -487,6 +555,7 @@ NB_MODULE(_depot, m) {
       .def_prop_ro("session_id", &Connection::session_id)
       .def("put", &Connection::Put, "id"_a, "parts"_a, "offsets"_a, "size"_a, "metadata"_a,
            "name"_a, "pin"_a)
+      .def("put_many", &Connection::PutMany, "items"_a, "pin"_a)
       .def("create", &Connection::Create, "id"_a, "size"_a, "metadata"_a, "name"_a, "pin"_a)
       .def("put_device", &Connection::PutDevice, "id"_a, "source"_a, "size"_a, "device"_a,
            "wait_stream"_a.none(), "metadata"_a, "name"_a, "pin"_a)
