@@ -12,7 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <set>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -81,20 +81,92 @@ constexpr uint32_t kSpinMissCost = 4;
 constexpr uint32_t kSpinDebtLimit = 3 * kSpinMissCost;
 constexpr uint32_t kSpinRetryEvery = 64;
 
-// Every connection of the process, for fork() (Connection::StillForFork).
-struct LiveConnections {
-  std::mutex mu;
-  std::set<Connection*> all;  // guarded by mu
+// Where a flusher thread may allocate: its start and exit, and encoding or failing a send.
+// fork() waits until no flusher is inside (Close, in a pthread_atfork prepare handler) and
+// keeps new ones out until it returns (Open, in both processes). A child inherits the
+// memory of the parent's threads but only the thread that forked, so a lock another thread
+// held at the fork stays held in the child for ever; glibc's malloc guards its own with fork
+// handlers, but other allocators do not (AddressSanitizer's in GCC 12, for one): a child
+// forked while a flusher allocated hung at its first allocation of that size.
+//
+// Entering never waits for a fork that is waiting to close the gate (only for one that has
+// closed it), so a thread inside may let another in, and join it: see ~Connection. Not
+// the application's threads: what they do at a fork is the application's business, as with
+// any allocation; only the flusher is a thread of the library's own.
+class ForkGate {
+ public:
+  void Enter() {
+    std::lock_guard lock(mu_);
+    ++inside_;
+  }
+  void Leave() {
+    std::lock_guard lock(mu_);
+    if (--inside_ == 0) empty_.notify_all();
+  }
+  // Waits until no one is inside, and keeps mu_ locked (so no one enters) until Open.
+  void Close() {
+    std::unique_lock lock(mu_);
+    empty_.wait(lock, [this] { return inside_ == 0; });
+    lock.release();
+  }
+  void Open() { mu_.unlock(); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable empty_;
+  int inside_ = 0;  // guarded by mu_
 };
 
-// Never destroyed: connections may outlive static destruction order at exit.
-LiveConnections& Live() {
-  static auto* live = new LiveConnections;
-  return *live;
+// Never destroyed: flushers may outlive static destruction order at exit.
+ForkGate& TheForkGate() {
+  static auto* gate = new ForkGate;
+  return *gate;
 }
 
-// Writes all of `iov`, waiting while the socket is full.
-Status WriteAll(int socket, std::span<iovec> iov) {
+// Holds the gate for a scope; Leave() and Enter() step out and back in within it.
+class InsideForkGate {
+ public:
+  InsideForkGate() { TheForkGate().Enter(); }
+  ~InsideForkGate() {
+    if (inside_) TheForkGate().Leave();
+  }
+  InsideForkGate(const InsideForkGate&) = delete;
+  InsideForkGate& operator=(const InsideForkGate&) = delete;
+  void Leave() {
+    TheForkGate().Leave();
+    inside_ = false;
+  }
+  void Enter() {
+    TheForkGate().Enter();
+    inside_ = true;
+  }
+
+ private:
+  bool inside_ = true;
+};
+
+void CloseForkGate() { TheForkGate().Close(); }
+void OpenForkGate() { TheForkGate().Open(); }
+void OpenForkGateInChild() {
+  // The child's only thread: every connection it inherited now answers kForkedMessage.
+  fork_generation.fetch_add(1, std::memory_order_relaxed);
+  TheForkGate().Open();
+}
+
+// The current fork generation; the fork handlers are registered with the first connection.
+uint64_t ForkGeneration() {
+  static const bool registered = [] {
+    ::pthread_atfork(&CloseForkGate, &OpenForkGate, &OpenForkGateInChild);
+    return true;
+  }();
+  static_cast<void>(registered);
+  return fork_generation.load(std::memory_order_relaxed);
+}
+
+// Writes all of `iov`, waiting while the socket is full. Returns 0, or the errno of the
+// failure (of sendmsg or poll, told apart by `*in_poll`). Allocates nothing: a flusher
+// calls it outside the fork gate.
+int WriteAll(int socket, std::span<iovec> iov, bool* in_poll) {
   size_t i = 0;
   while (i < iov.size()) {
     msghdr msg{};
@@ -105,13 +177,14 @@ Status WriteAll(int socket, std::span<iovec> iov) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         pollfd p{socket, POLLOUT, 0};
-        if (::poll(&p, 1, -1) < 0 && errno != EINTR) return Status::FromErrno("poll", errno);
+        if (::poll(&p, 1, -1) < 0 && errno != EINTR) {
+          *in_poll = true;
+          return errno;
+        }
         continue;
       }
-      if (errno == EPIPE || errno == ECONNRESET) {
-        return Status::Disconnected("the peer closed the connection");
-      }
-      return Status::FromErrno("sendmsg", errno);
+      *in_poll = false;
+      return errno;
     }
     auto left = static_cast<size_t>(n);
     while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
@@ -120,7 +193,7 @@ Status WriteAll(int socket, std::span<iovec> iov) {
       iov[i].iov_len -= left;
     }
   }
-  return Status::OK();
+  return 0;
 }
 
 capnp::ReaderOptions ReaderOptionsFor(size_t words) {
@@ -155,51 +228,9 @@ Connection::Connection(ipc::UniqueFd socket, std::string socket_path,
       spin_(spin),
       fork_generation_(ForkGeneration()),
       release_batch_(kReleaseBatch),
-      reader_(kMaxReplyBytes) {
-  LiveConnections& live = Live();
-  std::lock_guard lock(live.mu);
-  live.all.insert(this);
-}
-
-uint64_t Connection::ForkGeneration() {
-  static const bool registered = [] {
-    ::pthread_atfork(&StillForFork, &ResumeAfterFork, &ResumeInForkedChild);
-    return true;
-  }();
-  static_cast<void>(registered);
-  return fork_generation.load(std::memory_order_relaxed);
-}
-
-void Connection::StillForFork() {
-  LiveConnections& live = Live();
-  live.mu.lock();
-  for (Connection* conn : live.all) {
-    conn->send_mu_.lock();
-    conn->release_mu_.lock();
-  }
-}
-
-void Connection::ResumeAfterFork() {
-  LiveConnections& live = Live();
-  for (Connection* conn : live.all) {
-    conn->release_mu_.unlock();
-    conn->send_mu_.unlock();
-  }
-  live.mu.unlock();
-}
-
-void Connection::ResumeInForkedChild() {
-  // The child's only thread: every connection it inherited now answers kForkedMessage.
-  fork_generation.fetch_add(1, std::memory_order_relaxed);
-  ResumeAfterFork();
-}
+      reader_(kMaxReplyBytes) {}
 
 Connection::~Connection() {
-  // Held until the flusher has exited: a fork meanwhile would find its thread half torn
-  // down (see StillForFork).
-  LiveConnections& live = Live();
-  std::lock_guard live_lock(live.mu);
-  live.all.erase(this);
   if (!flusher_) return;
   if (forked()) {
     // The flusher thread was not copied into this process, and the condition variable
@@ -212,12 +243,18 @@ Connection::~Connection() {
     stop_flusher_ = true;
   }
   flusher_->cv.notify_all();
+  // A flusher blocked writing to a daemon that reads nothing fails at once. No other thread
+  // uses the socket now (this was its last reference), and closing it next has the same
+  // effect on the daemon: it releases everything this connection held.
+  ::shutdown(socket_.get(), SHUT_RDWR);
   if (flusher_->thread.joinable()) {
     // The flusher holds no reference to the connection, so the last one is never dropped
     // on its thread; detach rather than join itself should that ever change.
     if (flusher_->thread.get_id() == std::this_thread::get_id()) {
       flusher_->thread.detach();
     } else {
+      // Inside the fork gate: the thread's exit frees its runtime's caches.
+      InsideForkGate inside;
       flusher_->thread.join();
     }
   }
@@ -280,8 +317,23 @@ const ipc::ObjectHeader* Connection::header(uint32_t slot) const {
 }
 
 Status Connection::Call(RequestMessage& request, Reply* reply) {
-  RequestMessage* requests[] = {&request};
-  return std::move(CallMany(requests, reply).front());
+  // CallMany of one, without its allocations: the common case.
+  if (forked()) return Status::Disconnected(kForkedMessage);
+  Waiter me{next_id_.fetch_add(1, std::memory_order_relaxed), reply};
+  request.root().setId(me.id);
+  DEPOT_ASSIGN_OR_RETURN(ipc::OutFrame frame,
+                         ipc::EncodeFrame(request.message(), {}, max_frame_bytes_));
+  {
+    // Registered before sending: the reply may be read by another thread at once.
+    std::lock_guard lock(mu_);
+    if (!broken_.ok()) return broken_;
+    waiters_.push_back(&me);
+  }
+  // A failed send breaks the connection, which fails `me`: Await returns that.
+  Send({&frame, 1});
+  Await(me);
+  if (!me.status.ok()) return me.status;
+  return Decode([&] { return ipc::StatusFromReply(reply->get()); });
 }
 
 std::vector<Status> Connection::CallMany(std::span<RequestMessage* const> requests,
@@ -399,13 +451,14 @@ void Connection::StartFlusher() {
   try {
     // `this`, not a shared_ptr: the flusher must not keep the connection alive, and the
     // destructor joins it before anything it uses goes.
+    // Until its code runs, a new thread may be in its runtime's start-up (allocating its
+    // caches): inside the fork gate until then.
+    InsideForkGate inside;
     flusher_->thread = std::thread([this, flusher = flusher_.get()] {
       flusher->started.store(true);
       flusher->started.notify_one();
       FlushLoop();
     });
-    // Until its code runs, a new thread may be in its runtime's start-up (allocating its
-    // caches, under the allocator's locks): a fork then would copy those locks held.
     flusher_->started.wait(false);
   } catch (const std::system_error&) {
     no_flusher_ = true;
@@ -438,13 +491,15 @@ void Connection::FlushLoop() {
     quiet_rounds = released_ ? 0 : quiet_rounds + 1;
     if (releases_.empty()) continue;
     lock.unlock();
-    Send({});
+    Send({}, /*from_flusher=*/true);
     lock.lock();
   }
 }
 
-void Connection::Send(std::span<ipc::OutFrame> requests) {
-  Status st;
+void Connection::Send(std::span<ipc::OutFrame> requests, bool from_flusher) {
+  // The flusher encodes and frees frames, and fails, inside the fork gate.
+  std::optional<InsideForkGate> inside;
+  if (from_flusher) inside.emplace();
   {
     std::lock_guard lock(send_mu_);
     // Taken under send_mu_: whoever takes a release writes it before any later request.
@@ -501,12 +556,18 @@ void Connection::Send(std::span<ipc::OutFrame> requests) {
     for (ipc::OutFrame& f : requests) {
       iov[k++] = iovec{f.bytes.data(), f.bytes.size() * sizeof(capnp::word)};
     }
-    st = WriteAll(socket_.get(), iov);
+    // The write may wait on the daemon for any time: not inside the fork gate.
+    if (inside) inside->Leave();
+    bool in_poll = false;
+    const int error = WriteAll(socket_.get(), iov, &in_poll);
+    if (inside) inside->Enter();
+    if (error == 0) return;
+    Break(error == EPIPE || error == ECONNRESET
+              ? Status::Disconnected(kClosedMessage)
+              : Status::Disconnected(
+                    "lost the connection to the daemon: " +
+                    Status::FromErrno(in_poll ? "poll" : "sendmsg", error).message()));
   }
-  if (st.ok()) return;
-  Break(st.Is(StatusCode::kDisconnected)
-            ? Status::Disconnected(kClosedMessage)
-            : Status::Disconnected("lost the connection to the daemon: " + st.message()));
 }
 
 void Connection::ReadUntilDone(Waiter& me) {

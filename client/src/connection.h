@@ -177,7 +177,7 @@ class Connection {
   const std::string& socket_path() const { return socket_path_; }
 
  private:
-  // A caller waiting for a reply. Lives with the caller (Call, CallMany); guarded by mu_.
+  // A caller waiting for a reply: on Call's stack, in CallMany's array. Guarded by mu_.
   struct Waiter {
     uint64_t id;
     Reply* reply;
@@ -190,8 +190,9 @@ class Connection {
   // Imports the chunks a reply announces; `fds` are the descriptors after its segments'.
   Status ImportChunks(capnp::List<wire::Chunk>::Reader chunks, std::vector<ipc::UniqueFd>& fds);
   // Writes the queued releases, then `requests`, in one sendmsg (as far as the socket takes
-  // them); breaks the connection on failure.
-  void Send(std::span<ipc::OutFrame> requests);
+  // them); breaks the connection on failure. The flusher says so (`from_flusher`): it does
+  // all but the write inside the fork gate (connection.cc).
+  void Send(std::span<ipc::OutFrame> requests, bool from_flusher = false);
   // Waits until `me` is done, reading replies for everyone while no other thread does.
   void Await(Waiter& me);
   // Most ids one release frame carries: the daemon's maxBatch, and what fits its frame limit.
@@ -234,22 +235,6 @@ class Connection {
   std::vector<ObjectId> sending_;  // the queue being sent; guarded by send_mu_
   std::vector<std::pair<ObjectId, int32_t>> sending_device_;  // guarded by send_mu_
   std::vector<ipc::OutFrame> out_frames_;                     // its frames; guarded by send_mu_
-
-  // fork() handlers. A child inherits the memory of the parent's threads but only the
-  // thread that forked, so a lock some other thread held at the fork stays held in the
-  // child for ever. The C library's allocator guards against this with fork handlers of its
-  // own; others do not (AddressSanitizer's, for one), and a child forked while a flusher
-  // allocates may hang at its first allocation. So no flusher allocates across a fork:
-  // StillForFork takes the registry's lock, which a connection holds from stopping its
-  // flusher until it has joined it, then every connection's send_mu_ and release_mu_: no
-  // flusher is then encoding a release frame, or starting (StartFlusher runs under
-  // release_mu_ and waits until the new thread runs its own code). The forking thread
-  // holds none of them: no Client call forks. Registered with the first connection, by
-  // ForkGeneration, which returns the process's fork generation.
-  static uint64_t ForkGeneration();
-  static void StillForFork();
-  static void ResumeAfterFork();
-  static void ResumeInForkedChild();  // also counts the fork (fork_generation)
 
   // The flusher's thread and what it sleeps on. On the heap, created with the first
   // release, so that a forked child can leave it alone (see ~Connection).

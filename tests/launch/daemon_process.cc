@@ -17,11 +17,15 @@ namespace depot::launch {
 pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& options, std::string* error) {
   // Everything the child uses is made here: between fork and exec it makes only
   // async-signal-safe calls.
+  if (argv.empty()) {
+    *error = "no program to run (empty argv)";
+    return -1;
+  }
   std::vector<std::string> args = argv;
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());
   arg_ptrs.push_back(nullptr);
-  const std::string exec_failed = "exec of " + args.at(0) + " failed\n";
+  const std::string exec_failed = "exec of " + args[0] + " failed: errno ";
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   if (options.cpu >= 0) CPU_SET(options.cpu, &cpus);
@@ -43,7 +47,15 @@ pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& options, s
       (void)!::write(STDERR_FILENO, kNotPinned, sizeof(kNotPinned) - 1);
     }
     ::execv(arg_ptrs[0], arg_ptrs.data());
+    // errno in decimal, without the C library's formatting (not async-signal-safe).
+    char digits[16];
+    size_t n = sizeof(digits);
+    digits[--n] = '\n';
+    for (int e = errno; n > 0 && (e != 0 || n == sizeof(digits) - 1); e /= 10) {
+      digits[--n] = static_cast<char>('0' + e % 10);
+    }
     (void)!::write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
+    (void)!::write(STDERR_FILENO, digits + n, sizeof(digits) - n);
     ::_exit(127);
   }
   return pid;

@@ -22,9 +22,9 @@ struct SpawnOptions {
   int death_signal = SIGTERM;
 };
 
-// Forks and executes argv (argv[0]: the daemon binary's path). Returns the child's pid, or
-// -1 with *error saying why. A failing exec makes the child exit with status 127, after
-// saying so on its output.
+// Forks and executes argv (argv[0]: the daemon binary's path; not empty). Returns the
+// child's pid, or -1 with *error saying why. A failing exec makes the child exit with
+// status 127, after saying so (with errno) on its output.
 pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& options, std::string* error);
 
 // Whether something accepts connections on the Unix socket at `path`.

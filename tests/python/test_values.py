@@ -150,11 +150,28 @@ def test_put_many_batches_every_kind_of_value_in_order(client):
 
 def test_put_many_stores_the_rest_and_raises_the_first_failure(client):
     client.put(b"taken", name="put-many/taken")
-    with pytest.raises(depot.ObjectExists, match="put-many/taken|exists"):
-        client.put_many([b"a", b"b", b"c"], names=["put-many/a", "put-many/taken", "put-many/c"])
+    client.put(b"also taken", name="put-many/taken-too")
+    big = np.arange(1 << 16)  # 512 KiB: put on its own, between the batched ones
+    names = ["put-many/a", "put-many/taken", "put-many/big", "put-many/taken-too", "put-many/c"]
+    with pytest.raises(depot.ObjectExists) as e:
+        client.put_many([b"a", b"b", big, b"d", b"c"], names=names)
+    assert e.value.refs == [depot.ObjectRef.from_name(n) for n in names]
+    assert sorted(e.value.failed) == [1, 3] and e.value.failed[1] is e.value
+    assert isinstance(e.value.failed[3], depot.ObjectExists)
     assert client.get("put-many/a").tobytes() == b"a"
+    assert np.array_equal(client.get("put-many/big"), big)
     assert client.get("put-many/c").tobytes() == b"c"
     assert client.get("put-many/taken").tobytes() == b"taken"
+    assert client.get("put-many/taken-too").tobytes() == b"also taken"
+
+
+def test_put_many_without_names_tells_which_random_ids_were_stored(client):
+    too_big = np.zeros(100 << 20, dtype=np.uint8)  # more than a 64 MiB segment holds
+    with pytest.raises(depot.InvalidArgument, match="larger than the largest object") as e:
+        client.put_many([b"kept", too_big, b"kept too"])
+    assert list(e.value.failed) == [1]
+    stored = [r for i, r in enumerate(e.value.refs) if i not in e.value.failed]
+    assert [client.get(r).tobytes() for r in stored] == [b"kept", b"kept too"]
 
 
 def test_put_many_of_an_unpicklable_value_stores_nothing(client):
@@ -217,6 +234,16 @@ def test_status_and_clients_describe_the_daemon(client, daemon):
     assert status.capacity_bytes == 256 << 20
     assert status.socket_path == daemon.socket
     assert any(c.session_id for c in client.clients())
+    client.put_many([b"a", b"b"])
+    status = client.status()
+    assert status.objects_on_host == status.objects_sealed == 2
+    assert status.spills == status.spilled_bytes == 0
+    assert status.replicas_made == status.replicas_dropped == 0
+    # Arena memory is page-locked only for CUDA GPUs (by a worker, soon after it is mapped).
+    if any(not g.simulated for g in status.gpus):
+        assert status.arena_page_locked_bytes <= status.mapped_bytes
+    else:
+        assert status.arena_page_locked_bytes == 0
 
 
 def test_client_defaults_to_depot_socket(daemon, monkeypatch):

@@ -295,10 +295,13 @@ class Client {
   // Puts each item as Put does, and returns each one's status, in order: one failing does
   // not stop the others. The small ones (those Put sends in one request) are pipelined, up
   // to kPutManyWindow requests in one write, so that a batch of small objects costs about
-  // one round trip per window instead of one per object.
+  // one round trip per window instead of one per object. Items reach the daemon in order.
+  // If the connection breaks, the items not yet answered fail with Disconnected, though the
+  // daemon may have stored some of them. Thread-safe, like every Client call.
   std::vector<Status> PutMany(std::span<const PutItem> items);
   static constexpr size_t kPutManyWindow = 256;
-  // Puts of at most this many bytes of data travel inside their request (see Put).
+  // Puts of at most this many bytes of data travel inside their request (see Put), provided
+  // data, metadata and name also fit the daemon's frame limit with room to spare.
   static constexpr size_t kInlinePutBytes = 32 * 1024;
 
   // Returns read-only handles to the objects, in the order of `ids`, waiting up to `timeout`

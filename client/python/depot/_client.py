@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _codec, _depot, _device
 from ._device import DeviceArray
@@ -126,8 +126,10 @@ class Client:
         Small values (up to 32 KiB once encoded) travel to the daemon together, a few hundred
         to a write, so that a batch of them costs about one round trip rather than one each.
         Every value is encoded first: one that cannot be raises before anything is stored.
-        Then every value is stored, in order; if any fails, the first failure is raised
-        once all have been tried.
+        Then every value is stored, in order, even after one fails. If any failed, the first
+        failure is raised once all have been tried, with two attributes: ``refs``, every
+        value's reference (as would have been returned), and ``failed``, a dict from the
+        index of each value that was not stored to its exception.
         """
         values = list(values)
         if names is not None and len(names) != len(values):
@@ -137,30 +139,34 @@ class Client:
             for i in range(len(values))
         ]
         encoded = [_codec.encode(v) for v in values]
-        first_error: Optional[DepotError] = None
+        failed: Dict[int, DepotError] = {}
         batch: List[tuple] = []
+        positions: List[int] = []
 
         def put_batch() -> None:
-            nonlocal first_error
             if batch:
-                try:
-                    self._conn.put_many(batch, pin)
-                except DepotError as e:
-                    first_error = first_error or e
+                for i, error in zip(positions, self._conn.put_many(batch, pin)):
+                    if error is not None:
+                        failed[i] = error
                 batch.clear()
+                positions.clear()
 
-        for ref, value, enc in zip(refs, values, encoded):
+        for i, (ref, value, enc) in enumerate(zip(refs, values, encoded)):
             if isinstance(enc, _ONE_BY_ONE):
                 put_batch()  # in order, as one put after another
                 try:
                     self._put_encoded(ref, value, enc, pin)
                 except DepotError as e:
-                    first_error = first_error or e
+                    failed[i] = e
                 continue
             batch.append((ref.id, enc.parts, enc.offsets, enc.size, enc.metadata, ref.name or ""))
+            positions.append(i)
         put_batch()
-        if first_error is not None:
-            raise first_error
+        if failed:
+            first = failed[min(failed)]
+            first.refs = refs
+            first.failed = failed
+            raise first
         return refs
 
     def _put(self, ref: ObjectRef, value: Any, pin: bool, device: Optional[int] = None) -> None:

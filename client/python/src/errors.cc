@@ -31,16 +31,19 @@ void RegisterErrorTypes(nb::dict types) {
   }
 }
 
-void Raise(const Status& status) {
+nb::object ErrorOf(const Status& status) {
   const auto index = static_cast<size_t>(status.code());
   PyObject* type =
       index < kCodes && g_types[index] != nullptr ? g_types[index] : PyExc_RuntimeError;
   const std::string_view code = StatusCodeName(status.code());
-  nb::object error =
-      type == PyExc_RuntimeError
-          ? nb::handle(type)(nb::str(status.ToString().c_str()))
-          : nb::handle(type)(nb::str(status.message().c_str()), nb::str(code.data(), code.size()));
-  PyErr_SetObject(type, error.ptr());
+  return type == PyExc_RuntimeError ? nb::handle(type)(nb::str(status.ToString().c_str()))
+                                    : nb::handle(type)(nb::str(status.message().c_str()),
+                                                       nb::str(code.data(), code.size()));
+}
+
+void Raise(const Status& status) {
+  nb::object error = ErrorOf(status);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
   throw nb::python_error();
 }
 

@@ -11,8 +11,12 @@ namespace depot::python {
 // package calls this once at import (depot._errors registers its hierarchy).
 void RegisterErrorTypes(nanobind::dict types);
 
-// Raises `status` (not OK) as the registered class for its code, with the message the daemon
-// or the client gave, and the code's name as `code`. Needs the GIL.
+// The exception `status` (not OK) is raised as: an instance of the registered class for its
+// code, with the message the daemon or the client gave, and the code's name as `code`.
+// Needs the GIL.
+nanobind::object ErrorOf(const Status& status);
+
+// Raises ErrorOf(status).
 [[noreturn]] void Raise(const Status& status);
 
 // Raises a value of `result`'s error, or returns its value.

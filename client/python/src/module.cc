@@ -130,14 +130,15 @@ class Connection {
   }
 
   // Puts each of `items`, tuples (id, parts, offsets, size, metadata, name) as Put takes
-  // them, pipelining the small ones (Client::PutMany). Every item is attempted; the first
-  // failure, if any, is raised afterwards.
-  void PutMany(nb::list items, bool pin) {
+  // them, pipelining the small ones (Client::PutMany). Every item is attempted. Returns, per
+  // item, None or the exception its failure is raised as.
+  nb::list PutMany(nb::list items, bool pin) {
     struct Pending {
       ObjectId id;
       std::vector<std::unique_ptr<ReadView>> views;
       std::vector<uint64_t> offsets;
       uint64_t size = 0;
+      nb::bytes metadata;  // held here: options point into it while the GIL is released
       CreateOptions options;
       std::vector<std::byte> gathered;  // the parts of a small object, joined
     };
@@ -150,25 +151,26 @@ class Connection {
       p.offsets = nb::cast<std::vector<uint64_t>>(item[2]);
       p.size = nb::cast<uint64_t>(item[3]);
       p.views = ViewParts(nb::cast<nb::list>(item[1]), p.offsets, p.size);
-      p.options =
-          MakeCreateOptions(nb::cast<nb::bytes>(item[4]), nb::cast<std::string>(item[5]), pin);
+      p.metadata = nb::cast<nb::bytes>(item[4]);
+      p.options = MakeCreateOptions(p.metadata, nb::cast<std::string>(item[5]), pin);
     }
     Client& c = client();
-    Status first_error;
+    std::vector<Status> statuses(pending.size());
     {
       nb::gil_scoped_release release;
       std::vector<PutItem> batch;
+      std::vector<size_t> positions;  // of the batch's items in `pending`
       auto put_batch = [&] {
-        for (Status& st : c.PutMany(batch)) {
-          if (first_error.ok()) first_error = std::move(st);
-        }
+        std::vector<Status> done = c.PutMany(batch);
+        for (size_t k = 0; k < done.size(); ++k) statuses[positions[k]] = std::move(done[k]);
         batch.clear();
+        positions.clear();
       };
-      for (Pending& p : pending) {
+      for (size_t i = 0; i < pending.size(); ++i) {
+        Pending& p = pending[i];
         if (p.size > Client::kInlinePutBytes) {
           put_batch();  // in order, as puts one by one would be
-          Status st = PutParts(c, p.id, p.views, p.offsets, p.size, p.options);
-          if (first_error.ok()) first_error = std::move(st);
+          statuses[i] = PutParts(c, p.id, p.views, p.offsets, p.size, p.options);
           continue;
         }
         std::span<const std::byte> data;
@@ -180,10 +182,13 @@ class Connection {
           data = p.gathered;
         }
         batch.push_back(PutItem{p.id, data, p.options});
+        positions.push_back(i);
       }
       put_batch();
     }
-    RaiseIfError(first_error);
+    nb::list errors;
+    for (const Status& st : statuses) errors.append(st.ok() ? nb::none() : ErrorOf(st));
+    return errors;
   }
 
   WritableBuffer Create(nb::bytes id_bytes, uint64_t size, nb::bytes metadata,
@@ -502,7 +507,13 @@ void BindInfo(nb::module_& m) {
       .def_ro("eviction_enabled", &StoreStatus::eviction_enabled)
       .def_ro("requests", &StoreStatus::requests)
       .def_ro("gpus", &StoreStatus::gpus)
-      .def_ro("gpu_backend", &StoreStatus::gpu_backend);
+      .def_ro("gpu_backend", &StoreStatus::gpu_backend)
+      .def_ro("spills", &StoreStatus::spills)
+      .def_ro("spilled_bytes", &StoreStatus::spilled_bytes)
+      .def_ro("replicas_made", &StoreStatus::replicas_made)
+      .def_ro("replicas_dropped", &StoreStatus::replicas_dropped)
+      .def_ro("arena_page_locked_bytes", &StoreStatus::arena_page_locked_bytes)
+      .def_ro("objects_on_host", &StoreStatus::objects_on_host);
 
   nb::class_<ClientInfo>(m, "ClientInfo", "A client connected to the daemon.")
       .def_ro("session_id", &ClientInfo::session_id)
