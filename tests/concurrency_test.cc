@@ -238,10 +238,15 @@ TEST_F(ConcurrencyTest, ForkWhileTheParentsFlusherWorksGivesAWorkingChild) {
 }
 
 // fork() waits for no socket write: a thread blocked writing to a daemon that reads
-// nothing (stopped here) must not hold up another thread's fork.
+// nothing (stopped here) must not hold up another thread's fork, nor must the flusher,
+// which then waits behind that writer with a release to send.
 TEST_F(ConcurrencyTest, ForkDoesNotWaitForAWriteTheDaemonIsNotReading) {
   const std::string socket = daemon_->socket_path();
   ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(socket));
+  const ObjectId held_id = ObjectId::FromName("concurrency/stopped/held");
+  ASSERT_OK(client.Put(held_id, SeededBytes(100, 5)));
+  std::optional<Buffer> held;
+  ASSERT_OK_AND_ASSIGN(held, client.Get(held_id));
   const std::vector<std::byte> data = SeededBytes(Client::kInlinePutBytes, 3);
   std::vector<PutItem> items;
   for (int i = 0; i < 2 * static_cast<int>(Client::kPutManyWindow); ++i) {
@@ -257,6 +262,8 @@ TEST_F(ConcurrencyTest, ForkDoesNotWaitForAWriteTheDaemonIsNotReading) {
   std::vector<Status> statuses;
   std::thread writer([&] { statuses = client.PutMany(items); });  // 8 MiB: fills the socket
   std::this_thread::sleep_for(milliseconds(200));
+  held.reset();  // the flusher wakes with a release, to wait for the writer's lock
+  std::this_thread::sleep_for(milliseconds(20));
   const auto start = std::chrono::steady_clock::now();
   ChildProcess child = ChildProcess::Start([] { return 0; });
   const auto forked = std::chrono::steady_clock::now() - start;

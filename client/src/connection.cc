@@ -20,7 +20,7 @@
 
 namespace depot::internal {
 
-// Incremented in the child by a pthread_atfork handler (ResumeInForkedChild), which runs in
+// Incremented in the child by a pthread_atfork handler (OpenForkGateInChild), which runs in
 // the child's only thread before fork() returns there: relaxed accesses suffice.
 std::atomic<uint64_t> fork_generation{0};
 
@@ -238,14 +238,17 @@ Connection::~Connection() {
     static_cast<void>(flusher_.release());
     return;
   }
+  // Inside the fork gate from before the flusher is told to stop until it is joined: its
+  // exit frees its runtime's caches.
+  InsideForkGate inside;
   {
     std::lock_guard lock(release_mu_);
     stop_flusher_ = true;
   }
   flusher_->cv.notify_all();
-  // A flusher blocked writing to a daemon that reads nothing fails at once. No other thread
-  // uses the socket now (this was its last reference), and closing it next has the same
-  // effect on the daemon: it releases everything this connection held.
+  // A flusher blocked writing to a daemon that reads nothing fails at once. No application
+  // thread uses the socket now (this was its last reference), and closing it next has the
+  // same effect on the daemon: it releases everything this connection held.
   ::shutdown(socket_.get(), SHUT_RDWR);
   if (flusher_->thread.joinable()) {
     // The flusher holds no reference to the connection, so the last one is never dropped
@@ -253,8 +256,6 @@ Connection::~Connection() {
     if (flusher_->thread.get_id() == std::this_thread::get_id()) {
       flusher_->thread.detach();
     } else {
-      // Inside the fork gate: the thread's exit frees its runtime's caches.
-      InsideForkGate inside;
       flusher_->thread.join();
     }
   }
@@ -497,77 +498,76 @@ void Connection::FlushLoop() {
 }
 
 void Connection::Send(std::span<ipc::OutFrame> requests, bool from_flusher) {
-  // The flusher encodes and frees frames, and fails, inside the fork gate.
+  std::lock_guard lock(send_mu_);
+  // The flusher encodes and frees frames, and fails, inside the fork gate; it enters only
+  // once it has the send lock, which a writer blocked on the daemon may hold for any time.
   std::optional<InsideForkGate> inside;
   if (from_flusher) inside.emplace();
+  // Taken under send_mu_: whoever takes a release writes it before any later request.
+  sending_.clear();
+  sending_device_.clear();
   {
-    std::lock_guard lock(send_mu_);
-    // Taken under send_mu_: whoever takes a release writes it before any later request.
-    sending_.clear();
-    sending_device_.clear();
-    {
-      std::lock_guard release_lock(release_mu_);
-      sending_.swap(releases_);
-      sending_device_.swap(device_releases_);
-    }
-    // Once broken, queued releases are dropped: the daemon has released everything. (A
-    // request's caller was failed by Break, and learns it from its Waiter.)
-    if (broken() || (sending_.empty() && sending_device_.empty() && requests.empty())) return;
-    out_frames_.clear();
-    if (!sending_device_.empty()) {
-      RequestMessage release;
-      auto root = release.root();
-      root.setId(0);
-      auto list = root.initReleaseRefs(static_cast<unsigned>(sending_device_.size()));
-      for (size_t k = 0; k < sending_device_.size(); ++k) {
-        ipc::ToWire(sending_device_[k].first, list[k].initId());
-        list[k].setDevice(sending_device_[k].second);
-      }
-      if (auto frame = ipc::EncodeFrame(release.message(), {}, max_frame_bytes_); frame.ok()) {
-        out_frames_.push_back(std::move(*frame));
-      }
-    }
-    const size_t per_frame = ReleaseIdsPerFrame();
-    for (size_t first = 0; first < sending_.size(); first += per_frame) {
-      const size_t n = std::min(per_frame, sending_.size() - first);
-      RequestMessage release;
-      auto root = release.root();
-      root.setId(0);  // no reply wanted
-      auto list = root.initRelease(static_cast<unsigned>(n));
-      for (size_t k = 0; k < n; ++k) ipc::ToWire(sending_[first + k], list[k]);
-      // Sized to fit the frame limit, so this does not fail.
-      if (auto frame = ipc::EncodeFrame(release.message(), {}, max_frame_bytes_); frame.ok()) {
-        out_frames_.push_back(std::move(*frame));
-      }
-    }
-    // Releases first, then the requests: one system call for all of it.
-    iovec iov_small[2];
-    std::vector<iovec> iov_large;
-    const size_t count = out_frames_.size() + requests.size();
-    std::span<iovec> iov(iov_small, count);
-    if (count > std::size(iov_small)) {
-      iov_large.resize(count);
-      iov = iov_large;
-    }
-    size_t k = 0;
-    for (ipc::OutFrame& f : out_frames_) {
-      iov[k++] = iovec{f.bytes.data(), f.bytes.size() * sizeof(capnp::word)};
-    }
-    for (ipc::OutFrame& f : requests) {
-      iov[k++] = iovec{f.bytes.data(), f.bytes.size() * sizeof(capnp::word)};
-    }
-    // The write may wait on the daemon for any time: not inside the fork gate.
-    if (inside) inside->Leave();
-    bool in_poll = false;
-    const int error = WriteAll(socket_.get(), iov, &in_poll);
-    if (inside) inside->Enter();
-    if (error == 0) return;
-    Break(error == EPIPE || error == ECONNRESET
-              ? Status::Disconnected(kClosedMessage)
-              : Status::Disconnected(
-                    "lost the connection to the daemon: " +
-                    Status::FromErrno(in_poll ? "poll" : "sendmsg", error).message()));
+    std::lock_guard release_lock(release_mu_);
+    sending_.swap(releases_);
+    sending_device_.swap(device_releases_);
   }
+  // Once broken, queued releases are dropped: the daemon has released everything. (A
+  // request's caller was failed by Break, and learns it from its Waiter.)
+  if (broken() || (sending_.empty() && sending_device_.empty() && requests.empty())) return;
+  out_frames_.clear();
+  if (!sending_device_.empty()) {
+    RequestMessage release;
+    auto root = release.root();
+    root.setId(0);
+    auto list = root.initReleaseRefs(static_cast<unsigned>(sending_device_.size()));
+    for (size_t k = 0; k < sending_device_.size(); ++k) {
+      ipc::ToWire(sending_device_[k].first, list[k].initId());
+      list[k].setDevice(sending_device_[k].second);
+    }
+    if (auto frame = ipc::EncodeFrame(release.message(), {}, max_frame_bytes_); frame.ok()) {
+      out_frames_.push_back(std::move(*frame));
+    }
+  }
+  const size_t per_frame = ReleaseIdsPerFrame();
+  for (size_t first = 0; first < sending_.size(); first += per_frame) {
+    const size_t n = std::min(per_frame, sending_.size() - first);
+    RequestMessage release;
+    auto root = release.root();
+    root.setId(0);  // no reply wanted
+    auto list = root.initRelease(static_cast<unsigned>(n));
+    for (size_t k = 0; k < n; ++k) ipc::ToWire(sending_[first + k], list[k]);
+    // Sized to fit the frame limit, so this does not fail.
+    if (auto frame = ipc::EncodeFrame(release.message(), {}, max_frame_bytes_); frame.ok()) {
+      out_frames_.push_back(std::move(*frame));
+    }
+  }
+  // Releases first, then the requests: one system call for all of it.
+  iovec iov_small[2];
+  std::vector<iovec> iov_large;
+  const size_t count = out_frames_.size() + requests.size();
+  std::span<iovec> iov(iov_small, count);
+  if (count > std::size(iov_small)) {
+    iov_large.resize(count);
+    iov = iov_large;
+  }
+  size_t k = 0;
+  for (ipc::OutFrame& f : out_frames_) {
+    iov[k++] = iovec{f.bytes.data(), f.bytes.size() * sizeof(capnp::word)};
+  }
+  for (ipc::OutFrame& f : requests) {
+    iov[k++] = iovec{f.bytes.data(), f.bytes.size() * sizeof(capnp::word)};
+  }
+  // The write may wait on the daemon for any time: not inside the fork gate.
+  if (inside) inside->Leave();
+  bool in_poll = false;
+  const int error = WriteAll(socket_.get(), iov, &in_poll);
+  if (inside) inside->Enter();
+  if (error == 0) return;
+  Break(
+      error == EPIPE || error == ECONNRESET
+          ? Status::Disconnected(kClosedMessage)
+          : Status::Disconnected("lost the connection to the daemon: " +
+                                 Status::FromErrno(in_poll ? "poll" : "sendmsg", error).message()));
 }
 
 void Connection::ReadUntilDone(Waiter& me) {

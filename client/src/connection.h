@@ -191,7 +191,7 @@ class Connection {
   Status ImportChunks(capnp::List<wire::Chunk>::Reader chunks, std::vector<ipc::UniqueFd>& fds);
   // Writes the queued releases, then `requests`, in one sendmsg (as far as the socket takes
   // them); breaks the connection on failure. The flusher says so (`from_flusher`): it does
-  // all but the write inside the fork gate (connection.cc).
+  // all but taking the send lock and the write inside the fork gate (connection.cc).
   void Send(std::span<ipc::OutFrame> requests, bool from_flusher = false);
   // Waits until `me` is done, reading replies for everyone while no other thread does.
   void Await(Waiter& me);
