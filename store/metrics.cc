@@ -96,12 +96,11 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Help("depot_page_locked_bytes", "gauge",
          "Host arena bytes page-locked (registered with the CUDA driver) for GPU copies.");
   w.Line("depot_page_locked_bytes{tier=\"host\"} %" PRIu64 "\n", arena.page_locked_bytes());
-  if (!pools.empty()) {
-    // Not depot_replicas: Prometheus parsers name the family of depot_replicas_total so.
-    w.Help("depot_tier_objects", "gauge",
-           "Objects with a copy on a GPU, copies being made included.");
-    each_gpu("depot_tier_objects", [&](uint32_t d) { return store.device_usage(d).replicas; });
-  }
+  // Not depot_replicas: Prometheus parsers name the family of depot_replicas_total so.
+  w.Help("depot_tier_objects", "gauge",
+         "Objects with a copy on each tier, copies being made included.");
+  w.Line("depot_tier_objects{tier=\"host\"} %" PRIu64 "\n", store.ObjectsOnHost());
+  each_gpu("depot_tier_objects", [&](uint32_t d) { return store.device_usage(d).replicas; });
   w.Help("depot_objects", "gauge", "Objects in the store, by state.");
   w.Line("depot_objects{state=\"sealed\"} %" PRIu64 "\n", c.objects_sealed);
   w.Line("depot_objects{state=\"creating\"} %" PRIu64 "\n", c.objects_creating);

@@ -230,6 +230,7 @@ void ObjectStore::DropHostReplica(uint32_t slot) {
   if (headers_.at(slot).flags & ipc::kFlagPinned) counters_.pinned_bytes -= BlockBytes(slot);
   arena_.Free(headers_.at(slot).segment, o.alloc);
   o.on_host = o.host_ready = false;
+  counters_.objects_on_host--;
   PublishTiers(slot);
 }
 
@@ -334,6 +335,7 @@ void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDon
   h.segment = block->segment;
   Publish(client, p, slot);
   objects_[slot].alloc = block->handle;
+  counters_.objects_on_host++;
   h.tiers.store(ipc::kTierHost, std::memory_order_relaxed);
   if (p.pin) counters_.pinned_bytes += BlockBytes(slot);
   AddRef(client, state, slot, kHost);
@@ -499,6 +501,7 @@ void ObjectStore::FreeObject(uint32_t slot) {
   if (o.on_host) {
     if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes -= BlockBytes(slot);
     arena_.Free(h.segment, o.alloc);
+    counters_.objects_on_host--;
   }
   for (const Replica& r : o.replicas) {
     device_lru_[r.device].Remove(slot);
@@ -784,6 +787,7 @@ void ObjectStore::StartTransfer(uint32_t slot, int32_t device, bool spill, uint6
     o.alloc = block->handle;
     o.on_host = true;
     o.host_ready = false;
+    counters_.objects_on_host++;
     h.segment = block->segment;
     h.offset = block->offset;
     if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes += BlockBytes(slot);
@@ -861,6 +865,7 @@ void ObjectStore::FinishTransfer(uint32_t slot, int32_t device, Status status) {
       if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes -= BlockBytes(slot);
       arena_.Free(h.segment, o.alloc);
       o.on_host = false;
+      counters_.objects_on_host--;
     } else if (Replica* r = FindReplica(slot, device); r != nullptr && !r->ready) {
       pools_[device]->Free(r->chunk, r->alloc);
       std::erase_if(o.replicas, [device](const Replica& x) { return x.device == device; });
@@ -1047,14 +1052,6 @@ std::vector<uint32_t> ObjectStore::Largest(uint32_t n) const {
   }
   std::sort_heap(heap.begin(), heap.end(), larger);
   return heap;
-}
-
-uint64_t ObjectStore::ObjectsOnHost() const {
-  uint64_t count = 0;
-  for (uint32_t slot = 0, end = headers_.high_water(); slot < end; ++slot) {
-    if (headers_.state(slot) != ipc::ObjectState::kFree && objects_[slot].on_host) ++count;
-  }
-  return count;
 }
 
 std::string_view ObjectStore::NameOf(uint32_t slot) const {

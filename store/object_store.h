@@ -99,6 +99,7 @@ struct StoreCounters {
   uint64_t replicas_dropped = 0;  // extra copies dropped to make room
   uint64_t spills = 0;            // objects moved from a full GPU to host memory
   uint64_t spilled_bytes = 0;
+  uint64_t objects_on_host = 0;  // with a host block: ready or being copied in
 };
 
 // One GPU pool's use (status).
@@ -212,9 +213,8 @@ class ObjectStore {
   // The clients holding references to the object in `slot`, with how many each, in all and
   // by tier, in client id order (kStoreClient first, when a Verify is reading it).
   std::vector<HolderInfo> HoldersOf(uint32_t slot) const;
-  // Objects with a copy in host memory, ready or being made. Counts them: O(objects), for
-  // the admin `status` request.
-  uint64_t ObjectsOnHost() const;
+  // Objects with a copy in host memory, ready or being made.
+  uint64_t ObjectsOnHost() const { return counters_.objects_on_host; }
   // The replicas of the object in `slot`: host first, then GPUs in device order.
   std::vector<ReplicaInfo> ReplicasOf(uint32_t slot) const;
   // The tiers the object in `slot` has ready bytes on (ObjectHeader::tiers).

@@ -9,6 +9,7 @@
 #include "daemon.h"
 #include "depot/client.h"
 #include "depot/ipc/units.h"
+#include "store_checks.h"
 #include "test_support.h"
 
 namespace depot::testing {
@@ -47,6 +48,10 @@ class StoreUnderPressure : public ::testing::Test {
     auto r = client_->Contains(Id(name));
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() && *r;
+  }
+
+  void TearDown() override {
+    if (client_ && !HasFatalFailure()) ExpectObjectsOnHostMatchTheList(*client_);
   }
 
   StoreStatus Stats() {

@@ -24,6 +24,7 @@
 #include "daemon.h"
 #include "depot/client.h"
 #include "device_memory.h"
+#include "store_checks.h"
 #include "test_support.h"
 
 #ifndef DEPOT_GPU_CLIENT_PATH
@@ -86,6 +87,10 @@ class GpuTest : public ::testing::Test {
     ASSERT_OK(CopyToDevice(kKind, device, buffer.device_ptr(), SeededBytes(size, seed)));
     // CopyToDevice returns once its copy is complete: no stream to wait for.
     ASSERT_OK(client_->Seal(id));
+  }
+
+  void TearDown() override {
+    if (client_ && !HasFatalFailure()) ExpectObjectsOnHostMatchTheList(*client_);
   }
 
   StoreStatus Stats() {
@@ -272,6 +277,31 @@ GPU_TEST(ExtraReplicasAreDroppedBeforeAnythingSpills) {
   EXPECT_EQ(status.spills, 0u) << "b must stay: a's GPU copy was an extra one";
 }
 
+GPU_TEST(HostPressureDropsTheHostCopyOfAGpuObjectBeforeEvictingAnything) {
+  StartDaemon();  // a host arena of 64 MiB in segments of 16 MiB
+  const ObjectId gpu_object = ObjectId::FromName("gpu/host-copy-dropped");
+  PutOnDevice(gpu_object, 6 * kMiB, 0, 21);
+  { ASSERT_OK_AND_ASSIGN(Buffer copy, client_->Get(gpu_object)); }  // a host copy, released
+  ASSERT_OK_AND_ASSIGN(ObjectDetails before, client_->Describe(gpu_object));
+  ASSERT_EQ(before.replicas.size(), 2u);
+  // Five 3 MiB objects fill a segment: 20 fit in the arena, 18 beside the 6 MiB host copy.
+  constexpr int kHostObjects = 19;
+  for (int i = 0; i < kHostObjects; ++i) {
+    const Status put = client_->Put(ObjectId::FromName("gpu/host-pressure/" + std::to_string(i)),
+                                    SeededBytes(3 * kMiB, i));
+    ASSERT_TRUE(put.ok()) << i << ": " << put.ToString();
+  }
+  const StoreStatus status = Stats();
+  EXPECT_EQ(status.evictions, 0u) << "a host-only object went while a GPU object's copy stayed";
+  EXPECT_EQ(status.objects_sealed, uint64_t{kHostObjects + 1});
+  EXPECT_EQ(status.objects_on_host, uint64_t{kHostObjects});
+  ASSERT_OK_AND_ASSIGN(ObjectDetails after, client_->Describe(gpu_object));
+  ASSERT_EQ(after.replicas.size(), 1u);
+  EXPECT_EQ(after.replicas[0].device, 0);
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer on0, client_->GetOnDevice(gpu_object, 0));
+  EXPECT_TRUE(SameBytes(on0, 21));
+}
+
 GPU_TEST(PoolFullOfReferencedObjectsIsAClearOutOfMemory) {
   StartDaemon();
   ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer a,
@@ -349,6 +379,7 @@ GPU_TEST(MetricsCountBytesAndCopiesByTier) {
   EXPECT_TRUE(has("depot_bytes_out_total{tier=\"host\"} " + std::to_string(kMiB + 4))) << metrics;
   EXPECT_TRUE(has("depot_replicas_total{event=\"made\"} 1")) << metrics;
   EXPECT_TRUE(has("depot_tier_objects{tier=\"gpu0\"} 1")) << metrics;
+  EXPECT_TRUE(has("depot_tier_objects{tier=\"host\"} 1")) << metrics;
   EXPECT_TRUE(has("depot_spills_total 0")) << metrics;
 }
 

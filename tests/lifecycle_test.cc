@@ -14,6 +14,7 @@
 #include "child_process.h"
 #include "daemon.h"
 #include "depot/client.h"
+#include "store_checks.h"
 #include "test_support.h"
 
 namespace depot::testing {
@@ -51,6 +52,10 @@ class LifecycleTest : public ::testing::Test {
     daemon_.emplace();
     ASSERT_TRUE(daemon_->ok()) << daemon_->error();
     ASSERT_OK_AND_ASSIGN(client_, Connect());
+  }
+
+  void TearDown() override {
+    if (client_ && !HasFatalFailure()) ExpectObjectsOnHostMatchTheList(*client_);
   }
 
   Result<Client> Connect() { return Client::Connect(daemon_->socket_path()); }

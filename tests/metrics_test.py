@@ -113,6 +113,8 @@ class MetricsEndpointTest(unittest.TestCase):
         self.assertEqual(self.value(families["depot_page_locked_bytes"], "depot_page_locked_bytes",
                                     tier="host"), 0)
         self.assertEqual(self.value(families["depot_objects"], "depot_objects", state="sealed"), 1)
+        self.assertEqual(self.value(families["depot_tier_objects"], "depot_tier_objects",
+                                    tier="host"), 1)
         self.assertEqual(self.value(families["depot_bytes_in"], "depot_bytes_in_total", tier="host"),
                          len(payload))
         self.assertEqual(self.value(families["depot_bytes_out"], "depot_bytes_out_total", tier="host"),
