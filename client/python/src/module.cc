@@ -173,15 +173,8 @@ class Connection {
           statuses[i] = PutParts(c, p.id, p.views, p.offsets, p.size, p.options);
           continue;
         }
-        std::span<const std::byte> data;
-        if (p.views.size() == 1 && p.offsets[0] == 0 && p.views[0]->bytes().size() == p.size) {
-          data = p.views[0]->bytes();
-        } else {
-          p.gathered.resize(p.size);
-          FillParts(p.gathered.data(), p.views, p.offsets, p.size);
-          data = p.gathered;
-        }
-        batch.push_back(PutItem{p.id, data, p.options});
+        batch.push_back(
+            PutItem{p.id, JoinParts(p.views, p.offsets, p.size, &p.gathered), p.options});
         positions.push_back(i);
       }
       put_batch();
@@ -360,18 +353,31 @@ class Connection {
     std::memset(dst + pos, 0, size - pos);
   }
 
+  // Whether the parts are one buffer of the whole object.
+  static bool IsOnePart(const std::vector<std::unique_ptr<ReadView>>& views,
+                        const std::vector<uint64_t>& offsets, uint64_t size) {
+    return views.size() == 1 && offsets[0] == 0 && views[0]->bytes().size() == size;
+  }
+
+  // The object's bytes in one span: the one part's own, or the parts joined in `*scratch`.
+  static std::span<const std::byte> JoinParts(const std::vector<std::unique_ptr<ReadView>>& views,
+                                              const std::vector<uint64_t>& offsets, uint64_t size,
+                                              std::vector<std::byte>* scratch) {
+    if (IsOnePart(views, offsets, size)) return views[0]->bytes();
+    scratch->resize(size);
+    FillParts(scratch->data(), views, offsets, size);
+    return *scratch;
+  }
+
   static Status PutParts(Client& c, const ObjectId& id,
                          const std::vector<std::unique_ptr<ReadView>>& views,
                          const std::vector<uint64_t>& offsets, uint64_t size,
                          const CreateOptions& options) {
-    // Client::Put sends small objects inline, in one round trip.
-    if (views.size() == 1 && offsets[0] == 0 && views[0]->bytes().size() == size) {
-      return c.Put(id, views[0]->bytes(), options);
-    }
-    if (size <= Client::kInlinePutBytes) {
-      std::vector<std::byte> blob(size);
-      FillParts(blob.data(), views, offsets, size);
-      return c.Put(id, blob, options);
+    // Client::Put sends small objects inline, in one round trip, and copies one buffer into
+    // shared memory itself.
+    if (IsOnePart(views, offsets, size) || size <= Client::kInlinePutBytes) {
+      std::vector<std::byte> scratch;
+      return c.Put(id, JoinParts(views, offsets, size, &scratch), options);
     }
     DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
     FillParts(buffer.ptr(), views, offsets, size);
