@@ -16,17 +16,15 @@
 #include <thread>
 #include <utility>
 
+#include "daemon_process.h"
+
 extern char** environ;
 
 namespace depot::testing {
 
 namespace {
 
-int ExitCodeOf(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return kSignalExitBase + WTERMSIG(status);
-  return -1;
-}
+static_assert(kSignalExitBase == 128, "the exit codes of launch::ExitCodeOf");
 
 // Waits for `pid` up to `timeout`; returns its exit code, or nullopt if it is still running.
 std::optional<int> WaitFor(pid_t pid, std::chrono::milliseconds timeout) {
@@ -34,7 +32,7 @@ std::optional<int> WaitFor(pid_t pid, std::chrono::milliseconds timeout) {
   for (;;) {
     int status = 0;
     const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return ExitCodeOf(status);
+    if (r == pid) return launch::ExitCodeOf(status);
     if (r < 0 && errno != EINTR) return -1;
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -72,11 +72,14 @@ bool Accepts(const std::string& path) {
   return ok;
 }
 
+int ExitCodeOf(int wait_status) {
+  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status);
+}
+
 std::optional<int> TryReap(pid_t pid) {
   int status = 0;
   if (::waitpid(pid, &status, WNOHANG) != pid) return std::nullopt;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + WTERMSIG(status);
+  return ExitCodeOf(status);
 }
 
 std::string DescribeExit(int code) {

@@ -30,8 +30,12 @@ pid_t Spawn(const std::vector<std::string>& argv, const SpawnOptions& options, s
 // Whether something accepts connections on the Unix socket at `path`.
 bool Accepts(const std::string& path);
 
-// The exit code of child `pid` if it has exited (128 + N if signal N killed it), reaping it;
-// nullopt while it runs.
+// The exit code a waitpid() status stands for: the process's exit status, or 128 + N if
+// signal N killed it.
+int ExitCodeOf(int wait_status);
+
+// The exit code of child `pid` if it has exited (ExitCodeOf), reaping it; nullopt while it
+// runs.
 std::optional<int> TryReap(pid_t pid);
 
 // "exited with status N" or "was killed by signal N (name)", for an exit code of TryReap.
