@@ -127,11 +127,15 @@ struct Location {
   metadata @6 :Data;
 }
 
-# A segment of the host arena the session has not been sent yet. Its file descriptor is
-# attached to the frame, in the order of Reply.newSegments.
+# A segment of the host arena the session has not been sent yet, or not yet for writing. Its
+# file descriptor is attached to the frame, in the order of Reply.newSegments. Every segment
+# comes first read-only (`writable` false: a descriptor that cannot be mapped writable); the
+# reply to a session's first create in a segment also carries it writable (after the
+# read-only entry when both are new).
 struct Segment {
   index @0 :UInt32;
   size @1 :UInt64;
+  writable @2 :Bool;
 }
 
 # How a client reaches a chunk of a GPU pool (depot::ipc::ChunkHandle).

@@ -75,7 +75,10 @@ class Arena {
 
   // Where the daemon sees a segment's bytes.
   std::byte* base(uint32_t segment) const { return segments_[segment]->base; }
+  // The descriptors clients receive: read-write for the clients that create objects in the
+  // segment, read-only (and impossible to re-open read-write, but for root) for the others.
   int fd(uint32_t segment) const { return segments_[segment]->fd.get(); }
+  int read_fd(uint32_t segment) const { return segments_[segment]->read_fd.get(); }
   uint64_t segment_bytes(uint32_t segment) const { return segments_[segment]->size; }
   uint32_t segment_count() const { return static_cast<uint32_t>(segments_.size()); }
 
@@ -99,6 +102,7 @@ class Arena {
   struct Segment {
     uint32_t index = 0;
     ipc::UniqueFd fd;
+    ipc::UniqueFd read_fd;  // the same file, opened read-only
     uint64_t size = 0;
     std::byte* base = nullptr;
     std::atomic<bool> page_locked{false};  // set by the worker that locked it
@@ -109,6 +113,8 @@ class Arena {
   Arena(const ArenaOptions& options, boost::asio::thread_pool& pool)
       : options_(options), prefault_pool_(pool) {}
   Status AddSegment();
+  // Seals a new segment against resizing (memfd) and opens its read-only descriptor.
+  Status ShareReadOnly(Segment& seg, const std::string& name);
   // Adds a segment when the last one has started to fill, so the next one is warm in time.
   void GrowAhead();
   // On a worker: allocates the pages of a memfd segment, then page-locks it if asked to.

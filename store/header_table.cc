@@ -13,24 +13,33 @@ Result<std::unique_ptr<HeaderTable>> HeaderTable::Create(uint32_t slots) {
   if (slots == 0) return Status::InvalidArgument("the header table needs at least one slot");
   std::unique_ptr<HeaderTable> table(new HeaderTable());
   HeaderTable& t = *table;
+  t.slots_ = slots;
   t.fd_.reset(::memfd_create("depot-headers", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!t.fd_) return Status::FromErrno("memfd_create", errno);
-  const size_t bytes = static_cast<size_t>(slots) * sizeof(ipc::ObjectHeader);
-  if (::ftruncate(t.fd_.get(), static_cast<off_t>(bytes)) != 0) {
+  if (::ftruncate(t.fd_.get(), static_cast<off_t>(t.bytes())) != 0) {
     return Status::FromErrno("ftruncate of the header table", errno);
   }
-  // Clients may map it but never resize it.
-  (void)::fcntl(t.fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, t.fd_.get(), 0);
-  if (p == MAP_FAILED) return Status::FromErrno("mmap of the header table", errno);
-  t.headers_ = static_cast<ipc::ObjectHeader*>(p);
-  t.slots_ = slots;
+  void* shared = ::mmap(nullptr, t.bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, t.fd_.get(), 0);
+  if (shared == MAP_FAILED) return Status::FromErrno("mmap of the header table", errno);
+  t.shared_ = static_cast<ipc::ObjectHeader*>(shared);
+  // F_SEAL_FUTURE_WRITE keeps the mapping above writable and refuses every later writable
+  // shared mapping, write() and mprotect to writable, through any descriptor of this file,
+  // re-opened ones included. An O_RDONLY re-open alone would not do: a client could open
+  // /proc/self/fd/N read-write again, since a memfd's inode allows it.
+  if (::fcntl(t.fd_.get(), F_ADD_SEALS,
+              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    return Status::FromErrno("sealing the header table against writes (needs Linux 5.1)", errno);
+  }
+  void* own = ::mmap(nullptr, t.bytes(), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (own == MAP_FAILED) return Status::FromErrno("mmap of the private header table", errno);
+  t.private_ = static_cast<ipc::ObjectHeader*>(own);
   return table;
 }
 
 HeaderTable::~HeaderTable() {
-  if (headers_ != nullptr)
-    ::munmap(headers_, static_cast<size_t>(slots_) * sizeof(ipc::ObjectHeader));
+  if (shared_ != nullptr) ::munmap(shared_, bytes());
+  if (private_ != nullptr) ::munmap(private_, bytes());
 }
 
 uint32_t HeaderTable::Acquire() {
@@ -43,7 +52,7 @@ uint32_t HeaderTable::Acquire() {
   } else {
     return kNoSlot;
   }
-  ipc::ObjectHeader& h = headers_[slot];
+  ipc::ObjectHeader& h = private_[slot];
   const uint32_t generation = h.generation + 1;
   h.id_lo = h.id_hi = 0;
   h.data_size = h.metadata_size = h.offset = h.checksum = 0;
@@ -51,12 +60,31 @@ uint32_t HeaderTable::Acquire() {
   h.flags.store(0, std::memory_order_relaxed);
   h.create_time_ns = h.access_time_ns = 0;
   h.generation = generation;
+  h.tiers.store(0, std::memory_order_relaxed);
   return slot;
 }
 
 void HeaderTable::Release(uint32_t slot) {
   SetStateRefs(slot, ipc::ObjectState::kFree, 0);
   free_.push_back(slot);
+}
+
+void HeaderTable::Publish(uint32_t slot) {
+  const ipc::ObjectHeader& from = private_[slot];
+  ipc::ObjectHeader& to = shared_[slot];
+  to.id_lo = from.id_lo;
+  to.id_hi = from.id_hi;
+  to.data_size = from.data_size;
+  to.metadata_size = from.metadata_size;
+  to.offset = from.offset;
+  to.segment = from.segment;
+  to.flags.store(from.flags.load(std::memory_order_relaxed), std::memory_order_release);
+  to.checksum = from.checksum;
+  to.create_time_ns = from.create_time_ns;
+  to.access_time_ns = from.access_time_ns;
+  to.generation = from.generation;
+  to.tiers.store(from.tiers.load(std::memory_order_relaxed), std::memory_order_release);
+  to.state_refs.store(from.state_refs.load(std::memory_order_relaxed), std::memory_order_release);
 }
 
 }  // namespace depot::store

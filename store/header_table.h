@@ -1,5 +1,11 @@
-// The shared header table: a memfd of ObjectHeader slots that the daemon writes and every
+// The shared header table: a memfd of ObjectHeader slots that the daemon publishes and every
 // client maps read-only (see depot/ipc/object_header.h), plus the daemon's slot bookkeeping.
+//
+// The daemon never reads the shared table back. Every header lives first in daemon-private
+// memory, where the store reads and changes it; Publish copies it out. The memfd is sealed
+// with F_SEAL_FUTURE_WRITE once the daemon has its own mapping, so no descriptor a client
+// receives can be mapped writable, written or resized, and nothing a client could do to its
+// copy would reach the daemon's decisions anyway.
 #pragma once
 
 #include <cstdint>
@@ -24,33 +30,42 @@ class HeaderTable {
 
   // A free slot, cleared, with its generation bumped; kNoSlot when the table is full.
   uint32_t Acquire();
-  // Marks the slot free (state kFree) and makes it available again.
+  // Marks the slot free (state kFree), publishes that, and makes the slot available again.
   void Release(uint32_t slot);
 
-  ipc::ObjectHeader& at(uint32_t slot) { return headers_[slot]; }
-  const ipc::ObjectHeader& at(uint32_t slot) const { return headers_[slot]; }
+  // The daemon's own header of `slot`. Changes reach clients only through Publish.
+  ipc::ObjectHeader& at(uint32_t slot) { return private_[slot]; }
+  const ipc::ObjectHeader& at(uint32_t slot) const { return private_[slot]; }
+  // Copies the header of `slot` to the shared table: the other fields first, then the state
+  // word with release order, so a reader that sees the new word sees the fields before it.
+  void Publish(uint32_t slot);
+
   uint32_t slots() const { return slots_; }
   // Slots ever used: every live slot is below this.
   uint32_t high_water() const { return high_water_; }
   uint32_t live() const { return high_water_ - static_cast<uint32_t>(free_.size()); }
+  // The descriptor clients receive: sealed against writes and resizing.
   int fd() const { return fd_.get(); }
 
-  // Publishes a state and total reference count (release order: fields written before are
-  // visible to readers that see the new word).
+  // Sets a state and total reference count and publishes the whole header.
   void SetStateRefs(uint32_t slot, ipc::ObjectState state, uint64_t refs) {
-    headers_[slot].state_refs.store(ipc::PackStateRefs(state, refs), std::memory_order_release);
+    private_[slot].state_refs.store(ipc::PackStateRefs(state, refs), std::memory_order_relaxed);
+    Publish(slot);
   }
   ipc::ObjectState state(uint32_t slot) const {
-    return ipc::UnpackState(headers_[slot].state_refs.load(std::memory_order_relaxed));
+    return ipc::UnpackState(private_[slot].state_refs.load(std::memory_order_relaxed));
   }
   uint64_t refs(uint32_t slot) const {
-    return ipc::UnpackRefs(headers_[slot].state_refs.load(std::memory_order_relaxed));
+    return ipc::UnpackRefs(private_[slot].state_refs.load(std::memory_order_relaxed));
   }
 
  private:
   HeaderTable() = default;
+  size_t bytes() const { return static_cast<size_t>(slots_) * sizeof(ipc::ObjectHeader); }
+
   ipc::UniqueFd fd_;
-  ipc::ObjectHeader* headers_ = nullptr;
+  ipc::ObjectHeader* shared_ = nullptr;   // the memfd, mapped writable by the daemon alone
+  ipc::ObjectHeader* private_ = nullptr;  // anonymous private memory: what the daemon decides on
   uint32_t slots_ = 0;
   uint32_t high_water_ = 0;
   std::vector<uint32_t> free_;

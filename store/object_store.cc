@@ -101,7 +101,8 @@ uint64_t ObjectStore::TiersOf(uint32_t slot) const {
 }
 
 void ObjectStore::PublishTiers(uint32_t slot) {
-  headers_.at(slot).tiers.store(TiersOf(slot), std::memory_order_release);
+  headers_.at(slot).tiers.store(TiersOf(slot), std::memory_order_relaxed);
+  headers_.Publish(slot);
 }
 
 Status ObjectStore::CheckDevice(int32_t device) const {
@@ -594,8 +595,8 @@ Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int32_t devi
     const bool sealed = slot != HeaderTable::kNoSlot &&
                         headers_.state(slot) == ipc::ObjectState::kSealed && !IsDeletePending(slot);
     if (sealed && IsReady(slot, device)) {
+      headers_.at(slot).access_time_ns = now;  // published by AddRef
       AddRef(client, state, slot, device);
-      headers_.at(slot).access_time_ns = now;
       results[i].location = LocationOf(slot, device);
       counters_.get_hits++;
       CountBytesOut(device, results[i].location);
@@ -998,6 +999,7 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
         FreeObject(slot);
       } else {
         headers_.at(slot).flags |= ipc::kFlagDeletePending;
+        headers_.Publish(slot);
         Reconsider(slot);  // no replica of it is a candidate any more
       }
     }

@@ -301,7 +301,7 @@ void Session::Dispatch(wire::Request::Reader request) {
       auto out = reply.initDelete(static_cast<unsigned>(codes.size()));
       for (size_t i = 0; i < codes.size(); ++i)
         out.set(static_cast<unsigned>(i), ipc::ToWire(codes[i]));
-      SendReply(message, reply, -1);
+      SendReply(message, reply);
       return Observe(RequestType::kDelete, start);
     }
     case wire::Request::CONTAINS: {
@@ -312,7 +312,7 @@ void Session::Dispatch(wire::Request::Reader request) {
       reply.setId(rid);
       auto out = reply.initContains(list.size());
       for (unsigned i = 0; i < list.size(); ++i) out.set(i, store.Contains(ipc::FromWire(list[i])));
-      SendReply(message, reply, -1);
+      SendReply(message, reply);
       return Observe(RequestType::kContains, start);
     }
     case wire::Request::LIST:
@@ -326,7 +326,7 @@ void Session::Dispatch(wire::Request::Reader request) {
       auto reply = message.initRoot<wire::Reply>();
       reply.setId(rid);
       reply.setMetrics(server_.RenderMetrics());
-      SendReply(message, reply, -1);
+      SendReply(message, reply);
       return Observe(RequestType::kMetrics, start);
     }
     case wire::Request::CLIENTS:
@@ -379,7 +379,7 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
   auto devices = h.initDevices(static_cast<unsigned>(store.pools().size()));
   for (unsigned d = 0; d < devices.size(); ++d) ToWire(store, d, devices[d]);
   h.setDeviceBackend(server_.options().device_backend);
-  SendReply(message, reply, -1, kHost, -1, {server_.store().headers().fd()});
+  SendReply(message, reply, {.extra_fd = server_.store().headers().fd()});
 }
 
 void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start) {
@@ -430,7 +430,7 @@ void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, u
                                                   start);
                            }
                            if (!seal) {
-                             self->SendLocation(rid, *created);
+                             self->SendLocation(rid, *created, /*writable=*/true);
                              return self->Observe(RequestType::kCreate, start);
                            }
                            self->SealAfterPut(rid, id, release, *created, start);
@@ -445,7 +445,7 @@ void Session::SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const
     if (!self || self->closed_) return;
     if (st.ok() && release) st = self->server_.store().Release(self->id_, std::span(&id, 1));
     if (st.ok()) {
-      self->SendLocation(rid, loc);
+      self->SendLocation(rid, loc, /*writable=*/false);
     } else {
       // The client never got a handle to this object: do not leave it behind.
       (void)self->server_.store().Abort(self->id_, id);
@@ -455,13 +455,16 @@ void Session::SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const
   });
 }
 
-void Session::SendLocation(uint64_t rid, const Location& loc) {
+void Session::SendLocation(uint64_t rid, const Location& loc, bool writable) {
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
   ToWire(loc, reply.initCreate());
-  if (loc.device == kHost) return SendReply(message, reply, loc.segment);
-  SendReply(message, reply, -1, loc.device, loc.segment);
+  if (loc.device != kHost) {
+    return SendReply(message, reply, {.chunk_device = loc.device, .max_chunk = loc.segment});
+  }
+  SendReply(message, reply,
+            {.max_segment = loc.segment, .writable_segment = writable ? int64_t{loc.segment} : -1});
 }
 
 void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start) {
@@ -498,9 +501,9 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
           }
         }
         if (device == kHost) {
-          self->SendReply(message, reply, max_segment);
+          self->SendReply(message, reply, {.max_segment = max_segment});
         } else {
-          self->SendReply(message, reply, -1, device, max_segment);
+          self->SendReply(message, reply, {.chunk_device = device, .max_chunk = max_segment});
         }
         self->Observe(RequestType::kGet, start);
       });
@@ -527,7 +530,7 @@ void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list) 
   out.setDone(page.done);
   auto objects = out.initObjects(static_cast<unsigned>(page.slots.size()));
   for (unsigned i = 0; i < page.slots.size(); ++i) ToWire(store, page.slots[i], objects[i]);
-  SendReply(message, reply, -1);
+  SendReply(message, reply);
 }
 
 void Session::HandleStatus(uint64_t rid) {
@@ -567,7 +570,7 @@ void Session::HandleStatus(uint64_t rid) {
   s.setArenaPageLockedBytes(arena.page_locked_bytes());
   s.setObjectsOnHost(store.ObjectsOnHost());
   s.setRequests(server_.requests());
-  SendReply(message, reply, -1);
+  SendReply(message, reply);
 }
 
 void Session::HandleClients(uint64_t rid) {
@@ -596,7 +599,7 @@ void Session::HandleClients(uint64_t rid) {
     c.setRequests(session.requests());
     c.setConnectedTimeNs(session.connected_time_ns());
   }
-  SendReply(message, reply, -1);
+  SendReply(message, reply);
 }
 
 void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
@@ -643,7 +646,7 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
     copies[i].setReferences(replicas[i].references);
     copies[i].setReady(replicas[i].ready);
   }
-  SendReply(message, reply, -1);
+  SendReply(message, reply);
 }
 
 void Session::HandleVerify(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start) {
@@ -665,7 +668,7 @@ void Session::HandleVerify(uint64_t rid, capnp::List<wire::Id>::Reader list, uin
           out[i].setExpected(outcomes[i].expected);
           out[i].setActual(outcomes[i].actual);
         }
-        self->SendReply(message, reply, -1);
+        self->SendReply(message, reply);
         self->Observe(RequestType::kVerify, start);
       });
 }
@@ -685,7 +688,7 @@ void Session::HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict) {
   auto out = reply.initEvict();
   out.setObjects(outcome.objects);
   out.setBytes(outcome.bytes);
-  SendReply(message, reply, -1);
+  SendReply(message, reply);
 }
 
 void Session::Observe(RequestType type, uint64_t start) {
@@ -697,7 +700,7 @@ void Session::SendOk(uint64_t rid) {
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
   reply.setNone();
-  SendReply(message, reply, -1);
+  SendReply(message, reply);
 }
 
 void Session::SendError(uint64_t rid, const Status& status) {
@@ -711,28 +714,39 @@ void Session::SendError(uint64_t rid, const Status& status) {
   reply.setId(rid);
   reply.setError(ipc::ToWire(status.code()));
   reply.setMessage(status.message());
-  SendReply(message, reply, -1);
+  SendReply(message, reply);
 }
 
 void Session::SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply,
-                        int64_t max_segment, int32_t chunk_device, int64_t max_chunk,
-                        std::vector<int> extra_fds) {
+                        const ReplyAttachments& attach) {
   if (closed_) return;
+  const Arena& arena = server_.store().arena();
   std::vector<int> fds;
-  if (max_segment >= static_cast<int64_t>(segments_sent_)) {
-    const Arena& arena = server_.store().arena();
-    const auto first = segments_sent_;
-    const auto last = static_cast<uint32_t>(max_segment);
-    auto segs = reply.initNewSegments(last - first + 1);
-    for (uint32_t s = first; s <= last; ++s) {
-      segs[s - first].setIndex(s);
-      segs[s - first].setSize(arena.segment_bytes(s));
-      fds.push_back(arena.fd(s));
+  const uint32_t first = segments_sent_;
+  const uint32_t readable =
+      attach.max_segment >= first ? static_cast<uint32_t>(attach.max_segment) + 1 - first : 0;
+  const auto writable = static_cast<uint32_t>(attach.writable_segment);
+  const bool new_writable = attach.writable_segment >= 0 && !writable_sent_.contains(writable);
+  if (readable > 0 || new_writable) {
+    auto segs = reply.initNewSegments(readable + (new_writable ? 1 : 0));
+    for (uint32_t i = 0; i < readable; ++i) {
+      segs[i].setIndex(first + i);
+      segs[i].setSize(arena.segment_bytes(first + i));
+      fds.push_back(arena.read_fd(first + i));
     }
-    segments_sent_ = last + 1;
+    segments_sent_ += readable;
+    if (new_writable) {
+      segs[readable].setIndex(writable);
+      segs[readable].setSize(arena.segment_bytes(writable));
+      segs[readable].setWritable(true);
+      fds.push_back(arena.fd(writable));
+      writable_sent_.insert(writable);
+    }
   }
-  if (chunk_device != kHost) AttachChunks(reply, chunk_device, max_chunk, fds);
-  fds.insert(fds.end(), extra_fds.begin(), extra_fds.end());
+  if (attach.chunk_device != kHost) {
+    AttachChunks(reply, attach.chunk_device, attach.max_chunk, fds);
+  }
+  if (attach.extra_fd >= 0) fds.push_back(attach.extra_fd);
   auto frame = ipc::EncodeFrame(message, std::move(fds));
   if (!frame.ok()) return Close("cannot encode a reply: " + frame.status().message());
   out_bytes_ += frame->bytes.size() * sizeof(capnp::word);

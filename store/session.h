@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_set>
 
 #include "depot/ipc/framing.h"
 #include "protocol.capnp.h"
@@ -28,6 +29,18 @@ struct Peer {
   pid_t pid = 0;
   uid_t uid = 0;
   std::string command;  // /proc/<pid>/comm
+};
+
+// What a reply carries besides its message: the segments up to `max_segment` (-1: none) that
+// the session has not been sent, read-only; `writable_segment` (-1: none) writable, unless
+// it was sent so before; likewise the chunks up to `max_chunk` of GPU `chunk_device`'s pool
+// (kHost: none); and one more descriptor of the reply's own.
+struct ReplyAttachments {
+  int64_t max_segment = -1;
+  int64_t writable_segment = -1;
+  int32_t chunk_device = kHost;
+  int64_t max_chunk = -1;
+  int extra_fd = -1;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -73,17 +86,15 @@ class Session : public std::enable_shared_from_this<Session> {
   void SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const Location& loc,
                     uint64_t start);
 
-  // Replies. `max_segment` is the highest segment the reply refers to (-1: none); segments
-  // up to it that this session has not been sent are attached. Likewise `max_chunk` for the
-  // chunks of GPU `chunk_device`'s pool (kHost: none).
-  void SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply, int64_t max_segment,
-                 int32_t chunk_device = kHost, int64_t max_chunk = -1,
-                 std::vector<int> extra_fds = {});
+  // Sends a reply with the descriptors `attach` names.
+  void SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply,
+                 const ReplyAttachments& attach = {});
   void AttachChunks(wire::Reply::Builder reply, int32_t device, int64_t max_chunk,
                     std::vector<int>& fds);
   void Observe(RequestType type, uint64_t start);
   void SendOk(uint64_t rid);
-  void SendLocation(uint64_t rid, const Location& loc);
+  // A create's reply; `writable`: the creator will write the bytes (not a put).
+  void SendLocation(uint64_t rid, const Location& loc, bool writable);
   void SendError(uint64_t rid, const Status& status);
   void Flush();
   bool CheckBatch(uint64_t rid, size_t count);
@@ -103,7 +114,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   bool said_hello_ = false;
   bool counted_close_ = false;  // metrics already counted this close
-  uint32_t segments_sent_ = 0;
+  uint32_t segments_sent_ = 0;           // read-only: segments 0 .. segments_sent_ - 1
+  std::unordered_set<uint32_t> writable_sent_;  // segments sent writable
   std::vector<uint32_t> chunks_sent_;  // by GPU: chunks of its pool sent so far
   uint64_t requests_ = 0;
 };

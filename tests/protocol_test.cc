@@ -28,6 +28,7 @@
 #include "depot/ipc/object_header.h"
 #include "depot/ipc/protocol.h"
 #include "depot/object_id.h"
+#include "raw_session.h"
 #include "test_support.h"
 
 namespace depot::testing {
@@ -35,159 +36,6 @@ namespace {
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
-
-constexpr milliseconds kReplyTimeout{5000};
-
-// A reply read off the socket, with the descriptors that came with it.
-struct RawReply {
-  std::vector<capnp::word> words;
-  std::vector<ipc::UniqueFd> fds;
-  std::unique_ptr<capnp::FlatArrayMessageReader> message;
-
-  wire::Reply::Reader get() {
-    if (!message)
-      message =
-          std::make_unique<capnp::FlatArrayMessageReader>(kj::arrayPtr(words.data(), words.size()));
-    return message->getRoot<wire::Reply>();
-  }
-};
-
-// One connection to the daemon, framed by hand.
-class RawSession {
- public:
-  explicit RawSession(const std::string& path) : reader_(1u << 30) {
-    auto fd = ipc::ConnectUnix(path);
-    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
-    if (fd.ok()) fd_ = std::move(*fd);
-  }
-
-  int fd() const { return fd_.get(); }
-
-  // Sends one request; `fill` sets its body (the id is set here).
-  Status Send(uint64_t id, const std::function<void(wire::Request::Builder)>& fill,
-              std::vector<int> fds = {}) {
-    capnp::MallocMessageBuilder message;
-    auto request = message.initRoot<wire::Request>();
-    request.setId(id);
-    fill(request);
-    DEPOT_ASSIGN_OR_RETURN(ipc::OutFrame frame, ipc::EncodeFrame(message, std::move(fds)));
-    return ipc::WriteFrameFully(fd_.get(), frame);
-  }
-
-  // Writes raw bytes.
-  bool SendBytes(const void* data, size_t size) {
-    return ::send(fd_.get(), data, size, MSG_NOSIGNAL) == static_cast<ssize_t>(size);
-  }
-
-  // The next reply, or nullopt if none came within `timeout` or the daemon hung up (then
-  // closed() is true).
-  std::optional<RawReply> Receive(milliseconds timeout = kReplyTimeout) {
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      auto next = reader_.Next();
-      if (!next.ok()) {
-        ADD_FAILURE() << "bad frame from the daemon: " << next.status().ToString();
-        return std::nullopt;
-      }
-      if (next->has_value()) {
-        RawReply reply;
-        reply.words.assign((*next)->payload.begin(), (*next)->payload.end());
-        reply.fds = std::move((*next)->fds);
-        return reply;
-      }
-      if (closed_) return std::nullopt;
-      const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) return std::nullopt;
-      pollfd p{fd_.get(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      bool would_block = false;
-      auto n = reader_.ReadSome(fd_.get(), &would_block);
-      if (!n.ok() || (*n == 0 && !would_block)) closed_ = true;
-    }
-  }
-
-  // Sends a request and returns its reply (nullopt, with a test failure, if none came).
-  std::optional<RawReply> Call(uint64_t id,
-                               const std::function<void(wire::Request::Builder)>& fill) {
-    Status st = Send(id, fill);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    auto reply = Receive();
-    EXPECT_TRUE(reply.has_value())
-        << "no reply to request " << id << (closed_ ? ": the daemon closed the session" : "");
-    if (reply) {
-      EXPECT_EQ(reply->get().getId(), id);
-    }
-    return reply;
-  }
-
-  // Whether the daemon closes the session within `timeout`; replies that come first are
-  // counted in `*replies`.
-  bool ClosedWithin(milliseconds timeout, int* replies = nullptr) {
-    const auto deadline = Clock::now() + timeout;
-    while (!closed_ && Clock::now() < deadline) {
-      if (Receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now())) && replies) {
-        ++*replies;
-      }
-    }
-    return closed_;
-  }
-
- private:
-  ipc::UniqueFd fd_;
-  ipc::FrameReader reader_;
-  bool closed_ = false;
-};
-
-void FillHello(wire::Request::Builder r, uint32_t version = ipc::kProtocolVersion) {
-  auto hello = r.initHello();
-  hello.setProtocolVersion(version);
-  hello.setClientName("protocol_test");
-}
-
-auto StatusRequest() {
-  return [](wire::Request::Builder r) { r.setStatus(); };
-}
-
-auto CreateOf(const ObjectId& id, uint64_t size, std::string_view metadata = {}) {
-  return [=](wire::Request::Builder r) {
-    auto create = r.initCreate();
-    ipc::ToWire(id, create.initId());
-    create.setDataSize(size);
-    create.setMetadata(
-        capnp::Data::Reader(reinterpret_cast<const kj::byte*>(metadata.data()), metadata.size()));
-  };
-}
-
-auto SealOf(const ObjectId& id) {
-  return [=](wire::Request::Builder r) { ipc::ToWire(id, r.initSeal()); };
-}
-
-auto GetOf(const std::vector<ObjectId>& ids, int64_t timeout_ms = 0) {
-  return [=](wire::Request::Builder r) {
-    auto get = r.initGet();
-    auto list = get.initIds(static_cast<unsigned>(ids.size()));
-    for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
-    get.setTimeoutMs(timeout_ms);
-  };
-}
-
-// release, delete and contains all take a list of ids.
-enum class IdList { kRelease, kDelete, kContains };
-auto ListOf(IdList kind, const std::vector<ObjectId>& ids) {
-  return [=](wire::Request::Builder r) {
-    const auto n = static_cast<unsigned>(ids.size());
-    auto list = kind == IdList::kRelease  ? r.initRelease(n)
-                : kind == IdList::kDelete ? r.initDelete(n)
-                                          : r.initContains(n);
-    for (unsigned i = 0; i < n; ++i) ipc::ToWire(ids[i], list[i]);
-  };
-}
-
-std::vector<ObjectId> Ids(const std::string& prefix, size_t count) {
-  std::vector<ObjectId> ids;
-  for (size_t i = 0; i < count; ++i) ids.push_back(ObjectId::FromName(prefix + std::to_string(i)));
-  return ids;
-}
 
 class ProtocolTest : public ::testing::Test {
  protected:
@@ -759,11 +607,14 @@ TEST_F(ProtocolTest, CreateReplyPlacesDataWithTheMetadataRightAfterIt) {
   EXPECT_EQ(location.getDataSize(), 28u);
   EXPECT_EQ(location.getMetadataSize(), metadata.size());
   EXPECT_EQ(location.getOffset() % 64, 0u) << "objects are 64-byte aligned";
-  // The reply brings the segment the object is in.
+  // The reply brings the segment the object is in: read-only, then writable for the creator.
   auto segments = r.getNewSegments();
-  ASSERT_EQ(segments.size(), 1u);
-  ASSERT_EQ(reply->fds.size(), 1u);
+  ASSERT_EQ(segments.size(), 2u);
+  ASSERT_EQ(reply->fds.size(), 2u);
   EXPECT_EQ(segments[0].getIndex(), location.getSegment());
+  EXPECT_FALSE(segments[0].getWritable());
+  EXPECT_EQ(segments[1].getIndex(), location.getSegment());
+  EXPECT_TRUE(segments[1].getWritable());
   const size_t size = segments[0].getSize();
   void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, reply->fds[0].get(), 0);
   ASSERT_NE(base, MAP_FAILED);
@@ -772,12 +623,12 @@ TEST_F(ProtocolTest, CreateReplyPlacesDataWithTheMetadataRightAfterIt) {
   ::munmap(base, size);
 }
 
-TEST_F(ProtocolTest, EachSegmentIsSentToASessionOnce) {
+TEST_F(ProtocolTest, EachSegmentIsSentToASessionOnceReadOnlyAndOnceWritable) {
   auto s = OpenSession();
   auto first = s->Call(2, CreateOf(ObjectId::FromName("protocol/seg-1"), 64));
   ASSERT_TRUE(first);
-  EXPECT_EQ(first->get().getNewSegments().size(), 1u);
-  EXPECT_EQ(first->fds.size(), 1u);
+  EXPECT_EQ(first->get().getNewSegments().size(), 2u);
+  EXPECT_EQ(first->fds.size(), 2u);
   auto second = s->Call(3, CreateOf(ObjectId::FromName("protocol/seg-2"), 64));
   ASSERT_TRUE(second);
   ASSERT_EQ(second->get().getCreate().getSegment(), first->get().getCreate().getSegment());
@@ -788,8 +639,18 @@ TEST_F(ProtocolTest, EachSegmentIsSentToASessionOnce) {
   ASSERT_TRUE(s->Call(4, SealOf(ObjectId::FromName("protocol/seg-1"))));
   auto got = other->Call(2, GetOf({ObjectId::FromName("protocol/seg-1")}));
   ASSERT_TRUE(got);
-  EXPECT_EQ(got->get().getNewSegments().size(), 1u);
+  ASSERT_EQ(got->get().getNewSegments().size(), 1u);
+  EXPECT_FALSE(got->get().getNewSegments()[0].getWritable()) << "a reader gets it read-only";
   EXPECT_EQ(got->fds.size(), 1u);
+  // A put (create, seal and release in one request) writes nothing through shared memory.
+  auto put = other->Call(3, [](wire::Request::Builder r) {
+    CreateOf(ObjectId::FromName("protocol/seg-3"), 4)(r);
+    r.getCreate().setData(capnp::Data::Reader(reinterpret_cast<const kj::byte*>("abcd"), 4));
+    r.getCreate().setSeal(true);
+    r.getCreate().setRelease(true);
+  });
+  ASSERT_TRUE(put);
+  EXPECT_EQ(put->get().getNewSegments().size(), 0u);
 }
 
 TEST_F(ProtocolTest, ListPagesThroughEveryObject) {
@@ -890,7 +751,7 @@ TEST_F(ProtocolTest, ObjectInfoNamesTheSessionHoldingTheObject) {
   EXPECT_EQ(holder.getSessionId(), session);
   EXPECT_EQ(holder.getPid(), static_cast<uint32_t>(::getpid()));
   EXPECT_EQ(holder.getUid(), ::getuid());
-  EXPECT_STREQ(holder.getClientName().cStr(), "protocol_test");
+  EXPECT_STREQ(holder.getClientName().cStr(), "raw_session");
   EXPECT_EQ(holder.getReferences(), 1u);
 }
 

@@ -28,7 +28,7 @@ const ObjectId& MutableBuffer::id() const { return holding_ ? holding_->id : kNi
 
 std::span<std::byte> MutableBuffer::data() const {
   if (!holding_) return {};
-  return {holding_->data, holding_->data_size};
+  return {holding_->writable, holding_->data_size};
 }
 
 std::span<const std::byte> MutableBuffer::metadata() const {

@@ -62,24 +62,35 @@ wire::Request::Create::Builder InitCreate(RequestMessage& request, const ObjectI
   return create;
 }
 
-// A Holding for the reference the daemon just granted to `id` at `location`. If the
-// location is unusable, the reference is given back.
+// A Holding for the reference the daemon just granted to `id` at `location`: read-only, or
+// also writable for the object's creator. If the location is unusable, the reference is
+// given back.
 Result<std::shared_ptr<Holding>> MakeHolding(const std::shared_ptr<Connection>& conn,
                                              const ObjectId& id, wire::Location::Reader location,
                                              bool sealed) {
   const uint64_t data_size = location.getDataSize();
   const uint64_t metadata_size = location.getMetadataSize();
-  auto data = metadata_size <= UINT64_MAX - data_size
-                  ? conn->segments().Resolve(location.getSegment(), location.getOffset(),
-                                             data_size + metadata_size)
-                  : Result<std::byte*>(Status::Internal("object sizes overflow"));
-  if (!data.ok()) {
+  auto resolved = [&]() -> Result<std::pair<const std::byte*, std::byte*>> {
+    if (metadata_size > UINT64_MAX - data_size) return Status::Internal("object sizes overflow");
+    const uint64_t size = data_size + metadata_size;
+    internal::Segments& segments = conn->segments();
+    DEPOT_ASSIGN_OR_RETURN(const std::byte* data,
+                           segments.Resolve(location.getSegment(), location.getOffset(), size));
+    std::byte* writable = nullptr;
+    if (!sealed) {
+      DEPOT_ASSIGN_OR_RETURN(writable, segments.ResolveWritable(location.getSegment(),
+                                                                location.getOffset(), size));
+    }
+    return std::pair(data, writable);
+  }();
+  if (!resolved.ok()) {
     conn->Release(id);
-    return Status(data.status().code(),
-                  "object " + id.Hex() + " is unreadable: " + data.status().message());
+    return Status(resolved.status().code(),
+                  "object " + id.Hex() + " is unreadable: " + resolved.status().message());
   }
   const BufferLocation where{location.getSegment(), location.getOffset(), location.getSlot()};
-  return std::make_shared<Holding>(conn, id, *data, data_size, metadata_size, where, sealed);
+  return std::make_shared<Holding>(conn, id, resolved->first, resolved->second, data_size,
+                                   metadata_size, where, sealed);
 }
 
 // The live Holding of `id` if it may answer a Get without asking the daemon: sealed, not

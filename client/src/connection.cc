@@ -614,7 +614,8 @@ Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
     // The segments' descriptors come first, in order; any after them are the reply's own
     // (hello's header table).
     for (unsigned i = 0; i < segments.size(); ++i) {
-      segments_.Add(segments[i].getIndex(), segments[i].getSize(), std::move(frame.fds[i]));
+      segments_.Add(segments[i].getIndex(), segments[i].getSize(), segments[i].getWritable(),
+                    std::move(frame.fds[i]));
     }
     frame.fds.erase(frame.fds.begin(), frame.fds.begin() + segments.size());
     if (reply.hasNewChunks()) DEPOT_RETURN_NOT_OK(ImportChunks(reply.getNewChunks(), frame.fds));

@@ -21,11 +21,13 @@ namespace depot::internal {
 class Connection;
 
 struct Holding {
-  Holding(std::shared_ptr<Connection> conn, const ObjectId& id, std::byte* data, uint64_t data_size,
-          uint64_t metadata_size, const BufferLocation& location, bool sealed)
+  Holding(std::shared_ptr<Connection> conn, const ObjectId& id, const std::byte* data,
+          std::byte* writable, uint64_t data_size, uint64_t metadata_size,
+          const BufferLocation& location, bool sealed)
       : conn(std::move(conn)),
         id(id),
         data(data),
+        writable(writable),
         data_size(data_size),
         metadata_size(metadata_size),
         location(location),
@@ -41,7 +43,12 @@ struct Holding {
   // for as long as any handle to the object exists, even after the Client is gone.
   const std::shared_ptr<Connection> conn;
   const ObjectId id;
-  std::byte* const data;  // the metadata follows the data
+  // The bytes in the segment's read-only view, which every Buffer reads; the metadata
+  // follows the data.
+  const std::byte* const data;
+  // The same bytes in the writable view, for the MutableBuffers of the object's creator;
+  // null in a Holding from a get.
+  std::byte* const writable;
   const uint64_t data_size;
   const uint64_t metadata_size;
   const BufferLocation location;

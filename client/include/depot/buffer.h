@@ -26,8 +26,9 @@ struct BufferLocation {
 // A Buffer is a cheap, copyable handle. All handles to one object in one Client share a
 // single reference in the daemon; it is released when the last of them is destroyed (even
 // after the Client itself is gone). While any handle lives, the object stays in memory
-// and is never evicted, and its bytes never change. A default-constructed Buffer is empty.
-// Thread-safe to copy and read from any thread.
+// and is never evicted, and its bytes never change. The bytes are mapped read-only: a write
+// through a Buffer's pointer (casting its const away) faults with SIGSEGV. A
+// default-constructed Buffer is empty. Thread-safe to copy and read from any thread.
 //
 // Dropping the last handle usually costs no system call: the release is queued, and reaches
 // the daemon with the Client's next request (ahead of it, in the same write), or within
@@ -55,7 +56,9 @@ class Buffer {
 
 // The writable data of an object this client is creating (between Create and Seal or
 // Abort). The bytes are in shared memory: write them in place, then call Client::Seal.
-// Writing after Seal breaks the store's promise that objects are immutable; don't.
+// Writing after Seal breaks the store's promise that objects are immutable; don't. Only a
+// MutableBuffer points into the writable view of the arena; a Buffer of the same object
+// (after Seal) reads it through the read-only view.
 //
 // Like Buffer, it shares the client's reference to the object, and its release is queued
 // the same way. If the last handle to an object that was never sealed goes away, the object

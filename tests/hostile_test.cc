@@ -1,0 +1,209 @@
+// A hostile client against a real depotd: what a client can write (its frames, its
+// descriptors, every byte of shared memory it can map) must never change the daemon's
+// decisions, another client's objects, or crash the daemon. Each test ends with the daemon
+// serving, the other clients' data byte-exact, and nothing left held.
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "child_process.h"
+#include "daemon.h"
+#include "depot/client.h"
+#include "depot/ipc/object_header.h"
+#include "raw_session.h"
+#include "store_checks.h"
+#include "test_support.h"
+
+namespace depot::testing {
+namespace {
+
+// In a child: gives up every capability, so that it keeps root's uid but loses the
+// permission bypass (CAP_DAC_OVERRIDE) a root test process would otherwise have. Returns
+// false (errno set) on failure.
+bool DropCapabilities() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  return ::syscall(SYS_capset, &header, data) == 0;
+}
+
+// Whether mapping `fd` writable and shared is refused, and so is every way around it:
+// mapping it read-only and making that writable, writing or resizing through it.
+std::string WaysToWrite(int fd, size_t size) {
+  std::string opened;
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED) {
+    ::munmap(p, size);
+    opened += " mmap(PROT_WRITE, MAP_SHARED);";
+  }
+  p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return " cannot even map it read-only: " + std::string(std::strerror(errno));
+  if (::mprotect(p, size, PROT_READ | PROT_WRITE) == 0) opened += " mprotect(PROT_WRITE);";
+  ::munmap(p, size);
+  const char byte = 'x';
+  if (::pwrite(fd, &byte, 1, 0) == 1) opened += " pwrite;";
+  if (::ftruncate(fd, 0) == 0) opened += " ftruncate;";
+  return opened;
+}
+
+class HostileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_.emplace();
+    ASSERT_TRUE(daemon_->ok()) << daemon_->error();
+    ASSERT_OK_AND_ASSIGN(victim_, Client::Connect(daemon_->socket_path()));
+    victim_data_ = SeededBytes(100'000, 19);
+    CreateOptions options;
+    options.checksum = true;
+    ASSERT_OK(victim_->Put(victim_id_, victim_data_, options));
+    ASSERT_OK_AND_ASSIGN(victim_buffer_, victim_->Get(victim_id_));
+  }
+
+  // The end of every attack: the daemon serves, the victim's object is intact, and once the
+  // attackers are gone nothing but the victim's reference is held.
+  void TearDown() override {
+    if (HasFatalFailure()) return;
+    EXPECT_TRUE(SameBytes(victim_buffer_.data(), victim_data_)) << "the victim's bytes changed";
+    ASSERT_OK_AND_ASSIGN(Client fresh, Client::Connect(daemon_->socket_path()));
+    ASSERT_OK_AND_ASSIGN(Buffer again, fresh.Get(victim_id_));
+    EXPECT_TRUE(SameBytes(again.data(), victim_data_));
+    ASSERT_OK_AND_ASSIGN(auto verified, fresh.Verify(std::span(&victim_id_, 1)));
+    ASSERT_EQ(verified.size(), 1u);
+    EXPECT_EQ(verified[0].state, VerifyState::kOk);
+    ExpectObjectsOnHostMatchTheList(fresh);
+  }
+
+  // A raw session that has said hello; `hello` receives the reply, with its descriptors.
+  std::unique_ptr<RawSession> OpenSession(std::optional<RawReply>* hello = nullptr) {
+    auto s = std::make_unique<RawSession>(daemon_->socket_path());
+    auto reply = s->Call(1, [](auto r) { FillHello(r); });
+    EXPECT_TRUE(reply && reply->get().isHello());
+    if (hello) *hello = std::move(reply);
+    return s;
+  }
+
+  std::optional<TestDaemon> daemon_;
+  std::optional<Client> victim_;
+  const ObjectId victim_id_ = ObjectId::FromName("hostile/victim");
+  std::vector<std::byte> victim_data_;
+  Buffer victim_buffer_;
+};
+
+TEST_F(HostileTest, TheHeaderTableCannotBeMadeWritableByAnyMeans) {
+  std::optional<RawReply> hello;
+  auto attacker = OpenSession(&hello);
+  ASSERT_TRUE(hello);
+  ASSERT_EQ(hello->fds.size(), 1u);
+  const int fd = hello->fds[0].get();
+  const size_t bytes = size_t{hello->get().getHello().getHeaderSlots()} * sizeof(ipc::ObjectHeader);
+  EXPECT_EQ(WaysToWrite(fd, bytes), "") << "the header table's descriptor allows writes";
+  // Not through a fresh descriptor of the same file either, as root or not.
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  ipc::UniqueFd reopened(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (reopened) {
+    EXPECT_EQ(WaysToWrite(reopened.get(), bytes), "") << "a read-write re-open allows writes";
+  }
+  // A private copy may be scribbled on; the daemon never reads it, and readers' views of the
+  // table do not change.
+  void* copy = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  ASSERT_NE(copy, MAP_FAILED);
+  std::memset(copy, 0xff, 4096);
+  void* shared = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  const uint32_t slot = victim_buffer_.location().slot;
+  const auto& header = static_cast<const ipc::ObjectHeader*>(shared)[slot];
+  EXPECT_EQ(ipc::UnpackState(header.state_refs.load()), ipc::ObjectState::kSealed);
+  EXPECT_EQ(header.data_size, victim_data_.size());
+  ::munmap(shared, bytes);
+  ::munmap(copy, bytes);
+}
+
+TEST_F(HostileTest, AReadersSegmentDescriptorCannotBeMadeWritable) {
+  auto attacker = OpenSession();
+  auto got = attacker->Call(2, GetOf({victim_id_}));
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->get().getNewSegments().size(), 1u);
+  ASSERT_FALSE(got->get().getNewSegments()[0].getWritable());
+  ASSERT_EQ(got->fds.size(), 1u);
+  const int fd = got->fds[0].get();
+  const size_t size = got->get().getNewSegments()[0].getSize();
+  EXPECT_EQ(WaysToWrite(fd, size), "") << "a reader's segment descriptor allows writes";
+  // Re-opening it read-write through /proc takes root's permission bypass: without it, the
+  // segment's mode (0400) refuses.
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  EXPECT_EQ(RunInChild([&] {
+              if (!DropCapabilities())
+                return ChildFailed(2, "capset: " + std::string(strerror(errno)));
+              const int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+              if (rw >= 0) return ChildFailed(3, "re-opened a reader's segment read-write");
+              if (errno != EACCES) return ChildFailed(4, "open: " + std::string(strerror(errno)));
+              return 0;
+            }),
+            0);
+  ASSERT_TRUE(attacker->Call(3, ListOf(IdList::kRelease, {victim_id_})));
+}
+
+TEST_F(HostileTest, AWriterCannotResizeTheSegmentUnderTheDaemon) {
+  auto attacker = OpenSession();
+  const ObjectId id = ObjectId::FromName("hostile/resizer");
+  auto created = attacker->Call(2, CreateOf(id, 4096));
+  ASSERT_TRUE(created);
+  ASSERT_TRUE(created->get().isCreate()) << created->get().getMessage().cStr();
+  int writable = -1;
+  auto segments = created->get().getNewSegments();
+  for (unsigned i = 0; i < segments.size(); ++i) {
+    if (segments[i].getWritable()) writable = created->fds[i].get();
+  }
+  ASSERT_GE(writable, 0) << "the creator was sent no writable segment";
+  // Shrinking the file would make the daemon's next touch of those pages SIGBUS.
+  EXPECT_NE(::ftruncate(writable, 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(writable, 1ll << 40), 0);
+  EXPECT_EQ(errno, EPERM);
+  ASSERT_TRUE(attacker->Call(3, SealOf(id)));
+  ASSERT_TRUE(attacker->Call(4, ListOf(IdList::kRelease, {id})));
+}
+
+TEST_F(HostileTest, AWriteThroughABufferFaultsAndLeavesTheObjectIntact) {
+  ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(daemon_->socket_path()));
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, reader.Get(victim_id_));
+  const int code = RunInChild([&] {
+    std::signal(SIGSEGV, SIG_DFL);  // die of it, even under a sanitizer
+    auto* p = const_cast<volatile std::byte*>(buffer.ptr());
+    for (size_t i = 0; i < 1000; ++i) p[i] = std::byte{0};
+    return ChildFailed(2, "wrote through a Buffer");
+  });
+  EXPECT_EQ(code, kSignalExitBase + SIGSEGV);
+}
+
+TEST_F(HostileTest, TheCreatorsOwnBufferOfASealedObjectIsReadOnlyToo) {
+  const ObjectId id = ObjectId::FromName("hostile/own");
+  const auto data = SeededBytes(300'000, 7);
+  ASSERT_OK_AND_ASSIGN(MutableBuffer created, victim_->Create(id, data.size()));
+  std::memcpy(created.ptr(), data.data(), data.size());
+  ASSERT_OK(victim_->Seal(id));
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, victim_->Get(id));
+  EXPECT_NE(static_cast<const void*>(buffer.ptr()), static_cast<const void*>(created.ptr()))
+      << "a Buffer must read through the read-only view";
+  const int code = RunInChild([&] {
+    std::signal(SIGSEGV, SIG_DFL);
+    *const_cast<volatile std::byte*>(buffer.ptr()) = std::byte{1};
+    return ChildFailed(2, "wrote through the creator's Buffer");
+  });
+  EXPECT_EQ(code, kSignalExitBase + SIGSEGV);
+  EXPECT_TRUE(SameBytes(buffer.data(), data));
+}
+
+}  // namespace
+}  // namespace depot::testing
