@@ -17,16 +17,20 @@
 namespace depot::store {
 
 namespace {
-// Stop reading from a client whose replies pile up unread beyond this.
-constexpr size_t kMaxQueuedReplyBytes = 64u << 20;
+// Stop handling the requests of a client whose replies pile up unread beyond this. A reply
+// may take it past the bound once (list replies are capped at kMaxListReplyBytes).
+constexpr size_t kMaxQueuedReplyBytes = 4u << 20;
 // Frames handled per wake-up before other sessions get a turn.
 constexpr int kReadsPerTurn = 16;
 // Longest object name accepted.
 constexpr size_t kMaxNameBytes = 4096;
 // Gets that would wait longer than this (30 days) wait for ever.
 constexpr int64_t kForeverMs = 30ll * 24 * 3600 * 1000;
-// Most objects in one page of a list reply.
+// Most objects in one page of a list reply, and about the most bytes.
 constexpr uint32_t kMaxListPage = 10'000;
+constexpr size_t kMaxListReplyBytes = 1u << 20;
+// What an object costs in a list reply besides its name (ObjectInfo, a little generously).
+constexpr size_t kListEntryBytes = 192;
 
 void ToWire(const Location& loc, wire::Location::Builder out) {
   out.setSlot(loc.slot);
@@ -179,18 +183,36 @@ void Session::OnReadable() {
       return Close(reader_.buffered_bytes() == 0 ? "client disconnected"
                                                  : "client disconnected in the middle of a frame");
     }
-    for (;;) {
-      auto frame = reader_.Next();
-      if (!frame.ok()) return Violation(frame.status().message());
-      if (!frame->has_value()) break;
-      if (!HandleFrame(**frame) || closed_) return;
-    }
-    if (out_bytes_ > kMaxQueuedReplyBytes) {
-      paused_ = true;  // Flush resumes reading once the replies are drained
-      return;
-    }
+    if (!HandleBufferedFrames()) return;
   }
   WaitReadable();
+}
+
+bool Session::HandleBufferedFrames() {
+  for (;;) {
+    if (out_bytes_ > kMaxQueuedReplyBytes) {
+      // The client is not reading its replies: handle nothing more of it, buffered or not,
+      // until they drain (Flush resumes).
+      paused_ = true;
+      return false;
+    }
+    auto frame = reader_.Next();
+    if (!frame.ok()) {
+      Violation(frame.status().message());
+      return false;
+    }
+    if (!frame->has_value()) return true;
+    if (!HandleFrame(**frame) || closed_) return false;
+  }
+}
+
+void Session::Resume() {
+  paused_ = false;
+  // From the loop, not from inside whatever reply drained the queue: that may be another
+  // session's request, in the middle of changing the store.
+  boost::asio::post(server_.loop(), [self = shared_from_this()] {
+    if (!self->closed_ && !self->paused_ && self->HandleBufferedFrames()) self->WaitReadable();
+  });
 }
 
 bool Session::HandleFrame(ipc::FrameReader::Frame& frame) {
@@ -522,6 +544,18 @@ void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list) 
   } else {
     page = store.List(list.getStartSlot(), limit);
   }
+  // Long names make entries large: end the page early rather than send a reply of tens of
+  // MiB; the client asks for the next page from where this one ends.
+  size_t bytes = 0;
+  for (size_t i = 0; i < page.slots.size(); ++i) {
+    bytes += kListEntryBytes + store.NameOf(page.slots[i]).size();
+    if (bytes > kMaxListReplyBytes && i > 0) {
+      page.next = page.slots[i];
+      page.done = false;
+      page.slots.resize(i);
+      break;
+    }
+  }
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
@@ -797,10 +831,7 @@ void Session::Flush() {
     out_bytes_ -= out_.front().bytes.size() * sizeof(capnp::word);
     out_.pop_front();
   }
-  if (paused_) {
-    paused_ = false;
-    WaitReadable();
-  }
+  if (paused_) Resume();
 }
 
 }  // namespace depot::store

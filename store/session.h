@@ -67,6 +67,11 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void WaitReadable();
   void OnReadable();
+  // Handles the complete frames read so far; returns false when the session has closed or
+  // must wait for its replies to drain (paused_).
+  bool HandleBufferedFrames();
+  // Goes on after the replies drained: the frames already read first, then the socket.
+  void Resume();
   // Handles one frame; returns false when the session must close (reason already given).
   bool HandleFrame(ipc::FrameReader::Frame& frame);
   void Dispatch(wire::Request::Reader request);

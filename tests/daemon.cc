@@ -136,4 +136,14 @@ void TestDaemon::Stop() {
   }
 }
 
+uint64_t PrivateResidentKiB(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with("RssAnon:")) return std::stoull(line.substr(8));
+  }
+  ADD_FAILURE() << "no RssAnon in /proc/" << pid << "/status";
+  return 0;
+}
+
 }  // namespace depot::testing

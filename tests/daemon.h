@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -66,5 +67,10 @@ class TestDaemon {
   std::string error_;
   pid_t pid_ = -1;
 };
+
+// A process's private resident memory (RssAnon in /proc/<pid>/status, KiB): for a daemon,
+// its heap and stacks, not the arena it shares with clients. 0, with a test failure, if it
+// cannot be read.
+uint64_t PrivateResidentKiB(pid_t pid);
 
 }  // namespace depot::testing

@@ -4,6 +4,8 @@
 // serving, the other clients' data byte-exact, and nothing left held.
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -12,10 +14,12 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "child_process.h"
@@ -55,6 +59,19 @@ std::string WaysToWrite(int fd, size_t size) {
   if (::pwrite(fd, &byte, 1, 0) == 1) opened += " pwrite;";
   if (::ftruncate(fd, 0) == 0) opened += " ftruncate;";
   return opened;
+}
+
+// Waits until the daemon has read everything sent on `fd` (nothing left in the socket's
+// queue), for up to 10 s.
+bool ReadByPeer(int fd) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int unread = 0;
+    if (::ioctl(fd, SIOCOUTQ, &unread) != 0) return false;
+    if (unread == 0) return true;
+    std::this_thread::yield();
+  }
+  return false;
 }
 
 class HostileTest : public ::testing::Test {
@@ -203,6 +220,26 @@ TEST_F(HostileTest, TheCreatorsOwnBufferOfASealedObjectIsReadOnlyToo) {
   });
   EXPECT_EQ(code, kSignalExitBase + SIGSEGV);
   EXPECT_TRUE(SameBytes(buffer.data(), data));
+}
+
+TEST_F(HostileTest, AnnouncingHugeFramesAndSendingNothingCostsTheDaemonNothing) {
+  const uint64_t before = PrivateResidentKiB(daemon_->pid());
+  std::vector<std::unique_ptr<RawSession>> attackers;
+  for (int i = 0; i < 100; ++i) {
+    attackers.push_back(OpenSession());
+    // A frame of the largest size the daemon accepts, of which 8 bytes ever arrive.
+    const ipc::FrameHeader header{ipc::kDefaultMaxFrameBytes, 0};
+    ASSERT_TRUE(attackers.back()->SendBytes(&header, sizeof header));
+    const uint64_t eight = 0;
+    ASSERT_TRUE(attackers.back()->SendBytes(&eight, sizeof eight));
+  }
+  for (auto& attacker : attackers) {
+    ASSERT_TRUE(ReadByPeer(attacker->fd())) << "the daemon never read the frame's first bytes";
+  }
+  const uint64_t after = PrivateResidentKiB(daemon_->pid());
+  // 100 connections of 16 MiB each would be 1.6 GiB; their buffers hold what arrived.
+  EXPECT_LT(after, before + 32 * 1024)
+      << "RssAnon went from " << before << " to " << after << " KiB";
 }
 
 }  // namespace

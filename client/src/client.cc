@@ -78,8 +78,8 @@ Result<std::shared_ptr<Holding>> MakeHolding(const std::shared_ptr<Connection>& 
                            segments.Resolve(location.getSegment(), location.getOffset(), size));
     std::byte* writable = nullptr;
     if (!sealed) {
-      DEPOT_ASSIGN_OR_RETURN(writable, segments.ResolveWritable(location.getSegment(),
-                                                                location.getOffset(), size));
+      DEPOT_ASSIGN_OR_RETURN(
+          writable, segments.ResolveWritable(location.getSegment(), location.getOffset(), size));
     }
     return std::pair(data, writable);
   }();

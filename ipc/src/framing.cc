@@ -18,6 +18,8 @@ constexpr size_t kMaxFdsPerFrame = 253;
 // Room for the descriptors one recvmsg can bring.
 constexpr size_t kControlBytes = CMSG_SPACE(kMaxFdsPerFrame * sizeof(int));
 constexpr size_t kInitialBuffer = 64 * 1024;
+// An empty buffer larger than this shrinks back to kInitialBuffer.
+constexpr size_t kShrinkAbove = 1024 * 1024;
 }  // namespace
 
 UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
@@ -101,7 +103,15 @@ FrameReader::FrameReader(uint32_t max_frame_bytes)
 
 Result<size_t> FrameReader::ReadSome(int socket, bool* would_block) {
   *would_block = false;
-  if (begin_ == end_) begin_ = end_ = 0;
+  if (begin_ == end_) {
+    begin_ = end_ = 0;
+    // A large frame is gone: give its memory back rather than keep it for the connection's
+    // lifetime.
+    if (buf_.size() * sizeof(capnp::word) > kShrinkAbove) {
+      buf_.resize(kInitialBuffer / sizeof(capnp::word));
+      buf_.shrink_to_fit();
+    }
+  }
   size_t capacity = buf_.size() * sizeof(capnp::word);
   if (capacity - end_ < kInitialBuffer / 4 && begin_ > 0) {
     // Move the partial frame to the front; begin_ stays a multiple of 8, so frames stay
@@ -112,6 +122,9 @@ Result<size_t> FrameReader::ReadSome(int socket, bool* would_block) {
     begin_ = 0;
   }
   if (capacity - end_ < kInitialBuffer / 4) {
+    // Grow with what arrived, never to what a header merely announces: the buffer stays
+    // within twice the bytes the peer really sent (plus a little), so announcing a large
+    // frame and sending nothing costs the daemon nothing.
     buf_.resize(buf_.size() * 2);
     capacity = buf_.size() * sizeof(capnp::word);
   }
@@ -172,18 +185,7 @@ Result<std::optional<FrameReader::Frame>> FrameReader::Next() {
                                    " descriptors)");
   }
   const size_t frame_bytes = sizeof(FrameHeader) + header.payload_bytes;
-  if (avail < frame_bytes) {
-    // Make sure the whole frame will fit once it arrives.
-    const size_t need_words = (frame_bytes + kInitialBuffer / 4) / sizeof(capnp::word) + 1;
-    if (buf_.size() < need_words) {
-      auto* b = reinterpret_cast<char*>(buf_.data());
-      std::memmove(b, b + begin_, avail);
-      end_ = avail;
-      begin_ = 0;
-      buf_.resize(need_words);
-    }
-    return std::optional<Frame>();
-  }
+  if (avail < frame_bytes) return std::optional<Frame>();  // ReadSome grows as bytes arrive
   if (fds_.size() < header.fd_count) {
     return Status::InvalidArgument("frame announces " + std::to_string(header.fd_count) +
                                    " file descriptors but " + std::to_string(fds_.size()) +
