@@ -127,7 +127,8 @@ Status Arena::ShareReadOnly(Segment& seg, const std::string& name) {
   // /proc/<pid>/fd (a memfd is created 0777). Descriptors opened earlier keep their access.
   const std::string path = "/proc/self/fd/" + std::to_string(seg.fd.get());
   seg.read_fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!seg.read_fd) return Status::FromErrno("re-opening " + name + " read-only via " + path, errno);
+  if (!seg.read_fd)
+    return Status::FromErrno("re-opening " + name + " read-only via " + path, errno);
   if (::fchmod(seg.fd.get(), 0400) != 0) return Status::FromErrno("fchmod of " + name, errno);
   return Status::OK();
 }

@@ -66,7 +66,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 }  // namespace
 
 MetricsHttp::MetricsHttp(boost::asio::io_context& loop, std::function<std::string()> render)
-    : acceptor_(loop), render_(std::move(render)) {}
+    : acceptor_(loop), accept_retry_(loop, "metrics endpoint"), render_(std::move(render)) {}
 
 Status MetricsHttp::Listen(const std::string& address, uint16_t port) {
   boost::system::error_code ec;
@@ -94,13 +94,16 @@ uint16_t MetricsHttp::port() const {
 void MetricsHttp::Close() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  accept_retry_.Cancel();
 }
 
 void MetricsHttp::Accept() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (ec == boost::asio::error::operation_aborted) return;
     if (ec) {
-      spdlog::warn("metrics endpoint: accept failed: {}", ec.message());
+      return accept_retry_.Failed(ec, "HTTP", [this] {
+        if (acceptor_.is_open()) Accept();
+      });
     } else {
       std::make_shared<Exchange>(std::move(socket), render_)->Start();
     }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "depot/status.h"
+#include "store/accept_retry.h"
 
 namespace depot::store {
 
@@ -29,6 +30,7 @@ class MetricsHttp {
   void Accept();
 
   boost::asio::ip::tcp::acceptor acceptor_;
+  AcceptRetry accept_retry_;
   std::function<std::string()> render_;
 };
 

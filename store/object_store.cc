@@ -861,7 +861,10 @@ void ObjectStore::FinishTransfer(uint32_t slot, int32_t device, Status status) {
       counters_.replicas_made++;
     }
   } else {
-    spdlog::warn("cannot copy {} to {}: {}", Describe(id), TierName(device), status.message());
+    if (uint64_t held_back = 0; copy_failure_log_.Allow(&held_back)) {
+      spdlog::warn("cannot copy {} to {}: {}{}", Describe(id), TierName(device), status.message(),
+                   held_back == 0 ? "" : fmt::format(" ({} more failed copies before)", held_back));
+    }
     if (device == kHost && o.on_host && !o.host_ready) {
       if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes -= BlockBytes(slot);
       arena_.Free(h.segment, o.alloc);

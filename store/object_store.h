@@ -37,6 +37,7 @@
 #include "store/arena.h"
 #include "store/gpu/pool.h"
 #include "store/header_table.h"
+#include "store/log_limiter.h"
 #include "store/lru_list.h"
 
 namespace depot::store {
@@ -387,6 +388,7 @@ class ObjectStore {
   std::unordered_map<ObjectId, std::vector<uint64_t>> waiting_;  // id -> pending gets
   uint64_t next_pending_ = 1;
   StoreCounters counters_;
+  LogLimiter copy_failure_log_;
 };
 
 }  // namespace depot::store

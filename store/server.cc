@@ -47,6 +47,7 @@ Server::Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions 
       options_(std::move(options)),
       metrics_(options_.metrics),
       acceptor_(loop),
+      accept_retry_(loop, "depotd"),
       epoch_(RandomEpoch()),
       start_ns_(ipc::MonotonicNanos()) {}
 
@@ -94,8 +95,9 @@ void Server::Accept() {
                                 boost::asio::local::stream_protocol::socket socket) {
     if (ec == boost::asio::error::operation_aborted) return;
     if (ec) {
-      // Running out of descriptors must not stop the daemon: log and go on.
-      spdlog::warn("accept failed: {}", ec.message());
+      return accept_retry_.Failed(ec, std::to_string(sessions_.size()) + " sessions open", [this] {
+        if (acceptor_.is_open()) Accept();
+      });
     } else {
       const ClientId id = next_id_++;
       Peer peer = ReadPeer(socket.native_handle());
@@ -127,6 +129,7 @@ void Server::Shutdown() {
   listening_ = false;
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  accept_retry_.Cancel();
   ::unlink(options_.socket_path.c_str());
   auto sessions = sessions_;
   for (auto& [id, session] : sessions) session->Close("daemon shutting down");

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "depot/status.h"
+#include "store/accept_retry.h"
 #include "store/metrics.h"
 #include "store/object_store.h"
 
@@ -69,6 +70,7 @@ class Server {
   ServerOptions options_;
   Metrics metrics_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  AcceptRetry accept_retry_;
   std::unordered_map<ClientId, std::shared_ptr<Session>> sessions_;
   ClientId next_id_ = 1;
   uint64_t epoch_ = 0;

@@ -118,10 +118,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool paused_ = false;  // not reading until queued replies drain
   bool closed_ = false;
   bool said_hello_ = false;
-  bool counted_close_ = false;  // metrics already counted this close
-  uint32_t segments_sent_ = 0;           // read-only: segments 0 .. segments_sent_ - 1
+  bool counted_close_ = false;                  // metrics already counted this close
+  uint32_t segments_sent_ = 0;                  // read-only: segments 0 .. segments_sent_ - 1
   std::unordered_set<uint32_t> writable_sent_;  // segments sent writable
-  std::vector<uint32_t> chunks_sent_;  // by GPU: chunks of its pool sent so far
+  std::vector<uint32_t> chunks_sent_;           // by GPU: chunks of its pool sent so far
   uint64_t requests_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,7 +18,11 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,6 +77,26 @@ bool ReadByPeer(int fd) {
     std::this_thread::yield();
   }
   return false;
+}
+
+// CPU time a process has used, user and system, in seconds.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command (which may hold spaces), from field 3 on: utime is 14, stime 15.
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  uint64_t ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i >= 14) ticks += std::stoull(field);
+  }
+  return static_cast<double>(ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+size_t CountLines(const std::string& text, const std::string& what) {
+  size_t count = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+  return count;
 }
 
 class HostileTest : public ::testing::Test {
@@ -240,6 +265,37 @@ TEST_F(HostileTest, AnnouncingHugeFramesAndSendingNothingCostsTheDaemonNothing) 
   // 100 connections of 16 MiB each would be 1.6 GiB; their buffers hold what arrived.
   EXPECT_LT(after, before + 32 * 1024)
       << "RssAnon went from " << before << " to " << after << " KiB";
+}
+
+TEST_F(HostileTest, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinning) {
+  const pid_t pid = daemon_->pid();
+  size_t open_fds = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    ++open_fds;
+  }
+  rlimit original{};
+  ASSERT_EQ(::prlimit(pid, RLIMIT_NOFILE, nullptr, &original), 0);
+  const rlimit low{open_fds + 4, original.rlim_max};
+  ASSERT_EQ(::prlimit(pid, RLIMIT_NOFILE, &low, nullptr), 0) << std::strerror(errno);
+  std::vector<ipc::UniqueFd> attackers;
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_OK_AND_ASSIGN(ipc::UniqueFd fd, ipc::ConnectUnix(daemon_->socket_path()));
+    attackers.push_back(std::move(fd));
+  }
+  // A second of the daemon with connections it cannot accept: it used a whole core for it,
+  // and logged millions of lines, before it learnt to wait.
+  const double cpu_before = CpuSeconds(pid);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double cpu = CpuSeconds(pid) - cpu_before;
+  EXPECT_LT(cpu, 0.5) << "the daemon spent " << cpu << " s of CPU in 1 s";
+  // The sessions it has are still served.
+  ASSERT_OK(victim_->GetStatus());
+  EXPECT_LE(CountLines(daemon_->Log(), "accept failed"), 2u) << daemon_->Log().substr(0, 4000);
+  // Once descriptors free up, it accepts again.
+  attackers.clear();
+  ASSERT_EQ(::prlimit(pid, RLIMIT_NOFILE, &original, nullptr), 0);
+  ASSERT_OK(Client::Connect(daemon_->socket_path()));
 }
 
 }  // namespace

@@ -32,8 +32,11 @@ bool DevicePool::AddChunk(uint64_t bytes) {
   if (reserved_ + size > limit_) return false;
   auto chunk = backend_.AllocateChunk(device_, size);
   if (!chunk.ok()) {
-    spdlog::warn("{}: cannot add a chunk of {}: {}", info().name, ipc::FormatSize(size),
-                 chunk.status().message());
+    if (uint64_t held_back = 0; chunk_failure_log_.Allow(&held_back)) {
+      spdlog::warn("{}: cannot add a chunk of {}: {}{}", info().name, ipc::FormatSize(size),
+                   chunk.status().message(),
+                   held_back == 0 ? "" : fmt::format(" ({} more failures before)", held_back));
+    }
     return false;
   }
   spdlog::info("{}: added chunk {} ({})", info().name, chunks_.size(), ipc::FormatSize(size));

@@ -17,6 +17,7 @@
 
 #include "store/allocator.h"
 #include "store/gpu/device_backend.h"
+#include "store/log_limiter.h"
 
 namespace depot::store::gpu {
 
@@ -84,6 +85,7 @@ class DevicePool {
   uint64_t chunk_size_;
   uint64_t reserved_ = 0;
   std::vector<std::unique_ptr<Entry>> chunks_;
+  LogLimiter chunk_failure_log_;
 };
 
 }  // namespace depot::store::gpu
