@@ -56,6 +56,14 @@ Server::~Server() { Shutdown(); }
 Status Server::ClaimSocketPath(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
+    if (st.st_uid != ::geteuid()) {
+      // Someone else made it: a squatter waiting for this daemon's clients, or another
+      // user's daemon. Either way it is not ours to take over.
+      return Status::AlreadyExists(path + " exists and belongs to uid " +
+                                   std::to_string(st.st_uid) + ", not to this daemon's uid " +
+                                   std::to_string(::geteuid()) +
+                                   "; remove it (as that user or root) or choose another --socket");
+    }
     if (!S_ISSOCK(st.st_mode)) {
       return Status::InvalidArgument(
           path + " exists and is not a socket; remove it or choose another --socket");

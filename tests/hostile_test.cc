@@ -8,7 +8,10 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -296,6 +299,60 @@ TEST_F(HostileTest, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinning) {
   attackers.clear();
   ASSERT_EQ(::prlimit(pid, RLIMIT_NOFILE, &original, nullptr), 0);
   ASSERT_OK(Client::Connect(daemon_->socket_path()));
+}
+
+// Uids the tests act as when they drop root: the traditional nobody, and a user of no name.
+constexpr uid_t kNobody = 65534;
+constexpr uid_t kSomeUser = 4242;
+
+// In a child: becomes `uid` (group too) for good. Returns false (errno set) on failure.
+bool BecomeUser(uid_t uid) { return ::setgid(uid) == 0 && ::setuid(uid) == 0; }
+
+TEST(SquattedSocketTest, AClientRefusesADaemonSocketThatAnotherUserListensOn) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as two other users";
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << dir.error();
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0777), 0);
+  const std::string path = dir.path() + "/depot-4242.sock";
+  // uid 65534 gets there first, as it could at /tmp/depot-4242.sock.
+  ReadyPipe listening;
+  ChildProcess squatter = ChildProcess::Start([&] {
+    if (!BecomeUser(kNobody)) return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 8) != 0 ||
+        ::chmod(path.c_str(), 0777) != 0) {
+      return ChildFailed(3, "bind/listen: " + std::string(strerror(errno)));
+    }
+    listening.Signal();
+    ::pause();
+    return 0;
+  });
+  ASSERT_TRUE(listening.Wait(std::chrono::seconds(10)));
+  // uid 4242's client connects, and refuses to say anything to it.
+  EXPECT_EQ(RunInChild([&] {
+              if (!BecomeUser(kSomeUser))
+                return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
+              auto client = Client::Connect(path);
+              if (client.ok()) return ChildFailed(3, "connected to a squatter");
+              const std::string& message = client.status().message();
+              if (client.status().code() != StatusCode::kConnectionFailed ||
+                  message.find("uid 65534") == std::string::npos ||
+                  message.find("DEPOT_DAEMON_UID") == std::string::npos) {
+                return ChildFailed(4, "unclear refusal: " + client.status().ToString());
+              }
+              return 0;
+            }),
+            0);
+  // And depotd, started as root, will not take the path over.
+  ProgramRun run = RunProgram({DEPOT_DAEMON_PATH, "--socket", path, "--memory", "16MiB"}, {},
+                              std::chrono::seconds(10));
+  EXPECT_NE(run.exit_code, 0) << run.Explain();
+  EXPECT_NE(run.err.find("belongs to uid 65534"), std::string::npos) << run.Explain();
+  squatter.Kill(SIGKILL);
+  EXPECT_EQ(squatter.Wait(), kSignalExitBase + SIGKILL);
 }
 
 }  // namespace

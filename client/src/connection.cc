@@ -216,6 +216,7 @@ wire::Reply::Reader Reply::get() {
 Result<std::shared_ptr<Connection>> Connection::Open(const std::string& socket_path,
                                                      const ConnectOptions& options) {
   DEPOT_ASSIGN_OR_RETURN(ipc::UniqueFd socket, ipc::ConnectUnix(socket_path));
+  DEPOT_RETURN_NOT_OK(ipc::CheckDaemonCredentials(socket.get(), socket_path));
   auto conn = std::make_shared<Connection>(std::move(socket), socket_path, options.spin);
   DEPOT_RETURN_NOT_OK(conn->Handshake(options));
   return conn;

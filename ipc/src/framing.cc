@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace depot::ipc {
@@ -238,6 +239,33 @@ Result<UniqueFd> ConnectUnix(const std::string& path) {
     }
   }
   return fd;
+}
+
+Status CheckDaemonCredentials(int socket, const std::string& path) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(socket, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return Status::FromErrno("SO_PEERCRED on " + path, errno);
+  }
+  const uid_t me = ::getuid();
+  if (cred.uid == me || cred.uid == 0) return Status::OK();
+  const char* named = std::getenv("DEPOT_DAEMON_UID");
+  if (named != nullptr && *named != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long uid = std::strtoul(named, &end, 10);
+    if (errno != 0 || *end != '\0' || uid > UINT32_MAX) {
+      return Status::InvalidArgument("DEPOT_DAEMON_UID='" + std::string(named) +
+                                     "' is not a uid (a number)");
+    }
+    if (cred.uid == static_cast<uid_t>(uid)) return Status::OK();
+  }
+  return Status::ConnectionFailed(
+      "refusing to use " + path + ": the process listening there (pid " + std::to_string(cred.pid) +
+      ") runs as uid " + std::to_string(cred.uid) + ", not as you (uid " + std::to_string(me) +
+      ") or root, so it could read or change what you store; if it is the depot daemon you "
+      "mean to use, set DEPOT_DAEMON_UID=" +
+      std::to_string(cred.uid));
 }
 
 }  // namespace depot::ipc

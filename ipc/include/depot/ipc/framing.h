@@ -102,4 +102,11 @@ class FrameReader {
 // Connects to the daemon's socket at `path` (blocking, close-on-exec).
 Result<UniqueFd> ConnectUnix(const std::string& path);
 
+// Checks, before a client sends anything, that the process listening at `path` (connected
+// as `socket`) may be trusted with this process's data: it runs as this process's uid, as
+// root, or as the uid DEPOT_DAEMON_UID names. Anyone can create a socket at a path that
+// another user's client will try (/tmp/depot-<uid>.sock when $XDG_RUNTIME_DIR is not set).
+// Fails with ConnectionFailed naming the uid and pid found, and what to do.
+Status CheckDaemonCredentials(int socket, const std::string& path);
+
 }  // namespace depot::ipc
