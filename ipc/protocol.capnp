@@ -32,6 +32,7 @@ enum ErrorCode {
   disconnected @12;
   ioError @13;
   internal @14;
+  permissionDenied @15;
 }
 
 struct Request {

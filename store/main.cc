@@ -102,6 +102,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--socket-mode", socket_mode, "permissions of the socket file, in octal")
       ->capture_default_str();
+  std::vector<uint32_t> share_uids, share_gids;
+  app.add_option("--share-with-uid", share_uids,
+                 "uids (besides root and the daemon's own) that may read objects; they can "
+                 "never create, delete or change any (needs a --socket-mode they can open)")
+      ->delimiter(',');
+  app.add_option("--share-with-group", share_gids,
+                 "gids whose members may read objects, as --share-with-uid")
+      ->delimiter(',');
   app.add_option("--memory", memory, "host arena capacity: a size (4GiB) or a share of RAM (25%)")
       ->capture_default_str();
   app.add_option("--segment-size", segment_size, "arena segment size, also the largest object")
@@ -203,8 +211,14 @@ int main(int argc, char** argv) {
     depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict,
                                     (*gpus)->pool_pointers());
     depot::store::Server server(loop, store,
-                                {socket_path, mode, static_cast<uint32_t>(*frame), max_batch,
-                                 !no_metrics, (*gpus)->description});
+                                {socket_path,
+                                 mode,
+                                 static_cast<uint32_t>(*frame),
+                                 max_batch,
+                                 !no_metrics,
+                                 (*gpus)->description,
+                                 {share_uids.begin(), share_uids.end()},
+                                 {share_gids.begin(), share_gids.end()}});
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
 
     // The shutdown signals have been blocked since before the socket existed, so a SIGTERM

@@ -68,7 +68,7 @@ class Metrics {
   const bool enabled_;
   std::array<uint64_t, static_cast<size_t>(RequestType::kCount)> requests_{};
   std::array<Histogram, static_cast<size_t>(RequestType::kCount)> latency_{};
-  std::array<uint64_t, 16> errors_{};  // by StatusCode
+  std::array<uint64_t, static_cast<size_t>(kLastStatusCode) + 1> errors_{};  // by StatusCode
   uint64_t sessions_opened_ = 0;
   uint64_t sessions_closed_ = 0;
   uint64_t sessions_failed_ = 0;

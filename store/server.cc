@@ -7,6 +7,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <climits>
 #include <fstream>
 
 #include "depot/ipc/framing.h"
@@ -17,7 +19,9 @@ namespace depot::store {
 
 namespace {
 
-Peer ReadPeer(int fd) {
+// Who is connected on `fd` and what it may do; a peer whose credentials cannot be read may
+// do nothing.
+Peer ReadPeer(int fd, const ServerOptions& options) {
   Peer peer;
   ucred cred{};
   socklen_t len = sizeof(cred);
@@ -26,6 +30,23 @@ Peer ReadPeer(int fd) {
     peer.uid = cred.uid;
     std::ifstream comm("/proc/" + std::to_string(cred.pid) + "/comm");
     std::getline(comm, peer.command);
+    if (cred.uid == 0 || cred.uid == ::geteuid()) {
+      peer.access = Access::kFull;
+    } else if (std::ranges::find(options.share_uids, cred.uid) != options.share_uids.end()) {
+      peer.access = Access::kRead;
+    } else if (!options.share_gids.empty()) {
+      // The primary group and the supplementary ones (SO_PEERGROUPS, as of connect time).
+      std::vector<gid_t> groups(NGROUPS_MAX);
+      socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+      if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) != 0) bytes = 0;
+      groups.resize(bytes / sizeof(gid_t));
+      groups.push_back(cred.gid);
+      for (gid_t gid : groups) {
+        if (std::ranges::find(options.share_gids, gid) != options.share_gids.end()) {
+          peer.access = Access::kRead;
+        }
+      }
+    }
   }
   if (peer.command.empty()) peer.command = "?";
   return peer;
@@ -108,7 +129,7 @@ void Server::Accept() {
       });
     } else {
       const ClientId id = next_id_++;
-      Peer peer = ReadPeer(socket.native_handle());
+      Peer peer = ReadPeer(socket.native_handle(), options_);
       spdlog::info("session {}: connected (pid {}, uid {}, {})", id, peer.pid, peer.uid,
                    peer.command);
       metrics_.SessionOpened();

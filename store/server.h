@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "depot/status.h"
 #include "store/accept_retry.h"
@@ -28,6 +29,9 @@ struct ServerOptions {
   bool metrics = true;  // keep request counters and latency histograms
   // What serves GPUs, for hello and status: "cuda", "simulated", or why there are none.
   std::string device_backend;
+  // Other users that may read objects (docs/architecture.md, Trust).
+  std::vector<uid_t> share_uids;
+  std::vector<gid_t> share_gids;
 };
 
 class Server {

@@ -251,6 +251,7 @@ void Session::Dispatch(wire::Request::Reader request) {
   if (rid == 0 && which != wire::Request::RELEASE && which != wire::Request::RELEASE_REFS) {
     return Violation("request id 0 is only allowed for release");
   }
+  if (Status allowed = CheckAccess(request); !allowed.ok()) return SendError(rid, allowed);
   ObjectStore& store = server_.store();
   // Requests that may be answered later (create with seal, seal, get) record their latency
   // when they are answered; the others here.
@@ -368,8 +369,49 @@ void Session::Dispatch(wire::Request::Reader request) {
                      "; is the client newer than this depotd (" + kDepotVersion + ")?"));
 }
 
+Status Session::CheckAccess(wire::Request::Reader request) const {
+  if (peer_.access == Access::kFull) return Status::OK();
+  if (peer_.access == Access::kNone && request.which() != wire::Request::HELLO) {
+    return Status::PermissionDenied("uid " + std::to_string(peer_.uid) + " is not shared with");
+  }
+  switch (request.which()) {
+    case wire::Request::HELLO:
+    case wire::Request::RELEASE:
+    case wire::Request::RELEASE_REFS:
+    case wire::Request::CONTAINS:
+    case wire::Request::LIST:
+    case wire::Request::STATUS:
+    case wire::Request::METRICS:
+    case wire::Request::CLIENTS:
+    case wire::Request::OBJECT_INFO:
+      return Status::OK();
+    case wire::Request::GET:
+      if (request.getGet().getDevice() == kHost) return Status::OK();
+      // A GPU chunk travels as a descriptor that imports read-write: no way to share it
+      // read-only with another user yet.
+      return Status::PermissionDenied("uid " + std::to_string(peer_.uid) +
+                                      " may read objects from host memory only, not on a GPU");
+    default:
+      return Status::PermissionDenied(
+          "uid " + std::to_string(peer_.uid) +
+          " may read this daemon's objects but not create, seal, abort, delete, verify or evict "
+          "any (depotd --share-with-uid/--share-with-group give read access only)");
+  }
+}
+
 void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
   if (said_hello_) return Violation("hello sent twice");
+  if (peer_.access == Access::kNone) {
+    SendError(rid,
+              Status::PermissionDenied(
+                  "uid " + std::to_string(peer_.uid) + " may not use the depot daemon of uid " +
+                  std::to_string(::geteuid()) + " (start depotd with --share-with-uid " +
+                  std::to_string(peer_.uid) + " or --share-with-group to let it read objects)"));
+    boost::asio::post(server_.loop(), [self = shared_from_this()] {
+      self->Close("uid " + std::to_string(self->peer_.uid) + " is not shared with");
+    });
+    return;
+  }
   if (hello.getProtocolVersion() != ipc::kProtocolVersion) {
     SendError(rid, Status::ProtocolMismatch(
                        "the client speaks depot protocol version " +

@@ -25,10 +25,18 @@ namespace depot::store {
 class Server;
 
 // Who is on the other end, from SO_PEERCRED.
+// What a client's uid may do (docs/architecture.md, Trust).
+enum class Access : uint8_t {
+  kNone,  // another uid the daemon does not share with: refused at hello
+  kRead,  // a uid or group of --share-with-*: gets, lists and status, nothing that changes objects
+  kFull,  // root, or the daemon's own uid
+};
+
 struct Peer {
   pid_t pid = 0;
-  uid_t uid = 0;
-  std::string command;  // /proc/<pid>/comm
+  uid_t uid = static_cast<uid_t>(-1);  // unknown until SO_PEERCRED says
+  std::string command;                 // /proc/<pid>/comm
+  Access access = Access::kNone;
 };
 
 // What a reply carries besides its message: the segments up to `max_segment` (-1: none) that
@@ -76,6 +84,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool HandleFrame(ipc::FrameReader::Frame& frame);
   void Dispatch(wire::Request::Reader request);
 
+  // OK if this client's uid may make `request`, else PermissionDenied saying why.
+  Status CheckAccess(wire::Request::Reader request) const;
   void HandleHello(uint64_t rid, wire::Request::Hello::Reader hello);
   // `start`: when the request arrived (monotonic ns), 0 when metrics are off.
   void HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start);

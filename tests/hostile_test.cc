@@ -104,8 +104,10 @@ size_t CountLines(const std::string& text, const std::string& what) {
 
 class HostileTest : public ::testing::Test {
  protected:
+  explicit HostileTest(std::vector<std::string> flags = {}) : flags_(std::move(flags)) {}
+
   void SetUp() override {
-    daemon_.emplace();
+    daemon_.emplace(flags_);
     ASSERT_TRUE(daemon_->ok()) << daemon_->error();
     ASSERT_OK_AND_ASSIGN(victim_, Client::Connect(daemon_->socket_path()));
     victim_data_ = SeededBytes(100'000, 19);
@@ -138,6 +140,7 @@ class HostileTest : public ::testing::Test {
     return s;
   }
 
+  std::vector<std::string> flags_;
   std::optional<TestDaemon> daemon_;
   std::optional<Client> victim_;
   const ObjectId victim_id_ = ObjectId::FromName("hostile/victim");
@@ -353,6 +356,76 @@ TEST(SquattedSocketTest, AClientRefusesADaemonSocketThatAnotherUserListensOn) {
   EXPECT_NE(run.err.find("belongs to uid 65534"), std::string::npos) << run.Explain();
   squatter.Kill(SIGKILL);
   EXPECT_EQ(squatter.Wait(), kSignalExitBase + SIGKILL);
+}
+
+// A daemon whose socket every user may open, sharing its objects with nobody.
+class OtherUserTest : public HostileTest {
+ protected:
+  explicit OtherUserTest(std::vector<std::string> flags = {"--socket-mode", "0666"})
+      : HostileTest(std::move(flags)) {}
+
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as another user";
+    HostileTest::SetUp();
+    // The test's directory is private (mkdtemp); the socket file's mode is what is tested.
+    ASSERT_EQ(::chmod(daemon_->dir().c_str(), 0755), 0);
+  }
+};
+
+// The same, sharing its objects with uid 65534, and serving a simulated GPU.
+class SharedWithUserTest : public OtherUserTest {
+ protected:
+  SharedWithUserTest()
+      : OtherUserTest(
+            {"--socket-mode", "0666", "--share-with-uid", "65534", "--simulate-gpus", "1:64MiB"}) {}
+};
+
+TEST_F(OtherUserTest, AnotherUidIsRefusedAtHelloUnlessSharedWith) {
+  EXPECT_EQ(RunInChild([&] {
+              if (!BecomeUser(kNobody))
+                return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
+              auto client = Client::Connect(daemon_->socket_path());
+              if (client.ok()) return ChildFailed(3, "uid 65534 was let in");
+              if (client.status().code() != StatusCode::kPermissionDenied ||
+                  client.status().message().find("--share-with-uid 65534") == std::string::npos) {
+                return ChildFailed(4, "unclear refusal: " + client.status().ToString());
+              }
+              return 0;
+            }),
+            0);
+}
+
+TEST_F(SharedWithUserTest, ASharedUidReadsButCannotChangeAnything) {
+  const ObjectId mine = ObjectId::FromName("hostile/root-creating");
+  ASSERT_OK_AND_ASSIGN(MutableBuffer creating, victim_->Create(mine, 64));
+  EXPECT_EQ(RunInChild([&] {
+              if (!BecomeUser(kNobody))
+                return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
+              auto client = Client::Connect(daemon_->socket_path());
+              if (!client.ok()) return ChildFailed(3, "connect: " + client.status().ToString());
+              auto got = client->Get(victim_id_);
+              if (!got.ok() || !SameBytes(got->data(), victim_data_)) {
+                return ChildFailed(4, "cannot read a shared object");
+              }
+              std::string refused;
+              const auto expect_denied = [&](const Status& st, const char* what) {
+                if (st.code() != StatusCode::kPermissionDenied) refused += std::string(" ") + what;
+              };
+              expect_denied(client->Put(ObjectId::FromName("hostile/nobody"), victim_data_), "put");
+              expect_denied(client->Create(ObjectId::FromName("hostile/nobody"), 8).status(),
+                            "create");
+              expect_denied(client->Delete(victim_id_), "delete");
+              expect_denied(client->Seal(mine), "seal");
+              expect_denied(client->Abort(mine), "abort");
+              expect_denied(client->Evict(0, true).status(), "evict");
+              expect_denied(client->Verify().status(), "verify");
+              expect_denied(client->GetOnDevice(victim_id_, 0).status(), "a get on a GPU");
+              if (!refused.empty()) return ChildFailed(5, "allowed:" + refused);
+              return 0;
+            }),
+            0);
+  std::memset(creating.ptr(), 1, 64);
+  EXPECT_OK(victim_->Seal(mine));
 }
 
 }  // namespace

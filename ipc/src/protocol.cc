@@ -9,7 +9,7 @@ namespace depot::ipc {
 
 StatusCode FromWire(wire::ErrorCode code) {
   auto v = static_cast<uint16_t>(code);
-  if (v > static_cast<uint16_t>(StatusCode::kInternal)) return StatusCode::kInternal;
+  if (v > static_cast<uint16_t>(kLastStatusCode)) return StatusCode::kInternal;
   return static_cast<StatusCode>(v);
 }
 

@@ -82,6 +82,11 @@ class InternalError(DepotError):
     """A bug in depot; the message says where."""
 
 
+class PermissionDenied(DepotError, PermissionError):
+    """The caller's uid may not do this: another uid's object, or a daemon that does not
+    share with it."""
+
+
 class GpuNotSupported(DepotError):
     """An array on a device depot does not store (DLPack device types other than host memory
     and CUDA GPUs, e.g. ROCm)."""
@@ -103,4 +108,5 @@ BY_CODE = {
     "Disconnected": Disconnected,
     "IoError": IoError,
     "Internal": InternalError,
+    "PermissionDenied": PermissionDenied,
 }

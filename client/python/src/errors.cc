@@ -8,7 +8,7 @@ namespace nb = nanobind;
 namespace depot::python {
 namespace {
 
-constexpr size_t kCodes = static_cast<size_t>(StatusCode::kInternal) + 1;
+constexpr size_t kCodes = static_cast<size_t>(kLastStatusCode) + 1;
 
 // Strong references held for the life of the process (the classes live in depot._errors,
 // which is never unloaded).

@@ -32,7 +32,9 @@ enum class StatusCode : uint8_t {
   kDisconnected = 12,      // the connection broke while a request was in flight
   kIoError = 13,           // a system call failed (the message names it and errno)
   kInternal = 14,          // a bug in depot; the message says where
+  kPermissionDenied = 15,  // the caller's uid may not do this (to this object)
 };
+inline constexpr StatusCode kLastStatusCode = StatusCode::kPermissionDenied;
 
 // Returns the code's name, e.g. "NotFound".
 std::string_view StatusCodeName(StatusCode code);
@@ -77,6 +79,9 @@ class [[nodiscard]] Status {
   }
   static Status IoError(std::string msg) { return {StatusCode::kIoError, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
+  static Status PermissionDenied(std::string msg) {
+    return {StatusCode::kPermissionDenied, std::move(msg)};
+  }
   // An IoError whose message is "<what>: <strerror(err)>".
   static Status FromErrno(std::string_view what, int err);
 
