@@ -1,4 +1,6 @@
 // depotd: the depot daemon. One per host; see docs/architecture.md.
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <sys/sysinfo.h>
@@ -12,6 +14,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -48,6 +51,21 @@ Result<uint64_t> ParseMemory(const std::string& text) {
     return static_cast<uint64_t>(static_cast<double>(si.totalram) * si.mem_unit * pct / 100);
   }
   return depot::ipc::ParseSize(text);
+}
+
+// A uid (or, with `group`, a gid) given as a number or a name.
+Result<uint32_t> IdOf(const std::string& text, bool is_group) {
+  const char* flag = is_group ? "--share-with-group" : "--share-with-uid";
+  if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) {
+    const unsigned long id = std::strtoul(text.c_str(), nullptr, 10);
+    if (id < UINT32_MAX) return static_cast<uint32_t>(id);
+  } else if (is_group) {
+    if (const struct group* g = ::getgrnam(text.c_str())) return g->gr_gid;
+  } else if (const struct passwd* p = ::getpwnam(text.c_str())) {
+    return p->pw_uid;
+  }
+  return Status::InvalidArgument(std::string(flag) + ": '" + text + "' is not a " +
+                                 (is_group ? "group" : "user") + " of this host");
 }
 
 int Fail(const Status& st) {
@@ -102,13 +120,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--socket-mode", socket_mode, "permissions of the socket file, in octal")
       ->capture_default_str();
-  std::vector<uint32_t> share_uids, share_gids;
-  app.add_option("--share-with-uid", share_uids,
-                 "uids (besides root and the daemon's own) that may read objects; they can "
-                 "never create, delete or change any (needs a --socket-mode they can open)")
+  std::vector<std::string> share_users, share_groups;
+  app.add_option("--share-with-uid", share_users,
+                 "users (uids or names; besides root and the daemon's own) that may read objects; "
+                 "they can never create, delete or change any (needs a --socket-mode they can "
+                 "open)")
       ->delimiter(',');
-  app.add_option("--share-with-group", share_gids,
-                 "gids whose members may read objects, as --share-with-uid")
+  app.add_option("--share-with-group", share_groups,
+                 "groups (gids or names) whose members may read objects, as --share-with-uid")
       ->delimiter(',');
   app.add_option("--memory", memory, "host arena capacity: a size (4GiB) or a share of RAM (25%)")
       ->capture_default_str();
@@ -184,6 +203,19 @@ int main(int argc, char** argv) {
                                         "' is not an octal mode like 0660"));
   }
 
+  std::vector<uid_t> share_uids;
+  std::vector<gid_t> share_gids;
+  for (const std::string& user : share_users) {
+    auto uid = IdOf(user, /*group=*/false);
+    if (!uid.ok()) return Fail(uid.status());
+    share_uids.push_back(*uid);
+  }
+  for (const std::string& group : share_groups) {
+    auto gid = IdOf(group, /*group=*/true);
+    if (!gid.ok()) return Fail(gid.status());
+    share_gids.push_back(*gid);
+  }
+
   // Before the arena is made: a second daemon on a busy socket should fail fast.
   if (Status st = depot::store::Server::ClaimSocketPath(socket_path); !st.ok()) return Fail(st);
 
@@ -211,14 +243,8 @@ int main(int argc, char** argv) {
     depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict,
                                     (*gpus)->pool_pointers());
     depot::store::Server server(loop, store,
-                                {socket_path,
-                                 mode,
-                                 static_cast<uint32_t>(*frame),
-                                 max_batch,
-                                 !no_metrics,
-                                 (*gpus)->description,
-                                 {share_uids.begin(), share_uids.end()},
-                                 {share_gids.begin(), share_gids.end()}});
+                                {socket_path, mode, static_cast<uint32_t>(*frame), max_batch,
+                                 !no_metrics, (*gpus)->description, share_uids, share_gids});
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
 
     // The shutdown signals have been blocked since before the socket existed, so a SIGTERM

@@ -112,6 +112,21 @@ TEST(DaemonTest, BadFlagIsAClearErrorAtStartup) {
   EXPECT_NE(run.err.find("lots"), std::string::npos) << run.err;
 }
 
+TEST(DaemonTest, SharingWithAnUnknownUserOrGroupIsAClearErrorAtStartup) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << dir.error();
+  for (const auto& [flag, value] : {std::pair{"--share-with-uid", "no-such-user-here"},
+                                    std::pair{"--share-with-uid", "99999999999"},
+                                    std::pair{"--share-with-group", "no-such-group-here"}}) {
+    ProgramRun run =
+        RunProgram({DEPOT_DAEMON_PATH, "--socket", dir.path() + "/depot.sock", flag, value}, {},
+                   milliseconds(10'000));
+    EXPECT_NE(run.exit_code, 0) << run.Explain();
+    EXPECT_NE(run.err.find(std::string(flag) + ": '" + value + "'"), std::string::npos)
+        << run.Explain();
+  }
+}
+
 TEST(DaemonTest, StatusDescribesTheDaemon) {
   TestDaemon daemon({"--memory", "32MiB", "--segment-size", "8MiB", "--max-objects", "1000"});
   ASSERT_TRUE(daemon.ok()) << daemon.error();
