@@ -271,6 +271,9 @@ struct StoreStatus {
   arenaPageLockedBytes @26 :UInt64;  # of the arena, registered with the CUDA driver (pinned)
                                      # so copies to and from GPUs run at full speed
   objectsOnHost @27 :UInt64;  # objects with a copy in host memory (Device.replicas: on a GPU)
+  metadataBytes @28 :UInt64;  # daemon memory kept for clients: object entries, names, GPU
+                              # metadata, waiting gets
+  metadataBudgetBytes @29 :UInt64;  # its limit (--metadata-budget; 0: none)
 }
 
 # A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED

@@ -150,6 +150,14 @@ int main(int argc, char** argv) {
   app.add_option("--client-max-objects", client_max_objects,
                  "objects one client may hold; 0: no limit")
       ->capture_default_str();
+  std::string metadata_budget = "1GiB", client_max_metadata = "256MiB";
+  app.add_option("--metadata-budget", metadata_budget,
+                 "daemon memory it may keep for all clients together (object entries, names, "
+                 "GPU metadata, waiting gets); 0: no limit")
+      ->capture_default_str();
+  app.add_option("--client-max-metadata", client_max_metadata,
+                 "the same for one client; 0: no limit")
+      ->capture_default_str();
   app.add_option("--client-max-pending", client_max_pending,
                  "gets one client may have waiting; 0: no limit")
       ->capture_default_str();
@@ -193,6 +201,14 @@ int main(int argc, char** argv) {
   auto client_bytes = depot::ipc::ParseSize(client_max_bytes);
   if (!client_bytes.ok())
     return Fail(Status::InvalidArgument("--client-max-bytes: " + client_bytes.status().message()));
+  auto budget = depot::ipc::ParseSize(metadata_budget);
+  if (!budget.ok())
+    return Fail(Status::InvalidArgument("--metadata-budget: " + budget.status().message()));
+  auto client_metadata = depot::ipc::ParseSize(client_max_metadata);
+  if (!client_metadata.ok()) {
+    return Fail(
+        Status::InvalidArgument("--client-max-metadata: " + client_metadata.status().message()));
+  }
   mode_t mode = 0;
   try {
     size_t used = 0;
@@ -239,7 +255,8 @@ int main(int argc, char** argv) {
     if (!arena.ok()) return Fail(arena.status());
     auto headers = depot::store::HeaderTable::Create(max_objects);
     if (!headers.ok()) return Fail(headers.status());
-    depot::store::ClientLimits limits{*client_bytes, client_max_objects, client_max_pending};
+    depot::store::ClientLimits limits{*client_bytes, client_max_objects, client_max_pending,
+                                      *client_metadata, *budget};
     depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict,
                                     (*gpus)->pool_pointers());
     depot::store::Server server(loop, store,

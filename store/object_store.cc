@@ -126,6 +126,7 @@ void ObjectStore::RemoveClient(ClientId client) {
     if (p == pending_.end()) continue;
     p->second.timer->cancel();
     ForgetWaits(pending_id, p->second);
+    UncountWait(p->second);
     pending_.erase(p);
   }
   // Drop every reference; the last reference to an unsealed object aborts it.
@@ -149,6 +150,48 @@ Status ObjectStore::CheckLimits(ClientId client, const ClientState& state, uint6
                                  ipc::FormatSize(limits_.max_bytes) + " (--client-max-bytes)");
   }
   return Status::OK();
+}
+
+Status ObjectStore::CheckMetadata(ClientId client, const ClientState& state, uint64_t bytes) const {
+  if (limits_.max_metadata_bytes != 0 &&
+      state.metadata_bytes + bytes > limits_.max_metadata_bytes) {
+    return Status::LimitExceeded("client " + std::to_string(client) + " has the daemon keep " +
+                                 ipc::FormatSize(state.metadata_bytes) +
+                                 " for it (object entries, names, GPU metadata, "
+                                 "waiting gets); another " +
+                                 ipc::FormatSize(bytes) + " would pass its limit of " +
+                                 ipc::FormatSize(limits_.max_metadata_bytes) +
+                                 " (--client-max-metadata)");
+  }
+  if (limits_.metadata_budget != 0 && counters_.metadata_bytes + bytes > limits_.metadata_budget) {
+    return Status::LimitExceeded(
+        "the daemon keeps " + ipc::FormatSize(counters_.metadata_bytes) +
+        " for its clients (object entries, names, GPU metadata, waiting gets); another " +
+        ipc::FormatSize(bytes) + " would pass its budget of " +
+        ipc::FormatSize(limits_.metadata_budget) +
+        " (--metadata-budget); delete objects or start depotd with a larger budget");
+  }
+  return Status::OK();
+}
+
+void ObjectStore::CountMetadata(ClientId client, int64_t bytes) {
+  counters_.metadata_bytes += static_cast<uint64_t>(bytes);
+  if (auto it = clients_.find(client); it != clients_.end()) {
+    it->second.metadata_bytes += static_cast<uint64_t>(bytes);
+  }
+}
+
+void ObjectStore::ChargeObject(uint32_t slot, uint64_t bytes) {
+  objects_[slot].metadata_cost += bytes;
+  CountMetadata(objects_[slot].charged, static_cast<int64_t>(bytes));
+}
+
+void ObjectStore::UncountWait(const PendingGet& get) {
+  CountMetadata(get.client, -static_cast<int64_t>(get.metadata_cost));
+}
+
+uint64_t ObjectStore::CreateCost(const CreateParams& p) {
+  return kObjectMetadataBytes + p.name.size() + (p.device == kHost ? 0 : p.metadata.size());
 }
 
 std::string ObjectStore::OutOfMemoryMessage(const ObjectId& id, uint64_t bytes) const {
@@ -277,7 +320,9 @@ uint32_t ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t s
   if (slot >= objects_.size()) objects_.resize(std::max<size_t>(slot + 1, objects_.size() * 2));
   objects_[slot] = Object{};
   objects_[slot].creator = client;
+  objects_[slot].charged = client;
   objects_[slot].want_checksum = p.checksum;
+  ChargeObject(slot, CreateCost(p));
   auto& h = headers_.at(slot);
   h.id_lo = p.id.lo();
   h.id_hi = p.id.hi();
@@ -317,6 +362,7 @@ void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDon
   }
   ClientState& state = clients_.at(client);
   if (Status st = CheckLimits(client, state, arena_.ReservedSize(total)); !st.ok()) return done(st);
+  if (Status st = CheckMetadata(client, state, CreateCost(p)); !st.ok()) return done(st);
   const uint32_t slot = AcquireSlot();
   if (slot == HeaderTable::kNoSlot) {
     return done(
@@ -362,6 +408,7 @@ void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateD
   if (Status st = CheckLimits(client, state, pool.ReservedSize(p.data_size)); !st.ok()) {
     return done(st);
   }
+  if (Status st = CheckMetadata(client, state, CreateCost(p)); !st.ok()) return done(st);
   // The parameters outlive the request: room may come only after spills.
   struct Owned {
     CreateParams params;
@@ -510,6 +557,7 @@ void ObjectStore::FreeObject(uint32_t slot) {
     device_usage_[r.device].replicas--;
     ScheduleRoomWaits(r.device);
   }
+  CountMetadata(o.charged, -static_cast<int64_t>(o.metadata_cost));
   o = Object{};
   index_.erase(id);
   names_.erase(slot);
@@ -616,19 +664,26 @@ Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int32_t devi
     done(std::move(results));
     return Status::OK();
   }
-  if (limits_.max_pending_gets != 0 && state.pending_gets.size() >= limits_.max_pending_gets) {
+  const uint64_t wait_cost = kWaitingIdMetadataBytes * ids.size();
+  Status refused =
+      limits_.max_pending_gets != 0 && state.pending_gets.size() >= limits_.max_pending_gets
+          ? Status::LimitExceeded("client " + std::to_string(client) + " already has " +
+                                  std::to_string(state.pending_gets.size()) +
+                                  " gets waiting, its limit (--client-max-pending)")
+          : CheckMetadata(client, state, wait_cost);
+  if (!refused.ok()) {
     // Give back what this call granted: the request fails as a whole.
     for (size_t i = 0; i < ids.size(); ++i) {
       if (results[i].code == StatusCode::kOk && waits[i] == Wait::kNone) {
         DropRef(state, results[i].location.slot, device);
       }
     }
-    return Status::LimitExceeded("client " + std::to_string(client) + " already has " +
-                                 std::to_string(state.pending_gets.size()) +
-                                 " gets waiting, its limit (--client-max-pending)");
+    return refused;
   }
   const uint64_t pending_id = next_pending_++;
   PendingGet& get = pending_[pending_id];
+  get.metadata_cost = wait_cost;
+  CountMetadata(client, static_cast<int64_t>(wait_cost));
   get.client = client;
   get.device = device;
   get.missing = seal_waits + copy_waits;
@@ -686,6 +741,7 @@ void ObjectStore::FinishGetIfDone(uint64_t pending_id) {
   if (it == pending_.end() || it->second.missing != 0) return;
   PendingGet finished = std::move(it->second);
   pending_.erase(it);
+  UncountWait(finished);
   finished.timer->cancel();
   std::erase(clients_.at(finished.client).pending_gets, pending_id);
   finished.done(std::move(finished.results));
@@ -778,6 +834,7 @@ void ObjectStore::StartTransfer(uint32_t slot, int32_t device, bool spill, uint6
   if (o.metadata.empty() && h.metadata_size != 0 && source == kHost) {
     const std::byte* meta = arena_.base(h.segment) + h.offset + h.data_size;
     o.metadata.assign(meta, meta + h.metadata_size);
+    ChargeObject(slot, h.metadata_size);
   }
   if (device == kHost) {
     auto block = AllocateOrEvict(h.data_size + h.metadata_size);

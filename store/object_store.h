@@ -82,7 +82,17 @@ struct ClientLimits {
   uint64_t max_bytes = 0;         // bytes a client may hold (creating or referenced); 0: no limit
   uint32_t max_objects = 0;       // objects a client may hold; 0: no limit
   uint32_t max_pending_gets = 0;  // gets of one client waiting at once; 0: no limit
+  // Daemon memory kept on a client's behalf (MetadataCost): the objects it created and its
+  // waiting gets; 0: no limit. And the same for all clients together.
+  uint64_t max_metadata_bytes = 0;
+  uint64_t metadata_budget = 0;
 };
+
+// What the daemon's own memory holds for clients, as counted against ClientLimits: about
+// this much per object (its table entries), plus its name, plus its metadata while that is
+// kept in daemon memory (objects on a GPU), plus this much per id a get waits for.
+inline constexpr uint64_t kObjectMetadataBytes = 256;
+inline constexpr uint64_t kWaitingIdMetadataBytes = 200;
 
 struct StoreCounters {
   uint64_t objects_sealed = 0;
@@ -101,6 +111,7 @@ struct StoreCounters {
   uint64_t spills = 0;            // objects moved from a full GPU to host memory
   uint64_t spilled_bytes = 0;
   uint64_t objects_on_host = 0;  // with a host block: ready or being copied in
+  uint64_t metadata_bytes = 0;   // daemon memory held for clients (kObjectMetadataBytes, ...)
 };
 
 // One GPU pool's use (status).
@@ -234,6 +245,7 @@ class ObjectStore {
   EvictOutcome EvictUnreferenced(uint64_t bytes, bool all);
 
   const StoreCounters& counters() const { return counters_; }
+  const ClientLimits& limits() const { return limits_; }
   std::span<gpu::DevicePool* const> pools() const { return pools_; }
   const DeviceUsage& device_usage(uint32_t device) const { return device_usage_[device]; }
   const HeaderTable& headers() const { return headers_; }
@@ -260,6 +272,8 @@ class ObjectStore {
     uint32_t host_refs = 0;           // references to the host replica
     std::vector<Replica> replicas;    // on GPUs, few: found by linear search
     std::vector<std::byte> metadata;  // kept here once the object has a GPU replica
+    uint64_t metadata_cost = 0;       // counted in metadata_bytes (its creator's and all)
+    ClientId charged = 0;             // its creator, whose metadata_bytes count it
   };
   // A client's references are per (slot, tier): RefKey packs the pair.
   static uint64_t RefKey(uint32_t slot, int32_t device) {
@@ -270,6 +284,7 @@ class ObjectStore {
   struct ClientState {
     std::unordered_map<uint64_t, uint32_t> refs;  // RefKey -> references held
     uint64_t held_bytes = 0;
+    uint64_t metadata_bytes = 0;  // MetadataCost of its objects and waiting gets
     std::vector<uint64_t> pending_gets;
   };
   enum class Wait { kNone, kSeal, kCopy };
@@ -282,6 +297,7 @@ class ObjectStore {
     size_t missing = 0;
     std::unique_ptr<boost::asio::steady_timer> timer;
     GetDone done;
+    uint64_t metadata_cost = 0;
   };
   // A copy of an object to another tier, in flight or waiting for room there.
   struct Transfer {
@@ -312,9 +328,20 @@ class ObjectStore {
   void CreateOnDevice(ClientId client, const CreateParams& params, CreateDone done);
   // Fills in the header and tables of a new object whose bytes are placed.
   uint32_t Publish(ClientId client, const CreateParams& params, uint32_t slot);
+  // What creating `params` costs the daemon's memory before any GPU metadata.
+  static uint64_t CreateCost(const CreateParams& params);
   // Counts a get's bytes handed out on `device` (StoreCounters, DeviceUsage).
   void CountBytesOut(int32_t device, const Location& location);
   Status CheckLimits(ClientId client, const ClientState& state, uint64_t bytes) const;
+  // Whether `client` may have the daemon keep `bytes` more for it (ClientLimits' metadata
+  // limits); LimitExceeded naming the limit if not.
+  Status CheckMetadata(ClientId client, const ClientState& state, uint64_t bytes) const;
+  // Counts `bytes` more (or, negative, fewer) of daemon memory for `client` and in all.
+  void CountMetadata(ClientId client, int64_t bytes);
+  // Counts `bytes` more for the object in `slot`, against its creator.
+  void ChargeObject(uint32_t slot, uint64_t bytes);
+  // Gives back what a finished, expired or dropped waiting get counted.
+  void UncountWait(const PendingGet& get);
   std::optional<Arena::Block> AllocateOrEvict(uint64_t bytes);
   // A free header slot, evicting the least recently used object if the table is full.
   uint32_t AcquireSlot();

@@ -645,6 +645,8 @@ void Session::HandleStatus(uint64_t rid) {
   s.setReplicasDropped(c.replicas_dropped);
   s.setArenaPageLockedBytes(arena.page_locked_bytes());
   s.setObjectsOnHost(store.ObjectsOnHost());
+  s.setMetadataBytes(c.metadata_bytes);
+  s.setMetadataBudgetBytes(store.limits().metadata_budget);
   s.setRequests(server_.requests());
   SendReply(message, reply);
 }

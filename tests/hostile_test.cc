@@ -358,6 +358,110 @@ TEST(SquattedSocketTest, AClientRefusesADaemonSocketThatAnotherUserListensOn) {
   EXPECT_EQ(squatter.Wait(), kSignalExitBase + SIGKILL);
 }
 
+// A daemon with small budgets for the memory it keeps on clients' behalf.
+class MetadataBudgetTest : public HostileTest {
+ protected:
+  MetadataBudgetTest()
+      : HostileTest({"--client-max-metadata", "24MiB", "--metadata-budget", "40MiB",
+                     "--simulate-gpus", "1:256MiB"}) {}
+
+  StoreStatus Stats() {
+    auto status = victim_->GetStatus();
+    EXPECT_TRUE(status.ok()) << status.status().ToString();
+    return status.ok() ? *status : StoreStatus{};
+  }
+};
+
+TEST_F(MetadataBudgetTest, GetsWaitingOnManyMissingIdsAreBounded) {
+  const uint64_t before = PrivateResidentKiB(daemon_->pid());
+  std::vector<ObjectId> missing;
+  for (int i = 0; i < 60'000; ++i)
+    missing.push_back(ObjectId::FromName("hostile/missing/" + std::to_string(i)));
+  // Two clients wait for ever on 60,000 ids at a time until the daemon says no more.
+  std::vector<std::unique_ptr<RawSession>> attackers;
+  std::string refusals;
+  int waits = 0;
+  for (int a = 0; a < 2; ++a) {
+    attackers.push_back(OpenSession());
+    for (uint64_t rid = 2; rid < 20; ++rid) {
+      ASSERT_OK(attackers.back()->Send(rid, GetOf(missing, /*timeout_ms=*/-1)));
+      // A refused get is answered as it is handled, so before a status request sent after
+      // it; a get that waits is not answered at all.
+      ASSERT_OK(attackers.back()->Send(rid + 100, StatusRequest()));
+      auto reply = attackers.back()->Receive();
+      ASSERT_TRUE(reply);
+      if (reply->get().getId() == rid + 100) {
+        ++waits;
+        continue;
+      }
+      ASSERT_EQ(reply->get().getId(), rid);
+      ASSERT_TRUE(attackers.back()->Receive()) << "no answer to the status request";
+      ASSERT_EQ(reply->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED)
+          << reply->get().getMessage().cStr();
+      refusals += std::string(reply->get().getMessage().cStr()) + "\n";
+      break;
+    }
+  }
+  EXPECT_NE(refusals.find("--client-max-metadata"), std::string::npos) << refusals;
+  EXPECT_NE(refusals.find("--metadata-budget"), std::string::npos) << refusals;
+  // 12 MB a wait: two fit the first client's 24 MiB, one more the budget's 40 MiB.
+  EXPECT_EQ(waits, 2 + 1);
+  const StoreStatus status = Stats();
+  EXPECT_LE(status.metadata_bytes, status.metadata_budget_bytes);
+  EXPECT_LT(PrivateResidentKiB(daemon_->pid()), before + 3 * 40 * 1024);
+  // The daemon keeps serving, and forgets the waits with the clients.
+  attackers.clear();
+  ASSERT_OK_AND_ASSIGN(Client fresh, Client::Connect(daemon_->socket_path()));
+  for (int tries = 0; tries < 1000 && Stats().metadata_bytes > 4096; ++tries) {
+    std::this_thread::yield();
+  }
+  EXPECT_LT(Stats().metadata_bytes, 4096u) << "the waits of clients that left are still counted";
+}
+
+TEST_F(MetadataBudgetTest, NamesAndGpuMetadataCountAgainstTheBudget) {
+  // Empty objects with the longest names: about 4.3 KiB of daemon memory each.
+  std::vector<ObjectId> made;
+  Status refused;
+  for (int i = 0; i < 20'000 && refused.ok(); ++i) {
+    CreateOptions options;
+    options.name = std::string(4000, 'n') + std::to_string(i);
+    const ObjectId id = ObjectId::FromName(options.name);
+    refused = victim_->Put(id, {}, options);
+    if (refused.ok()) made.push_back(id);
+  }
+  EXPECT_EQ(refused.code(), StatusCode::kLimitExceeded) << refused.ToString();
+  EXPECT_NE(refused.message().find("--client-max-metadata"), std::string::npos)
+      << refused.ToString();
+  EXPECT_GT(made.size(), 4000u);
+  EXPECT_LT(made.size(), 7000u);
+  EXPECT_LE(Stats().metadata_bytes, 24u << 20);
+  // Another client's GPU objects with 1 MiB of metadata each: the budget stops them.
+  ASSERT_OK_AND_ASSIGN(Client gpu_client, Client::Connect(daemon_->socket_path()));
+  const std::vector<std::byte> metadata(1 << 20);
+  int gpu_objects = 0;
+  for (; gpu_objects < 100; ++gpu_objects) {
+    CreateOptions options;
+    options.metadata = metadata;
+    auto created = gpu_client.CreateOnDevice(
+        ObjectId::FromName("hostile/gpu/" + std::to_string(gpu_objects)), 1, 0, options);
+    if (!created.ok()) {
+      EXPECT_EQ(created.status().code(), StatusCode::kLimitExceeded) << created.status().ToString();
+      EXPECT_NE(created.status().message().find("--metadata-budget"), std::string::npos)
+          << created.status().ToString();
+      break;
+    }
+    ASSERT_OK(gpu_client.Seal(ObjectId::FromName("hostile/gpu/" + std::to_string(gpu_objects))));
+  }
+  EXPECT_GT(gpu_objects, 5);
+  EXPECT_LT(gpu_objects, 20);
+  EXPECT_LE(Stats().metadata_bytes, 40u << 20);
+  // Deleting gives the memory back.
+  ASSERT_OK(victim_->Delete(made));
+  CreateOptions options;
+  options.name = "hostile/after";
+  EXPECT_OK(victim_->Put(ObjectId::FromName(options.name), {}, options));
+}
+
 // A daemon whose socket every user may open, sharing its objects with nobody.
 class OtherUserTest : public HostileTest {
  protected:

@@ -217,6 +217,8 @@ StoreStatus ToStoreStatus(wire::StoreStatus::Reader s) {
   status.spilled_bytes = s.getSpilledBytes();
   status.arena_page_locked_bytes = s.getArenaPageLockedBytes();
   status.objects_on_host = s.getObjectsOnHost();
+  status.metadata_bytes = s.getMetadataBytes();
+  status.metadata_budget_bytes = s.getMetadataBudgetBytes();
   status.replicas_made = s.getReplicasMade();
   status.replicas_dropped = s.getReplicasDropped();
   for (auto d : s.getDevices()) {

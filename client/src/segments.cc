@@ -66,8 +66,7 @@ Result<const std::byte*> Segments::Resolve(uint32_t index, uint64_t offset, uint
   return static_cast<const std::byte*>(entry->readable.data() + offset);
 }
 
-Result<std::byte*> Segments::ResolveWritable(uint32_t index, uint64_t offset,
-                                             uint64_t size) const {
+Result<std::byte*> Segments::ResolveWritable(uint32_t index, uint64_t offset, uint64_t size) const {
   std::lock_guard lock(mu_);
   DEPOT_ASSIGN_OR_RETURN(const Entry* entry, Check(index, offset, size));
   if (!entry->writable_error.ok()) return entry->writable_error;

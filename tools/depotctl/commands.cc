@@ -195,6 +195,8 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
       .Number("used_bytes", s.used_bytes)
       .Number("held_bytes", s.held_bytes)
       .Number("pinned_bytes", s.pinned_bytes)
+      .Number("metadata_bytes", s.metadata_bytes)
+      .Number("metadata_budget_bytes", s.metadata_budget_bytes)
       .Number("arena_page_locked_bytes", s.arena_page_locked_bytes)
       .Number("largest_free_block", s.largest_free_block)
       .Number("segments", s.segments)
@@ -285,6 +287,10 @@ Status ShowStatus(const std::string& socket, bool json) {
       {"objects", std::to_string(s.objects_sealed) + " sealed, " +
                       std::to_string(s.objects_creating) + " being created"},
       {"tiers", TierCountsText(counts)},
+      {"metadata", FormatSize(s.metadata_bytes) + " of daemon memory for clients" +
+                       (s.metadata_budget_bytes == 0
+                            ? std::string(", no budget")
+                            : " (budget " + FormatSize(s.metadata_budget_bytes) + ")")},
       {"clients", std::to_string(s.clients)},
       {"eviction", std::string(s.eviction_enabled ? "on" : "off") + ", " +
                        Count(s.evictions, "object") + " evicted (" + FormatSize(s.evicted_bytes) +

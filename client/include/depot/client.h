@@ -151,6 +151,10 @@ struct StoreStatus {
   uint64_t arena_page_locked_bytes = 0;
   // Objects with a copy in host memory, ready or being made (GpuInfo::replicas: on a GPU).
   uint64_t objects_on_host = 0;
+  // The daemon's own memory kept for its clients (object entries, names, metadata of GPU
+  // objects, waiting gets), and its budget for it (0: none).
+  uint64_t metadata_bytes = 0;
+  uint64_t metadata_budget_bytes = 0;
 };
 
 // A client connected to the daemon (Client::Clients). pid, uid and command are the

@@ -519,7 +519,9 @@ void BindInfo(nb::module_& m) {
       .def_ro("replicas_made", &StoreStatus::replicas_made)
       .def_ro("replicas_dropped", &StoreStatus::replicas_dropped)
       .def_ro("arena_page_locked_bytes", &StoreStatus::arena_page_locked_bytes)
-      .def_ro("objects_on_host", &StoreStatus::objects_on_host);
+      .def_ro("objects_on_host", &StoreStatus::objects_on_host)
+      .def_ro("metadata_bytes", &StoreStatus::metadata_bytes)
+      .def_ro("metadata_budget_bytes", &StoreStatus::metadata_budget_bytes);
 
   nb::class_<ClientInfo>(m, "ClientInfo", "A client connected to the daemon.")
       .def_ro("session_id", &ClientInfo::session_id)
