@@ -51,6 +51,8 @@ class RawSession {
   }
 
   int fd() const { return fd_.get(); }
+  // Whether the daemon has hung up (seen by Receive).
+  bool closed() const { return closed_; }
 
   // Sends one request; `fill` sets its body (the id is set here).
   Status Send(uint64_t id, const std::function<void(wire::Request::Builder)>& fill,
@@ -87,7 +89,7 @@ class RawSession {
       if (closed_) return std::nullopt;
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return std::nullopt;
+      if (left.count() < 0) return std::nullopt;  // 0: look once, without waiting
       pollfd p{fd_.get(), POLLIN, 0};
       if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
       bool would_block = false;
