@@ -1,5 +1,6 @@
 #include "store/server.h"
 
+#include <fcntl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -9,7 +10,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <fstream>
 
 #include "depot/ipc/framing.h"
 #include "depot/ipc/units.h"
@@ -18,6 +18,20 @@
 namespace depot::store {
 
 namespace {
+
+// /proc/<pid>/comm without its newline; empty if it cannot be read (the process is gone, or
+// the daemon is out of descriptors). Plain system calls: this runs for every connection.
+std::string CommandOf(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/comm";
+  ipc::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return "";
+  char buf[64];
+  const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+  if (n <= 0) return "";
+  std::string command(buf, static_cast<size_t>(n));
+  while (!command.empty() && command.back() == '\n') command.pop_back();
+  return command;
+}
 
 // Who is connected on `fd` and what it may do; a peer whose credentials cannot be read may
 // do nothing.
@@ -28,8 +42,7 @@ Peer ReadPeer(int fd, const ServerOptions& options) {
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
     peer.pid = cred.pid;
     peer.uid = cred.uid;
-    std::ifstream comm("/proc/" + std::to_string(cred.pid) + "/comm");
-    std::getline(comm, peer.command);
+    peer.command = CommandOf(cred.pid);
     if (cred.uid == 0 || cred.uid == ::geteuid()) {
       peer.access = Access::kFull;
     } else if (std::ranges::find(options.share_uids, cred.uid) != options.share_uids.end()) {

@@ -340,7 +340,7 @@ TEST(SquattedSocketTest, AClientRefusesADaemonSocketThatAnotherUserListensOn) {
                 return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
               auto client = Client::Connect(path);
               if (client.ok()) return ChildFailed(3, "connected to a squatter");
-              const std::string& message = client.status().message();
+              const std::string message = client.status().message();
               if (client.status().code() != StatusCode::kConnectionFailed ||
                   message.find("uid 65534") == std::string::npos ||
                   message.find("DEPOT_DAEMON_UID") == std::string::npos) {

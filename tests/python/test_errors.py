@@ -1,5 +1,6 @@
 """Failures raise depot's exceptions, with the daemon's message."""
 
+import os
 import threading
 import time
 
@@ -178,3 +179,38 @@ def test_malformed_put_many_items_are_refused_before_anything_is_stored(client):
     assert client.status().objects_sealed == 0
     ref = client.put(b"still fine")  # the connection and the daemon are unharmed
     assert client.get(ref).tobytes() == b"still fine"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to act as another user")
+def test_another_user_may_read_but_not_write_and_gets_permission_denied():
+    """uid 65534, shared with read-only, reads an array and is refused a put and a delete."""
+    with depot.start_daemon(
+        memory="64MiB", args=["--socket-mode", "0666", "--share-with-uid", "65534"]
+    ) as d:
+        os.chmod(os.path.dirname(d.socket), 0o755)
+        with d.client() as owner:
+            ref = owner.put(np.arange(1000), name="shared")
+            pid = os.fork()
+            if pid == 0:  # the child reports through its exit code only
+                code = 1
+                try:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    with depot.Client(d.socket) as other:
+                        code = 2
+                        assert np.array_equal(other.get(ref), np.arange(1000))
+                        code = 3
+                        for attempt in (lambda: other.put(1), lambda: other.delete(ref)):
+                            try:
+                                attempt()
+                                code = 4
+                                break
+                            except depot.PermissionDenied as e:
+                                assert isinstance(e, PermissionError) and "65534" in str(e)
+                        else:
+                            code = 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert np.array_equal(owner.get(ref), np.arange(1000))
