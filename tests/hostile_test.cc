@@ -268,8 +268,9 @@ TEST_F(HostileTest, AnnouncingHugeFramesAndSendingNothingCostsTheDaemonNothing) 
     ASSERT_TRUE(ReadByPeer(attacker->fd())) << "the daemon never read the frame's first bytes";
   }
   const uint64_t after = PrivateResidentKiB(daemon_->pid());
-  // 100 connections of 16 MiB each would be 1.6 GiB; their buffers hold what arrived.
-  EXPECT_LT(after, before + 32 * 1024)
+  // 100 connections of 16 MiB each would be 1.6 GiB; their buffers hold what arrived (6.4
+  // MiB; a ThreadSanitizer build's shadow memory made that 33 MiB).
+  EXPECT_LT(after, before + 160 * 1024)
       << "RssAnon went from " << before << " to " << after << " KiB";
 }
 
