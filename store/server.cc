@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <climits>
+#include <cerrno>
 
 #include "depot/ipc/framing.h"
 #include "depot/ipc/units.h"
@@ -48,11 +48,16 @@ Peer ReadPeer(int fd, const ServerOptions& options) {
     } else if (std::ranges::find(options.share_uids, cred.uid) != options.share_uids.end()) {
       peer.access = Access::kRead;
     } else if (!options.share_gids.empty()) {
-      // The primary group and the supplementary ones (SO_PEERGROUPS, as of connect time).
-      std::vector<gid_t> groups(NGROUPS_MAX);
+      // The primary group and the supplementary ones (SO_PEERGROUPS, as of connect time;
+      // ERANGE says how many there are when the first guess is short).
+      std::vector<gid_t> groups(32);
       socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-      if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes) != 0) bytes = 0;
-      groups.resize(bytes / sizeof(gid_t));
+      int rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes);
+      if (rc != 0 && errno == ERANGE) {
+        groups.resize(bytes / sizeof(gid_t));
+        rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &bytes);
+      }
+      groups.resize(rc == 0 ? bytes / sizeof(gid_t) : 0);
       groups.push_back(cred.gid);
       for (gid_t gid : groups) {
         if (std::ranges::find(options.share_gids, gid) != options.share_gids.end()) {

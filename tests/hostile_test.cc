@@ -3,6 +3,7 @@
 // decisions, another client's objects, or crash the daemon. Each test ends with the daemon
 // serving, the other clients' data byte-exact, and nothing left held.
 #include <fcntl.h>
+#include <grp.h>
 #include <linux/capability.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
@@ -531,6 +532,29 @@ TEST_F(SharedWithUserTest, ASharedUidReadsButCannotChangeAnything) {
             0);
   std::memset(creating.ptr(), 1, 64);
   EXPECT_OK(victim_->Seal(mine));
+}
+
+// The same, sharing with the members of group 4243.
+class SharedWithGroupTest : public OtherUserTest {
+ protected:
+  SharedWithGroupTest() : OtherUserTest({"--socket-mode", "0666", "--share-with-group", "4243"}) {}
+};
+
+TEST_F(SharedWithGroupTest, AMemberOfASharedGroupReadsButCannotWrite) {
+  const auto as_user = [&](std::vector<gid_t> groups) {
+    return RunInChild([&, groups] {
+      if (::setgroups(groups.size(), groups.data()) != 0 || !BecomeUser(kSomeUser)) {
+        return ChildFailed(2, "setgroups/setuid: " + std::string(strerror(errno)));
+      }
+      auto client = Client::Connect(daemon_->socket_path());
+      if (!client.ok()) return client.status().code() == StatusCode::kPermissionDenied ? 10 : 3;
+      auto got = client->Get(victim_id_);
+      if (!got.ok() || !SameBytes(got->data(), victim_data_)) return ChildFailed(4, "no read");
+      return client->Delete(victim_id_).code() == StatusCode::kPermissionDenied ? 0 : 5;
+    });
+  };
+  EXPECT_EQ(as_user({4243}), 0) << "a member of the shared group, as a supplementary group";
+  EXPECT_EQ(as_user({}), 10) << "uid 4242 in no shared group must be refused";
 }
 
 }  // namespace
