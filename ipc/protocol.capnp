@@ -53,10 +53,18 @@ struct Request {
     # Admin requests (depotctl), answered from the daemon's own tables.
     clients @12 :Void;       # every connected session
     objectInfo @13 :Id;      # one object and which sessions hold it
-    verify @14 :List(Id);    # recompute checksums; empty: every sealed object that has one
+    verify @14 :Verify;      # recompute checksums and compare them with those taken at seal
     evict @15 :Evict;        # evict unreferenced, unpinned objects now, least recently used first
     # Gives back references on any tier (`release` is the host-only short form).
     releaseRefs @16 :List(Ref);
+  }
+
+  struct Verify {
+    ids @0 :List(Id);        # these objects (at most maxBatch), answered in order
+    # Instead of ids: every sealed object that has a checksum, a page at a time, from this
+    # slot on (the reply says where the next page starts).
+    all @1 :Bool;
+    startSlot @2 :UInt32;
   }
 
   # The first request of a session; nothing else is accepted before it.
@@ -188,7 +196,7 @@ struct Reply {
     metrics @12 :Text;       # Prometheus text exposition format 0.0.4
     clients @13 :List(ClientInfo);  # in session id order
     objectInfo @14 :ObjectDetails;
-    verify @15 :List(VerifyResult); # in request order; for an empty request, in slot order
+    verify @15 :VerifyPage;
     evict @16 :EvictResult;
   }
 
@@ -208,6 +216,12 @@ struct Reply {
   struct GetResult {
     error @0 :ErrorCode;     # ok, notFound (did not exist and no wait), timeout
     location @1 :Location;
+  }
+
+  struct VerifyPage {
+    results @0 :List(VerifyResult);  # in request order; for `all`, in slot order
+    nextSlot @1 :UInt32;     # for `all`: where the next page starts
+    done @2 :Bool;           # for `all`: no objects after this page
   }
 
   struct ObjectPage {

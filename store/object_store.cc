@@ -1077,43 +1077,73 @@ bool ObjectStore::IsDeletePending(uint32_t slot) const {
   return (headers_.at(slot).flags & ipc::kFlagDeletePending) != 0;
 }
 
-ObjectStore::Page ObjectStore::List(uint32_t start, uint32_t limit) const {
+ObjectStore::Page ObjectStore::List(uint32_t start, uint32_t limit, uint32_t max_scan,
+                                    Filter filter) const {
   Page page;
   uint32_t slot = start;
   const uint32_t end = headers_.high_water();
-  for (; slot < end && page.slots.size() < limit; ++slot) {
-    if (headers_.state(slot) != ipc::ObjectState::kFree) page.slots.push_back(slot);
+  const uint32_t stop = end - std::min(start, end) > max_scan ? start + max_scan : end;
+  for (; slot < stop && page.slots.size() < limit; ++slot) {
+    const ipc::ObjectState state = headers_.state(slot);
+    if (state == ipc::ObjectState::kFree) continue;
+    if (filter == Filter::kVerifiable &&
+        (state != ipc::ObjectState::kSealed || IsDeletePending(slot) ||
+         !(headers_.at(slot).flags & ipc::kFlagHasChecksum))) {
+      continue;
+    }
+    page.slots.push_back(slot);
   }
   page.next = slot;
   page.done = slot >= end;
   return page;
 }
 
-std::vector<uint32_t> ObjectStore::Largest(uint32_t n) const {
+ObjectId ObjectStore::IdAt(uint32_t slot) const {
+  const ipc::ObjectHeader& h = headers_.at(slot);
+  return ObjectId::FromWords(h.id_lo, h.id_hi);
+}
+
+bool ObjectStore::Holds(uint32_t slot, const ObjectId& id) const {
+  return slot < headers_.high_water() && headers_.state(slot) != ipc::ObjectState::kFree &&
+         IdAt(slot) == id;
+}
+
+bool LargestScan::Larger(const Entry& a, const Entry& b) {
+  if (a.data_size != b.data_size) return a.data_size > b.data_size;
+  if (a.create_time_ns != b.create_time_ns) return a.create_time_ns < b.create_time_ns;
+  return a.slot < b.slot;
+}
+
+bool LargestScan::Step(const ObjectStore& store, uint32_t max_slots) {
   // A min-heap of the n largest seen so far: O(objects log n), n entries of memory.
-  const auto larger = [this](uint32_t a, uint32_t b) {
-    const ipc::ObjectHeader& x = headers_.at(a);
-    const ipc::ObjectHeader& y = headers_.at(b);
-    if (x.data_size != y.data_size) return x.data_size > y.data_size;
-    if (x.create_time_ns != y.create_time_ns) return x.create_time_ns < y.create_time_ns;
-    return a < b;
-  };
-  std::vector<uint32_t> heap;
-  if (n == 0) return heap;
-  heap.reserve(n);
-  for (uint32_t slot = 0, end = headers_.high_water(); slot < end; ++slot) {
-    if (headers_.state(slot) == ipc::ObjectState::kFree) continue;
-    if (heap.size() < n) {
-      heap.push_back(slot);
-      std::push_heap(heap.begin(), heap.end(), larger);
-    } else if (larger(slot, heap.front())) {
-      std::pop_heap(heap.begin(), heap.end(), larger);
-      heap.back() = slot;
-      std::push_heap(heap.begin(), heap.end(), larger);
+  const HeaderTable& headers = store.headers();
+  const uint32_t end = headers.high_water();
+  const uint32_t stop = end - std::min(next_, end) > max_slots ? next_ + max_slots : end;
+  for (; next_ < stop; ++next_) {
+    if (n_ == 0 || headers.state(next_) == ipc::ObjectState::kFree) continue;
+    const ipc::ObjectHeader& h = headers.at(next_);
+    Entry entry{h.data_size, h.create_time_ns, next_, ObjectId::FromWords(h.id_lo, h.id_hi)};
+    if (heap_.size() < n_) {
+      heap_.push_back(entry);
+      std::push_heap(heap_.begin(), heap_.end(), Larger);
+    } else if (Larger(entry, heap_.front())) {
+      std::pop_heap(heap_.begin(), heap_.end(), Larger);
+      heap_.back() = entry;
+      std::push_heap(heap_.begin(), heap_.end(), Larger);
     }
   }
-  std::sort_heap(heap.begin(), heap.end(), larger);
-  return heap;
+  return next_ >= end;
+}
+
+std::vector<std::pair<uint32_t, ObjectId>> LargestScan::Finish(const ObjectStore& store) {
+  std::sort_heap(heap_.begin(), heap_.end(), Larger);
+  std::vector<std::pair<uint32_t, ObjectId>> found;
+  found.reserve(heap_.size());
+  for (const Entry& e : heap_) {
+    if (store.Holds(e.slot, e.id)) found.emplace_back(e.slot, e.id);
+  }
+  heap_.clear();
+  return found;
 }
 
 std::string_view ObjectStore::NameOf(uint32_t slot) const {
@@ -1174,15 +1204,6 @@ struct ObjectStore::VerifyRun {
 };
 
 void ObjectStore::Verify(std::vector<ObjectId> ids, VerifyDone done) {
-  if (ids.empty()) {
-    for (uint32_t slot = 0; slot < headers_.high_water(); ++slot) {
-      const auto& h = headers_.at(slot);
-      if (headers_.state(slot) == ipc::ObjectState::kSealed && !IsDeletePending(slot) &&
-          (h.flags & ipc::kFlagHasChecksum)) {
-        ids.push_back(ObjectId::FromWords(h.id_lo, h.id_hi));
-      }
-    }
-  }
   auto run = std::make_shared<VerifyRun>();
   run->outcomes.resize(ids.size());
   run->held.assign(ids.size(), HeaderTable::kNoSlot);

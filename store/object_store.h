@@ -160,6 +160,35 @@ struct EvictOutcome {
   uint64_t bytes = 0;  // allocated bytes freed
 };
 
+class ObjectStore;
+
+// Finds the n largest objects by data size (ties: oldest first) a slice of the header table
+// at a time, so that a walk of a big store never holds the loop for long (Session runs one
+// slice per turn). An object created or deleted while the scan runs may be missed; what
+// Finish returns exists when it is called.
+class LargestScan {
+ public:
+  explicit LargestScan(uint32_t n) : n_(n) {}
+  // Looks at up to `max_slots` more slots; true once the whole table has been seen.
+  bool Step(const ObjectStore& store, uint32_t max_slots);
+  // The largest objects found that still exist, largest first, with their ids.
+  std::vector<std::pair<uint32_t, ObjectId>> Finish(const ObjectStore& store);
+
+ private:
+  struct Entry {
+    uint64_t data_size;
+    uint64_t create_time_ns;
+    uint32_t slot;
+    ObjectId id;
+  };
+  // Heap order: the smallest of the n kept so far on top.
+  static bool Larger(const Entry& a, const Entry& b);
+
+  uint32_t n_;
+  uint32_t next_ = 0;
+  std::vector<Entry> heap_;
+};
+
 class ObjectStore {
  public:
   // `pools`: one per GPU, in device order (empty: no GPUs). They must outlive the store.
@@ -202,15 +231,20 @@ class ObjectStore {
   std::vector<StatusCode> Delete(std::span<const ObjectId> ids);
   bool Contains(const ObjectId& id) const;
 
-  // Live slots from `start` on, at most `limit` of them, and where the next page starts.
+  // Live slots from `start` on, at most `limit` of them, looking at no more than `max_scan`
+  // slots (so a page may be empty and not done), and where the next page starts. With
+  // kVerifiable, only objects Verify can check: sealed, not deleted, with a checksum.
+  enum class Filter : uint8_t { kAll, kVerifiable };
   struct Page {
     std::vector<uint32_t> slots;
     uint32_t next = 0;
     bool done = true;
   };
-  Page List(uint32_t start, uint32_t limit) const;
-  // The slots of the `n` largest objects by data size (ties: oldest first), largest first.
-  std::vector<uint32_t> Largest(uint32_t n) const;
+  Page List(uint32_t start, uint32_t limit, uint32_t max_scan, Filter filter = Filter::kAll) const;
+  // The id of the object in a live slot.
+  ObjectId IdAt(uint32_t slot) const;
+  // Whether `slot` still holds the object `id` (the admin views check this between slices).
+  bool Holds(uint32_t slot, const ObjectId& id) const;
   // The display name of the object in `slot`, empty if it has none.
   std::string_view NameOf(uint32_t slot) const;
   bool IsDeletePending(uint32_t slot) const;
@@ -233,11 +267,10 @@ class ObjectStore {
   uint64_t TiersOf(uint32_t slot) const;
 
   using VerifyDone = std::function<void(std::vector<VerifyOutcome>)>;
-  // Recomputes the checksums of `ids` (empty: every sealed object that has one, in slot
-  // order) and compares them with those taken at seal. The hashing runs on the worker pool;
-  // the store holds a reference to each object meanwhile, so it is neither evicted nor freed
-  // under the reader. `done` runs on the loop thread with one outcome per id, in order: at
-  // once if there is nothing to hash, else when the last worker reports back.
+  // Recomputes the checksums of `ids` and compares them with those taken at seal. The hashing runs
+  // on the worker pool; the store holds a reference to each object meanwhile, so it is neither
+  // evicted nor freed under the reader. `done` runs on the loop thread with one outcome per id, in
+  // order: at once if there is nothing to hash, else when the last worker reports back.
   void Verify(std::vector<ObjectId> ids, VerifyDone done);
 
   // Evicts sealed, unreferenced, unpinned objects in LRU order until at least `bytes` are

@@ -85,6 +85,7 @@ Server::Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions 
       store_(store),
       options_(std::move(options)),
       metrics_(options_.metrics),
+      slices_(loop),
       acceptor_(loop),
       accept_retry_(loop, "depotd"),
       epoch_(RandomEpoch()),

@@ -16,6 +16,7 @@
 #include "store/accept_retry.h"
 #include "store/metrics.h"
 #include "store/object_store.h"
+#include "store/slice_queue.h"
 
 namespace depot::store {
 
@@ -57,6 +58,8 @@ class Server {
   uint64_t requests() const { return requests_; }
   void CountRequest() { ++requests_; }
   Metrics& metrics() { return metrics_; }
+  // Where requests that walk many objects run, a slice at a time.
+  SliceQueue& slices() { return slices_; }
   // The metrics in Prometheus text format (the `metrics` request and GET /metrics).
   std::string RenderMetrics() const;
   void Forget(ClientId id);
@@ -73,6 +76,7 @@ class Server {
   ObjectStore& store_;
   ServerOptions options_;
   Metrics metrics_;
+  SliceQueue slices_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   AcceptRetry accept_retry_;
   std::unordered_map<ClientId, std::shared_ptr<Session>> sessions_;

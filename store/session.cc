@@ -20,8 +20,9 @@ namespace {
 // Stop handling the requests of a client whose replies pile up unread beyond this. A reply
 // may take it past the bound once (list replies are capped at kMaxListReplyBytes).
 constexpr size_t kMaxQueuedReplyBytes = 4u << 20;
-// Frames handled per wake-up before other sessions get a turn.
+// Reads per wake-up, and requests handled, before other sessions get a turn.
 constexpr int kReadsPerTurn = 16;
+constexpr int kFramesPerTurn = 16;
 // Longest object name accepted.
 constexpr size_t kMaxNameBytes = 4096;
 // Gets that would wait longer than this (30 days) wait for ever.
@@ -31,6 +32,16 @@ constexpr uint32_t kMaxListPage = 10'000;
 constexpr size_t kMaxListReplyBytes = 1u << 20;
 // What an object costs in a list reply besides its name (ObjectInfo, a little generously).
 constexpr size_t kListEntryBytes = 192;
+// A slice of a job (SliceQueue) looks at this many header slots, or writes this many list
+// entries, or starts verifying this many objects: each a few microseconds (bench_fairness),
+// since a request arriving meanwhile waits for about two slices.
+constexpr uint32_t kSliceSlots = 1024;
+constexpr uint32_t kSliceEntries = 8;
+constexpr size_t kSliceVerifies = 8;
+// Batches of a verify hashing on the workers at once.
+constexpr int kVerifiesInFlight = 8;
+// Most results in one page of a verify of every object.
+constexpr uint32_t kVerifyPage = 4096;
 
 void ToWire(const Location& loc, wire::Location::Builder out) {
   out.setSlot(loc.slot);
@@ -189,7 +200,14 @@ void Session::OnReadable() {
 }
 
 bool Session::HandleBufferedFrames() {
-  for (;;) {
+  for (int handled = 0;; ++handled) {
+    if (in_job_) return false;  // EndJob resumes
+    if (handled == kFramesPerTurn) {
+      // A client that pipelines many requests gets them handled a few at a time, taking
+      // turns with the other sessions.
+      Resume();
+      return false;
+    }
     if (out_bytes_ > kMaxQueuedReplyBytes) {
       // The client is not reading its replies: handle nothing more of it, buffered or not,
       // until they drain (Flush resumes).
@@ -211,7 +229,21 @@ void Session::Resume() {
   // From the loop, not from inside whatever reply drained the queue: that may be another
   // session's request, in the middle of changing the store.
   boost::asio::post(server_.loop(), [self = shared_from_this()] {
-    if (!self->closed_ && !self->paused_ && self->HandleBufferedFrames()) self->WaitReadable();
+    if (!self->closed_ && !self->paused_ && !self->in_job_ && self->HandleBufferedFrames()) {
+      self->WaitReadable();
+    }
+  });
+}
+
+void Session::EndJob() {
+  in_job_ = false;
+  Resume();
+}
+
+void Session::RunSlices(std::function<bool()> slice) {
+  server_.slices().Run([weak = weak_from_this(), slice = std::move(slice)] {
+    auto self = weak.lock();
+    return !self || self->closed_ || slice();
   });
 }
 
@@ -577,36 +609,82 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
   }
 }
 
+struct Session::ListJob {
+  explicit ListJob(uint32_t largest) : scan(largest) {}
+
+  uint64_t rid = 0;
+  bool largest = false;
+  LargestScan scan;        // largest: the walk
+  uint32_t limit = 0;      // paged: most entries
+  ObjectStore::Page page;  // paged: where the walk stopped (its slots go to `found`)
+  bool walked = false;
+  std::vector<std::pair<uint32_t, ObjectId>> found;  // what the walk found, in reply order
+  // The reply, built a slice at a time from `found`.
+  capnp::MallocMessageBuilder message;
+  capnp::Orphan<capnp::List<wire::ObjectInfo>> objects;
+  size_t looked = 0;  // entries of `found` looked at so far
+  unsigned kept = 0;  // entries written to `objects`
+  size_t bytes = 0;   // about what the reply takes
+};
+
 void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list) {
+  auto job = std::make_shared<ListJob>(std::min(list.getLargest(), kMaxListPage));
+  job->rid = rid;
+  job->largest = list.getLargest() != 0;
+  job->limit = std::clamp<uint32_t>(list.getLimit(), 1, kMaxListPage);
+  job->page.next = list.getStartSlot();
+  BeginJob();
+  RunSlices([this, job] { return ListSlice(*job); });
+}
+
+bool Session::ListSlice(ListJob& job) {
   const ObjectStore& store = server_.store();
-  const uint32_t limit = std::clamp<uint32_t>(list.getLimit(), 1, kMaxListPage);
-  ObjectStore::Page page;
-  if (list.getLargest() != 0) {
-    page.slots = store.Largest(std::min(list.getLargest(), kMaxListPage));
-  } else {
-    page = store.List(list.getStartSlot(), limit);
+  if (!job.walked) {
+    if (job.largest) {
+      if (!job.scan.Step(store, kSliceSlots)) return false;
+      job.found = job.scan.Finish(store);
+      job.page.done = true;
+    } else {
+      const auto more = store.List(
+          job.page.next, job.limit - static_cast<uint32_t>(job.found.size()), kSliceSlots);
+      for (uint32_t slot : more.slots) job.found.emplace_back(slot, store.IdAt(slot));
+      job.page.next = more.next;
+      job.page.done = more.done;
+      if (!more.done && job.found.size() < job.limit) return false;
+    }
+    job.walked = true;
+    job.objects = job.message.getOrphanage().newOrphan<capnp::List<wire::ObjectInfo>>(
+        static_cast<unsigned>(job.found.size()));
   }
-  // Long names make entries large: end the page early rather than send a reply of tens of
-  // MiB; the client asks for the next page from where this one ends.
-  size_t bytes = 0;
-  for (size_t i = 0; i < page.slots.size(); ++i) {
-    bytes += kListEntryBytes + store.NameOf(page.slots[i]).size();
-    if (bytes > kMaxListReplyBytes && i > 0) {
-      page.next = page.slots[i];
-      page.done = false;
-      page.slots.resize(i);
+  auto objects = job.objects.get();
+  for (const size_t stop = std::min(job.found.size(), job.looked + kSliceEntries);
+       job.looked < stop; ++job.looked) {
+    const auto& [slot, id] = job.found[job.looked];
+    if (!store.Holds(slot, id)) continue;  // gone since the walk found it
+    // Long names make entries large: end the page early rather than send a reply of tens of
+    // MiB; the client asks for the next page from where this one ends.
+    job.bytes += kListEntryBytes + store.NameOf(slot).size();
+    if (job.bytes > kMaxListReplyBytes && job.kept > 0) {
+      if (!job.largest) {
+        job.page.next = slot;
+        job.page.done = false;
+      }
+      job.looked = job.found.size();
       break;
     }
+    ToWire(store, slot, objects[job.kept++]);
   }
-  capnp::MallocMessageBuilder message;
-  auto reply = message.initRoot<wire::Reply>();
-  reply.setId(rid);
+  if (job.looked < job.found.size()) return false;
+  job.objects.truncate(job.kept);
+  auto reply = job.message.initRoot<wire::Reply>();
+  reply.setId(job.rid);
   auto out = reply.initList();
-  out.setNextSlot(page.next);
-  out.setDone(page.done);
-  auto objects = out.initObjects(static_cast<unsigned>(page.slots.size()));
-  for (unsigned i = 0; i < page.slots.size(); ++i) ToWire(store, page.slots[i], objects[i]);
-  SendReply(message, reply);
+  out.setNextSlot(job.page.next);
+  out.setDone(job.page.done);
+  out.adoptObjects(kj::mv(job.objects));
+  SendReply(job.message, reply);
+  EndJob();
+  return true;
 }
 
 void Session::HandleStatus(uint64_t rid) {
@@ -727,28 +805,113 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
   SendReply(message, reply);
 }
 
-void Session::HandleVerify(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start) {
+struct Session::VerifyJob {
+  uint64_t rid = 0;
+  uint64_t start = 0;  // when the request arrived, for the metrics
+  bool all = false;
+  std::vector<ObjectId> ids;   // not all: what to verify
+  size_t next_id = 0;          // not all: the first of `ids` not yet started
+  ObjectStore::Page page;      // all: where the walk stopped
+  bool collected_all = false;  // every object of the request (or page) has been started
+  unsigned started = 0;        // results handed out, in order, to batches
+  int in_flight = 0;           // batches hashing on the workers
+  bool queued = false;         // a VerifySlice is on the SliceQueue
+  bool replied = false;
+  // The reply, filled in as batches finish.
+  capnp::MallocMessageBuilder message;
+  capnp::Orphan<capnp::List<wire::VerifyResult>> results;
+};
+
+void Session::HandleVerify(uint64_t rid, wire::Request::Verify::Reader verify, uint64_t start) {
+  auto list = verify.getIds();
+  if (verify.getAll() && list.size() != 0) {
+    return SendError(rid, Status::InvalidArgument("verify takes ids or all, not both"));
+  }
   if (!CheckBatch(rid, list.size())) return;
-  std::vector<ObjectId> ids;
-  ids.reserve(list.size());
-  for (auto id : list) ids.push_back(ipc::FromWire(id));
-  server_.store().Verify(
-      std::move(ids), [weak = weak_from_this(), rid, start](std::vector<VerifyOutcome> outcomes) {
-        auto self = weak.lock();
-        if (!self || self->closed_) return;
-        capnp::MallocMessageBuilder message;
-        auto reply = message.initRoot<wire::Reply>();
-        reply.setId(rid);
-        auto out = reply.initVerify(static_cast<unsigned>(outcomes.size()));
-        for (unsigned i = 0; i < outcomes.size(); ++i) {
-          ipc::ToWire(outcomes[i].id, out[i].initId());
-          out[i].setState(ToWire(outcomes[i].state));
-          out[i].setExpected(outcomes[i].expected);
-          out[i].setActual(outcomes[i].actual);
-        }
-        self->SendReply(message, reply);
-        self->Observe(RequestType::kVerify, start);
-      });
+  auto job = std::make_shared<VerifyJob>();
+  job->rid = rid;
+  job->start = start;
+  job->all = verify.getAll();
+  job->page.next = verify.getStartSlot();
+  job->page.done = false;
+  job->ids.reserve(list.size());
+  for (auto id : list) job->ids.push_back(ipc::FromWire(id));
+  job->results = job->message.getOrphanage().newOrphan<capnp::List<wire::VerifyResult>>(
+      job->all ? kVerifyPage : static_cast<unsigned>(job->ids.size()));
+  BeginJob();
+  job->queued = true;
+  RunSlices([this, job] { return VerifySlice(job); });
+}
+
+bool Session::VerifySlice(const std::shared_ptr<VerifyJob>& job) {
+  // Starts one small batch per slice, keeping up to kVerifiesInFlight of them hashing.
+  ObjectStore& store = server_.store();
+  std::vector<ObjectId> batch;
+  if (job->all) {
+    const auto page =
+        store.List(job->page.next, std::min<uint32_t>(kSliceVerifies, kVerifyPage - job->started),
+                   kSliceSlots, ObjectStore::Filter::kVerifiable);
+    for (uint32_t slot : page.slots) batch.push_back(store.IdAt(slot));
+    job->page.next = page.next;
+    job->page.done = page.done;
+    job->collected_all = page.done || job->started + batch.size() >= kVerifyPage;
+  } else {
+    const size_t n = std::min(kSliceVerifies, job->ids.size() - job->next_id);
+    batch.assign(job->ids.begin() + static_cast<std::ptrdiff_t>(job->next_id),
+                 job->ids.begin() + static_cast<std::ptrdiff_t>(job->next_id + n));
+    job->next_id += n;
+    job->collected_all = job->next_id == job->ids.size();
+  }
+  if (!batch.empty()) {
+    const unsigned first = job->started;
+    job->started += static_cast<unsigned>(batch.size());
+    job->in_flight++;
+    // The callback may run inside this call, when there is nothing to hash.
+    store.Verify(std::move(batch),
+                 [weak = weak_from_this(), job, first](std::vector<VerifyOutcome> outcomes) {
+                   if (auto self = weak.lock(); self && !self->closed_) {
+                     self->VerifyBatchDone(job, first, std::move(outcomes));
+                   }
+                 });
+  }
+  if (!job->collected_all && job->in_flight < kVerifiesInFlight) return false;
+  job->queued = false;  // VerifyBatchDone queues it again, or replies
+  if (job->collected_all && job->in_flight == 0) SendVerifyReply(*job);
+  return true;
+}
+
+void Session::VerifyBatchDone(const std::shared_ptr<VerifyJob>& job, unsigned first,
+                              std::vector<VerifyOutcome> outcomes) {
+  auto out = job->results.get();
+  for (size_t k = 0; k < outcomes.size(); ++k) {
+    auto r = out[first + static_cast<unsigned>(k)];
+    ipc::ToWire(outcomes[k].id, r.initId());
+    r.setState(ToWire(outcomes[k].state));
+    r.setExpected(outcomes[k].expected);
+    r.setActual(outcomes[k].actual);
+  }
+  job->in_flight--;
+  if (job->queued) return;  // its next slice is on the way
+  if (!job->collected_all) {
+    job->queued = true;
+    return RunSlices([this, job] { return VerifySlice(job); });
+  }
+  if (job->in_flight == 0) SendVerifyReply(*job);
+}
+
+void Session::SendVerifyReply(VerifyJob& job) {
+  if (job.replied) return;
+  job.replied = true;
+  job.results.truncate(job.started);
+  auto reply = job.message.initRoot<wire::Reply>();
+  reply.setId(job.rid);
+  auto out = reply.initVerify();
+  out.setNextSlot(job.page.next);
+  out.setDone(!job.all || job.page.done);
+  out.adoptResults(kj::mv(job.results));
+  SendReply(job.message, reply);
+  Observe(RequestType::kVerify, job.start);
+  EndJob();
 }
 
 void Session::HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict) {

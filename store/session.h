@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_set>
@@ -91,12 +92,33 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start);
   void HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
   void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list);
+  struct ListJob;
+  // One slice of a list reply: a stretch of the walk, or some entries of the reply; true
+  // when the reply has gone.
+  bool ListSlice(ListJob& job);
   void HandleStatus(uint64_t rid);
   // Admin requests (depotctl).
   void HandleClients(uint64_t rid);
   void HandleObjectInfo(uint64_t rid, const ObjectId& id);
-  void HandleVerify(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start);
+  void HandleVerify(uint64_t rid, wire::Request::Verify::Reader verify, uint64_t start);
+  struct VerifyJob;
+  // Starts verifying a small batch of the job's objects; true when the job leaves the
+  // SliceQueue (enough batches in flight, or none left to start).
+  bool VerifySlice(const std::shared_ptr<VerifyJob>& job);
+  // Files a batch's outcomes (results `first` on); queues the job again, or replies.
+  void VerifyBatchDone(const std::shared_ptr<VerifyJob>& job, unsigned first,
+                       std::vector<VerifyOutcome> outcomes);
+  void SendVerifyReply(VerifyJob& job);
   void HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict);
+
+  // Requests that walk many objects (list, verify) run as a job of slices on the server's
+  // SliceQueue, between which everyone else's requests run. While a job runs, this session
+  // handles none of its later requests (they wait, in order, as for paused_).
+  void BeginJob() { in_job_ = true; }
+  void EndJob();
+  // Queues `slice` (true: no more slices) on the SliceQueue; it is dropped if the session
+  // has closed by the time it would run.
+  void RunSlices(std::function<bool()> slice);
 
   void SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const Location& loc,
                     uint64_t start);
@@ -126,6 +148,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool reading_ = false;
   bool paused_ = false;  // not reading until queued replies drain
+  bool in_job_ = false;  // a job runs (BeginJob)
   bool closed_ = false;
   bool said_hello_ = false;
   bool counted_close_ = false;                  // metrics already counted this close

@@ -119,8 +119,12 @@ class Fuzzer {
               return ipc::ToWire(SomeId(), r.initObjectInfo());
             case 3: {
               auto ids = SomeIds();
-              auto list = r.initVerify(static_cast<unsigned>(ids.size()));
+              auto verify = r.initVerify();
+              auto list = verify.initIds(static_cast<unsigned>(ids.size()));
               for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+              // Sometimes every object from some slot on, or (an error) both ids and all.
+              verify.setAll(Pick(4) == 0);
+              verify.setStartSlot(Pick(4) == 0 ? Pick(1u << 31) : Pick(64));
               return;
             }
             default: {

@@ -18,6 +18,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -304,6 +306,96 @@ TEST_F(HostileTest, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinning) {
   attackers.clear();
   ASSERT_EQ(::prlimit(pid, RLIMIT_NOFILE, &original, nullptr), 0);
   ASSERT_OK(Client::Connect(daemon_->socket_path()));
+}
+
+// The median of `n` round trips of `client` (Contains always asks the daemon), in us.
+double MedianRoundTripUs(Client& client, const ObjectId& id, int n) {
+  std::vector<double> us;
+  us.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    auto found = client.Contains(id);
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                     .count());
+    if (!found.ok() || !*found) {
+      ADD_FAILURE() << "contains: " << found.status().ToString();
+      return 0;
+    }
+  }
+  std::nth_element(us.begin(), us.begin() + n / 2, us.end());
+  return us[static_cast<size_t>(n / 2)];
+}
+
+// Walks of a big store (list --largest, verify --all, ls) run a few microseconds at a time
+// between other clients' requests (SliceQueue). Before, each walk held the daemon's loop for
+// its whole length: a client flooding them raised everyone's median round trip hundreds of
+// times (bench_fairness). The bound here is loose (10x) for busy and sanitized machines; the
+// benchmark shows the real figure.
+class WalkFloodTest : public HostileTest {
+ protected:
+  // Room for every object (none evicted), and no per-request debug lines.
+  WalkFloodTest() : HostileTest({"--memory", "512MiB", "--log-level", "info"}) {}
+};
+
+TEST_F(WalkFloodTest, AFloodOfWalksOverABigStoreDoesNotStarveOtherClients) {
+  constexpr size_t kObjects = 50'000;
+  constexpr size_t kLargest = 4000;
+  const std::vector<std::byte> bytes = SeededBytes(kLargest, 7);
+  std::vector<PutItem> items;
+  for (size_t i = 0; i < kObjects; ++i) {
+    items.push_back({ObjectId::FromName("hostile/walk/" + std::to_string(i)),
+                     std::span(bytes).first(1 + i % kLargest), CreateOptions{.checksum = true}});
+  }
+  for (const Status& st : victim_->PutMany(items)) ASSERT_OK(st);
+  const size_t objects = kObjects + 1;  // and the victim's (checksummed too)
+
+  const double quiet = MedianRoundTripUs(*victim_, victim_id_, 2000);
+  enum class Flood { kLargest, kVerifyAll, kList };
+  for (Flood flood : {Flood::kLargest, Flood::kVerifyAll, Flood::kList}) {
+    const char* what = flood == Flood::kLargest     ? "list --largest 1000"
+                       : flood == Flood::kVerifyAll ? "verify --all"
+                                                    : "ls";
+    std::vector<Client> attackers;
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_OK_AND_ASSIGN(Client c, Client::Connect(daemon_->socket_path()));
+      attackers.push_back(std::move(c));
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> threads;
+    for (Client& attacker : attackers) {
+      threads.emplace_back([&, flood] {
+        do {  // every attacker finishes one walk at least, and each walk is right
+          bool right = false;
+          if (flood == Flood::kLargest) {
+            auto largest = attacker.ListLargest(1000);
+            right = largest.ok() && largest->size() == 1000 &&
+                    largest->front().data_size == victim_data_.size() &&
+                    (*largest)[1].data_size == kLargest &&
+                    std::is_sorted(largest->begin(), largest->end(),
+                                   [](const ObjectInfo& a, const ObjectInfo& b) {
+                                     return a.data_size > b.data_size;
+                                   });
+          } else if (flood == Flood::kVerifyAll) {
+            auto verified = attacker.Verify();
+            right = verified.ok() && verified->size() == objects &&
+                    std::all_of(verified->begin(), verified->end(),
+                                [](const VerifyResult& r) { return r.state == VerifyState::kOk; });
+          } else {
+            auto listed = attacker.List();
+            right = listed.ok() && listed->size() == objects;
+          }
+          if (!right) wrong++;
+        } while (!stop.load());
+      });
+    }
+    const double flooded = MedianRoundTripUs(*victim_, victim_id_, 2000);
+    stop = true;
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(wrong.load(), 0) << what << " answered wrongly under the flood";
+    EXPECT_LT(flooded, 10 * quiet) << "a flood of " << what << " made the victim's median round "
+                                   << "trip " << flooded << " us (quiet: " << quiet << " us)";
+  }
 }
 
 // Uids the tests act as when they drop root: the traditional nobody, and a user of no name.

@@ -758,7 +758,7 @@ TEST_F(ProtocolTest, VerifyOfAnUnknownIdReportsNotFound) {
   ExpectServes(*s, "verified");  // creates, seals and gets protocol/verified, no checksum
   const ObjectId unknown = ObjectId::FromName("protocol/never-created");
   auto reply = s->Call(2, [&](wire::Request::Builder r) {
-    auto ids = r.initVerify(3);
+    auto ids = r.initVerify().initIds(3);
     ipc::ToWire(unknown, ids[0]);
     ipc::ToWire(known, ids[1]);
     ipc::ToWire(ObjectId(), ids[2]);
@@ -766,7 +766,7 @@ TEST_F(ProtocolTest, VerifyOfAnUnknownIdReportsNotFound) {
   ASSERT_TRUE(reply);
   ASSERT_EQ(reply->get().getError(), wire::ErrorCode::OK) << reply->get().getMessage().cStr();
   ASSERT_TRUE(reply->get().isVerify());
-  auto results = reply->get().getVerify();
+  auto results = reply->get().getVerify().getResults();
   ASSERT_EQ(results.size(), 3u);
   EXPECT_EQ(ipc::FromWire(results[0].getId()), unknown);
   EXPECT_EQ(results[0].getState(), wire::VerifyState::NOT_FOUND);
@@ -786,11 +786,24 @@ TEST_F(SmallBatchProtocolTest, VerifyOfMoreIdsThanMaxBatchIsLimitExceeded) {
   auto s = OpenSession();
   const std::vector<ObjectId> ids = Ids("protocol/verify-batch", 17);
   auto reply = s->Call(2, [&](wire::Request::Builder r) {
-    auto list = r.initVerify(static_cast<unsigned>(ids.size()));
+    auto list = r.initVerify().initIds(static_cast<unsigned>(ids.size()));
     for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
   });
   ASSERT_TRUE(reply);
   EXPECT_EQ(reply->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+}
+
+TEST_F(ProtocolTest, VerifyOfIdsAndAllAtOnceIsInvalidArgument) {
+  auto s = OpenSession();
+  auto reply = s->Call(2, [&](wire::Request::Builder r) {
+    auto verify = r.initVerify();
+    ipc::ToWire(ObjectId::FromName("protocol/both"), verify.initIds(1)[0]);
+    verify.setAll(true);
+  });
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reply->get().getMessage().cStr()).find("not both"), std::string::npos);
+  ExpectServes(*s, "after-verify-both");
 }
 
 // GPU fields spoken by hand: a device the daemon does not serve, a GPU create that tries to

@@ -570,25 +570,58 @@ Result<ObjectDetails> Client::Describe(const ObjectId& id) {
   });
 }
 
-Result<std::vector<VerifyResult>> Client::Verify(std::span<const ObjectId> ids) {
-  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a verify"));
+namespace {
+
+// One verify request: of `ids`, or with `all` of a page of every checksummed object from
+// `start`. Appends the results to `results`; returns where the next page starts, or nullopt
+// when there is none.
+Result<std::optional<uint32_t>> VerifyPage(Connection& conn, std::span<const ObjectId> ids,
+                                           bool all, uint32_t start,
+                                           std::vector<VerifyResult>& results) {
   RequestMessage request;
-  auto list = request.root().initVerify(static_cast<unsigned>(ids.size()));
+  auto verify = request.root().initVerify();
+  auto list = verify.initIds(static_cast<unsigned>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+  verify.setAll(all);
+  verify.setStartSlot(start);
   Reply reply;
-  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
-  return Decode([&]() -> Result<std::vector<VerifyResult>> {
+  DEPOT_RETURN_NOT_OK(conn.Call(request, &reply));
+  return Decode([&]() -> Result<std::optional<uint32_t>> {
     auto r = reply.get();
-    if (!r.isVerify() || (!ids.empty() && r.getVerify().size() != ids.size())) {
+    if (!r.isVerify() || (!all && r.getVerify().getResults().size() != ids.size())) {
       return UnexpectedReply("verify");
     }
-    std::vector<VerifyResult> results;
-    for (auto v : r.getVerify()) {
+    auto page = r.getVerify();
+    for (auto v : page.getResults()) {
       results.push_back(
           {ipc::FromWire(v.getId()), FromWire(v.getState()), v.getExpected(), v.getActual()});
     }
-    return results;
+    if (page.getDone()) return std::optional<uint32_t>();
+    return std::optional<uint32_t>(page.getNextSlot());
   });
+}
+
+}  // namespace
+
+Result<std::vector<VerifyResult>> Client::Verify(std::span<const ObjectId> ids) {
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a verify"));
+  std::vector<VerifyResult> results;
+  if (!ids.empty()) {
+    DEPOT_RETURN_NOT_OK(VerifyPage(*conn_, ids, false, 0, results).status());
+    return results;
+  }
+  // Every object, a page at a time (the daemon bounds what one request may cost).
+  uint32_t start = 0;
+  for (;;) {
+    DEPOT_ASSIGN_OR_RETURN(std::optional<uint32_t> next,
+                           VerifyPage(*conn_, {}, true, start, results));
+    if (!next) return results;
+    if (*next <= start) {
+      return Status::Internal("the daemon's verify did not advance past slot " +
+                              std::to_string(start));
+    }
+    start = *next;
+  }
 }
 
 Result<EvictResult> Client::Evict(uint64_t bytes, bool all_unreferenced) {
