@@ -253,6 +253,7 @@ struct ObjectInfo {
   deletePending @13 :Bool;   # deleted, gone when the last reference is released
   onHost @14 :Bool;          # has bytes in host memory (segment and offset are valid)
   devices @15 :List(UInt32); # the GPUs it has bytes on (a replica each)
+  ownerUid @16 :UInt32;      # the uid of the session that created it
 }
 
 struct StoreStatus {

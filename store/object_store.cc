@@ -1,5 +1,7 @@
 #include "store/object_store.h"
 
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
@@ -32,7 +34,7 @@ ObjectStore::ObjectStore(boost::asio::io_context& loop, boost::asio::thread_pool
       device_usage_(pools_.size()),
       room_waits_(pools_.size()),
       spills_in_flight_(pools_.size(), 0) {
-  clients_.try_emplace(kStoreClient);
+  clients_.try_emplace(kStoreClient).first->second.uid = ::getuid();
 }
 
 ObjectStore::~ObjectStore() {
@@ -115,7 +117,9 @@ Status ObjectStore::CheckDevice(int32_t device) const {
       (pools_.empty() ? " (start depotd on a host with GPUs, or with --simulate-gpus)" : ""));
 }
 
-void ObjectStore::AddClient(ClientId client) { clients_.try_emplace(client); }
+void ObjectStore::AddClient(ClientId client, uint32_t uid) {
+  clients_.try_emplace(client).first->second.uid = uid;
+}
 
 void ObjectStore::RemoveClient(ClientId client) {
   auto it = clients_.find(client);
@@ -321,6 +325,7 @@ uint32_t ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t s
   objects_[slot] = Object{};
   objects_[slot].creator = client;
   objects_[slot].charged = client;
+  objects_[slot].owner = clients_.at(client).uid;
   objects_[slot].want_checksum = p.checksum;
   ChargeObject(slot, CreateCost(p));
   auto& h = headers_.at(slot);
@@ -422,12 +427,16 @@ void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateD
   owned->params.metadata = owned->metadata;
   owned->params.name = owned->name;
   creating_.insert(p.id);
+  // While it waits for room, the daemon keeps the name and metadata for it: counted too.
+  const uint64_t waiting_cost = CreateCost(p);
+  CountMetadata(client, static_cast<int64_t>(waiting_cost));
   AllocateOnDevice(
       p.device, p.data_size,
-      [this, client, owned,
+      [this, client, owned, waiting_cost,
        done = std::move(done)](std::optional<gpu::DevicePool::Block> block) mutable {
         const CreateParams& p = owned->params;
         creating_.erase(p.id);
+        CountMetadata(client, -static_cast<int64_t>(waiting_cost));
         gpu::DevicePool& pool = *pools_[p.device];
         auto it = clients_.find(client);
         if (it == clients_.end()) {  // gone while waiting for room
@@ -478,16 +487,22 @@ void ObjectStore::AddRef(ClientId, ClientState& state, uint32_t slot, int32_t de
   }
   headers_.SetStateRefs(slot, headers_.state(slot), headers_.refs(slot) + 1);
   auto [it, inserted] = state.refs.try_emplace(RefKey(slot, device), 0);
-  if (inserted) state.held_bytes += TierBytes(slot, device);
+  if (inserted) {
+    state.held_bytes += TierBytes(slot, device);
+    if (!HoldsOnAnotherTier(state, slot, device)) state.objects++;
+  }
   it->second++;
+  state.references++;
   Reconsider(slot);
 }
 
 void ObjectStore::DropRef(ClientState& state, uint32_t slot, int32_t device) {
   auto it = state.refs.find(RefKey(slot, device));
+  state.references--;
   if (--it->second == 0) {
     state.held_bytes -= TierBytes(slot, device);
     state.refs.erase(it);
+    if (!HoldsOnAnotherTier(state, slot, device)) state.objects--;
   }
   if (--TierRefs(slot, device) == 0) {
     if (device == kHost) {
@@ -507,6 +522,14 @@ void ObjectStore::DropRef(ClientState& state, uint32_t slot, int32_t device) {
   }
   if (refs == 0 && IsDeletePending(slot)) return FreeObject(slot);
   Reconsider(slot);
+}
+
+bool ObjectStore::HoldsOnAnotherTier(const ClientState& state, uint32_t slot,
+                                     int32_t device) const {
+  for (int32_t d = kHost; d < static_cast<int32_t>(pools_.size()); ++d) {
+    if (d != device && state.refs.contains(RefKey(slot, d))) return true;
+  }
+  return false;
 }
 
 bool ObjectStore::HostEvictable(uint32_t slot) const {
@@ -1155,12 +1178,8 @@ ClientUsage ObjectStore::UsageOf(ClientId client) const {
   ClientUsage usage;
   auto it = clients_.find(client);
   if (it == clients_.end()) return usage;
-  std::unordered_set<uint32_t> slots;
-  for (const auto& [key, count] : it->second.refs) {
-    slots.insert(SlotOfKey(key));
-    usage.references += count;
-  }
-  usage.objects = slots.size();
+  usage.objects = it->second.objects;
+  usage.references = it->second.references;
   usage.bytes = it->second.held_bytes;
   return usage;
 }

@@ -199,7 +199,8 @@ class ObjectStore {
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;
 
-  void AddClient(ClientId client);
+  // `uid`: its session's (SO_PEERCRED); the objects it creates are that uid's.
+  void AddClient(ClientId client, uint32_t uid);
   // Gives back everything the client held: references released, objects it was creating
   // aborted, its waiting gets dropped (their callbacks are never called).
   void RemoveClient(ClientId client);
@@ -245,6 +246,8 @@ class ObjectStore {
   ObjectId IdAt(uint32_t slot) const;
   // Whether `slot` still holds the object `id` (the admin views check this between slices).
   bool Holds(uint32_t slot, const ObjectId& id) const;
+  // The uid that created the object in `slot`.
+  uint32_t OwnerOf(uint32_t slot) const { return objects_[slot].owner; }
   // The display name of the object in `slot`, empty if it has none.
   std::string_view NameOf(uint32_t slot) const;
   bool IsDeletePending(uint32_t slot) const;
@@ -297,6 +300,7 @@ class ObjectStore {
   };
   struct Object {          // daemon-only state of a live slot
     uint32_t alloc = 0;    // allocator handle in the header's segment (when on_host)
+    uint32_t owner = 0;    // the uid of its creator's session (SO_PEERCRED)
     ClientId creator = 0;  // while being created
     bool want_checksum = false;
     bool sealing = false;             // checksum running on the worker pool
@@ -315,7 +319,12 @@ class ObjectStore {
   static uint32_t SlotOfKey(uint64_t key) { return static_cast<uint32_t>(key >> 8); }
   static int32_t DeviceOfKey(uint64_t key) { return static_cast<int32_t>(key & 0xff) - 1; }
   struct ClientState {
+    uint32_t uid = 0;  // its session's, from SO_PEERCRED (the daemon's own for kStoreClient)
     std::unordered_map<uint64_t, uint32_t> refs;  // RefKey -> references held
+    // Kept as refs changes, so that the admin views cost no walk of it: all its references,
+    // and the distinct objects they are to.
+    uint64_t references = 0;
+    uint64_t objects = 0;
     uint64_t held_bytes = 0;
     uint64_t metadata_bytes = 0;  // MetadataCost of its objects and waiting gets
     std::vector<uint64_t> pending_gets;
@@ -346,6 +355,8 @@ class ObjectStore {
   };
 
   uint32_t Find(const ObjectId& id) const;
+  // Whether `state` holds references to the object in `slot` on another tier than `device`.
+  bool HoldsOnAnotherTier(const ClientState& state, uint32_t slot, int32_t device) const;
   uint64_t BlockBytes(uint32_t slot) const;
   uint64_t TierBytes(uint32_t slot, int32_t device) const;
   Location LocationOf(uint32_t slot, int32_t device = kHost) const;

@@ -102,6 +102,7 @@ void ToWire(const ObjectStore& store, uint32_t slot, wire::ObjectInfo::Builder o
   o.setSegment(h.segment);
   o.setOffset(h.offset);
   o.setDeletePending(h.flags & ipc::kFlagDeletePending);
+  o.setOwnerUid(store.OwnerOf(slot));
   const uint64_t tiers = store.TiersOf(slot);
   o.setOnHost(tiers & ipc::kTierHost);
   const auto devices = static_cast<unsigned>(std::popcount(tiers >> 1));
@@ -143,7 +144,7 @@ Session::Session(Server& server, boost::asio::local::stream_protocol::socket soc
 Session::~Session() = default;
 
 void Session::Start() {
-  server_.store().AddClient(id_);
+  server_.store().AddClient(id_, peer_.uid);
   socket_.non_blocking(true);
   WaitReadable();
 }

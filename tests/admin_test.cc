@@ -121,6 +121,7 @@ TEST_F(AdminTest, ShowPrintsTheHeaderAndTheForkedChildHoldingTheObject) {
   EXPECT_TRUE(Has(show.out, "4.00 KiB (4096 bytes)")) << show.out;
   EXPECT_TRUE(Has(show.out, "xxh3-64 " + Hex64(Xxh3(bytes)))) << show.out;
   EXPECT_TRUE(Has(show.out, "host tier, segment 0")) << show.out;
+  EXPECT_TRUE(Has(show.out, "uid " + std::to_string(::getuid()))) << "the owner\n" << show.out;
   auto rows = LinesWith(show.out, " " + pid + " ");
   ASSERT_EQ(rows.size(), 1u) << show.out;
   EXPECT_TRUE(Has(rows[0], "admin_test")) << rows[0];
@@ -128,6 +129,7 @@ TEST_F(AdminTest, ShowPrintsTheHeaderAndTheForkedChildHoldingTheObject) {
   ProgramRun json = Depotctl({"show", "admin/held", "--json"});
   ASSERT_EQ(json.exit_code, 0) << json.Explain();
   EXPECT_TRUE(Has(json.out, "\"ref_count\": 1,")) << json.out;
+  EXPECT_TRUE(Has(json.out, "\"owner_uid\": " + std::to_string(::getuid()) + ",")) << json.out;
   EXPECT_TRUE(Has(json.out, "\"checksum\": \"" + Hex64(Xxh3(bytes)) + "\"")) << json.out;
   EXPECT_TRUE(Has(json.out, "\"holders\": [{\"session_id\": ")) << json.out;
   EXPECT_TRUE(Has(json.out, "\"pid\": " + pid + ", \"uid\": " + std::to_string(::getuid()) +
@@ -569,6 +571,28 @@ TEST_F(AdminGpuTest, ShowListsEveryReplicaAndTheTiersOfEachHoldersReferences) {
                   "\"client_name\": \"admin-gpu\", \"references\": 1, "
                   "\"references_by_tier\": {\"gpu1\": 1}}]"))
       << json.out;
+}
+
+TEST_F(AdminGpuTest, ClientsCountsAnObjectHeldOnTwoTiersOnceWithBothReferences) {
+  const auto usage = [&]() -> std::pair<uint64_t, uint64_t> {
+    auto clients = client_->Clients();
+    EXPECT_OK(clients);
+    for (const ClientInfo& c : *clients) {
+      if (c.session_id == client_->session_id()) return {c.objects_held, c.references};
+    }
+    ADD_FAILURE() << "this client is not among the clients";
+    return {};
+  };
+  EXPECT_EQ(usage(), (std::pair<uint64_t, uint64_t>{1, 1})) << "tier/gpu0+gpu1 on gpu1";
+  {
+    ASSERT_OK_AND_ASSIGN(Buffer on_host, client_->Get(Id("tier/host+gpu1")));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer on_gpu, client_->GetOnDevice(Id("tier/host+gpu1"), 1));
+    EXPECT_EQ(usage(), (std::pair<uint64_t, uint64_t>{2, 3}));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer again, client_->GetOnDevice(Id("tier/gpu0+gpu1"), 0));
+    EXPECT_EQ(usage(), (std::pair<uint64_t, uint64_t>{2, 4}));
+  }
+  ASSERT_OK(client_->Contains(Id("tier/host")));  // sends the queued releases
+  EXPECT_EQ(usage(), (std::pair<uint64_t, uint64_t>{1, 1}));
 }
 
 TEST_F(AdminGpuTest, HexdumpOfAnObjectOnlyOnGpusFailsAndLeavesItThere) {

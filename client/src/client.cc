@@ -179,6 +179,7 @@ ObjectInfo ToObjectInfo(wire::ObjectInfo::Reader o) {
   info.ref_count = o.getRefCount();
   info.pinned = o.getPinned();
   info.delete_pending = o.getDeletePending();
+  info.owner_uid = o.getOwnerUid();
   info.has_checksum = o.getHasChecksum();
   info.checksum = o.getChecksum();
   info.create_time_ns = o.getCreateTimeNs();

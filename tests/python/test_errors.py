@@ -214,3 +214,5 @@ def test_another_user_may_read_but_not_write_and_gets_permission_denied():
             _, status = os.waitpid(pid, 0)
             assert os.waitstatus_to_exitcode(status) == 0
             assert np.array_equal(owner.get(ref), np.arange(1000))
+            # Every object records its creator's uid; the shared uid created none.
+            assert {o.owner_uid for o in owner.list()} == {os.getuid()}

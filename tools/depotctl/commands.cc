@@ -123,7 +123,8 @@ JsonObject ObjectJson(const ObjectInfo& o) {
       .Number("metadata_size", o.metadata_size)
       .Number("ref_count", o.ref_count)
       .Bool("pinned", o.pinned)
-      .Bool("delete_pending", o.delete_pending);
+      .Bool("delete_pending", o.delete_pending)
+      .Number("owner_uid", o.owner_uid);
   if (o.has_checksum) {
     json.String("checksum", Hex64(o.checksum));
   } else {
@@ -760,6 +761,7 @@ Status ShowObject(const std::string& socket, const std::string& target_text, boo
   const std::vector<std::pair<std::string, std::string>> rest{
       {"checksum", o.has_checksum ? "xxh3-64 " + Hex64(o.checksum) : "none"},
       {"flags", Flags(o)},
+      {"owner", "uid " + std::to_string(o.owner_uid)},
       {"references", std::to_string(o.ref_count)},
       {"created",
        FormatTime(o.create_time_ns) + " (" + FormatAge(AgeNanos(o.create_time_ns, now)) + " ago)"},

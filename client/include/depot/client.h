@@ -116,6 +116,7 @@ struct ObjectInfo {
   uint64_t offset = 0;
   bool on_host = true;         // has bytes in host memory (segment and offset are valid)
   std::vector<uint32_t> gpus;  // the daemon's GPUs (StoreStatus::gpus) it has bytes on
+  uint32_t owner_uid = 0;      // the uid of the client that created it
 };
 
 // The daemon's state (Client::GetStatus).

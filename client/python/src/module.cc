@@ -482,6 +482,7 @@ void BindInfo(nb::module_& m) {
       .def_ro("ref_count", &ObjectInfo::ref_count)
       .def_ro("pinned", &ObjectInfo::pinned)
       .def_ro("delete_pending", &ObjectInfo::delete_pending)
+      .def_ro("owner_uid", &ObjectInfo::owner_uid)
       .def_ro("create_time_ns", &ObjectInfo::create_time_ns)
       .def_ro("access_time_ns", &ObjectInfo::access_time_ns)
       .def_ro("on_host", &ObjectInfo::on_host)
