@@ -26,7 +26,10 @@ Daemon::Daemon(const std::vector<std::string>& flags, int cpu) : owner_(::getpid
   dir_ = dir;
   socket_path_ = dir_ + "/depot.sock";
 
-  std::vector<std::string> argv{DEPOT_DAEMON_PATH, "--socket", socket_path_, "--log-level", "warn"};
+  // DEPOT_BENCH_DAEMON runs another build's depotd instead, for before/after figures.
+  const char* other = std::getenv("DEPOT_BENCH_DAEMON");
+  std::vector<std::string> argv{other != nullptr && *other != '\0' ? other : DEPOT_DAEMON_PATH,
+                                "--socket", socket_path_, "--log-level", "warn"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   std::string error;
   // A benchmark that crashes must not leave its daemon behind (SpawnOptions::death_signal).

@@ -162,6 +162,10 @@ struct Chunk {
   size @2 :UInt64;
   handle @3 :ChunkHandle;
   ipcHandle @4 :Data;
+  # Whether the descriptor maps read-write. A session gets each chunk read-only where the
+  # daemon can share it so (simulated devices), and read-write besides with its first create
+  # there; CUDA chunks come read-write only.
+  writable @5 :Bool;
 }
 
 # A GPU the daemon serves (Reply.Hello.devices, StoreStatus.devices).

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "depot/ipc/units.h"
+#include "store/read_only.h"
 
 namespace depot::store {
 
@@ -91,7 +92,9 @@ Status Arena::AddSegment() {
   if (::ftruncate(seg->fd.get(), static_cast<off_t>(size)) != 0) {
     return Status::FromErrno("ftruncate of " + name, errno);
   }
-  DEPOT_RETURN_NOT_OK(ShareReadOnly(*seg, name));
+  // Files in --arena-dir cannot be sealed (docs/architecture.md, Trust).
+  DEPOT_ASSIGN_OR_RETURN(seg->read_fd,
+                         ShareReadOnly(seg->fd.get(), name, /*resizable=*/!options_.dir.empty()));
   if (!options_.dir.empty()) {
     // A directory can run out of space under us: reserve the pages now, so a client's write
     // can never meet a missing page (SIGBUS).
@@ -111,25 +114,6 @@ Status Arena::AddSegment() {
   spdlog::info("arena: added segment {} ({}, {})", seg->index, ipc::FormatSize(size), backend());
   mapped_ += size;
   segments_.push_back(std::move(seg));
-  return Status::OK();
-}
-
-Status Arena::ShareReadOnly(Segment& seg, const std::string& name) {
-  // Writers get the read-write descriptor and could resize the file under the daemon's
-  // mapping (SIGBUS in the daemon): a memfd is sealed against that. Files in --arena-dir
-  // cannot be sealed (docs/architecture.md, Trust).
-  if (options_.dir.empty() &&
-      ::fcntl(seg.fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return Status::FromErrno("sealing " + name + " against resizing", errno);
-  }
-  // Readers get a descriptor opened read-only, which cannot be mapped writable. Then the
-  // file's mode drops to 0400, so that nobody but root can open it read-write again through
-  // /proc/<pid>/fd (a memfd is created 0777). Descriptors opened earlier keep their access.
-  const std::string path = "/proc/self/fd/" + std::to_string(seg.fd.get());
-  seg.read_fd.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!seg.read_fd)
-    return Status::FromErrno("re-opening " + name + " read-only via " + path, errno);
-  if (::fchmod(seg.fd.get(), 0400) != 0) return Status::FromErrno("fchmod of " + name, errno);
   return Status::OK();
 }
 

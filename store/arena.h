@@ -113,8 +113,6 @@ class Arena {
   Arena(const ArenaOptions& options, boost::asio::thread_pool& pool)
       : options_(options), prefault_pool_(pool) {}
   Status AddSegment();
-  // Seals a new segment against resizing (memfd) and opens its read-only descriptor.
-  Status ShareReadOnly(Segment& seg, const std::string& name);
   // Adds a segment when the last one has started to fill, so the next one is warm in time.
   void GrowAhead();
   // On a worker: allocates the pages of a memfd segment, then page-locks it if asked to.

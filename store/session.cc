@@ -558,7 +558,11 @@ void Session::SendLocation(uint64_t rid, const Location& loc, bool writable) {
   reply.setId(rid);
   ToWire(loc, reply.initCreate());
   if (loc.device != kHost) {
-    return SendReply(message, reply, {.chunk_device = loc.device, .max_chunk = loc.segment});
+    // A GPU object is always written by its creator, through its device pointer.
+    return SendReply(message, reply,
+                     {.chunk_device = loc.device,
+                      .max_chunk = loc.segment,
+                      .writable_chunk = int64_t{loc.segment}});
   }
   SendReply(message, reply,
             {.max_segment = loc.segment, .writable_segment = writable ? int64_t{loc.segment} : -1});
@@ -986,7 +990,7 @@ void Session::SendReply(capnp::MessageBuilder& message, wire::Reply::Builder rep
     }
   }
   if (attach.chunk_device != kHost) {
-    AttachChunks(reply, attach.chunk_device, attach.max_chunk, fds);
+    AttachChunks(reply, attach.chunk_device, attach.max_chunk, attach.writable_chunk, fds);
   }
   if (attach.extra_fd >= 0) fds.push_back(attach.extra_fd);
   auto frame = ipc::EncodeFrame(message, std::move(fds));
@@ -997,16 +1001,21 @@ void Session::SendReply(capnp::MessageBuilder& message, wire::Reply::Builder rep
 }
 
 void Session::AttachChunks(wire::Reply::Builder reply, int32_t device, int64_t max_chunk,
-                           std::vector<int>& fds) {
+                           int64_t writable_chunk, std::vector<int>& fds) {
   if (chunks_sent_.size() <= static_cast<size_t>(device)) chunks_sent_.resize(device + 1, 0);
-  const uint32_t first = chunks_sent_[device];
-  if (max_chunk < static_cast<int64_t>(first)) return;
-  const auto last = static_cast<uint32_t>(max_chunk);
   const gpu::DevicePool& pool = *server_.store().pools()[device];
-  auto chunks = reply.initNewChunks(last - first + 1);
-  for (uint32_t c = first; c <= last; ++c) {
+  const uint32_t first = chunks_sent_[device];
+  const uint32_t readable =
+      max_chunk >= static_cast<int64_t>(first) ? static_cast<uint32_t>(max_chunk) + 1 - first : 0;
+  // Chunks go read-only where the backend can share them so (simulated devices); a writer
+  // gets the chunk it creates in writable besides. CUDA chunks have one, read-write, form.
+  const auto writable = static_cast<uint32_t>(writable_chunk);
+  const bool new_writable = writable_chunk >= 0 && pool.chunk(writable).read_fd &&
+                            !writable_chunks_sent_.contains({device, writable});
+  if (readable == 0 && !new_writable) return;
+  auto chunks = reply.initNewChunks(readable + (new_writable ? 1 : 0));
+  const auto describe = [&](uint32_t c, bool rw, wire::Chunk::Builder out) {
     const gpu::Chunk& chunk = pool.chunk(c);
-    auto out = chunks[c - first];
     out.setDevice(static_cast<uint32_t>(device));
     out.setIndex(c);
     out.setSize(chunk.size);
@@ -1014,11 +1023,19 @@ void Session::AttachChunks(wire::Reply::Builder reply, int32_t device, int64_t m
     if (chunk.handle == ipc::ChunkHandle::kLegacyIpc) {
       out.setIpcHandle(capnp::Data::Reader(
           reinterpret_cast<const capnp::byte*>(chunk.ipc_handle.data()), chunk.ipc_handle.size()));
+      out.setWritable(true);
     } else {
-      fds.push_back(chunk.fd.get());
+      const bool read_only = !rw && chunk.read_fd;
+      fds.push_back(read_only ? chunk.read_fd.get() : chunk.fd.get());
+      out.setWritable(!read_only);
     }
+  };
+  for (uint32_t i = 0; i < readable; ++i) describe(first + i, false, chunks[i]);
+  chunks_sent_[device] = first + readable;
+  if (new_writable) {
+    describe(writable, true, chunks[readable]);
+    writable_chunks_sent_.insert({device, writable});
   }
-  chunks_sent_[device] = last + 1;
 }
 
 void Session::Flush() {

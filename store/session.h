@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_set>
 
@@ -43,12 +44,13 @@ struct Peer {
 // What a reply carries besides its message: the segments up to `max_segment` (-1: none) that
 // the session has not been sent, read-only; `writable_segment` (-1: none) writable, unless
 // it was sent so before; likewise the chunks up to `max_chunk` of GPU `chunk_device`'s pool
-// (kHost: none); and one more descriptor of the reply's own.
+// (kHost: none) and its `writable_chunk`; and one more descriptor of the reply's own.
 struct ReplyAttachments {
   int64_t max_segment = -1;
   int64_t writable_segment = -1;
   int32_t chunk_device = kHost;
   int64_t max_chunk = -1;
+  int64_t writable_chunk = -1;
   int extra_fd = -1;
 };
 
@@ -127,7 +129,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply,
                  const ReplyAttachments& attach = {});
   void AttachChunks(wire::Reply::Builder reply, int32_t device, int64_t max_chunk,
-                    std::vector<int>& fds);
+                    int64_t writable_chunk, std::vector<int>& fds);
   void Observe(RequestType type, uint64_t start);
   void SendOk(uint64_t rid);
   // A create's reply; `writable`: the creator will write the bytes (not a put).
@@ -155,6 +157,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint32_t segments_sent_ = 0;                  // read-only: segments 0 .. segments_sent_ - 1
   std::unordered_set<uint32_t> writable_sent_;  // segments sent writable
   std::vector<uint32_t> chunks_sent_;           // by GPU: chunks of its pool sent so far
+  std::set<std::pair<int32_t, uint32_t>> writable_chunks_sent_;  // (GPU, chunk) sent writable
   uint64_t requests_ = 0;
 };
 

@@ -256,6 +256,89 @@ TEST_F(HostileTest, TheCreatorsOwnBufferOfASealedObjectIsReadOnlyToo) {
   EXPECT_TRUE(SameBytes(buffer.data(), data));
 }
 
+// Simulated GPUs share their chunks as the arena shares segments: read-only to readers, and
+// read-write besides to a session that creates in one. (CUDA cannot export memory read-only:
+// docs/architecture.md, Trust.)
+class GpuReaderTest : public HostileTest {
+ protected:
+  GpuReaderTest() : HostileTest({"--simulate-gpus", "1:64MiB", "--gpu-chunk-size", "8MiB"}) {}
+};
+
+TEST_F(GpuReaderTest, AWriteThroughADeviceBufferFaultsAndLeavesTheObjectIntact) {
+  const ObjectId id = ObjectId::FromName("hostile/gpu");
+  const auto data = SeededBytes(100'000, 11);
+  ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer created, victim_->CreateOnDevice(id, data.size(), 0));
+  ASSERT_TRUE(created.simulated());
+  std::memcpy(reinterpret_cast<void*>(created.device_ptr()), data.data(), data.size());
+  ASSERT_OK(victim_->Seal(id, /*stream=*/0));
+
+  ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(daemon_->socket_path()));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer got, reader.GetOnDevice(id, 0));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer own, victim_->GetOnDevice(id, 0));
+  EXPECT_NE(own.device_ptr(), created.device_ptr())
+      << "the creator's DeviceBuffer must read through the read-only mapping";
+  for (const DeviceBuffer* buffer : {&got, &own}) {
+    const auto* bytes = reinterpret_cast<const std::byte*>(buffer->device_ptr());
+    EXPECT_TRUE(SameBytes(std::span(bytes, data.size()), data));
+    const int code = RunInChild([&] {
+      std::signal(SIGSEGV, SIG_DFL);  // die of it, even under a sanitizer
+      auto* p = reinterpret_cast<volatile std::byte*>(buffer->device_ptr());
+      for (size_t i = 0; i < 1000; ++i) p[i] = std::byte{0};
+      return ChildFailed(2, "wrote through a DeviceBuffer");
+    });
+    EXPECT_EQ(code, kSignalExitBase + SIGSEGV);
+  }
+  const auto* bytes = reinterpret_cast<const std::byte*>(got.device_ptr());
+  EXPECT_TRUE(SameBytes(std::span(bytes, data.size()), data));
+}
+
+TEST_F(GpuReaderTest, AReadersChunkDescriptorCannotBeMadeWritable) {
+  const ObjectId id = ObjectId::FromName("hostile/gpu-chunk");
+  {
+    ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer created, victim_->CreateOnDevice(id, 4096, 0));
+    ASSERT_OK(victim_->Seal(id, /*stream=*/0));
+  }
+  auto attacker = OpenSession();
+  auto got = attacker->Call(2, [&](wire::Request::Builder r) {
+    GetOf({id})(r);
+    r.getGet().setDevice(0);
+  });
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->get().getError(), wire::ErrorCode::OK) << got->get().getMessage().cStr();
+  ASSERT_EQ(got->get().getNewChunks().size(), 1u);
+  ASSERT_FALSE(got->get().getNewChunks()[0].getWritable());
+  ASSERT_EQ(got->fds.size(), 1u);
+  const int fd = got->fds[0].get();
+  EXPECT_EQ(WaysToWrite(fd, got->get().getNewChunks()[0].getSize()), "")
+      << "a reader's chunk descriptor allows writes";
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  EXPECT_EQ(RunInChild([&] {
+              if (!DropCapabilities())
+                return ChildFailed(2, "capset: " + std::string(strerror(errno)));
+              const int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+              if (rw >= 0) return ChildFailed(3, "re-opened a reader's chunk read-write");
+              if (errno != EACCES) return ChildFailed(4, "open: " + std::string(strerror(errno)));
+              return 0;
+            }),
+            0);
+  // A creator gets the chunk writable besides, and still cannot resize it under the daemon.
+  auto created = attacker->Call(3, [&](wire::Request::Builder r) {
+    CreateOf(ObjectId::FromName("hostile/gpu-writer"), 4096)(r);
+    r.getCreate().setDevice(0);
+  });
+  ASSERT_TRUE(created);
+  ASSERT_TRUE(created->get().isCreate()) << created->get().getMessage().cStr();
+  ASSERT_EQ(created->get().getNewChunks().size(), 1u);
+  ASSERT_TRUE(created->get().getNewChunks()[0].getWritable());
+  ASSERT_EQ(created->fds.size(), 1u);
+  EXPECT_NE(::ftruncate(created->fds[0].get(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  ASSERT_TRUE(attacker->Call(4, [&](wire::Request::Builder r) {
+    ipc::ToWire(id, r.initReleaseRefs(1)[0].initId());
+    r.getReleaseRefs()[0].setDevice(0);
+  }));
+}
+
 TEST_F(HostileTest, AnnouncingHugeFramesAndSendingNothingCostsTheDaemonNothing) {
   const uint64_t before = PrivateResidentKiB(daemon_->pid());
   std::vector<std::unique_ptr<RawSession>> attackers;

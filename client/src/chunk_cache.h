@@ -22,6 +22,7 @@ struct ChunkKey {
   uint64_t epoch = 0;
   int32_t device = 0;  // the daemon's GPU index
   uint32_t chunk = 0;
+  bool writable = false;  // the read-write mapping of the chunk (a writer's), or read-only
   auto operator<=>(const ChunkKey&) const = default;
 };
 

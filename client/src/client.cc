@@ -683,11 +683,14 @@ namespace {
 
 // A DeviceHolding for the reference the daemon just granted on GPU `device`. If the
 // location is unusable, the reference is given back.
+// `writable`: the creator's holding, whose bytes it writes; readers' point into read-only
+// memory where the daemon shares the chunk so.
 Result<std::shared_ptr<internal::DeviceHolding>> MakeDeviceHolding(
-    const std::shared_ptr<Connection>& conn, const ObjectId& id, wire::Location::Reader location) {
+    const std::shared_ptr<Connection>& conn, const ObjectId& id, wire::Location::Reader location,
+    bool writable) {
   const int32_t device = location.getDevice();
   auto address = conn->ResolveChunk(device, location.getSegment(), location.getOffset(),
-                                    location.getDataSize());
+                                    location.getDataSize(), writable);
   if (!address.ok() || device < 0) {
     conn->Release(id, device);
     return address.ok() ? Status::Internal("the daemon answered a GPU get with a host object")
@@ -726,7 +729,8 @@ Result<MutableDeviceBuffer> Client::CreateOnDevice(const ObjectId& id, uint64_t 
   return Decode([&]() -> Result<MutableDeviceBuffer> {
     auto r = reply.get();
     if (!r.isCreate()) return UnexpectedReply("create");
-    DEPOT_ASSIGN_OR_RETURN(auto holding, MakeDeviceHolding(conn_, id, r.getCreate()));
+    DEPOT_ASSIGN_OR_RETURN(auto holding,
+                           MakeDeviceHolding(conn_, id, r.getCreate(), /*writable=*/true));
     return MutableDeviceBuffer(std::move(holding));
   });
 }
@@ -760,7 +764,7 @@ Result<std::vector<DeviceBuffer>> Client::GetOnDevice(std::span<const ObjectId> 
         }
         continue;
       }
-      auto holding = MakeDeviceHolding(conn_, ids[i], results[i].getLocation());
+      auto holding = MakeDeviceHolding(conn_, ids[i], results[i].getLocation(), /*writable=*/false);
       if (!holding.ok()) {
         if (first_error.ok()) first_error = holding.status();
         continue;

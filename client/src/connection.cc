@@ -775,8 +775,9 @@ Status Connection::ImportChunks(capnp::List<wire::Chunk>::Reader chunks,
     }
     if (c.getDevice() >= gpus_.size()) return Status::Internal("a chunk of an unknown GPU");
     in.device = gpus_[c.getDevice()].uuid;
+    in.writable = c.getWritable();
     ImportedEntry entry;
-    const ChunkKey key{epoch_, static_cast<int32_t>(c.getDevice()), c.getIndex()};
+    const ChunkKey key{epoch_, static_cast<int32_t>(c.getDevice()), c.getIndex(), in.writable};
     // If another connection of this process mapped the chunk, its descriptor here goes unused.
     auto chunk = ImportChunkOnce(key, [&]() -> Result<std::unique_ptr<ImportedChunk>> {
       DEPOT_ASSIGN_OR_RETURN(DeviceImporter * importer, Importer());
@@ -788,19 +789,24 @@ Status Connection::ImportChunks(capnp::List<wire::Chunk>::Reader chunks,
       entry.error = chunk.status();
     }
     std::lock_guard lock(device_mu_);
-    chunks_.try_emplace({static_cast<int32_t>(c.getDevice()), c.getIndex()}, std::move(entry));
+    chunks_.try_emplace({static_cast<int32_t>(c.getDevice()), c.getIndex(), key.writable},
+                        std::move(entry));
   }
   fds.erase(fds.begin(), fds.begin() + static_cast<ptrdiff_t>(next_fd));
   return Status::OK();
 }
 
 Result<uint64_t> Connection::ResolveChunk(int32_t device, uint32_t chunk, uint64_t offset,
-                                          uint64_t size) {
+                                          uint64_t size, bool writable) {
   std::lock_guard lock(device_mu_);
-  auto it = chunks_.find({device, chunk});
+  // A reader uses the read-only mapping, or the only one there is (CUDA chunks come
+  // read-write only); a writer needs the read-write one.
+  auto it = writable ? chunks_.end() : chunks_.find({device, chunk, false});
+  if (it == chunks_.end()) it = chunks_.find({device, chunk, true});
   if (it == chunks_.end()) {
     return Status::Internal("the daemon referred to chunk " + std::to_string(chunk) + " of GPU " +
-                            std::to_string(device) + ", which it never sent to this client");
+                            std::to_string(device) + ", which it never sent to this client" +
+                            (writable ? " writable" : ""));
   }
   if (!it->second.error.ok()) return it->second.error;
   const uint64_t limit = it->second.chunk->size();

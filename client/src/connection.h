@@ -32,6 +32,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "depot/client.h"
@@ -151,8 +152,10 @@ class Connection {
   // This process's ordinal of the daemon's GPU `device`, or -1.
   int LocalOrdinal(int32_t device);
   // The address in this process of bytes [offset, offset + size) of chunk `chunk` of GPU
-  // `device`'s pool, imported when the daemon announced it. Thread-safe.
-  Result<uint64_t> ResolveChunk(int32_t device, uint32_t chunk, uint64_t offset, uint64_t size);
+  // `device`'s pool, imported when the daemon announced it: in its read-write mapping if
+  // `writable` (a creator's), else in its read-only one where there is one. Thread-safe.
+  Result<uint64_t> ResolveChunk(int32_t device, uint32_t chunk, uint64_t offset, uint64_t size,
+                                bool writable);
   // The importer matching the daemon's GPUs, made on first use.
   Result<DeviceImporter*> Importer();
 
@@ -278,7 +281,8 @@ class Connection {
     std::shared_ptr<ImportedChunk> chunk;  // shared with this process's other connections
     Status error;                          // why importing failed, if it did
   };
-  std::map<std::pair<int32_t, uint32_t>, ImportedEntry> chunks_;  // guarded by device_mu_
+  // By (GPU, chunk, writable); guarded by device_mu_.
+  std::map<std::tuple<int32_t, uint32_t, bool>, ImportedEntry> chunks_;
 };
 
 }  // namespace depot::internal

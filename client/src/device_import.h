@@ -40,6 +40,9 @@ struct ChunkToImport {
   ipc::UniqueFd fd;                       // kPosixFd, kMemfd
   std::span<const std::byte> ipc_handle;  // kLegacyIpc
   ipc::DeviceUuid device{};               // the device the chunk lives on
+  // Whether to map it read-write. A read-only chunk is a descriptor opened read-only
+  // (simulated devices); CUDA chunks always come writable.
+  bool writable = true;
 };
 
 class DeviceImporter {

@@ -30,9 +30,12 @@ class SimulatedImporter final : public DeviceImporter {
     if (chunk.handle != ipc::ChunkHandle::kMemfd || !chunk.fd) {
       return Status::Internal("the daemon sent a GPU chunk of a simulated device without a memfd");
     }
+    // A reader's chunk is a descriptor opened read-only: its bytes cannot be written here.
     DEPOT_ASSIGN_OR_RETURN(
         auto mapping,
-        Mapping::Map(chunk.fd.get(), chunk.size, PROT_READ | PROT_WRITE, 0, "simulated GPU chunk"));
+        Mapping::Map(chunk.fd.get(), chunk.size,
+                     chunk.writable ? PROT_READ | PROT_WRITE : PROT_READ, 0,
+                     chunk.writable ? "simulated GPU chunk" : "read-only simulated GPU chunk"));
     return std::unique_ptr<ImportedChunk>(new SimulatedChunk(std::move(mapping)));
   }
 

@@ -43,6 +43,10 @@ struct Chunk {
   ipc::ChunkHandle handle = ipc::ChunkHandle::kPosixFd;
   // What clients import: a descriptor (kPosixFd, kMemfd), duplicated for each client...
   ipc::UniqueFd fd;
+  // ...and, where the backend can share the chunk read-only (kMemfd), the same memory opened
+  // read-only, for clients that only read it. CUDA has no read-only export: a process that
+  // imports a chunk may map it read-write (docs/architecture.md, Trust).
+  ipc::UniqueFd read_fd;
   // ...or a legacy IPC handle (kLegacyIpc).
   std::vector<std::byte> ipc_handle;
   // Where the daemon itself reaches the chunk's bytes: a CUdeviceptr in its own context, or,

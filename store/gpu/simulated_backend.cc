@@ -11,6 +11,7 @@
 
 #include "depot/ipc/units.h"
 #include "store/gpu/device_backend.h"
+#include "store/read_only.h"
 
 namespace depot::store::gpu {
 
@@ -38,17 +39,21 @@ class SimulatedBackend final : public DeviceBackend {
 
   Result<Chunk> AllocateChunk(uint32_t device, uint64_t size) override {
     const std::string name = "depot-sim-gpu" + std::to_string(device);
-    ipc::UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC));
+    ipc::UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!fd) return Status::FromErrno("memfd_create for " + devices_[device].name, errno);
     if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
       return Status::FromErrno("ftruncate of a " + ipc::FormatSize(size) + " chunk", errno);
     }
+    // Readers get a read-only descriptor, as for arena segments; writers the read-write one.
+    DEPOT_ASSIGN_OR_RETURN(ipc::UniqueFd read_fd,
+                           ShareReadOnly(fd.get(), "a chunk of " + devices_[device].name));
     void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (base == MAP_FAILED) return Status::FromErrno("mmap of a simulated GPU chunk", errno);
     Chunk chunk;
     chunk.size = size;
     chunk.handle = ipc::ChunkHandle::kMemfd;
     chunk.fd = std::move(fd);
+    chunk.read_fd = std::move(read_fd);
     chunk.address = reinterpret_cast<uint64_t>(base);
     return chunk;
   }
@@ -57,6 +62,7 @@ class SimulatedBackend final : public DeviceBackend {
     if (chunk.address != 0) ::munmap(reinterpret_cast<void*>(chunk.address), chunk.size);
     chunk.address = 0;
     chunk.fd.reset();
+    chunk.read_fd.reset();
   }
 
   Status CopyToHost(uint32_t, uint64_t source, void* destination, uint64_t bytes) override {
