@@ -6,6 +6,7 @@
 // over the idle daemon's:
 //
 //   huge_frames      100 connections each announce a 16 MiB frame and send 8 bytes of it
+//   half_sent        100 connections each send 12 MiB of a 15 MiB frame
 //   unread_replies   one connection pipelines list requests (10,000 objects, 200-byte names)
 //                    and never reads a reply
 //   waiting_gets     one connection sends --waits gets (default 100), each naming 100,000
@@ -186,7 +187,14 @@ uint64_t Pipeline(Raw& raw, size_t count, size_t window,
   return refused;
 }
 
-enum class Attack { kHugeFrames, kUnreadReplies, kWaitingGets, kLongNames, kGpuMetadata };
+enum class Attack {
+  kHugeFrames,
+  kHalfSent,
+  kUnreadReplies,
+  kWaitingGets,
+  kLongNames,
+  kGpuMetadata
+};
 
 void BM_Attack(benchmark::State& state, const std::string& name, Attack attack) {
   for (auto _ : state) {
@@ -208,6 +216,21 @@ void BM_Attack(benchmark::State& state, const std::string& name, Attack attack) 
             if (::send(conns.back()->fd(), bytes, sizeof(bytes), MSG_NOSIGNAL) < 0) {
               Die("send: " + std::string(std::strerror(errno)));
             }
+          }
+          std::this_thread::sleep_for(1s);  // the daemon reads what came
+          break;
+        }
+        case Attack::kHalfSent: {
+          const std::vector<char> piece(1 << 20, 'x');
+          for (int i = 0; i < 100; ++i) {
+            conns.push_back(std::make_unique<Raw>(socket));
+            const ipc::FrameHeader header{15u << 20, 0};
+            bool open = ::send(conns.back()->fd(), &header, sizeof(header), MSG_NOSIGNAL) > 0;
+            for (int mib = 0; open && mib < 12; ++mib) {
+              open = ::send(conns.back()->fd(), piece.data(), piece.size(), MSG_NOSIGNAL) ==
+                     static_cast<ssize_t>(piece.size());
+            }
+            refused += !open;
           }
           std::this_thread::sleep_for(1s);  // the daemon reads what came
           break;
@@ -328,9 +351,9 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, rest.data())) return 1;
 
   const std::pair<const char*, Attack> attacks[] = {
-      {"huge_frames", Attack::kHugeFrames},   {"unread_replies", Attack::kUnreadReplies},
-      {"waiting_gets", Attack::kWaitingGets}, {"long_names", Attack::kLongNames},
-      {"gpu_metadata", Attack::kGpuMetadata},
+      {"huge_frames", Attack::kHugeFrames},       {"half_sent", Attack::kHalfSent},
+      {"unread_replies", Attack::kUnreadReplies}, {"waiting_gets", Attack::kWaitingGets},
+      {"long_names", Attack::kLongNames},         {"gpu_metadata", Attack::kGpuMetadata},
   };
   for (const auto& [name, attack] : attacks) {
     benchmark::RegisterBenchmark(

@@ -162,7 +162,7 @@ Status ObjectStore::CheckMetadata(ClientId client, const ClientState& state, uin
     return Status::LimitExceeded("client " + std::to_string(client) + " has the daemon keep " +
                                  ipc::FormatSize(state.metadata_bytes) +
                                  " for it (object entries, names, GPU metadata, "
-                                 "waiting gets); another " +
+                                 "waiting gets, request buffers); another " +
                                  ipc::FormatSize(bytes) + " would pass its limit of " +
                                  ipc::FormatSize(limits_.max_metadata_bytes) +
                                  " (--client-max-metadata)");
@@ -170,7 +170,8 @@ Status ObjectStore::CheckMetadata(ClientId client, const ClientState& state, uin
   if (limits_.metadata_budget != 0 && counters_.metadata_bytes + bytes > limits_.metadata_budget) {
     return Status::LimitExceeded(
         "the daemon keeps " + ipc::FormatSize(counters_.metadata_bytes) +
-        " for its clients (object entries, names, GPU metadata, waiting gets); another " +
+        " for its clients (object entries, names, GPU metadata, waiting gets, request "
+        "buffers); another " +
         ipc::FormatSize(bytes) + " would pass its budget of " +
         ipc::FormatSize(limits_.metadata_budget) +
         " (--metadata-budget); delete objects or start depotd with a larger budget");
@@ -183,6 +184,16 @@ void ObjectStore::CountMetadata(ClientId client, int64_t bytes) {
   if (auto it = clients_.find(client); it != clients_.end()) {
     it->second.metadata_bytes += static_cast<uint64_t>(bytes);
   }
+}
+
+Status ObjectStore::ChargeBuffer(ClientId client, int64_t bytes) {
+  if (bytes > 0) {
+    auto it = clients_.find(client);
+    if (it == clients_.end()) return Status::OK();
+    DEPOT_RETURN_NOT_OK(CheckMetadata(client, it->second, static_cast<uint64_t>(bytes)));
+  }
+  CountMetadata(client, bytes);
+  return Status::OK();
 }
 
 void ObjectStore::ChargeObject(uint32_t slot, uint64_t bytes) {

@@ -199,6 +199,10 @@ class ObjectStore {
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;
 
+  // Counts `bytes` more (or, negative, fewer) of memory the daemon keeps for `client`'s
+  // requests (its session's read buffer), in its metadata and the daemon's. Fails with
+  // LimitExceeded, counting nothing, if more would pass either limit.
+  Status ChargeBuffer(ClientId client, int64_t bytes);
   // `uid`: its session's (SO_PEERCRED); the objects it creates are that uid's.
   void AddClient(ClientId client, uint32_t uid);
   // Gives back everything the client held: references released, objects it was creating

@@ -20,6 +20,8 @@ namespace {
 // Stop handling the requests of a client whose replies pile up unread beyond this. A reply
 // may take it past the bound once (list replies are capped at kMaxListReplyBytes).
 constexpr size_t kMaxQueuedReplyBytes = 4u << 20;
+// What a session's read buffer may take without counting against its metadata limits.
+constexpr uint64_t kFreeReadBuffer = 1u << 20;
 // Reads per wake-up, and requests handled, before other sessions get a turn.
 constexpr int kReadsPerTurn = 16;
 constexpr int kFramesPerTurn = 16;
@@ -154,6 +156,8 @@ void Session::Close(const std::string& reason) {
   closed_ = true;
   if (!counted_close_) server_.metrics().SessionClosed(/*protocol_error=*/false);
   spdlog::info("session {} (pid {}, {}) closed: {}", id_, peer_.pid, peer_.command, reason);
+  (void)server_.store().ChargeBuffer(id_, -static_cast<int64_t>(buffer_charge_));
+  buffer_charge_ = 0;
   server_.store().RemoveClient(id_);
   boost::system::error_code ignored;
   socket_.close(ignored);
@@ -161,6 +165,18 @@ void Session::Close(const std::string& reason) {
   // The server owns the last reference; let pending handlers finish with a live object.
   boost::asio::post(server_.loop(),
                     [self = shared_from_this()] { self->server_.Forget(self->id_); });
+}
+
+Status Session::ChargeReadBuffer() {
+  // The first kFreeReadBuffer of the buffer are every session's; beyond that, a large frame
+  // being read counts against the client's metadata limits until it is handled.
+  const uint64_t want =
+      reader_.capacity() > kFreeReadBuffer ? reader_.capacity() - kFreeReadBuffer : 0;
+  if (want == buffer_charge_) return Status::OK();
+  const int64_t delta = static_cast<int64_t>(want) - static_cast<int64_t>(buffer_charge_);
+  DEPOT_RETURN_NOT_OK(server_.store().ChargeBuffer(id_, delta));
+  buffer_charge_ = want;
+  return Status::OK();
 }
 
 void Session::Violation(const std::string& what) {
@@ -187,6 +203,10 @@ void Session::OnReadable() {
     bool would_block = false;
     auto n = reader_.ReadSome(socket_.native_handle(), &would_block);
     if (!n.ok()) return Close(n.status().message());
+    if (Status st = ChargeReadBuffer(); !st.ok()) {
+      return Close("its request of " + ipc::FormatSize(reader_.buffered_bytes()) +
+                   " so far cannot be buffered: " + st.message());
+    }
     if (reader_.pending_fds() != 0) {
       return Violation("the client sent file descriptors, which clients never do");
     }

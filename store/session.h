@@ -77,6 +77,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void WaitReadable();
+  // Counts the read buffer's growth past what every session may take (or its shrinking) in
+  // the client's metadata; LimitExceeded if that would pass a limit.
+  Status ChargeReadBuffer();
   void OnReadable();
   // Handles the complete frames read so far; returns false when the session has closed or
   // must wait for its replies to drain (paused_).
@@ -159,6 +162,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<uint32_t> chunks_sent_;           // by GPU: chunks of its pool sent so far
   std::set<std::pair<int32_t, uint32_t>> writable_chunks_sent_;  // (GPU, chunk) sent writable
   uint64_t requests_ = 0;
+  uint64_t buffer_charge_ = 0;  // of the read buffer, counted in the client's metadata
 };
 
 }  // namespace depot::store

@@ -595,6 +595,41 @@ TEST_F(MetadataBudgetTest, GetsWaitingOnManyMissingIdsAreBounded) {
   EXPECT_LT(Stats().metadata_bytes, 4096u) << "the waits of clients that left are still counted";
 }
 
+TEST_F(MetadataBudgetTest, HalfSentRequestsOnManyConnectionsAreBounded) {
+  // Each connection sends 12 MiB of a 15 MiB request and stops. Beyond its first MiB, a
+  // session's read buffer counts against the limits: the sessions past the budget (40 MiB)
+  // are closed, instead of the daemon holding 48 buffers of 16 MiB.
+  const uint64_t before = PrivateResidentKiB(daemon_->pid());
+  const uint64_t baseline = Stats().metadata_bytes;
+  const std::vector<char> piece(1 << 20, 'x');
+  std::vector<std::unique_ptr<RawSession>> attackers;
+  for (int a = 0; a < 48; ++a) {
+    attackers.push_back(OpenSession());
+    const ipc::FrameHeader header{15u << 20, 0};
+    if (!attackers.back()->SendBytes(&header, sizeof(header))) continue;
+    for (int mib = 0; mib < 12 && attackers.back()->SendBytes(piece.data(), piece.size()); ++mib) {
+    }
+    EXPECT_LE(Stats().metadata_bytes, Stats().metadata_budget_bytes);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (daemon_->Log().find("cannot be buffered") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::string log = daemon_->Log();
+  const size_t at = log.find("cannot be buffered");
+  ASSERT_NE(at, std::string::npos) << "no session was refused its buffer";
+  EXPECT_NE(log.find("--metadata-budget", at), std::string::npos) << log.substr(at, 600);
+  EXPECT_LT(PrivateResidentKiB(daemon_->pid()), before + 320 * 1024)
+      << "48 half-sent requests of 15 MiB grew the daemon without bound";
+  // The buffers of clients that left are no longer counted.
+  attackers.clear();
+  for (int tries = 0; tries < 1000 && Stats().metadata_bytes > baseline; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Stats().metadata_bytes, baseline);
+}
+
 TEST_F(MetadataBudgetTest, NamesAndGpuMetadataCountAgainstTheBudget) {
   // Empty objects with the longest names: about 4.3 KiB of daemon memory each.
   std::vector<ObjectId> made;

@@ -90,6 +90,9 @@ class FrameReader {
   size_t pending_fds() const { return fds_.size(); }
   // Bytes buffered and not yet handed out.
   size_t buffered_bytes() const { return end_ - begin_; }
+  // The buffer's size: it grows with what arrives (to hold a whole frame) and shrinks back
+  // once a large frame is handled.
+  size_t capacity() const { return buf_.size() * sizeof(capnp::word); }
 
  private:
   uint32_t max_frame_bytes_;
