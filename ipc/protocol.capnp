@@ -110,7 +110,7 @@ struct Request {
     startSlot @0 :UInt32;    # resume point from the previous page's nextSlot
     limit @1 :UInt32;        # at most this many entries (the daemon may return fewer)
     # If not 0: instead of a page, the `largest` largest objects by data size (ties: oldest
-    # first), largest first, in one reply (done), at most 1,000; `limit` is not used. For `top`.
+    # first), largest first, in one reply (done), at most 10,000; `limit` is not used. For `top`.
     largest @2 :UInt32;
   }
 
@@ -293,6 +293,8 @@ struct StoreStatus {
   metadataBytes @28 :UInt64;  # daemon memory kept for clients: object entries, names, GPU
                               # metadata, waiting gets
   metadataBudgetBytes @29 :UInt64;  # its limit (--metadata-budget; 0: none)
+  requestBytes @30 :UInt64;  # daemon memory kept for requests in progress (large frames
+                             # being read, list and verify work), within the same budget
 }
 
 # A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED

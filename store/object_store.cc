@@ -142,9 +142,9 @@ void ObjectStore::RemoveClient(ClientId client) {
 }
 
 Status ObjectStore::CheckLimits(ClientId client, const ClientState& state, uint64_t bytes) const {
-  if (limits_.max_objects != 0 && state.refs.size() >= limits_.max_objects) {
+  if (limits_.max_objects != 0 && state.objects >= limits_.max_objects) {
     return Status::LimitExceeded("client " + std::to_string(client) + " already holds " +
-                                 std::to_string(state.refs.size()) +
+                                 std::to_string(state.objects) +
                                  " objects, its limit (--client-max-objects); release some first");
   }
   if (limits_.max_bytes != 0 && state.held_bytes + bytes > limits_.max_bytes) {
@@ -162,7 +162,7 @@ Status ObjectStore::CheckMetadata(ClientId client, const ClientState& state, uin
     return Status::LimitExceeded("client " + std::to_string(client) + " has the daemon keep " +
                                  ipc::FormatSize(state.metadata_bytes) +
                                  " for it (object entries, names, GPU metadata, "
-                                 "waiting gets, request buffers); another " +
+                                 "waiting gets); another " +
                                  ipc::FormatSize(bytes) + " would pass its limit of " +
                                  ipc::FormatSize(limits_.max_metadata_bytes) +
                                  " (--client-max-metadata)");
@@ -170,8 +170,7 @@ Status ObjectStore::CheckMetadata(ClientId client, const ClientState& state, uin
   if (limits_.metadata_budget != 0 && counters_.metadata_bytes + bytes > limits_.metadata_budget) {
     return Status::LimitExceeded(
         "the daemon keeps " + ipc::FormatSize(counters_.metadata_bytes) +
-        " for its clients (object entries, names, GPU metadata, waiting gets, request "
-        "buffers); another " +
+        " for its clients (object entries, names, GPU metadata, waiting gets); another " +
         ipc::FormatSize(bytes) + " would pass its budget of " +
         ipc::FormatSize(limits_.metadata_budget) +
         " (--metadata-budget); delete objects or start depotd with a larger budget");
@@ -186,13 +185,30 @@ void ObjectStore::CountMetadata(ClientId client, int64_t bytes) {
   }
 }
 
-Status ObjectStore::ChargeBuffer(ClientId client, int64_t bytes) {
-  if (bytes > 0) {
-    auto it = clients_.find(client);
-    if (it == clients_.end()) return Status::OK();
-    DEPOT_RETURN_NOT_OK(CheckMetadata(client, it->second, static_cast<uint64_t>(bytes)));
+Status ObjectStore::ChargeRequests(ClientId client, int64_t bytes) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) {
+    return Status::Internal("client " + std::to_string(client) + " is not connected");
   }
-  CountMetadata(client, bytes);
+  ClientState& state = it->second;
+  const auto more = static_cast<uint64_t>(bytes);
+  if (bytes > 0 && limits_.max_metadata_bytes != 0 &&
+      state.request_bytes + more > limits_.max_metadata_bytes) {
+    return Status::LimitExceeded(
+        "client " + std::to_string(client) + " has the daemon keep " +
+        ipc::FormatSize(state.request_bytes) + " for its requests in progress; another " +
+        ipc::FormatSize(more) + " would pass its limit of " +
+        ipc::FormatSize(limits_.max_metadata_bytes) + " (--client-max-metadata)");
+  }
+  if (bytes > 0 && limits_.metadata_budget != 0 &&
+      counters_.request_bytes + more > limits_.metadata_budget) {
+    return Status::LimitExceeded("the daemon keeps " + ipc::FormatSize(counters_.request_bytes) +
+                                 " for its clients' requests in progress; another " +
+                                 ipc::FormatSize(more) + " would pass its budget of " +
+                                 ipc::FormatSize(limits_.metadata_budget) + " (--metadata-budget)");
+  }
+  state.request_bytes += more;  // modulo 2^64: a negative `bytes` subtracts
+  counters_.request_bytes += more;
   return Status::OK();
 }
 

@@ -112,6 +112,7 @@ struct StoreCounters {
   uint64_t spilled_bytes = 0;
   uint64_t objects_on_host = 0;  // with a host block: ready or being copied in
   uint64_t metadata_bytes = 0;   // daemon memory held for clients (kObjectMetadataBytes, ...)
+  uint64_t request_bytes = 0;    // daemon memory held for requests (ChargeRequests)
 };
 
 // One GPU pool's use (status).
@@ -200,9 +201,12 @@ class ObjectStore {
   ObjectStore& operator=(const ObjectStore&) = delete;
 
   // Counts `bytes` more (or, negative, fewer) of memory the daemon keeps for `client`'s
-  // requests (its session's read buffer), in its metadata and the daemon's. Fails with
-  // LimitExceeded, counting nothing, if more would pass either limit.
-  Status ChargeBuffer(ClientId client, int64_t bytes);
+  // requests in progress (its session's read buffer beyond the first MiB, the work of its
+  // lists and verifies). They have an account of their own, with the same limits as the
+  // metadata (--client-max-metadata, --metadata-budget), so that a store full of objects can
+  // still be sent the large delete that empties it. Fails with LimitExceeded, counting
+  // nothing, if more would pass either limit.
+  Status ChargeRequests(ClientId client, int64_t bytes);
   // `uid`: its session's (SO_PEERCRED); the objects it creates are that uid's.
   void AddClient(ClientId client, uint32_t uid);
   // Gives back everything the client held: references released, objects it was creating
@@ -331,6 +335,7 @@ class ObjectStore {
     uint64_t objects = 0;
     uint64_t held_bytes = 0;
     uint64_t metadata_bytes = 0;  // MetadataCost of its objects and waiting gets
+    uint64_t request_bytes = 0;   // ChargeRequests
     std::vector<uint64_t> pending_gets;
   };
   enum class Wait { kNone, kSeal, kCopy };

@@ -44,6 +44,13 @@ constexpr size_t kSliceVerifies = 8;
 constexpr int kVerifiesInFlight = 8;
 // Most results in one page of a verify of every object.
 constexpr uint32_t kVerifyPage = 4096;
+// Jobs (list, verify) one session may have running at once; its later requests wait while
+// it has this many.
+constexpr int kMaxJobsPerSession = 4;
+// What a list job holds per object at most (scan entry, found entry, reply entry), and a
+// verify job (id, batch copy, result), counted against the client's limits while it runs.
+constexpr uint32_t kListJobEntryBytes = 48 + 24 + kListEntryBytes;
+constexpr uint32_t kVerifyJobEntryBytes = 16 + 16 + 48;
 
 void ToWire(const Location& loc, wire::Location::Builder out) {
   out.setSlot(loc.slot);
@@ -156,8 +163,9 @@ void Session::Close(const std::string& reason) {
   closed_ = true;
   if (!counted_close_) server_.metrics().SessionClosed(/*protocol_error=*/false);
   spdlog::info("session {} (pid {}, {}) closed: {}", id_, peer_.pid, peer_.command, reason);
-  (void)server_.store().ChargeBuffer(id_, -static_cast<int64_t>(buffer_charge_));
-  buffer_charge_ = 0;
+  // Jobs still running end with the session: give back what it had counted for requests.
+  (void)server_.store().ChargeRequests(id_, -static_cast<int64_t>(buffer_charge_ + jobs_charge_));
+  buffer_charge_ = jobs_charge_ = 0;
   server_.store().RemoveClient(id_);
   boost::system::error_code ignored;
   socket_.close(ignored);
@@ -169,12 +177,12 @@ void Session::Close(const std::string& reason) {
 
 Status Session::ChargeReadBuffer() {
   // The first kFreeReadBuffer of the buffer are every session's; beyond that, a large frame
-  // being read counts against the client's metadata limits until it is handled.
+  // being read counts against the client's limits until it is handled.
   const uint64_t want =
       reader_.capacity() > kFreeReadBuffer ? reader_.capacity() - kFreeReadBuffer : 0;
   if (want == buffer_charge_) return Status::OK();
   const int64_t delta = static_cast<int64_t>(want) - static_cast<int64_t>(buffer_charge_);
-  DEPOT_RETURN_NOT_OK(server_.store().ChargeBuffer(id_, delta));
+  DEPOT_RETURN_NOT_OK(server_.store().ChargeRequests(id_, delta));
   buffer_charge_ = want;
   return Status::OK();
 }
@@ -222,7 +230,7 @@ void Session::OnReadable() {
 
 bool Session::HandleBufferedFrames() {
   for (int handled = 0;; ++handled) {
-    if (in_job_) return false;  // EndJob resumes
+    if (jobs_ >= kMaxJobsPerSession) return false;  // EndJob resumes
     if (handled == kFramesPerTurn) {
       // A client that pipelines many requests gets them handled a few at a time, taking
       // turns with the other sessions.
@@ -240,7 +248,15 @@ bool Session::HandleBufferedFrames() {
       Violation(frame.status().message());
       return false;
     }
-    if (!frame->has_value()) return true;
+    if (!frame->has_value()) {
+      // Every frame read is handled: a large buffer goes back now, not at the next read.
+      reader_.Compact();
+      if (Status st = ChargeReadBuffer(); !st.ok()) {  // it shrinks: cannot fail
+        Close("accounting its read buffer: " + st.message());
+        return false;
+      }
+      return true;
+    }
     if (!HandleFrame(**frame) || closed_) return false;
   }
 }
@@ -250,22 +266,48 @@ void Session::Resume() {
   // From the loop, not from inside whatever reply drained the queue: that may be another
   // session's request, in the middle of changing the store.
   boost::asio::post(server_.loop(), [self = shared_from_this()] {
-    if (!self->closed_ && !self->paused_ && !self->in_job_ && self->HandleBufferedFrames()) {
+    if (!self->closed_ && !self->paused_ && self->jobs_ < kMaxJobsPerSession &&
+        self->HandleBufferedFrames()) {
       self->WaitReadable();
     }
   });
 }
 
-void Session::EndJob() {
-  in_job_ = false;
-  Resume();
+bool Session::BeginJob(uint64_t rid, uint64_t bytes) {
+  if (Status st = server_.store().ChargeRequests(id_, static_cast<int64_t>(bytes)); !st.ok()) {
+    SendError(rid, st);
+    return false;
+  }
+  jobs_charge_ += bytes;
+  jobs_++;
+  return true;
+}
+
+void Session::EndJob(uint64_t bytes) {
+  (void)server_.store().ChargeRequests(id_, -static_cast<int64_t>(bytes));
+  jobs_charge_ -= bytes;
+  // Its frames stopped being handled when the last job slot filled.
+  if (jobs_-- == kMaxJobsPerSession) Resume();
 }
 
 void Session::RunSlices(std::function<bool()> slice) {
   server_.slices().Run([weak = weak_from_this(), slice = std::move(slice)] {
     auto self = weak.lock();
-    return !self || self->closed_ || slice();
+    if (!self || self->closed_) return true;
+    return self->Guarded(slice);
   });
+}
+
+bool Session::Guarded(const std::function<bool()>& work) {
+  // Slices run outside HandleFrame's guard: an exception here must end this session only.
+  try {
+    return work();
+  } catch (const kj::Exception& e) {
+    Close("failed to handle a request (" + std::string(e.getDescription().cStr()) + ")");
+  } catch (const std::exception& e) {
+    Close(std::string("failed to handle a request: ") + e.what());
+  }
+  return true;
 }
 
 bool Session::HandleFrame(ipc::FrameReader::Frame& frame) {
@@ -392,8 +434,7 @@ void Session::Dispatch(wire::Request::Reader request) {
       return Observe(RequestType::kContains, start);
     }
     case wire::Request::LIST:
-      HandleList(rid, request.getList());
-      return Observe(RequestType::kList, start);
+      return HandleList(rid, request.getList(), start);
     case wire::Request::STATUS:
       HandleStatus(rid);
       return Observe(RequestType::kStatus, start);
@@ -638,6 +679,8 @@ struct Session::ListJob {
   explicit ListJob(uint32_t largest) : scan(largest) {}
 
   uint64_t rid = 0;
+  uint64_t start = 0;   // when the request arrived, for the metrics
+  uint64_t charge = 0;  // counted for it (ChargeRequests)
   bool largest = false;
   LargestScan scan;        // largest: the walk
   uint32_t limit = 0;      // paged: most entries
@@ -652,13 +695,17 @@ struct Session::ListJob {
   size_t bytes = 0;   // about what the reply takes
 };
 
-void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list) {
+void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list, uint64_t start) {
   auto job = std::make_shared<ListJob>(std::min(list.getLargest(), kMaxListPage));
   job->rid = rid;
+  job->start = start;
   job->largest = list.getLargest() != 0;
   job->limit = std::clamp<uint32_t>(list.getLimit(), 1, kMaxListPage);
   job->page.next = list.getStartSlot();
-  BeginJob();
+  // What it may hold at most: a scan entry, a found entry and a reply entry per object.
+  job->charge = (job->largest ? std::min(list.getLargest(), kMaxListPage) : job->limit) *
+                uint64_t{kListJobEntryBytes};
+  if (!BeginJob(rid, job->charge)) return Observe(RequestType::kList, start);
   RunSlices([this, job] { return ListSlice(*job); });
 }
 
@@ -708,7 +755,8 @@ bool Session::ListSlice(ListJob& job) {
   out.setDone(job.page.done);
   out.adoptObjects(kj::mv(job.objects));
   SendReply(job.message, reply);
-  EndJob();
+  Observe(RequestType::kList, job.start);
+  EndJob(job.charge);
   return true;
 }
 
@@ -750,6 +798,7 @@ void Session::HandleStatus(uint64_t rid) {
   s.setObjectsOnHost(store.ObjectsOnHost());
   s.setMetadataBytes(c.metadata_bytes);
   s.setMetadataBudgetBytes(store.limits().metadata_budget);
+  s.setRequestBytes(c.request_bytes);
   s.setRequests(server_.requests());
   SendReply(message, reply);
 }
@@ -832,7 +881,8 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
 
 struct Session::VerifyJob {
   uint64_t rid = 0;
-  uint64_t start = 0;  // when the request arrived, for the metrics
+  uint64_t start = 0;   // when the request arrived, for the metrics
+  uint64_t charge = 0;  // counted for it (ChargeRequests)
   bool all = false;
   std::vector<ObjectId> ids;   // not all: what to verify
   size_t next_id = 0;          // not all: the first of `ids` not yet started
@@ -857,13 +907,14 @@ void Session::HandleVerify(uint64_t rid, wire::Request::Verify::Reader verify, u
   job->rid = rid;
   job->start = start;
   job->all = verify.getAll();
+  job->charge = (job->all ? kVerifyPage : list.size()) * uint64_t{kVerifyJobEntryBytes};
+  if (!BeginJob(rid, job->charge)) return Observe(RequestType::kVerify, start);
   job->page.next = verify.getStartSlot();
   job->page.done = false;
   job->ids.reserve(list.size());
   for (auto id : list) job->ids.push_back(ipc::FromWire(id));
   job->results = job->message.getOrphanage().newOrphan<capnp::List<wire::VerifyResult>>(
       job->all ? kVerifyPage : static_cast<unsigned>(job->ids.size()));
-  BeginJob();
   job->queued = true;
   RunSlices([this, job] { return VerifySlice(job); });
 }
@@ -895,7 +946,10 @@ bool Session::VerifySlice(const std::shared_ptr<VerifyJob>& job) {
     store.Verify(std::move(batch),
                  [weak = weak_from_this(), job, first](std::vector<VerifyOutcome> outcomes) {
                    if (auto self = weak.lock(); self && !self->closed_) {
-                     self->VerifyBatchDone(job, first, std::move(outcomes));
+                     self->Guarded([&] {
+                       self->VerifyBatchDone(job, first, std::move(outcomes));
+                       return true;
+                     });
                    }
                  });
   }
@@ -936,7 +990,7 @@ void Session::SendVerifyReply(VerifyJob& job) {
   out.adoptResults(kj::mv(job.results));
   SendReply(job.message, reply);
   Observe(RequestType::kVerify, job.start);
-  EndJob();
+  EndJob(job.charge);
 }
 
 void Session::HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict) {

@@ -96,7 +96,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // `start`: when the request arrived (monotonic ns), 0 when metrics are off.
   void HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start);
   void HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
-  void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list);
+  void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list, uint64_t start);
   struct ListJob;
   // One slice of a list reply: a stretch of the walk, or some entries of the reply; true
   // when the reply has gone.
@@ -116,14 +116,20 @@ class Session : public std::enable_shared_from_this<Session> {
   void SendVerifyReply(VerifyJob& job);
   void HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict);
 
-  // Requests that walk many objects (list, verify) run as a job of slices on the server's
-  // SliceQueue, between which everyone else's requests run. While a job runs, this session
-  // handles none of its later requests (they wait, in order, as for paused_).
-  void BeginJob() { in_job_ = true; }
-  void EndJob();
+  // Requests that walk many objects (list, verify) run as jobs of slices on the server's
+  // SliceQueue, between which everyone else's requests run. A session may have
+  // kMaxJobsPerSession of them at once; then it handles none of its later requests until
+  // one ends (they wait, in order, as for paused_). BeginJob counts `bytes`, what the job may
+  // hold, against the client's limits, or answers `rid` LimitExceeded and returns false;
+  // EndJob gives them back.
+  bool BeginJob(uint64_t rid, uint64_t bytes);
+  void EndJob(uint64_t bytes);
   // Queues `slice` (true: no more slices) on the SliceQueue; it is dropped if the session
   // has closed by the time it would run.
   void RunSlices(std::function<bool()> slice);
+  // Runs `work` (a slice, or a job's callback); an exception closes the session, as in
+  // HandleFrame. Returns what `work` returned, or true after an exception.
+  bool Guarded(const std::function<bool()>& work);
 
   void SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const Location& loc,
                     uint64_t start);
@@ -153,7 +159,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool reading_ = false;
   bool paused_ = false;  // not reading until queued replies drain
-  bool in_job_ = false;  // a job runs (BeginJob)
+  int jobs_ = 0;         // jobs running (BeginJob)
   bool closed_ = false;
   bool said_hello_ = false;
   bool counted_close_ = false;                  // metrics already counted this close
@@ -162,7 +168,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<uint32_t> chunks_sent_;           // by GPU: chunks of its pool sent so far
   std::set<std::pair<int32_t, uint32_t>> writable_chunks_sent_;  // (GPU, chunk) sent writable
   uint64_t requests_ = 0;
-  uint64_t buffer_charge_ = 0;  // of the read buffer, counted in the client's metadata
+  uint64_t buffer_charge_ = 0;  // of the read buffer, counted by ChargeRequests
+  uint64_t jobs_charge_ = 0;    // of the jobs running, likewise
 };
 
 }  // namespace depot::store

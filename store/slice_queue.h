@@ -26,7 +26,6 @@ class SliceQueue {
 
   // Queues a job; its first slice runs on a later pass of the loop, never inside this call.
   void Run(Slice job);
-  size_t jobs() const { return jobs_.size(); }
 
  private:
   void Schedule();

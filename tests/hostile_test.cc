@@ -476,8 +476,11 @@ TEST_F(WalkFloodTest, AFloodOfWalksOverABigStoreDoesNotStarveOtherClients) {
     stop = true;
     for (auto& t : threads) t.join();
     EXPECT_EQ(wrong.load(), 0) << what << " answered wrongly under the flood";
-    EXPECT_LT(flooded, 10 * quiet) << "a flood of " << what << " made the victim's median round "
-                                   << "trip " << flooded << " us (quiet: " << quiet << " us)";
+    // Unsliced, a flood of list --largest made it 76 times the quiet median here (685 us);
+    // the floor keeps a busy CI machine's scheduling noise from failing a fair daemon.
+    EXPECT_LT(flooded, std::max(10 * quiet, 250.0))
+        << "a flood of " << what << " made the victim's median round trip " << flooded
+        << " us (quiet: " << quiet << " us)";
   }
 }
 
@@ -600,7 +603,6 @@ TEST_F(MetadataBudgetTest, HalfSentRequestsOnManyConnectionsAreBounded) {
   // session's read buffer counts against the limits: the sessions past the budget (40 MiB)
   // are closed, instead of the daemon holding 48 buffers of 16 MiB.
   const uint64_t before = PrivateResidentKiB(daemon_->pid());
-  const uint64_t baseline = Stats().metadata_bytes;
   const std::vector<char> piece(1 << 20, 'x');
   std::vector<std::unique_ptr<RawSession>> attackers;
   for (int a = 0; a < 48; ++a) {
@@ -609,7 +611,7 @@ TEST_F(MetadataBudgetTest, HalfSentRequestsOnManyConnectionsAreBounded) {
     if (!attackers.back()->SendBytes(&header, sizeof(header))) continue;
     for (int mib = 0; mib < 12 && attackers.back()->SendBytes(piece.data(), piece.size()); ++mib) {
     }
-    EXPECT_LE(Stats().metadata_bytes, Stats().metadata_budget_bytes);
+    EXPECT_LE(Stats().request_bytes, Stats().metadata_budget_bytes);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (daemon_->Log().find("cannot be buffered") == std::string::npos &&
@@ -620,14 +622,16 @@ TEST_F(MetadataBudgetTest, HalfSentRequestsOnManyConnectionsAreBounded) {
   const size_t at = log.find("cannot be buffered");
   ASSERT_NE(at, std::string::npos) << "no session was refused its buffer";
   EXPECT_NE(log.find("--metadata-budget", at), std::string::npos) << log.substr(at, 600);
-  EXPECT_LT(PrivateResidentKiB(daemon_->pid()), before + 320 * 1024)
-      << "48 half-sent requests of 15 MiB grew the daemon without bound";
+  if (!kSanitized) {
+    EXPECT_LT(PrivateResidentKiB(daemon_->pid()), before + 320 * 1024)
+        << "48 half-sent requests of 15 MiB grew the daemon without bound";
+  }
   // The buffers of clients that left are no longer counted.
   attackers.clear();
-  for (int tries = 0; tries < 1000 && Stats().metadata_bytes > baseline; ++tries) {
+  for (int tries = 0; tries < 1000 && Stats().request_bytes > 0; ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(Stats().metadata_bytes, baseline);
+  EXPECT_EQ(Stats().request_bytes, 0u);
 }
 
 TEST_F(MetadataBudgetTest, NamesAndGpuMetadataCountAgainstTheBudget) {
@@ -667,11 +671,46 @@ TEST_F(MetadataBudgetTest, NamesAndGpuMetadataCountAgainstTheBudget) {
   EXPECT_GT(gpu_objects, 5);
   EXPECT_LT(gpu_objects, 20);
   EXPECT_LE(Stats().metadata_bytes, 40u << 20);
-  // Deleting gives the memory back.
-  ASSERT_OK(victim_->Delete(made));
+  // Deleting gives the memory back, even in one request larger than the read buffer every
+  // session has (1 MiB) while the client is at its limit: requests have an account of
+  // their own.
+  std::vector<ObjectId> to_delete = made;
+  for (int i = 0; i < 70'000; ++i) {
+    to_delete.push_back(ObjectId::FromName("hostile/never/" + std::to_string(i)));
+  }
+  EXPECT_EQ(victim_->Delete(to_delete).code(), StatusCode::kNotFound) << "for the ids never made";
+  ASSERT_OK_AND_ASSIGN(bool still_there, victim_->Contains(made.front()));
+  EXPECT_FALSE(still_there);
   CreateOptions options;
   options.name = "hostile/after";
   EXPECT_OK(victim_->Put(ObjectId::FromName(options.name), {}, options));
+}
+
+// What a list or verify may hold while it runs counts against the client's limits too.
+class JobLimitTest : public HostileTest {
+ protected:
+  JobLimitTest() : HostileTest({"--client-max-metadata", "1MiB"}) {}
+};
+
+TEST_F(JobLimitTest, AListOrVerifyPastTheClientsLimitIsLimitExceeded) {
+  // 10,000 entries of a list --largest may take 2.6 MB of daemon memory while it runs.
+  auto largest = victim_->ListLargest(10'000);
+  ASSERT_FALSE(largest.ok());
+  EXPECT_EQ(largest.status().code(), StatusCode::kLimitExceeded);
+  EXPECT_NE(largest.status().message().find("--client-max-metadata"), std::string::npos)
+      << largest.status().ToString();
+  std::vector<ObjectId> ids(20'000, victim_id_);
+  auto verified = victim_->Verify(ids);
+  ASSERT_FALSE(verified.ok());
+  EXPECT_EQ(verified.status().code(), StatusCode::kLimitExceeded);
+  // Smaller ones fit, and nothing stays counted.
+  ASSERT_OK_AND_ASSIGN(auto listed, victim_->List());
+  EXPECT_EQ(listed.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(auto all, victim_->Verify());
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].state, VerifyState::kOk);
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, victim_->GetStatus());
+  EXPECT_EQ(status.request_bytes, 0u);
 }
 
 // A daemon whose socket every user may open, sharing its objects with nobody.

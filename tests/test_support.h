@@ -18,6 +18,14 @@
 
 namespace depot::testing {
 
+// Whether this build runs under a sanitizer, whose shadow memory and quarantine of freed
+// blocks make a process's resident size no measure of what it holds.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 inline Status StatusOf(const Status& s) { return s; }
 template <typename T>
 Status StatusOf(const Result<T>& r) {

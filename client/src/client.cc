@@ -219,6 +219,7 @@ StoreStatus ToStoreStatus(wire::StoreStatus::Reader s) {
   status.arena_page_locked_bytes = s.getArenaPageLockedBytes();
   status.objects_on_host = s.getObjectsOnHost();
   status.metadata_bytes = s.getMetadataBytes();
+  status.request_bytes = s.getRequestBytes();
   status.metadata_budget_bytes = s.getMetadataBudgetBytes();
   status.replicas_made = s.getReplicasMade();
   status.replicas_dropped = s.getReplicasDropped();

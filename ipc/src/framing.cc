@@ -102,17 +102,20 @@ Status WriteFrameFully(int socket, OutFrame& frame) {
 FrameReader::FrameReader(uint32_t max_frame_bytes)
     : max_frame_bytes_(max_frame_bytes), buf_(kInitialBuffer / sizeof(capnp::word)) {}
 
+void FrameReader::Compact() {
+  if (begin_ != end_) return;
+  begin_ = end_ = 0;
+  // A large frame is gone: give its memory back rather than keep it for the connection's
+  // lifetime.
+  if (buf_.size() * sizeof(capnp::word) > kShrinkAbove) {
+    buf_.resize(kInitialBuffer / sizeof(capnp::word));
+    buf_.shrink_to_fit();
+  }
+}
+
 Result<size_t> FrameReader::ReadSome(int socket, bool* would_block) {
   *would_block = false;
-  if (begin_ == end_) {
-    begin_ = end_ = 0;
-    // A large frame is gone: give its memory back rather than keep it for the connection's
-    // lifetime.
-    if (buf_.size() * sizeof(capnp::word) > kShrinkAbove) {
-      buf_.resize(kInitialBuffer / sizeof(capnp::word));
-      buf_.shrink_to_fit();
-    }
-  }
+  Compact();
   size_t capacity = buf_.size() * sizeof(capnp::word);
   if (capacity - end_ < kInitialBuffer / 4 && begin_ > 0) {
     // Move the partial frame to the front; begin_ stays a multiple of 8, so frames stay

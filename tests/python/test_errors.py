@@ -179,6 +179,9 @@ def test_malformed_put_many_items_are_refused_before_anything_is_stored(client):
     assert client.status().objects_sealed == 0
     ref = client.put(b"still fine")  # the connection and the daemon are unharmed
     assert client.get(ref).tobytes() == b"still fine"
+    status = client.status()  # the daemon's memory for clients, and for requests under way
+    assert 0 < status.metadata_bytes <= status.metadata_budget_bytes
+    assert status.request_bytes == 0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to act as another user")

@@ -197,6 +197,7 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
       .Number("held_bytes", s.held_bytes)
       .Number("pinned_bytes", s.pinned_bytes)
       .Number("metadata_bytes", s.metadata_bytes)
+      .Number("request_bytes", s.request_bytes)
       .Number("metadata_budget_bytes", s.metadata_budget_bytes)
       .Number("arena_page_locked_bytes", s.arena_page_locked_bytes)
       .Number("largest_free_block", s.largest_free_block)
@@ -291,7 +292,8 @@ Status ShowStatus(const std::string& socket, bool json) {
       {"metadata", FormatSize(s.metadata_bytes) + " of daemon memory for clients" +
                        (s.metadata_budget_bytes == 0
                             ? std::string(", no budget")
-                            : " (budget " + FormatSize(s.metadata_budget_bytes) + ")")},
+                            : " (budget " + FormatSize(s.metadata_budget_bytes) + ")") +
+                       ", " + FormatSize(s.request_bytes) + " for requests in progress"},
       {"clients", std::to_string(s.clients)},
       {"eviction", std::string(s.eviction_enabled ? "on" : "off") + ", " +
                        Count(s.evictions, "object") + " evicted (" + FormatSize(s.evicted_bytes) +

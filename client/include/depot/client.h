@@ -156,6 +156,9 @@ struct StoreStatus {
   // objects, waiting gets), and its budget for it (0: none).
   uint64_t metadata_bytes = 0;
   uint64_t metadata_budget_bytes = 0;
+  // Its memory for requests in progress (large requests being read, lists and verifies),
+  // counted apart within the same budget.
+  uint64_t request_bytes = 0;
 };
 
 // A client connected to the daemon (Client::Clients). pid, uid and command are the

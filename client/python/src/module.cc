@@ -522,6 +522,7 @@ void BindInfo(nb::module_& m) {
       .def_ro("arena_page_locked_bytes", &StoreStatus::arena_page_locked_bytes)
       .def_ro("objects_on_host", &StoreStatus::objects_on_host)
       .def_ro("metadata_bytes", &StoreStatus::metadata_bytes)
+      .def_ro("request_bytes", &StoreStatus::request_bytes)
       .def_ro("metadata_budget_bytes", &StoreStatus::metadata_budget_bytes);
 
   nb::class_<ClientInfo>(m, "ClientInfo", "A client connected to the daemon.")

@@ -88,6 +88,9 @@ class FrameReader {
 
   // Descriptors received and not yet handed out with a frame.
   size_t pending_fds() const { return fds_.size(); }
+  // Gives a large buffer back once every byte in it has been handed out (ReadSome does the
+  // same before it reads).
+  void Compact();
   // Bytes buffered and not yet handed out.
   size_t buffered_bytes() const { return end_ - begin_; }
   // The buffer's size: it grows with what arrives (to hold a whole frame) and shrinks back
