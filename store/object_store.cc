@@ -60,12 +60,17 @@ Location ObjectStore::LocationOf(uint32_t slot, int32_t device) const {
   const auto& h = headers_.at(slot);
   if (device == kHost) return Location{slot, h.segment, h.offset, h.data_size, h.metadata_size};
   const Replica* r = FindReplica(slot, device);
-  return Location{
-      slot, r->chunk, r->offset, h.data_size, h.metadata_size, device, objects_[slot].metadata};
+  return Location{slot,
+                  r->chunk,
+                  r->offset,
+                  h.data_size,
+                  h.metadata_size,
+                  device,
+                  objects_[slot].gpu->metadata};
 }
 
 ObjectStore::Replica* ObjectStore::FindReplica(uint32_t slot, int32_t device) {
-  for (Replica& r : objects_[slot].replicas) {
+  for (Replica& r : Replicas(objects_[slot])) {
     if (r.device == device) return &r;
   }
   return nullptr;
@@ -83,7 +88,7 @@ bool ObjectStore::IsReady(uint32_t slot, int32_t device) const {
 
 bool ObjectStore::HasOtherCopy(uint32_t slot, int32_t device) const {
   if (device != kHost && IsReady(slot, kHost)) return true;
-  for (const Replica& r : objects_[slot].replicas) {
+  for (const Replica& r : Replicas(objects_[slot])) {
     if (r.device != device && r.ready) return true;
   }
   return false;
@@ -96,7 +101,7 @@ uint32_t& ObjectStore::TierRefs(uint32_t slot, int32_t device) {
 
 uint64_t ObjectStore::TiersOf(uint32_t slot) const {
   uint64_t tiers = IsReady(slot, kHost) ? ipc::kTierHost : 0;
-  for (const Replica& r : objects_[slot].replicas) {
+  for (const Replica& r : Replicas(objects_[slot])) {
     if (r.ready) tiers |= ipc::TierBit(r.device);
   }
   return tiers;
@@ -213,8 +218,9 @@ Status ObjectStore::ChargeRequests(ClientId client, int64_t bytes) {
 }
 
 void ObjectStore::ChargeObject(uint32_t slot, uint64_t bytes) {
-  objects_[slot].metadata_cost += bytes;
-  CountMetadata(objects_[slot].charged, static_cast<int64_t>(bytes));
+  // At most the entry, a name and a frame's metadata: far below 4 GiB.
+  objects_[slot].metadata_cost += static_cast<uint32_t>(bytes);
+  CountMetadata(objects_[slot].creator, static_cast<int64_t>(bytes));
 }
 
 void ObjectStore::UncountWait(const PendingGet& get) {
@@ -312,10 +318,11 @@ void ObjectStore::DropHostReplica(uint32_t slot) {
 void ObjectStore::DropDeviceReplica(uint32_t slot, int32_t device) {
   Object& o = objects_[slot];
   device_lru_[device].Remove(slot);
-  auto it = std::find_if(o.replicas.begin(), o.replicas.end(),
+  std::vector<Replica>& replicas = o.gpu->replicas;
+  auto it = std::find_if(replicas.begin(), replicas.end(),
                          [device](const Replica& r) { return r.device == device; });
   pools_[device]->Free(it->chunk, it->alloc);
-  o.replicas.erase(it);
+  replicas.erase(it);
   device_usage_[device].replicas--;
   PublishTiers(slot);
   Reconsider(slot);  // the host copy may be the only one now
@@ -351,7 +358,6 @@ uint32_t ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t s
   if (slot >= objects_.size()) objects_.resize(std::max<size_t>(slot + 1, objects_.size() * 2));
   objects_[slot] = Object{};
   objects_[slot].creator = client;
-  objects_[slot].charged = client;
   objects_[slot].owner = clients_.at(client).uid;
   objects_[slot].want_checksum = p.checksum;
   ChargeObject(slot, CreateCost(p));
@@ -483,8 +489,9 @@ void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateD
         Publish(client, p, slot);
         Object& o = objects_[slot];
         o.on_host = o.host_ready = false;
-        o.metadata = std::move(owned->metadata);
-        o.replicas.push_back(Replica{p.device, block->chunk, block->handle, block->offset});
+        Object::GpuCopies& copies = GpuCopiesOf(o);
+        copies.metadata = std::move(owned->metadata);
+        copies.replicas.push_back(Replica{p.device, block->chunk, block->handle, block->offset});
         device_usage_[p.device].replicas++;
         AddRef(client, it->second, slot, p.device);
         done(LocationOf(slot, p.device));
@@ -576,7 +583,7 @@ void ObjectStore::Reconsider(uint32_t slot) {
     MakeEvictable(slot);
   }
   const bool usable = headers_.state(slot) == ipc::ObjectState::kSealed && !IsDeletePending(slot);
-  for (const Replica& r : objects_[slot].replicas) {
+  for (const Replica& r : Replicas(objects_[slot])) {
     LruList& lru = device_lru_[r.device];
     if (!(usable && r.ready && !r.spilling && r.refs == 0)) {
       lru.Remove(slot);
@@ -601,13 +608,13 @@ void ObjectStore::FreeObject(uint32_t slot) {
     arena_.Free(h.segment, o.alloc);
     counters_.objects_on_host--;
   }
-  for (const Replica& r : o.replicas) {
+  for (const Replica& r : Replicas(o)) {
     device_lru_[r.device].Remove(slot);
     pools_[r.device]->Free(r.chunk, r.alloc);
     device_usage_[r.device].replicas--;
     ScheduleRoomWaits(r.device);
   }
-  CountMetadata(o.charged, -static_cast<int64_t>(o.metadata_cost));
+  CountMetadata(o.creator, -static_cast<int64_t>(o.metadata_cost));
   o = Object{};
   index_.erase(id);
   names_.erase(slot);
@@ -653,7 +660,7 @@ void ObjectStore::FinishSeal(uint32_t slot, std::optional<uint64_t> checksum) {
   h.checksum = checksum.value_or(0);
   if (checksum) h.flags |= ipc::kFlagHasChecksum;
   // An object made on a GPU has its one replica there; it is complete now.
-  for (Replica& r : o.replicas) r.ready = true;
+  for (Replica& r : Replicas(o)) r.ready = true;
   PublishTiers(slot);
   headers_.SetStateRefs(slot, ipc::ObjectState::kSealed, headers_.refs(slot));
   counters_.objects_creating--;
@@ -673,7 +680,7 @@ Status ObjectStore::Abort(ClientId client, const ObjectId& id) {
   }
   // Only the creator can hold an unsealed object, on the tier it creates it on; dropping its
   // references frees it.
-  const int32_t tier = objects_[slot].on_host ? kHost : objects_[slot].replicas.front().device;
+  const int32_t tier = objects_[slot].on_host ? kHost : Replicas(objects_[slot]).front().device;
   ClientState& state = clients_.at(client);
   const uint32_t count = state.refs.at(RefKey(slot, tier));
   for (uint32_t i = 0; i < count; ++i) DropRef(state, slot, tier);
@@ -864,7 +871,7 @@ void ObjectStore::StartTransfer(uint32_t slot, int32_t device, bool spill, uint6
   Object& o = objects_[slot];
   constexpr int32_t kNoSource = kHost - 1;
   int32_t source = kNoSource;
-  for (const Replica& r : o.replicas) {
+  for (const Replica& r : Replicas(o)) {
     if (spill ? r.spilling : (r.ready && r.device != device)) source = r.device;
   }
   if (source == kNoSource && !spill && device != kHost && IsReady(slot, kHost)) source = kHost;
@@ -881,9 +888,9 @@ void ObjectStore::StartTransfer(uint32_t slot, int32_t device, bool spill, uint6
   if (pending_id != 0) t.waiters.push_back(pending_id);
   // The store holds the source for the copy: neither it nor the object goes meanwhile.
   AddRef(kStoreClient, clients_.at(kStoreClient), slot, source);
-  if (o.metadata.empty() && h.metadata_size != 0 && source == kHost) {
+  if (h.metadata_size != 0 && source == kHost && GpuCopiesOf(o).metadata.empty()) {
     const std::byte* meta = arena_.base(h.segment) + h.offset + h.data_size;
-    o.metadata.assign(meta, meta + h.metadata_size);
+    o.gpu->metadata.assign(meta, meta + h.metadata_size);
     ChargeObject(slot, h.metadata_size);
   }
   if (device == kHost) {
@@ -901,18 +908,18 @@ void ObjectStore::StartTransfer(uint32_t slot, int32_t device, bool spill, uint6
     if (h.flags & ipc::kFlagPinned) counters_.pinned_bytes += BlockBytes(slot);
     return RunCopy(slot, kHost);
   }
-  AllocateOnDevice(device, h.data_size,
-                   [this, slot, device, id](std::optional<gpu::DevicePool::Block> block) {
-                     if (!block) {
-                       return FinishTransfer(slot, device,
-                                             Status::OutOfMemory(DeviceOutOfMemoryMessage(
-                                                 device, id, headers_.at(slot).data_size)));
-                     }
-                     objects_[slot].replicas.push_back(
-                         Replica{device, block->chunk, block->handle, block->offset});
-                     device_usage_[device].replicas++;
-                     RunCopy(slot, device);
-                   });
+  AllocateOnDevice(
+      device, h.data_size, [this, slot, device, id](std::optional<gpu::DevicePool::Block> block) {
+        if (!block) {
+          return FinishTransfer(slot, device,
+                                Status::OutOfMemory(DeviceOutOfMemoryMessage(
+                                    device, id, headers_.at(slot).data_size)));
+        }
+        GpuCopiesOf(objects_[slot])
+            .replicas.push_back(Replica{device, block->chunk, block->handle, block->offset});
+        device_usage_[device].replicas++;
+        RunCopy(slot, device);
+      });
 }
 
 void ObjectStore::RunCopy(uint32_t slot, int32_t device) {
@@ -952,9 +959,9 @@ void ObjectStore::FinishTransfer(uint32_t slot, int32_t device, Status status) {
   const uint32_t generation = h.generation;
   if (status.ok()) {
     if (device == kHost) {
-      if (!o.metadata.empty()) {
-        std::memcpy(arena_.base(h.segment) + h.offset + h.data_size, o.metadata.data(),
-                    o.metadata.size());
+      if (o.gpu && !o.gpu->metadata.empty()) {
+        std::memcpy(arena_.base(h.segment) + h.offset + h.data_size, o.gpu->metadata.data(),
+                    o.gpu->metadata.size());
       }
       o.host_ready = true;
     } else {
@@ -979,7 +986,7 @@ void ObjectStore::FinishTransfer(uint32_t slot, int32_t device, Status status) {
       counters_.objects_on_host--;
     } else if (Replica* r = FindReplica(slot, device); r != nullptr && !r->ready) {
       pools_[device]->Free(r->chunk, r->alloc);
-      std::erase_if(o.replicas, [device](const Replica& x) { return x.device == device; });
+      std::erase_if(o.gpu->replicas, [device](const Replica& x) { return x.device == device; });
       device_usage_[device].replicas--;
     }
   }
@@ -1234,7 +1241,7 @@ std::vector<ReplicaInfo> ObjectStore::ReplicasOf(uint32_t slot) const {
   const Object& o = objects_[slot];
   const auto& h = headers_.at(slot);
   if (o.on_host) replicas.push_back({kHost, h.segment, h.offset, o.host_refs, o.host_ready});
-  for (const Replica& r : o.replicas) {
+  for (const Replica& r : Replicas(o)) {
     replicas.push_back({r.device, r.chunk, r.offset, r.refs, r.ready});
   }
   std::sort(replicas.begin(), replicas.end(),

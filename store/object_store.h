@@ -306,20 +306,39 @@ class ObjectStore {
     bool ready = false;     // its bytes are there (false while being copied in)
     bool spilling = false;  // being copied to host memory, to be dropped after
   };
-  struct Object {          // daemon-only state of a live slot
-    uint32_t alloc = 0;    // allocator handle in the header's segment (when on_host)
-    uint32_t owner = 0;    // the uid of its creator's session (SO_PEERCRED)
-    ClientId creator = 0;  // while being created
+  struct Object {        // daemon-only state of a live slot
+    uint32_t alloc = 0;  // allocator handle in the header's segment (when on_host)
+    uint32_t owner = 0;  // the uid of its creator's session (SO_PEERCRED)
+    // The session that created it: the one that may seal or abort it while it is being
+    // created, and whose metadata_bytes count it for its whole life.
+    ClientId creator = 0;
     bool want_checksum = false;
-    bool sealing = false;             // checksum running on the worker pool
-    bool on_host = true;              // has a host block: alloc and the header's location are valid
-    bool host_ready = true;           // the host block holds the bytes (false while copied in)
-    uint32_t host_refs = 0;           // references to the host replica
-    std::vector<Replica> replicas;    // on GPUs, few: found by linear search
-    std::vector<std::byte> metadata;  // kept here once the object has a GPU replica
-    uint64_t metadata_cost = 0;       // counted in metadata_bytes (its creator's and all)
-    ClientId charged = 0;             // its creator, whose metadata_bytes count it
+    bool sealing = false;        // checksum running on the worker pool
+    bool on_host = true;         // has a host block: alloc and the header's location are valid
+    bool host_ready = true;      // the host block holds the bytes (false while copied in)
+    uint32_t host_refs = 0;      // references to the host replica
+    uint32_t metadata_cost = 0;  // counted in metadata_bytes (its creator's and all)
+    // What only an object that has been on a GPU needs, on the heap: most never are.
+    struct GpuCopies {
+      std::vector<Replica> replicas;    // few: found by linear search
+      std::vector<std::byte> metadata;  // kept here once the object has a GPU replica
+    };
+    std::unique_ptr<GpuCopies> gpu;  // null until it first goes to a GPU
   };
+  // An Object is kept for every slot ever used: keep it small (bench_memory).
+  static_assert(sizeof(Object) <= 32);
+  // The object's GPU replicas (none if it never had one).
+  static std::span<Replica> Replicas(Object& o) {
+    return o.gpu ? std::span<Replica>(o.gpu->replicas) : std::span<Replica>();
+  }
+  static std::span<const Replica> Replicas(const Object& o) {
+    return o.gpu ? std::span<const Replica>(o.gpu->replicas) : std::span<const Replica>();
+  }
+  // Its GPU record, made on first use.
+  static Object::GpuCopies& GpuCopiesOf(Object& o) {
+    if (!o.gpu) o.gpu = std::make_unique<Object::GpuCopies>();
+    return *o.gpu;
+  }
   // A client's references are per (slot, tier): RefKey packs the pair.
   static uint64_t RefKey(uint32_t slot, int32_t device) {
     return (uint64_t{slot} << 8) | static_cast<uint8_t>(device + 1);
