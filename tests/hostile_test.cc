@@ -74,6 +74,20 @@ std::string WaysToWrite(int fd, size_t size) {
 
 // Waits until the daemon has read everything sent on `fd` (nothing left in the socket's
 // queue), for up to 10 s.
+// Tries, in a child that keeps root's uid but not its permission bypass, to re-open `fd`'s
+// file read-write through /proc/self/fd: a shared read-only file's mode (0400) must refuse.
+// Returns the child's exit code: 0 when refused, as it must be.
+int ReopenReadWriteInChild(int fd) {
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  return RunInChild([&] {
+    if (!DropCapabilities()) return ChildFailed(2, "capset: " + std::string(strerror(errno)));
+    const int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (rw >= 0) return ChildFailed(3, "re-opened " + path + " read-write");
+    if (errno != EACCES) return ChildFailed(4, "open: " + std::string(strerror(errno)));
+    return 0;
+  });
+}
+
 bool ReadByPeer(int fd) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -190,18 +204,7 @@ TEST_F(HostileTest, AReadersSegmentDescriptorCannotBeMadeWritable) {
   const int fd = got->fds[0].get();
   const size_t size = got->get().getNewSegments()[0].getSize();
   EXPECT_EQ(WaysToWrite(fd, size), "") << "a reader's segment descriptor allows writes";
-  // Re-opening it read-write through /proc takes root's permission bypass: without it, the
-  // segment's mode (0400) refuses.
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  EXPECT_EQ(RunInChild([&] {
-              if (!DropCapabilities())
-                return ChildFailed(2, "capset: " + std::string(strerror(errno)));
-              const int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-              if (rw >= 0) return ChildFailed(3, "re-opened a reader's segment read-write");
-              if (errno != EACCES) return ChildFailed(4, "open: " + std::string(strerror(errno)));
-              return 0;
-            }),
-            0);
+  EXPECT_EQ(ReopenReadWriteInChild(fd), 0) << "a reader's segment re-opens read-write";
   ASSERT_TRUE(attacker->Call(3, ListOf(IdList::kRelease, {victim_id_})));
 }
 
@@ -311,16 +314,7 @@ TEST_F(GpuReaderTest, AReadersChunkDescriptorCannotBeMadeWritable) {
   const int fd = got->fds[0].get();
   EXPECT_EQ(WaysToWrite(fd, got->get().getNewChunks()[0].getSize()), "")
       << "a reader's chunk descriptor allows writes";
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  EXPECT_EQ(RunInChild([&] {
-              if (!DropCapabilities())
-                return ChildFailed(2, "capset: " + std::string(strerror(errno)));
-              const int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-              if (rw >= 0) return ChildFailed(3, "re-opened a reader's chunk read-write");
-              if (errno != EACCES) return ChildFailed(4, "open: " + std::string(strerror(errno)));
-              return 0;
-            }),
-            0);
+  EXPECT_EQ(ReopenReadWriteInChild(fd), 0) << "a reader's chunk re-opens read-write";
   // A creator gets the chunk writable besides, and still cannot resize it under the daemon.
   auto created = attacker->Call(3, [&](wire::Request::Builder r) {
     CreateOf(ObjectId::FromName("hostile/gpu-writer"), 4096)(r);
