@@ -34,7 +34,7 @@ ObjectStore::ObjectStore(boost::asio::io_context& loop, boost::asio::thread_pool
       device_usage_(pools_.size()),
       room_waits_(pools_.size()),
       spills_in_flight_(pools_.size(), 0) {
-  clients_.try_emplace(kStoreClient).first->second.uid = ::getuid();
+  clients_.try_emplace(kDaemonClient).first->second.uid = ::getuid();
 }
 
 ObjectStore::~ObjectStore() {
@@ -268,7 +268,7 @@ std::optional<Arena::Block> ObjectStore::AllocateOrEvict(uint64_t bytes) {
     const uint32_t segment = headers_.at(victim).segment;
     const uint32_t next = lru_.next(victim);
     if (arena_.free_bytes(segment) + evictable_bytes_[segment] >= need) {
-      Evict(victim);
+      FreeHostBlock(victim);
       // Only the victim's segment gained room.
       block = arena_.AllocateIn(segment, bytes);
     }
@@ -283,26 +283,27 @@ uint32_t ObjectStore::AcquireSlot() {
   // Only evicting a whole object gives a slot back: skip host replicas that have copies.
   for (uint32_t victim = lru_.front(); victim != LruList::kNil; victim = lru_.next(victim)) {
     if (!HasOtherCopy(victim, kHost)) {
-      Evict(victim);
+      FreeHostBlock(victim);
       return headers_.Acquire();
     }
   }
   return slot;
 }
 
-void ObjectStore::Evict(uint32_t slot) {
+bool ObjectStore::FreeHostBlock(uint32_t slot) {
   const auto& h = headers_.at(slot);
   if (HasOtherCopy(slot, kHost)) {
     spdlog::debug("dropping the host copy of {}", ObjectId::FromWords(h.id_lo, h.id_hi).Hex());
     counters_.replicas_dropped++;
     DropHostReplica(slot);
-    return;
+    return false;
   }
   spdlog::debug("evicting {} ({})", ObjectId::FromWords(h.id_lo, h.id_hi).Hex(),
                 ipc::FormatSize(h.data_size + h.metadata_size));
   counters_.evictions++;
   counters_.evicted_bytes += BlockBytes(slot);
   FreeObject(slot);
+  return true;
 }
 
 void ObjectStore::DropHostReplica(uint32_t slot) {
@@ -887,7 +888,7 @@ void ObjectStore::StartTransfer(uint32_t slot, int32_t device, bool spill, uint6
   t.spill = spill;
   if (pending_id != 0) t.waiters.push_back(pending_id);
   // The store holds the source for the copy: neither it nor the object goes meanwhile.
-  AddRef(kStoreClient, clients_.at(kStoreClient), slot, source);
+  AddRef(kDaemonClient, clients_.at(kDaemonClient), slot, source);
   if (h.metadata_size != 0 && source == kHost && GpuCopiesOf(o).metadata.empty()) {
     const std::byte* meta = arena_.base(h.segment) + h.offset + h.data_size;
     o.gpu->metadata.assign(meta, meta + h.metadata_size);
@@ -995,7 +996,7 @@ void ObjectStore::FinishTransfer(uint32_t slot, int32_t device, Status status) {
   if (t.spill) {
     if (Replica* r = FindReplica(slot, t.source)) r->spilling = false;
   }
-  DropRef(clients_.at(kStoreClient), slot, t.source);
+  DropRef(clients_.at(kDaemonClient), slot, t.source);
   const bool alive = headers_.state(slot) != ipc::ObjectState::kFree && h.generation == generation;
   if (alive && t.spill && status.ok()) {
     // Spilled: the GPU copy goes unless someone took a reference to it meanwhile.
@@ -1261,7 +1262,7 @@ void ObjectStore::Verify(std::vector<ObjectId> ids, VerifyDone done) {
   run->outcomes.resize(ids.size());
   run->held.assign(ids.size(), HeaderTable::kNoSlot);
   run->done = std::move(done);
-  ClientState& store_refs = clients_.at(kStoreClient);
+  ClientState& store_refs = clients_.at(kDaemonClient);
   // Objects are hashed in jobs of about kInlineChecksumBytes, so that many small objects
   // cost few hand-offs and one large object does not wait behind others.
   struct Piece {
@@ -1288,7 +1289,7 @@ void ObjectStore::Verify(std::vector<ObjectId> ids, VerifyDone done) {
       outcome.state = VerifyState::kNotOnHost;
     } else {
       outcome.expected = h.checksum;
-      AddRef(kStoreClient, store_refs, slot);
+      AddRef(kDaemonClient, store_refs, slot);
       run->held[i] = slot;
       if (jobs.empty() || job_bytes >= kInlineChecksumBytes) {
         jobs.emplace_back();
@@ -1317,7 +1318,7 @@ void ObjectStore::Verify(std::vector<ObjectId> ids, VerifyDone done) {
 }
 
 void ObjectStore::FinishVerify(const std::shared_ptr<VerifyRun>& run) {
-  ClientState& store_refs = clients_.at(kStoreClient);
+  ClientState& store_refs = clients_.at(kDaemonClient);
   for (size_t i = 0; i < run->outcomes.size(); ++i) {
     if (run->held[i] == HeaderTable::kNoSlot) continue;
     VerifyOutcome& outcome = run->outcomes[i];
@@ -1331,9 +1332,8 @@ EvictOutcome ObjectStore::EvictUnreferenced(uint64_t bytes, bool all) {
   EvictOutcome outcome;
   while (!lru_.empty() && (all || outcome.bytes < bytes)) {
     const uint32_t slot = lru_.front();
-    outcome.objects++;
     outcome.bytes += BlockBytes(slot);
-    Evict(slot);
+    if (FreeHostBlock(slot)) outcome.objects++;
   }
   return outcome;
 }

@@ -43,9 +43,10 @@
 namespace depot::store {
 
 using ClientId = uint32_t;
-// The store's own client id: it holds references under it to objects a Verify is reading.
-// Sessions are numbered from 1.
-inline constexpr ClientId kStoreClient = 0;
+// The daemon's own client id: it holds references under it to objects a verify is reading
+// and to the sources of copies between tiers, so that neither goes meanwhile. Sessions are
+// numbered from 1.
+inline constexpr ClientId kDaemonClient = 0;
 
 // A tier: host memory, or GPU pool k (k >= 0), numbered as on the wire.
 inline constexpr int32_t kHost = -1;
@@ -157,8 +158,8 @@ struct VerifyOutcome {
 };
 
 struct EvictOutcome {
-  uint64_t objects = 0;
-  uint64_t bytes = 0;  // allocated bytes freed
+  uint64_t objects = 0;  // evicted: gone from the store
+  uint64_t bytes = 0;    // host bytes freed, host copies of objects also on a GPU included
 };
 
 class ObjectStore;
@@ -268,7 +269,7 @@ class ObjectStore {
   // What `client` holds; all zero for an unknown client.
   ClientUsage UsageOf(ClientId client) const;
   // The clients holding references to the object in `slot`, with how many each, in all and
-  // by tier, in client id order (kStoreClient first, when a Verify is reading it).
+  // by tier, in client id order (kDaemonClient first, while a verify or a copy reads it).
   std::vector<HolderInfo> HoldersOf(uint32_t slot) const;
   // Objects with a copy in host memory, ready or being made.
   uint64_t ObjectsOnHost() const { return counters_.objects_on_host; }
@@ -346,7 +347,7 @@ class ObjectStore {
   static uint32_t SlotOfKey(uint64_t key) { return static_cast<uint32_t>(key >> 8); }
   static int32_t DeviceOfKey(uint64_t key) { return static_cast<int32_t>(key & 0xff) - 1; }
   struct ClientState {
-    uint32_t uid = 0;  // its session's, from SO_PEERCRED (the daemon's own for kStoreClient)
+    uint32_t uid = 0;  // its session's, from SO_PEERCRED (the daemon's own for kDaemonClient)
     std::unordered_map<uint64_t, uint32_t> refs;  // RefKey -> references held
     // Kept as refs changes, so that the admin views cost no walk of it: all its references,
     // and the distinct objects they are to.
@@ -418,8 +419,9 @@ class ObjectStore {
   // A free header slot, evicting the least recently used object if the table is full.
   uint32_t AcquireSlot();
   // Makes room in host memory by taking the object in `slot` out of it: drops its host
-  // replica if it has another, else evicts it.
-  void Evict(uint32_t slot);
+  // replica if it has another (a replica dropped, not an eviction), else evicts it. Returns
+  // whether the object itself went.
+  bool FreeHostBlock(uint32_t slot);
   void DropHostReplica(uint32_t slot);
   void DropDeviceReplica(uint32_t slot, int32_t device);
   // Puts the object in, or takes it out of, the LRU lists of its tiers, as its state says.

@@ -855,11 +855,11 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
       tiers[t].setDevice(holders[i].tiers[t].first);
       tiers[t].setReferences(holders[i].tiers[t].second);
     }
-    if (client == kStoreClient) {  // a verify reading the object
+    if (client == kDaemonClient) {  // a verify or a copy between tiers reading the object
       h.setPid(static_cast<uint32_t>(::getpid()));
       h.setUid(::getuid());
       h.setCommand("depotd");
-      h.setClientName("verify");
+      h.setClientName("depotd (verify or copy)");
     } else if (const Session* session = server_.FindSession(client)) {
       h.setPid(static_cast<uint32_t>(session->peer().pid));
       h.setUid(session->peer().uid);

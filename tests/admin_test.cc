@@ -595,6 +595,22 @@ TEST_F(AdminGpuTest, ClientsCountsAnObjectHeldOnTwoTiersOnceWithBothReferences) 
   EXPECT_EQ(usage(), (std::pair<uint64_t, uint64_t>{1, 1}));
 }
 
+TEST_F(AdminGpuTest, EvictDropsTheHostCopyOfAnObjectOnAGpuWithoutCountingItEvicted) {
+  ASSERT_OK_AND_ASSIGN(StoreStatus before, client_->GetStatus());
+  ASSERT_OK_AND_ASSIGN(EvictResult result, client_->Evict(0, /*all_unreferenced=*/true));
+  EXPECT_EQ(result.objects, 1u) << "only tier/host goes";
+  EXPECT_GE(result.bytes, kMiB + 4096) << "tier/host and the host copy of tier/host+gpu1";
+  EXPECT_LT(result.bytes, kMiB + 64 * 1024);
+  ASSERT_OK_AND_ASSIGN(bool host_only, client_->Contains(Id("tier/host")));
+  EXPECT_FALSE(host_only);
+  ASSERT_OK_AND_ASSIGN(ObjectDetails details, client_->Describe(Id("tier/host+gpu1")));
+  EXPECT_FALSE(details.info.on_host);
+  EXPECT_EQ(details.info.gpus, std::vector<uint32_t>{1});
+  ASSERT_OK_AND_ASSIGN(StoreStatus after, client_->GetStatus());
+  EXPECT_EQ(after.evictions, before.evictions + 1);
+  EXPECT_EQ(after.replicas_dropped, before.replicas_dropped + 1);
+}
+
 TEST_F(AdminGpuTest, HexdumpOfAnObjectOnlyOnGpusFailsAndLeavesItThere) {
   ExpectFails({"show", "tier/gpu0", "--hexdump", "16"},
               "--hexdump shows bytes in host memory, and 'tier/gpu0' (object " +

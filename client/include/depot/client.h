@@ -183,7 +183,8 @@ struct TierReferences {
 };
 
 // A client holding references to an object (ObjectDetails). Session id 0 is the daemon
-// itself, holding the object while a Verify reads it.
+// itself, holding the object while a Verify reads it or while it is the source of a copy to
+// another tier.
 struct Holder {
   uint64_t session_id = 0;
   uint32_t pid = 0;
@@ -227,8 +228,10 @@ struct VerifyResult {
 };
 
 struct EvictResult {
-  uint64_t objects = 0;
-  uint64_t bytes = 0;  // allocated bytes freed
+  uint64_t objects = 0;  // evicted: gone from the store
+  // Host bytes freed: those objects', and the host copies dropped of objects that also have
+  // a copy on a GPU (which stay, and count in StoreStatus::replicas_dropped).
+  uint64_t bytes = 0;
 };
 
 // Wait for ever (Get).
