@@ -213,6 +213,36 @@ GPU_TEST(GetOnHostMakesAHostReplicaWithTheSameBytes) {
   EXPECT_EQ(Stats().replicas_made, 1u);
 }
 
+GPU_TEST(AGetOfSeveralIdsReportsTheOneWhoseCopyToHostFindsNoRoom) {
+  StartDaemon();
+  const ObjectId on_gpu = ObjectId::FromName("gpu/no-room-on-host");
+  PutOnDevice(on_gpu, 6 * kMiB, 0, 12);
+  const ObjectId on_host = ObjectId::FromName("gpu/small-on-host");
+  ASSERT_OK(client_->Put(on_host, SeededBytes(4096, 13)));
+  ASSERT_OK_AND_ASSIGN(Buffer kept, client_->Get(on_host));  // not evicted by what follows
+  // Host memory full of objects this client holds: nothing can be evicted to make room.
+  std::vector<MutableBuffer> filler;
+  for (int i = 0; i < 64; ++i) {
+    auto made = client_->Create(ObjectId::FromName("gpu/filler/" + std::to_string(i)), 4 * kMiB);
+    if (!made.ok()) break;
+    filler.push_back(std::move(*made));
+  }
+  ASSERT_FALSE(filler.empty());
+  const std::vector<ObjectId> ids = {on_host, on_gpu};
+  auto got = client_->Get(ids);
+  ASSERT_FALSE(got.ok()) << "a failed copy to host memory looked like an object not sealed yet";
+  EXPECT_EQ(got.status().code(), StatusCode::kOutOfMemory) << got.status().ToString();
+  EXPECT_NE(got.status().message().find(on_gpu.Hex()), std::string::npos)
+      << got.status().ToString();
+  // Once there is room (dropping unsealed objects aborts them; the releases go out ahead of
+  // the next request), the same get has both.
+  filler.clear();
+  ASSERT_OK_AND_ASSIGN(auto both, client_->Get(ids));
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_TRUE(both[0]) << "the object in host memory";
+  EXPECT_TRUE(both[1]) << "the object on the GPU";
+}
+
 GPU_TEST(GetOnAnotherGpuMakesAReplicaWithTheSameBytes) {
   if (gpus_ < 2) GTEST_SKIP() << NeedsTwoGpus();
   StartDaemon();

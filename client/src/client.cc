@@ -427,6 +427,15 @@ Result<std::vector<Buffer>> Client::Get(std::span<const ObjectId> ids,
   std::vector<std::shared_ptr<Holding>> holdings;
   std::vector<StatusCode> codes;
   DEPOT_RETURN_NOT_OK(Fetch(conn_, ids, timeout, holdings, codes));
+  // As GetOnDevice: a missing or late object is an empty Buffer, any other failure fails the
+  // call, naming the object (the Buffers got meanwhile are given back).
+  for (size_t i = 0; i < codes.size(); ++i) {
+    const StatusCode code = codes[i];
+    if (code != StatusCode::kOk && code != StatusCode::kNotFound && code != StatusCode::kTimeout) {
+      return Status(code,
+                    "cannot get object " + ids[i].Hex() + ": " + std::string(StatusCodeName(code)));
+    }
+  }
   std::vector<Buffer> buffers;
   buffers.reserve(holdings.size());
   for (auto& holding : holdings) buffers.push_back(Buffer(std::move(holding)));

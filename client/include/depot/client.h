@@ -318,8 +318,10 @@ class Client {
   // Returns read-only handles to the objects, in the order of `ids`, waiting up to `timeout`
   // (0: not at all; kForever) for those not sealed yet. An entry is an empty Buffer if its
   // object was not sealed in time (or does not exist). Objects this client already holds
-  // cost no round trip. Fails as a whole only on connection errors, LimitExceeded for more
-  // ids than the daemon's batch limit, or InvalidArgument for the nil id.
+  // cost no round trip. Fails as a whole on connection errors, LimitExceeded for more ids
+  // than the daemon's batch limit, InvalidArgument for the nil id, and with the first error
+  // of an object that exists but cannot be had, naming it: OutOfMemory when its copy to host
+  // memory (from a GPU) finds no room.
   Result<std::vector<Buffer>> Get(std::span<const ObjectId> ids,
                                   std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
