@@ -57,6 +57,9 @@ struct Request {
     evict @15 :Evict;        # evict unreferenced, unpinned objects now, least recently used first
     # Gives back references on any tier (`release` is the host-only short form).
     releaseRefs @16 :List(Ref);
+    # Makes a copy of each object on `device` (as a get there would), then answers; holds
+    # nothing, so the copies stay until room is needed. `timeoutMs` is not used.
+    prefetch @17 :Get;
   }
 
   struct Verify {
@@ -202,6 +205,7 @@ struct Reply {
     objectInfo @14 :ObjectDetails;
     verify @15 :VerifyPage;
     evict @16 :EvictResult;
+    prefetch @18 :List(ErrorCode);  # in request order: ok (ready there), notFound, outOfMemory
   }
 
   # The hello reply carries one file descriptor: the shared header table (map it read-only).

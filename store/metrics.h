@@ -34,6 +34,7 @@ enum class RequestType : uint8_t {
   kObjectInfo,
   kVerify,
   kEvict,
+  kPrefetch,
   kCount
 };
 

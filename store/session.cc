@@ -376,6 +376,8 @@ void Session::Dispatch(wire::Request::Reader request) {
     }
     case wire::Request::GET:
       return HandleGet(rid, request.getGet(), start);
+    case wire::Request::PREFETCH:
+      return HandlePrefetch(rid, request.getPrefetch(), start);
     case wire::Request::RELEASE: {
       auto list = request.getRelease();
       if (!CheckBatch(rid, list.size())) return;
@@ -488,8 +490,8 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
     default:
       return Status::PermissionDenied(
           "uid " + std::to_string(peer_.uid) +
-          " may read this daemon's objects but not create, seal, abort, delete, verify or evict "
-          "any (depotd --share-with-uid/--share-with-group give read access only)");
+          " may read this daemon's objects but not create, seal, abort, delete, verify, evict "
+          "or prefetch any (depotd --share-with-uid/--share-with-group give read access only)");
   }
 }
 
@@ -694,6 +696,45 @@ struct Session::ListJob {
   unsigned kept = 0;  // entries written to `objects`
   size_t bytes = 0;   // about what the reply takes
 };
+
+void Session::HandlePrefetch(uint64_t rid, wire::Request::Get::Reader prefetch, uint64_t start) {
+  auto list = prefetch.getIds();
+  if (!CheckBatch(rid, list.size())) return;
+  std::vector<ObjectId> ids;
+  ids.reserve(list.size());
+  for (auto id : list) {
+    ids.push_back(ipc::FromWire(id));
+    if (ids.back().IsNil()) {
+      SendError(rid, Status::InvalidArgument("the nil object id (all zeros) is reserved"));
+      return Observe(RequestType::kPrefetch, start);
+    }
+  }
+  // A get that waits for nothing but its copies, whose references go back at once: the
+  // copies stay, unreferenced, until room is needed.
+  const int32_t device = prefetch.getDevice();
+  Status st = server_.store().Get(
+      id_, ids, device, /*timeout_ms=*/0,
+      [weak = weak_from_this(), rid, start, ids, device](std::vector<GetResult> results) {
+        auto self = weak.lock();
+        if (!self || self->closed_) return;
+        capnp::MallocMessageBuilder message;
+        auto reply = message.initRoot<wire::Reply>();
+        reply.setId(rid);
+        auto codes = reply.initPrefetch(static_cast<unsigned>(results.size()));
+        for (unsigned i = 0; i < results.size(); ++i) {
+          if (results[i].code == StatusCode::kOk) {
+            (void)self->server_.store().Release(self->id_, std::span(&ids[i], 1), device);
+          }
+          codes.set(i, ipc::ToWire(results[i].code));
+        }
+        self->SendReply(message, reply);
+        self->Observe(RequestType::kPrefetch, start);
+      });
+  if (!st.ok()) {
+    SendError(rid, st);
+    Observe(RequestType::kPrefetch, start);
+  }
+}
 
 void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list, uint64_t start) {
   auto job = std::make_shared<ListJob>(std::min(list.getLargest(), kMaxListPage));

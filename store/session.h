@@ -96,6 +96,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // `start`: when the request arrived (monotonic ns), 0 when metrics are off.
   void HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start);
   void HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
+  void HandlePrefetch(uint64_t rid, wire::Request::Get::Reader prefetch, uint64_t start);
   void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list, uint64_t start);
   struct ListJob;
   // One slice of a list reply: a stretch of the walk, or some entries of the reply; true

@@ -243,6 +243,41 @@ GPU_TEST(AGetOfSeveralIdsReportsTheOneWhoseCopyToHostFindsNoRoom) {
   EXPECT_TRUE(both[1]) << "the object on the GPU";
 }
 
+GPU_TEST(PrefetchMakesTheCopyAheadSoTheGetMakesNone) {
+  StartDaemon();
+  const ObjectId id = ObjectId::FromName("gpu/prefetched");
+  PutOnDevice(id, 2 * kMiB, 0, 21);  // on GPU 0 only
+  ASSERT_OK(client_->Prefetch(std::span(&id, 1), Client::kHostMemory));
+  const uint64_t made = Stats().replicas_made;
+  EXPECT_EQ(made, 1u);
+  ASSERT_OK_AND_ASSIGN(ObjectDetails details, client_->Describe(id));
+  ASSERT_EQ(details.replicas.size(), 2u);
+  EXPECT_EQ(details.replicas[0].device, -1);
+  EXPECT_EQ(details.replicas[0].references, 0u) << "a prefetch holds nothing";
+  ASSERT_OK_AND_ASSIGN(Buffer on_host, client_->Get(id));
+  EXPECT_EQ(Stats().replicas_made, made) << "the get made a copy after all";
+  const auto expected = SeededBytes(2 * kMiB, 21);
+  EXPECT_EQ(std::memcmp(on_host.ptr(), expected.data(), expected.size()), 0);
+  if (gpus_ >= 2) {
+    ASSERT_OK(client_->Prefetch(std::span(&id, 1), 1));
+    EXPECT_EQ(Stats().replicas_made, made + 1);
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer on1, client_->GetOnDevice(id, 1));
+    EXPECT_EQ(Stats().replicas_made, made + 1) << "the get on GPU 1 made a copy after all";
+    EXPECT_TRUE(SameBytes(on1, 21));
+  }
+  // An object that does not exist is named; the others are still copied.
+  const ObjectId missing = ObjectId::FromName("gpu/never-put");
+  const ObjectId host_only = ObjectId::FromName("gpu/prefetch-from-host");
+  ASSERT_OK(client_->Put(host_only, SeededBytes(4096, 22)));
+  const std::vector<ObjectId> both = {missing, host_only};
+  Status st = client_->Prefetch(both, 0);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+  EXPECT_NE(st.message().find(missing.Hex()), std::string::npos) << st.ToString();
+  ASSERT_OK_AND_ASSIGN(ObjectDetails copied, client_->Describe(host_only));
+  EXPECT_EQ(copied.info.gpus, std::vector<uint32_t>{0});
+  EXPECT_EQ(client_->Prefetch(std::span(&id, 1), 7).code(), StatusCode::kInvalidArgument);
+}
+
 GPU_TEST(GetOnAnotherGpuMakesAReplicaWithTheSameBytes) {
   if (gpus_ < 2) GTEST_SKIP() << NeedsTwoGpus();
   StartDaemon();

@@ -747,32 +747,32 @@ TEST_F(OtherUserTest, AnotherUidIsRefusedAtHelloUnlessSharedWith) {
 TEST_F(SharedWithUserTest, ASharedUidReadsButCannotChangeAnything) {
   const ObjectId mine = ObjectId::FromName("hostile/root-creating");
   ASSERT_OK_AND_ASSIGN(MutableBuffer creating, victim_->Create(mine, 64));
-  EXPECT_EQ(RunInChild([&] {
-              if (!BecomeUser(kNobody))
-                return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
-              auto client = Client::Connect(daemon_->socket_path());
-              if (!client.ok()) return ChildFailed(3, "connect: " + client.status().ToString());
-              auto got = client->Get(victim_id_);
-              if (!got.ok() || !SameBytes(got->data(), victim_data_)) {
-                return ChildFailed(4, "cannot read a shared object");
-              }
-              std::string refused;
-              const auto expect_denied = [&](const Status& st, const char* what) {
-                if (st.code() != StatusCode::kPermissionDenied) refused += std::string(" ") + what;
-              };
-              expect_denied(client->Put(ObjectId::FromName("hostile/nobody"), victim_data_), "put");
-              expect_denied(client->Create(ObjectId::FromName("hostile/nobody"), 8).status(),
-                            "create");
-              expect_denied(client->Delete(victim_id_), "delete");
-              expect_denied(client->Seal(mine), "seal");
-              expect_denied(client->Abort(mine), "abort");
-              expect_denied(client->Evict(0, true).status(), "evict");
-              expect_denied(client->Verify().status(), "verify");
-              expect_denied(client->GetOnDevice(victim_id_, 0).status(), "a get on a GPU");
-              if (!refused.empty()) return ChildFailed(5, "allowed:" + refused);
-              return 0;
-            }),
-            0);
+  EXPECT_EQ(
+      RunInChild([&] {
+        if (!BecomeUser(kNobody)) return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
+        auto client = Client::Connect(daemon_->socket_path());
+        if (!client.ok()) return ChildFailed(3, "connect: " + client.status().ToString());
+        auto got = client->Get(victim_id_);
+        if (!got.ok() || !SameBytes(got->data(), victim_data_)) {
+          return ChildFailed(4, "cannot read a shared object");
+        }
+        std::string refused;
+        const auto expect_denied = [&](const Status& st, const char* what) {
+          if (st.code() != StatusCode::kPermissionDenied) refused += std::string(" ") + what;
+        };
+        expect_denied(client->Put(ObjectId::FromName("hostile/nobody"), victim_data_), "put");
+        expect_denied(client->Create(ObjectId::FromName("hostile/nobody"), 8).status(), "create");
+        expect_denied(client->Delete(victim_id_), "delete");
+        expect_denied(client->Seal(mine), "seal");
+        expect_denied(client->Abort(mine), "abort");
+        expect_denied(client->Evict(0, true).status(), "evict");
+        expect_denied(client->Verify().status(), "verify");
+        expect_denied(client->Prefetch(std::span(&victim_id_, 1), Client::kHostMemory), "prefetch");
+        expect_denied(client->GetOnDevice(victim_id_, 0).status(), "a get on a GPU");
+        if (!refused.empty()) return ChildFailed(5, "allowed:" + refused);
+        return 0;
+      }),
+      0);
   std::memset(creating.ptr(), 1, 64);
   EXPECT_OK(victim_->Seal(mine));
 }

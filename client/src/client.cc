@@ -745,6 +745,38 @@ Result<MutableDeviceBuffer> Client::CreateOnDevice(const ObjectId& id, uint64_t 
   });
 }
 
+Status Client::Prefetch(std::span<const ObjectId> ids, int device) {
+  if (ids.empty()) return Status::OK();
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a prefetch"));
+  int32_t daemon_device = kHostMemory;  // the wire numbers host memory -1 too
+  if (device != kHostMemory) {
+    DEPOT_ASSIGN_OR_RETURN(daemon_device, conn_->DaemonDevice(device));
+  }
+  RequestMessage request;
+  auto prefetch = request.root().initPrefetch();
+  auto list = prefetch.initIds(static_cast<unsigned>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+  prefetch.setDevice(daemon_device);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Status {
+    auto r = reply.get();
+    if (!r.isPrefetch() || r.getPrefetch().size() != ids.size()) return UnexpectedReply("prefetch");
+    auto codes = r.getPrefetch();
+    for (unsigned i = 0; i < codes.size(); ++i) {
+      const StatusCode code = ipc::FromWire(codes[i]);
+      if (code == StatusCode::kOk) continue;
+      const std::string where =
+          device == kHostMemory ? std::string("host memory") : "GPU " + std::to_string(device);
+      return Status(code, "cannot prefetch object " + ids[i].Hex() + " to " + where + ": " +
+                              (code == StatusCode::kNotFound
+                                   ? std::string("it does not exist or is not sealed")
+                                   : std::string(StatusCodeName(code))));
+    }
+    return Status::OK();
+  });
+}
+
 Result<std::vector<DeviceBuffer>> Client::GetOnDevice(std::span<const ObjectId> ids, int device,
                                                       std::chrono::milliseconds timeout) {
   DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a get"));

@@ -167,6 +167,20 @@ def test_get_on_device_of_bytes_is_uint8(gpu_client):
     assert bytes(host_view(a.ptr, 5, np.uint8, (5,))) == b"hello"
 
 
+def test_prefetch_copies_ahead_so_the_get_copies_nothing(gpu_client):
+    x = np.arange(1000, dtype=np.int64)
+    ref = gpu_client.put(x)
+    gpu_client.prefetch([ref], device=1)
+    made = gpu_client.status().replicas_made
+    a = gpu_client.get(ref, device=1)
+    assert gpu_client.status().replicas_made == made  # the copy was there already
+    assert np.array_equal(host_view(a.ptr, a.nbytes, np.int64, (1000,)), x)
+    with pytest.raises(depot.ObjectNotFound, match="does not exist"):
+        gpu_client.prefetch([depot.ObjectRef.from_name("never-put"), ref], device=0)
+    with pytest.raises(depot.InvalidArgument):
+        gpu_client.prefetch([ref], device=7)
+
+
 def test_get_many_on_device(gpu_client):
     xs = [np.full(4, i, dtype=np.int32) for i in range(3)]
     refs = gpu_client.put_many([FakeCudaArray(x) for x in xs])

@@ -274,6 +274,15 @@ class Client {
   // The GPUs the daemon serves that this process can use, by ordinal.
   Result<std::vector<GpuInfo>> Gpus();
 
+  // Makes a copy of each object on GPU `device` (this process's ordinal), or in host memory
+  // for kHostMemory, ahead of the gets that will want it there, and returns when every copy
+  // is ready; a GetOnDevice (or Get) afterwards makes no copy. Holds nothing: the copies stay
+  // until the daemon needs the room. Fails with NotFound naming the first object that does
+  // not exist or is not sealed (the others are still copied), OutOfMemory naming one that
+  // found no room, InvalidArgument for a GPU the daemon does not serve.
+  static constexpr int kHostMemory = -1;
+  Status Prefetch(std::span<const ObjectId> ids, int device);
+
   // Creates an object of `data_size` bytes in `device`'s pool, visible only to this client
   // until Seal. Fails as Create does, with OutOfMemory naming the GPU when its pool cannot
   // make room even by dropping extra replicas and spilling objects to host memory, and

@@ -263,6 +263,16 @@ class Client:
             return DeviceArray._of(buffer)
         return _codec.decode(self._conn.get(_ref(ref).id, timeout_ms))
 
+    def prefetch(self, refs: Iterable[RefLike], *, device: Optional[int] = None) -> None:
+        """Copies objects ahead of the gets that will want them: onto GPU ``device`` (this
+        process's CUDA ordinal), or into host memory for ``None``. Returns when the copies
+        are ready, so a get there afterwards makes none; holds nothing (the copies stay
+        until the daemon needs the room). Raises ObjectNotFound naming the first object that
+        does not exist or is not sealed (the others are still copied), OutOfMemory when one
+        finds no room, InvalidArgument for a GPU the daemon does not serve."""
+        ids = [_ref(r).id for r in refs]
+        self._conn.prefetch(ids, -1 if device is None else _device_ordinal(device))
+
     def get_many(
         self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
         device: Optional[int] = None,

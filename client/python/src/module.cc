@@ -271,6 +271,19 @@ class Connection {
     return out;
   }
 
+  // `device`: this process's GPU ordinal, or -1 for host memory (Client::kHostMemory).
+  void Prefetch(const std::vector<nb::bytes>& id_bytes, int device) {
+    std::vector<ObjectId> ids;
+    for (const auto& b : id_bytes) ids.push_back(ToId(b));
+    Client& c = client();
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = c.Prefetch(ids, device);
+    }
+    RaiseIfError(st);
+  }
+
   void Delete(const std::vector<nb::bytes>& id_bytes) {
     std::vector<ObjectId> ids;
     for (const auto& b : id_bytes) ids.push_back(ToId(b));
@@ -588,6 +601,7 @@ NB_MODULE(_depot, m) {
       .def("get", &Connection::Get, "id"_a, "timeout_ms"_a)
       .def("get_many", &Connection::GetMany, "ids"_a, "timeout_ms"_a)
       .def("delete", &Connection::Delete, "ids"_a)
+      .def("prefetch", &Connection::Prefetch, "ids"_a, "device"_a)
       .def("contains", &Connection::Contains, "id"_a)
       .def("list", &Connection::List)
       .def("status", &Connection::GetStatus)
