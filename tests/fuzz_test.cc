@@ -80,13 +80,19 @@ class Fuzzer {
       case 3:
         return Send(rid, [&](wire::Request::Builder r) { ipc::ToWire(SomeId(), r.initAbort()); });
       case 4:
-      case 5:
         return Send(rid, [&](wire::Request::Builder r) {
           std::vector<ObjectId> ids(Pick(8) + 1);
           for (auto& id : ids) id = SomeId();
           const int64_t timeouts[] = {0, 0, 1, 10, -1};
           GetOf(ids, timeouts[Pick(5)])(r);
           if (Pick(4) == 0) r.getGet().setDevice(static_cast<int32_t>(Pick(4)) - 2);
+        });
+      case 5:
+        return Send(rid, [&](wire::Request::Builder r) {  // a prefetch, to any tier or none
+          auto prefetch = r.initPrefetch();
+          auto ids = prefetch.initIds(static_cast<unsigned>(Pick(8)));
+          for (auto id : ids) ipc::ToWire(SomeId(), id);
+          prefetch.setDevice(static_cast<int32_t>(Pick(5)) - 2);
         });
       case 6:
       case 7:
