@@ -631,18 +631,25 @@ void Session::SendLocation(uint64_t rid, const Location& loc, bool writable) {
             {.max_segment = loc.segment, .writable_segment = writable ? int64_t{loc.segment} : -1});
 }
 
-void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start) {
-  auto list = get.getIds();
-  if (!CheckBatch(rid, list.size())) return;
+std::optional<std::vector<ObjectId>> Session::GetIds(uint64_t rid,
+                                                     capnp::List<wire::Id>::Reader list) {
+  if (!CheckBatch(rid, list.size())) return std::nullopt;
   std::vector<ObjectId> ids;
   ids.reserve(list.size());
   for (auto id : list) {
     ids.push_back(ipc::FromWire(id));
     if (ids.back().IsNil()) {
       SendError(rid, Status::InvalidArgument("the nil object id (all zeros) is reserved"));
-      return Observe(RequestType::kGet, start);
+      return std::nullopt;
     }
   }
+  return ids;
+}
+
+void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start) {
+  auto wanted = GetIds(rid, get.getIds());
+  if (!wanted) return Observe(RequestType::kGet, start);
+  std::vector<ObjectId>& ids = *wanted;
   // Waits longer than kForeverMs are for ever (and would overflow the timer's nanoseconds).
   int64_t timeout = std::max<int64_t>(get.getTimeoutMs(), -1);
   if (timeout > kForeverMs) timeout = -1;
@@ -698,17 +705,9 @@ struct Session::ListJob {
 };
 
 void Session::HandlePrefetch(uint64_t rid, wire::Request::Get::Reader prefetch, uint64_t start) {
-  auto list = prefetch.getIds();
-  if (!CheckBatch(rid, list.size())) return;
-  std::vector<ObjectId> ids;
-  ids.reserve(list.size());
-  for (auto id : list) {
-    ids.push_back(ipc::FromWire(id));
-    if (ids.back().IsNil()) {
-      SendError(rid, Status::InvalidArgument("the nil object id (all zeros) is reserved"));
-      return Observe(RequestType::kPrefetch, start);
-    }
-  }
+  auto wanted = GetIds(rid, prefetch.getIds());
+  if (!wanted) return Observe(RequestType::kPrefetch, start);
+  std::vector<ObjectId>& ids = *wanted;
   // A get that waits for nothing but its copies, whose references go back at once: the
   // copies stay, unreferenced, until room is needed.
   const int32_t device = prefetch.getDevice();

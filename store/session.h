@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_set>
@@ -95,6 +96,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleHello(uint64_t rid, wire::Request::Hello::Reader hello);
   // `start`: when the request arrived (monotonic ns), 0 when metrics are off.
   void HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start);
+  // The ids of a get or prefetch; nullopt after answering `rid` with why they are refused
+  // (more than the batch limit, or the nil id).
+  std::optional<std::vector<ObjectId>> GetIds(uint64_t rid, capnp::List<wire::Id>::Reader list);
   void HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
   void HandlePrefetch(uint64_t rid, wire::Request::Get::Reader prefetch, uint64_t start);
   void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list, uint64_t start);
