@@ -66,7 +66,7 @@ uint64_t OffsetAllocator::Reserved(uint64_t size) const {
 
 uint64_t OffsetAllocator::SizeOf(uint32_t b) const {
   const uint32_t next = nodes_[b].next_phys;
-  return (next == kNone ? capacity_ : OffsetOf(next)) - OffsetOf(b);
+  return (next == kNone ? capacity_ : NodeOffset(next)) - NodeOffset(b);
 }
 
 std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t size) {
@@ -90,14 +90,14 @@ std::optional<OffsetAllocator::Allocation> OffsetAllocator::Allocate(uint64_t si
 
   const uint32_t b = FindAlignedFreeBlock(bytes, alignment);
   if (b == kNone) return std::nullopt;
-  const uint64_t start = OffsetOf(b) + PaddingTo(OffsetOf(b), alignment);
-  if (start == OffsetOf(b)) return TakeFront(b, bytes);
+  const uint64_t start = NodeOffset(b) + PaddingTo(NodeOffset(b), alignment);
+  if (start == NodeOffset(b)) return TakeFront(b, bytes);
 
   // The object goes in the middle of b: b keeps the front padding and stays free (its left
   // neighbour is not free, as b was), a new node holds the object, and another any tail.
   // Both nodes are taken before anything changes: growing the pool may throw, and must leave
   // us intact.
-  const bool has_tail = start + bytes < OffsetOf(b) + SizeOf(b);
+  const bool has_tail = start + bytes < NodeOffset(b) + SizeOf(b);
   const uint32_t object = TakeNode();
   if (object == kNone) return std::nullopt;
   uint32_t tail = kNone;
@@ -133,7 +133,7 @@ std::optional<OffsetAllocator::Allocation> OffsetAllocator::TakeFront(uint32_t b
     const uint32_t rest = TakeNode();
     if (rest == kNone) return std::nullopt;
     RemoveFree(b);  // while b still has its old size, which files it
-    LinkAfter(b, rest, OffsetOf(b) + bytes);
+    LinkAfter(b, rest, NodeOffset(b) + bytes);
     InsertFree(rest);
   } else {
     RemoveFree(b);
@@ -141,7 +141,7 @@ std::optional<OffsetAllocator::Allocation> OffsetAllocator::TakeFront(uint32_t b
   SetState(b, kAllocated);
   free_bytes_ -= bytes;
   ++live_allocations_;
-  return Allocation{OffsetOf(b), bytes, b};
+  return Allocation{NodeOffset(b), bytes, b};
 }
 
 // Puts spare node n into the physical chain right after block b, starting at offset (inside
@@ -228,7 +228,7 @@ uint32_t OffsetAllocator::ScanClassesForFit(int from, int to, uint64_t bytes,
 // Whether free block b holds bytes starting at its first multiple of alignment.
 bool OffsetAllocator::Fits(uint32_t b, uint64_t bytes, uint64_t alignment) const {
   const uint64_t size = SizeOf(b);
-  return size >= bytes && PaddingTo(OffsetOf(b), alignment) <= size - bytes;
+  return size >= bytes && PaddingTo(NodeOffset(b), alignment) <= size - bytes;
 }
 
 bool OffsetAllocator::Free(uint32_t handle) {
@@ -332,7 +332,7 @@ std::string OffsetAllocator::CheckInvariants() const {
   // the last at capacity (so the blocks tile the region), and no two free blocks touch.
   if (capacity_ == 0) {
     if (!nodes_.empty()) return "an empty region has blocks";
-  } else if (nodes_.empty() || OffsetOf(0) != 0 || StateOf(0) == kUnused ||
+  } else if (nodes_.empty() || NodeOffset(0) != 0 || StateOf(0) == kUnused ||
              nodes_[0].prev_phys != kNone) {
     return "node 0 is not the first block at offset 0";
   }
@@ -345,17 +345,17 @@ std::string OffsetAllocator::CheckInvariants() const {
     if (!in_range(b)) return "physical chain links to node " + std::to_string(b) + ", out of range";
     if (++chain_blocks > nodes_.size()) return "physical chain has a cycle";
     if (nodes_[b].prev_phys != prev) return BlockProblem(b, "prev_phys does not match the chain");
-    if (OffsetOf(b) % alignment_ != 0) return BlockProblem(b, "offset is not aligned");
+    if (NodeOffset(b) % alignment_ != 0) return BlockProblem(b, "offset is not aligned");
     const uint32_t next = nodes_[b].next_phys;
     if (next != kNone && !in_range(next)) return BlockProblem(b, "next_phys out of range");
-    const uint64_t end = next == kNone ? capacity_ : OffsetOf(next);
-    if (end <= OffsetOf(b)) return BlockProblem(b, "is empty or out of order");
+    const uint64_t end = next == kNone ? capacity_ : NodeOffset(next);
+    if (end <= NodeOffset(b)) return BlockProblem(b, "is empty or out of order");
     switch (StateOf(b)) {
       case kFree:
         if (prev != kNone && StateOf(prev) == kFree) {
           return BlockProblem(b, "is free next to a free block (missed coalescing)");
         }
-        free_sum += end - OffsetOf(b);
+        free_sum += end - NodeOffset(b);
         ++free_blocks;
         break;
       case kAllocated:

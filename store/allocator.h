@@ -78,6 +78,8 @@ class OffsetAllocator {
   // Size of the largest free block: the largest request that Allocate() can satisfy now.
   // Scans the highest non-empty size class only.
   uint64_t largest_free_block() const;
+  // Where the live allocation `handle` starts. O(1).
+  uint64_t OffsetOf(uint32_t handle) const { return NodeOffset(handle); }
   // Number of allocations handed out and not yet freed.
   uint32_t live_allocations() const { return live_allocations_; }
   // Daemon memory this allocator holds (for metrics and budgets).
@@ -122,7 +124,7 @@ class OffsetAllocator {
   static constexpr int kClassCount = kFirstLevelCount << kSecondLevelLog2;
   static int FlatIndex(SizeClass c) { return (c.first << kSecondLevelLog2) + c.second; }
 
-  uint64_t OffsetOf(uint32_t b) const { return nodes_[b].offset_and_state & ~kStateMask; }
+  uint64_t NodeOffset(uint32_t b) const { return nodes_[b].offset_and_state & ~kStateMask; }
   State StateOf(uint32_t b) const { return State(nodes_[b].offset_and_state & kStateMask); }
   void SetState(uint32_t b, State s) {
     nodes_[b].offset_and_state = (nodes_[b].offset_and_state & ~kStateMask) | s;

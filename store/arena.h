@@ -25,6 +25,7 @@
 #include "depot/ipc/framing.h"
 #include "depot/status.h"
 #include "store/allocator.h"
+#include "store/tier_pool.h"
 
 namespace depot::store {
 
@@ -41,7 +42,7 @@ struct ArenaOptions {
   std::function<void(void* base)> unlock_pages;
 };
 
-class Arena {
+class Arena final : public TierPool {
  public:
   // Objects are placed at multiples of this (a cache line)...
   static constexpr uint64_t kAlignment = 64;
@@ -57,21 +58,28 @@ class Arena {
   // page allocation of new segments; it must outlive the arena.
   static Result<std::unique_ptr<Arena>> Create(const ArenaOptions& options,
                                                boost::asio::thread_pool& prefault_pool);
-  ~Arena();
+  ~Arena() override;
 
-  struct Block {
-    uint32_t segment = 0;
-    uint32_t handle = 0;
-    uint64_t offset = 0;
-    uint64_t size = 0;  // bytes reserved (ReservedSize)
-  };
-
-  // Allocates `size` bytes in the first segment that has room, adding a segment if none has
-  // and the capacity allows. nullopt when neither works: the caller may evict and retry.
-  std::optional<Block> Allocate(uint64_t size);
-  // Allocates in one segment only (used right after evicting from it).
-  std::optional<Block> AllocateIn(uint32_t segment, uint64_t size);
-  void Free(uint32_t segment, uint32_t handle);
+  // TierPool: regions are segments. Allocate adds a segment when none has room and the
+  // capacity allows.
+  std::optional<Block> Allocate(uint64_t size) override;
+  std::optional<Block> AllocateIn(uint32_t segment, uint64_t size) override;
+  void Free(uint32_t segment, uint32_t handle) override;
+  uint64_t OffsetOf(uint32_t segment, uint32_t handle) const override {
+    return segments_[segment]->allocator.OffsetOf(handle);
+  }
+  uint64_t address(uint32_t segment, uint64_t offset) const override {
+    return reinterpret_cast<uint64_t>(base(segment) + offset);
+  }
+  uint64_t BlockSize(uint64_t bytes) const override { return ReservedSize(bytes); }
+  bool CouldFit(uint64_t bytes) const override { return bytes <= options_.segment_size; }
+  uint64_t free_bytes(uint32_t segment) const override {
+    return segments_[segment]->allocator.free_bytes();
+  }
+  uint64_t used_bytes() const override;
+  uint64_t capacity() const override { return options_.capacity; }
+  uint64_t largest_free_block() const override;
+  std::string name() const override { return "host memory"; }
 
   // Where the daemon sees a segment's bytes.
   std::byte* base(uint32_t segment) const { return segments_[segment]->base; }
@@ -82,14 +90,10 @@ class Arena {
   uint64_t segment_bytes(uint32_t segment) const { return segments_[segment]->size; }
   uint32_t segment_count() const { return static_cast<uint32_t>(segments_.size()); }
 
-  uint64_t capacity() const { return options_.capacity; }
   uint64_t max_object_size() const { return options_.segment_size; }
   uint64_t mapped_bytes() const { return mapped_; }
-  uint64_t used_bytes() const;
-  uint64_t free_bytes(uint32_t segment) const { return segments_[segment]->allocator.free_bytes(); }
   // Bytes of segments page-locked for GPU copies so far (see ArenaOptions::lock_pages).
   uint64_t page_locked_bytes() const { return page_locked_.load(std::memory_order_relaxed); }
-  uint64_t largest_free_block() const;
   // "memfd" or the directory.
   std::string backend() const { return options_.dir.empty() ? "memfd" : options_.dir; }
   // Bytes reserved for an object of `size` bytes: rounded up to kAlignment. A zero-byte

@@ -257,7 +257,8 @@ int main(int argc, char** argv) {
     if (!headers.ok()) return Fail(headers.status());
     depot::store::ClientLimits limits{*client_bytes, client_max_objects, client_max_pending,
                                       *client_metadata, *budget};
-    depot::store::ObjectStore store(loop, pool, **arena, **headers, limits, !no_evict,
+    depot::store::WorkerPoolExecutor executor(loop, pool);
+    depot::store::ObjectStore store(loop, executor, **arena, **headers, limits, !no_evict,
                                     (*gpus)->pool_pointers());
     depot::store::Server server(loop, store,
                                 {socket_path, mode, static_cast<uint32_t>(*frame), max_batch,

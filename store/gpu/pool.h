@@ -18,37 +18,39 @@
 #include "store/allocator.h"
 #include "store/gpu/device_backend.h"
 #include "store/log_limiter.h"
+#include "store/tier_pool.h"
 
 namespace depot::store::gpu {
 
-class DevicePool {
+class DevicePool final : public TierPool {
  public:
   static constexpr uint64_t kAlignment = 256;
 
   // A pool on `device` that takes at most `limit` bytes of it, in chunks of `chunk_size`
   // (both rounded down to the device's granularity, and at least one granule).
   DevicePool(DeviceBackend& backend, uint32_t device, uint64_t limit, uint64_t chunk_size);
-  ~DevicePool();
+  ~DevicePool() override;
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
 
-  struct Block {
-    uint32_t chunk = 0;
-    uint32_t handle = 0;
-    uint64_t offset = 0;
-    uint64_t size = 0;  // bytes reserved
-  };
-
-  // Allocates in the first chunk with room, adding a chunk if none has and the limit allows.
-  // nullopt when neither works (the caller may free replicas or spill, and retry); a chunk
-  // the backend failed to make is logged and counts as no room.
-  std::optional<Block> Allocate(uint64_t bytes);
-  // Allocates in one chunk only (used right after freeing in it).
-  std::optional<Block> AllocateIn(uint32_t chunk, uint64_t bytes);
-  void Free(uint32_t chunk, uint32_t handle);
-
-  // Whether an object of `bytes` could ever fit: a chunk for it fits under the limit.
-  bool CouldFit(uint64_t bytes) const;
+  // TierPool: regions are chunks. Allocate adds a chunk when none has room and the limit
+  // allows; a chunk the backend failed to make is logged and counts as no room.
+  std::optional<Block> Allocate(uint64_t bytes) override;
+  std::optional<Block> AllocateIn(uint32_t chunk, uint64_t bytes) override;
+  void Free(uint32_t chunk, uint32_t handle) override;
+  uint64_t OffsetOf(uint32_t chunk, uint32_t handle) const override {
+    return chunks_[chunk]->allocator.OffsetOf(handle);
+  }
+  uint64_t BlockSize(uint64_t bytes) const override { return ReservedSize(bytes); }
+  // A chunk for it fits under the limit.
+  bool CouldFit(uint64_t bytes) const override;
+  uint64_t free_bytes(uint32_t chunk) const override {
+    return chunks_[chunk]->allocator.free_bytes();
+  }
+  uint64_t used_bytes() const override;
+  uint64_t capacity() const override { return limit_; }
+  uint64_t largest_free_block() const override;
+  std::string name() const override { return info().name; }
   static uint64_t ReservedSize(uint64_t bytes) {
     return bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
   }
@@ -59,15 +61,12 @@ class DevicePool {
   uint32_t chunk_count() const { return static_cast<uint32_t>(chunks_.size()); }
   const Chunk& chunk(uint32_t index) const { return chunks_[index]->chunk; }
   // The daemon's address of byte `offset` of chunk `index`.
-  uint64_t address(uint32_t index, uint64_t offset) const {
+  uint64_t address(uint32_t index, uint64_t offset) const override {
     return chunks_[index]->chunk.address + offset;
   }
-  uint64_t free_bytes(uint32_t index) const { return chunks_[index]->allocator.free_bytes(); }
 
   uint64_t limit() const { return limit_; }
   uint64_t reserved_bytes() const { return reserved_; }
-  uint64_t used_bytes() const;
-  uint64_t largest_free_block() const;
 
  private:
   struct Entry {

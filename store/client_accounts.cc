@@ -1,0 +1,152 @@
+#include "store/client_accounts.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "depot/ipc/units.h"
+
+namespace depot::store {
+
+ClientAccounts::ClientAccounts(ClientLimits limits, int32_t tiers)
+    : limits_(limits), tiers_(tiers) {
+  Open(kDaemonClient, ::getuid());
+}
+
+void ClientAccounts::Open(ClientId client, uint32_t uid) {
+  accounts_.try_emplace(client).first->second.uid = uid;
+}
+
+void ClientAccounts::Close(ClientId client) { accounts_.erase(client); }
+
+ClientAccounts::Account* ClientAccounts::Find(ClientId client) {
+  auto it = accounts_.find(client);
+  return it == accounts_.end() ? nullptr : &it->second;
+}
+
+void ClientAccounts::AddRef(Account& account, uint32_t slot, int32_t tier, uint64_t bytes) {
+  auto [it, inserted] = account.refs.try_emplace(RefKey(slot, tier), 0);
+  if (inserted) {
+    account.held_bytes += bytes;
+    if (!HoldsOnAnotherTier(account, slot, tier)) account.objects++;
+  }
+  it->second++;
+  account.references++;
+}
+
+void ClientAccounts::DropRef(Account& account, uint32_t slot, int32_t tier, uint64_t bytes) {
+  auto it = account.refs.find(RefKey(slot, tier));
+  account.references--;
+  if (--it->second == 0) {
+    account.held_bytes -= bytes;
+    account.refs.erase(it);
+    if (!HoldsOnAnotherTier(account, slot, tier)) account.objects--;
+  }
+}
+
+uint32_t ClientAccounts::RefsOf(const Account& account, uint32_t slot, int32_t tier) const {
+  auto it = account.refs.find(RefKey(slot, tier));
+  return it == account.refs.end() ? 0 : it->second;
+}
+
+bool ClientAccounts::HoldsOnAnotherTier(const Account& account, uint32_t slot, int32_t tier) const {
+  for (int32_t t = kHost; t < tiers_ - 1; ++t) {
+    if (t != tier && account.refs.contains(RefKey(slot, t))) return true;
+  }
+  return false;
+}
+
+Status ClientAccounts::CheckHolding(ClientId client, const Account& account, uint64_t bytes) const {
+  if (limits_.max_objects != 0 && account.objects >= limits_.max_objects) {
+    return Status::LimitExceeded("client " + std::to_string(client) + " already holds " +
+                                 std::to_string(account.objects) +
+                                 " objects, its limit (--client-max-objects); release some first");
+  }
+  if (limits_.max_bytes != 0 && account.held_bytes + bytes > limits_.max_bytes) {
+    return Status::LimitExceeded("client " + std::to_string(client) + " holds " +
+                                 ipc::FormatSize(account.held_bytes) + "; another " +
+                                 ipc::FormatSize(bytes) + " would pass its limit of " +
+                                 ipc::FormatSize(limits_.max_bytes) + " (--client-max-bytes)");
+  }
+  return Status::OK();
+}
+
+Status ClientAccounts::CheckMetadata(ClientId client, const Account& account,
+                                     uint64_t bytes) const {
+  if (limits_.max_metadata_bytes != 0 &&
+      account.metadata_bytes + bytes > limits_.max_metadata_bytes) {
+    return Status::LimitExceeded("client " + std::to_string(client) + " has the daemon keep " +
+                                 ipc::FormatSize(account.metadata_bytes) +
+                                 " for it (object entries, names, GPU metadata, "
+                                 "waiting gets); another " +
+                                 ipc::FormatSize(bytes) + " would pass its limit of " +
+                                 ipc::FormatSize(limits_.max_metadata_bytes) +
+                                 " (--client-max-metadata)");
+  }
+  if (limits_.metadata_budget != 0 && metadata_bytes_ + bytes > limits_.metadata_budget) {
+    return Status::LimitExceeded(
+        "the daemon keeps " + ipc::FormatSize(metadata_bytes_) +
+        " for its clients (object entries, names, GPU metadata, waiting gets); another " +
+        ipc::FormatSize(bytes) + " would pass its budget of " +
+        ipc::FormatSize(limits_.metadata_budget) +
+        " (--metadata-budget); delete objects or start depotd with a larger budget");
+  }
+  return Status::OK();
+}
+
+void ClientAccounts::CountMetadata(ClientId client, int64_t bytes) {
+  metadata_bytes_ += static_cast<uint64_t>(bytes);  // modulo 2^64: a negative one subtracts
+  if (Account* account = Find(client)) account->metadata_bytes += static_cast<uint64_t>(bytes);
+}
+
+Status ClientAccounts::ChargeRequests(ClientId client, int64_t bytes) {
+  Account* account = Find(client);
+  if (account == nullptr) {
+    return Status::Internal("client " + std::to_string(client) + " is not connected");
+  }
+  const auto more = static_cast<uint64_t>(bytes);
+  if (bytes > 0 && limits_.max_metadata_bytes != 0 &&
+      account->request_bytes + more > limits_.max_metadata_bytes) {
+    return Status::LimitExceeded(
+        "client " + std::to_string(client) + " has the daemon keep " +
+        ipc::FormatSize(account->request_bytes) + " for its requests in progress; another " +
+        ipc::FormatSize(more) + " would pass its limit of " +
+        ipc::FormatSize(limits_.max_metadata_bytes) + " (--client-max-metadata)");
+  }
+  if (bytes > 0 && limits_.metadata_budget != 0 &&
+      request_bytes_ + more > limits_.metadata_budget) {
+    return Status::LimitExceeded("the daemon keeps " + ipc::FormatSize(request_bytes_) +
+                                 " for its clients' requests in progress; another " +
+                                 ipc::FormatSize(more) + " would pass its budget of " +
+                                 ipc::FormatSize(limits_.metadata_budget) + " (--metadata-budget)");
+  }
+  account->request_bytes += more;
+  request_bytes_ += more;
+  return Status::OK();
+}
+
+ClientUsage ClientAccounts::UsageOf(ClientId client) const {
+  auto it = accounts_.find(client);
+  if (it == accounts_.end()) return {};
+  return ClientUsage{it->second.objects, it->second.references, it->second.held_bytes};
+}
+
+std::vector<HolderInfo> ClientAccounts::HoldersOf(uint32_t slot) const {
+  std::vector<HolderInfo> holders;
+  for (const auto& [client, account] : accounts_) {
+    HolderInfo holder;
+    holder.client = client;
+    for (int32_t tier = kHost; tier < tiers_ - 1; ++tier) {
+      if (auto it = account.refs.find(RefKey(slot, tier)); it != account.refs.end()) {
+        holder.references += it->second;
+        holder.tiers.emplace_back(tier, it->second);
+      }
+    }
+    if (holder.references != 0) holders.push_back(std::move(holder));
+  }
+  std::sort(holders.begin(), holders.end(),
+            [](const HolderInfo& a, const HolderInfo& b) { return a.client < b.client; });
+  return holders;
+}
+
+}  // namespace depot::store

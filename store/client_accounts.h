@@ -1,0 +1,120 @@
+// What each client holds and what it costs: its references (per object and tier), the bytes
+// of the objects they are to, the daemon memory kept on its behalf, and the limits on each.
+//
+// The accounts only count: the store decides when a reference is taken or dropped and tells
+// them, so that the admin views (depotctl clients, show) cost no walk of the object table and
+// a limit is checked in O(1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "depot/status.h"
+#include "store/object_table.h"
+
+namespace depot::store {
+
+// The daemon's own client id: it holds references under it to objects a verify is reading
+// and to the sources of copies between tiers, so that neither goes meanwhile. Sessions are
+// numbered from 1.
+inline constexpr ClientId kDaemonClient = 0;
+
+struct ClientLimits {
+  uint64_t max_bytes = 0;         // bytes a client may hold (creating or referenced); 0: no limit
+  uint32_t max_objects = 0;       // objects a client may hold; 0: no limit
+  uint32_t max_pending_gets = 0;  // gets of one client waiting at once; 0: no limit
+  // Daemon memory kept on a client's behalf (MetadataCost): the objects it created and its
+  // waiting gets; 0: no limit. And the same for all clients together.
+  uint64_t max_metadata_bytes = 0;
+  uint64_t metadata_budget = 0;
+};
+
+// What a client holds (the admin `clients` view).
+struct ClientUsage {
+  uint64_t objects = 0;     // distinct objects referenced or being created
+  uint64_t references = 0;  // references, all objects together
+  uint64_t bytes = 0;       // allocated bytes of those objects
+};
+
+// A client's references to one object (the admin `show` view).
+struct HolderInfo {
+  ClientId client = 0;
+  uint32_t references = 0;  // on all tiers together
+  // (tier, references) for each tier it holds references on, host first.
+  std::vector<std::pair<int32_t, uint32_t>> tiers;
+};
+
+class ClientAccounts {
+ public:
+  // `tiers`: how many tiers there are (host and the GPUs). kDaemonClient's account exists
+  // from the start, with the daemon's uid.
+  ClientAccounts(ClientLimits limits, int32_t tiers);
+
+  struct Account {
+    uint32_t uid = 0;  // its session's, from SO_PEERCRED
+    // Kept as references come and go: all its references, the distinct objects they are to,
+    // and those objects' allocated bytes (per tier held).
+    uint64_t references = 0;
+    uint64_t objects = 0;
+    uint64_t held_bytes = 0;
+    uint64_t metadata_bytes = 0;                  // daemon memory for its objects and waiting gets
+    uint64_t request_bytes = 0;                   // daemon memory for its requests in progress
+    std::unordered_map<uint64_t, uint32_t> refs;  // RefKey -> references held
+  };
+
+  // A client's references are per (slot, tier): a key packs the pair (8 bits of tier).
+  static uint64_t RefKey(uint32_t slot, int32_t tier) {
+    return (uint64_t{slot} << 8) | static_cast<uint8_t>(tier + 1);
+  }
+  static uint32_t SlotOfKey(uint64_t key) { return static_cast<uint32_t>(key >> 8); }
+  static int32_t TierOfKey(uint64_t key) { return static_cast<int32_t>(key & 0xff) - 1; }
+
+  void Open(ClientId client, uint32_t uid);
+  // Forgets the account. Its references must have been dropped (the store drops them).
+  void Close(ClientId client);
+  Account* Find(ClientId client);
+  Account& at(ClientId client) { return accounts_.at(client); }
+
+  // Counts one more reference of `client` to the object in `slot` on `tier`, whose replica
+  // there takes `bytes`.
+  void AddRef(Account& account, uint32_t slot, int32_t tier, uint64_t bytes);
+  void DropRef(Account& account, uint32_t slot, int32_t tier, uint64_t bytes);
+  // The references `client` holds to the object in `slot` on `tier`.
+  uint32_t RefsOf(const Account& account, uint32_t slot, int32_t tier) const;
+
+  // Whether `client` may hold one more object of `bytes`: LimitExceeded naming the limit
+  // (--client-max-objects, --client-max-bytes) if not.
+  Status CheckHolding(ClientId client, const Account& account, uint64_t bytes) const;
+  // Whether the daemon may keep `bytes` more for `client` (--client-max-metadata, and
+  // --metadata-budget for all together).
+  Status CheckMetadata(ClientId client, const Account& account, uint64_t bytes) const;
+  // Counts `bytes` more (negative: fewer) of daemon memory for `client`, and in all.
+  void CountMetadata(ClientId client, int64_t bytes);
+  // The same for memory kept for its requests in progress, which has an account of its own
+  // with the same limits; fails with LimitExceeded, counting nothing, past either.
+  Status ChargeRequests(ClientId client, int64_t bytes);
+
+  uint64_t metadata_bytes() const { return metadata_bytes_; }
+  uint64_t request_bytes() const { return request_bytes_; }
+  const ClientLimits& limits() const { return limits_; }
+
+  // What `client` holds; all zero for an unknown client.
+  ClientUsage UsageOf(ClientId client) const;
+  // The clients holding references to the object in `slot`, in client id order.
+  std::vector<HolderInfo> HoldersOf(uint32_t slot) const;
+
+ private:
+  // Whether the account holds references to the object in `slot` on another tier.
+  bool HoldsOnAnotherTier(const Account& account, uint32_t slot, int32_t tier) const;
+
+  const ClientLimits limits_;
+  const int32_t tiers_;
+  std::unordered_map<ClientId, Account> accounts_;
+  uint64_t metadata_bytes_ = 0;
+  uint64_t request_bytes_ = 0;
+};
+
+}  // namespace depot::store

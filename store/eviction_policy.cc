@@ -1,0 +1,67 @@
+#include "store/eviction_policy.h"
+
+namespace depot::store {
+
+EvictionPolicy::EvictionPolicy(const ObjectTable& table, std::span<TierPool* const> pools)
+    : table_(table),
+      pools_(pools.begin(), pools.end()),
+      lists_(pools.size()),
+      region_bytes_(pools.size()) {}
+
+EvictionPolicy::Action EvictionPolicy::ActionFor(uint32_t slot, int32_t tier) const {
+  const Object& o = table_.at(slot);
+  const Replica* r = o.replicas.Find(tier);
+  if (r == nullptr || !table_.IsUsable(slot) || o.sealing || !r->ready || r->spilling ||
+      r->refs != 0) {
+    return Action::kNone;
+  }
+  if (table_.HasOtherCopy(slot, tier)) return Action::kDrop;
+  if (tier != kHost) return Action::kSpill;
+  const bool held = table_.headers().refs(slot) != 0;
+  return held || table_.IsPinned(slot) ? Action::kNone : Action::kEvict;
+}
+
+uint64_t EvictionPolicy::BlockBytes(uint32_t slot, int32_t tier) const {
+  return pools_[Index(tier)]->BlockSize(table_.BytesOn(slot, tier));
+}
+
+void EvictionPolicy::Add(uint32_t slot, const Replica& replica) {
+  std::vector<uint64_t>& bytes = region_bytes_[Index(replica.tier)];
+  if (replica.region >= bytes.size()) bytes.resize(replica.region + 1, 0);
+  bytes[replica.region] += BlockBytes(slot, replica.tier);
+  lists_[Index(replica.tier)].PushBack(slot);
+}
+
+void EvictionPolicy::Withdraw(uint32_t slot, int32_t tier) {
+  LruList& list = lists_[Index(tier)];
+  if (!list.contains(slot)) return;
+  list.Remove(slot);
+  region_bytes_[Index(tier)][table_.FindReplica(slot, tier)->region] -= BlockBytes(slot, tier);
+}
+
+void EvictionPolicy::Reconsider(uint32_t slot) {
+  const ReplicaSet& replicas = table_.at(slot).replicas;
+  for (size_t i = 0; i < replicas.size(); ++i) {
+    const Replica& r = replicas[i];
+    const bool candidate = ActionFor(slot, r.tier) != Action::kNone;
+    const bool listed = lists_[Index(r.tier)].contains(slot);
+    if (!candidate && listed) {
+      Withdraw(slot, r.tier);
+    } else if (candidate && !listed) {
+      Add(slot, r);
+    }
+  }
+}
+
+uint64_t EvictionPolicy::candidate_bytes(int32_t tier, uint32_t region) const {
+  const std::vector<uint64_t>& bytes = region_bytes_[Index(tier)];
+  return region < bytes.size() ? bytes[region] : 0;
+}
+
+bool EvictionPolicy::WorthFreeing(uint32_t slot, int32_t tier, uint64_t bytes) const {
+  const uint32_t region = table_.FindReplica(slot, tier)->region;
+  const TierPool& pool = *pools_[Index(tier)];
+  return pool.free_bytes(region) + candidate_bytes(tier, region) >= pool.BlockSize(bytes);
+}
+
+}  // namespace depot::store

@@ -1,0 +1,63 @@
+// Which copies may go to make room, and in which order: per tier, a least-recently-used list
+// of the replicas that nobody holds.
+//
+// A replica is a candidate on its tier when its object is sealed and not deleted, its bytes
+// are ready and nobody holds a reference to it there. What going means depends on the rest
+// of the object: a replica with a ready copy elsewhere is dropped (the object stays); the
+// last copy of an object in host memory is evicted with the object, unless the object is
+// pinned or held on some tier; the last copy on a GPU spills to host memory. The policy
+// decides; the store carries it out and tells the policy of every change (Reconsider).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "store/lru_list.h"
+#include "store/object_table.h"
+#include "store/tier_pool.h"
+
+namespace depot::store {
+
+class EvictionPolicy {
+ public:
+  // `pools`: by tier, host first (tier t at index t + 1); they size the candidates' blocks.
+  EvictionPolicy(const ObjectTable& table, std::span<TierPool* const> pools);
+
+  enum class Action : uint8_t {
+    kNone,   // not a candidate
+    kDrop,   // drop this copy: the object has another
+    kEvict,  // the object goes with its last copy (host memory)
+    kSpill,  // copy it to host memory first (a GPU)
+  };
+  // What making room with the replica of `slot` on `tier` would do, as the table is now.
+  Action ActionFor(uint32_t slot, int32_t tier) const;
+
+  // Puts each replica of the object in `slot` in, or takes it out of, its tier's candidates,
+  // as ActionFor says now. A replica that stays a candidate keeps its place in the order.
+  void Reconsider(uint32_t slot);
+  // Takes the replica on `tier` out of the candidates (before it goes, while the table still
+  // has it).
+  void Withdraw(uint32_t slot, int32_t tier);
+
+  // The candidates on `tier`, least recently used first.
+  const LruList& candidates(int32_t tier) const { return lists_[Index(tier)]; }
+  // Bytes of the candidates' blocks in one region of a tier.
+  uint64_t candidate_bytes(int32_t tier, uint32_t region) const;
+  // Whether freeing candidates in the region of the replica of `slot` on `tier` can ever make
+  // room for a block of `bytes` there: its free bytes and its candidates' together are
+  // enough. A create that cannot fit anyway must not empty the cache on its way to failing.
+  bool WorthFreeing(uint32_t slot, int32_t tier, uint64_t bytes) const;
+
+ private:
+  static size_t Index(int32_t tier) { return static_cast<size_t>(tier + 1); }
+  uint64_t BlockBytes(uint32_t slot, int32_t tier) const;
+  void Add(uint32_t slot, const Replica& replica);
+
+  const ObjectTable& table_;
+  std::vector<TierPool*> pools_;
+  std::vector<LruList> lists_;                       // by tier
+  std::vector<std::vector<uint64_t>> region_bytes_;  // by tier, by region: of candidates
+};
+
+}  // namespace depot::store

@@ -1,0 +1,112 @@
+#include "store/waiting_gets.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace depot::store {
+
+WaitingGets::WaitingGets(boost::asio::io_context& loop, ClientAccounts& accounts)
+    : loop_(loop), accounts_(accounts) {}
+
+WaitingGets::~WaitingGets() {
+  for (auto& [id, entry] : gets_) entry.timer->cancel();
+}
+
+WaitingGets::Id WaitingGets::Add(Get get, int64_t timeout_ms) {
+  const Id id = next_++;
+  accounts_.CountMetadata(get.client, static_cast<int64_t>(get.cost));
+  bool waits_for_seal = false;
+  for (size_t i = 0; i < get.ids.size(); ++i) {
+    if (get.waits[i] != Wait::kSeal) continue;
+    by_object_[get.ids[i]].push_back(id);
+    waits_for_seal = true;
+  }
+  by_client_[get.client].push_back(id);
+  Entry& entry = gets_[id];
+  entry.get = std::move(get);
+  entry.timer = std::make_unique<boost::asio::steady_timer>(loop_);
+  if (timeout_ms > 0 && waits_for_seal) {
+    entry.timer->expires_after(std::chrono::milliseconds(timeout_ms));
+    entry.timer->async_wait([this, id](const boost::system::error_code& ec) {
+      if (!ec) Expire(id);
+    });
+  }
+  return id;
+}
+
+WaitingGets::Get* WaitingGets::Find(Id id) {
+  auto it = gets_.find(id);
+  return it == gets_.end() ? nullptr : &it->second.get;
+}
+
+std::vector<WaitingGets::Id> WaitingGets::TakeSealWaiters(const ObjectId& id) {
+  auto it = by_object_.find(id);
+  if (it == by_object_.end()) return {};
+  std::vector<Id> waiters = std::move(it->second);
+  by_object_.erase(it);
+  // A get that asks for the same id twice is indexed twice: answer it once.
+  std::sort(waiters.begin(), waiters.end());
+  waiters.erase(std::unique(waiters.begin(), waiters.end()), waiters.end());
+  return waiters;
+}
+
+void WaitingGets::Unindex(Id id, const Get& get) {
+  for (size_t i = 0; i < get.ids.size(); ++i) {
+    if (get.waits[i] != Wait::kSeal) continue;
+    auto w = by_object_.find(get.ids[i]);
+    if (w == by_object_.end()) continue;
+    std::erase(w->second, id);
+    if (w->second.empty()) by_object_.erase(w);
+  }
+}
+
+WaitingGets::Get WaitingGets::Forget(std::unordered_map<Id, Entry>::iterator it) {
+  const Id id = it->first;
+  Get get = std::move(it->second.get);
+  it->second.timer->cancel();
+  gets_.erase(it);
+  accounts_.CountMetadata(get.client, -static_cast<int64_t>(get.cost));
+  auto c = by_client_.find(get.client);
+  std::erase(c->second, id);
+  if (c->second.empty()) by_client_.erase(c);
+  return get;
+}
+
+void WaitingGets::Expire(Id id) {
+  auto it = gets_.find(id);
+  if (it == gets_.end()) return;
+  Get& get = it->second.get;
+  Unindex(id, get);
+  // Ids still waiting for a seal time out; copies under way are waited for (they end).
+  for (size_t i = 0; i < get.ids.size(); ++i) {
+    if (get.waits[i] != Wait::kSeal) continue;
+    get.Resolve(i, GetResult{StatusCode::kTimeout, {}});
+    timeouts_++;
+  }
+  FinishIfDone(id);
+}
+
+void WaitingGets::FinishIfDone(Id id) {
+  auto it = gets_.find(id);
+  if (it == gets_.end() || it->second.get.missing != 0) return;
+  Get get = Forget(it);
+  get.done(std::move(get.results));
+}
+
+void WaitingGets::DropClient(ClientId client) {
+  auto c = by_client_.find(client);
+  if (c == by_client_.end()) return;
+  const std::vector<Id> ids = c->second;
+  for (Id id : ids) {
+    auto it = gets_.find(id);
+    Unindex(id, it->second.get);
+    Forget(it);
+  }
+}
+
+size_t WaitingGets::CountOf(ClientId client) const {
+  auto c = by_client_.find(client);
+  return c == by_client_.end() ? 0 : c->second.size();
+}
+
+}  // namespace depot::store

@@ -1,0 +1,111 @@
+// Gets that wait: for objects not sealed yet, and for copies to the tier they ask for.
+//
+// The store answers what it can at once and hands the rest here: each waiting get keeps its
+// ids, the results found so far, and what each id still waits for. Gets waiting for a seal
+// are indexed by object id, so a seal finds its waiters at once; a timer per get turns the
+// seals still missing into time-outs. Copies are waited for however long they take (they
+// end, in success or failure).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "depot/object_id.h"
+#include "depot/status.h"
+#include "store/client_accounts.h"
+
+namespace depot::store {
+
+// Where an object's bytes are on one tier, as a get or a create hands them out.
+struct Location {
+  uint32_t slot = 0;
+  uint32_t segment = 0;  // on a GPU: the chunk of its pool
+  uint64_t offset = 0;
+  uint64_t data_size = 0;
+  uint64_t metadata_size = 0;
+  int32_t device = kHost;
+  // On a GPU: the metadata, kept in daemon memory. Valid until the store next changes.
+  std::span<const std::byte> metadata;
+};
+
+struct GetResult {
+  // kOk, kNotFound, kTimeout, or why a copy to the asked tier failed (kOutOfMemory, ...)
+  StatusCode code = StatusCode::kOk;
+  Location location;
+};
+
+class WaitingGets {
+ public:
+  using Id = uint64_t;
+  using Done = std::function<void(std::vector<GetResult>)>;
+  enum class Wait : uint8_t { kNone, kSeal, kCopy };
+
+  struct Get {
+    ClientId client = 0;
+    int32_t tier = kHost;
+    std::vector<ObjectId> ids;
+    std::vector<GetResult> results;  // by id
+    std::vector<Wait> waits;         // by id: what it still waits for
+    size_t missing = 0;              // ids that still wait
+    uint64_t cost = 0;               // daemon memory counted for it, against its client
+    Done done;
+
+    // Id `i` waits no more: its result is `result`.
+    void Resolve(size_t i, GetResult result) {
+      results[i] = std::move(result);
+      waits[i] = Wait::kNone;
+      --missing;
+    }
+  };
+
+  // Time-outs run on `loop`; the cost of each get is counted in `accounts` while it waits.
+  WaitingGets(boost::asio::io_context& loop, ClientAccounts& accounts);
+  ~WaitingGets();
+  WaitingGets(const WaitingGets&) = delete;
+  WaitingGets& operator=(const WaitingGets&) = delete;
+
+  // Takes a get that waits for something (missing > 0): counts its cost, indexes its seal
+  // waits, and, if it has any and `timeout_ms` > 0, times them out after that long (0 or
+  // less: never). Returns the id it goes by.
+  Id Add(Get get, int64_t timeout_ms);
+  // The get, or null once it has been answered or dropped.
+  Get* Find(Id id);
+  // The gets waiting for `id` to be sealed, each once; none of them is indexed by it after.
+  std::vector<Id> TakeSealWaiters(const ObjectId& id);
+  // Answers the get if it waits for nothing more, and forgets it.
+  void FinishIfDone(Id id);
+  // Drops every get of `client`, uncounted and unanswered (its session is gone).
+  void DropClient(ClientId client);
+
+  size_t CountOf(ClientId client) const;
+  // Ids that were still unsealed when their get timed out, since the start.
+  uint64_t timeouts() const { return timeouts_; }
+
+ private:
+  struct Entry {
+    Get get;
+    std::unique_ptr<boost::asio::steady_timer> timer;
+  };
+  void Expire(Id id);
+  // Removes the get's seal waits from the index by object id.
+  void Unindex(Id id, const Get& get);
+  // Forgets the get: timer, cost, per-client list. The entry is gone after.
+  Get Forget(std::unordered_map<Id, Entry>::iterator it);
+
+  boost::asio::io_context& loop_;
+  ClientAccounts& accounts_;
+  std::unordered_map<Id, Entry> gets_;
+  std::unordered_map<ObjectId, std::vector<Id>> by_object_;
+  std::unordered_map<ClientId, std::vector<Id>> by_client_;
+  Id next_ = 1;
+  uint64_t timeouts_ = 0;
+};
+
+}  // namespace depot::store
