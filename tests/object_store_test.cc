@@ -1,0 +1,248 @@
+// The whole store in process, with no daemon: creates, gets, copies between tiers, spills
+// and events, with the copies run when the test says (ManualExecutor).
+#include "store/object_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <optional>
+
+#include "store_parts.h"
+
+namespace depot::store {
+namespace {
+
+using testing::ManualExecutor;
+using testing::Tiers;
+
+constexpr ClientId kClient = 1;
+constexpr uint64_t kMiB = Tiers::kMiB;
+
+ObjectId Id(uint64_t n) { return ObjectId::FromWords(n, 0xabc); }
+
+// Records the events it hears, in order.
+struct Recorder final : StoreListener {
+  void OnSealed(const ObjectId& id, uint64_t tiers) override {
+    events.push_back("sealed " + id.Hex().substr(0, 4) + " tiers " + std::to_string(tiers));
+  }
+  void OnReplicaReady(const ObjectId& id, int32_t tier) override {
+    events.push_back("ready " + id.Hex().substr(0, 4) + " on " + std::to_string(tier));
+  }
+  void OnFreed(const ObjectId& id) override { events.push_back("freed " + id.Hex().substr(0, 4)); }
+  std::vector<std::string> events;
+};
+
+class ObjectStoreTest : public ::testing::Test {
+ protected:
+  explicit ObjectStoreTest(Tiers* tiers = nullptr)
+      : tiers_(tiers != nullptr ? tiers : new Tiers()),
+        store_(loop_, executor_, *tiers_->arena, *tiers_->headers, ClientLimits{},
+               /*eviction=*/true, tiers_->gpu_pools()) {
+    store_.AddClient(kClient, 1000);
+  }
+
+  // Creates and seals `n` with `bytes` of data (filled with `fill`) on `tier`.
+  Location Put(uint64_t n, uint64_t bytes, int32_t tier = kHost, std::byte fill = std::byte{1}) {
+    std::optional<Result<Location>> created;
+    store_.Create(kClient, CreateParams{.id = Id(n), .data_size = bytes, .device = tier},
+                  [&](Result<Location> r) { created = std::move(r); });
+    executor_.Drain();  // room on a GPU may come after spills
+    EXPECT_TRUE(created.has_value() && created->ok())
+        << (created ? created->status().ToString() : "no answer");
+    if (!created || !created->ok()) return {};
+    const Location at = **created;
+    Fill(at, fill);
+    std::optional<Status> sealed;
+    store_.Seal(kClient, Id(n), [&](Status st) { sealed = st; });
+    EXPECT_TRUE(sealed && sealed->ok());
+    return at;
+  }
+  void Fill(const Location& at, std::byte fill) {
+    std::memset(reinterpret_cast<void*>(Address(at)), static_cast<int>(fill), at.data_size);
+  }
+  uint64_t Address(const Location& at) const {
+    if (at.device == kHost) {
+      return reinterpret_cast<uint64_t>(tiers_->arena->base(at.segment) + at.offset);
+    }
+    return tiers_->pools[at.device]->address(at.segment, at.offset);
+  }
+  // Gets `ids` on `tier`; the answer, once there is one.
+  std::optional<std::vector<GetResult>> Get(std::vector<ObjectId> ids, int32_t tier,
+                                            bool drain = true) {
+    answer_.reset();
+    EXPECT_TRUE(store_
+                    .Get(kClient, std::move(ids), tier, 0,
+                         [this](std::vector<GetResult> r) { answer_ = std::move(r); })
+                    .ok());
+    if (drain) executor_.Drain();
+    return answer_;
+  }
+  void Release(uint64_t n, int32_t tier) {
+    const ObjectId id = Id(n);
+    EXPECT_TRUE(store_.Release(kClient, std::span(&id, 1), tier).ok());
+  }
+
+  boost::asio::io_context loop_;
+  ManualExecutor executor_;
+  std::unique_ptr<Tiers> tiers_;
+  ObjectStore store_;
+  std::optional<std::vector<GetResult>> answer_;
+};
+
+TEST_F(ObjectStoreTest, AGetOnTheHostFindsWhatWasPutWhereTheCreateSaidItWas) {
+  const Location put = Put(1, 1000);
+  auto got = Get({Id(1), Id(2)}, kHost);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ((*got)[0].code, StatusCode::kOk);
+  EXPECT_EQ((*got)[0].location.segment, put.segment);
+  EXPECT_EQ((*got)[0].location.offset, put.offset);
+  EXPECT_EQ((*got)[1].code, StatusCode::kNotFound);
+  EXPECT_EQ(store_.UsageOf(kClient).references, 2u);  // its creator's and the get's
+  EXPECT_EQ(store_.counters().get_hits, 1u);
+}
+
+TEST_F(ObjectStoreTest, AGetOnAGpuWaitsForTheCopyAndGetsTheSameBytes) {
+  Put(1, 1000, kHost, std::byte{42});
+  auto got = Get({Id(1)}, 0, /*drain=*/false);
+  EXPECT_FALSE(got.has_value());  // the copy has not run
+  EXPECT_EQ(store_.TiersOf(store_.SlotOf(Id(1))), ipc::kTierHost);
+  executor_.Drain();
+  ASSERT_TRUE(answer_.has_value());
+  const GetResult& r = (*answer_)[0];
+  ASSERT_EQ(r.code, StatusCode::kOk);
+  EXPECT_EQ(r.location.device, 0);
+  const auto* bytes = reinterpret_cast<const std::byte*>(Address(r.location));
+  EXPECT_EQ(bytes[0], std::byte{42});
+  EXPECT_EQ(bytes[999], std::byte{42});
+  EXPECT_EQ(store_.TiersOf(r.location.slot), ipc::kTierHost | ipc::TierBit(0));
+  EXPECT_EQ(store_.counters().replicas_made, 1u);
+  // The daemon's reference to the source is gone with the copy.
+  EXPECT_EQ(store_.UsageOf(kDaemonClient).references, 0u);
+}
+
+TEST_F(ObjectStoreTest, AFullGpuSpillsItsLeastRecentlyUsedObjectToHostMemory) {
+  // The pool holds 2 MiB: two objects of 1 MiB fill it.
+  Put(1, kMiB, 0, std::byte{1});
+  Put(2, kMiB, 0, std::byte{2});
+  Release(1, 0);
+  Release(2, 0);
+  const Location third = Put(3, kMiB, 0);  // room comes from spilling object 1
+  EXPECT_EQ(third.device, 0);
+  EXPECT_EQ(store_.TiersOf(store_.SlotOf(Id(1))), ipc::kTierHost);
+  EXPECT_EQ(store_.TiersOf(store_.SlotOf(Id(2))), ipc::TierBit(0));
+  EXPECT_EQ(store_.counters().spills, 1u);
+  EXPECT_EQ(store_.counters().spilled_bytes, kMiB);
+  // The spilled bytes are object 1's.
+  auto got = Get({Id(1)}, kHost);
+  ASSERT_TRUE(got.has_value());
+  ASSERT_EQ((*got)[0].code, StatusCode::kOk);
+  EXPECT_EQ(*reinterpret_cast<const std::byte*>(Address((*got)[0].location)), std::byte{1});
+}
+
+TEST_F(ObjectStoreTest, AnExtraGpuCopyIsDroppedBeforeAnythingSpills) {
+  Put(1, kMiB, kHost);
+  Release(1, kHost);
+  ASSERT_TRUE(Get({Id(1)}, 0).has_value());  // a replica on GPU 0 besides the host copy
+  Release(1, 0);
+  Put(2, kMiB, 0);
+  Release(2, 0);
+  Put(3, kMiB, 0);  // the pool is full: object 1's extra copy goes, nothing spills
+  EXPECT_EQ(store_.TiersOf(store_.SlotOf(Id(1))), ipc::kTierHost);
+  EXPECT_EQ(store_.counters().replicas_dropped, 1u);
+  EXPECT_EQ(store_.counters().spills, 0u);
+}
+
+TEST_F(ObjectStoreTest, APoolFullOfHeldObjectsIsAClearOutOfMemory) {
+  Put(1, kMiB, 0);
+  Put(2, kMiB, 0);  // both still held by their creator
+  std::optional<Result<Location>> created;
+  store_.Create(kClient, CreateParams{.id = Id(3), .data_size = kMiB, .device = 0},
+                [&](Result<Location> r) { created = std::move(r); });
+  executor_.Drain();
+  ASSERT_TRUE(created.has_value());
+  EXPECT_EQ(created->status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(created->status().message().find("held by references"), std::string::npos)
+      << created->status().message();
+}
+
+TEST_F(ObjectStoreTest, UnderHostPressureAHostCopyOfAGpuObjectGoesBeforeAnyEviction) {
+  // 8 MiB of host memory in 4 MiB segments.
+  Put(1, kMiB, 0);
+  Release(1, 0);
+  ASSERT_TRUE(Get({Id(1)}, kHost).has_value());  // a host copy besides the GPU one
+  Release(1, kHost);
+  for (uint64_t n = 2; n <= 8; ++n) {
+    Put(n, kMiB);
+    Release(n, kHost);
+  }
+  Put(9, kMiB);  // the arena is full: object 1's host copy is the first to go
+  EXPECT_EQ(store_.TiersOf(store_.SlotOf(Id(1))), ipc::TierBit(0));
+  EXPECT_EQ(store_.counters().evictions, 0u);
+  EXPECT_EQ(store_.counters().replicas_dropped, 1u);
+  Put(10, kMiB);  // now an object goes: the least recently used, object 2
+  EXPECT_EQ(store_.counters().evictions, 1u);
+  EXPECT_FALSE(store_.Contains(Id(2)));
+  EXPECT_TRUE(store_.Contains(Id(3)));
+}
+
+TEST_F(ObjectStoreTest, AFailedCopyToHostReportsWhyForThatIdOnly) {
+  // Host memory full of held objects; object 1 lives on the GPU only.
+  Put(1, kMiB, 0);
+  for (uint64_t n = 2; n <= 9; ++n) Put(n, kMiB);
+  auto got = Get({Id(2), Id(1)}, kHost);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ((*got)[0].code, StatusCode::kOk);
+  EXPECT_EQ((*got)[1].code, StatusCode::kOutOfMemory);
+  // Nothing is left of the failed copy.
+  EXPECT_EQ(store_.TiersOf(store_.SlotOf(Id(1))), ipc::TierBit(0));
+  EXPECT_EQ(store_.UsageOf(kDaemonClient).references, 0u);
+}
+
+TEST_F(ObjectStoreTest, AClientThatGoesWhileACopyRunsLeavesNothingHeld) {
+  Put(1, 1000);
+  Release(1, kHost);
+  Get({Id(1)}, 0, /*drain=*/false);
+  store_.RemoveClient(kClient);
+  executor_.Drain();  // the copy finishes for nobody
+  EXPECT_FALSE(answer_.has_value());
+  EXPECT_EQ(store_.UsageOf(kDaemonClient).references, 0u);
+  EXPECT_EQ(store_.counters().held_bytes, 0u);
+  EXPECT_EQ(store_.device_usage(0).held_bytes, 0u);
+  EXPECT_EQ(store_.counters().metadata_bytes, kObjectMetadataBytes);  // the object stays
+}
+
+TEST_F(ObjectStoreTest, ListenersHearSealsCopiesAndFreesAfterTheChange) {
+  Recorder recorder;
+  store_.Subscribe(&recorder);
+  Put(1, 1000);
+  EXPECT_TRUE(recorder.events.empty());  // the seal's event waits for the loop
+  Get({Id(1)}, 0);
+  Release(1, kHost);
+  Release(1, 0);
+  const ObjectId id = Id(1);
+  store_.Delete(std::span(&id, 1));
+  executor_.Drain();
+  const std::string hex = Id(1).Hex().substr(0, 4);
+  EXPECT_EQ(recorder.events, (std::vector<std::string>{"sealed " + hex + " tiers 1",
+                                                       "ready " + hex + " on 0", "freed " + hex}));
+  store_.Unsubscribe(&recorder);
+  Put(2, 10);
+  executor_.Drain();
+  EXPECT_EQ(recorder.events.size(), 3u);
+}
+
+TEST_F(ObjectStoreTest, AnEventIsNotDeliveredInsideTheCallThatCausedIt) {
+  Recorder recorder;
+  store_.Subscribe(&recorder);
+  std::optional<Result<Location>> created;
+  store_.Create(kClient, CreateParams{.id = Id(1), .data_size = 10},
+                [&](Result<Location> r) { created = std::move(r); });
+  store_.Seal(kClient, Id(1), [](Status) {});
+  EXPECT_TRUE(recorder.events.empty());
+  executor_.Drain();
+  EXPECT_EQ(recorder.events.size(), 1u);
+  store_.Unsubscribe(&recorder);
+}
+
+}  // namespace
+}  // namespace depot::store

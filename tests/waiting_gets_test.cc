@@ -1,0 +1,107 @@
+// Waiting gets on their own: the index by object, time-outs, costs and clients that go.
+#include "store/waiting_gets.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <optional>
+
+namespace depot::store {
+namespace {
+
+using Wait = WaitingGets::Wait;
+
+ObjectId Id(uint64_t n) { return ObjectId::FromWords(n, 0xfeed); }
+
+class WaitingGetsTest : public ::testing::Test {
+ protected:
+  WaitingGetsTest() { accounts_.Open(1, 1000); }
+
+  // A get of `ids` by client 1 on the host, each waiting as `waits` says.
+  WaitingGets::Id Add(std::vector<ObjectId> ids, std::vector<Wait> waits, int64_t timeout_ms,
+                      uint64_t cost = 0) {
+    WaitingGets::Get get{.client = 1, .tier = kHost, .ids = std::move(ids)};
+    get.results.resize(get.ids.size());
+    get.waits = std::move(waits);
+    for (Wait w : get.waits) get.missing += w != Wait::kNone;
+    get.cost = cost;
+    get.done = [this](std::vector<GetResult> results) { answer_ = std::move(results); };
+    return gets_.Add(std::move(get), timeout_ms);
+  }
+
+  boost::asio::io_context loop_;
+  ClientAccounts accounts_{{}, 1};
+  WaitingGets gets_{loop_, accounts_};
+  std::optional<std::vector<GetResult>> answer_;
+};
+
+TEST_F(WaitingGetsTest, ASealFindsEachGetWaitingForItOnce) {
+  const auto first = Add({Id(1), Id(2), Id(1)}, {Wait::kSeal, Wait::kSeal, Wait::kSeal}, -1);
+  const auto second = Add({Id(1)}, {Wait::kSeal}, -1);
+  EXPECT_EQ(gets_.TakeSealWaiters(Id(1)), (std::vector<WaitingGets::Id>{first, second}));
+  EXPECT_TRUE(gets_.TakeSealWaiters(Id(1)).empty());  // taken
+  EXPECT_EQ(gets_.TakeSealWaiters(Id(2)), std::vector<WaitingGets::Id>{first});
+}
+
+TEST_F(WaitingGetsTest, AGetIsAnsweredWhenItsLastIdIsResolved) {
+  const auto id = Add({Id(1), Id(2)}, {Wait::kSeal, Wait::kCopy}, -1);
+  WaitingGets::Get* get = gets_.Find(id);
+  ASSERT_NE(get, nullptr);
+  get->Resolve(0, GetResult{StatusCode::kOk, Location{.slot = 4}});
+  gets_.FinishIfDone(id);
+  EXPECT_FALSE(answer_.has_value());
+  gets_.Find(id)->Resolve(1, GetResult{StatusCode::kOutOfMemory, {}});
+  gets_.FinishIfDone(id);
+  ASSERT_TRUE(answer_.has_value());
+  EXPECT_EQ((*answer_)[0].location.slot, 4u);
+  EXPECT_EQ((*answer_)[1].code, StatusCode::kOutOfMemory);
+  EXPECT_EQ(gets_.Find(id), nullptr);
+  EXPECT_EQ(gets_.CountOf(1), 0u);
+}
+
+TEST_F(WaitingGetsTest, ATimeOutAnswersTheSealsStillMissingButWaitsForCopies) {
+  const auto id = Add({Id(1), Id(2)}, {Wait::kSeal, Wait::kCopy}, 1);
+  // The timer fires within the bound (1 ms asked, 10 s allowed).
+  EXPECT_EQ(loop_.run_one_for(std::chrono::seconds(10)), 1u);
+  EXPECT_FALSE(answer_.has_value());  // the copy is still under way
+  EXPECT_EQ(gets_.timeouts(), 1u);
+  EXPECT_TRUE(gets_.TakeSealWaiters(Id(1)).empty());  // no longer waits for the seal
+  gets_.Find(id)->Resolve(1, GetResult{StatusCode::kOk, {}});
+  gets_.FinishIfDone(id);
+  ASSERT_TRUE(answer_.has_value());
+  EXPECT_EQ((*answer_)[0].code, StatusCode::kTimeout);
+  EXPECT_EQ((*answer_)[1].code, StatusCode::kOk);
+}
+
+TEST_F(WaitingGetsTest, AGetWaitingOnlyForCopiesHasNoTimer) {
+  Add({Id(1)}, {Wait::kCopy}, 1);
+  EXPECT_EQ(loop_.poll(), 0u);
+  EXPECT_FALSE(answer_.has_value());
+}
+
+TEST_F(WaitingGetsTest, ItsCostCountsAgainstItsClientUntilAnswered) {
+  const auto id = Add({Id(1)}, {Wait::kSeal}, -1, 200);
+  EXPECT_EQ(accounts_.at(1).metadata_bytes, 200u);
+  EXPECT_EQ(accounts_.metadata_bytes(), 200u);
+  gets_.TakeSealWaiters(Id(1));
+  gets_.Find(id)->Resolve(0, GetResult{});
+  gets_.FinishIfDone(id);
+  EXPECT_EQ(accounts_.at(1).metadata_bytes, 0u);
+  EXPECT_EQ(accounts_.metadata_bytes(), 0u);
+}
+
+TEST_F(WaitingGetsTest, AClientThatGoesTakesItsGetsUnanswered) {
+  Add({Id(1)}, {Wait::kSeal}, 1, 200);
+  Add({Id(2)}, {Wait::kCopy}, -1, 200);
+  EXPECT_EQ(gets_.CountOf(1), 2u);
+  gets_.DropClient(1);
+  EXPECT_EQ(gets_.CountOf(1), 0u);
+  EXPECT_EQ(accounts_.metadata_bytes(), 0u);
+  EXPECT_TRUE(gets_.TakeSealWaiters(Id(1)).empty());
+  loop_.run();  // the cancelled timer runs, and answers nothing
+  EXPECT_FALSE(answer_.has_value());
+  EXPECT_EQ(gets_.timeouts(), 0u);
+}
+
+}  // namespace
+}  // namespace depot::store
