@@ -6,11 +6,13 @@
 
 #include "connection.h"
 #include "holding.h"
+#include "info_fields.h"
 
 namespace depot {
 
 using internal::Connection;
 using internal::Decode;
+using internal::FromWire;
 using internal::Holding;
 using internal::Reply;
 using internal::RequestMessage;
@@ -166,123 +168,6 @@ std::string DeleteError(const ObjectId& id, StatusCode code) {
     default:
       return what + std::string(StatusCodeName(code));
   }
-}
-
-ObjectInfo ToObjectInfo(wire::ObjectInfo::Reader o) {
-  ObjectInfo info;
-  info.id = ipc::FromWire(o.getId());
-  info.name = o.getName().cStr();
-  info.state =
-      o.getState() == wire::ObjectState::CREATING ? ObjectState::kCreating : ObjectState::kSealed;
-  info.data_size = o.getDataSize();
-  info.metadata_size = o.getMetadataSize();
-  info.ref_count = o.getRefCount();
-  info.pinned = o.getPinned();
-  info.delete_pending = o.getDeletePending();
-  info.owner_uid = o.getOwnerUid();
-  info.has_checksum = o.getHasChecksum();
-  info.checksum = o.getChecksum();
-  info.create_time_ns = o.getCreateTimeNs();
-  info.access_time_ns = o.getAccessTimeNs();
-  info.segment = o.getSegment();
-  info.offset = o.getOffset();
-  info.on_host = o.getOnHost();
-  for (uint32_t gpu : o.getDevices()) info.gpus.push_back(gpu);
-  return info;
-}
-
-StoreStatus ToStoreStatus(wire::StoreStatus::Reader s) {
-  StoreStatus status;
-  status.daemon_version = s.getDaemonVersion().cStr();
-  status.pid = s.getPid();
-  status.uptime_ns = s.getUptimeNs();
-  status.socket_path = s.getSocketPath().cStr();
-  status.arena_backend = s.getArenaBackend().cStr();
-  status.capacity_bytes = s.getCapacityBytes();
-  status.mapped_bytes = s.getMappedBytes();
-  status.used_bytes = s.getUsedBytes();
-  status.held_bytes = s.getHeldBytes();
-  status.pinned_bytes = s.getPinnedBytes();
-  status.largest_free_block = s.getLargestFreeBlock();
-  status.segments = s.getSegments();
-  status.objects_sealed = s.getObjectsSealed();
-  status.objects_creating = s.getObjectsCreating();
-  status.clients = s.getClients();
-  status.evictions = s.getEvictions();
-  status.evicted_bytes = s.getEvictedBytes();
-  status.eviction_enabled = s.getEvictionEnabled();
-  status.header_slots = s.getHeaderSlots();
-  status.requests = s.getRequests();
-  status.gpu_backend = s.getDeviceBackend().cStr();
-  status.spills = s.getSpills();
-  status.spilled_bytes = s.getSpilledBytes();
-  status.arena_page_locked_bytes = s.getArenaPageLockedBytes();
-  status.objects_on_host = s.getObjectsOnHost();
-  status.metadata_bytes = s.getMetadataBytes();
-  status.request_bytes = s.getRequestBytes();
-  status.metadata_budget_bytes = s.getMetadataBudgetBytes();
-  status.replicas_made = s.getReplicasMade();
-  status.replicas_dropped = s.getReplicasDropped();
-  for (auto d : s.getDevices()) {
-    GpuInfo& g = status.gpus.emplace_back();
-    auto uuid = d.getUuid();
-    std::memcpy(g.uuid.data(), uuid.begin(), std::min<size_t>(uuid.size(), g.uuid.size()));
-    g.name = d.getName().cStr();
-    g.simulated = d.getSimulated();
-    g.total_bytes = d.getTotalBytes();
-    g.limit_bytes = d.getLimitBytes();
-    g.reserved_bytes = d.getReservedBytes();
-    g.used_bytes = d.getUsedBytes();
-    g.held_bytes = d.getHeldBytes();
-    g.chunks = d.getChunks();
-    g.replicas = d.getReplicas();
-  }
-  return status;
-}
-
-ClientInfo ToClientInfo(wire::ClientInfo::Reader c) {
-  ClientInfo info;
-  info.session_id = c.getSessionId();
-  info.pid = c.getPid();
-  info.uid = c.getUid();
-  info.command = c.getCommand().cStr();
-  info.client_name = c.getClientName().cStr();
-  info.objects_held = c.getObjectsHeld();
-  info.references = c.getReferences();
-  info.bytes_held = c.getBytesHeld();
-  info.requests = c.getRequests();
-  info.connected_time_ns = c.getConnectedTimeNs();
-  return info;
-}
-
-Holder ToHolder(wire::Holder::Reader h) {
-  Holder holder;
-  holder.session_id = h.getSessionId();
-  holder.pid = h.getPid();
-  holder.uid = h.getUid();
-  holder.command = h.getCommand().cStr();
-  holder.client_name = h.getClientName().cStr();
-  holder.references = h.getReferences();
-  for (auto t : h.getTiers()) holder.tiers.push_back({t.getDevice(), t.getReferences()});
-  return holder;
-}
-
-VerifyState FromWire(wire::VerifyState state) {
-  switch (state) {
-    case wire::VerifyState::OK:
-      return VerifyState::kOk;
-    case wire::VerifyState::MISMATCH:
-      return VerifyState::kMismatch;
-    case wire::VerifyState::NO_CHECKSUM:
-      return VerifyState::kNoChecksum;
-    case wire::VerifyState::NOT_SEALED:
-      return VerifyState::kNotSealed;
-    case wire::VerifyState::NOT_ON_HOST:
-      return VerifyState::kNotOnHost;
-    case wire::VerifyState::NOT_FOUND:
-      break;
-  }
-  return VerifyState::kNotFound;
 }
 
 }  // namespace
@@ -518,7 +403,7 @@ Result<std::optional<uint32_t>> ListPage(Connection& conn, uint32_t start, uint3
     auto r = reply.get();
     if (!r.isList()) return UnexpectedReply("list");
     auto page = r.getList();
-    for (auto o : page.getObjects()) objects.push_back(ToObjectInfo(o));
+    for (auto o : page.getObjects()) objects.push_back(FromWire<ObjectInfo>(o));
     if (page.getDone()) return std::optional<uint32_t>();
     return std::optional<uint32_t>(page.getNextSlot());
   });
@@ -557,7 +442,7 @@ Result<std::vector<ClientInfo>> Client::Clients() {
     auto r = reply.get();
     if (!r.isClients()) return UnexpectedReply("clients");
     std::vector<ClientInfo> clients;
-    for (auto c : r.getClients()) clients.push_back(ToClientInfo(c));
+    for (auto c : r.getClients()) clients.push_back(FromWire<ClientInfo>(c));
     return clients;
   });
 }
@@ -570,14 +455,7 @@ Result<ObjectDetails> Client::Describe(const ObjectId& id) {
   return Decode([&]() -> Result<ObjectDetails> {
     auto r = reply.get();
     if (!r.isObjectInfo()) return UnexpectedReply("objectInfo");
-    ObjectDetails details;
-    details.info = ToObjectInfo(r.getObjectInfo().getInfo());
-    for (auto h : r.getObjectInfo().getHolders()) details.holders.push_back(ToHolder(h));
-    for (auto c : r.getObjectInfo().getReplicas()) {
-      details.replicas.push_back(
-          {c.getDevice(), c.getSegment(), c.getOffset(), c.getReferences(), c.getReady()});
-    }
-    return details;
+    return FromWire<ObjectDetails>(r.getObjectInfo());
   });
 }
 
@@ -603,10 +481,7 @@ Result<std::optional<uint32_t>> VerifyPage(Connection& conn, std::span<const Obj
       return UnexpectedReply("verify");
     }
     auto page = r.getVerify();
-    for (auto v : page.getResults()) {
-      results.push_back(
-          {ipc::FromWire(v.getId()), FromWire(v.getState()), v.getExpected(), v.getActual()});
-    }
+    for (auto v : page.getResults()) results.push_back(FromWire<VerifyResult>(v));
     if (page.getDone()) return std::optional<uint32_t>();
     return std::optional<uint32_t>(page.getNextSlot());
   });
@@ -648,7 +523,7 @@ Result<EvictResult> Client::Evict(uint64_t bytes, bool all_unreferenced) {
   return Decode([&]() -> Result<EvictResult> {
     auto r = reply.get();
     if (!r.isEvict()) return UnexpectedReply("evict");
-    return EvictResult{r.getEvict().getObjects(), r.getEvict().getBytes()};
+    return FromWire<EvictResult>(r.getEvict());
   });
 }
 
@@ -660,7 +535,7 @@ Result<StoreStatus> Client::GetStatus() {
   return Decode([&]() -> Result<StoreStatus> {
     auto r = reply.get();
     if (!r.isStatus()) return UnexpectedReply("status");
-    StoreStatus status = ToStoreStatus(r.getStatus());
+    StoreStatus status = FromWire<StoreStatus>(r.getStatus());
     for (size_t d = 0; d < status.gpus.size(); ++d) {
       status.gpus[d].ordinal = conn_->LocalOrdinal(static_cast<int32_t>(d));
     }

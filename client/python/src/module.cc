@@ -2,7 +2,6 @@
 // Python values (numpy, pickle) lives in Python (depot/_codec.py); this module moves bytes
 // and references, and releases the GIL around every call that may block.
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -18,6 +17,7 @@
 #include "depot/client.h"
 #include "device.h"
 #include "errors.h"
+#include "info.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -468,87 +468,6 @@ class Connection {
   std::optional<Client> client_;
   std::string socket_path_;
 };
-
-void BindInfo(nb::module_& m) {
-  nb::class_<GpuInfo>(m, "GpuInfo", "A GPU the daemon serves, and its pool.")
-      .def_ro("ordinal", &GpuInfo::ordinal)
-      .def_prop_ro("uuid",
-                   [](const GpuInfo& g) {
-                     return nb::bytes(reinterpret_cast<const char*>(g.uuid.data()), g.uuid.size());
-                   })
-      .def_ro("name", &GpuInfo::name)
-      .def_ro("simulated", &GpuInfo::simulated)
-      .def_ro("total_bytes", &GpuInfo::total_bytes)
-      .def_ro("limit_bytes", &GpuInfo::limit_bytes)
-      .def_ro("reserved_bytes", &GpuInfo::reserved_bytes)
-      .def_ro("used_bytes", &GpuInfo::used_bytes)
-      .def_ro("held_bytes", &GpuInfo::held_bytes)
-      .def_ro("chunks", &GpuInfo::chunks)
-      .def_ro("replicas", &GpuInfo::replicas);
-
-  nb::class_<ObjectInfo>(m, "ObjectInfo", "What the daemon knows of one object (Client.list).")
-      .def_prop_ro("id", [](const ObjectInfo& o) { return IdBytes(o.id); })
-      .def_ro("name", &ObjectInfo::name)
-      .def_prop_ro("sealed", [](const ObjectInfo& o) { return o.state == ObjectState::kSealed; })
-      .def_ro("data_size", &ObjectInfo::data_size)
-      .def_ro("metadata_size", &ObjectInfo::metadata_size)
-      .def_ro("ref_count", &ObjectInfo::ref_count)
-      .def_ro("pinned", &ObjectInfo::pinned)
-      .def_ro("delete_pending", &ObjectInfo::delete_pending)
-      .def_ro("owner_uid", &ObjectInfo::owner_uid)
-      .def_ro("create_time_ns", &ObjectInfo::create_time_ns)
-      .def_ro("access_time_ns", &ObjectInfo::access_time_ns)
-      .def_ro("on_host", &ObjectInfo::on_host)
-      .def_ro("gpus", &ObjectInfo::gpus)
-      .def("__repr__", [](const ObjectInfo& o) {
-        return "ObjectInfo(id=" + o.id.Hex() + ", name='" + o.name +
-               "', data_size=" + std::to_string(o.data_size) +
-               ", ref_count=" + std::to_string(o.ref_count) + ")";
-      });
-
-  nb::class_<StoreStatus>(m, "StoreStatus", "The daemon's capacity, usage and counters.")
-      .def_ro("daemon_version", &StoreStatus::daemon_version)
-      .def_ro("pid", &StoreStatus::pid)
-      .def_ro("uptime_ns", &StoreStatus::uptime_ns)
-      .def_ro("socket_path", &StoreStatus::socket_path)
-      .def_ro("arena_backend", &StoreStatus::arena_backend)
-      .def_ro("capacity_bytes", &StoreStatus::capacity_bytes)
-      .def_ro("mapped_bytes", &StoreStatus::mapped_bytes)
-      .def_ro("used_bytes", &StoreStatus::used_bytes)
-      .def_ro("held_bytes", &StoreStatus::held_bytes)
-      .def_ro("pinned_bytes", &StoreStatus::pinned_bytes)
-      .def_ro("largest_free_block", &StoreStatus::largest_free_block)
-      .def_ro("segments", &StoreStatus::segments)
-      .def_ro("objects_sealed", &StoreStatus::objects_sealed)
-      .def_ro("objects_creating", &StoreStatus::objects_creating)
-      .def_ro("clients", &StoreStatus::clients)
-      .def_ro("evictions", &StoreStatus::evictions)
-      .def_ro("evicted_bytes", &StoreStatus::evicted_bytes)
-      .def_ro("eviction_enabled", &StoreStatus::eviction_enabled)
-      .def_ro("requests", &StoreStatus::requests)
-      .def_ro("gpus", &StoreStatus::gpus)
-      .def_ro("gpu_backend", &StoreStatus::gpu_backend)
-      .def_ro("spills", &StoreStatus::spills)
-      .def_ro("spilled_bytes", &StoreStatus::spilled_bytes)
-      .def_ro("replicas_made", &StoreStatus::replicas_made)
-      .def_ro("replicas_dropped", &StoreStatus::replicas_dropped)
-      .def_ro("arena_page_locked_bytes", &StoreStatus::arena_page_locked_bytes)
-      .def_ro("objects_on_host", &StoreStatus::objects_on_host)
-      .def_ro("metadata_bytes", &StoreStatus::metadata_bytes)
-      .def_ro("request_bytes", &StoreStatus::request_bytes)
-      .def_ro("metadata_budget_bytes", &StoreStatus::metadata_budget_bytes);
-
-  nb::class_<ClientInfo>(m, "ClientInfo", "A client connected to the daemon.")
-      .def_ro("session_id", &ClientInfo::session_id)
-      .def_ro("pid", &ClientInfo::pid)
-      .def_ro("uid", &ClientInfo::uid)
-      .def_ro("command", &ClientInfo::command)
-      .def_ro("client_name", &ClientInfo::client_name)
-      .def_ro("objects_held", &ClientInfo::objects_held)
-      .def_ro("references", &ClientInfo::references)
-      .def_ro("bytes_held", &ClientInfo::bytes_held)
-      .def_ro("requests", &ClientInfo::requests);
-}
 
 }  // namespace
 }  // namespace depot::python

@@ -1,0 +1,243 @@
+// The field tables of the info structs (client/src/info_fields.h) against the wire schema,
+// field by field, and the structs a real daemon's replies fill through them.
+//
+// A unit test of a private header of the client library (as cuda_driver_test is): the tables
+// are where a field of StoreStatus, ObjectInfo, ... is declared for the wire and Python alike.
+#include <unistd.h>
+
+#include <capnp/dynamic.h>
+#include <capnp/message.h>
+#include <capnp/schema.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "daemon.h"
+#include "depot/client.h"
+#include "info_fields.h"
+#include "test_support.h"
+
+namespace depot::testing {
+namespace {
+
+using internal::Info;
+using internal::InfoFields;
+
+// Whether two values of a field are the same, generically (records field by field).
+template <typename V>
+bool Same(const V& a, const V& b) {
+  if constexpr (Info<V>) {
+    bool same = true;
+    internal::ForEachField<V>(
+        [&](const auto& field) { same = same && Same(a.*field.member, b.*field.member); });
+    return same;
+  } else if constexpr (requires {
+                         a.size();
+                         a[0];
+                       } &&
+                       !std::is_same_v<V, std::string>) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!Same(a[i], b[i])) return false;
+    }
+    return true;
+  } else {
+    return a == b;
+  }
+}
+
+// Sets `field` of `out` to a value other than its default: 7, true, "x", 16 bytes, an
+// enumerant other than the first, a list of one element, a struct with its first field set.
+void SetNotDefault(capnp::DynamicStruct::Builder out, capnp::StructSchema::Field field) {
+  using capnp::schema::Type;
+  const capnp::Type type = field.getType();
+  switch (type.which()) {
+    case Type::BOOL:
+      out.set(field, true);
+      return;
+    case Type::INT8:
+    case Type::INT16:
+    case Type::INT32:
+    case Type::INT64:
+    case Type::UINT8:
+    case Type::UINT16:
+    case Type::UINT32:
+    case Type::UINT64:
+      out.set(field, 7);
+      return;
+    case Type::TEXT:
+      out.set(field, capnp::Text::Reader("x"));
+      return;
+    case Type::DATA: {
+      static const kj::byte bytes[16] = {0xab, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+      out.set(field, capnp::Data::Reader(bytes, sizeof(bytes)));
+      return;
+    }
+    case Type::ENUM:
+      out.set(field, capnp::DynamicEnum(type.asEnum().getEnumerants()[1]));
+      return;
+    case Type::LIST:
+      out.init(field, 1);
+      return;
+    case Type::STRUCT: {
+      auto inner = out.init(field).as<capnp::DynamicStruct>();
+      SetNotDefault(inner, type.asStruct().getFields()[0]);
+      return;
+    }
+    default:
+      ADD_FAILURE() << "no test value for the type of " << field.getProto().getName().cStr();
+  }
+}
+
+// The wire's name of a table's field: lowerCamelCase of its name, except where the client
+// says GPU and the wire device.
+std::string WireName(const std::string& name) {
+  if (name == "gpus") return "devices";
+  if (name == "gpu_backend") return "deviceBackend";
+  std::string out;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '_' && i + 1 < name.size()) {
+      out += static_cast<char>(std::toupper(static_cast<unsigned char>(name[++i])));
+    } else {
+      out += name[i];
+    }
+  }
+  return out;
+}
+
+// For each field of T's wire struct: a reply with only that field set to something other than
+// its default must change exactly one member of T, the one of the same name. So every field
+// of the schema is in T's table, under its own name, read by its own getter.
+template <Info T>
+void ExpectEachWireFieldReachesItsMember() {
+  using Wire = typename InfoFields<T>::Wire;
+  const capnp::StructSchema schema = capnp::Schema::from<Wire>();
+  capnp::MallocMessageBuilder empty;
+  empty.initRoot<Wire>();
+  const T base = internal::FromWire<T>(empty.getRoot<Wire>().asReader());
+  std::set<std::string> reached;
+  for (capnp::StructSchema::Field field : schema.getFields()) {
+    const std::string wire_name = field.getProto().getName().cStr();
+    capnp::MallocMessageBuilder message;
+    SetNotDefault(message.initRoot<capnp::DynamicStruct>(schema), field);
+    const T converted = internal::FromWire<T>(message.getRoot<Wire>().asReader());
+    std::vector<std::string> changed;
+    internal::ForEachField<T>([&](const auto& f) {
+      if (!Same(base.*f.member, converted.*f.member)) changed.push_back(f.name);
+    });
+    ASSERT_EQ(changed.size(), 1u) << InfoFields<T>::kName << "." << wire_name
+                                  << " changes no member, or more than one";
+    EXPECT_EQ(WireName(changed[0]), wire_name)
+        << InfoFields<T>::kName << "." << wire_name << " reaches " << changed[0];
+    reached.insert(changed[0]);
+  }
+  internal::ForEachField<T>([&](const auto& f) {
+    if constexpr (std::decay_t<decltype(f)>::kOnWire) {
+      EXPECT_TRUE(reached.count(f.name))
+          << InfoFields<T>::kName << "::" << f.name << " is read from a field no other member is";
+    }
+  });
+}
+
+TEST(InfoFieldsTest, EveryWireFieldReachesTheMemberOfItsName) {
+  ExpectEachWireFieldReachesItsMember<GpuInfo>();
+  ExpectEachWireFieldReachesItsMember<ObjectInfo>();
+  ExpectEachWireFieldReachesItsMember<StoreStatus>();
+  ExpectEachWireFieldReachesItsMember<ClientInfo>();
+  ExpectEachWireFieldReachesItsMember<TierReferences>();
+  ExpectEachWireFieldReachesItsMember<Holder>();
+  ExpectEachWireFieldReachesItsMember<Replica>();
+  ExpectEachWireFieldReachesItsMember<ObjectDetails>();
+  ExpectEachWireFieldReachesItsMember<VerifyResult>();
+  ExpectEachWireFieldReachesItsMember<EvictResult>();
+}
+
+TEST(InfoFieldsTest, OnlyTheOrdinalIsNotOnTheWire) {
+  std::vector<std::string> local;
+  internal::ForEachField<GpuInfo>([&](const auto& f) {
+    if constexpr (!std::decay_t<decltype(f)>::kOnWire) local.push_back(f.name);
+  });
+  EXPECT_EQ(local, std::vector<std::string>{"ordinal"});
+}
+
+uint64_t RealtimeNanos() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+TEST(InfoFieldsTest, StatusFromARealDaemonHasEveryFieldItKnows) {
+  TestDaemon daemon({"--max-objects", "1000", "--memory", "32MiB", "--simulate-gpus", "2"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  auto client = Client::Connect(daemon.socket_path());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE(client->Put(ObjectId::FromName("one"), AsBytes(std::string(1000, 'a'))).ok());
+
+  auto status = client->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  const StoreStatus& s = *status;
+  EXPECT_FALSE(s.daemon_version.empty());
+  EXPECT_EQ(s.pid, static_cast<uint32_t>(daemon.pid()));
+  EXPECT_GT(s.uptime_ns, 0u);
+  EXPECT_EQ(s.socket_path, daemon.socket_path());
+  EXPECT_EQ(s.arena_backend, "memfd");
+  EXPECT_EQ(s.capacity_bytes, 32u << 20);
+  EXPECT_EQ(s.mapped_bytes, uint64_t{s.segments} * (16u << 20));
+  EXPECT_GE(s.used_bytes, 1000u);
+  EXPECT_EQ(s.held_bytes, 0u);
+  EXPECT_EQ(s.pinned_bytes, 0u);
+  EXPECT_GT(s.largest_free_block, 0u);
+  EXPECT_GE(s.segments, 1u);
+  EXPECT_EQ(s.objects_sealed, 1u);
+  EXPECT_EQ(s.objects_creating, 0u);
+  EXPECT_EQ(s.clients, 1u);
+  EXPECT_EQ(s.evictions, 0u);
+  EXPECT_TRUE(s.eviction_enabled);
+  EXPECT_EQ(s.header_slots, 1000u);
+  EXPECT_GE(s.requests, 2u);
+  ASSERT_EQ(s.gpus.size(), 2u);
+  EXPECT_EQ(s.gpu_backend, "simulated");
+  EXPECT_EQ(s.objects_on_host, 1u);
+  EXPECT_GT(s.metadata_bytes, 0u);
+  for (size_t d = 0; d < s.gpus.size(); ++d) {
+    const GpuInfo& g = s.gpus[d];
+    EXPECT_EQ(g.ordinal, static_cast<int>(d));
+    EXPECT_TRUE(g.simulated);
+    EXPECT_FALSE(g.name.empty());
+    EXPECT_NE(g.uuid, (std::array<uint8_t, 16>{}));
+    EXPECT_GT(g.total_bytes, 0u);
+    EXPECT_GT(g.limit_bytes, 0u);
+    EXPECT_EQ(g.replicas, 0u);
+  }
+}
+
+TEST(InfoFieldsTest, ClientsFromARealDaemonSayWhoAndSinceWhen) {
+  TestDaemon daemon;
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  const uint64_t before = RealtimeNanos();
+  ConnectOptions options;
+  options.client_name = "info-fields-test";
+  auto client = Client::Connect(daemon.socket_path(), options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  const uint64_t after = RealtimeNanos();
+
+  auto clients = client->Clients();
+  ASSERT_TRUE(clients.ok()) << clients.status().ToString();
+  ASSERT_EQ(clients->size(), 1u);
+  const ClientInfo& c = (*clients)[0];
+  EXPECT_EQ(c.session_id, client->session_id());
+  EXPECT_EQ(c.pid, static_cast<uint32_t>(::getpid()));
+  EXPECT_EQ(c.uid, ::getuid());
+  EXPECT_FALSE(c.command.empty());
+  EXPECT_EQ(c.client_name, "info-fields-test");
+  EXPECT_EQ(c.objects_held, 0u);
+  EXPECT_GE(c.requests, 1u);
+  EXPECT_GE(c.connected_time_ns, before);
+  EXPECT_LE(c.connected_time_ns, after);
+}
+
+}  // namespace
+}  // namespace depot::testing
