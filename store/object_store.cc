@@ -14,7 +14,7 @@ namespace {
 // Checksums of objects at least this large run on the worker pool, not on the loop.
 constexpr uint64_t kInlineChecksumBytes = 1u << 20;
 
-std::string Describe(const ObjectId& id) { return "object " + id.Hex(); }
+std::string Mention(const ObjectId& id) { return "object " + id.Hex(); }
 
 std::vector<TierPool*> TierPools(Arena& arena, std::span<gpu::DevicePool* const> gpus) {
   std::vector<TierPool*> pools{&arena};
@@ -109,7 +109,7 @@ uint64_t ObjectStore::CreateCost(const CreateParams& p) {
 std::string ObjectStore::OutOfMemoryMessage(int32_t tier, const ObjectId& id,
                                             uint64_t bytes) const {
   const TierPool& p = pool(tier);
-  const std::string what = "cannot fit " + Describe(id) + " of " + ipc::FormatSize(bytes);
+  const std::string what = "cannot fit " + Mention(id) + " of " + ipc::FormatSize(bytes);
   const std::string held = ipc::FormatSize(usage_[Index(tier)].held_bytes) +
                            " is held by references or objects being created";
   if (tier == kHost) {
@@ -251,13 +251,13 @@ void ObjectStore::Create(ClientId client, const CreateParams& p, CreateDone done
     return done(Status::InvalidArgument("the nil object id (all zeros) is reserved"));
   if (!p.data.empty() && p.data.size() != p.data_size) {
     return done(Status::InvalidArgument("inline data of " + std::to_string(p.data.size()) +
-                                        " bytes for " + Describe(p.id) + " of " +
+                                        " bytes for " + Mention(p.id) + " of " +
                                         std::to_string(p.data_size) + " bytes"));
   }
   if (Status st = CheckTier(p.device); !st.ok()) return done(st);
   if (uint32_t existing = table_.Find(p.id); existing != HeaderTable::kNoSlot) {
     return done(Status::AlreadyExists(
-        Describe(p.id) +
+        Mention(p.id) +
         (table_.IsSealed(existing)
              ? (table_.IsDeletePending(existing)
                     ? " was deleted but is still referenced; it cannot be created again until "
@@ -266,7 +266,7 @@ void ObjectStore::Create(ClientId client, const CreateParams& p, CreateDone done
              : " is already being created")));
   }
   if (creating_.contains(p.id)) {
-    return done(Status::AlreadyExists(Describe(p.id) + " is already being created"));
+    return done(Status::AlreadyExists(Mention(p.id) + " is already being created"));
   }
   if (p.device == kHost) return CreateOnHost(client, p, std::move(done));
   CreateOnDevice(client, p, std::move(done));
@@ -289,7 +289,7 @@ void ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t slot)
 void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDone done) {
   const uint64_t total = p.data_size + p.metadata.size();
   if (!arena_.CouldFit(total)) {
-    return done(Status::InvalidArgument(Describe(p.id) + " of " + ipc::FormatSize(total) +
+    return done(Status::InvalidArgument(Mention(p.id) + " of " + ipc::FormatSize(total) +
                                         " is larger than the largest object (" +
                                         ipc::FormatSize(arena_.max_object_size()) +
                                         "); start depotd with a larger --segment-size"));
@@ -332,10 +332,10 @@ void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateD
   }
   if (p.checksum) {
     return done(Status::InvalidArgument("checksums are taken of host objects only; " +
-                                        Describe(p.id) + " is created on " + gpu.name()));
+                                        Mention(p.id) + " is created on " + gpu.name()));
   }
   if (!gpu.CouldFit(p.data_size)) {
-    return done(Status::InvalidArgument(Describe(p.id) + " of " + ipc::FormatSize(p.data_size) +
+    return done(Status::InvalidArgument(Mention(p.id) + " of " + ipc::FormatSize(p.data_size) +
                                         " is larger than the pool of " + gpu.name() + " (" +
                                         ipc::FormatSize(gpu.capacity()) + ", --gpu-memory)"));
   }
@@ -394,13 +394,13 @@ void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateD
 
 void ObjectStore::Seal(ClientId client, const ObjectId& id, std::function<void(Status)> done) {
   const uint32_t slot = table_.Find(id);
-  if (slot == HeaderTable::kNoSlot) return done(Status::NotFound(Describe(id) + " does not exist"));
+  if (slot == HeaderTable::kNoSlot) return done(Status::NotFound(Mention(id) + " does not exist"));
   Object& o = table_.at(slot);
   if (table_.IsSealed(slot) || o.sealing) {
-    return done(Status::AlreadySealed(Describe(id) + " is already sealed"));
+    return done(Status::AlreadySealed(Mention(id) + " is already sealed"));
   }
   if (o.creator != client) {
-    return done(Status::NotHeld(Describe(id) + " is being created by another client"));
+    return done(Status::NotHeld(Mention(id) + " is being created by another client"));
   }
   if (!o.want_checksum) {
     FinishSeal(slot, std::nullopt);
@@ -448,13 +448,13 @@ void ObjectStore::FinishSeal(uint32_t slot, std::optional<uint64_t> checksum) {
 
 Status ObjectStore::Abort(ClientId client, const ObjectId& id) {
   const uint32_t slot = table_.Find(id);
-  if (slot == HeaderTable::kNoSlot) return Status::NotFound(Describe(id) + " does not exist");
+  if (slot == HeaderTable::kNoSlot) return Status::NotFound(Mention(id) + " does not exist");
   const Object& o = table_.at(slot);
   if (table_.IsSealed(slot) || o.sealing) {
-    return Status::AlreadySealed(Describe(id) + " is sealed; delete it instead");
+    return Status::AlreadySealed(Mention(id) + " is sealed; delete it instead");
   }
   if (o.creator != client) {
-    return Status::NotHeld(Describe(id) + " is being created by another client");
+    return Status::NotHeld(Mention(id) + " is being created by another client");
   }
   // Only the creator can hold an unsealed object, on the one tier it creates it on; dropping
   // its references frees it.
@@ -581,7 +581,7 @@ void ObjectStore::StartTransfer(uint32_t slot, int32_t tier, bool spill, Waiting
   }
   const ObjectId id = table_.IdAt(slot);
   if (source == kNoSource) {
-    spdlog::error("{} has no copy to make a replica from", Describe(id));
+    spdlog::error("{} has no copy to make a replica from", Mention(id));
     if (waiter != 0) Answer(waiter, slot, id, StatusCode::kInternal);
     return;
   }
@@ -663,7 +663,7 @@ void ObjectStore::FinishTransfer(uint32_t slot, int32_t tier, Status status) {
     Notify([id, tier](StoreListener& l) { l.OnReplicaReady(id, tier); });
   } else {
     if (uint64_t held_back = 0; copy_failure_log_.Allow(&held_back)) {
-      spdlog::warn("cannot copy {} to {}: {}{}", Describe(id), pool(tier).name(), status.message(),
+      spdlog::warn("cannot copy {} to {}: {}{}", Mention(id), pool(tier).name(), status.message(),
                    held_back == 0 ? "" : fmt::format(" ({} more failed copies before)", held_back));
     }
     if (const Replica* r = table_.FindReplica(slot, tier); r != nullptr && !r->ready) {
@@ -766,7 +766,7 @@ Status ObjectStore::Release(ClientId client, std::span<const ObjectId> ids, int3
     if (slot == HeaderTable::kNoSlot || accounts_.RefsOf(account, slot, device) == 0) {
       if (first_error.ok()) {
         first_error = Status::NotHeld(
-            Describe(id) +
+            Mention(id) +
             (slot == HeaderTable::kNoSlot
                  ? " does not exist"
                  : " is not held by this client" +
@@ -806,6 +806,27 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
 bool ObjectStore::Contains(const ObjectId& id) const {
   const uint32_t slot = table_.Find(id);
   return slot != HeaderTable::kNoSlot && table_.IsUsable(slot);
+}
+
+ObjectView ObjectStore::Describe(uint32_t slot) const {
+  const ipc::ObjectHeader& h = table_.header(slot);
+  const uint32_t flags = h.flags.load(std::memory_order_relaxed);
+  return ObjectView{.id = table_.IdAt(slot),
+                    .name = std::string(table_.NameOf(slot)),
+                    .sealed = table_.IsSealed(slot),
+                    .data_size = h.data_size,
+                    .metadata_size = h.metadata_size,
+                    .references = table_.headers().refs(slot),
+                    .pinned = (flags & ipc::kFlagPinned) != 0,
+                    .delete_pending = (flags & ipc::kFlagDeletePending) != 0,
+                    .has_checksum = (flags & ipc::kFlagHasChecksum) != 0,
+                    .checksum = h.checksum,
+                    .create_time_ns = h.create_time_ns,
+                    .access_time_ns = h.access_time_ns,
+                    .segment = h.segment,
+                    .offset = h.offset,
+                    .tiers = table_.TiersOf(slot),
+                    .owner_uid = table_.at(slot).owner};
 }
 
 std::vector<ReplicaInfo> ObjectStore::ReplicasOf(uint32_t slot) const {

@@ -96,6 +96,27 @@ struct TierUsage {
   uint64_t bytes_out = 0;   // of objects handed out there by gets
 };
 
+// What the admin views (list, show) say of one object: a value read from the store's own
+// tables, valid after the store changes.
+struct ObjectView {
+  ObjectId id;
+  std::string name;
+  bool sealed = false;
+  uint64_t data_size = 0;
+  uint64_t metadata_size = 0;
+  uint64_t references = 0;  // all clients' and the daemon's, all tiers together
+  bool pinned = false;
+  bool delete_pending = false;
+  bool has_checksum = false;
+  uint64_t checksum = 0;
+  uint64_t create_time_ns = 0;
+  uint64_t access_time_ns = 0;
+  uint32_t segment = 0;  // of its host copy, when it has one
+  uint64_t offset = 0;
+  uint64_t tiers = 0;  // with ready bytes (ObjectHeader::tiers)
+  uint32_t owner_uid = 0;
+};
+
 // One replica of an object (the admin `show` view).
 struct ReplicaInfo {
   int32_t device = kHost;
@@ -215,8 +236,6 @@ class ObjectStore {
   ObjectId IdAt(uint32_t slot) const { return table_.IdAt(slot); }
   // Whether `slot` still holds the object `id` (the admin views check this between slices).
   bool Holds(uint32_t slot, const ObjectId& id) const { return table_.Holds(slot, id); }
-  // The uid that created the object in `slot`.
-  uint32_t OwnerOf(uint32_t slot) const { return table_.at(slot).owner; }
   // The display name of the object in `slot`, empty if it has none.
   std::string_view NameOf(uint32_t slot) const { return table_.NameOf(slot); }
   bool IsDeletePending(uint32_t slot) const { return table_.IsDeletePending(slot); }
@@ -233,6 +252,8 @@ class ObjectStore {
   std::vector<HolderInfo> HoldersOf(uint32_t slot) const { return accounts_.HoldersOf(slot); }
   // Objects with a copy in host memory, ready or being made.
   uint64_t ObjectsOnHost() const { return usage_[0].replicas; }
+  // The object in `slot`, as the admin views show it.
+  ObjectView Describe(uint32_t slot) const;
   // The replicas of the object in `slot`: host first, then GPUs in device order.
   std::vector<ReplicaInfo> ReplicasOf(uint32_t slot) const;
   // The tiers the object in `slot` has ready bytes on (ObjectHeader::tiers).

@@ -162,9 +162,31 @@ void Server::Accept() {
 
 void Server::Forget(ClientId id) { sessions_.erase(id); }
 
-const Session* Server::FindSession(ClientId id) const {
+namespace {
+ClientView ViewOf(const Session& session, const ObjectStore& store) {
+  return ClientView{.id = session.id(),
+                    .peer = session.peer(),
+                    .client_name = session.client_name(),
+                    .requests = session.requests(),
+                    .connected_time_ns = session.connected_time_ns(),
+                    .usage = store.UsageOf(session.id())};
+}
+}  // namespace
+
+std::vector<ClientView> Server::Clients() const {
+  std::vector<ClientView> clients;
+  for (const auto& [id, session] : sessions_) {
+    if (!session->closed()) clients.push_back(ViewOf(*session, store_));
+  }
+  std::sort(clients.begin(), clients.end(),
+            [](const ClientView& a, const ClientView& b) { return a.id < b.id; });
+  return clients;
+}
+
+std::optional<ClientView> Server::FindClient(ClientId id) const {
   auto it = sessions_.find(id);
-  return it == sessions_.end() ? nullptr : it->second.get();
+  if (it == sessions_.end() || it->second->closed()) return std::nullopt;
+  return ViewOf(*it->second, store_);
 }
 
 std::string Server::RenderMetrics() const {

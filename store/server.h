@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -16,11 +17,22 @@
 #include "store/accept_retry.h"
 #include "store/metrics.h"
 #include "store/object_store.h"
+#include "store/peer.h"
 #include "store/slice_queue.h"
 
 namespace depot::store {
 
 class Session;
+
+// A connected client, as the admin views show it.
+struct ClientView {
+  ClientId id = 0;
+  Peer peer;
+  std::string client_name;  // from its hello; empty before
+  uint64_t requests = 0;
+  uint64_t connected_time_ns = 0;
+  ClientUsage usage;
+};
 
 struct ServerOptions {
   std::string socket_path;
@@ -63,11 +75,9 @@ class Server {
   // The metrics in Prometheus text format (the `metrics` request and GET /metrics).
   std::string RenderMetrics() const;
   void Forget(ClientId id);
-  // The session of a client, null if it has gone.
-  const Session* FindSession(ClientId id) const;
-  const std::unordered_map<ClientId, std::shared_ptr<Session>>& sessions() const {
-    return sessions_;
-  }
+  // The connected clients, by id; and one of them, nullopt if it has gone.
+  std::vector<ClientView> Clients() const;
+  std::optional<ClientView> FindClient(ClientId id) const;
 
  private:
   void Accept();

@@ -17,14 +17,6 @@
 namespace depot::store {
 
 namespace {
-// Stop handling the requests of a client whose replies pile up unread beyond this. A reply
-// may take it past the bound once (list replies are capped at kMaxListReplyBytes).
-constexpr size_t kMaxQueuedReplyBytes = 4u << 20;
-// What a session's read buffer may take without counting against its metadata limits.
-constexpr uint64_t kFreeReadBuffer = 1u << 20;
-// Reads per wake-up, and requests handled, before other sessions get a turn.
-constexpr int kReadsPerTurn = 16;
-constexpr int kFramesPerTurn = 16;
 // Longest object name accepted.
 constexpr size_t kMaxNameBytes = 4096;
 // Gets that would wait longer than this (30 days) wait for ever.
@@ -80,45 +72,28 @@ void ToWire(const ObjectStore& store, uint32_t device, wire::Device::Builder out
   out.setReplicas(store.device_usage(device).replicas);
 }
 
-wire::ChunkHandle ToWire(ipc::ChunkHandle handle) {
-  switch (handle) {
-    case ipc::ChunkHandle::kPosixFd:
-      return wire::ChunkHandle::POSIX_FD;
-    case ipc::ChunkHandle::kLegacyIpc:
-      return wire::ChunkHandle::LEGACY_IPC;
-    case ipc::ChunkHandle::kMemfd:
-      return wire::ChunkHandle::MEMFD;
-  }
-  return wire::ChunkHandle::MEMFD;
-}
-
-void ToWire(const ObjectStore& store, uint32_t slot, wire::ObjectInfo::Builder o) {
-  const auto& h = store.headers().at(slot);
-  const uint64_t word = h.state_refs.load(std::memory_order_relaxed);
-  ipc::ToWire(ObjectId::FromWords(h.id_lo, h.id_hi), o.initId());
-  auto name = store.NameOf(slot);
-  o.setName(capnp::Text::Reader(name.data(), name.size()));
-  o.setState(ipc::UnpackState(word) == ipc::ObjectState::kSealed ? wire::ObjectState::SEALED
-                                                                 : wire::ObjectState::CREATING);
-  o.setDataSize(h.data_size);
-  o.setMetadataSize(h.metadata_size);
-  o.setRefCount(static_cast<uint32_t>(ipc::UnpackRefs(word)));
-  o.setPinned(h.flags & ipc::kFlagPinned);
-  o.setHasChecksum(h.flags & ipc::kFlagHasChecksum);
-  o.setChecksum(h.checksum);
-  o.setCreateTimeNs(h.create_time_ns);
-  o.setAccessTimeNs(h.access_time_ns);
-  o.setSegment(h.segment);
-  o.setOffset(h.offset);
-  o.setDeletePending(h.flags & ipc::kFlagDeletePending);
-  o.setOwnerUid(store.OwnerOf(slot));
-  const uint64_t tiers = store.TiersOf(slot);
-  o.setOnHost(tiers & ipc::kTierHost);
-  const auto devices = static_cast<unsigned>(std::popcount(tiers >> 1));
+void ToWire(const ObjectView& v, wire::ObjectInfo::Builder o) {
+  ipc::ToWire(v.id, o.initId());
+  o.setName(v.name);
+  o.setState(v.sealed ? wire::ObjectState::SEALED : wire::ObjectState::CREATING);
+  o.setDataSize(v.data_size);
+  o.setMetadataSize(v.metadata_size);
+  o.setRefCount(static_cast<uint32_t>(v.references));
+  o.setPinned(v.pinned);
+  o.setHasChecksum(v.has_checksum);
+  o.setChecksum(v.checksum);
+  o.setCreateTimeNs(v.create_time_ns);
+  o.setAccessTimeNs(v.access_time_ns);
+  o.setSegment(v.segment);
+  o.setOffset(v.offset);
+  o.setDeletePending(v.delete_pending);
+  o.setOwnerUid(v.owner_uid);
+  o.setOnHost(v.tiers & ipc::kTierHost);
+  const auto devices = static_cast<unsigned>(std::popcount(v.tiers >> 1));
   auto out = o.initDevices(devices);
   unsigned i = 0;
   for (uint32_t d = 0; i < devices; ++d) {
-    if (tiers & ipc::TierBit(static_cast<int32_t>(d))) out.set(i++, d);
+    if (v.tiers & ipc::TierBit(static_cast<int32_t>(d))) out.set(i++, d);
   }
 }
 
@@ -144,137 +119,48 @@ wire::VerifyState ToWire(VerifyState state) {
 Session::Session(Server& server, boost::asio::local::stream_protocol::socket socket, ClientId id,
                  Peer peer)
     : server_(server),
-      socket_(std::move(socket)),
+      store_(server.store()),
+      connection_(std::make_shared<Connection>(server.loop(), std::move(socket),
+                                               server.options().max_frame_bytes,
+                                               server.store().arena(), server.store().pools(),
+                                               static_cast<Connection::Handler&>(*this))),
       id_(id),
       peer_(std::move(peer)),
-      connected_time_ns_(ipc::WallNanos()),
-      reader_(server.options().max_frame_bytes) {}
+      connected_time_ns_(ipc::WallNanos()) {}
 
 Session::~Session() = default;
 
 void Session::Start() {
-  server_.store().AddClient(id_, peer_.uid);
-  socket_.non_blocking(true);
-  WaitReadable();
+  store_.AddClient(id_, peer_.uid);
+  connection_->Start();
 }
 
-void Session::Close(const std::string& reason) {
-  if (closed_) return;
-  closed_ = true;
-  if (!counted_close_) server_.metrics().SessionClosed(/*protocol_error=*/false);
+void Session::Close(const std::string& reason) { connection_->Close(reason); }
+
+void Session::OnClosed(const std::string& reason, bool protocol_error) {
+  server_.metrics().SessionClosed(protocol_error);
   spdlog::info("session {} (pid {}, {}) closed: {}", id_, peer_.pid, peer_.command, reason);
-  // Jobs still running end with the session: give back what it had counted for requests.
-  (void)server_.store().ChargeRequests(id_, -static_cast<int64_t>(buffer_charge_ + jobs_charge_));
-  buffer_charge_ = jobs_charge_ = 0;
-  server_.store().RemoveClient(id_);
-  boost::system::error_code ignored;
-  socket_.close(ignored);
-  out_.clear();
+  // Jobs still running end with the session: give back what they had counted.
+  (void)store_.ChargeRequests(id_, -static_cast<int64_t>(jobs_charge_));
+  jobs_charge_ = 0;
+  store_.RemoveClient(id_);
   // The server owns the last reference; let pending handlers finish with a live object.
   boost::asio::post(server_.loop(),
                     [self = shared_from_this()] { self->server_.Forget(self->id_); });
 }
 
-Status Session::ChargeReadBuffer() {
-  // The first kFreeReadBuffer of the buffer are every session's; beyond that, a large frame
-  // being read counts against the client's limits until it is handled.
-  const uint64_t want =
-      reader_.capacity() > kFreeReadBuffer ? reader_.capacity() - kFreeReadBuffer : 0;
-  if (want == buffer_charge_) return Status::OK();
-  const int64_t delta = static_cast<int64_t>(want) - static_cast<int64_t>(buffer_charge_);
-  DEPOT_RETURN_NOT_OK(server_.store().ChargeRequests(id_, delta));
-  buffer_charge_ = want;
-  return Status::OK();
-}
+bool Session::Saturated() const { return jobs_ >= kMaxJobsPerSession; }
 
-void Session::Violation(const std::string& what) {
-  if (closed_) return;
-  server_.metrics().SessionClosed(/*protocol_error=*/true);
-  counted_close_ = true;
-  Close("protocol violation: " + what);
-}
+Status Session::Charge(int64_t bytes) { return store_.ChargeRequests(id_, bytes); }
 
-void Session::WaitReadable() {
-  if (closed_ || reading_) return;
-  reading_ = true;
-  socket_.async_wait(boost::asio::socket_base::wait_read,
-                     [self = shared_from_this()](const boost::system::error_code& ec) {
-                       self->reading_ = false;
-                       if (self->closed_) return;
-                       if (ec) return self->Close("socket error: " + ec.message());
-                       self->OnReadable();
-                     });
-}
-
-void Session::OnReadable() {
-  for (int turn = 0; turn < kReadsPerTurn; ++turn) {
-    bool would_block = false;
-    auto n = reader_.ReadSome(socket_.native_handle(), &would_block);
-    if (!n.ok()) return Close(n.status().message());
-    if (Status st = ChargeReadBuffer(); !st.ok()) {
-      return Close("its request of " + ipc::FormatSize(reader_.buffered_bytes()) +
-                   " so far cannot be buffered: " + st.message());
-    }
-    if (reader_.pending_fds() != 0) {
-      return Violation("the client sent file descriptors, which clients never do");
-    }
-    if (would_block) break;
-    if (*n == 0) {
-      return Close(reader_.buffered_bytes() == 0 ? "client disconnected"
-                                                 : "client disconnected in the middle of a frame");
-    }
-    if (!HandleBufferedFrames()) return;
-  }
-  WaitReadable();
-}
-
-bool Session::HandleBufferedFrames() {
-  for (int handled = 0;; ++handled) {
-    if (jobs_ >= kMaxJobsPerSession) return false;  // EndJob resumes
-    if (handled == kFramesPerTurn) {
-      // A client that pipelines many requests gets them handled a few at a time, taking
-      // turns with the other sessions.
-      Resume();
-      return false;
-    }
-    if (out_bytes_ > kMaxQueuedReplyBytes) {
-      // The client is not reading its replies: handle nothing more of it, buffered or not,
-      // until they drain (Flush resumes).
-      paused_ = true;
-      return false;
-    }
-    auto frame = reader_.Next();
-    if (!frame.ok()) {
-      Violation(frame.status().message());
-      return false;
-    }
-    if (!frame->has_value()) {
-      // Every frame read is handled: a large buffer goes back now, not at the next read.
-      reader_.Compact();
-      if (Status st = ChargeReadBuffer(); !st.ok()) {  // it shrinks: cannot fail
-        Close("accounting its read buffer: " + st.message());
-        return false;
-      }
-      return true;
-    }
-    if (!HandleFrame(**frame) || closed_) return false;
-  }
-}
-
-void Session::Resume() {
-  paused_ = false;
-  // From the loop, not from inside whatever reply drained the queue: that may be another
-  // session's request, in the middle of changing the store.
-  boost::asio::post(server_.loop(), [self = shared_from_this()] {
-    if (!self->closed_ && !self->paused_ && self->jobs_ < kMaxJobsPerSession &&
-        self->HandleBufferedFrames()) {
-      self->WaitReadable();
-    }
+void Session::CloseSoon(std::string reason) {
+  boost::asio::post(server_.loop(), [self = shared_from_this(), reason = std::move(reason)] {
+    self->Close(reason);
   });
 }
 
 bool Session::BeginJob(uint64_t rid, uint64_t bytes) {
-  if (Status st = server_.store().ChargeRequests(id_, static_cast<int64_t>(bytes)); !st.ok()) {
+  if (Status st = store_.ChargeRequests(id_, static_cast<int64_t>(bytes)); !st.ok()) {
     SendError(rid, st);
     return false;
   }
@@ -284,22 +170,22 @@ bool Session::BeginJob(uint64_t rid, uint64_t bytes) {
 }
 
 void Session::EndJob(uint64_t bytes) {
-  (void)server_.store().ChargeRequests(id_, -static_cast<int64_t>(bytes));
+  (void)store_.ChargeRequests(id_, -static_cast<int64_t>(bytes));
   jobs_charge_ -= bytes;
   // Its frames stopped being handled when the last job slot filled.
-  if (jobs_-- == kMaxJobsPerSession) Resume();
+  if (jobs_-- == kMaxJobsPerSession) connection_->Resume();
 }
 
 void Session::RunSlices(std::function<bool()> slice) {
   server_.slices().Run([weak = weak_from_this(), slice = std::move(slice)] {
     auto self = weak.lock();
-    if (!self || self->closed_) return true;
+    if (!self || self->closed()) return true;
     return self->Guarded(slice);
   });
 }
 
 bool Session::Guarded(const std::function<bool()>& work) {
-  // Slices run outside HandleFrame's guard: an exception here must end this session only.
+  // Slices run outside OnFrame's guard: an exception here must end this session only.
   try {
     return work();
   } catch (const kj::Exception& e) {
@@ -310,21 +196,18 @@ bool Session::Guarded(const std::function<bool()>& work) {
   return true;
 }
 
-bool Session::HandleFrame(ipc::FrameReader::Frame& frame) {
+void Session::OnFrame(kj::ArrayPtr<const capnp::word> payload) {
   try {
     capnp::ReaderOptions options;
     options.traversalLimitInWords = ipc::TraversalLimitWords(server_.options().max_frame_bytes);
     options.nestingLimit = 16;
-    capnp::FlatArrayMessageReader message(frame.payload, options);
+    capnp::FlatArrayMessageReader message(payload, options);
     Dispatch(message.getRoot<wire::Request>());
   } catch (const kj::Exception& e) {
-    Violation("malformed message (" + std::string(e.getDescription().cStr()) + ")");
-    return false;
+    connection_->Violation("malformed message (" + std::string(e.getDescription().cStr()) + ")");
   } catch (const std::exception& e) {
     Close(std::string("failed to handle a request: ") + e.what());
-    return false;
   }
-  return !closed_;
 }
 
 bool Session::CheckBatch(uint64_t rid, size_t count) {
@@ -341,128 +224,131 @@ void Session::Dispatch(wire::Request::Reader request) {
   server_.CountRequest();
   const auto which = request.which();
   if (!said_hello_ && which != wire::Request::HELLO) {
-    return Violation("the first request must be hello");
+    return connection_->Violation("the first request must be hello");
   }
   if (rid == 0 && which != wire::Request::RELEASE && which != wire::Request::RELEASE_REFS) {
-    return Violation("request id 0 is only allowed for release");
+    return connection_->Violation("request id 0 is only allowed for release");
   }
   if (Status allowed = CheckAccess(request); !allowed.ok()) return SendError(rid, allowed);
-  ObjectStore& store = server_.store();
-  // Requests that may be answered later (create with seal, seal, get) record their latency
-  // when they are answered; the others here.
   const uint64_t start = server_.metrics().enabled() ? ipc::MonotonicNanos() : 0;
   switch (which) {
     case wire::Request::HELLO:
-      HandleHello(rid, request.getHello());
-      return Observe(RequestType::kHello, start);
+      return HandleHello(rid, request.getHello(), start);
     case wire::Request::CREATE:
       return HandleCreate(rid, request.getCreate(), start);
     case wire::Request::SEAL:
-      return store.Seal(id_, ipc::FromWire(request.getSeal()),
-                        [weak = weak_from_this(), rid, start](Status st) {
-                          auto self = weak.lock();
-                          if (!self || self->closed_) return;
-                          if (st.ok()) {
-                            self->SendOk(rid);
-                          } else {
-                            self->SendError(rid, st);
-                          }
-                          self->Observe(RequestType::kSeal, start);
-                        });
-    case wire::Request::ABORT: {
-      Status st = store.Abort(id_, ipc::FromWire(request.getAbort()));
-      st.ok() ? SendOk(rid) : SendError(rid, st);
-      return Observe(RequestType::kAbort, start);
-    }
+      return HandleSeal(rid, ipc::FromWire(request.getSeal()), start);
+    case wire::Request::ABORT:
+      return HandleAbort(rid, ipc::FromWire(request.getAbort()), start);
     case wire::Request::GET:
       return HandleGet(rid, request.getGet(), start);
     case wire::Request::PREFETCH:
       return HandlePrefetch(rid, request.getPrefetch(), start);
-    case wire::Request::RELEASE: {
-      auto list = request.getRelease();
-      if (!CheckBatch(rid, list.size())) return;
-      std::vector<ObjectId> ids;
-      ids.reserve(list.size());
-      for (auto id : list) ids.push_back(ipc::FromWire(id));
-      Status st = store.Release(id_, ids);
-      if (rid == 0) {
-        if (!st.ok()) spdlog::debug("session {}: release: {}", id_, st.message());
-      } else {
-        st.ok() ? SendOk(rid) : SendError(rid, st);
-      }
-      return Observe(RequestType::kRelease, start);
-    }
-    case wire::Request::RELEASE_REFS: {
-      auto list = request.getReleaseRefs();
-      if (!CheckBatch(rid, list.size())) return;
-      Status first;
-      for (auto ref : list) {
-        const ObjectId id = ipc::FromWire(ref.getId());
-        Status st = store.Release(id_, std::span(&id, 1), ref.getDevice());
-        if (first.ok()) first = st;
-      }
-      if (rid == 0) {
-        if (!first.ok()) spdlog::debug("session {}: release: {}", id_, first.message());
-      } else {
-        first.ok() ? SendOk(rid) : SendError(rid, first);
-      }
-      return Observe(RequestType::kRelease, start);
-    }
-    case wire::Request::DELETE: {
-      auto list = request.getDelete();
-      if (!CheckBatch(rid, list.size())) return;
-      std::vector<ObjectId> ids;
-      ids.reserve(list.size());
-      for (auto id : list) ids.push_back(ipc::FromWire(id));
-      auto codes = store.Delete(ids);
-      capnp::MallocMessageBuilder message;
-      auto reply = message.initRoot<wire::Reply>();
-      reply.setId(rid);
-      auto out = reply.initDelete(static_cast<unsigned>(codes.size()));
-      for (size_t i = 0; i < codes.size(); ++i)
-        out.set(static_cast<unsigned>(i), ipc::ToWire(codes[i]));
-      SendReply(message, reply);
-      return Observe(RequestType::kDelete, start);
-    }
-    case wire::Request::CONTAINS: {
-      auto list = request.getContains();
-      if (!CheckBatch(rid, list.size())) return;
-      capnp::MallocMessageBuilder message;
-      auto reply = message.initRoot<wire::Reply>();
-      reply.setId(rid);
-      auto out = reply.initContains(list.size());
-      for (unsigned i = 0; i < list.size(); ++i) out.set(i, store.Contains(ipc::FromWire(list[i])));
-      SendReply(message, reply);
-      return Observe(RequestType::kContains, start);
-    }
+    case wire::Request::RELEASE:
+      return HandleRelease(rid, request.getRelease(), start);
+    case wire::Request::RELEASE_REFS:
+      return HandleReleaseRefs(rid, request.getReleaseRefs(), start);
+    case wire::Request::DELETE:
+      return HandleDelete(rid, request.getDelete(), start);
+    case wire::Request::CONTAINS:
+      return HandleContains(rid, request.getContains(), start);
     case wire::Request::LIST:
       return HandleList(rid, request.getList(), start);
     case wire::Request::STATUS:
-      HandleStatus(rid);
-      return Observe(RequestType::kStatus, start);
-    case wire::Request::METRICS: {
-      capnp::MallocMessageBuilder message;
-      auto reply = message.initRoot<wire::Reply>();
-      reply.setId(rid);
-      reply.setMetrics(server_.RenderMetrics());
-      SendReply(message, reply);
-      return Observe(RequestType::kMetrics, start);
-    }
+      return HandleStatus(rid, start);
+    case wire::Request::METRICS:
+      return HandleMetrics(rid, start);
     case wire::Request::CLIENTS:
-      HandleClients(rid);
-      return Observe(RequestType::kClients, start);
+      return HandleClients(rid, start);
     case wire::Request::OBJECT_INFO:
-      HandleObjectInfo(rid, ipc::FromWire(request.getObjectInfo()));
-      return Observe(RequestType::kObjectInfo, start);
+      return HandleObjectInfo(rid, ipc::FromWire(request.getObjectInfo()), start);
     case wire::Request::VERIFY:
       return HandleVerify(rid, request.getVerify(), start);
     case wire::Request::EVICT:
-      HandleEvict(rid, request.getEvict());
-      return Observe(RequestType::kEvict, start);
+      return HandleEvict(rid, request.getEvict(), start);
   }
   SendError(rid, Status::InvalidArgument(
                      "unknown request type " + std::to_string(static_cast<int>(which)) +
                      "; is the client newer than this depotd (" + kDepotVersion + ")?"));
+}
+
+void Session::HandleSeal(uint64_t rid, const ObjectId& id, uint64_t start) {
+  store_.Seal(id_, id, [weak = weak_from_this(), rid, start](Status st) {
+    auto self = weak.lock();
+    if (!self || self->closed()) return;
+    st.ok() ? self->SendOk(rid) : self->SendError(rid, st);
+    self->Observe(RequestType::kSeal, start);
+  });
+}
+
+void Session::HandleAbort(uint64_t rid, const ObjectId& id, uint64_t start) {
+  Status st = store_.Abort(id_, id);
+  st.ok() ? SendOk(rid) : SendError(rid, st);
+  Observe(RequestType::kAbort, start);
+}
+
+void Session::AnswerRelease(uint64_t rid, const Status& status, uint64_t start) {
+  if (rid == 0) {
+    if (!status.ok()) spdlog::debug("session {}: release: {}", id_, status.message());
+  } else {
+    status.ok() ? SendOk(rid) : SendError(rid, status);
+  }
+  Observe(RequestType::kRelease, start);
+}
+
+void Session::HandleRelease(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start) {
+  if (!CheckBatch(rid, list.size())) return;
+  std::vector<ObjectId> ids;
+  ids.reserve(list.size());
+  for (auto id : list) ids.push_back(ipc::FromWire(id));
+  AnswerRelease(rid, store_.Release(id_, ids), start);
+}
+
+void Session::HandleReleaseRefs(uint64_t rid, capnp::List<wire::Request::Ref>::Reader refs,
+                                uint64_t start) {
+  if (!CheckBatch(rid, refs.size())) return;
+  Status first;
+  for (auto ref : refs) {
+    const ObjectId id = ipc::FromWire(ref.getId());
+    Status st = store_.Release(id_, std::span(&id, 1), ref.getDevice());
+    if (first.ok()) first = st;
+  }
+  AnswerRelease(rid, first, start);
+}
+
+void Session::HandleDelete(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start) {
+  if (!CheckBatch(rid, list.size())) return;
+  std::vector<ObjectId> ids;
+  ids.reserve(list.size());
+  for (auto id : list) ids.push_back(ipc::FromWire(id));
+  const std::vector<StatusCode> codes = store_.Delete(ids);
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initDelete(static_cast<unsigned>(codes.size()));
+  for (unsigned i = 0; i < codes.size(); ++i) out.set(i, ipc::ToWire(codes[i]));
+  SendReply(message, reply);
+  Observe(RequestType::kDelete, start);
+}
+
+void Session::HandleContains(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start) {
+  if (!CheckBatch(rid, list.size())) return;
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initContains(list.size());
+  for (unsigned i = 0; i < list.size(); ++i) out.set(i, store_.Contains(ipc::FromWire(list[i])));
+  SendReply(message, reply);
+  Observe(RequestType::kContains, start);
+}
+
+void Session::HandleMetrics(uint64_t rid, uint64_t start) {
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  reply.setMetrics(server_.RenderMetrics());
+  SendReply(message, reply);
+  Observe(RequestType::kMetrics, start);
 }
 
 Status Session::CheckAccess(wire::Request::Reader request) const {
@@ -495,18 +381,16 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
   }
 }
 
-void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
-  if (said_hello_) return Violation("hello sent twice");
+void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello, uint64_t start) {
+  if (said_hello_) return connection_->Violation("hello sent twice");
   if (peer_.access == Access::kNone) {
     SendError(rid,
               Status::PermissionDenied(
                   "uid " + std::to_string(peer_.uid) + " may not use the depot daemon of uid " +
                   std::to_string(::geteuid()) + " (start depotd with --share-with-uid " +
                   std::to_string(peer_.uid) + " or --share-with-group to let it read objects)"));
-    boost::asio::post(server_.loop(), [self = shared_from_this()] {
-      self->Close("uid " + std::to_string(self->peer_.uid) + " is not shared with");
-    });
-    return;
+    Observe(RequestType::kHello, start);
+    return CloseSoon("uid " + std::to_string(peer_.uid) + " is not shared with");
   }
   if (hello.getProtocolVersion() != ipc::kProtocolVersion) {
     SendError(rid, Status::ProtocolMismatch(
@@ -514,11 +398,8 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
                        std::to_string(hello.getProtocolVersion()) + " but this depotd (" +
                        kDepotVersion + ") speaks version " + std::to_string(ipc::kProtocolVersion) +
                        "; use a client and a daemon from the same release"));
-    // Let the reply go out, then hang up.
-    boost::asio::post(server_.loop(), [self = shared_from_this()] {
-      self->Close("client speaks another protocol version");
-    });
-    return;
+    Observe(RequestType::kHello, start);
+    return CloseSoon("client speaks another protocol version");
   }
   said_hello_ = true;
   client_name_ = hello.getClientName().cStr();
@@ -532,14 +413,14 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello) {
   h.setDaemonVersion(kDepotVersion);
   h.setEpoch(server_.epoch());
   h.setSessionId(id_);
-  h.setHeaderSlots(server_.store().headers().slots());
+  h.setHeaderSlots(store_.headers().slots());
   h.setMaxFrameBytes(server_.options().max_frame_bytes);
   h.setMaxBatch(server_.options().max_batch);
-  const ObjectStore& store = server_.store();
-  auto devices = h.initDevices(static_cast<unsigned>(store.pools().size()));
-  for (unsigned d = 0; d < devices.size(); ++d) ToWire(store, d, devices[d]);
+  auto devices = h.initDevices(static_cast<unsigned>(store_.pools().size()));
+  for (unsigned d = 0; d < devices.size(); ++d) ToWire(store_, d, devices[d]);
   h.setDeviceBackend(server_.options().device_backend);
-  SendReply(message, reply, {.extra_fd = server_.store().headers().fd()});
+  SendReply(message, reply, {.extra_fd = store_.headers().fd()});
+  Observe(RequestType::kHello, start);
 }
 
 void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start) {
@@ -579,36 +460,35 @@ void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, u
                               "create it, write it, then seal it"));
   }
   // Answered at once for host objects; a GPU create may wait for room (spills).
-  server_.store().Create(id_, params,
-                         [weak = weak_from_this(), rid, seal, release, id = params.id,
-                          start](Result<Location> created) {
-                           auto self = weak.lock();
-                           if (!self || self->closed_) return;
-                           if (!created.ok()) {
-                             self->SendError(rid, created.status());
-                             return self->Observe(seal ? RequestType::kPut : RequestType::kCreate,
-                                                  start);
-                           }
-                           if (!seal) {
-                             self->SendLocation(rid, *created, /*writable=*/true);
-                             return self->Observe(RequestType::kCreate, start);
-                           }
-                           self->SealAfterPut(rid, id, release, *created, start);
-                         });
+  store_.Create(id_, params,
+                [weak = weak_from_this(), rid, seal, release, id = params.id,
+                 start](Result<Location> created) {
+                  auto self = weak.lock();
+                  if (!self || self->closed()) return;
+                  if (!created.ok()) {
+                    self->SendError(rid, created.status());
+                    return self->Observe(seal ? RequestType::kPut : RequestType::kCreate, start);
+                  }
+                  if (!seal) {
+                    self->SendLocation(rid, *created, /*writable=*/true);
+                    return self->Observe(RequestType::kCreate, start);
+                  }
+                  self->SealAfterPut(rid, id, release, *created, start);
+                });
 }
 
 void Session::SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const Location& loc,
                            uint64_t start) {
   // A put in one round trip: seal now, and drop the creator's reference if asked.
-  server_.store().Seal(id_, id, [weak = weak_from_this(), rid, id, release, loc, start](Status st) {
+  store_.Seal(id_, id, [weak = weak_from_this(), rid, id, release, loc, start](Status st) {
     auto self = weak.lock();
-    if (!self || self->closed_) return;
-    if (st.ok() && release) st = self->server_.store().Release(self->id_, std::span(&id, 1));
+    if (!self || self->closed()) return;
+    if (st.ok() && release) st = self->store_.Release(self->id_, std::span(&id, 1));
     if (st.ok()) {
       self->SendLocation(rid, loc, /*writable=*/false);
     } else {
       // The client never got a handle to this object: do not leave it behind.
-      (void)self->server_.store().Abort(self->id_, id);
+      (void)self->store_.Abort(self->id_, id);
       self->SendError(rid, st);
     }
     self->Observe(RequestType::kPut, start);
@@ -654,11 +534,11 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
   int64_t timeout = std::max<int64_t>(get.getTimeoutMs(), -1);
   if (timeout > kForeverMs) timeout = -1;
   const int32_t device = get.getDevice();
-  Status st = server_.store().Get(
+  Status st = store_.Get(
       id_, std::move(ids), device, timeout,
       [weak = weak_from_this(), rid, start, device](std::vector<GetResult> results) {
         auto self = weak.lock();
-        if (!self || self->closed_) return;
+        if (!self || self->closed()) return;
         capnp::MallocMessageBuilder message;
         auto reply = message.initRoot<wire::Reply>();
         reply.setId(rid);
@@ -711,18 +591,18 @@ void Session::HandlePrefetch(uint64_t rid, wire::Request::Get::Reader prefetch, 
   // A get that waits for nothing but its copies, whose references go back at once: the
   // copies stay, unreferenced, until room is needed.
   const int32_t device = prefetch.getDevice();
-  Status st = server_.store().Get(
+  Status st = store_.Get(
       id_, ids, device, /*timeout_ms=*/0,
       [weak = weak_from_this(), rid, start, ids, device](std::vector<GetResult> results) {
         auto self = weak.lock();
-        if (!self || self->closed_) return;
+        if (!self || self->closed()) return;
         capnp::MallocMessageBuilder message;
         auto reply = message.initRoot<wire::Reply>();
         reply.setId(rid);
         auto codes = reply.initPrefetch(static_cast<unsigned>(results.size()));
         for (unsigned i = 0; i < results.size(); ++i) {
           if (results[i].code == StatusCode::kOk) {
-            (void)self->server_.store().Release(self->id_, std::span(&ids[i], 1), device);
+            (void)self->store_.Release(self->id_, std::span(&ids[i], 1), device);
           }
           codes.set(i, ipc::ToWire(results[i].code));
         }
@@ -750,7 +630,7 @@ void Session::HandleList(uint64_t rid, wire::Request::ListObjects::Reader list, 
 }
 
 bool Session::ListSlice(ListJob& job) {
-  const ObjectStore& store = server_.store();
+  const ObjectStore& store = store_;
   if (!job.walked) {
     if (job.largest) {
       if (!job.scan.Step(store, kSliceSlots)) return false;
@@ -784,7 +664,7 @@ bool Session::ListSlice(ListJob& job) {
       job.looked = job.found.size();
       break;
     }
-    ToWire(store, slot, objects[job.kept++]);
+    ToWire(store.Describe(slot), objects[job.kept++]);
   }
   if (job.looked < job.found.size()) return false;
   job.objects.truncate(job.kept);
@@ -800,10 +680,10 @@ bool Session::ListSlice(ListJob& job) {
   return true;
 }
 
-void Session::HandleStatus(uint64_t rid) {
-  const ObjectStore& store = server_.store();
+void Session::HandleStatus(uint64_t rid, uint64_t start) {
+  const ObjectStore& store = store_;
   const Arena& arena = store.arena();
-  const StoreCounters& c = store.counters();
+  const StoreCounters c = store.counters();
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
@@ -841,49 +721,46 @@ void Session::HandleStatus(uint64_t rid) {
   s.setRequestBytes(c.request_bytes);
   s.setRequests(server_.requests());
   SendReply(message, reply);
+  Observe(RequestType::kStatus, start);
 }
 
-void Session::HandleClients(uint64_t rid) {
-  std::vector<const Session*> sessions;
-  for (const auto& [id, session] : server_.sessions()) {
-    if (!session->closed()) sessions.push_back(session.get());
-  }
-  std::sort(sessions.begin(), sessions.end(),
-            [](const Session* a, const Session* b) { return a->id() < b->id(); });
+void Session::HandleClients(uint64_t rid, uint64_t start) {
+  const std::vector<ClientView> clients = server_.Clients();
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
-  auto out = reply.initClients(static_cast<unsigned>(sessions.size()));
-  for (unsigned i = 0; i < sessions.size(); ++i) {
-    const Session& session = *sessions[i];
-    const ClientUsage usage = server_.store().UsageOf(session.id());
+  auto out = reply.initClients(static_cast<unsigned>(clients.size()));
+  for (unsigned i = 0; i < clients.size(); ++i) {
+    const ClientView& client = clients[i];
     auto c = out[i];
-    c.setSessionId(session.id());
-    c.setPid(static_cast<uint32_t>(session.peer().pid));
-    c.setUid(session.peer().uid);
-    c.setCommand(session.peer().command);
-    c.setClientName(session.client_name());
-    c.setObjectsHeld(usage.objects);
-    c.setReferences(usage.references);
-    c.setBytesHeld(usage.bytes);
-    c.setRequests(session.requests());
-    c.setConnectedTimeNs(session.connected_time_ns());
+    c.setSessionId(client.id);
+    c.setPid(static_cast<uint32_t>(client.peer.pid));
+    c.setUid(client.peer.uid);
+    c.setCommand(client.peer.command);
+    c.setClientName(client.client_name);
+    c.setObjectsHeld(client.usage.objects);
+    c.setReferences(client.usage.references);
+    c.setBytesHeld(client.usage.bytes);
+    c.setRequests(client.requests);
+    c.setConnectedTimeNs(client.connected_time_ns);
   }
   SendReply(message, reply);
+  Observe(RequestType::kClients, start);
 }
 
-void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
-  const ObjectStore& store = server_.store();
+void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id, uint64_t start) {
+  const ObjectStore& store = store_;
   const uint32_t slot = store.SlotOf(id);
   if (slot == HeaderTable::kNoSlot) {
-    return SendError(rid, Status::NotFound("object " + id.Hex() + " does not exist"));
+    SendError(rid, Status::NotFound("object " + id.Hex() + " does not exist"));
+    return Observe(RequestType::kObjectInfo, start);
   }
   const auto holders = store.HoldersOf(slot);
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
   auto details = reply.initObjectInfo();
-  ToWire(store, slot, details.initInfo());
+  ToWire(store.Describe(slot), details.initInfo());
   auto out = details.initHolders(static_cast<unsigned>(holders.size()));
   for (unsigned i = 0; i < holders.size(); ++i) {
     const ClientId client = holders[i].client;
@@ -900,11 +777,11 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
       h.setUid(::getuid());
       h.setCommand("depotd");
       h.setClientName("depotd (verify or copy)");
-    } else if (const Session* session = server_.FindSession(client)) {
-      h.setPid(static_cast<uint32_t>(session->peer().pid));
-      h.setUid(session->peer().uid);
-      h.setCommand(session->peer().command);
-      h.setClientName(session->client_name());
+    } else if (const std::optional<ClientView> holder = server_.FindClient(client)) {
+      h.setPid(static_cast<uint32_t>(holder->peer.pid));
+      h.setUid(holder->peer.uid);
+      h.setCommand(holder->peer.command);
+      h.setClientName(holder->client_name);
     }
   }
   const auto replicas = store.ReplicasOf(slot);
@@ -917,6 +794,7 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id) {
     copies[i].setReady(replicas[i].ready);
   }
   SendReply(message, reply);
+  Observe(RequestType::kObjectInfo, start);
 }
 
 struct Session::VerifyJob {
@@ -961,7 +839,7 @@ void Session::HandleVerify(uint64_t rid, wire::Request::Verify::Reader verify, u
 
 bool Session::VerifySlice(const std::shared_ptr<VerifyJob>& job) {
   // Starts one small batch per slice, keeping up to kVerifiesInFlight of them hashing.
-  ObjectStore& store = server_.store();
+  ObjectStore& store = store_;
   std::vector<ObjectId> batch;
   if (job->all) {
     const auto page =
@@ -985,7 +863,7 @@ bool Session::VerifySlice(const std::shared_ptr<VerifyJob>& job) {
     // The callback may run inside this call, when there is nothing to hash.
     store.Verify(std::move(batch),
                  [weak = weak_from_this(), job, first](std::vector<VerifyOutcome> outcomes) {
-                   if (auto self = weak.lock(); self && !self->closed_) {
+                   if (auto self = weak.lock(); self && !self->closed()) {
                      self->Guarded([&] {
                        self->VerifyBatchDone(job, first, std::move(outcomes));
                        return true;
@@ -1033,13 +911,14 @@ void Session::SendVerifyReply(VerifyJob& job) {
   EndJob(job.charge);
 }
 
-void Session::HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict) {
+void Session::HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict, uint64_t start) {
   if (evict.getBytes() == 0 && !evict.getAllUnreferenced()) {
-    return SendError(
-        rid, Status::InvalidArgument("evict needs a number of bytes to free, or allUnreferenced"));
+    SendError(rid,
+              Status::InvalidArgument("evict needs a number of bytes to free, or allUnreferenced"));
+    return Observe(RequestType::kEvict, start);
   }
   const EvictOutcome outcome =
-      server_.store().EvictUnreferenced(evict.getBytes(), evict.getAllUnreferenced());
+      store_.EvictUnreferenced(evict.getBytes(), evict.getAllUnreferenced());
   spdlog::info("session {} (pid {}, {}): evicted {} objects ({})", id_, peer_.pid, peer_.command,
                outcome.objects, ipc::FormatSize(outcome.bytes));
   capnp::MallocMessageBuilder message;
@@ -1049,6 +928,7 @@ void Session::HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict) {
   out.setObjects(outcome.objects);
   out.setBytes(outcome.bytes);
   SendReply(message, reply);
+  Observe(RequestType::kEvict, start);
 }
 
 void Session::Observe(RequestType type, uint64_t start) {
@@ -1075,102 +955,6 @@ void Session::SendError(uint64_t rid, const Status& status) {
   reply.setError(ipc::ToWire(status.code()));
   reply.setMessage(status.message());
   SendReply(message, reply);
-}
-
-void Session::SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply,
-                        const ReplyAttachments& attach) {
-  if (closed_) return;
-  const Arena& arena = server_.store().arena();
-  std::vector<int> fds;
-  const uint32_t first = segments_sent_;
-  const uint32_t readable =
-      attach.max_segment >= first ? static_cast<uint32_t>(attach.max_segment) + 1 - first : 0;
-  const auto writable = static_cast<uint32_t>(attach.writable_segment);
-  const bool new_writable = attach.writable_segment >= 0 && !writable_sent_.contains(writable);
-  if (readable > 0 || new_writable) {
-    auto segs = reply.initNewSegments(readable + (new_writable ? 1 : 0));
-    for (uint32_t i = 0; i < readable; ++i) {
-      segs[i].setIndex(first + i);
-      segs[i].setSize(arena.segment_bytes(first + i));
-      fds.push_back(arena.read_fd(first + i));
-    }
-    segments_sent_ += readable;
-    if (new_writable) {
-      segs[readable].setIndex(writable);
-      segs[readable].setSize(arena.segment_bytes(writable));
-      segs[readable].setWritable(true);
-      fds.push_back(arena.fd(writable));
-      writable_sent_.insert(writable);
-    }
-  }
-  if (attach.chunk_device != kHost) {
-    AttachChunks(reply, attach.chunk_device, attach.max_chunk, attach.writable_chunk, fds);
-  }
-  if (attach.extra_fd >= 0) fds.push_back(attach.extra_fd);
-  auto frame = ipc::EncodeFrame(message, std::move(fds));
-  if (!frame.ok()) return Close("cannot encode a reply: " + frame.status().message());
-  out_bytes_ += frame->bytes.size() * sizeof(capnp::word);
-  out_.push_back(std::move(*frame));
-  if (!writing_) Flush();
-}
-
-void Session::AttachChunks(wire::Reply::Builder reply, int32_t device, int64_t max_chunk,
-                           int64_t writable_chunk, std::vector<int>& fds) {
-  if (chunks_sent_.size() <= static_cast<size_t>(device)) chunks_sent_.resize(device + 1, 0);
-  const gpu::DevicePool& pool = *server_.store().pools()[device];
-  const uint32_t first = chunks_sent_[device];
-  const uint32_t readable =
-      max_chunk >= static_cast<int64_t>(first) ? static_cast<uint32_t>(max_chunk) + 1 - first : 0;
-  // Chunks go read-only where the backend can share them so (simulated devices); a writer
-  // gets the chunk it creates in writable besides. CUDA chunks have one, read-write, form.
-  const auto writable = static_cast<uint32_t>(writable_chunk);
-  const bool new_writable = writable_chunk >= 0 && pool.chunk(writable).read_fd &&
-                            !writable_chunks_sent_.contains({device, writable});
-  if (readable == 0 && !new_writable) return;
-  auto chunks = reply.initNewChunks(readable + (new_writable ? 1 : 0));
-  const auto describe = [&](uint32_t c, bool rw, wire::Chunk::Builder out) {
-    const gpu::Chunk& chunk = pool.chunk(c);
-    out.setDevice(static_cast<uint32_t>(device));
-    out.setIndex(c);
-    out.setSize(chunk.size);
-    out.setHandle(ToWire(chunk.handle));
-    if (chunk.handle == ipc::ChunkHandle::kLegacyIpc) {
-      out.setIpcHandle(capnp::Data::Reader(
-          reinterpret_cast<const capnp::byte*>(chunk.ipc_handle.data()), chunk.ipc_handle.size()));
-      out.setWritable(true);
-    } else {
-      const bool read_only = !rw && chunk.read_fd;
-      fds.push_back(read_only ? chunk.read_fd.get() : chunk.fd.get());
-      out.setWritable(!read_only);
-    }
-  };
-  for (uint32_t i = 0; i < readable; ++i) describe(first + i, false, chunks[i]);
-  chunks_sent_[device] = first + readable;
-  if (new_writable) {
-    describe(writable, true, chunks[readable]);
-    writable_chunks_sent_.insert({device, writable});
-  }
-}
-
-void Session::Flush() {
-  while (!out_.empty()) {
-    auto done = ipc::WriteFrame(socket_.native_handle(), out_.front());
-    if (!done.ok()) return Close("cannot write to the client: " + done.status().message());
-    if (!*done) {
-      writing_ = true;
-      socket_.async_wait(boost::asio::socket_base::wait_write,
-                         [self = shared_from_this()](const boost::system::error_code& ec) {
-                           self->writing_ = false;
-                           if (self->closed_) return;
-                           if (ec) return self->Close("socket error: " + ec.message());
-                           self->Flush();
-                         });
-      return;
-    }
-    out_bytes_ -= out_.front().bytes.size() * sizeof(capnp::word);
-    out_.pop_front();
-  }
-  if (paused_) Resume();
 }
 
 }  // namespace depot::store
