@@ -1,0 +1,166 @@
+// A connection on its own: frames in, replies and descriptors out, back-pressure, and the
+// ways a client can break it, over a real socket pair with no daemon.
+#include "store/connection.h"
+
+#include <capnp/serialize.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+
+#include "store_parts.h"
+
+namespace depot::store {
+namespace {
+
+using testing::Tiers;
+using Socket = boost::asio::local::stream_protocol::socket;
+
+// Records what the connection hands it; its replies go back through the connection.
+struct Recorder final : Connection::Handler {
+  void OnFrame(kj::ArrayPtr<const capnp::word> payload) override {
+    capnp::FlatArrayMessageReader message(payload);
+    ids.push_back(message.getRoot<wire::Request>().getId());
+  }
+  bool Saturated() const override { return saturated; }
+  Status Charge(int64_t bytes) override {
+    charged += bytes;
+    return Status::OK();
+  }
+  void OnClosed(const std::string& why, bool protocol_error) override {
+    reason = why;
+    violation = protocol_error;
+  }
+
+  std::vector<uint64_t> ids;
+  bool saturated = false;
+  int64_t charged = 0;
+  std::optional<std::string> reason;
+  bool violation = false;
+};
+
+class ConnectionTest : public ::testing::Test {
+ protected:
+  ConnectionTest() {
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    client_.reset(fds[0]);
+    connection_ = std::make_shared<Connection>(
+        loop_, Socket(loop_, boost::asio::local::stream_protocol(), fds[1]), 1 << 20, *tiers_.arena,
+        std::span<gpu::DevicePool* const>(gpus_), recorder_);
+    connection_->Start();
+  }
+  ~ConnectionTest() override { connection_->Close("test over"); }
+
+  // Sends a request frame with id `id` (and `fds`) from the client's end.
+  void SendRequest(uint64_t id, std::vector<int> fds = {}) {
+    capnp::MallocMessageBuilder message;
+    message.initRoot<wire::Request>().setId(id);
+    auto frame = ipc::EncodeFrame(message, std::move(fds));
+    ASSERT_TRUE(frame.ok());
+    ASSERT_TRUE(ipc::WriteFrameFully(client_.get(), *frame).ok());
+  }
+  // Runs the loop until `done`, for at most 10 s (far more than any of it takes).
+  template <typename Pred>
+  bool RunUntil(Pred done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      if (loop_.stopped()) loop_.restart();  // it ran out of work earlier in the test
+      loop_.run_one_for(std::chrono::milliseconds(50));
+    }
+    return done();
+  }
+  // The next reply on the client's end, with its descriptors.
+  ipc::FrameReader::Frame ReadReply() {
+    while (true) {
+      auto frame = reader_.Next();
+      EXPECT_TRUE(frame.ok());
+      if (frame.ok() && frame->has_value()) return std::move(**frame);
+      bool would_block = false;
+      auto n = reader_.ReadSome(client_.get(), &would_block);
+      EXPECT_TRUE(n.ok() && *n > 0);
+      if (!n.ok() || *n == 0) return {};
+    }
+  }
+
+  Tiers tiers_;
+  std::vector<gpu::DevicePool*> gpus_ = tiers_.gpu_pools();
+  boost::asio::io_context loop_;
+  Recorder recorder_;
+  ipc::UniqueFd client_;
+  ipc::FrameReader reader_{1 << 20};
+  std::shared_ptr<Connection> connection_;
+};
+
+TEST_F(ConnectionTest, HandsTheHandlerEachFrameInOrder) {
+  for (uint64_t id = 1; id <= 40; ++id) SendRequest(id);  // more than one turn's worth
+  ASSERT_TRUE(RunUntil([&] { return recorder_.ids.size() == 40; }));
+  for (uint64_t i = 0; i < 40; ++i) EXPECT_EQ(recorder_.ids[i], i + 1);
+}
+
+TEST_F(ConnectionTest, ASaturatedHandlerGetsNothingUntilItResumes) {
+  recorder_.saturated = true;
+  SendRequest(1);
+  SendRequest(2);
+  loop_.run_for(std::chrono::milliseconds(100));  // whatever runs, nothing may be handed over
+  EXPECT_TRUE(recorder_.ids.empty());
+  recorder_.saturated = false;
+  connection_->Resume();
+  ASSERT_TRUE(RunUntil([&] { return recorder_.ids.size() == 2; }));
+}
+
+TEST_F(ConnectionTest, AClientThatSendsDescriptorsBreaksTheProtocol) {
+  SendRequest(1, {client_.get()});
+  ASSERT_TRUE(RunUntil([&] { return recorder_.reason.has_value(); }));
+  EXPECT_TRUE(recorder_.violation);
+  EXPECT_NE(recorder_.reason->find("file descriptors"), std::string::npos) << *recorder_.reason;
+  EXPECT_TRUE(connection_->closed());
+}
+
+TEST_F(ConnectionTest, AClientThatHangsUpClosesIt) {
+  client_.reset();
+  ASSERT_TRUE(RunUntil([&] { return recorder_.reason.has_value(); }));
+  EXPECT_FALSE(recorder_.violation);
+  EXPECT_EQ(*recorder_.reason, "client disconnected");
+}
+
+TEST_F(ConnectionTest, ASegmentGoesToTheClientOnceReadOnlyAndOnceWritable) {
+  auto send = [&](const ReplyAttachments& attach) {
+    capnp::MallocMessageBuilder message;
+    auto reply = message.initRoot<wire::Reply>();
+    reply.setId(9);
+    connection_->Send(message, reply, attach);
+  };
+  send({.max_segment = 0});
+  send({.max_segment = 0});                         // sent already: nothing
+  send({.max_segment = 0, .writable_segment = 0});  // the writable one, once
+  send({.max_segment = 0, .writable_segment = 0});
+  const int sizes[] = {1, 0, 1, 0};
+  for (int i = 0; i < 4; ++i) {
+    ipc::FrameReader::Frame frame = ReadReply();
+    capnp::FlatArrayMessageReader message(frame.payload);
+    auto segments = message.getRoot<wire::Reply>().getNewSegments();
+    ASSERT_EQ(segments.size(), static_cast<unsigned>(sizes[i])) << "reply " << i;
+    EXPECT_EQ(frame.fds.size(), static_cast<size_t>(sizes[i]));
+    if (sizes[i] == 1) {
+      EXPECT_EQ(segments[0].getWritable(), i == 2);
+    }
+  }
+}
+
+TEST_F(ConnectionTest, AClosedConnectionSendsNothingAndTellsItsHandlerOnce) {
+  connection_->Close("first");
+  connection_->Close("second");
+  connection_->Violation("third");
+  EXPECT_EQ(*recorder_.reason, "first");
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  connection_->Send(message, reply);  // dropped
+  char byte;
+  EXPECT_EQ(::read(client_.get(), &byte, 1), 0);  // end of stream, nothing before it
+}
+
+}  // namespace
+}  // namespace depot::store
