@@ -17,6 +17,7 @@
 
 #include "protocol.capnp.h"
 #include "store/connection.h"
+#include "store/largest_scan.h"
 #include "store/metrics.h"
 #include "store/object_store.h"
 #include "store/peer.h"
