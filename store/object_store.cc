@@ -808,6 +808,23 @@ bool ObjectStore::Contains(const ObjectId& id) const {
   return slot != HeaderTable::kNoSlot && table_.IsUsable(slot);
 }
 
+std::vector<Placement> ObjectStore::Locate(std::span<const ObjectId> ids) const {
+  std::vector<Placement> out(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint32_t slot = table_.Find(ids[i]);
+    if (slot == HeaderTable::kNoSlot || !table_.IsUsable(slot)) continue;
+    Placement& p = out[i];
+    p.found = true;
+    p.data_size = table_.header(slot).data_size;
+    p.metadata_size = table_.header(slot).metadata_size;
+    const ReplicaSet& replicas = table_.at(slot).replicas;
+    for (size_t r = 0; r < replicas.size(); ++r) {
+      (replicas[r].ready ? p.tiers : p.arriving) |= ipc::TierBit(replicas[r].tier);
+    }
+  }
+  return out;
+}
+
 ObjectView ObjectStore::Describe(uint32_t slot) const {
   const ipc::ObjectHeader& h = table_.header(slot);
   const uint32_t flags = h.flags.load(std::memory_order_relaxed);

@@ -117,6 +117,15 @@ struct ObjectView {
   uint32_t owner_uid = 0;
 };
 
+// Where an object's bytes are (Locate): what the scheduler places tasks by.
+struct Placement {
+  bool found = false;      // sealed and not deleted
+  uint64_t tiers = 0;      // with ready bytes (ObjectHeader::tiers bits)
+  uint64_t arriving = 0;   // with a copy being made (for a get, a prefetch or a spill)
+  uint64_t data_size = 0;  // bytes on each tier (host copies also hold the metadata)
+  uint64_t metadata_size = 0;
+};
+
 // One replica of an object (the admin `show` view).
 struct ReplicaInfo {
   int32_t device = kHost;
@@ -191,6 +200,9 @@ class ObjectStore {
 
   std::vector<StatusCode> Delete(std::span<const ObjectId> ids);
   bool Contains(const ObjectId& id) const;
+  // Where each of `ids` is, in order; holds nothing. Clients read the same from the header
+  // table (ObjectHeader::tiers) without asking.
+  std::vector<Placement> Locate(std::span<const ObjectId> ids) const;
 
   // Tells `listener` of every seal, new replica and freed object from now on, until
   // Unsubscribe. It must outlive its subscription.

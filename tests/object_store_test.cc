@@ -120,6 +120,26 @@ TEST_F(ObjectStoreTest, AGetOnAGpuWaitsForTheCopyAndGetsTheSameBytes) {
   EXPECT_EQ(store_.UsageOf(kDaemonClient).references, 0u);
 }
 
+TEST_F(ObjectStoreTest, LocateSaysWhereTheBytesAreAndWhereACopyIsGoing) {
+  Put(1, 1000);
+  Put(2, 64, 0);
+  Get({Id(1)}, 0, /*drain=*/false);  // a copy of object 1 to GPU 0 is under way
+  const std::vector<ObjectId> ids{Id(1), Id(2), Id(3)};
+  std::vector<Placement> where = store_.Locate(ids);
+  ASSERT_EQ(where.size(), 3u);
+  EXPECT_TRUE(where[0].found);
+  EXPECT_EQ(where[0].tiers, ipc::kTierHost);
+  EXPECT_EQ(where[0].arriving, ipc::TierBit(0));
+  EXPECT_EQ(where[0].data_size, 1000u);
+  EXPECT_EQ(where[1].tiers, ipc::TierBit(0));
+  EXPECT_FALSE(where[2].found);
+  executor_.Drain();
+  where = store_.Locate(ids);
+  EXPECT_EQ(where[0].tiers, ipc::kTierHost | ipc::TierBit(0));
+  EXPECT_EQ(where[0].arriving, 0u);
+  EXPECT_EQ(store_.UsageOf(kClient).references, 3u);  // Locate held nothing
+}
+
 TEST_F(ObjectStoreTest, AFullGpuSpillsItsLeastRecentlyUsedObjectToHostMemory) {
   // The pool holds 2 MiB: two objects of 1 MiB fill it.
   Put(1, kMiB, 0, std::byte{1});
