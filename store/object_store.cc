@@ -190,9 +190,10 @@ void ObjectStore::DropRef(Account& account, uint32_t slot, int32_t tier) {
   policy_.Reconsider(slot);
 }
 
-GetResult ObjectStore::Grant(ClientId client, Account& account, uint32_t slot, int32_t tier) {
+GetResult ObjectStore::Grant(ClientId client, bool hold, uint32_t slot, int32_t tier) {
+  if (!hold) return GetResult{StatusCode::kOk, {}};
   table_.header(slot).access_time_ns = ipc::WallNanos();  // published by AddRef
-  AddRef(client, account, slot, tier);
+  AddRef(client, accounts_.at(client), slot, tier);
   usage_[Index(tier)].bytes_out += table_.BytesOn(slot, tier);
   return GetResult{StatusCode::kOk, LocationOf(slot, tier)};
 }
@@ -465,13 +466,17 @@ Status ObjectStore::Abort(ClientId client, const ObjectId& id) {
   return Status::OK();
 }
 
-Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int32_t device,
-                        int64_t timeout_ms, GetDone done) {
+Status ObjectStore::Fetch(ClientId client, std::vector<ObjectId> ids, int32_t device,
+                          int64_t timeout_ms, bool hold, GetDone done) {
   DEPOT_RETURN_NOT_OK(CheckTier(device));
   using Wait = WaitingGets::Wait;
   Account& account = accounts_.at(client);
-  WaitingGets::Get get{
-      .client = client, .tier = device, .ids = std::move(ids), .results = {}, .waits = {}};
+  WaitingGets::Get get{.client = client,
+                       .tier = device,
+                       .hold = hold,
+                       .ids = std::move(ids),
+                       .results = {},
+                       .waits = {}};
   const size_t n = get.ids.size();
   get.results.resize(n);
   get.waits.assign(n, Wait::kNone);
@@ -481,7 +486,7 @@ Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int32_t devi
     const uint32_t slot = table_.Find(get.ids[i]);
     const bool usable = slot != HeaderTable::kNoSlot && table_.IsUsable(slot);
     if (usable && table_.IsReady(slot, device)) {
-      get.results[i] = Grant(client, account, slot, device);
+      get.results[i] = Grant(client, hold, slot, device);
       counters_.get_hits++;
     } else if (usable) {
       get.waits[i] = Wait::kCopy;
@@ -511,7 +516,7 @@ Status ObjectStore::Get(ClientId client, std::vector<ObjectId> ids, int32_t devi
   if (!refused.ok()) {
     // Give back what this call granted: the request fails as a whole.
     for (size_t i = 0; i < n; ++i) {
-      if (get.results[i].code == StatusCode::kOk && get.waits[i] == Wait::kNone) {
+      if (hold && get.results[i].code == StatusCode::kOk && get.waits[i] == Wait::kNone) {
         DropRef(account, get.results[i].location.slot, device);
       }
     }
@@ -531,11 +536,10 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
   for (WaitingGets::Id waiter : waiting_.TakeSealWaiters(id)) {
     WaitingGets::Get* get = waiting_.Find(waiter);
     if (get == nullptr) continue;
-    Account& account = accounts_.at(get->client);
     for (size_t i = 0; i < get->ids.size(); ++i) {
       if (get->ids[i] != id || get->waits[i] != WaitingGets::Wait::kSeal) continue;
       if (table_.IsReady(slot, get->tier)) {
-        get->Resolve(i, Grant(get->client, account, slot, get->tier));
+        get->Resolve(i, Grant(get->client, get->hold, slot, get->tier));
       } else {
         get->waits[i] = WaitingGets::Wait::kCopy;
         copies.emplace_back(get->tier, waiter);
@@ -555,7 +559,7 @@ void ObjectStore::Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& 
   for (size_t i = 0; i < get->ids.size(); ++i) {
     if (get->ids[i] != id || get->waits[i] != WaitingGets::Wait::kCopy) continue;
     if (usable) {
-      get->Resolve(i, Grant(get->client, accounts_.at(get->client), slot, get->tier));
+      get->Resolve(i, Grant(get->client, get->hold, slot, get->tier));
     } else {
       get->Resolve(i, GetResult{failure == StatusCode::kOk ? StatusCode::kNotFound : failure, {}});
     }

@@ -192,7 +192,16 @@ class ObjectStore {
   // error, and never calls `done`, if the client has too many gets waiting or `device` is
   // not a tier of this store.
   Status Get(ClientId client, std::vector<ObjectId> ids, int32_t device, int64_t timeout_ms,
-             GetDone done);
+             GetDone done) {
+    return Fetch(client, std::move(ids), device, timeout_ms, /*hold=*/true, std::move(done));
+  }
+  // Makes a replica on `device` of each of `ids` that has none there, as a get there would,
+  // and answers `done` with one code per id once they are ready (kOk), or why not (kNotFound,
+  // or why a copy failed). Holds nothing: the replicas stay until room is needed. Waits for
+  // no seal. Fails as Get does.
+  Status Prefetch(ClientId client, std::vector<ObjectId> ids, int32_t device, GetDone done) {
+    return Fetch(client, std::move(ids), device, /*timeout_ms=*/0, /*hold=*/false, std::move(done));
+  }
 
   // Releases one reference per id on `device`. Returns NotHeld naming the first id the
   // client did not hold there; the others are released all the same.
@@ -302,8 +311,12 @@ class ObjectStore {
   void AddRef(ClientId client, Account& account, uint32_t slot, int32_t tier);
   // Drops one of the client's references; frees or aborts the object when it was the last.
   void DropRef(Account& account, uint32_t slot, int32_t tier);
-  // A reference to the replica on `tier` for a get, and where it is.
-  GetResult Grant(ClientId client, Account& account, uint32_t slot, int32_t tier);
+  // Get and Prefetch: the same but for `hold`, whether an answer takes a reference.
+  Status Fetch(ClientId client, std::vector<ObjectId> ids, int32_t device, int64_t timeout_ms,
+               bool hold, GetDone done);
+  // A reference to the replica on `tier` for a get, and where it is; for a prefetch, only
+  // that it is there.
+  GetResult Grant(ClientId client, bool hold, uint32_t slot, int32_t tier);
 
   // Host room: allocates, evicting in LRU order from segments where that can make room.
   std::optional<TierPool::Block> AllocateOrEvict(uint64_t bytes);

@@ -585,30 +585,22 @@ struct Session::ListJob {
 };
 
 void Session::HandlePrefetch(uint64_t rid, wire::Request::Get::Reader prefetch, uint64_t start) {
-  auto wanted = GetIds(rid, prefetch.getIds());
-  if (!wanted) return Observe(RequestType::kPrefetch, start);
-  std::vector<ObjectId>& ids = *wanted;
-  // A get that waits for nothing but its copies, whose references go back at once: the
-  // copies stay, unreferenced, until room is needed.
-  const int32_t device = prefetch.getDevice();
-  Status st = store_.Get(
-      id_, ids, device, /*timeout_ms=*/0,
-      [weak = weak_from_this(), rid, start, ids, device](std::vector<GetResult> results) {
-        auto self = weak.lock();
-        if (!self || self->closed()) return;
-        capnp::MallocMessageBuilder message;
-        auto reply = message.initRoot<wire::Reply>();
-        reply.setId(rid);
-        auto codes = reply.initPrefetch(static_cast<unsigned>(results.size()));
-        for (unsigned i = 0; i < results.size(); ++i) {
-          if (results[i].code == StatusCode::kOk) {
-            (void)self->store_.Release(self->id_, std::span(&ids[i], 1), device);
-          }
-          codes.set(i, ipc::ToWire(results[i].code));
-        }
-        self->SendReply(message, reply);
-        self->Observe(RequestType::kPrefetch, start);
-      });
+  auto ids = GetIds(rid, prefetch.getIds());
+  if (!ids) return Observe(RequestType::kPrefetch, start);
+  Status st =
+      store_.Prefetch(id_, std::move(*ids), prefetch.getDevice(),
+                      [weak = weak_from_this(), rid, start](std::vector<GetResult> results) {
+                        auto self = weak.lock();
+                        if (!self || self->closed()) return;
+                        capnp::MallocMessageBuilder message;
+                        auto reply = message.initRoot<wire::Reply>();
+                        reply.setId(rid);
+                        auto codes = reply.initPrefetch(static_cast<unsigned>(results.size()));
+                        for (unsigned i = 0; i < results.size(); ++i)
+                          codes.set(i, ipc::ToWire(results[i].code));
+                        self->SendReply(message, reply);
+                        self->Observe(RequestType::kPrefetch, start);
+                      });
   if (!st.ok()) {
     SendError(rid, st);
     Observe(RequestType::kPrefetch, start);

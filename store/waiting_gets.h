@@ -50,6 +50,7 @@ class WaitingGets {
   struct Get {
     ClientId client = 0;
     int32_t tier = kHost;
+    bool hold = true;  // a get takes a reference to each object; a prefetch takes none
     std::vector<ObjectId> ids;
     std::vector<GetResult> results;  // by id
     std::vector<Wait> waits;         // by id: what it still waits for

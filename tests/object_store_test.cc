@@ -140,6 +140,27 @@ TEST_F(ObjectStoreTest, LocateSaysWhereTheBytesAreAndWhereACopyIsGoing) {
   EXPECT_EQ(store_.UsageOf(kClient).references, 3u);  // Locate held nothing
 }
 
+TEST_F(ObjectStoreTest, APrefetchMakesTheCopyAndHoldsNothingSoTheGetMakesNone) {
+  Put(1, 1000);
+  Release(1, kHost);
+  std::optional<std::vector<GetResult>> prefetched;
+  const std::vector<ObjectId> ids{Id(1), Id(2)};
+  ASSERT_TRUE(
+      store_.Prefetch(kClient, ids, 0, [&](std::vector<GetResult> r) { prefetched = std::move(r); })
+          .ok());
+  EXPECT_FALSE(prefetched.has_value());  // answered when the copy is there
+  executor_.Drain();
+  ASSERT_TRUE(prefetched.has_value());
+  EXPECT_EQ((*prefetched)[0].code, StatusCode::kOk);
+  EXPECT_EQ((*prefetched)[1].code, StatusCode::kNotFound);
+  EXPECT_EQ(store_.UsageOf(kClient).references, 0u);
+  EXPECT_EQ(store_.counters().replicas_made, 1u);
+  auto got = Get({Id(1)}, 0, /*drain=*/false);  // answered at once: no copy to wait for
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ((*got)[0].code, StatusCode::kOk);
+  EXPECT_EQ(store_.counters().replicas_made, 1u);
+}
+
 TEST_F(ObjectStoreTest, AFullGpuSpillsItsLeastRecentlyUsedObjectToHostMemory) {
   // The pool holds 2 MiB: two objects of 1 MiB fill it.
   Put(1, kMiB, 0, std::byte{1});
