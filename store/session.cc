@@ -343,7 +343,7 @@ void Session::Dispatch(wire::Request::Reader request) {
   if (!said_hello_ && which != wire::Request::HELLO) {
     return Violation("the first request must be hello");
   }
-  if (rid == 0 && which != wire::Request::RELEASE && which != wire::Request::RELEASE_REFS) {
+  if (rid == 0 && which != wire::Request::RELEASE) {
     return Violation("request id 0 is only allowed for release");
   }
   if (Status allowed = CheckAccess(request); !allowed.ok()) return SendError(rid, allowed);
@@ -378,36 +378,13 @@ void Session::Dispatch(wire::Request::Reader request) {
       return HandleGet(rid, request.getGet(), start);
     case wire::Request::PREFETCH:
       return HandlePrefetch(rid, request.getPrefetch(), start);
-    case wire::Request::RELEASE: {
-      auto list = request.getRelease();
-      if (!CheckBatch(rid, list.size())) return;
-      std::vector<ObjectId> ids;
-      ids.reserve(list.size());
-      for (auto id : list) ids.push_back(ipc::FromWire(id));
-      Status st = store.Release(id_, ids);
-      if (rid == 0) {
-        if (!st.ok()) spdlog::debug("session {}: release: {}", id_, st.message());
-      } else {
-        st.ok() ? SendOk(rid) : SendError(rid, st);
-      }
-      return Observe(RequestType::kRelease, start);
-    }
-    case wire::Request::RELEASE_REFS: {
-      auto list = request.getReleaseRefs();
-      if (!CheckBatch(rid, list.size())) return;
-      Status first;
-      for (auto ref : list) {
-        const ObjectId id = ipc::FromWire(ref.getId());
-        Status st = store.Release(id_, std::span(&id, 1), ref.getDevice());
-        if (first.ok()) first = st;
-      }
-      if (rid == 0) {
-        if (!first.ok()) spdlog::debug("session {}: release: {}", id_, first.message());
-      } else {
-        first.ok() ? SendOk(rid) : SendError(rid, first);
-      }
-      return Observe(RequestType::kRelease, start);
-    }
+    case wire::Request::RELEASE:
+      return HandleRelease(rid, request.getRelease(), start);
+    case wire::Request::RETIRED_RELEASE:
+    case wire::Request::RETIRED_RELEASE_REFS:
+      return SendError(
+          rid, Status::InvalidArgument("this form of release was retired in protocol version 6; "
+                                       "send `release` (references grouped by tier)"));
     case wire::Request::DELETE: {
       auto list = request.getDelete();
       if (!CheckBatch(rid, list.size())) return;
@@ -473,7 +450,8 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
   switch (request.which()) {
     case wire::Request::HELLO:
     case wire::Request::RELEASE:
-    case wire::Request::RELEASE_REFS:
+    case wire::Request::RETIRED_RELEASE:
+    case wire::Request::RETIRED_RELEASE_REFS:
     case wire::Request::CONTAINS:
     case wire::Request::LIST:
     case wire::Request::STATUS:
@@ -629,6 +607,30 @@ void Session::SendLocation(uint64_t rid, const Location& loc, bool writable) {
   }
   SendReply(message, reply,
             {.max_segment = loc.segment, .writable_segment = writable ? int64_t{loc.segment} : -1});
+}
+
+void Session::HandleRelease(uint64_t rid, capnp::List<wire::Request::TierRefs>::Reader tiers,
+                            uint64_t start) {
+  // Bounded as any batch, a group counting as at least one id: each costs a store call.
+  size_t count = 0;
+  for (auto tier : tiers) count += std::max<size_t>(1, tier.getIds().size());
+  if (!CheckBatch(rid, count)) return;
+  ObjectStore& store = server_.store();
+  std::vector<ObjectId> ids;
+  Status first;  // NotHeld naming the first id not held, or why a tier is wrong
+  for (auto tier : tiers) {
+    ids.clear();
+    ids.reserve(tier.getIds().size());
+    for (auto id : tier.getIds()) ids.push_back(ipc::FromWire(id));
+    Status st = store.Release(id_, ids, tier.getDevice());
+    if (first.ok()) first = std::move(st);
+  }
+  if (rid == 0) {
+    if (!first.ok()) spdlog::debug("session {}: release: {}", id_, first.message());
+  } else {
+    first.ok() ? SendOk(rid) : SendError(rid, first);
+  }
+  Observe(RequestType::kRelease, start);
 }
 
 std::optional<std::vector<ObjectId>> Session::GetIds(uint64_t rid,

@@ -96,6 +96,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleHello(uint64_t rid, wire::Request::Hello::Reader hello);
   // `start`: when the request arrived (monotonic ns), 0 when metrics are off.
   void HandleCreate(uint64_t rid, wire::Request::Create::Reader create, uint64_t start);
+  // Gives back one reference per id on each group's tier; the first error (NotHeld, or a
+  // tier the daemon does not serve) is the answer, the other ids are still released.
+  void HandleRelease(uint64_t rid, capnp::List<wire::Request::TierRefs>::Reader tiers,
+                     uint64_t start);
   // The ids of a get or prefetch; nullopt after answering `rid` with why they are refused
   // (more than the batch limit, or the nil id).
   std::optional<std::vector<ObjectId>> GetIds(uint64_t rid, capnp::List<wire::Id>::Reader list);

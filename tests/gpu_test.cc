@@ -243,6 +243,37 @@ GPU_TEST(AGetOfSeveralIdsReportsTheOneWhoseCopyToHostFindsNoRoom) {
   EXPECT_TRUE(both[1]) << "the object on the GPU";
 }
 
+GPU_TEST(DroppedBuffersOfBothTiersGoBackInOneQueue) {
+  StartDaemon();
+  std::vector<ObjectId> ids;
+  for (uint64_t i = 0; i < 16; ++i) {
+    ids.push_back(ObjectId::FromName("gpu/queued/" + std::to_string(i)));
+    PutOnDevice(ids.back(), 4096, 0, i);
+  }
+  const auto releases = [&]() -> uint64_t {
+    auto metrics = client_->Metrics();
+    EXPECT_TRUE(metrics.ok()) << metrics.status().ToString();
+    const std::string key = "depot_requests_total{type=\"release\"} ";
+    const size_t at = metrics.ok() ? metrics->find(key) : std::string::npos;
+    EXPECT_NE(at, std::string::npos);
+    return at == std::string::npos ? 0 : std::stoull(metrics->substr(at + key.size()));
+  };
+  const uint64_t before = releases();  // the creators' releases went ahead of it
+  {
+    ASSERT_OK_AND_ASSIGN(auto on_gpu, client_->GetOnDevice(ids, 0));
+    ASSERT_OK_AND_ASSIGN(auto on_host, client_->Get(ids));
+  }
+  // 32 references, host and GPU, in one release frame ahead of the next request (two if
+  // the flusher's round ended while they were being dropped).
+  const uint64_t sent = releases() - before;
+  EXPECT_GE(sent, 1u);
+  EXPECT_LE(sent, 2u);
+  for (const ObjectId& id : ids) {
+    ASSERT_OK_AND_ASSIGN(ObjectDetails details, client_->Describe(id));
+    EXPECT_TRUE(details.holders.empty()) << id.Hex() << " is still held";
+  }
+}
+
 GPU_TEST(PrefetchMakesTheCopyAheadSoTheGetMakesNone) {
   StartDaemon();
   const ObjectId id = ObjectId::FromName("gpu/prefetched");
