@@ -44,7 +44,10 @@ struct Request {
     seal @3 :Id;
     abort @4 :Id;
     get @5 :Get;
-    release @6 :List(Id);
+    # Ordinals of protocol v5's two release forms (`release`, host ids, and `releaseRefs`,
+    # ids with a tier), retired in v6 for the one `release` below: a union member cannot be
+    # removed, nor its ordinal reused. The daemon answers them with invalidArgument.
+    retiredRelease @6 :Void;
     delete @7 :List(Id);
     contains @8 :List(Id);
     list @9 :ListObjects;
@@ -55,11 +58,14 @@ struct Request {
     objectInfo @13 :Id;      # one object and which sessions hold it
     verify @14 :Verify;      # recompute checksums and compare them with those taken at seal
     evict @15 :Evict;        # evict unreferenced, unpinned objects now, least recently used first
-    # Gives back references on any tier (`release` is the host-only short form).
-    releaseRefs @16 :List(Ref);
+    retiredReleaseRefs @16 :Void;
     # Makes a copy of each object on `device` (as a get there would), then answers; holds
     # nothing, so the copies stay until room is needed. `timeoutMs` is not used.
     prefetch @17 :Get;
+    # Gives references back, host and GPU alike: for each group, one reference per listed id
+    # (an id may be listed several times) on the group's tier. The only request that may
+    # carry id 0 (no reply wanted).
+    release @18 :List(TierRefs);
   }
 
   struct Verify {
@@ -103,10 +109,15 @@ struct Request {
     device @2 :Int32 = -1;
   }
 
-  # A reference on one tier (Create.device numbering).
-  struct Ref {
-    id @0 :Id;
-    device @1 :Int32 = -1;
+  # References on one tier (Create.device numbering), for `release`. The ids are grouped
+  # by tier, not each paired with its own, because releases are the most frequent message
+  # after gets and nearly all are of host ids: in a List(Id) an id costs 16 bytes, as in
+  # v5's host-only release, where a List of {id :Id, device :Int32} costs 32 per id (each
+  # Id a struct of its own behind a pointer) and one with the id's words inlined 24. A group
+  # costs 24 bytes, and a client sends one per tier it releases on.
+  struct TierRefs {
+    device @0 :Int32 = -1;
+    ids @1 :List(Id);
   }
 
   struct ListObjects {

@@ -226,7 +226,7 @@ void Session::Dispatch(wire::Request::Reader request) {
   if (!said_hello_ && which != wire::Request::HELLO) {
     return connection_->Violation("the first request must be hello");
   }
-  if (rid == 0 && which != wire::Request::RELEASE && which != wire::Request::RELEASE_REFS) {
+  if (rid == 0 && which != wire::Request::RELEASE) {
     return connection_->Violation("request id 0 is only allowed for release");
   }
   if (Status allowed = CheckAccess(request); !allowed.ok()) return SendError(rid, allowed);
@@ -246,8 +246,11 @@ void Session::Dispatch(wire::Request::Reader request) {
       return HandlePrefetch(rid, request.getPrefetch(), start);
     case wire::Request::RELEASE:
       return HandleRelease(rid, request.getRelease(), start);
-    case wire::Request::RELEASE_REFS:
-      return HandleReleaseRefs(rid, request.getReleaseRefs(), start);
+    case wire::Request::RETIRED_RELEASE:
+    case wire::Request::RETIRED_RELEASE_REFS:
+      return SendError(
+          rid, Status::InvalidArgument("this form of release was retired in protocol version 6; "
+                                       "send `release` (references grouped by tier)"));
     case wire::Request::DELETE:
       return HandleDelete(rid, request.getDelete(), start);
     case wire::Request::CONTAINS:
@@ -287,33 +290,27 @@ void Session::HandleAbort(uint64_t rid, const ObjectId& id, uint64_t start) {
   Observe(RequestType::kAbort, start);
 }
 
-void Session::AnswerRelease(uint64_t rid, const Status& status, uint64_t start) {
+void Session::HandleRelease(uint64_t rid, capnp::List<wire::Request::TierRefs>::Reader tiers,
+                            uint64_t start) {
+  // Bounded as any batch, a group counting as at least one id: each costs a store call.
+  size_t count = 0;
+  for (auto tier : tiers) count += std::max<size_t>(1, tier.getIds().size());
+  if (!CheckBatch(rid, count)) return;
+  std::vector<ObjectId> ids;
+  Status first;  // NotHeld naming the first id not held, or why a tier is wrong
+  for (auto tier : tiers) {
+    ids.clear();
+    ids.reserve(tier.getIds().size());
+    for (auto id : tier.getIds()) ids.push_back(ipc::FromWire(id));
+    Status st = store_.Release(id_, ids, tier.getDevice());
+    if (first.ok()) first = std::move(st);
+  }
   if (rid == 0) {
-    if (!status.ok()) spdlog::debug("session {}: release: {}", id_, status.message());
+    if (!first.ok()) spdlog::debug("session {}: release: {}", id_, first.message());
   } else {
-    status.ok() ? SendOk(rid) : SendError(rid, status);
+    first.ok() ? SendOk(rid) : SendError(rid, first);
   }
   Observe(RequestType::kRelease, start);
-}
-
-void Session::HandleRelease(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start) {
-  if (!CheckBatch(rid, list.size())) return;
-  std::vector<ObjectId> ids;
-  ids.reserve(list.size());
-  for (auto id : list) ids.push_back(ipc::FromWire(id));
-  AnswerRelease(rid, store_.Release(id_, ids), start);
-}
-
-void Session::HandleReleaseRefs(uint64_t rid, capnp::List<wire::Request::Ref>::Reader refs,
-                                uint64_t start) {
-  if (!CheckBatch(rid, refs.size())) return;
-  Status first;
-  for (auto ref : refs) {
-    const ObjectId id = ipc::FromWire(ref.getId());
-    Status st = store_.Release(id_, std::span(&id, 1), ref.getDevice());
-    if (first.ok()) first = st;
-  }
-  AnswerRelease(rid, first, start);
 }
 
 void Session::HandleDelete(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start) {
@@ -359,7 +356,8 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
   switch (request.which()) {
     case wire::Request::HELLO:
     case wire::Request::RELEASE:
-    case wire::Request::RELEASE_REFS:
+    case wire::Request::RETIRED_RELEASE:
+    case wire::Request::RETIRED_RELEASE_REFS:
     case wire::Request::CONTAINS:
     case wire::Request::LIST:
     case wire::Request::STATUS:

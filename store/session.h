@@ -66,9 +66,10 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void HandleAbort(uint64_t rid, const ObjectId& id, uint64_t start);
   void HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
   void HandlePrefetch(uint64_t rid, wire::Request::Get::Reader prefetch, uint64_t start);
-  void HandleRelease(uint64_t rid, capnp::List<wire::Id>::Reader ids, uint64_t start);
-  void HandleReleaseRefs(uint64_t rid, capnp::List<wire::Request::Ref>::Reader refs,
-                         uint64_t start);
+  // Gives back one reference per id on each group's tier; the first error (NotHeld, or a
+  // tier the daemon does not serve) is the answer, the other ids are still released.
+  void HandleRelease(uint64_t rid, capnp::List<wire::Request::TierRefs>::Reader tiers,
+                     uint64_t start);
   void HandleDelete(uint64_t rid, capnp::List<wire::Id>::Reader ids, uint64_t start);
   void HandleContains(uint64_t rid, capnp::List<wire::Id>::Reader ids, uint64_t start);
   void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list, uint64_t start);
@@ -85,8 +86,6 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   std::optional<std::vector<ObjectId>> GetIds(uint64_t rid, capnp::List<wire::Id>::Reader list);
   void SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const Location& loc,
                     uint64_t start);
-  // Answers a release: with no reply when the client asked for none (request id 0).
-  void AnswerRelease(uint64_t rid, const Status& status, uint64_t start);
 
   struct ListJob;
   // One slice of a list reply: a stretch of the walk, or some entries of the reply; true

@@ -99,10 +99,13 @@ class Fuzzer {
         return Send(Pick(2) == 0 ? 0 : rid, ListOf(IdList::kRelease, SomeIds()));
       case 8:
         return Send(Pick(2) == 0 ? 0 : rid, [&](wire::Request::Builder r) {
-          auto refs = r.initReleaseRefs(static_cast<unsigned>(Pick(4) + 1));
-          for (auto ref : refs) {
-            ipc::ToWire(SomeId(), ref.initId());
-            ref.setDevice(static_cast<int32_t>(Pick(300)) - 2);
+          // Groups on any tier, served or not, some empty, a tier sometimes twice.
+          auto tiers = r.initRelease(static_cast<unsigned>(Pick(4) + 1));
+          for (auto tier : tiers) {
+            tier.setDevice(Pick(2) == 0 ? static_cast<int32_t>(Pick(4)) - 1
+                                        : static_cast<int32_t>(rng_()));
+            auto ids = tier.initIds(static_cast<unsigned>(Pick(5)));
+            for (auto id : ids) ipc::ToWire(SomeId(), id);
           }
         });
       case 9:

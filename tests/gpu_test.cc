@@ -243,6 +243,90 @@ GPU_TEST(AGetOfSeveralIdsReportsTheOneWhoseCopyToHostFindsNoRoom) {
   EXPECT_TRUE(both[1]) << "the object on the GPU";
 }
 
+GPU_TEST(AGetOnAGpuOfSeveralIdsReportsTheOneWhoseCopyThereFindsNoRoom) {
+  StartDaemon();
+  const ObjectId small = ObjectId::FromName("gpu/small-on-gpu");
+  PutOnDevice(small, 4096, 0, 21);
+  const ObjectId big = ObjectId::FromName("gpu/big-on-host");
+  ASSERT_OK(client_->Put(big, SeededBytes(6 * kMiB, 22)));
+  // GPU 0's pool full of objects this client is creating: nothing there can make room.
+  std::vector<MutableDeviceBuffer> filler;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK_AND_ASSIGN(filler.emplace_back(),
+                         client_->CreateOnDevice(
+                             ObjectId::FromName("gpu/filler/" + std::to_string(i)), 6 * kMiB, 0));
+  }
+  // As Get reports a failed copy to host memory: the error of that object, naming it and
+  // the tier, not an empty entry.
+  const std::vector<ObjectId> ids = {small, big};
+  auto got = client_->GetOnDevice(ids, 0);
+  ASSERT_FALSE(got.ok()) << "a failed copy to the GPU looked like an object not sealed yet";
+  EXPECT_EQ(got.status().code(), StatusCode::kOutOfMemory) << got.status().ToString();
+  EXPECT_NE(got.status().message().find(big.Hex() + " on GPU 0"), std::string::npos)
+      << got.status().ToString();
+  EXPECT_STATUS(client_->GetOnDevice(big, 0).status(), StatusCode::kOutOfMemory);
+  // Once there is room (dropping unsealed objects aborts them), the same get has both.
+  filler.clear();
+  ASSERT_OK_AND_ASSIGN(auto both, client_->GetOnDevice(ids, 0));
+  ASSERT_EQ(both.size(), 2u);
+  ASSERT_TRUE(both[0]) << "the object already on the GPU";
+  ASSERT_TRUE(both[1]) << "the object copied there";
+  EXPECT_TRUE(SameBytes(both[0], 21));
+  EXPECT_TRUE(SameBytes(both[1], 22));
+}
+
+GPU_TEST(MissingAndLateObjectsAreNotThereAlikeInHostMemoryAndOnAGpu) {
+  StartDaemon();
+  const ObjectId missing = ObjectId::FromName("gpu/missing");
+  const auto late = std::chrono::milliseconds(20);
+  EXPECT_STATUS(client_->Get(missing).status(), StatusCode::kNotFound);
+  EXPECT_STATUS(client_->GetOnDevice(missing, 0).status(), StatusCode::kNotFound);
+  EXPECT_STATUS(client_->Get(missing, late).status(), StatusCode::kTimeout);
+  EXPECT_STATUS(client_->GetOnDevice(missing, 0, late).status(), StatusCode::kTimeout);
+  const ObjectId present = ObjectId::FromName("gpu/present");
+  PutOnDevice(present, 4096, 0, 23);
+  const std::vector<ObjectId> ids = {present, missing};
+  for (auto timeout : {std::chrono::milliseconds(0), late}) {
+    ASSERT_OK_AND_ASSIGN(auto on_host, client_->Get(ids, timeout));
+    ASSERT_OK_AND_ASSIGN(auto on_gpu, client_->GetOnDevice(ids, 0, timeout));
+    ASSERT_EQ(on_host.size(), 2u);
+    ASSERT_EQ(on_gpu.size(), 2u);
+    EXPECT_TRUE(on_host[0] && on_gpu[0]);
+    EXPECT_FALSE(on_host[1] || on_gpu[1]);
+  }
+}
+
+GPU_TEST(DroppedBuffersOfBothTiersGoBackInOneQueue) {
+  StartDaemon();
+  std::vector<ObjectId> ids;
+  for (uint64_t i = 0; i < 16; ++i) {
+    ids.push_back(ObjectId::FromName("gpu/queued/" + std::to_string(i)));
+    PutOnDevice(ids.back(), 4096, 0, i);
+  }
+  const auto releases = [&]() -> uint64_t {
+    auto metrics = client_->Metrics();
+    EXPECT_TRUE(metrics.ok()) << metrics.status().ToString();
+    const std::string key = "depot_requests_total{type=\"release\"} ";
+    const size_t at = metrics.ok() ? metrics->find(key) : std::string::npos;
+    EXPECT_NE(at, std::string::npos);
+    return at == std::string::npos ? 0 : std::stoull(metrics->substr(at + key.size()));
+  };
+  const uint64_t before = releases();  // the creators' releases went ahead of it
+  {
+    ASSERT_OK_AND_ASSIGN(auto on_gpu, client_->GetOnDevice(ids, 0));
+    ASSERT_OK_AND_ASSIGN(auto on_host, client_->Get(ids));
+  }
+  // 32 references, host and GPU, in one release frame ahead of the next request (two if
+  // the flusher's round ended while they were being dropped).
+  const uint64_t sent = releases() - before;
+  EXPECT_GE(sent, 1u);
+  EXPECT_LE(sent, 2u);
+  for (const ObjectId& id : ids) {
+    ASSERT_OK_AND_ASSIGN(ObjectDetails details, client_->Describe(id));
+    EXPECT_TRUE(details.holders.empty()) << id.Hex() << " is still held";
+  }
+}
+
 GPU_TEST(PrefetchMakesTheCopyAheadSoTheGetMakesNone) {
   StartDaemon();
   const ObjectId id = ObjectId::FromName("gpu/prefetched");

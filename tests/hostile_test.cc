@@ -327,10 +327,7 @@ TEST_F(GpuReaderTest, AReadersChunkDescriptorCannotBeMadeWritable) {
   ASSERT_EQ(created->fds.size(), 1u);
   EXPECT_NE(::ftruncate(created->fds[0].get(), 0), 0);
   EXPECT_EQ(errno, EPERM);
-  ASSERT_TRUE(attacker->Call(4, [&](wire::Request::Builder r) {
-    ipc::ToWire(id, r.initReleaseRefs(1)[0].initId());
-    r.getReleaseRefs()[0].setDevice(0);
-  }));
+  ASSERT_TRUE(attacker->Call(4, ReleaseOf({{0, {id}}})));
 }
 
 TEST_F(HostileTest, AnnouncingHugeFramesAndSendingNothingCostsTheDaemonNothing) {

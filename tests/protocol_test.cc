@@ -117,6 +117,21 @@ TEST_F(ProtocolTest, WrongProtocolVersionIsAnsweredWithProtocolMismatchThenClose
   EXPECT_TRUE(s->ClosedWithin(milliseconds(2000)));
 }
 
+TEST_F(ProtocolTest, HelloOfTheVersionBeforeIsRefusedNamingBothVersions) {
+  // A client of the release before: its releases would be of a form this daemon retired.
+  const uint32_t before = ipc::kProtocolVersion - 1;
+  auto s = Open();
+  auto reply = s->Call(1, [&](auto r) { FillHello(r, before); });
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::PROTOCOL_MISMATCH);
+  const std::string message = reply->get().getMessage().cStr();
+  EXPECT_NE(message.find("version " + std::to_string(before)), std::string::npos) << message;
+  EXPECT_NE(message.find("version " + std::to_string(ipc::kProtocolVersion)), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("same release"), std::string::npos) << message;
+  EXPECT_TRUE(s->ClosedWithin(milliseconds(2000)));
+}
+
 TEST_F(ProtocolTest, RequestBeforeHelloClosesTheSession) {
   auto s = Open();
   ASSERT_OK(s->Send(1, StatusRequest()));
@@ -230,6 +245,90 @@ TEST_F(ProtocolTest, ReleaseStillReleasesTheHeldIdsWhenAnotherIsNotHeld) {
   auto status = s->Call(5, StatusRequest());
   ASSERT_TRUE(status);
   EXPECT_EQ(status->get().getStatus().getHeldBytes(), 0u) << "the held id was not released";
+}
+
+// Releases are the most frequent message after gets: a host id costs what it cost in the
+// host-only release of protocol 5, 16 bytes, and a frame's tier groups a few words each.
+TEST(ReleaseEncodingTest, AHostIdCostsSixteenBytesAndATierGroupThreeWords) {
+  auto frame_bytes = [](const std::vector<TierIds>& groups) {
+    capnp::MallocMessageBuilder message(1 << 14);  // words: one segment, no far pointers
+    auto request = message.initRoot<wire::Request>();
+    ReleaseOf(groups)(request);
+    auto frame = ipc::EncodeFrame(message);
+    EXPECT_TRUE(frame.ok());
+    return frame.ok() ? frame->bytes.size() * sizeof(capnp::word) : 0;
+  };
+  const auto ids = Ids("protocol/cost", 1024);
+  const size_t one = frame_bytes({{ipc::kHostDevice, {ids[0]}}});
+  const size_t many = frame_bytes({{ipc::kHostDevice, ids}});
+  EXPECT_EQ(many - one, 1023u * 16);
+  // The same ids on two tiers: one more group.
+  const std::vector<ObjectId> half(ids.begin(), ids.begin() + 512);
+  const std::vector<ObjectId> rest(ids.begin() + 512, ids.end());
+  EXPECT_EQ(frame_bytes({{ipc::kHostDevice, half}, {0, rest}}) - many, 3u * 8);
+}
+
+TEST_F(ProtocolTest, RetiredReleaseFormsAreInvalidArgumentAndTheSessionGoesOn) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/retired");
+  ASSERT_TRUE(s->Call(2, CreateOf(id, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(id)));
+  for (bool refs : {false, true}) {
+    auto reply = s->Call(4, [&](wire::Request::Builder r) {
+      refs ? r.setRetiredReleaseRefs() : r.setRetiredRelease();
+    });
+    ASSERT_TRUE(reply);
+    EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+    EXPECT_NE(std::string(reply->get().getMessage().cStr()).find("retired in protocol version 6"),
+              std::string::npos)
+        << reply->get().getMessage().cStr();
+  }
+  // The creator's reference is still held, and the one release form gives it back.
+  auto released = s->Call(5, ReleaseOf({{ipc::kHostDevice, {id}}}));
+  ASSERT_TRUE(released);
+  EXPECT_EQ(released->get().getError(), wire::ErrorCode::OK) << released->get().getMessage().cStr();
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*s, "after-retired"));
+}
+
+TEST_F(ProtocolTest, ReleaseOnTiersTheDaemonDoesNotServeIsInvalidArgumentAndReleasesTheRest) {
+  auto s = OpenSession();
+  const ObjectId held = ObjectId::FromName("protocol/bad-tier-held");
+  ASSERT_TRUE(s->Call(2, CreateOf(held, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(held)));
+  // No GPUs here: every tier but the host is wrong, whatever its number (255 and -2 would
+  // alias the host tier if the daemon kept only 8 bits of it). An empty group counts too.
+  auto reply = s->Call(
+      4,
+      ReleaseOf(
+          {{0, {held}}, {255, {held}}, {-2, {}}, {INT32_MIN, {held}}, {ipc::kHostDevice, {held}}}));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+  const std::string message = reply->get().getMessage().cStr();
+  EXPECT_NE(message.find("there is no GPU 0"), std::string::npos) << message;
+  auto status = s->Call(5, StatusRequest());
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->get().getStatus().getHeldBytes(), 0u) << "the host reference was not released";
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*s, "after-bad-tiers"));
+}
+
+TEST_F(ProtocolTest, ReleaseOfMaxBatchIdsNeverHeldIsNotHeldAndOneMoreIsLimitExceeded) {
+  auto bystander = OpenSession();
+  auto s = OpenSession();
+  auto ids = Ids("protocol/never-held", ipc::kDefaultMaxBatch);
+  auto reply = s->Call(2, ListOf(IdList::kRelease, ids));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::NOT_HELD);
+  EXPECT_NE(std::string(reply->get().getMessage().cStr()).find(ids[0].Hex()), std::string::npos)
+      << "the message names the first id: " << reply->get().getMessage().cStr();
+  // One more id, in a group of its own: over the limit, answered, and nothing released.
+  auto over = s->Call(3, ReleaseOf({{ipc::kHostDevice, ids}, {ipc::kHostDevice, {ids[0]}}}));
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+  EXPECT_NE(std::string(over->get().getMessage().cStr()).find(std::to_string(ids.size() + 1)),
+            std::string::npos)
+      << over->get().getMessage().cStr();
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*s, "after-huge-release"));
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "beside-huge-release"));
 }
 
 TEST_F(ProtocolTest, HeaderTableShowsStateAndReferenceCount) {
@@ -460,6 +559,22 @@ TEST_F(SmallBatchProtocolTest, ReleaseDeleteAndContainsOfMoreIdsThanMaxBatchAreL
     EXPECT_EQ(reply->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED)
         << "request kind " << static_cast<int>(kind);
   }
+}
+
+TEST_F(SmallBatchProtocolTest, ReleaseCountsTheIdsOfEveryGroupAndEachEmptyGroupAgainstMaxBatch) {
+  auto s = OpenSession();
+  const auto ids = Ids("protocol/batch", 9);
+  const std::vector<ObjectId> five(ids.begin(), ids.begin() + 5);
+  const std::vector<ObjectId> four(ids.begin() + 5, ids.end());
+  auto split = s->Call(2, ReleaseOf({{ipc::kHostDevice, five}, {ipc::kHostDevice, four}}));
+  ASSERT_TRUE(split);
+  EXPECT_EQ(split->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+  auto empty = s->Call(3, ReleaseOf(std::vector<TierIds>(9, {ipc::kHostDevice, {}})));
+  ASSERT_TRUE(empty);
+  EXPECT_EQ(empty->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+  auto eight = s->Call(4, ReleaseOf(std::vector<TierIds>(8, {ipc::kHostDevice, {}})));
+  ASSERT_TRUE(eight);
+  EXPECT_EQ(eight->get().getError(), wire::ErrorCode::OK) << eight->get().getMessage().cStr();
 }
 
 TEST_F(SmallBatchProtocolTest, OversizedReleaseWithIdZeroGetsNoReply) {
@@ -871,11 +986,7 @@ TEST_F(GpuProtocolTest, ReleaseOnATierWhereNothingIsHeldIsNotHeld) {
   ASSERT_TRUE(s->Call(2, CreateOf(id, 64)));
   ASSERT_TRUE(s->Call(3, SealOf(id)));
   // The session holds the host copy (the creator's reference), not one on GPU 0.
-  auto reply = s->Call(4, [&](wire::Request::Builder r) {
-    auto refs = r.initReleaseRefs(1);
-    ipc::ToWire(id, refs[0].initId());
-    refs[0].setDevice(0);
-  });
+  auto reply = s->Call(4, ReleaseOf({{0, {id}}}));
   ASSERT_TRUE(reply);
   EXPECT_EQ(reply->get().getError(), wire::ErrorCode::NOT_HELD);
   EXPECT_NE(std::string(reply->get().getMessage().cStr()).find("simulated GPU 0"),
@@ -883,11 +994,7 @@ TEST_F(GpuProtocolTest, ReleaseOnATierWhereNothingIsHeldIsNotHeld) {
       << reply->get().getMessage().cStr();
   // A tier the daemon does not serve (255 would alias the host tier in an 8-bit key).
   for (int32_t device : {1, 255, -2}) {
-    auto bad = s->Call(5, [&](wire::Request::Builder r) {
-      auto refs = r.initReleaseRefs(1);
-      ipc::ToWire(id, refs[0].initId());
-      refs[0].setDevice(device);
-    });
+    auto bad = s->Call(5, ReleaseOf({{device, {id}}}));
     ASSERT_TRUE(bad) << "the daemon closed the session over device " << device;
     EXPECT_EQ(bad->get().getError(), wire::ErrorCode::INVALID_ARGUMENT) << device;
   }
@@ -896,6 +1003,29 @@ TEST_F(GpuProtocolTest, ReleaseOnATierWhereNothingIsHeldIsNotHeld) {
   ASSERT_TRUE(host);
   EXPECT_EQ(host->get().getError(), wire::ErrorCode::OK);
   ExpectServes(*s, "gpu-after-bad-release");
+}
+
+TEST_F(GpuProtocolTest, OneReleaseGivesBackReferencesOnSeveralTiers) {
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/gpu-and-host");
+  ASSERT_TRUE(s->Call(2, CreateOf(id, 64)));
+  ASSERT_TRUE(s->Call(3, SealOf(id)));
+  auto on_gpu = s->Call(4, [&](wire::Request::Builder r) {
+    GetOf({id})(r);
+    r.getGet().setDevice(0);
+  });
+  ASSERT_TRUE(on_gpu);
+  ASSERT_EQ(on_gpu->get().getGet()[0].getError(), wire::ErrorCode::OK);
+  // The session holds one reference on each tier; GPU group first, as a client may send it.
+  auto both = s->Call(5, ReleaseOf({{0, {id}}, {ipc::kHostDevice, {id}}}));
+  ASSERT_TRUE(both);
+  EXPECT_EQ(both->get().getError(), wire::ErrorCode::OK) << both->get().getMessage().cStr();
+  for (int32_t device : {0, ipc::kHostDevice}) {
+    auto again = s->Call(6, ReleaseOf({{device, {id}}}));
+    ASSERT_TRUE(again);
+    EXPECT_EQ(again->get().getError(), wire::ErrorCode::NOT_HELD) << device;
+  }
+  ExpectServes(*s, "gpu-after-release-on-two-tiers");
 }
 
 }  // namespace

@@ -165,15 +165,28 @@ inline auto GetOf(const std::vector<ObjectId>& ids, int64_t timeout_ms = 0) {
   };
 }
 
-// release, delete and contains all take a list of ids.
+// release (of host references), delete and contains all take a list of ids.
 enum class IdList { kRelease, kDelete, kContains };
 inline auto ListOf(IdList kind, const std::vector<ObjectId>& ids) {
   return [=](wire::Request::Builder r) {
     const auto n = static_cast<unsigned>(ids.size());
-    auto list = kind == IdList::kRelease  ? r.initRelease(n)
+    auto list = kind == IdList::kRelease  ? r.initRelease(1)[0].initIds(n)
                 : kind == IdList::kDelete ? r.initDelete(n)
                                           : r.initContains(n);
     for (unsigned i = 0; i < n; ++i) ipc::ToWire(ids[i], list[i]);
+  };
+}
+
+// A release of references on several tiers: one group per (device, ids), in this order.
+using TierIds = std::pair<int32_t, std::vector<ObjectId>>;
+inline auto ReleaseOf(const std::vector<TierIds>& groups) {
+  return [=](wire::Request::Builder r) {
+    auto tiers = r.initRelease(static_cast<unsigned>(groups.size()));
+    for (unsigned g = 0; g < groups.size(); ++g) {
+      tiers[g].setDevice(groups[g].first);
+      auto ids = tiers[g].initIds(static_cast<unsigned>(groups[g].second.size()));
+      for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(groups[g].second[i], ids[i]);
+    }
   };
 }
 

@@ -110,52 +110,145 @@ std::shared_ptr<Holding> FindSealed(Connection& conn, const ObjectId& id) {
   return holding;
 }
 
-// Holdings of `ids`, in order, each null where the object was not found or not sealed in
-// time; `codes` says which (kOk, kNotFound, kTimeout). Held objects cost no round trip;
-// the others go in one get request.
-Status Fetch(const std::shared_ptr<Connection>& conn, std::span<const ObjectId> ids,
-             std::chrono::milliseconds timeout, std::vector<std::shared_ptr<Holding>>& holdings,
-             std::vector<StatusCode>& codes) {
+// A DeviceHolding for the reference the daemon just granted on GPU `device`. If the
+// location is unusable, the reference is given back.
+// `writable`: the creator's holding, whose bytes it writes; readers' point into read-only
+// memory where the daemon shares the chunk so.
+Result<std::shared_ptr<internal::DeviceHolding>> MakeDeviceHolding(
+    const std::shared_ptr<Connection>& conn, const ObjectId& id, wire::Location::Reader location,
+    bool writable) {
+  const int32_t device = location.getDevice();
+  auto address = conn->ResolveChunk(device, location.getSegment(), location.getOffset(),
+                                    location.getDataSize(), writable);
+  if (!address.ok() || device < 0) {
+    conn->Release(id, device);
+    return address.ok() ? Status::Internal("the daemon answered a GPU get with a host object")
+                        : address.status();
+  }
+  auto meta = location.getMetadata();
+  std::vector<std::byte> metadata(reinterpret_cast<const std::byte*>(meta.begin()),
+                                  reinterpret_cast<const std::byte*>(meta.end()));
+  return std::make_shared<internal::DeviceHolding>(
+      conn, id, device, conn->LocalOrdinal(device), *address, location.getDataSize(),
+      std::move(metadata), conn->gpus()[static_cast<size_t>(device)].simulated);
+}
+
+// Where a get or prefetch wants its objects, for messages: `device` is this process's GPU
+// ordinal, or Client::kHostMemory.
+std::string TierName(int device) {
+  return device == Client::kHostMemory ? std::string("host memory")
+                                       : "GPU " + std::to_string(device);
+}
+
+// What a get found: per id, in order, a holding where `codes` says kOk; empty where the
+// object was not there (kNotFound: does not exist and no wait; kTimeout: not sealed in time).
+template <typename Held>
+struct Got {
+  std::vector<std::shared_ptr<Held>> holdings;
+  std::vector<StatusCode> codes;
+};
+
+// Get and GetOnDevice: one get request on `tier` (the daemon's numbering; `ordinal` this
+// process's, for messages) for the ids `local` does not answer from what this client holds;
+// `make` turns each location granted into a holding. Missing and late objects are "not
+// there" alike on every tier. Any other failure of an object (its copy to `tier` failed or
+// found no room, or its location is unusable here) fails the call with the first such
+// error in the order of `ids`, naming the object; the holdings made meanwhile are dropped,
+// which gives their references back.
+template <typename Held, typename Local, typename Make>
+Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<const ObjectId> ids,
+                            int32_t tier, int ordinal, std::chrono::milliseconds timeout,
+                            Local local, Make make) {
   DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn, "a get"));
-  holdings.assign(ids.size(), nullptr);
-  codes.assign(ids.size(), StatusCode::kOk);
+  Got<Held> got;
+  got.holdings.resize(ids.size());
+  got.codes.assign(ids.size(), StatusCode::kOk);
   std::vector<size_t> remote;  // indices into ids
   for (size_t i = 0; i < ids.size(); ++i) {
-    holdings[i] = FindSealed(*conn, ids[i]);
-    if (!holdings[i]) remote.push_back(i);
+    got.holdings[i] = local(ids[i]);
+    if (!got.holdings[i]) remote.push_back(i);
   }
-  if (remote.empty()) return Status::OK();
+  if (remote.empty()) return got;
 
   RequestMessage request;
   auto get = request.root().initGet();
   auto list = get.initIds(static_cast<unsigned>(remote.size()));
   for (size_t k = 0; k < remote.size(); ++k) ipc::ToWire(ids[remote[k]], list[k]);
   get.setTimeoutMs(WireTimeout(timeout));
+  get.setDevice(tier);
   Reply reply;
   DEPOT_RETURN_NOT_OK(conn->Call(request, &reply));
-  return Decode([&]() -> Status {
+  return Decode([&]() -> Result<Got<Held>> {
     auto r = reply.get();
     if (!r.isGet() || r.getGet().size() != remote.size()) return UnexpectedReply("get");
     auto results = r.getGet();
-    // Every result is turned into a Holding even after one fails, so that on error each
-    // reference granted is given back when `holdings` is dropped.
+    // Every result granted becomes a holding even after one fails, so that each reference
+    // is given back when `got` is dropped.
     Status first_error;
     for (size_t k = 0; k < remote.size(); ++k) {
       const size_t i = remote[k];
-      codes[i] = ipc::FromWire(results[k].getError());
-      if (codes[i] != StatusCode::kOk) continue;
-      auto fresh = MakeHolding(conn, ids[i], results[k].getLocation(), /*sealed=*/true);
-      if (!fresh.ok()) {
-        if (first_error.ok()) first_error = fresh.status();
-        continue;
+      StatusCode& code = got.codes[i];
+      code = ipc::FromWire(results[k].getError());
+      if (code == StatusCode::kNotFound || code == StatusCode::kTimeout) continue;
+      Status st =
+          code == StatusCode::kOk
+              ? Status::OK()
+              : Status(code, "cannot get object " + ids[i].Hex() +
+                                 (ordinal == Client::kHostMemory ? " in " : " on ") +
+                                 TierName(ordinal) + ": " + std::string(StatusCodeName(code)));
+      if (st.ok()) {
+        auto made = make(ids[i], results[k].getLocation());
+        if (made.ok()) {
+          got.holdings[i] = std::move(made).value();
+        } else {
+          st = made.status();
+          code = st.code();
+        }
       }
-      // A second reference to an object already held (another thread's Get, or this
-      // client's own Create) is dropped by Adopt's caller, which gives it back.
-      holdings[i] = conn->holdings().Adopt(std::move(fresh).value());
-      holdings[i]->sealed.store(true, std::memory_order_release);
+      if (first_error.ok()) first_error = std::move(st);
     }
-    return first_error;
+    if (!first_error.ok()) return first_error;
+    return got;
   });
+}
+
+// GetOnTier in host memory. Objects this client holds are answered from its table.
+Result<Got<Holding>> GetOnHost(const std::shared_ptr<Connection>& conn,
+                               std::span<const ObjectId> ids, std::chrono::milliseconds timeout) {
+  return GetOnTier<Holding>(
+      conn, ids, ipc::kHostDevice, Client::kHostMemory, timeout,
+      [&](const ObjectId& id) { return FindSealed(*conn, id); },
+      [&](const ObjectId& id, wire::Location::Reader location) -> Result<std::shared_ptr<Holding>> {
+        DEPOT_ASSIGN_OR_RETURN(auto fresh, MakeHolding(conn, id, location, /*sealed=*/true));
+        // A second reference to an object already held (another thread's Get, or this
+        // client's own Create) is dropped here, which gives it back.
+        auto holding = conn->holdings().Adopt(std::move(fresh));
+        holding->sealed.store(true, std::memory_order_release);
+        return holding;
+      });
+}
+
+// GetOnTier on GPU `ordinal` (this process's). Each get takes a reference of its own:
+// nothing is answered locally (see DeviceHolding).
+Result<Got<internal::DeviceHolding>> GetOnGpu(const std::shared_ptr<Connection>& conn,
+                                              std::span<const ObjectId> ids, int ordinal,
+                                              std::chrono::milliseconds timeout) {
+  DEPOT_ASSIGN_OR_RETURN(const int32_t tier, conn->DaemonDevice(ordinal));
+  return GetOnTier<internal::DeviceHolding>(
+      conn, ids, tier, ordinal, timeout,
+      [](const ObjectId&) { return std::shared_ptr<internal::DeviceHolding>(); },
+      [&](const ObjectId& id, wire::Location::Reader location) {
+        return MakeDeviceHolding(conn, id, location, /*writable=*/false);
+      });
+}
+
+// A one-object get's error for an object that was not there (`code`: as Got's).
+Status NotThere(const ObjectId& id, StatusCode code, std::chrono::milliseconds timeout) {
+  if (code == StatusCode::kNotFound) {
+    return Status::NotFound("object " + id.Hex() + " does not exist (or is not sealed yet)");
+  }
+  return Status::Timeout("object " + id.Hex() + " was not sealed within " +
+                         std::to_string(timeout.count()) + " ms");
 }
 
 std::string DeleteError(const ObjectId& id, StatusCode code) {
@@ -309,40 +402,17 @@ std::vector<Status> Client::PutMany(std::span<const PutItem> items) {
 
 Result<std::vector<Buffer>> Client::Get(std::span<const ObjectId> ids,
                                         std::chrono::milliseconds timeout) {
-  std::vector<std::shared_ptr<Holding>> holdings;
-  std::vector<StatusCode> codes;
-  DEPOT_RETURN_NOT_OK(Fetch(conn_, ids, timeout, holdings, codes));
-  // As GetOnDevice: a missing or late object is an empty Buffer, any other failure fails the
-  // call, naming the object (the Buffers got meanwhile are given back).
-  for (size_t i = 0; i < codes.size(); ++i) {
-    const StatusCode code = codes[i];
-    if (code != StatusCode::kOk && code != StatusCode::kNotFound && code != StatusCode::kTimeout) {
-      return Status(code,
-                    "cannot get object " + ids[i].Hex() + ": " + std::string(StatusCodeName(code)));
-    }
-  }
+  DEPOT_ASSIGN_OR_RETURN(auto got, GetOnHost(conn_, ids, timeout));
   std::vector<Buffer> buffers;
-  buffers.reserve(holdings.size());
-  for (auto& holding : holdings) buffers.push_back(Buffer(std::move(holding)));
+  buffers.reserve(got.holdings.size());
+  for (auto& holding : got.holdings) buffers.push_back(Buffer(std::move(holding)));
   return buffers;
 }
 
 Result<Buffer> Client::Get(const ObjectId& id, std::chrono::milliseconds timeout) {
-  std::vector<std::shared_ptr<Holding>> holdings;
-  std::vector<StatusCode> codes;
-  DEPOT_RETURN_NOT_OK(Fetch(conn_, std::span(&id, 1), timeout, holdings, codes));
-  switch (codes[0]) {
-    case StatusCode::kOk:
-      return Buffer(std::move(holdings[0]));
-    case StatusCode::kNotFound:
-      return Status::NotFound("object " + id.Hex() + " does not exist (or is not sealed yet)");
-    case StatusCode::kTimeout:
-      return Status::Timeout("object " + id.Hex() + " was not sealed within " +
-                             std::to_string(timeout.count()) + " ms");
-    default:
-      return Status(codes[0],
-                    "cannot get object " + id.Hex() + ": " + std::string(StatusCodeName(codes[0])));
-  }
+  DEPOT_ASSIGN_OR_RETURN(auto got, GetOnHost(conn_, std::span(&id, 1), timeout));
+  if (!got.holdings[0]) return NotThere(id, got.codes[0], timeout);
+  return Buffer(std::move(got.holdings[0]));
 }
 
 Status Client::Delete(const ObjectId& id) { return Delete(std::span(&id, 1)); }
@@ -564,33 +634,6 @@ const std::string& Client::socket_path() const { return conn_->socket_path(); }
 // GPU objects.
 namespace depot {
 
-namespace {
-
-// A DeviceHolding for the reference the daemon just granted on GPU `device`. If the
-// location is unusable, the reference is given back.
-// `writable`: the creator's holding, whose bytes it writes; readers' point into read-only
-// memory where the daemon shares the chunk so.
-Result<std::shared_ptr<internal::DeviceHolding>> MakeDeviceHolding(
-    const std::shared_ptr<Connection>& conn, const ObjectId& id, wire::Location::Reader location,
-    bool writable) {
-  const int32_t device = location.getDevice();
-  auto address = conn->ResolveChunk(device, location.getSegment(), location.getOffset(),
-                                    location.getDataSize(), writable);
-  if (!address.ok() || device < 0) {
-    conn->Release(id, device);
-    return address.ok() ? Status::Internal("the daemon answered a GPU get with a host object")
-                        : address.status();
-  }
-  auto meta = location.getMetadata();
-  std::vector<std::byte> metadata(reinterpret_cast<const std::byte*>(meta.begin()),
-                                  reinterpret_cast<const std::byte*>(meta.end()));
-  return std::make_shared<internal::DeviceHolding>(
-      conn, id, device, conn->LocalOrdinal(device), *address, location.getDataSize(),
-      std::move(metadata), conn->gpus()[static_cast<size_t>(device)].simulated);
-}
-
-}  // namespace
-
 Status Client::Seal(const ObjectId& id, uintptr_t stream) {
   if (!conn_->gpus().empty()) {
     DEPOT_ASSIGN_OR_RETURN(internal::DeviceImporter * importer, conn_->Importer());
@@ -641,12 +684,11 @@ Status Client::Prefetch(std::span<const ObjectId> ids, int device) {
     for (unsigned i = 0; i < codes.size(); ++i) {
       const StatusCode code = ipc::FromWire(codes[i]);
       if (code == StatusCode::kOk) continue;
-      const std::string where =
-          device == kHostMemory ? std::string("host memory") : "GPU " + std::to_string(device);
-      return Status(code, "cannot prefetch object " + ids[i].Hex() + " to " + where + ": " +
-                              (code == StatusCode::kNotFound
-                                   ? std::string("it does not exist or is not sealed")
-                                   : std::string(StatusCodeName(code))));
+      return Status(
+          code,
+          "cannot prefetch object " + ids[i].Hex() + " to " + TierName(device) + ": " +
+              (code == StatusCode::kNotFound ? std::string("it does not exist or is not sealed")
+                                             : std::string(StatusCodeName(code))));
     }
     return Status::OK();
   });
@@ -654,54 +696,18 @@ Status Client::Prefetch(std::span<const ObjectId> ids, int device) {
 
 Result<std::vector<DeviceBuffer>> Client::GetOnDevice(std::span<const ObjectId> ids, int device,
                                                       std::chrono::milliseconds timeout) {
-  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a get"));
-  DEPOT_ASSIGN_OR_RETURN(const int32_t daemon_device, conn_->DaemonDevice(device));
-  RequestMessage request;
-  auto get = request.root().initGet();
-  auto list = get.initIds(static_cast<unsigned>(ids.size()));
-  for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
-  get.setTimeoutMs(WireTimeout(timeout));
-  get.setDevice(daemon_device);
-  Reply reply;
-  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
-  return Decode([&]() -> Result<std::vector<DeviceBuffer>> {
-    auto r = reply.get();
-    if (!r.isGet() || r.getGet().size() != ids.size()) return UnexpectedReply("get");
-    auto results = r.getGet();
-    std::vector<DeviceBuffer> buffers(ids.size());
-    Status first_error;
-    for (unsigned i = 0; i < results.size(); ++i) {
-      const StatusCode code = ipc::FromWire(results[i].getError());
-      if (code == StatusCode::kNotFound || code == StatusCode::kTimeout) continue;
-      if (code != StatusCode::kOk) {
-        if (first_error.ok()) {
-          first_error =
-              Status(code, "cannot get object " + ids[i].Hex() + " on GPU " +
-                               std::to_string(device) + ": " + std::string(StatusCodeName(code)));
-        }
-        continue;
-      }
-      auto holding = MakeDeviceHolding(conn_, ids[i], results[i].getLocation(), /*writable=*/false);
-      if (!holding.ok()) {
-        if (first_error.ok()) first_error = holding.status();
-        continue;
-      }
-      buffers[i] = DeviceBuffer(std::move(holding).value());
-    }
-    if (!first_error.ok()) return first_error;
-    return buffers;
-  });
+  DEPOT_ASSIGN_OR_RETURN(auto got, GetOnGpu(conn_, ids, device, timeout));
+  std::vector<DeviceBuffer> buffers;
+  buffers.reserve(got.holdings.size());
+  for (auto& holding : got.holdings) buffers.push_back(DeviceBuffer(std::move(holding)));
+  return buffers;
 }
 
 Result<DeviceBuffer> Client::GetOnDevice(const ObjectId& id, int device,
                                          std::chrono::milliseconds timeout) {
-  DEPOT_ASSIGN_OR_RETURN(auto buffers, GetOnDevice(std::span(&id, 1), device, timeout));
-  if (buffers[0]) return std::move(buffers[0]);
-  if (timeout.count() == 0) {
-    return Status::NotFound("object " + id.Hex() + " does not exist (or is not sealed yet)");
-  }
-  return Status::Timeout("object " + id.Hex() + " was not sealed within " +
-                         std::to_string(timeout.count()) + " ms");
+  DEPOT_ASSIGN_OR_RETURN(auto got, GetOnGpu(conn_, std::span(&id, 1), device, timeout));
+  if (!got.holdings[0]) return NotThere(id, got.codes[0], timeout);
+  return DeviceBuffer(std::move(got.holdings[0]));
 }
 
 }  // namespace depot

@@ -66,8 +66,10 @@ constexpr int kFlusherQuietRounds = 2;
 // The flusher's timer slack (see FlushLoop).
 constexpr unsigned long kFlusherTimerSlackNs = 5'000;
 
-// Size of an id in a release frame's List(Id), and a bound on the rest of the frame.
+// Size of an id in a release frame (in its tier's List(Id)), of a tier's group (its
+// TierRefs and the list's tag), and a bound on the rest of the frame.
 constexpr size_t kReleaseIdBytes = 2 * sizeof(capnp::word);
+constexpr size_t kReleaseGroupBytes = 3 * sizeof(capnp::word);
 constexpr size_t kReleaseFrameOverhead = 32 * sizeof(capnp::word);
 
 // Adaptive spinning (Fill). A poll that misses (no reply within the window) burns the
@@ -405,19 +407,19 @@ void Connection::Await(Waiter& me) {
 }
 
 size_t Connection::ReleaseIdsPerFrame() const {
-  const size_t fit = max_frame_bytes_ > kReleaseFrameOverhead
-                         ? (max_frame_bytes_ - kReleaseFrameOverhead) / kReleaseIdBytes
-                         : 1;
+  const size_t overhead = kReleaseFrameOverhead + (gpus_.size() + 1) * kReleaseGroupBytes;
+  const size_t fit =
+      max_frame_bytes_ > overhead ? (max_frame_bytes_ - overhead) / kReleaseIdBytes : 1;
   return std::max<size_t>(1, std::min<size_t>(max_batch_, fit));
 }
 
-void Connection::Release(const ObjectId& id) {
+void Connection::Release(const ObjectId& id, int32_t device) {
   if (forked() || broken()) return;
   bool notify = false;
   bool send_now = false;
   {
     std::lock_guard lock(release_mu_);
-    releases_.push_back(id);
+    releases_.push_back({id, device});
     released_ = true;
     if (!flusher_) StartFlusher();  // it finds the queue filled and starts gathering
     if (releases_.size() >= release_batch_ || no_flusher_) {
@@ -430,17 +432,6 @@ void Connection::Release(const ObjectId& id) {
   }
   if (notify) flusher_->cv.notify_one();
   if (send_now) Send({});
-}
-
-void Connection::Release(const ObjectId& id, int32_t device) {
-  if (device == ipc::kHostDevice) return Release(id);
-  if (forked() || broken()) return;
-  {
-    std::lock_guard lock(release_mu_);
-    device_releases_.emplace_back(id, device);
-  }
-  // GPU references are few and large: no batching, they go at once.
-  Send({});
 }
 
 void Connection::StartFlusher() {
@@ -506,42 +497,15 @@ void Connection::Send(std::span<ipc::OutFrame> requests, bool from_flusher) {
   if (from_flusher) inside.emplace();
   // Taken under send_mu_: whoever takes a release writes it before any later request.
   sending_.clear();
-  sending_device_.clear();
   {
     std::lock_guard release_lock(release_mu_);
     sending_.swap(releases_);
-    sending_device_.swap(device_releases_);
   }
   // Once broken, queued releases are dropped: the daemon has released everything. (A
   // request's caller was failed by Break, and learns it from its Waiter.)
-  if (broken() || (sending_.empty() && sending_device_.empty() && requests.empty())) return;
+  if (broken() || (sending_.empty() && requests.empty())) return;
   out_frames_.clear();
-  if (!sending_device_.empty()) {
-    RequestMessage release;
-    auto root = release.root();
-    root.setId(0);
-    auto list = root.initReleaseRefs(static_cast<unsigned>(sending_device_.size()));
-    for (size_t k = 0; k < sending_device_.size(); ++k) {
-      ipc::ToWire(sending_device_[k].first, list[k].initId());
-      list[k].setDevice(sending_device_[k].second);
-    }
-    if (auto frame = ipc::EncodeFrame(release.message(), {}, max_frame_bytes_); frame.ok()) {
-      out_frames_.push_back(std::move(*frame));
-    }
-  }
-  const size_t per_frame = ReleaseIdsPerFrame();
-  for (size_t first = 0; first < sending_.size(); first += per_frame) {
-    const size_t n = std::min(per_frame, sending_.size() - first);
-    RequestMessage release;
-    auto root = release.root();
-    root.setId(0);  // no reply wanted
-    auto list = root.initRelease(static_cast<unsigned>(n));
-    for (size_t k = 0; k < n; ++k) ipc::ToWire(sending_[first + k], list[k]);
-    // Sized to fit the frame limit, so this does not fail.
-    if (auto frame = ipc::EncodeFrame(release.message(), {}, max_frame_bytes_); frame.ok()) {
-      out_frames_.push_back(std::move(*frame));
-    }
-  }
+  EncodeReleases();
   // Releases first, then the requests: one system call for all of it.
   iovec iov_small[2];
   std::vector<iovec> iov_large;
@@ -569,6 +533,41 @@ void Connection::Send(std::span<ipc::OutFrame> requests, bool from_flusher) {
           ? Status::Disconnected(kClosedMessage)
           : Status::Disconnected("lost the connection to the daemon: " +
                                  Status::FromErrno(in_poll ? "poll" : "sendmsg", error).message()));
+}
+
+void Connection::EncodeReleases() {
+  // Host references first, then each GPU's, so that a frame has one group per tier. The
+  // queue's order is kept within a tier; between tiers it does not matter to the daemon.
+  const auto by_tier = [](const Ref& a, const Ref& b) { return a.device < b.device; };
+  if (!std::is_sorted(sending_.begin(), sending_.end(), by_tier)) {
+    std::stable_sort(sending_.begin(), sending_.end(), by_tier);
+  }
+  const size_t per_frame = ReleaseIdsPerFrame();
+  for (size_t first = 0; first < sending_.size(); first += per_frame) {
+    const std::span<const Ref> refs(sending_.data() + first,
+                                    std::min(per_frame, sending_.size() - first));
+    unsigned groups = 0;
+    for (size_t k = 0; k < refs.size(); ++k) {
+      if (k == 0 || refs[k].device != refs[k - 1].device) ++groups;
+    }
+    RequestMessage release;
+    auto root = release.root();
+    root.setId(0);  // no reply wanted
+    auto tiers = root.initRelease(groups);
+    size_t begin = 0;
+    for (unsigned g = 0; g < groups; ++g) {
+      size_t end = begin + 1;
+      while (end < refs.size() && refs[end].device == refs[begin].device) ++end;
+      tiers[g].setDevice(refs[begin].device);
+      auto ids = tiers[g].initIds(static_cast<unsigned>(end - begin));
+      for (size_t k = begin; k < end; ++k) ipc::ToWire(refs[k].id, ids[k - begin]);
+      begin = end;
+    }
+    // Sized to fit the frame limit, so this does not fail.
+    if (auto frame = ipc::EncodeFrame(release.message(), {}, max_frame_bytes_); frame.ok()) {
+      out_frames_.push_back(std::move(*frame));
+    }
+  }
 }
 
 void Connection::ReadUntilDone(Waiter& me) {

@@ -7,15 +7,16 @@
 // the socket it becomes the reader, files the replies it reads for the other callers and
 // wakes them, and on receiving its own reply hands the reader role to a waiting caller.
 //
-// Releases are batched. A dropped Holding queues its id (Release); the queue goes out as one
-// release frame (request id 0, no reply) in the same write as the next request any thread
-// sends, ahead of it, so the daemon always processes a client's releases before its later
-// requests. A full queue (kReleaseBatch ids) is sent at once by the thread that filled it.
-// Otherwise a flusher thread, started with the first release, sends what is still queued at
-// the end of a gathering round (kReleaseGatherDelay), so that a client that makes no further
-// request never keeps references the daemon could reclaim. Rounds follow one another while
-// handles keep being dropped; after two rounds without any, the flusher sleeps until the
-// next release wakes it (the only notify: a queue going from empty to not while it sleeps).
+// Releases are batched. A dropped Holding or DeviceHolding queues its reference, an id on
+// a tier (Release). The queue goes out as one release frame (request id 0, no reply; the
+// ids grouped by tier) in the same write as the next request any thread sends, ahead of
+// it, so the daemon always processes a client's releases before its later requests. A full
+// queue (kReleaseBatch ids) is sent at once by the thread that filled it. Otherwise a
+// flusher thread, started with the first release, sends what is still queued at the end of
+// a gathering round (kReleaseGatherDelay), so that a client that makes no further request
+// never keeps references the daemon could reclaim. Rounds follow one another while handles
+// keep being dropped; after two rounds without any, the flusher sleeps until the next
+// release wakes it (the only notify: a queue going from empty to not while it sleeps).
 #pragma once
 
 #include <capnp/message.h>
@@ -136,13 +137,12 @@ class Connection {
   // Thread-safe.
   std::vector<Status> CallMany(std::span<RequestMessage* const> requests, Reply* replies);
 
-  // Gives a reference back, asking for no reply: queues `id` for the next release frame
-  // (see the top of this file). Does nothing once the connection is broken (the daemon has
-  // released everything then), nor in a forked child (the socket is the parent's).
-  // Thread-safe; never blocks on the daemon except when it fills the queue.
-  void Release(const ObjectId& id);
-  // The same for a reference to a GPU replica (`device`: the daemon's GPU index).
-  void Release(const ObjectId& id, int32_t device);
+  // Gives a reference back, asking for no reply: queues `id` on `device` (host memory, or
+  // the daemon's index of a GPU) for the next release frame (see the top of this file).
+  // Does nothing once the connection is broken (the daemon has released everything then),
+  // nor in a forked child (the socket is the parent's). Thread-safe; never blocks on the
+  // daemon except when it fills the queue.
+  void Release(const ObjectId& id, int32_t device = ipc::kHostDevice);
 
   // GPUs. The daemon numbers them in its own order; this process by its CUDA ordinals.
   const std::vector<DaemonGpu>& gpus() const { return gpus_; }
@@ -198,8 +198,16 @@ class Connection {
   void Send(std::span<ipc::OutFrame> requests, bool from_flusher = false);
   // Waits until `me` is done, reading replies for everyone while no other thread does.
   void Await(Waiter& me);
-  // Most ids one release frame carries: the daemon's maxBatch, and what fits its frame limit.
+  // A reference queued for release.
+  struct Ref {
+    ObjectId id;
+    int32_t device;
+  };
+  // Most ids one release frame carries: the daemon's maxBatch, and what fits its frame limit
+  // with a group for every tier.
   size_t ReleaseIdsPerFrame() const;
+  // Appends to out_frames_ the release frames of sending_, grouped by tier.
+  void EncodeReleases();
   // The flusher thread's body (see the top of this file).
   void FlushLoop();
   // Starts the flusher. Called with release_mu_ held, at the first release.
@@ -235,9 +243,8 @@ class Connection {
   // so that releases reach the socket in the order they were queued relative to requests.
   // Lock order: send_mu_, then release_mu_.
   std::mutex send_mu_;
-  std::vector<ObjectId> sending_;  // the queue being sent; guarded by send_mu_
-  std::vector<std::pair<ObjectId, int32_t>> sending_device_;  // guarded by send_mu_
-  std::vector<ipc::OutFrame> out_frames_;                     // its frames; guarded by send_mu_
+  std::vector<Ref> sending_;               // the queue being sent; guarded by send_mu_
+  std::vector<ipc::OutFrame> out_frames_;  // its frames; guarded by send_mu_
 
   // The flusher's thread and what it sleeps on. On the heap, created with the first
   // release, so that a forked child can leave it alone (see ~Connection).
@@ -249,9 +256,8 @@ class Connection {
 
   // The release queue and the flusher's state, guarded by release_mu_.
   std::mutex release_mu_;
-  std::vector<ObjectId> releases_;  // ids whose reference goes back with the next write
-  std::vector<std::pair<ObjectId, int32_t>> device_releases_;  // the same on GPUs
-  size_t release_batch_;  // send at once at this many ids (see Handshake)
+  std::vector<Ref> releases_;  // references that go back with the next write
+  size_t release_batch_;       // send at once at this many ids (see Handshake)
   std::unique_ptr<Flusher> flusher_;
   bool flusher_idle_ = false;  // it waits for a first release, and needs a notify
   bool released_ = false;      // a release was queued in the flusher's current round

@@ -12,7 +12,7 @@
 namespace depot::ipc {
 
 // Bumped on every incompatible change to protocol.capnp or to ObjectHeader.
-inline constexpr uint32_t kProtocolVersion = 5;
+inline constexpr uint32_t kProtocolVersion = 6;
 
 // The daemon's default bound on one frame. A session that sends a larger one is closed.
 inline constexpr uint32_t kDefaultMaxFrameBytes = 16u << 20;
@@ -21,7 +21,7 @@ inline constexpr uint32_t kDefaultMaxBatch = 100'000;
 // Cap'n Proto traversal limit for a frame of `frame_bytes`: nothing may be read twice over.
 inline uint64_t TraversalLimitWords(uint32_t frame_bytes) { return frame_bytes / 8 * 2 + 64; }
 
-// Tier numbers on the wire (Create.device, Get.device, Ref.device, Location.device).
+// Tier numbers on the wire (Create.device, Get.device, TierRefs.device, Location.device).
 inline constexpr int32_t kHostDevice = -1;
 
 inline ObjectId FromWire(wire::Id::Reader id) {
