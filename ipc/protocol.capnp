@@ -66,6 +66,9 @@ struct Request {
     # (an id may be listed several times) on the group's tier. The only request that may
     # carry id 0 (no reply wanted).
     release @18 :List(TierRefs);
+    # Where each object's bytes are, holding nothing: what a client also reads from the
+    # header table for the objects it holds (ObjectHeader.tiers), for any id.
+    locate @19 :List(Id);
   }
 
   struct Verify {
@@ -182,6 +185,14 @@ struct Chunk {
   writable @5 :Bool;
 }
 
+# Where one object's bytes are (Reply.locate).
+struct Placement {
+  found @0 :Bool;            # sealed and not deleted; the rest is zero if not
+  tiers @1 :UInt64;          # with ready bytes: bit 0 host memory, bit k + 1 GPU k of hello's devices
+  dataSize @2 :UInt64;
+  metadataSize @3 :UInt64;
+}
+
 # A GPU the daemon serves (Reply.Hello.devices, StoreStatus.devices).
 struct Device {
   uuid @0 :Data;             # 16 bytes, as cuDeviceGetUuid reports it
@@ -217,6 +228,7 @@ struct Reply {
     verify @15 :VerifyPage;
     evict @16 :EvictResult;
     prefetch @18 :List(ErrorCode);  # in request order: ok (ready there), notFound, outOfMemory
+    locate @19 :List(Placement);    # in request order
   }
 
   # The hello reply carries one file descriptor: the shared header table (map it read-only).

@@ -40,9 +40,7 @@ void EvictionPolicy::Withdraw(uint32_t slot, int32_t tier) {
 }
 
 void EvictionPolicy::Reconsider(uint32_t slot) {
-  const ReplicaSet& replicas = table_.at(slot).replicas;
-  for (size_t i = 0; i < replicas.size(); ++i) {
-    const Replica& r = replicas[i];
+  table_.at(slot).replicas.ForEach([&](const Replica& r) {
     const bool candidate = ActionFor(slot, r.tier) != Action::kNone;
     const bool listed = lists_[Index(r.tier)].contains(slot);
     if (!candidate && listed) {
@@ -50,7 +48,7 @@ void EvictionPolicy::Reconsider(uint32_t slot) {
     } else if (candidate && !listed) {
       Add(slot, r);
     }
-  }
+  });
 }
 
 uint64_t EvictionPolicy::candidate_bytes(int32_t tier, uint32_t region) const {

@@ -10,10 +10,10 @@ namespace depot::store {
 
 namespace {
 
-constexpr const char* kTypeNames[] = {"hello",  "create",  "put",     "seal",        "abort",
-                                      "get",    "release", "delete",  "contains",    "list",
-                                      "status", "metrics", "clients", "object_info", "verify",
-                                      "evict",  "prefetch"};
+constexpr const char* kTypeNames[] = {"hello",  "create",   "put",     "seal",        "abort",
+                                      "get",    "release",  "delete",  "contains",    "list",
+                                      "status", "metrics",  "clients", "object_info", "verify",
+                                      "evict",  "prefetch", "locate"};
 static_assert(std::size(kTypeNames) == static_cast<size_t>(RequestType::kCount));
 
 // Upper bound of bucket i, in seconds: 2^i microseconds.

@@ -35,6 +35,7 @@ enum class RequestType : uint8_t {
   kVerify,
   kEvict,
   kPrefetch,
+  kLocate,
   kCount
 };
 

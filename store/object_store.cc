@@ -57,11 +57,17 @@ StoreCounters ObjectStore::counters() const {
 
 Location ObjectStore::LocationOf(uint32_t slot, int32_t tier) const {
   const auto& h = table_.header(slot);
+  if (tier == kHost) {  // the header has the host copy's place: no allocator lookup
+    return Location{slot, h.segment, h.offset, h.data_size, h.metadata_size, kHost};
+  }
   const Replica& r = *table_.FindReplica(slot, tier);
-  Location location{slot,        r.region,        pool(tier).OffsetOf(r.region, r.handle),
-                    h.data_size, h.metadata_size, tier};
-  if (tier != kHost) location.metadata = table_.at(slot).replicas.kept_metadata();
-  return location;
+  return Location{slot,
+                  r.region,
+                  pool(tier).OffsetOf(r.region, r.handle),
+                  h.data_size,
+                  h.metadata_size,
+                  tier,
+                  table_.at(slot).replicas.kept_metadata()};
 }
 
 Status ObjectStore::CheckTier(int32_t tier) const {
@@ -190,10 +196,11 @@ void ObjectStore::DropRef(Account& account, uint32_t slot, int32_t tier) {
   policy_.Reconsider(slot);
 }
 
-GetResult ObjectStore::Grant(ClientId client, bool hold, uint32_t slot, int32_t tier) {
-  if (!hold) return GetResult{StatusCode::kOk, {}};
-  table_.header(slot).access_time_ns = ipc::WallNanos();  // published by AddRef
-  AddRef(client, accounts_.at(client), slot, tier);
+GetResult ObjectStore::Grant(ClientId client, Account* holder, uint32_t slot, int32_t tier,
+                             uint64_t now) {
+  if (holder == nullptr) return GetResult{StatusCode::kOk, {}};
+  table_.header(slot).access_time_ns = now;  // published by AddRef
+  AddRef(client, *holder, slot, tier);
   usage_[Index(tier)].bytes_out += table_.BytesOn(slot, tier);
   return GetResult{StatusCode::kOk, LocationOf(slot, tier)};
 }
@@ -482,11 +489,12 @@ Status ObjectStore::Fetch(ClientId client, std::vector<ObjectId> ids, int32_t de
   get.waits.assign(n, Wait::kNone);
   size_t seal_waits = 0;
   std::vector<uint32_t> copies;
+  const uint64_t now = ipc::WallNanos();
   for (size_t i = 0; i < n; ++i) {
     const uint32_t slot = table_.Find(get.ids[i]);
     const bool usable = slot != HeaderTable::kNoSlot && table_.IsUsable(slot);
     if (usable && table_.IsReady(slot, device)) {
-      get.results[i] = Grant(client, hold, slot, device);
+      get.results[i] = Grant(client, hold ? &account : nullptr, slot, device, now);
       counters_.get_hits++;
     } else if (usable) {
       get.waits[i] = Wait::kCopy;
@@ -532,14 +540,16 @@ Status ObjectStore::Fetch(ClientId client, std::vector<ObjectId> ids, int32_t de
 
 void ObjectStore::CompleteWaiters(uint32_t slot) {
   const ObjectId id = table_.IdAt(slot);
+  const uint64_t now = ipc::WallNanos();
   std::vector<std::pair<int32_t, WaitingGets::Id>> copies;  // (tier, get) to start
   for (WaitingGets::Id waiter : waiting_.TakeSealWaiters(id)) {
     WaitingGets::Get* get = waiting_.Find(waiter);
     if (get == nullptr) continue;
+    Account* holder = get->hold ? &accounts_.at(get->client) : nullptr;
     for (size_t i = 0; i < get->ids.size(); ++i) {
       if (get->ids[i] != id || get->waits[i] != WaitingGets::Wait::kSeal) continue;
       if (table_.IsReady(slot, get->tier)) {
-        get->Resolve(i, Grant(get->client, get->hold, slot, get->tier));
+        get->Resolve(i, Grant(get->client, holder, slot, get->tier, now));
       } else {
         get->waits[i] = WaitingGets::Wait::kCopy;
         copies.emplace_back(get->tier, waiter);
@@ -556,10 +566,12 @@ void ObjectStore::Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& 
   if (get == nullptr) return;
   const bool usable = failure == StatusCode::kOk && table_.Find(id) == slot &&
                       table_.IsUsable(slot) && table_.IsReady(slot, get->tier);
+  const uint64_t now = ipc::WallNanos();
+  Account* holder = get->hold ? &accounts_.at(get->client) : nullptr;
   for (size_t i = 0; i < get->ids.size(); ++i) {
     if (get->ids[i] != id || get->waits[i] != WaitingGets::Wait::kCopy) continue;
     if (usable) {
-      get->Resolve(i, Grant(get->client, get->hold, slot, get->tier));
+      get->Resolve(i, Grant(get->client, holder, slot, get->tier, now));
     } else {
       get->Resolve(i, GetResult{failure == StatusCode::kOk ? StatusCode::kNotFound : failure, {}});
     }

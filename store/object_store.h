@@ -314,9 +314,9 @@ class ObjectStore {
   // Get and Prefetch: the same but for `hold`, whether an answer takes a reference.
   Status Fetch(ClientId client, std::vector<ObjectId> ids, int32_t device, int64_t timeout_ms,
                bool hold, GetDone done);
-  // A reference to the replica on `tier` for a get, and where it is; for a prefetch, only
-  // that it is there.
-  GetResult Grant(ClientId client, bool hold, uint32_t slot, int32_t tier);
+  // A reference of `holder` (`client`'s account) to the replica on `tier` for a get, and
+  // where it is, the object used at `now`; with no holder (a prefetch), only that it is there.
+  GetResult Grant(ClientId client, Account* holder, uint32_t slot, int32_t tier, uint64_t now);
 
   // Host room: allocates, evicting in LRU order from segments where that can make room.
   std::optional<TierPool::Block> AllocateOrEvict(uint64_t bytes);

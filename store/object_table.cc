@@ -6,15 +6,13 @@
 
 namespace depot::store {
 
-Replica* ReplicaSet::Find(int32_t tier) {
-  for (size_t i = 0; i < size(); ++i) {
-    if ((*this)[i].tier == tier) return &(*this)[i];
+Replica* ReplicaSet::FindMore(int32_t tier) {
+  if (more_) {
+    for (Replica& r : more_->copies) {
+      if (r.tier == tier) return &r;
+    }
   }
   return nullptr;
-}
-
-const Replica* ReplicaSet::Find(int32_t tier) const {
-  return const_cast<ReplicaSet*>(this)->Find(tier);
 }
 
 Replica& ReplicaSet::Add(const Replica& replica) {
@@ -85,19 +83,6 @@ std::string_view ObjectTable::NameOf(uint32_t slot) const {
   return it == names_.end() ? std::string_view() : std::string_view(it->second);
 }
 
-bool ObjectTable::IsDeletePending(uint32_t slot) const {
-  return (headers_.at(slot).flags & ipc::kFlagDeletePending) != 0;
-}
-
-bool ObjectTable::IsPinned(uint32_t slot) const {
-  return (headers_.at(slot).flags & ipc::kFlagPinned) != 0;
-}
-
-uint64_t ObjectTable::BytesOn(uint32_t slot, int32_t tier) const {
-  const auto& h = headers_.at(slot);
-  return h.data_size + (tier == kHost ? h.metadata_size : 0);
-}
-
 Replica& ObjectTable::AddReplica(uint32_t slot, int32_t tier, const TierPool::Block& block) {
   if (tier == kHost) {
     auto& h = headers_.at(slot);
@@ -108,25 +93,18 @@ Replica& ObjectTable::AddReplica(uint32_t slot, int32_t tier, const TierPool::Bl
       Replica{.region = block.region, .handle = block.handle, .tier = static_cast<int8_t>(tier)});
 }
 
-bool ObjectTable::IsReady(uint32_t slot, int32_t tier) const {
-  const Replica* r = FindReplica(slot, tier);
-  return r != nullptr && r->ready;
-}
-
 bool ObjectTable::HasOtherCopy(uint32_t slot, int32_t tier) const {
-  const ReplicaSet& replicas = objects_[slot].replicas;
-  for (size_t i = 0; i < replicas.size(); ++i) {
-    if (replicas[i].tier != tier && replicas[i].ready) return true;
-  }
-  return false;
+  bool other = false;
+  objects_[slot].replicas.ForEach(
+      [&](const Replica& r) { other = other || (r.tier != tier && r.ready); });
+  return other;
 }
 
 uint64_t ObjectTable::TiersOf(uint32_t slot) const {
   uint64_t tiers = 0;
-  const ReplicaSet& replicas = objects_[slot].replicas;
-  for (size_t i = 0; i < replicas.size(); ++i) {
-    if (replicas[i].ready) tiers |= ipc::TierBit(replicas[i].tier);
-  }
+  objects_[slot].replicas.ForEach([&](const Replica& r) {
+    if (r.ready) tiers |= ipc::TierBit(r.tier);
+  });
   return tiers;
 }
 

@@ -45,9 +45,19 @@ class ReplicaSet {
   bool empty() const { return first_.tier == kNone; }
   Replica& operator[](size_t i) { return i == 0 ? first_ : more_->copies[i - 1]; }
   const Replica& operator[](size_t i) const { return i == 0 ? first_ : more_->copies[i - 1]; }
-  // The replica on `tier`, or null.
-  Replica* Find(int32_t tier);
-  const Replica* Find(int32_t tier) const;
+  // Calls `f(replica)` for each replica.
+  template <typename F>
+  void ForEach(F&& f) const {
+    if (empty()) return;
+    f(first_);
+    if (more_) {
+      for (const Replica& r : more_->copies) f(r);
+    }
+  }
+  // The replica on `tier`, or null. The first is the only one for most objects: checked
+  // without a loop (an empty set's kNone is no tier).
+  Replica* Find(int32_t tier) { return first_.tier == tier ? &first_ : FindMore(tier); }
+  const Replica* Find(int32_t tier) const { return const_cast<ReplicaSet*>(this)->Find(tier); }
   // Adds a replica on a tier the object has none on.
   Replica& Add(const Replica& replica);
   // Removes the replica on `tier`, if any.
@@ -62,6 +72,7 @@ class ReplicaSet {
 
  private:
   static constexpr int8_t kNone = -2;
+  Replica* FindMore(int32_t tier);
   struct Spare {
     std::vector<Replica> copies;  // after the first
     std::vector<std::byte> metadata;
@@ -123,13 +134,20 @@ class ObjectTable {
   bool Holds(uint32_t slot, const ObjectId& id) const;
   std::string_view NameOf(uint32_t slot) const;
   bool IsSealed(uint32_t slot) const { return headers_.state(slot) == ipc::ObjectState::kSealed; }
-  bool IsDeletePending(uint32_t slot) const;
-  bool IsPinned(uint32_t slot) const;
+  bool IsDeletePending(uint32_t slot) const {
+    return (headers_.at(slot).flags.load(std::memory_order_relaxed) & ipc::kFlagDeletePending) != 0;
+  }
+  bool IsPinned(uint32_t slot) const {
+    return (headers_.at(slot).flags.load(std::memory_order_relaxed) & ipc::kFlagPinned) != 0;
+  }
   // Sealed and not deleted: what a get may hand out.
   bool IsUsable(uint32_t slot) const { return IsSealed(slot) && !IsDeletePending(slot); }
 
   // Bytes a replica on a tier holds: data, and on the host the metadata after it.
-  uint64_t BytesOn(uint32_t slot, int32_t tier) const;
+  uint64_t BytesOn(uint32_t slot, int32_t tier) const {
+    const auto& h = headers_.at(slot);
+    return h.data_size + (tier == kHost ? h.metadata_size : 0);
+  }
   // Adds a replica of the object in `slot` in `block` of `tier`; the host one's place goes
   // into the header. Not ready, so not published in the header's tiers yet.
   Replica& AddReplica(uint32_t slot, int32_t tier, const TierPool::Block& block);
@@ -137,7 +155,10 @@ class ObjectTable {
   const Replica* FindReplica(uint32_t slot, int32_t tier) const {
     return objects_[slot].replicas.Find(tier);
   }
-  bool IsReady(uint32_t slot, int32_t tier) const;
+  bool IsReady(uint32_t slot, int32_t tier) const {
+    const Replica* r = FindReplica(slot, tier);
+    return r != nullptr && r->ready;
+  }
   // Whether the object has ready bytes on a tier other than `tier`.
   bool HasOtherCopy(uint32_t slot, int32_t tier) const;
   // The tiers with ready bytes (ObjectHeader::tiers), and the same written to the header.

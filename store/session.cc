@@ -255,6 +255,8 @@ void Session::Dispatch(wire::Request::Reader request) {
       return HandleDelete(rid, request.getDelete(), start);
     case wire::Request::CONTAINS:
       return HandleContains(rid, request.getContains(), start);
+    case wire::Request::LOCATE:
+      return HandleLocate(rid, request.getLocate(), start);
     case wire::Request::LIST:
       return HandleList(rid, request.getList(), start);
     case wire::Request::STATUS:
@@ -339,6 +341,26 @@ void Session::HandleContains(uint64_t rid, capnp::List<wire::Id>::Reader list, u
   Observe(RequestType::kContains, start);
 }
 
+void Session::HandleLocate(uint64_t rid, capnp::List<wire::Id>::Reader list, uint64_t start) {
+  if (!CheckBatch(rid, list.size())) return;
+  std::vector<ObjectId> ids;
+  ids.reserve(list.size());
+  for (auto id : list) ids.push_back(ipc::FromWire(id));
+  const std::vector<Placement> placements = store_.Locate(ids);
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initLocate(static_cast<unsigned>(placements.size()));
+  for (unsigned i = 0; i < placements.size(); ++i) {
+    out[i].setFound(placements[i].found);
+    out[i].setTiers(placements[i].tiers);
+    out[i].setDataSize(placements[i].data_size);
+    out[i].setMetadataSize(placements[i].metadata_size);
+  }
+  SendReply(message, reply);
+  Observe(RequestType::kLocate, start);
+}
+
 void Session::HandleMetrics(uint64_t rid, uint64_t start) {
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
@@ -359,6 +381,7 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
     case wire::Request::RETIRED_RELEASE:
     case wire::Request::RETIRED_RELEASE_REFS:
     case wire::Request::CONTAINS:
+    case wire::Request::LOCATE:
     case wire::Request::LIST:
     case wire::Request::STATUS:
     case wire::Request::METRICS:

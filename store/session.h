@@ -72,6 +72,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
                      uint64_t start);
   void HandleDelete(uint64_t rid, capnp::List<wire::Id>::Reader ids, uint64_t start);
   void HandleContains(uint64_t rid, capnp::List<wire::Id>::Reader ids, uint64_t start);
+  void HandleLocate(uint64_t rid, capnp::List<wire::Id>::Reader ids, uint64_t start);
   void HandleList(uint64_t rid, wire::Request::ListObjects::Reader list, uint64_t start);
   void HandleStatus(uint64_t rid, uint64_t start);
   void HandleMetrics(uint64_t rid, uint64_t start);

@@ -88,6 +88,7 @@ class Fuzzer {
           if (Pick(4) == 0) r.getGet().setDevice(static_cast<int32_t>(Pick(4)) - 2);
         });
       case 5:
+        if (Pick(2) == 0) return Send(rid, ListOf(IdList::kLocate, SomeIds()));
         return Send(rid, [&](wire::Request::Builder r) {  // a prefetch, to any tier or none
           auto prefetch = r.initPrefetch();
           auto ids = prefetch.initIds(static_cast<unsigned>(Pick(8)));

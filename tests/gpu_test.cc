@@ -362,6 +362,51 @@ GPU_TEST(PrefetchMakesTheCopyAheadSoTheGetMakesNone) {
   EXPECT_EQ(client_->Prefetch(std::span(&id, 1), 7).code(), StatusCode::kInvalidArgument);
 }
 
+GPU_TEST(LocateSaysWhereObjectsAreAndAsksTheDaemonOnlyForThoseNotHeld) {
+  StartDaemon();
+  const ObjectId on_host = ObjectId::FromName("gpu/locate-host");
+  const ObjectId on_gpu = ObjectId::FromName("gpu/locate-gpu");
+  const ObjectId missing = ObjectId::FromName("gpu/locate-missing");
+  const std::string meta = "meta";
+  ASSERT_OK(
+      client_->Put(on_host, SeededBytes(4096, 31), {.metadata = std::as_bytes(std::span(meta))}));
+  PutOnDevice(on_gpu, 2 * kMiB, 0, 32);
+  ASSERT_OK_AND_ASSIGN(Buffer held, client_->Get(on_host));
+
+  // Held: read from the header table. The status calls around it are the only requests.
+  const uint64_t before = Stats().requests;
+  ASSERT_OK_AND_ASSIGN(auto local, client_->Locate(std::span(&on_host, 1)));
+  EXPECT_EQ(Stats().requests, before + 1) << "a locate of a held object asked the daemon";
+  ASSERT_EQ(local.size(), 1u);
+  EXPECT_TRUE(local[0].found);
+  EXPECT_TRUE(local[0].on_host);
+  EXPECT_TRUE(local[0].gpus.empty());
+  EXPECT_EQ(local[0].data_size, 4096u);
+  EXPECT_EQ(local[0].metadata_size, 4u);
+
+  // Not held: one request answers them all.
+  const std::vector<ObjectId> ids = {on_gpu, missing, on_host};
+  ASSERT_OK_AND_ASSIGN(auto where, client_->Locate(ids));
+  ASSERT_EQ(where.size(), 3u);
+  EXPECT_EQ(where[0].id, on_gpu);
+  EXPECT_TRUE(where[0].found);
+  EXPECT_FALSE(where[0].on_host);
+  EXPECT_EQ(where[0].gpus, std::vector<int>{0});
+  EXPECT_EQ(where[0].data_size, 2 * kMiB);
+  EXPECT_FALSE(where[1].found);
+  EXPECT_TRUE(where[2].on_host);
+
+  // A copy to host memory shows at once, held or not.
+  ASSERT_OK(client_->Prefetch(std::span(&on_gpu, 1), Client::kHostMemory));
+  ASSERT_OK_AND_ASSIGN(where, client_->Locate(std::span(&on_gpu, 1)));
+  EXPECT_TRUE(where[0].on_host);
+  EXPECT_EQ(where[0].gpus, std::vector<int>{0});
+  ASSERT_OK_AND_ASSIGN(Buffer copy, client_->Get(on_gpu));
+  ASSERT_OK(client_->Prefetch(std::span(&on_host, 1), 0));
+  ASSERT_OK_AND_ASSIGN(local, client_->Locate(std::span(&on_host, 1)));
+  EXPECT_EQ(local[0].gpus, std::vector<int>{0}) << "the header table did not show the new copy";
+}
+
 GPU_TEST(GetOnAnotherGpuMakesAReplicaWithTheSameBytes) {
   if (gpus_ < 2) GTEST_SKIP() << NeedsTwoGpus();
   StartDaemon();

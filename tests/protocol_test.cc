@@ -331,6 +331,35 @@ TEST_F(ProtocolTest, ReleaseOfMaxBatchIdsNeverHeldIsNotHeldAndOneMoreIsLimitExce
   ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "beside-huge-release"));
 }
 
+TEST_F(ProtocolTest, LocateSaysWhereEachIdIsAndRefusesMoreThanABatch) {
+  auto bystander = OpenSession();
+  auto s = OpenSession();
+  const ObjectId id = ObjectId::FromName("protocol/locate");
+  auto created = s->Call(2, CreateOf(id, 100, "meta"));
+  ASSERT_TRUE(created);
+  auto sealed = s->Call(3, [&](auto r) { ipc::ToWire(id, r.initSeal()); });
+  ASSERT_TRUE(sealed);
+  ASSERT_EQ(sealed->get().getError(), wire::ErrorCode::OK);
+  const ObjectId never = ObjectId::FromName("protocol/never-put");
+  auto reply = s->Call(4, ListOf(IdList::kLocate, {id, never, ObjectId()}));
+  ASSERT_TRUE(reply);
+  auto placements = reply->get().getLocate();
+  ASSERT_EQ(placements.size(), 3u);
+  EXPECT_TRUE(placements[0].getFound());
+  EXPECT_EQ(placements[0].getTiers(), ipc::kTierHost);
+  EXPECT_EQ(placements[0].getDataSize(), 100u);
+  EXPECT_EQ(placements[0].getMetadataSize(), 4u);
+  EXPECT_FALSE(placements[1].getFound());
+  EXPECT_FALSE(placements[2].getFound()) << "the nil id is found nowhere";
+  EXPECT_EQ(placements[2].getTiers(), 0u);
+  auto over =
+      s->Call(5, ListOf(IdList::kLocate, Ids("protocol/locate-many", ipc::kDefaultMaxBatch + 1)));
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*s, "after-huge-locate"));
+  ASSERT_NO_FATAL_FAILURE(ExpectServes(*bystander, "beside-huge-locate"));
+}
+
 TEST_F(ProtocolTest, HeaderTableShowsStateAndReferenceCount) {
   auto s = Open();
   auto hello = s->Call(1, [](auto r) { FillHello(r); });

@@ -166,13 +166,14 @@ inline auto GetOf(const std::vector<ObjectId>& ids, int64_t timeout_ms = 0) {
 }
 
 // release (of host references), delete and contains all take a list of ids.
-enum class IdList { kRelease, kDelete, kContains };
+enum class IdList { kRelease, kDelete, kContains, kLocate };
 inline auto ListOf(IdList kind, const std::vector<ObjectId>& ids) {
   return [=](wire::Request::Builder r) {
     const auto n = static_cast<unsigned>(ids.size());
-    auto list = kind == IdList::kRelease  ? r.initRelease(1)[0].initIds(n)
-                : kind == IdList::kDelete ? r.initDelete(n)
-                                          : r.initContains(n);
+    auto list = kind == IdList::kRelease    ? r.initRelease(1)[0].initIds(n)
+                : kind == IdList::kDelete   ? r.initDelete(n)
+                : kind == IdList::kContains ? r.initContains(n)
+                                            : r.initLocate(n);
     for (unsigned i = 0; i < n; ++i) ipc::ToWire(ids[i], list[i]);
   };
 }

@@ -1,5 +1,6 @@
 #include "depot/client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -453,6 +454,63 @@ Result<bool> Client::Contains(const ObjectId& id) {
     if (!r.isContains() || r.getContains().size() != 1) return UnexpectedReply("contains");
     return r.getContains()[0];
   });
+}
+
+namespace {
+
+// The placement of a sealed object from its tiers bits, in this process's GPU ordinals.
+ObjectPlacement PlacementOf(Connection& conn, const ObjectId& id, uint64_t tiers,
+                            uint64_t data_size, uint64_t metadata_size) {
+  ObjectPlacement p{.id = id,
+                    .found = true,
+                    .on_host = (tiers & ipc::kTierHost) != 0,
+                    .data_size = data_size,
+                    .metadata_size = metadata_size};
+  for (int32_t device = 0; (tiers >> (device + 1)) != 0; ++device) {
+    if (!(tiers & ipc::TierBit(device))) continue;
+    if (const int ordinal = conn.LocalOrdinal(device); ordinal >= 0) p.gpus.push_back(ordinal);
+  }
+  std::sort(p.gpus.begin(), p.gpus.end());
+  return p;
+}
+
+}  // namespace
+
+Result<std::vector<ObjectPlacement>> Client::Locate(std::span<const ObjectId> ids) {
+  std::vector<ObjectPlacement> out(ids.size());
+  std::vector<size_t> ask;  // those the header table cannot answer
+  for (size_t i = 0; i < ids.size(); ++i) {
+    out[i].id = ids[i];
+    // A held object's slot is its own until the last reference goes: its header is current.
+    std::shared_ptr<Holding> holding = FindSealed(*conn_, ids[i]);
+    const ipc::ObjectHeader* header = holding ? conn_->header(holding->location.slot) : nullptr;
+    if (header == nullptr) {
+      ask.push_back(i);
+      continue;
+    }
+    out[i] = PlacementOf(*conn_, ids[i], header->tiers.load(std::memory_order_acquire),
+                         holding->data_size, holding->metadata_size);
+  }
+  if (ask.empty()) return out;
+  DEPOT_RETURN_NOT_OK(CheckBatch(ask.size(), *conn_, "a locate"));
+  RequestMessage request;
+  auto list = request.root().initLocate(static_cast<unsigned>(ask.size()));
+  for (unsigned k = 0; k < ask.size(); ++k) ipc::ToWire(ids[ask[k]], list[k]);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  DEPOT_RETURN_NOT_OK(Decode([&]() -> Status {
+    auto r = reply.get();
+    if (!r.isLocate() || r.getLocate().size() != ask.size()) return UnexpectedReply("locate");
+    auto placements = r.getLocate();
+    for (unsigned k = 0; k < ask.size(); ++k) {
+      auto p = placements[k];
+      if (!p.getFound()) continue;
+      out[ask[k]] =
+          PlacementOf(*conn_, ids[ask[k]], p.getTiers(), p.getDataSize(), p.getMetadataSize());
+    }
+    return Status::OK();
+  }));
+  return out;
 }
 
 namespace {

@@ -230,6 +230,21 @@ struct InfoFields<EvictResult> {
   };
 };
 
+// Not read from the wire as such: Client::Locate makes it from the tiers bits of a header or
+// a Placement, in this process's GPU ordinals.
+template <>
+struct InfoFields<ObjectPlacement> {
+  static constexpr const char* kName = "ObjectPlacement";
+  static constexpr std::tuple kFields{
+      Field{"id", &ObjectPlacement::id},
+      Field{"found", &ObjectPlacement::found},
+      Field{"on_host", &ObjectPlacement::on_host},
+      Field{"gpus", &ObjectPlacement::gpus},
+      Field{"data_size", &ObjectPlacement::data_size},
+      Field{"metadata_size", &ObjectPlacement::metadata_size},
+  };
+};
+
 template <typename T>
 concept Info = requires {
   InfoFields<T>::kFields;
@@ -274,6 +289,7 @@ DEPOT_CHECK_INFO_FIELDS(Replica);
 DEPOT_CHECK_INFO_FIELDS(ObjectDetails);
 DEPOT_CHECK_INFO_FIELDS(VerifyResult);
 DEPOT_CHECK_INFO_FIELDS(EvictResult);
+DEPOT_CHECK_INFO_FIELDS(ObjectPlacement);
 #undef DEPOT_CHECK_INFO_FIELDS
 
 // Conversions from the wire's values to the structs' members, one per kind of value.

@@ -181,6 +181,23 @@ def test_prefetch_copies_ahead_so_the_get_copies_nothing(gpu_client):
         gpu_client.prefetch([ref], device=7)
 
 
+def test_locate_says_where_each_object_is(gpu_client):
+    x = np.arange(1000, dtype=np.int64)
+    ref = gpu_client.put(x)
+    missing = depot.ObjectRef.from_name("never-put")
+    placed, absent = gpu_client.locate([ref, missing])
+    assert placed.found and placed.on_host and placed.gpus == []
+    (info,) = [o for o in gpu_client.list() if o.id == ref.id]
+    assert (placed.data_size, placed.metadata_size) == (info.data_size, info.metadata_size)
+    assert not absent.found and not absent.on_host
+    gpu_client.prefetch([ref], device=1)
+    (placed,) = gpu_client.locate([ref])
+    assert placed.on_host and placed.gpus == [1]
+    assert repr(placed).startswith("ObjectPlacement(id=")
+    assert placed.to_dict()["gpus"] == [1]
+    assert isinstance(placed, depot.ObjectPlacement)
+
+
 def test_get_many_on_device(gpu_client):
     xs = [np.full(4, i, dtype=np.int32) for i in range(3)]
     refs = gpu_client.put_many([FakeCudaArray(x) for x in xs])

@@ -234,6 +234,16 @@ struct EvictResult {
   uint64_t bytes = 0;
 };
 
+// Where an object's bytes are (Client::Locate).
+struct ObjectPlacement {
+  ObjectId id;
+  bool found = false;          // sealed and not deleted; the rest is empty if not
+  bool on_host = false;        // its bytes are in host memory
+  std::vector<int> gpus;       // this process's ordinals of the GPUs its bytes are on
+  uint64_t data_size = 0;      // on each of them
+  uint64_t metadata_size = 0;  // in host memory, after the data (GPU copies hold data only)
+};
+
 // Wait for ever (Get).
 inline constexpr std::chrono::milliseconds kForever{-1};
 
@@ -347,6 +357,14 @@ class Client {
 
   // Whether a sealed object with this id exists (and is not pending deletion).
   Result<bool> Contains(const ObjectId& id);
+
+  // Where each of `ids` is, in order: in host memory, on which GPUs (of those this process
+  // can see), and how large. Objects this client holds are answered from the shared header
+  // table, with no round trip, as the daemon last published them; the others with one
+  // request. Holds nothing, so an answer may be out of date by the time it is read (a copy
+  // made or dropped, the object deleted). Fails with LimitExceeded past the daemon's batch
+  // limit.
+  Result<std::vector<ObjectPlacement>> Locate(std::span<const ObjectId> ids);
 
   // Every object in the store, sealed or being created, in slot order.
   Result<std::vector<ObjectInfo>> List();

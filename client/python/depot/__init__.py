@@ -42,6 +42,7 @@ _depot._register_errors(_BY_CODE)
 ClientInfo = _depot.ClientInfo
 GpuInfo = _depot.GpuInfo
 ObjectInfo = _depot.ObjectInfo
+ObjectPlacement = _depot.ObjectPlacement
 StoreBuffer = _depot.StoreBuffer
 StoreStatus = _depot.StoreStatus
 
@@ -67,6 +68,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectNotFound",
     "ObjectNotSealed",
+    "ObjectPlacement",
     "ObjectRef",
     "PermissionDenied",
     "ProtocolMismatch",

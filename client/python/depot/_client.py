@@ -273,6 +273,14 @@ class Client:
         ids = [_ref(r).id for r in refs]
         self._conn.prefetch(ids, -1 if device is None else _device_ordinal(device))
 
+    def locate(self, refs: Iterable[RefLike]) -> List[_depot.ObjectPlacement]:
+        """Where each object's bytes are, in order, as ObjectPlacement records: ``found``
+        (sealed and not deleted), ``on_host``, ``gpus`` (this process's CUDA ordinals),
+        ``data_size`` and ``metadata_size``. Objects this client holds are answered from
+        the shared header table with no round trip, the others with one request. Holds
+        nothing, so an answer may be out of date by the time it is read."""
+        return self._conn.locate([_ref(r).id for r in refs])
+
     def get_many(
         self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
         device: Optional[int] = None,

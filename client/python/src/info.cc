@@ -149,6 +149,7 @@ void BindInfo(nb::module_& m) {
       .def_prop_ro("sealed", [](const ObjectInfo& o) { return o.state == ObjectState::kSealed; });
   BindRecord<StoreStatus>(m, "The daemon's capacity, usage and counters.");
   BindRecord<ClientInfo>(m, "A client connected to the daemon.");
+  BindRecord<ObjectPlacement>(m, "Where an object's bytes are (Client.locate).");
 }
 
 }  // namespace depot::python

@@ -284,6 +284,12 @@ class Connection {
     RaiseIfError(st);
   }
 
+  std::vector<ObjectPlacement> Locate(const std::vector<nb::bytes>& id_bytes) {
+    std::vector<ObjectId> ids;
+    for (const auto& b : id_bytes) ids.push_back(ToId(b));
+    return Blocking(client(), [&](Client& c) { return c.Locate(ids); });
+  }
+
   void Delete(const std::vector<nb::bytes>& id_bytes) {
     std::vector<ObjectId> ids;
     for (const auto& b : id_bytes) ids.push_back(ToId(b));
@@ -521,6 +527,7 @@ NB_MODULE(_depot, m) {
       .def("get_many", &Connection::GetMany, "ids"_a, "timeout_ms"_a)
       .def("delete", &Connection::Delete, "ids"_a)
       .def("prefetch", &Connection::Prefetch, "ids"_a, "device"_a)
+      .def("locate", &Connection::Locate, "ids"_a)
       .def("contains", &Connection::Contains, "id"_a)
       .def("list", &Connection::List)
       .def("status", &Connection::GetStatus)
