@@ -15,36 +15,34 @@ namespace {
 constexpr uint64_t kInlineChecksumBytes = 1u << 20;
 
 std::string Mention(const ObjectId& id) { return "object " + id.Hex(); }
-
-std::vector<TierPool*> TierPools(Arena& arena, std::span<gpu::DevicePool* const> gpus) {
-  std::vector<TierPool*> pools{&arena};
-  pools.insert(pools.end(), gpus.begin(), gpus.end());
-  return pools;
-}
 }  // namespace
 
 ObjectStore::ObjectStore(boost::asio::io_context& loop, Executor& executor, Arena& arena,
                          HeaderTable& headers, ClientLimits limits, bool eviction,
                          std::vector<gpu::DevicePool*> gpus)
-    : loop_(loop),
-      executor_(executor),
+    : executor_(executor),
       arena_(arena),
       eviction_(eviction),
       gpus_(std::move(gpus)),
-      pools_(TierPools(arena, gpus_)),
       table_(headers),
-      accounts_(limits, static_cast<int32_t>(pools_.size())),
+      accounts_(limits, static_cast<int32_t>(gpus_.size() + 1)),
       waiting_(loop, accounts_),
-      policy_(table_, pools_),
-      usage_(pools_.size()),
-      room_waits_(pools_.size()),
-      spills_in_flight_(pools_.size(), 0) {}
+      tiers_(table_, policy_, executor, arena, gpus_, eviction, *this),
+      policy_(table_, tiers_.pools()) {}
 
 ObjectStore::~ObjectStore() = default;
 
 StoreCounters ObjectStore::counters() const {
   StoreCounters c = counters_;
-  const TierUsage& host = usage_[Index(kHost)];
+  const TierCounters& t = tiers_.counters();
+  c.pinned_bytes = t.pinned_bytes;
+  c.evictions = t.evictions;
+  c.evicted_bytes = t.evicted_bytes;
+  c.replicas_made = t.replicas_made;
+  c.replicas_dropped = t.replicas_dropped;
+  c.spills = t.spills;
+  c.spilled_bytes = t.spilled_bytes;
+  const TierUsage& host = tiers_.usage(kHost);
   c.held_bytes = host.held_bytes;
   c.objects_on_host = host.replicas;
   c.bytes_in = host.bytes_in;
@@ -63,7 +61,7 @@ Location ObjectStore::LocationOf(uint32_t slot, int32_t tier) const {
   const Replica& r = *table_.FindReplica(slot, tier);
   return Location{slot,
                   r.region,
-                  pool(tier).OffsetOf(r.region, r.handle),
+                  tiers_.pool(tier).OffsetOf(r.region, r.handle),
                   h.data_size,
                   h.metadata_size,
                   tier,
@@ -71,7 +69,7 @@ Location ObjectStore::LocationOf(uint32_t slot, int32_t tier) const {
 }
 
 Status ObjectStore::CheckTier(int32_t tier) const {
-  if (tier >= kHost && Index(tier) < pools_.size()) return Status::OK();
+  if (tiers_.Has(tier)) return Status::OK();
   return Status::InvalidArgument(
       "there is no GPU " + std::to_string(tier) + ": this daemon serves " +
       std::to_string(gpus_.size()) + " GPU" + (gpus_.size() == 1 ? "" : "s") +
@@ -112,48 +110,23 @@ uint64_t ObjectStore::CreateCost(const CreateParams& p) {
   return kObjectMetadataBytes + p.name.size() + (p.device == kHost ? 0 : p.metadata.size());
 }
 
-std::string ObjectStore::OutOfMemoryMessage(int32_t tier, const ObjectId& id,
-                                            uint64_t bytes) const {
-  const TierPool& p = pool(tier);
-  const std::string what = "cannot fit " + Mention(id) + " of " + ipc::FormatSize(bytes);
-  const std::string held = ipc::FormatSize(usage_[Index(tier)].held_bytes) +
-                           " is held by references or objects being created";
-  if (tier == kHost) {
-    return what + ": " + ipc::FormatSize(p.capacity() - p.used_bytes()) + " of " +
-           ipc::FormatSize(p.capacity()) + " is free (largest free block " +
-           ipc::FormatSize(p.largest_free_block()) + "), " + held + ", " +
-           ipc::FormatSize(counters_.pinned_bytes) + " is pinned" +
-           (eviction_ ? "" : ", and eviction is off (--no-evict)") +
-           "; release or delete objects, or start depotd with more --memory";
-  }
-  return what + " on " + p.name() + ": its pool uses " + ipc::FormatSize(p.used_bytes()) + " of " +
-         ipc::FormatSize(p.capacity()) + " (largest free block " +
-         ipc::FormatSize(p.largest_free_block()) + "), " + held +
-         ", and nothing more can spill to host memory; release or delete objects, or give the "
-         "pool more --gpu-memory";
+void ObjectStore::HoldSource(uint32_t slot, int32_t tier) {
+  AddRef(kDaemonClient, accounts_.at(kDaemonClient), slot, tier);
 }
 
-Replica& ObjectStore::PlaceReplica(uint32_t slot, int32_t tier, const TierPool::Block& block) {
-  usage_[Index(tier)].replicas++;
-  if (tier == kHost && table_.IsPinned(slot)) counters_.pinned_bytes += ReplicaBytes(slot, tier);
-  return table_.AddReplica(slot, tier, block);
+void ObjectStore::LetGoOfSource(uint32_t slot, int32_t tier) {
+  DropRef(accounts_.at(kDaemonClient), slot, tier);
 }
 
-void ObjectStore::FreeReplica(uint32_t slot, int32_t tier) {
-  const Replica& r = *table_.FindReplica(slot, tier);
-  policy_.Withdraw(slot, tier);
-  if (tier == kHost && table_.IsPinned(slot)) counters_.pinned_bytes -= ReplicaBytes(slot, tier);
-  pool(tier).Free(r.region, r.handle);
-  table_.at(slot).replicas.Remove(tier);
-  usage_[Index(tier)].replicas--;
-  ScheduleRoomWaits(tier);
+void ObjectStore::CopyDone(uint32_t slot, int32_t tier, StatusCode code,
+                           std::span<const WaitingGets::Id> waiters) {
+  const ObjectId id = table_.IdAt(slot);
+  if (code == StatusCode::kOk) Notify([id, tier](StoreListener& l) { l.OnReplicaReady(id, tier); });
+  // The waiting gets take their references before the copy lets go of its source.
+  for (WaitingGets::Id waiter : waiters) Answer(waiter, slot, id, code);
 }
 
-void ObjectStore::DropReplica(uint32_t slot, int32_t tier) {
-  FreeReplica(slot, tier);
-  table_.PublishTiers(slot);
-  policy_.Reconsider(slot);  // the copy left may be the only one now
-}
+void ObjectStore::Evict(uint32_t slot) { FreeObject(slot); }
 
 void ObjectStore::FreeObject(uint32_t slot) {
   const ObjectId id = table_.IdAt(slot);
@@ -163,15 +136,15 @@ void ObjectStore::FreeObject(uint32_t slot) {
     counters_.objects_creating--;
   }
   Object& o = table_.at(slot);
-  while (!o.replicas.empty()) FreeReplica(slot, o.replicas[0].tier);
+  while (!o.replicas.empty()) tiers_.FreeReplica(slot, o.replicas[0].tier);
   accounts_.CountMetadata(o.creator, -static_cast<int64_t>(o.metadata_cost));
   table_.Remove(slot);
   Notify([id](StoreListener& l) { l.OnFreed(id); });
 }
 
 void ObjectStore::AddRef(ClientId, Account& account, uint32_t slot, int32_t tier) {
-  const uint64_t bytes = ReplicaBytes(slot, tier);
-  if (table_.FindReplica(slot, tier)->refs++ == 0) usage_[Index(tier)].held_bytes += bytes;
+  const uint64_t bytes = tiers_.ReplicaBytes(slot, tier);
+  if (table_.FindReplica(slot, tier)->refs++ == 0) tiers_.usage(tier).held_bytes += bytes;
   HeaderTable& headers = table_.headers();
   headers.SetStateRefs(slot, headers.state(slot), headers.refs(slot) + 1);
   accounts_.AddRef(account, slot, tier, bytes);
@@ -179,9 +152,9 @@ void ObjectStore::AddRef(ClientId, Account& account, uint32_t slot, int32_t tier
 }
 
 void ObjectStore::DropRef(Account& account, uint32_t slot, int32_t tier) {
-  const uint64_t bytes = ReplicaBytes(slot, tier);
+  const uint64_t bytes = tiers_.ReplicaBytes(slot, tier);
   accounts_.DropRef(account, slot, tier, bytes);
-  if (--table_.FindReplica(slot, tier)->refs == 0) usage_[Index(tier)].held_bytes -= bytes;
+  if (--table_.FindReplica(slot, tier)->refs == 0) tiers_.usage(tier).held_bytes -= bytes;
   HeaderTable& headers = table_.headers();
   const uint64_t refs = headers.refs(slot) - 1;
   const auto state = headers.state(slot);
@@ -201,26 +174,8 @@ GetResult ObjectStore::Grant(ClientId client, Account* holder, uint32_t slot, in
   if (holder == nullptr) return GetResult{StatusCode::kOk, {}};
   table_.header(slot).access_time_ns = now;  // published by AddRef
   AddRef(client, *holder, slot, tier);
-  usage_[Index(tier)].bytes_out += table_.BytesOn(slot, tier);
+  tiers_.usage(tier).bytes_out += table_.BytesOn(slot, tier);
   return GetResult{StatusCode::kOk, LocationOf(slot, tier)};
-}
-
-std::optional<TierPool::Block> ObjectStore::AllocateOrEvict(uint64_t bytes) {
-  auto block = arena_.Allocate(bytes);
-  if (block || !eviction_) return block;
-  // Evict in LRU order, but only from segments where evicting everything evictable would
-  // make enough room. (Fragmentation can still defeat a segment that has the bytes.)
-  const LruList& candidates = policy_.candidates(kHost);
-  for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
-    const uint32_t next = candidates.next(victim);
-    if (policy_.WorthFreeing(victim, kHost, bytes)) {
-      const uint32_t segment = table_.FindReplica(victim, kHost)->region;
-      FreeHostBlock(victim);
-      block = arena_.AllocateIn(segment, bytes);  // only the victim's segment gained room
-    }
-    victim = next;
-  }
-  return block;
 }
 
 uint32_t ObjectStore::AcquireSlot() {
@@ -232,26 +187,11 @@ uint32_t ObjectStore::AcquireSlot() {
   for (uint32_t victim = candidates.front(); victim != LruList::kNil;
        victim = candidates.next(victim)) {
     if (policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kEvict) {
-      FreeHostBlock(victim);
+      tiers_.FreeHostBlock(victim);
       return headers.Acquire();
     }
   }
   return slot;
-}
-
-bool ObjectStore::FreeHostBlock(uint32_t slot) {
-  const ObjectId id = table_.IdAt(slot);
-  if (table_.HasOtherCopy(slot, kHost)) {
-    spdlog::debug("dropping the host copy of {}", id.Hex());
-    counters_.replicas_dropped++;
-    DropReplica(slot, kHost);
-    return false;
-  }
-  spdlog::debug("evicting {} ({})", id.Hex(), ipc::FormatSize(table_.BytesOn(slot, kHost)));
-  counters_.evictions++;
-  counters_.evicted_bytes += ReplicaBytes(slot, kHost);
-  FreeObject(slot);
-  return true;
 }
 
 void ObjectStore::Create(ClientId client, const CreateParams& p, CreateDone done) {
@@ -291,7 +231,7 @@ void ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t slot)
                                 .owner = accounts_.at(client).uid});
   ChargeObject(slot, CreateCost(p));
   counters_.objects_creating++;
-  usage_[Index(p.device)].bytes_in += table_.BytesOn(slot, p.device);
+  tiers_.usage(p.device).bytes_in += table_.BytesOn(slot, p.device);
 }
 
 void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDone done) {
@@ -316,24 +256,24 @@ void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDon
                                       " objects, its limit; start depotd with a larger "
                                       "--max-objects"));
   }
-  auto block = AllocateOrEvict(total);
+  auto block = tiers_.AllocateOrEvict(total);
   if (!block) {
     table_.headers().Release(slot);
-    return done(Status::OutOfMemory(OutOfMemoryMessage(kHost, p.id, total)));
+    return done(Status::OutOfMemory(tiers_.OutOfMemoryMessage(kHost, p.id, total)));
   }
   std::byte* bytes = arena_.base(block->region) + block->offset;
   if (!p.data.empty()) std::memcpy(bytes, p.data.data(), p.data.size());
   if (!p.metadata.empty()) std::memcpy(bytes + p.data_size, p.metadata.data(), p.metadata.size());
   Publish(client, p, slot);
   // The creator writes into its host replica: it counts as there from the start.
-  PlaceReplica(slot, kHost, *block).ready = true;
+  tiers_.PlaceReplica(slot, kHost, *block).ready = true;
   table_.PublishTiers(slot);
   AddRef(client, account, slot, kHost);
   done(LocationOf(slot, kHost));
 }
 
 void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateDone done) {
-  TierPool& gpu = pool(p.device);
+  TierPool& gpu = tiers_.pool(p.device);
   if (!p.data.empty()) {
     return done(Status::InvalidArgument(
         "inline data is for host objects; write a GPU object through its device pointer"));
@@ -370,34 +310,35 @@ void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateD
   // While it waits for room, the daemon keeps the name and metadata for it: counted too.
   const uint64_t waiting_cost = CreateCost(p);
   accounts_.CountMetadata(client, static_cast<int64_t>(waiting_cost));
-  AllocateOn(p.device, p.data_size,
-             [this, client, owned, waiting_cost,
-              done = std::move(done)](std::optional<TierPool::Block> block) mutable {
-               const CreateParams& p = owned->params;
-               creating_.erase(p.id);
-               accounts_.CountMetadata(client, -static_cast<int64_t>(waiting_cost));
-               TierPool& gpu = pool(p.device);
-               Account* account = accounts_.Find(client);
-               if (account == nullptr) {  // gone while waiting for room
-                 if (block) gpu.Free(block->region, block->handle);
-                 return;
-               }
-               if (!block) {
-                 return done(Status::OutOfMemory(OutOfMemoryMessage(p.device, p.id, p.data_size)));
-               }
-               const uint32_t slot = AcquireSlot();
-               if (slot == HeaderTable::kNoSlot) {
-                 gpu.Free(block->region, block->handle);
-                 return done(Status::LimitExceeded(
-                     "the store holds " + std::to_string(table_.headers().slots()) +
-                     " objects, its limit; start depotd with a larger --max-objects"));
-               }
-               Publish(client, p, slot);
-               table_.at(slot).replicas.kept_metadata() = std::move(owned->metadata);
-               PlaceReplica(slot, p.device, *block);  // ready once sealed
-               AddRef(client, *account, slot, p.device);
-               done(LocationOf(slot, p.device));
-             });
+  tiers_.AllocateOn(
+      p.device, p.data_size,
+      [this, client, owned, waiting_cost,
+       done = std::move(done)](std::optional<TierPool::Block> block) mutable {
+        const CreateParams& p = owned->params;
+        creating_.erase(p.id);
+        accounts_.CountMetadata(client, -static_cast<int64_t>(waiting_cost));
+        TierPool& gpu = tiers_.pool(p.device);
+        Account* account = accounts_.Find(client);
+        if (account == nullptr) {  // gone while waiting for room
+          if (block) gpu.Free(block->region, block->handle);
+          return;
+        }
+        if (!block) {
+          return done(Status::OutOfMemory(tiers_.OutOfMemoryMessage(p.device, p.id, p.data_size)));
+        }
+        const uint32_t slot = AcquireSlot();
+        if (slot == HeaderTable::kNoSlot) {
+          gpu.Free(block->region, block->handle);
+          return done(Status::LimitExceeded(
+              "the store holds " + std::to_string(table_.headers().slots()) +
+              " objects, its limit; start depotd with a larger --max-objects"));
+        }
+        Publish(client, p, slot);
+        table_.at(slot).replicas.kept_metadata() = std::move(owned->metadata);
+        tiers_.PlaceReplica(slot, p.device, *block);  // ready once sealed
+        AddRef(client, *account, slot, p.device);
+        done(LocationOf(slot, p.device));
+      });
 }
 
 void ObjectStore::Seal(ClientId client, const ObjectId& id, std::function<void(Status)> done) {
@@ -534,7 +475,7 @@ Status ObjectStore::Fetch(ClientId client, std::vector<ObjectId> ids, int32_t de
   get.done = std::move(done);
   const WaitingGets::Id waiter = waiting_.Add(std::move(get), timeout_ms);
   // Last: a copy that fails at once answers the get, which may then be gone.
-  for (uint32_t slot : copies) StartTransfer(slot, device, /*spill=*/false, waiter);
+  for (uint32_t slot : copies) tiers_.StartCopy(slot, device, waiter);
   return Status::OK();
 }
 
@@ -557,7 +498,7 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
     }
     waiting_.FinishIfDone(waiter);
   }
-  for (auto [tier, waiter] : copies) StartTransfer(slot, tier, /*spill=*/false, waiter);
+  for (auto [tier, waiter] : copies) tiers_.StartCopy(slot, tier, waiter);
 }
 
 void ObjectStore::Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& id,
@@ -579,198 +520,6 @@ void ObjectStore::Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& 
   waiting_.FinishIfDone(waiter);
 }
 
-void ObjectStore::StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::Id waiter) {
-  const auto key = std::make_pair(slot, tier);
-  if (auto it = transfers_.find(key); it != transfers_.end()) {
-    if (waiter != 0) it->second.waiters.push_back(waiter);
-    return;
-  }
-  // The source: for a spill, the copy that leaves; else a GPU's copy if there is one (a peer
-  // copy is the fastest way onto a GPU), else the host's.
-  constexpr int32_t kNoSource = kHost - 1;
-  int32_t source = kNoSource;
-  const ReplicaSet& replicas = table_.at(slot).replicas;
-  for (size_t i = 0; i < replicas.size(); ++i) {
-    const Replica& r = replicas[i];
-    const bool usable = spill ? r.spilling : (r.ready && r.tier != tier);
-    if (usable && (source == kNoSource || source == kHost)) source = r.tier;
-  }
-  const ObjectId id = table_.IdAt(slot);
-  if (source == kNoSource) {
-    spdlog::error("{} has no copy to make a replica from", Mention(id));
-    if (waiter != 0) Answer(waiter, slot, id, StatusCode::kInternal);
-    return;
-  }
-  Transfer& t = transfers_[key];
-  t.source = source;
-  t.spill = spill;
-  if (waiter != 0) t.waiters.push_back(waiter);
-  // The store holds the source for the copy: neither it nor the object goes meanwhile.
-  AddRef(kDaemonClient, accounts_.at(kDaemonClient), slot, source);
-  const auto& h = table_.header(slot);
-  std::vector<std::byte>& metadata = table_.at(slot).replicas.kept_metadata();
-  if (h.metadata_size != 0 && source == kHost && metadata.empty()) {
-    // The destination holds data only: the metadata stays in daemon memory from now on.
-    const std::byte* meta = arena_.base(h.segment) + h.offset + h.data_size;
-    metadata.assign(meta, meta + h.metadata_size);
-    ChargeObject(slot, h.metadata_size);
-  }
-  AllocateOn(tier, table_.BytesOn(slot, tier),
-             [this, slot, tier, id](std::optional<TierPool::Block> block) {
-               if (!block) {
-                 return FinishTransfer(
-                     slot, tier,
-                     Status::OutOfMemory(OutOfMemoryMessage(tier, id, table_.BytesOn(slot, tier))));
-               }
-               PlaceReplica(slot, tier, *block);
-               RunCopy(slot, tier);
-             });
-}
-
-void ObjectStore::RunCopy(uint32_t slot, int32_t tier) {
-  const int32_t source = transfers_.at({slot, tier}).source;
-  gpu::DeviceBackend& backend = gpus_.front()->backend();
-  const uint64_t bytes = table_.header(slot).data_size;
-  // Addresses stay valid until FinishTransfer: the store holds the source, and the
-  // destination is no eviction candidate before it is ready.
-  auto address = [&](int32_t t) {
-    const Replica& r = *table_.FindReplica(slot, t);
-    return pool(t).address(r.region, pool(t).OffsetOf(r.region, r.handle));
-  };
-  const uint64_t from = address(source), to = address(tier);
-  executor_.Offload([this, &backend, slot, tier, source, from, to, bytes] {
-    Status st;
-    if (bytes == 0) {
-      st = Status::OK();
-    } else if (source == kHost) {
-      st = backend.CopyFromHost(tier, reinterpret_cast<const void*>(from), to, bytes);
-    } else if (tier == kHost) {
-      st = backend.CopyToHost(source, from, reinterpret_cast<void*>(to), bytes);
-    } else {
-      st = backend.CopyBetweenDevices(source, from, tier, to, bytes);
-    }
-    return std::function<void()>(
-        [this, slot, tier, st = std::move(st)] { FinishTransfer(slot, tier, st); });
-  });
-}
-
-void ObjectStore::FinishTransfer(uint32_t slot, int32_t tier, Status status) {
-  Transfer t = std::move(transfers_.extract({slot, tier}).mapped());
-  auto& h = table_.header(slot);
-  const ObjectId id = table_.IdAt(slot);
-  const uint32_t generation = h.generation;
-  if (status.ok()) {
-    if (tier == kHost) {
-      // Host replicas carry the metadata after the data.
-      std::span<const std::byte> metadata = table_.at(slot).replicas.kept_metadata();
-      if (!metadata.empty()) {
-        std::memcpy(arena_.base(h.segment) + h.offset + h.data_size, metadata.data(),
-                    metadata.size());
-      }
-    }
-    table_.FindReplica(slot, tier)->ready = true;
-    table_.PublishTiers(slot);
-    if (t.spill) {
-      counters_.spills++;
-      counters_.spilled_bytes += h.data_size;
-    } else {
-      counters_.replicas_made++;
-    }
-    Notify([id, tier](StoreListener& l) { l.OnReplicaReady(id, tier); });
-  } else {
-    if (uint64_t held_back = 0; copy_failure_log_.Allow(&held_back)) {
-      spdlog::warn("cannot copy {} to {}: {}{}", Mention(id), pool(tier).name(), status.message(),
-                   held_back == 0 ? "" : fmt::format(" ({} more failed copies before)", held_back));
-    }
-    if (const Replica* r = table_.FindReplica(slot, tier); r != nullptr && !r->ready) {
-      FreeReplica(slot, tier);
-    }
-  }
-  // The waiting gets take their references before the store lets go of the source.
-  for (WaitingGets::Id waiter : t.waiters) Answer(waiter, slot, id, status.code());
-  if (t.spill) {
-    if (Replica* r = table_.FindReplica(slot, t.source)) r->spilling = false;
-  }
-  DropRef(accounts_.at(kDaemonClient), slot, t.source);
-  const bool alive =
-      table_.headers().state(slot) != ipc::ObjectState::kFree && h.generation == generation;
-  if (alive && t.spill && status.ok()) {
-    // Spilled: the GPU copy goes unless someone took a reference to it meanwhile.
-    if (const Replica* r = table_.FindReplica(slot, t.source); r != nullptr && r->refs == 0) {
-      DropReplica(slot, t.source);
-    }
-  }
-  if (t.spill) {
-    spills_in_flight_[Index(t.source)]--;
-    ScheduleRoomWaits(t.source);
-  }
-}
-
-std::optional<TierPool::Block> ObjectStore::AllocateDroppingReplicas(int32_t tier, uint64_t bytes) {
-  TierPool& p = pool(tier);
-  auto block = p.Allocate(bytes);
-  const LruList& candidates = policy_.candidates(tier);
-  for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
-    const uint32_t next = candidates.next(victim);
-    if (policy_.ActionFor(victim, tier) == EvictionPolicy::Action::kDrop) {
-      const uint32_t region = table_.FindReplica(victim, tier)->region;
-      DropReplica(victim, tier);
-      counters_.replicas_dropped++;
-      block = p.AllocateIn(region, bytes);
-    }
-    victim = next;
-  }
-  return block;
-}
-
-bool ObjectStore::StartSpills(int32_t tier, uint64_t bytes) {
-  const uint64_t need = pool(tier).BlockSize(bytes);
-  uint64_t started = 0;
-  const LruList& candidates = policy_.candidates(tier);
-  for (uint32_t victim = candidates.front(); victim != LruList::kNil && started < need;) {
-    const uint32_t next = candidates.next(victim);
-    if (policy_.ActionFor(victim, tier) == EvictionPolicy::Action::kSpill &&
-        !transfers_.contains({victim, kHost})) {
-      table_.FindReplica(victim, tier)->spilling = true;
-      spills_in_flight_[Index(tier)]++;
-      policy_.Reconsider(victim);  // no candidate while it spills
-      started += ReplicaBytes(victim, tier);
-      StartTransfer(victim, kHost, /*spill=*/true, 0);
-    }
-    victim = next;
-  }
-  return spills_in_flight_[Index(tier)] > 0;
-}
-
-void ObjectStore::AllocateOn(int32_t tier, uint64_t bytes, RoomDone then) {
-  if (tier == kHost) return then(AllocateOrEvict(bytes));
-  if (auto block = AllocateDroppingReplicas(tier, bytes)) return then(block);
-  if (StartSpills(tier, bytes)) {
-    room_waits_[Index(tier)].push_back(RoomWait{bytes, std::move(then)});
-    return;
-  }
-  then(std::nullopt);
-}
-
-void ObjectStore::ScheduleRoomWaits(int32_t tier) {
-  if (room_waits_[Index(tier)].empty()) return;
-  // Deferred, not called: the caller may be in the middle of changing the tables.
-  executor_.Defer([this, tier] { ServeRoomWaits(tier); });
-}
-
-void ObjectStore::ServeRoomWaits(int32_t tier) {
-  auto& waits = room_waits_[Index(tier)];
-  while (!waits.empty()) {
-    std::optional<TierPool::Block> block = AllocateDroppingReplicas(tier, waits.front().bytes);
-    if (!block && (spills_in_flight_[Index(tier)] > 0 || StartSpills(tier, waits.front().bytes))) {
-      return;  // more room is on its way
-    }
-    RoomWait wait = std::move(waits.front());
-    waits.erase(waits.begin());
-    wait.then(block);
-  }
-}
-
 Status ObjectStore::Release(ClientId client, std::span<const ObjectId> ids, int32_t device) {
   // Checked first: a reference key keeps 8 bits of the tier, so an unchecked one could name
   // another.
@@ -786,7 +535,7 @@ Status ObjectStore::Release(ClientId client, std::span<const ObjectId> ids, int3
             (slot == HeaderTable::kNoSlot
                  ? " does not exist"
                  : " is not held by this client" +
-                       (device == kHost ? std::string() : " on " + pool(device).name())));
+                       (device == kHost ? std::string() : " on " + tiers_.pool(device).name())));
       }
       continue;
     }
@@ -867,7 +616,8 @@ std::vector<ReplicaInfo> ObjectStore::ReplicasOf(uint32_t slot) const {
   const ReplicaSet& replicas = table_.at(slot).replicas;
   for (size_t i = 0; i < replicas.size(); ++i) {
     const Replica& r = replicas[i];
-    out.push_back({r.tier, r.region, pool(r.tier).OffsetOf(r.region, r.handle), r.refs, r.ready});
+    out.push_back(
+        {r.tier, r.region, tiers_.pool(r.tier).OffsetOf(r.region, r.handle), r.refs, r.ready});
   }
   std::sort(out.begin(), out.end(),
             [](const ReplicaInfo& a, const ReplicaInfo& b) { return a.device < b.device; });
@@ -955,8 +705,8 @@ EvictOutcome ObjectStore::EvictUnreferenced(uint64_t bytes, bool all) {
   const LruList& candidates = policy_.candidates(kHost);
   while (!candidates.empty() && (all || outcome.bytes < bytes)) {
     const uint32_t slot = candidates.front();
-    outcome.bytes += ReplicaBytes(slot, kHost);
-    if (FreeHostBlock(slot)) outcome.objects++;
+    outcome.bytes += tiers_.ReplicaBytes(slot, kHost);
+    if (tiers_.FreeHostBlock(slot)) outcome.objects++;
   }
   return outcome;
 }

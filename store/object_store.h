@@ -46,6 +46,7 @@
 #include "store/log_limiter.h"
 #include "store/object_table.h"
 #include "store/store_events.h"
+#include "store/tiers.h"
 #include "store/waiting_gets.h"
 
 namespace depot::store {
@@ -86,14 +87,6 @@ struct StoreCounters {
   uint64_t objects_on_host = 0;  // with a host block: ready or being copied in
   uint64_t metadata_bytes = 0;   // daemon memory held for clients (kObjectMetadataBytes, ...)
   uint64_t request_bytes = 0;    // daemon memory held for requests (ChargeRequests)
-};
-
-// One tier's use (status): host memory's goes into StoreCounters, each GPU's is its own.
-struct TierUsage {
-  uint64_t held_bytes = 0;  // of replicas referenced or being created
-  uint64_t replicas = 0;    // objects with a replica there
-  uint64_t bytes_in = 0;    // of objects created there (on a GPU, data only)
-  uint64_t bytes_out = 0;   // of objects handed out there by gets
 };
 
 // What the admin views (list, show) say of one object: a value read from the store's own
@@ -149,7 +142,7 @@ struct EvictOutcome {
   uint64_t bytes = 0;    // host bytes freed, host copies of objects also on a GPU included
 };
 
-class ObjectStore {
+class ObjectStore final : private Tiers::Owner {
  public:
   // `gpus`: one pool per GPU, in device order (empty: no GPUs). They must outlive the store.
   // Waits time out on `loop`; checksums and copies run on `executor`.
@@ -243,7 +236,7 @@ class ObjectStore {
   // by tier, in client id order (kDaemonClient first, while a verify or a copy reads it).
   std::vector<HolderInfo> HoldersOf(uint32_t slot) const { return accounts_.HoldersOf(slot); }
   // Objects with a copy in host memory, ready or being made.
-  uint64_t ObjectsOnHost() const { return usage_[0].replicas; }
+  uint64_t ObjectsOnHost() const { return tiers_.usage(kHost).replicas; }
   // The object in `slot`, as the admin views show it.
   ObjectView Describe(uint32_t slot) const;
   // The replicas of the object in `slot`: host first, then GPUs in device order.
@@ -265,32 +258,24 @@ class ObjectStore {
   StoreCounters counters() const;
   const ClientLimits& limits() const { return accounts_.limits(); }
   std::span<gpu::DevicePool* const> pools() const { return gpus_; }
-  const TierUsage& device_usage(uint32_t device) const { return usage_[device + 1]; }
+  const TierUsage& device_usage(uint32_t device) const {
+    return tiers_.usage(static_cast<int32_t>(device));
+  }
   const HeaderTable& headers() const { return table_.headers(); }
   const Arena& arena() const { return arena_; }
   bool eviction_enabled() const { return eviction_; }
 
  private:
   using Account = ClientAccounts::Account;
-  // A copy of an object to another tier, in flight or waiting for room there.
-  struct Transfer {
-    int32_t source = kHost;
-    bool spill = false;                    // drop the source replica after, if nobody holds it
-    std::vector<WaitingGets::Id> waiters;  // gets waiting for it
-  };
-  // Room on a tier, at once or (on a GPU) after spills.
-  using RoomDone = std::function<void(std::optional<TierPool::Block>)>;
-  struct RoomWait {
-    uint64_t bytes = 0;
-    RoomDone then;
-  };
 
-  static size_t Index(int32_t tier) { return static_cast<size_t>(tier + 1); }
-  TierPool& pool(int32_t tier) const { return *pools_[Index(tier)]; }
-  // Bytes the block of the replica of `slot` on `tier` reserves.
-  uint64_t ReplicaBytes(uint32_t slot, int32_t tier) const {
-    return pool(tier).BlockSize(table_.BytesOn(slot, tier));
-  }
+  // Tiers::Owner: what the copies between tiers need of the store.
+  void HoldSource(uint32_t slot, int32_t tier) override;
+  void LetGoOfSource(uint32_t slot, int32_t tier) override;
+  void CopyDone(uint32_t slot, int32_t tier, StatusCode code,
+                std::span<const WaitingGets::Id> waiters) override;
+  void Evict(uint32_t slot) override;
+  void ChargeObject(uint32_t slot, uint64_t bytes) override;
+
   Location LocationOf(uint32_t slot, int32_t tier) const;
   Status CheckTier(int32_t tier) const;
   void CreateOnHost(ClientId client, const CreateParams& params, CreateDone done);
@@ -299,14 +284,6 @@ class ObjectStore {
   void Publish(ClientId client, const CreateParams& params, uint32_t slot);
   // What creating `params` costs the daemon's memory before any GPU metadata.
   static uint64_t CreateCost(const CreateParams& params);
-  // Counts `bytes` more for the object in `slot`, against its creator.
-  void ChargeObject(uint32_t slot, uint64_t bytes);
-  // A new replica of the object in `slot` in `block` of `tier`, not ready yet.
-  Replica& PlaceReplica(uint32_t slot, int32_t tier, const TierPool::Block& block);
-  // Frees the replica on `tier` and forgets it; the header's tiers are not published.
-  void FreeReplica(uint32_t slot, int32_t tier);
-  // Frees an extra replica of a live object, and publishes where its bytes are now.
-  void DropReplica(uint32_t slot, int32_t tier);
   void FreeObject(uint32_t slot);
   void AddRef(ClientId client, Account& account, uint32_t slot, int32_t tier);
   // Drops one of the client's references; frees or aborts the object when it was the last.
@@ -318,63 +295,33 @@ class ObjectStore {
   // where it is, the object used at `now`; with no holder (a prefetch), only that it is there.
   GetResult Grant(ClientId client, Account* holder, uint32_t slot, int32_t tier, uint64_t now);
 
-  // Host room: allocates, evicting in LRU order from segments where that can make room.
-  std::optional<TierPool::Block> AllocateOrEvict(uint64_t bytes);
   // A free header slot, evicting the least recently used object if the table is full.
   uint32_t AcquireSlot();
-  // Makes room in host memory by taking the object in `slot` out of it: drops its host
-  // replica if it has another (a replica dropped, not an eviction), else evicts it. Returns
-  // whether the object itself went.
-  bool FreeHostBlock(uint32_t slot);
-  // Room on `tier` for `bytes`: on the host at once (evicting), on a GPU at once if it can
-  // (dropping extra replicas), else after spills, or nullopt when nothing can make room.
-  void AllocateOn(int32_t tier, uint64_t bytes, RoomDone then);
-  std::optional<TierPool::Block> AllocateDroppingReplicas(int32_t tier, uint64_t bytes);
-  // Starts spilling LRU objects off `tier` until enough bytes are on their way out;
-  // returns whether any spill is in flight.
-  bool StartSpills(int32_t tier, uint64_t bytes);
-  void ServeRoomWaits(int32_t tier);
-  // ServeRoomWaits soon, from the loop, if anything waits for room on `tier`.
-  void ScheduleRoomWaits(int32_t tier);
-
-  // Copies the object in `slot` to `tier` unless a copy is under way; `waiter` (0: none)
-  // waits for it.
-  void StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::Id waiter);
-  // Runs the copy of a transfer whose destination is placed, on the executor.
-  void RunCopy(uint32_t slot, int32_t tier);
-  void FinishTransfer(uint32_t slot, int32_t tier, Status status);
   // Grants a get waiting for a copy the replica on its tier, or tells it why not.
   void Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& id, StatusCode failure);
   void FinishSeal(uint32_t slot, std::optional<uint64_t> checksum);
   // Answers the gets that waited for the object in `slot` to be sealed.
   void CompleteWaiters(uint32_t slot);
-  std::string OutOfMemoryMessage(int32_t tier, const ObjectId& id, uint64_t bytes) const;
   struct VerifyRun;
   // Gives back the references a Verify took, fills in its outcomes and answers it.
   void FinishVerify(const std::shared_ptr<VerifyRun>& run);
   // Delivers an event to the listeners, after the current change (StoreListener).
   void Notify(std::function<void(StoreListener&)> event);
 
-  boost::asio::io_context& loop_;
   Executor& executor_;
   Arena& arena_;
   const bool eviction_;
   std::vector<gpu::DevicePool*> gpus_;
-  std::vector<TierPool*> pools_;  // by tier: the arena, then the GPUs
 
   ObjectTable table_;
   ClientAccounts accounts_;
   WaitingGets waiting_;
+  Tiers tiers_;
   EvictionPolicy policy_;
 
-  std::vector<TierUsage> usage_;                                // by tier
-  std::vector<std::vector<RoomWait>> room_waits_;               // by tier, oldest first
-  std::vector<uint32_t> spills_in_flight_;                      // by tier (of their source)
-  std::map<std::pair<uint32_t, int32_t>, Transfer> transfers_;  // (slot, destination tier)
-  std::unordered_set<ObjectId> creating_;                       // GPU creates waiting for room
+  std::unordered_set<ObjectId> creating_;  // GPU creates waiting for room
   std::vector<StoreListener*> listeners_;
   StoreCounters counters_;  // those kept here; counters() adds the parts'
-  LogLimiter copy_failure_log_;
 };
 
 }  // namespace depot::store

@@ -1,0 +1,156 @@
+// The tiers and the copies between them: each tier's pool and use, placing and freeing
+// replicas, making room (evicting in host memory; dropping extra copies, then spilling to
+// host memory, on a GPU), and the copies themselves, for gets, prefetches and spills.
+//
+// Which copy may go is the EvictionPolicy's decision; the tiers carry it out. What a copy
+// needs of the rest of the store (a reference to its source while it runs, its waiting gets
+// answered, an object evicted) it asks of its Owner, the ObjectStore.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "depot/object_id.h"
+#include "depot/status.h"
+#include "store/arena.h"
+#include "store/eviction_policy.h"
+#include "store/executor.h"
+#include "store/gpu/pool.h"
+#include "store/log_limiter.h"
+#include "store/object_table.h"
+#include "store/waiting_gets.h"
+
+namespace depot::store {
+
+// One tier's use (status): host memory's goes into StoreCounters, each GPU's is its own.
+struct TierUsage {
+  uint64_t held_bytes = 0;  // of replicas referenced or being created
+  uint64_t replicas = 0;    // objects with a replica there
+  uint64_t bytes_in = 0;    // of objects created there (on a GPU, data only)
+  uint64_t bytes_out = 0;   // of objects handed out there by gets
+};
+
+// What the tiers count, besides each tier's use.
+struct TierCounters {
+  uint64_t pinned_bytes = 0;      // host bytes of pinned objects
+  uint64_t evictions = 0;         // objects evicted with their last (host) copy
+  uint64_t evicted_bytes = 0;     // host bytes of the objects evicted
+  uint64_t replicas_made = 0;     // copies made for gets and prefetches on another tier
+  uint64_t replicas_dropped = 0;  // extra copies dropped to make room
+  uint64_t spills = 0;            // objects moved from a full GPU to host memory
+  uint64_t spilled_bytes = 0;
+};
+
+class Tiers {
+ public:
+  // What a copy needs of the store around the tiers.
+  class Owner {
+   public:
+    virtual ~Owner() = default;
+    // Holds the copy's source on `tier` for as long as the copy runs, so that neither it nor
+    // the object goes; and lets go of it after (which may free the object).
+    virtual void HoldSource(uint32_t slot, int32_t tier) = 0;
+    virtual void LetGoOfSource(uint32_t slot, int32_t tier) = 0;
+    // The copy of the object in `slot` to `tier` ended (kOk: its replica there is ready);
+    // `waiters` are the gets that wait for it.
+    virtual void CopyDone(uint32_t slot, int32_t tier, StatusCode code,
+                          std::span<const WaitingGets::Id> waiters) = 0;
+    // Evicts the object in `slot`, whose last copy is in host memory, to make room.
+    virtual void Evict(uint32_t slot) = 0;
+    // Counts `bytes` more of daemon memory for the object in `slot` (its kept metadata).
+    virtual void ChargeObject(uint32_t slot, uint64_t bytes) = 0;
+  };
+
+  // `gpus`: one pool per GPU, in device order. All of it must outlive the tiers.
+  Tiers(ObjectTable& table, EvictionPolicy& policy, Executor& executor, Arena& arena,
+        std::span<gpu::DevicePool* const> gpus, bool eviction, Owner& owner);
+
+  // By tier: host memory (kHost), then the GPUs.
+  static size_t Index(int32_t tier) { return static_cast<size_t>(tier + 1); }
+  std::span<TierPool* const> pools() const { return pools_; }
+  TierPool& pool(int32_t tier) const { return *pools_[Index(tier)]; }
+  // Whether `tier` is host memory or one of the GPUs.
+  bool Has(int32_t tier) const { return tier >= kHost && Index(tier) < pools_.size(); }
+  TierUsage& usage(int32_t tier) { return usage_[Index(tier)]; }
+  const TierUsage& usage(int32_t tier) const { return usage_[Index(tier)]; }
+  const TierCounters& counters() const { return counters_; }
+  // Bytes the block of the replica of `slot` on `tier` reserves.
+  uint64_t ReplicaBytes(uint32_t slot, int32_t tier) const {
+    return pool(tier).BlockSize(table_.BytesOn(slot, tier));
+  }
+
+  // A new replica of the object in `slot` in `block` of `tier`, not ready yet.
+  Replica& PlaceReplica(uint32_t slot, int32_t tier, const TierPool::Block& block);
+  // Frees the replica on `tier` and forgets it; the header's tiers are not published.
+  void FreeReplica(uint32_t slot, int32_t tier);
+  // Frees an extra replica of a live object, and publishes where its bytes are now.
+  void DropReplica(uint32_t slot, int32_t tier);
+
+  // Host room: allocates, evicting in LRU order from segments where that can make room.
+  std::optional<TierPool::Block> AllocateOrEvict(uint64_t bytes);
+  // Makes room in host memory by taking the object in `slot` out of it: drops its host
+  // replica if it has another (a replica dropped, not an eviction), else evicts it. Returns
+  // whether the object itself went.
+  bool FreeHostBlock(uint32_t slot);
+  // Room on `tier` for `bytes`: on the host at once (evicting), on a GPU at once if it can
+  // (dropping extra replicas), else after spills, or nullopt when nothing can make room.
+  using RoomDone = std::function<void(std::optional<TierPool::Block>)>;
+  void AllocateOn(int32_t tier, uint64_t bytes, RoomDone then);
+
+  // Copies the object in `slot` to `tier` unless a copy is under way; `waiter` (0: none)
+  // waits for it (Owner::CopyDone).
+  void StartCopy(uint32_t slot, int32_t tier, WaitingGets::Id waiter) {
+    StartTransfer(slot, tier, /*spill=*/false, waiter);
+  }
+
+  // Why `bytes` of `id` do not fit on `tier`, for a person.
+  std::string OutOfMemoryMessage(int32_t tier, const ObjectId& id, uint64_t bytes) const;
+
+ private:
+  // A copy of an object to another tier, in flight or waiting for room there.
+  struct Transfer {
+    int32_t source = kHost;
+    bool spill = false;  // drop the source replica after, if nobody holds it
+    std::vector<WaitingGets::Id> waiters;
+  };
+  struct RoomWait {
+    uint64_t bytes = 0;
+    RoomDone then;
+  };
+
+  void StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::Id waiter);
+  // Runs the copy of a transfer whose destination is placed, on the executor.
+  void RunCopy(uint32_t slot, int32_t tier);
+  void FinishTransfer(uint32_t slot, int32_t tier, Status status);
+  std::optional<TierPool::Block> AllocateDroppingReplicas(int32_t tier, uint64_t bytes);
+  // Starts spilling LRU objects off `tier` until enough bytes are on their way out;
+  // returns whether any spill is in flight.
+  bool StartSpills(int32_t tier, uint64_t bytes);
+  void ServeRoomWaits(int32_t tier);
+  // ServeRoomWaits soon, from the loop, if anything waits for room on `tier`.
+  void ScheduleRoomWaits(int32_t tier);
+
+  ObjectTable& table_;
+  EvictionPolicy& policy_;
+  Executor& executor_;
+  Arena& arena_;
+  std::vector<gpu::DevicePool*> gpus_;
+  std::vector<TierPool*> pools_;  // by tier
+  const bool eviction_;
+  Owner& owner_;
+
+  std::vector<TierUsage> usage_;                                // by tier
+  std::vector<std::vector<RoomWait>> room_waits_;               // by tier, oldest first
+  std::vector<uint32_t> spills_in_flight_;                      // by tier (of their source)
+  std::map<std::pair<uint32_t, int32_t>, Transfer> transfers_;  // (slot, destination tier)
+  TierCounters counters_;
+  LogLimiter copy_failure_log_;
+};
+
+}  // namespace depot::store
