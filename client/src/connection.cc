@@ -305,7 +305,9 @@ Status Connection::Handshake(const ConnectOptions& options) {
     for (auto gpu : h.getDevices()) {
       DaemonGpu& g = gpus_.emplace_back();
       auto uuid = gpu.getUuid();
-      std::memcpy(g.uuid.data(), uuid.begin(), std::min<size_t>(uuid.size(), g.uuid.size()));
+      if (uuid.size() != 0) {  // an empty Data's begin() may be null
+        std::memcpy(g.uuid.data(), uuid.begin(), std::min<size_t>(uuid.size(), g.uuid.size()));
+      }
       g.name = gpu.getName().cStr();
       g.simulated = gpu.getSimulated();
     }

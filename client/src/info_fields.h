@@ -303,7 +303,8 @@ inline void ReadWire(capnp::Text::Reader in, std::string& out) { out.assign(in.c
 // A GPU's uuid: 16 bytes (fewer from a malformed reply leave the rest zero).
 inline void ReadWire(capnp::Data::Reader in, std::array<uint8_t, 16>& out) {
   out = {};
-  std::memcpy(out.data(), in.begin(), std::min<size_t>(in.size(), out.size()));
+  // An empty Data's begin() may be null, which memcpy must not be given even for 0 bytes.
+  if (in.size() != 0) std::memcpy(out.data(), in.begin(), std::min<size_t>(in.size(), out.size()));
 }
 
 inline void ReadWire(wire::Id::Reader in, ObjectId& out) { out = ipc::FromWire(in); }
