@@ -11,9 +11,10 @@
 //
 // The store is a front over parts that each own one concern and are tested on their own:
 // ObjectTable (ids, slots, headers, names, replicas), ClientAccounts (references and limits
-// per client), WaitingGets (gets waiting for seals or copies, and their time-outs) and
-// EvictionPolicy (which copies may go, in which order). The store itself makes copies between
-// tiers and keeps the parts in step.
+// per client), WaitingGets (gets waiting for seals or copies, and their time-outs),
+// EvictionPolicy (which copies may go, in which order) and Tiers (each tier's memory, making
+// room, and the copies between tiers). The store keeps the parts in step: references,
+// answers to gets, events.
 //
 // All of it runs on the daemon's one event-loop thread: no locks. Long work (checksums of
 // large objects, copies between tiers) goes to an Executor and comes back to the loop. The
@@ -25,7 +26,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,7 +43,6 @@
 #include "store/executor.h"
 #include "store/gpu/pool.h"
 #include "store/header_table.h"
-#include "store/log_limiter.h"
 #include "store/object_table.h"
 #include "store/store_events.h"
 #include "store/tiers.h"
