@@ -111,7 +111,7 @@ uint64_t ObjectStore::CreateCost(const CreateParams& p) {
 }
 
 void ObjectStore::HoldSource(uint32_t slot, int32_t tier) {
-  AddRef(kDaemonClient, accounts_.at(kDaemonClient), slot, tier);
+  AddRef(accounts_.at(kDaemonClient), slot, tier);
 }
 
 void ObjectStore::LetGoOfSource(uint32_t slot, int32_t tier) {
@@ -142,7 +142,7 @@ void ObjectStore::FreeObject(uint32_t slot) {
   Notify([id](StoreListener& l) { l.OnFreed(id); });
 }
 
-void ObjectStore::AddRef(ClientId, Account& account, uint32_t slot, int32_t tier) {
+void ObjectStore::AddRef(Account& account, uint32_t slot, int32_t tier) {
   const uint64_t bytes = tiers_.ReplicaBytes(slot, tier);
   if (table_.FindReplica(slot, tier)->refs++ == 0) tiers_.usage(tier).held_bytes += bytes;
   HeaderTable& headers = table_.headers();
@@ -169,11 +169,10 @@ void ObjectStore::DropRef(Account& account, uint32_t slot, int32_t tier) {
   policy_.Reconsider(slot);
 }
 
-GetResult ObjectStore::Grant(ClientId client, Account* holder, uint32_t slot, int32_t tier,
-                             uint64_t now) {
+GetResult ObjectStore::Grant(Account* holder, uint32_t slot, int32_t tier, uint64_t now) {
   if (holder == nullptr) return GetResult{StatusCode::kOk, {}};
   table_.header(slot).access_time_ns = now;  // published by AddRef
-  AddRef(client, *holder, slot, tier);
+  AddRef(*holder, slot, tier);
   tiers_.usage(tier).bytes_out += table_.BytesOn(slot, tier);
   return GetResult{StatusCode::kOk, LocationOf(slot, tier)};
 }
@@ -268,7 +267,7 @@ void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDon
   // The creator writes into its host replica: it counts as there from the start.
   tiers_.PlaceReplica(slot, kHost, *block).ready = true;
   table_.PublishTiers(slot);
-  AddRef(client, account, slot, kHost);
+  AddRef(account, slot, kHost);
   done(LocationOf(slot, kHost));
 }
 
@@ -336,7 +335,7 @@ void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateD
         Publish(client, p, slot);
         table_.at(slot).replicas.kept_metadata() = std::move(owned->metadata);
         tiers_.PlaceReplica(slot, p.device, *block);  // ready once sealed
-        AddRef(client, *account, slot, p.device);
+        AddRef(*account, slot, p.device);
         done(LocationOf(slot, p.device));
       });
 }
@@ -435,7 +434,7 @@ Status ObjectStore::Fetch(ClientId client, std::vector<ObjectId> ids, int32_t de
     const uint32_t slot = table_.Find(get.ids[i]);
     const bool usable = slot != HeaderTable::kNoSlot && table_.IsUsable(slot);
     if (usable && table_.IsReady(slot, device)) {
-      get.results[i] = Grant(client, hold ? &account : nullptr, slot, device, now);
+      get.results[i] = Grant(hold ? &account : nullptr, slot, device, now);
       counters_.get_hits++;
     } else if (usable) {
       get.waits[i] = Wait::kCopy;
@@ -490,7 +489,7 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
     for (size_t i = 0; i < get->ids.size(); ++i) {
       if (get->ids[i] != id || get->waits[i] != WaitingGets::Wait::kSeal) continue;
       if (table_.IsReady(slot, get->tier)) {
-        get->Resolve(i, Grant(get->client, holder, slot, get->tier, now));
+        get->Resolve(i, Grant(holder, slot, get->tier, now));
       } else {
         get->waits[i] = WaitingGets::Wait::kCopy;
         copies.emplace_back(get->tier, waiter);
@@ -512,7 +511,7 @@ void ObjectStore::Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& 
   for (size_t i = 0; i < get->ids.size(); ++i) {
     if (get->ids[i] != id || get->waits[i] != WaitingGets::Wait::kCopy) continue;
     if (usable) {
-      get->Resolve(i, Grant(get->client, holder, slot, get->tier, now));
+      get->Resolve(i, Grant(holder, slot, get->tier, now));
     } else {
       get->Resolve(i, GetResult{failure == StatusCode::kOk ? StatusCode::kNotFound : failure, {}});
     }
@@ -663,7 +662,7 @@ void ObjectStore::Verify(std::vector<ObjectId> ids, VerifyDone done) {
       outcome.state = VerifyState::kNotOnHost;
     } else {
       outcome.expected = h.checksum;
-      AddRef(kDaemonClient, daemon, slot, kHost);
+      AddRef(daemon, slot, kHost);
       run->held[i] = slot;
       if (jobs.empty() || job_bytes >= kInlineChecksumBytes) {
         jobs.emplace_back();

@@ -284,15 +284,16 @@ class ObjectStore final : private Tiers::Owner {
   // What creating `params` costs the daemon's memory before any GPU metadata.
   static uint64_t CreateCost(const CreateParams& params);
   void FreeObject(uint32_t slot);
-  void AddRef(ClientId client, Account& account, uint32_t slot, int32_t tier);
+  // One more reference of `account` to the replica on `tier`.
+  void AddRef(Account& account, uint32_t slot, int32_t tier);
   // Drops one of the client's references; frees or aborts the object when it was the last.
   void DropRef(Account& account, uint32_t slot, int32_t tier);
   // Get and Prefetch: the same but for `hold`, whether an answer takes a reference.
   Status Fetch(ClientId client, std::vector<ObjectId> ids, int32_t device, int64_t timeout_ms,
                bool hold, GetDone done);
-  // A reference of `holder` (`client`'s account) to the replica on `tier` for a get, and
-  // where it is, the object used at `now`; with no holder (a prefetch), only that it is there.
-  GetResult Grant(ClientId client, Account* holder, uint32_t slot, int32_t tier, uint64_t now);
+  // A reference of `holder` to the replica on `tier` for a get, and where it is, the object
+  // used at `now`; with no holder (a prefetch), only that it is there.
+  GetResult Grant(Account* holder, uint32_t slot, int32_t tier, uint64_t now);
 
   // A free header slot, evicting the least recently used object if the table is full.
   uint32_t AcquireSlot();
