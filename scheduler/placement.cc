@@ -11,10 +11,12 @@ uint64_t Bit(int32_t device) { return uint64_t{1} << (device + 1); }
 
 // Whether `worker` has the CPU and custom resources `request` asks for.
 bool FitsBesidesGpu(const ResourceRequest& request, const WorkerView& worker) {
-  if (worker.free_cpu < request.cpu) return false;
+  if (worker.free_cpu + kResourceEpsilon < request.cpu) return false;
   for (const auto& [name, amount] : request.custom) {
     auto it = worker.free_custom.find(name);
-    if (amount > 0 && (it == worker.free_custom.end() || it->second < amount)) return false;
+    if (amount > 0 && (it == worker.free_custom.end() || it->second + kResourceEpsilon < amount)) {
+      return false;
+    }
   }
   return true;
 }
@@ -87,7 +89,7 @@ std::optional<Choice> Place(const ResourceRequest& request, Affinity affinity,
       continue;
     }
     for (const WorkerView::Gpu& gpu : workers[w].gpus) {
-      if (gpu.free_share >= request.gpu) consider(w, gpu.device);
+      if (gpu.free_share + kResourceEpsilon >= request.gpu) consider(w, gpu.device);
     }
   }
   if (best_favoured) return best_favoured;

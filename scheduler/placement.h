@@ -25,6 +25,10 @@ namespace depot::scheduler {
 // Devices as the store numbers its tiers: host memory, or the daemon's GPU k (k >= 0).
 inline constexpr int32_t kHostMemory = -1;
 
+// Resources are compared with this margin: shares such as 0.1 and 0.2, taken and given back,
+// must leave a device whole again.
+inline constexpr double kResourceEpsilon = 1e-9;
+
 // What a task asks for. `gpu` is a share of one device, in (0, 1]; 0: a CPU task.
 struct ResourceRequest {
   double cpu = 1;
