@@ -23,7 +23,7 @@ bool FitsBesidesGpu(const ResourceRequest& request, const WorkerView& worker) {
 
 }  // namespace
 
-std::optional<int32_t> DeviceWithMostInput(std::span<const InputView> inputs) {
+std::optional<int32_t> DeviceWithMostInput(std::span<const InputView> inputs, bool gpus_only) {
   std::map<int32_t, uint64_t> bytes;  // by device
   for (const InputView& in : inputs) {
     for (uint64_t tiers = in.tiers; tiers != 0; tiers &= tiers - 1) {
@@ -33,6 +33,7 @@ std::optional<int32_t> DeviceWithMostInput(std::span<const InputView> inputs) {
   std::optional<int32_t> best;
   uint64_t most = 0;
   for (const auto& [device, total] : bytes) {  // host first: a GPU must hold strictly more
+    if (gpus_only && device == kHostMemory) continue;
     if (!best || total > most) {
       best = device;
       most = total;
@@ -67,10 +68,13 @@ std::optional<Choice> Place(const ResourceRequest& request, Affinity affinity,
   const bool on_gpu = request.gpu > 0;
   const double duration = on_gpu ? durations.gpu : durations.cpu;
   if (duration < 0) return std::nullopt;  // no variant for this kind of device
-  // The device the affinity prefers; none without affinity or inputs.
+  // The device the affinity prefers: the GPU holding most input bytes, for a GPU task with
+  // affinity. None otherwise: every CPU task reads in the same host memory.
   constexpr int32_t kNoDevice = kHostMemory - 1;
   const int32_t favourite =
-      affinity == Affinity::kNone ? kNoDevice : DeviceWithMostInput(inputs).value_or(kNoDevice);
+      affinity != Affinity::kNone && on_gpu
+          ? DeviceWithMostInput(inputs, /*gpus_only=*/true).value_or(kNoDevice)
+          : kNoDevice;
 
   std::optional<Choice> best, best_favoured;
   auto consider = [&](size_t w, int32_t device) {

@@ -7,8 +7,10 @@
 // CPU task reads them in host memory. Only workers whose free resources fit the request are
 // candidates, so nothing is ever oversubscribed; with none, the task waits.
 //
-// Affinity narrows the choice to the device that holds the most input bytes: `kSoft` takes it
-// when it fits and otherwise chooses as `kNone` does; `kHard` takes it or waits.
+// Affinity narrows a GPU task's choice to the GPU that holds the most of its input bytes:
+// `kSoft` takes it when it fits and otherwise chooses as `kNone` does; `kHard` takes it or
+// waits. Where no GPU holds any input, and for CPU tasks (every worker reads in the same host
+// memory), affinity changes nothing.
 //
 // Pure computation over values: no store, no sockets (tests/placement_test.cc).
 #pragma once
@@ -80,9 +82,10 @@ struct Choice {
   uint64_t moved_bytes = 0;  // input bytes a copy must bring there
 };
 
-// The device holding the most input bytes (host memory on a tie with no GPU ahead), or
-// nullopt when the inputs are nowhere (no inputs).
-std::optional<int32_t> DeviceWithMostInput(std::span<const InputView> inputs);
+// The device holding the most input bytes (host memory on a tie with no GPU ahead; with
+// `gpus_only`, the GPU holding most), or nullopt when none holds any.
+std::optional<int32_t> DeviceWithMostInput(std::span<const InputView> inputs,
+                                           bool gpus_only = false);
 
 // Seconds to bring every input to `device`, and the bytes already there and to move.
 struct Transfer {

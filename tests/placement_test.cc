@@ -103,6 +103,25 @@ TEST(PlacementTest, HardAffinityWaitsForTheHolderAndSoftFallsBack) {
   }
 }
 
+TEST(PlacementTest, AffinityOfAGpuTaskIsToTheGpuHoldingMostInputNotToHostMemory) {
+  // Most bytes are in host memory, the rest on GPU 1: the GPU task's affinity is to GPU 1.
+  const std::vector<InputView> inputs{{8 * kMiB, kHost}, {kMiB, Gpu(1)}};
+  const std::vector<WorkerView> workers{Worker(1, {0}), Worker(1, {1}, 1.0)};
+  auto hard = Place(kGpuTask, Affinity::kHard, inputs, workers, kBoth, kBw);
+  ASSERT_TRUE(hard.has_value());
+  EXPECT_EQ(hard->device, 1);
+  // Inputs in host memory only: no GPU holds any, so affinity changes nothing.
+  const std::vector<InputView> host_only{{kMiB, kHost}};
+  auto any = Place(kGpuTask, Affinity::kHard, host_only, workers, kBoth, kBw);
+  ASSERT_TRUE(any.has_value());
+  EXPECT_EQ(any->device, 0);
+  EXPECT_EQ(DeviceWithMostInput(inputs, /*gpus_only=*/true), 1);
+  EXPECT_EQ(DeviceWithMostInput(host_only, /*gpus_only=*/true), std::nullopt);
+  // A CPU task reads in host memory wherever it runs: hard affinity still places it.
+  const std::vector<InputView> on_gpu{{kMiB, Gpu(0)}};
+  EXPECT_TRUE(Place(ResourceRequest{}, Affinity::kHard, on_gpu, workers, kBoth, kBw).has_value());
+}
+
 TEST(PlacementTest, ACpuTaskReadsInHostMemory) {
   const std::vector<InputView> inputs{{2 * kMiB, Gpu(0)}, {kMiB, kHost}};
   const std::vector<WorkerView> workers{Worker(1, {0})};
