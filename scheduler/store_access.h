@@ -1,0 +1,72 @@
+// What the scheduler needs of the store, declared here and implemented by store/
+// (store/scheduler_store.h); the scheduler's unit tests implement it with a fake.
+//
+// The scheduler never includes store/ headers: it sees objects as ids with a state, a size
+// and the tiers holding them, asks for replicas and references, seals failed outputs, and is
+// told of seals and frees through ObjectEvents. Everything runs on the daemon's loop thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "depot/object_id.h"
+#include "scheduler/placement.h"
+
+namespace depot::scheduler {
+
+// The longest failure message the scheduler keeps for a task (a worker's text is cut to it).
+inline constexpr size_t kMaxFailureMessage = 4096;
+
+class StoreAccess {
+ public:
+  virtual ~StoreAccess() = default;
+
+  enum class State : uint8_t {
+    kMissing,   // no such object (never created, or gone)
+    kCreating,  // created, not sealed yet
+    kSealed,    // sealed with its bytes
+    kFailed,    // sealed as failed (SealFailed): a get answers TaskFailed with its message
+  };
+  struct Object {
+    State state = State::kMissing;
+    InputView where;  // for kSealed: bytes (data and metadata) and the tiers holding them
+  };
+  // The state of each of `ids`, in order (`out` has as many entries as `ids`).
+  virtual void Locate(std::span<const ObjectId> ids, std::span<Object> out) const = 0;
+  // The message a kFailed object was sealed with; empty for any other.
+  virtual std::string FailureOf(const ObjectId& id) const = 0;
+
+  // Starts making a replica on `device` (kHostMemory or a GPU) of each of `ids` that has none
+  // there and is sealed. Holds nothing and reports nothing: a copy that fails or does not fit
+  // is made, or refused, again by the worker's own get.
+  virtual void Prefetch(std::span<const ObjectId> ids, int32_t device) = 0;
+
+  // One reference on behalf of the task graph to the sealed (or failed) object `id`, so it is
+  // neither evicted nor freed until Drop; false, holding nothing, if it is not sealed. Holds
+  // nest: each Hold needs its Drop.
+  virtual bool Hold(const ObjectId& id) = 0;
+  virtual void Drop(const ObjectId& id) = 0;
+
+  // Seals each of `ids` that does not exist as a failed object carrying `message` (at most
+  // kMaxFailureMessage bytes). Ids that exist (sealed by a worker before it failed, or being
+  // created by some client) are left as they are.
+  virtual void SealFailed(std::span<const ObjectId> ids, std::string_view message) = 0;
+
+  // Bytes an object could be given on `device` now without evicting anything a client or
+  // the graph holds: free memory of the tier's limit plus what unreferenced objects use.
+  virtual uint64_t Room(int32_t device) const = 0;
+};
+
+// What the store tells the scheduler, after the change (StoreAccess calls are allowed).
+class ObjectEvents {
+ public:
+  virtual ~ObjectEvents() = default;
+  // `id` is sealed, with its bytes (`failed`: false) or as a failed object (true).
+  virtual void OnSealed(const ObjectId& id, bool failed) = 0;
+  // `id` is gone: deleted, evicted or aborted.
+  virtual void OnFreed(const ObjectId& id) = 0;
+};
+
+}  // namespace depot::scheduler
