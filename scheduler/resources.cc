@@ -68,14 +68,18 @@ bool Resources::CouldEverFit(const ResourceRequest& request) const {
                      [&](const auto& gpu) { return Fits(request, gpu.first, total_); });
 }
 
-WorkerView Resources::View(double queue_wait_s) const {
+WorkerView Resources::ViewOf(const Amounts& have, double queue_wait_s) {
   WorkerView view;
-  view.free_cpu = free_.cpu;
-  for (const auto& [device, share] : free_.gpu_share) view.gpus.push_back({device, share});
-  view.free_custom = free_.custom;
+  view.free_cpu = have.cpu;
+  for (const auto& [device, share] : have.gpu_share) view.gpus.push_back({device, share});
+  view.free_custom = have.custom;
   view.queue_wait_s = queue_wait_s;
   return view;
 }
+
+WorkerView Resources::View(double queue_wait_s) const { return ViewOf(free_, queue_wait_s); }
+
+WorkerView Resources::IdleView(double queue_wait_s) const { return ViewOf(total_, queue_wait_s); }
 
 double Resources::free_share(int32_t device) const {
   auto it = free_.gpu_share.find(device);

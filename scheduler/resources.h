@@ -40,6 +40,8 @@ class Resources {
   bool CouldEverFit(const ResourceRequest& request) const;
   // What is free now, as Place sees it (with this queue wait).
   WorkerView View(double queue_wait_s) const;
+  // What the worker has when idle: the view of a task that waits `queue_wait_s` for its turn.
+  WorkerView IdleView(double queue_wait_s) const;
 
   double free_cpu() const { return free_.cpu; }
   double free_share(int32_t device) const;
@@ -52,6 +54,7 @@ class Resources {
   };
   explicit Resources(Amounts total) : total_(total), free_(std::move(total)) {}
   static bool Fits(const ResourceRequest& request, int32_t device, const Amounts& have);
+  static WorkerView ViewOf(const Amounts& have, double queue_wait_s);
 
   Amounts total_;
   Amounts free_;

@@ -1,0 +1,818 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+namespace depot::scheduler {
+
+namespace {
+
+// A dispatch stops after this many ready tasks in a row found no worker: the rest wait for
+// the next change (a completion, a worker, a seal) rather than cost each event a whole scan.
+constexpr int kMaxMissesPerDispatch = 64;
+
+std::string Cut(std::string_view message) {
+  return std::string(message.substr(0, kMaxFailureMessage));
+}
+
+std::string TaskName(size_t index) { return "task " + std::to_string(index) + ": "; }
+
+bool Finite(double x) { return std::isfinite(x); }
+
+Status CheckResources(const ResourceRequest& r) {
+  if (!Finite(r.cpu) || r.cpu < 0) return Status::InvalidArgument("CPU must be 0 or more");
+  if (!Finite(r.gpu) || r.gpu < 0 || r.gpu > 1) {
+    return Status::InvalidArgument("GPU must be a share of one device, from 0 to 1");
+  }
+  if (r.cpu == 0 && r.gpu == 0) {
+    return Status::InvalidArgument("a task must ask for some CPU or GPU");
+  }
+  for (const auto& [name, amount] : r.custom) {
+    if (name.empty() || name.size() > kMaxFunctionName) {
+      return Status::InvalidArgument("a custom resource needs a name of 1 to " +
+                                     std::to_string(kMaxFunctionName) + " bytes");
+    }
+    if (!Finite(amount) || amount < 0) {
+      return Status::InvalidArgument("resource " + name + " must be 0 or more");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string_view TaskStateName(TaskState state) {
+  switch (state) {
+    case TaskState::kWaiting:
+      return "waiting";
+    case TaskState::kReady:
+      return "ready";
+    case TaskState::kQueued:
+      return "queued";
+    case TaskState::kRunning:
+      return "running";
+    case TaskState::kDone:
+      return "done";
+    case TaskState::kFailed:
+      return "failed";
+    case TaskState::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+struct Scheduler::Task {
+  TaskId id = 0;
+  SessionId submitter = 0;
+  TaskSpec spec;
+  std::vector<ObjectId> outputs;
+  TaskState state = TaskState::kWaiting;
+  uint32_t missing = 0;  // inputs not sealed yet, counted per occurrence
+  uint32_t depth = 0;    // 1 + the deepest pending producer of its inputs
+  uint32_t attempts = 0;
+  SessionId worker = 0;  // where it was placed last
+  int32_t device = kHostMemory;
+  bool placed = false;    // queued or running on `worker`
+  double duration_s = 0;  // expected; counted in its worker's pending_s while placed
+  double started_at = 0;
+  Choice choice;  // the placement's terms
+  std::string reason;
+
+  ReadyKey key() const { return {spec.priority, depth, id}; }
+  bool on_gpu() const { return spec.resources.gpu > 0; }
+};
+
+struct Scheduler::Worker {
+  SessionId id = 0;
+  std::string name;
+  Capacity capacity;
+  Resources resources;
+  std::vector<std::string> functions;
+  std::unordered_set<TaskId> running;
+  std::deque<TaskId> queue;  // placed here, waiting for resources
+  double pending_s = 0;      // expected seconds of its running and queued tasks
+  uint64_t done = 0;
+  uint64_t failed = 0;
+  bool draining = false;
+
+  double slots() const {
+    return std::max(1.0, capacity.cpu + static_cast<double>(capacity.gpus.size()));
+  }
+};
+
+struct Scheduler::Node {
+  TaskId producer = 0;          // the pending task making it, 0 if none
+  uint32_t consumers = 0;       // pending tasks reading it, per occurrence
+  std::vector<TaskId> waiting;  // of those, the ones waiting for its seal
+  bool held = false;            // the graph holds a reference (StoreAccess::Hold)
+};
+
+Scheduler::Scheduler(StoreAccess& store, WorkerLink& link, SchedulerOptions options)
+    : store_(store), link_(link), options_(std::move(options)), nonce_(ObjectId::Random()) {
+  options_.window = std::max<uint32_t>(1, options_.window);
+}
+
+Scheduler::~Scheduler() {
+  for (auto& [id, node] : nodes_) {
+    if (node.held) store_.Drop(id);
+  }
+}
+
+Status Scheduler::AddWorker(SessionId session, WorkerSpec spec) {
+  if (workers_.contains(session)) {
+    return Status::AlreadyExists("session " + std::to_string(session) + " is a worker already");
+  }
+  for (const std::string& f : spec.functions) {
+    if (f.empty() || f.size() > kMaxFunctionName) {
+      return Status::InvalidArgument("a function name must have 1 to " +
+                                     std::to_string(kMaxFunctionName) + " bytes");
+    }
+  }
+  for (const auto& [name, amount] : spec.capacity.custom) {
+    if (name.empty() || name.size() > kMaxFunctionName || !Finite(amount)) {
+      return Status::InvalidArgument("custom resource '" + name.substr(0, kMaxFunctionName) +
+                                     "' needs a name of 1 to " + std::to_string(kMaxFunctionName) +
+                                     " bytes and a finite amount");
+    }
+  }
+  if (!Finite(spec.capacity.cpu)) return Status::InvalidArgument("CPU slots must be finite");
+  auto resources = Resources::Make(spec.capacity);
+  if (!resources.ok()) return resources.status();
+  std::sort(spec.functions.begin(), spec.functions.end());
+  spec.functions.erase(std::unique(spec.functions.begin(), spec.functions.end()),
+                       spec.functions.end());
+  auto worker = std::unique_ptr<Worker>(new Worker{.id = session,
+                                                   .name = std::move(spec.name),
+                                                   .capacity = spec.capacity,
+                                                   .resources = std::move(resources).value(),
+                                                   .functions = std::move(spec.functions)});
+  for (const std::string& f : worker->functions) runners_[f].push_back(session);
+  workers_.emplace(session, std::move(worker));
+  Dispatch();
+  return Status::OK();
+}
+
+Status Scheduler::DrainWorker(SessionId session) {
+  auto it = workers_.find(session);
+  if (it == workers_.end()) {
+    return Status::NotFound("session " + std::to_string(session) + " is not a worker");
+  }
+  Worker& w = *it->second;
+  w.draining = true;
+  while (!w.queue.empty()) Requeue(*tasks_.at(w.queue.front()));
+  if (w.running.empty()) ForgetWorker(w);
+  Dispatch();
+  return Status::OK();
+}
+
+void Scheduler::RemoveSession(SessionId session) {
+  if (auto it = workers_.find(session); it != workers_.end()) {
+    Worker& w = *it->second;
+    w.draining = true;
+    while (!w.queue.empty()) Requeue(*tasks_.at(w.queue.front()));
+    std::vector<TaskId> running(w.running.begin(), w.running.end());
+    std::sort(running.begin(), running.end());
+    for (TaskId id : running) {
+      Task& t = *tasks_.at(id);
+      if (t.attempts > t.spec.retries) {
+        Finish(t, TaskState::kFailed,
+               "its worker " + w.name + " (session " + std::to_string(session) +
+                   ") ended while running it, " + std::to_string(t.attempts) +
+                   (t.attempts == 1 ? " time" : " times") + "; no retries left");
+      } else {
+        ++counters_.retried;
+        Requeue(t);
+      }
+    }
+    ForgetWorker(w);
+  }
+
+  // As a submitter: cancel its tasks that have not started and whose outputs no other task
+  // reads. Consumers are deeper than their producers, so going deepest first lets a task's
+  // cancelled consumers let go of its outputs before it is looked at.
+  std::vector<Task*> own;
+  for (auto& [id, task] : tasks_) {
+    if (task->submitter == session && task->state != TaskState::kRunning) own.push_back(&*task);
+  }
+  std::sort(own.begin(), own.end(), [](const Task* a, const Task* b) {
+    return a->depth != b->depth ? a->depth > b->depth : a->id > b->id;
+  });
+  for (Task* t : own) {
+    const bool read_by_others = std::any_of(t->outputs.begin(), t->outputs.end(), [&](auto& o) {
+      auto it = nodes_.find(o);
+      return it != nodes_.end() && it->second.consumers > 0;
+    });
+    if (read_by_others) continue;
+    Finish(*t, TaskState::kCancelled,
+           "cancelled: its submitter (session " + std::to_string(session) + ") disconnected");
+  }
+  Dispatch();
+}
+
+Result<std::vector<std::vector<ObjectId>>> Scheduler::Submit(SessionId submitter,
+                                                             std::span<const TaskSpec> tasks) {
+  std::vector<std::vector<ObjectId>> outputs(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const TaskSpec& spec = tasks[i];
+    if (!spec.outputs.empty()) {
+      outputs[i] = spec.outputs;
+    } else if (spec.num_outputs >= 1 && spec.num_outputs <= kMaxOutputs) {
+      outputs[i] = DeriveOutputs(next_task_ + i, spec.num_outputs);
+    }
+  }
+  auto order = Validate(tasks, outputs);
+  if (!order.ok()) return order.status();
+
+  const TaskId first = next_task_;
+  next_task_ += tasks.size();
+  std::vector<Task*> made(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    auto task = std::make_unique<Task>();
+    task->id = first + i;
+    task->submitter = submitter;
+    task->spec = tasks[i];
+    task->spec.outputs.clear();
+    task->outputs = outputs[i];
+    for (const ObjectId& o : task->outputs) nodes_[o].producer = task->id;
+    made[i] = task.get();
+    tasks_.emplace(task->id, std::move(task));
+  }
+  counters_.submitted += tasks.size();
+  for (size_t i : *order) Admit(*made[i]);
+  Dispatch();
+  return outputs;
+}
+
+Result<std::vector<size_t>> Scheduler::Validate(
+    std::span<const TaskSpec> tasks, const std::vector<std::vector<ObjectId>>& outputs) const {
+  std::unordered_map<ObjectId, size_t> made_by;  // output -> index in the batch
+  std::vector<ObjectId> taken;                   // outputs and outside inputs, to locate
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const TaskSpec& spec = tasks[i];
+    const std::string name = TaskName(i);
+    if (spec.function.empty() || spec.function.size() > kMaxFunctionName) {
+      return Status::InvalidArgument(name + "a function name must have 1 to " +
+                                     std::to_string(kMaxFunctionName) + " bytes");
+    }
+    if (spec.args.size() > kMaxInlineArgs) {
+      return Status::InvalidArgument(name + "inline arguments of " +
+                                     std::to_string(spec.args.size()) + " bytes are over " +
+                                     std::to_string(kMaxInlineArgs) + "; pass an object");
+    }
+    if (spec.inputs.size() > kMaxInputs) {
+      return Status::InvalidArgument(name + std::to_string(spec.inputs.size()) +
+                                     " inputs are more than " + std::to_string(kMaxInputs));
+    }
+    if (outputs[i].empty() || outputs[i].size() > kMaxOutputs) {
+      return Status::InvalidArgument(name + "a task has 1 to " + std::to_string(kMaxOutputs) +
+                                     " outputs");
+    }
+    if (spec.retries > kMaxRetries) {
+      return Status::InvalidArgument(name + "at most " + std::to_string(kMaxRetries) + " retries");
+    }
+    if (Status s = CheckResources(spec.resources); !s.ok()) {
+      return Status::InvalidArgument(name + s.message());
+    }
+    if (!SomeWorkerCouldRun(spec)) {
+      return Status::InvalidArgument(name + "no worker attached can run '" + spec.function +
+                                     "' with the resources it asks for");
+    }
+    for (const ObjectId& o : outputs[i]) {
+      if (o.IsNil()) return Status::InvalidArgument(name + "the all-zero id is not an output id");
+      if (!made_by.emplace(o, i).second) {
+        return Status::AlreadyExists(name + "output " + o.Hex() + " is named twice");
+      }
+      if (auto it = nodes_.find(o); it != nodes_.end() && it->second.producer != 0) {
+        return Status::AlreadyExists(name + "output " + o.Hex() + " is the output of task " +
+                                     std::to_string(it->second.producer));
+      }
+      taken.push_back(o);
+    }
+  }
+
+  // Edges within the batch, and inputs from outside it.
+  std::vector<std::vector<size_t>> consumers(tasks.size());
+  std::vector<uint32_t> producers(tasks.size(), 0);
+  std::vector<std::pair<size_t, ObjectId>> outside;  // (task, input) to locate
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    for (const ObjectId& in : tasks[i].inputs) {
+      if (in.IsNil()) {
+        return Status::InvalidArgument(TaskName(i) + "the all-zero id is not an input id");
+      }
+      if (auto it = made_by.find(in); it != made_by.end()) {
+        consumers[it->second].push_back(i);
+        ++producers[i];
+        continue;
+      }
+      if (auto it = nodes_.find(in); it != nodes_.end() && it->second.producer != 0) continue;
+      outside.emplace_back(i, in);
+      taken.push_back(in);
+    }
+  }
+
+  std::vector<StoreAccess::Object> found(taken.size());
+  store_.Locate(taken, found);
+  size_t k = 0;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    for (const ObjectId& o : outputs[i]) {
+      if (found[k++].state != StoreAccess::State::kMissing) {
+        return Status::AlreadyExists(TaskName(i) + "output " + o.Hex() + " exists already");
+      }
+    }
+  }
+  for (const auto& [i, in] : outside) {
+    if (found[k++].state == StoreAccess::State::kMissing) {
+      return Status::NotFound(TaskName(i) + "input " + in.Hex() +
+                              " neither exists nor is the output of a task");
+    }
+  }
+
+  // Producers before consumers (Kahn); what is left over is a cycle.
+  std::vector<size_t> order;
+  order.reserve(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (producers[i] == 0) order.push_back(i);
+  }
+  for (size_t next = 0; next < order.size(); ++next) {
+    for (size_t c : consumers[order[next]]) {
+      if (--producers[c] == 0) order.push_back(c);
+    }
+  }
+  if (order.size() != tasks.size()) {
+    std::string members;
+    for (size_t i = 0; i < tasks.size() && members.size() < 200; ++i) {
+      if (producers[i] != 0) members += (members.empty() ? "" : ", ") + std::to_string(i);
+    }
+    return Status::InvalidArgument("tasks " + members + " read each other's outputs in a cycle");
+  }
+  return order;
+}
+
+bool Scheduler::SomeWorkerCouldRun(const TaskSpec& spec) const {
+  auto it = runners_.find(spec.function);
+  if (it == runners_.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(), [&](SessionId id) {
+    const Worker& w = *workers_.at(id);
+    return !w.draining && w.resources.CouldEverFit(spec.resources);
+  });
+}
+
+std::vector<ObjectId> Scheduler::DeriveOutputs(TaskId task, uint32_t count) const {
+  // Unique among themselves (task in one word, index in the other) and, with a random
+  // nonce per daemon, against every other id for all practical purposes.
+  std::vector<ObjectId> ids;
+  ids.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    ids.push_back(ObjectId::FromWords(nonce_.lo() + task, nonce_.hi() ^ (uint64_t{i} << 48)));
+  }
+  return ids;
+}
+
+void Scheduler::Admit(Task& task) {
+  for (const ObjectId& in : task.spec.inputs) {
+    Node& n = nodes_[in];
+    ++n.consumers;
+    if (n.producer != 0) task.depth = std::max(task.depth, tasks_.at(n.producer)->depth + 1);
+  }
+  std::vector<StoreAccess::Object> found(task.spec.inputs.size());
+  store_.Locate(task.spec.inputs, found);
+  std::string failure;
+  for (size_t k = 0; k < found.size(); ++k) {
+    const ObjectId& in = task.spec.inputs[k];
+    Node& n = nodes_[in];
+    switch (found[k].state) {
+      case StoreAccess::State::kSealed:
+        if (!n.held) n.held = store_.Hold(in);
+        break;
+      case StoreAccess::State::kFailed:
+        if (failure.empty()) failure = "input " + in.Hex() + " failed: " + store_.FailureOf(in);
+        break;
+      case StoreAccess::State::kCreating:
+      case StoreAccess::State::kMissing:
+        n.waiting.push_back(task.id);
+        ++task.missing;
+        break;
+    }
+  }
+  if (!failure.empty()) {
+    Finish(task, TaskState::kFailed, Cut(failure));
+  } else if (task.missing == 0) {
+    MakeReady(task);
+  }
+}
+
+void Scheduler::MakeReady(Task& task) {
+  task.state = TaskState::kReady;
+  task.worker = 0;
+  ready_.insert(task.key());
+}
+
+void Scheduler::Requeue(Task& task) {
+  Unplace(task);
+  task.device = kHostMemory;
+  MakeReady(task);
+}
+
+void Scheduler::Dispatch() {
+  if (dispatching_) return;
+  dispatching_ = true;
+  size_t open = 0;
+  for (const auto& [id, w] : workers_) {
+    if (!w->draining && w->queue.size() < options_.window) ++open;
+  }
+  int misses = 0;
+  for (auto it = ready_.begin();
+       it != ready_.end() && open > 0 && misses < kMaxMissesPerDispatch;) {
+    Task& task = *tasks_.at(it->id);
+    if (!PlaceOne(task)) {
+      ++it;
+      ++misses;
+      continue;
+    }
+    it = ready_.erase(it);
+    misses = 0;
+    const Worker& w = *workers_.at(task.worker);
+    if (task.state == TaskState::kQueued && w.queue.size() == options_.window) --open;
+  }
+  Flush();
+  dispatching_ = false;
+}
+
+bool Scheduler::PlaceOne(Task& task) {
+  auto runners = runners_.find(task.spec.function);
+  if (runners == runners_.end()) return false;
+  const bool on_gpu = task.on_gpu();
+
+  std::vector<InputView> inputs(task.spec.inputs.size());
+  {
+    std::vector<StoreAccess::Object> found(task.spec.inputs.size());
+    store_.Locate(task.spec.inputs, found);
+    for (size_t k = 0; k < found.size(); ++k) inputs[k] = found[k].where;
+  }
+  // Devices without room for the outputs are left out of every view.
+  std::map<int32_t, bool> roomy;
+  auto has_room = [&](int32_t device) {
+    if (task.spec.output_bytes == 0) return true;
+    auto [it, fresh] = roomy.emplace(device, false);
+    if (fresh) it->second = store_.Room(device) >= task.spec.output_bytes;
+    return it->second;
+  };
+  if (!on_gpu && !has_room(kHostMemory)) return false;
+
+  // Each worker with room in its window is seen twice when busy: with what is free now (the
+  // task starts at once) and as it will be once idle (the task queues there).
+  struct Candidate {
+    Worker* worker;
+    bool now;
+  };
+  std::vector<Candidate> candidates;
+  std::vector<WorkerView> views;
+  for (SessionId id : runners->second) {
+    Worker& w = *workers_.at(id);
+    if (w.draining || w.queue.size() >= options_.window) continue;
+    const bool idle = w.running.empty() && w.queue.empty();
+    if (w.queue.empty()) {
+      candidates.push_back({&w, true});
+      views.push_back(w.resources.View(0));
+    }
+    if (!idle && w.resources.CouldEverFit(task.spec.resources)) {
+      candidates.push_back({&w, false});
+      views.push_back(w.resources.IdleView(QueueWait(w)));
+    }
+  }
+  for (WorkerView& v : views) {
+    std::erase_if(v.gpus, [&](const WorkerView::Gpu& g) { return !has_room(g.device); });
+  }
+  // Soft affinity takes the favourite device when the task can start there now; otherwise
+  // the cost model chooses (queueing there included), as without affinity.
+  Affinity affinity = task.spec.affinity;
+  if (affinity == Affinity::kSoft && on_gpu) {
+    const auto favourite = DeviceWithMostInput(inputs, /*gpus_only=*/true);
+    bool free_now = false;
+    for (size_t i = 0; i < views.size() && favourite && !free_now; ++i) {
+      if (!candidates[i].now) continue;
+      for (const WorkerView::Gpu& g : views[i].gpus) {
+        free_now |=
+            g.device == *favourite && g.free_share + kResourceEpsilon >= task.spec.resources.gpu;
+      }
+    }
+    if (!free_now) affinity = Affinity::kNone;
+  }
+  const Durations durations = durations_.Expected(task.spec.function);
+  auto choice = Place(task.spec.resources, affinity, inputs, views, durations, options_.bandwidths);
+  if (!choice) return false;
+
+  const Candidate& c = candidates[choice->worker];
+  Worker& w = *c.worker;
+  task.choice = *choice;
+  task.worker = w.id;
+  task.device = choice->device;
+  task.placed = true;
+  task.duration_s = on_gpu ? durations.gpu : durations.cpu;
+  w.pending_s += task.duration_s;
+  ++counters_.placements;
+  counters_.local_bytes += choice->local_bytes;
+  counters_.moved_bytes += choice->moved_bytes;
+  if (c.now && w.resources.Reserve(task.spec.resources, task.device)) {
+    Start(w, task);
+    return true;
+  }
+  task.state = TaskState::kQueued;
+  w.queue.push_back(task.id);
+  if (choice->moved_bytes > 0) {
+    std::vector<ObjectId> missing;
+    const uint64_t bit = uint64_t{1} << (task.device + 1);
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if ((inputs[k].tiers & bit) == 0) missing.push_back(task.spec.inputs[k]);
+    }
+    counters_.prefetches += missing.size();
+    store_.Prefetch(missing, task.device);
+  }
+  return true;
+}
+
+void Scheduler::StartQueued(Worker& worker) {
+  for (auto it = worker.queue.begin(); it != worker.queue.end();) {
+    Task& task = *tasks_.at(*it);
+    if (worker.resources.Reserve(task.spec.resources, task.device)) {
+      it = worker.queue.erase(it);
+      Start(worker, task);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Scheduler::Start(Worker& worker, Task& task) {
+  task.state = TaskState::kRunning;
+  ++task.attempts;
+  task.started_at = options_.clock ? options_.clock() : 0;
+  worker.running.insert(task.id);
+  outbox_[worker.id].push_back({.task = task.id,
+                                .attempt = task.attempts,
+                                .device = task.device,
+                                .spec = &task.spec,
+                                .outputs = task.outputs});
+}
+
+void Scheduler::Flush() {
+  for (auto& [worker, assignments] : outbox_) {
+    if (!assignments.empty()) link_.Assign(worker, assignments);
+  }
+  outbox_.clear();
+}
+
+double Scheduler::QueueWait(const Worker& worker) const {
+  return std::max(0.0, worker.pending_s) / worker.slots();
+}
+
+void Scheduler::Unplace(Task& task) {
+  if (!task.placed) return;
+  task.placed = false;
+  Worker& w = *workers_.at(task.worker);
+  if (task.state == TaskState::kRunning) {
+    w.resources.Release({task.spec.resources, task.device});
+    w.running.erase(task.id);
+  } else {
+    std::erase(w.queue, task.id);
+  }
+  w.pending_s = std::max(0.0, w.pending_s - task.duration_s);
+}
+
+Status Scheduler::Complete(SessionId worker, std::span<const Completion> completions) {
+  auto wit = workers_.find(worker);
+  if (wit == workers_.end()) {
+    return Status::InvalidArgument("session " + std::to_string(worker) + " is not a worker");
+  }
+  Worker& w = *wit->second;
+  Status result;
+  const double now = options_.clock ? options_.clock() : 0;
+  for (const Completion& c : completions) {
+    auto it = tasks_.find(c.task);
+    if (it == tasks_.end() || it->second->state != TaskState::kRunning ||
+        it->second->worker != worker) {
+      if (result.ok()) {
+        result = Status::InvalidArgument("task " + std::to_string(c.task) +
+                                         " is not running on this worker");
+      }
+      continue;
+    }
+    Task& task = *it->second;
+    durations_.Record(task.spec.function, task.on_gpu(), now - task.started_at);
+    if (!c.ok) {
+      ++w.failed;
+      Finish(task, TaskState::kFailed, Cut(c.message));
+      continue;
+    }
+    std::vector<StoreAccess::Object> found(task.outputs.size());
+    store_.Locate(task.outputs, found);
+    std::string missing;
+    for (size_t k = 0; k < found.size() && missing.empty(); ++k) {
+      if (found[k].state != StoreAccess::State::kSealed) missing = task.outputs[k].Hex();
+    }
+    if (!missing.empty()) {
+      ++w.failed;
+      Finish(task, TaskState::kFailed,
+             "its worker reported success without sealing output " + missing);
+      continue;
+    }
+    ++w.done;
+    Finish(task, TaskState::kDone, "");
+  }
+  if (w.draining) {
+    if (w.running.empty()) ForgetWorker(w);
+  } else {
+    StartQueued(w);
+  }
+  Dispatch();
+  return result;
+}
+
+std::vector<Scheduler::CancelOutcome> Scheduler::Cancel(std::span<const ObjectId> outputs) {
+  std::vector<CancelOutcome> outcomes;
+  outcomes.reserve(outputs.size());
+  for (const ObjectId& id : outputs) {
+    auto it = nodes_.find(id);
+    if (it != nodes_.end() && it->second.producer != 0) {
+      Task& task = *tasks_.at(it->second.producer);
+      if (task.state == TaskState::kRunning) {
+        outcomes.push_back(CancelOutcome::kRunning);
+        continue;
+      }
+      Finish(task, TaskState::kCancelled, "cancelled");
+      outcomes.push_back(CancelOutcome::kCancelled);
+      continue;
+    }
+    const bool finished = std::any_of(finished_.begin(), finished_.end(), [&](const auto& t) {
+      return std::find(t->outputs.begin(), t->outputs.end(), id) != t->outputs.end();
+    });
+    outcomes.push_back(finished ? CancelOutcome::kFinished : CancelOutcome::kUnknown);
+  }
+  Dispatch();
+  return outcomes;
+}
+
+void Scheduler::Finish(Task& task, TaskState state, std::string reason) {
+  if (task.state == TaskState::kReady) ready_.erase(task.key());
+  Unplace(task);
+  task.state = state;
+  task.reason = std::move(reason);
+  if (state == TaskState::kDone) {
+    ++counters_.completed;
+  } else {
+    ++(state == TaskState::kCancelled ? counters_.cancelled : counters_.failed);
+    store_.SealFailed(task.outputs, task.reason);
+  }
+  LetGoOfInputs(task);
+  for (const ObjectId& o : task.outputs) {
+    if (auto it = nodes_.find(o); it != nodes_.end()) it->second.producer = 0;
+  }
+  for (const ObjectId& o : task.outputs) {
+    // A done task's outputs are sealed (Complete checked): its consumers need not wait for
+    // the store's event. Failures reach consumers through the events, one at a time.
+    if (state == TaskState::kDone) Sealed(o);
+    auto it = nodes_.find(o);
+    if (it != nodes_.end() && it->second.consumers == 0 && it->second.waiting.empty()) {
+      if (it->second.held) store_.Drop(o);
+      nodes_.erase(it);
+    }
+  }
+  Retire(task);
+}
+
+void Scheduler::LetGoOfInputs(Task& task) {
+  for (const ObjectId& in : task.spec.inputs) {
+    auto it = nodes_.find(in);
+    if (it == nodes_.end()) continue;
+    Node& n = it->second;
+    --n.consumers;
+    if (task.missing > 0) std::erase(n.waiting, task.id);
+    if (n.consumers == 0 && n.producer == 0) {
+      if (n.held) store_.Drop(in);
+      nodes_.erase(it);
+    }
+  }
+  task.missing = 0;
+}
+
+void Scheduler::Retire(Task& task) {
+  auto it = tasks_.find(task.id);
+  finished_.push_back(std::move(it->second));
+  tasks_.erase(it);
+  while (finished_.size() > options_.finished_kept) finished_.pop_front();
+}
+
+void Scheduler::ForgetWorker(Worker& worker) {
+  for (const std::string& f : worker.functions) {
+    auto it = runners_.find(f);
+    std::erase(it->second, worker.id);
+    if (it->second.empty()) runners_.erase(it);
+  }
+  workers_.erase(worker.id);
+}
+
+void Scheduler::OnSealed(const ObjectId& id, bool failed) {
+  if (failed) {
+    InputFailed(id, "input " + id.Hex() + " failed: " + store_.FailureOf(id));
+  } else {
+    Sealed(id);
+  }
+  Dispatch();
+}
+
+void Scheduler::Sealed(const ObjectId& id) {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end()) return;
+  Node& n = it->second;
+  if (!n.held && n.consumers > 0) n.held = store_.Hold(id);
+  for (TaskId tid : std::exchange(n.waiting, {})) {
+    Task& task = *tasks_.at(tid);
+    if (--task.missing == 0) MakeReady(task);
+  }
+}
+
+void Scheduler::InputFailed(const ObjectId& id, const std::string& reason) {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end()) return;
+  for (TaskId tid : std::exchange(it->second.waiting, {})) {
+    auto t = tasks_.find(tid);
+    if (t == tasks_.end()) continue;  // failed already: it read this input twice
+    Finish(*t->second, TaskState::kFailed, Cut(reason));
+  }
+}
+
+void Scheduler::OnFreed(const ObjectId& id) {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end()) return;
+  Node& n = it->second;
+  n.held = false;
+  // An output whose producer is pending will be made again (the producer retries) or sealed
+  // as failed; anything else that goes before it was sealed never comes.
+  if (n.producer != 0) return;
+  InputFailed(id, "input " + id.Hex() + " was deleted or aborted before it was sealed");
+  Dispatch();
+}
+
+std::vector<WorkerInfo> Scheduler::Workers() const {
+  std::vector<WorkerInfo> out;
+  for (const auto& [id, w] : workers_) {
+    WorkerInfo info{.id = id,
+                    .name = w->name,
+                    .capacity = w->capacity,
+                    .free_cpu = w->resources.free_cpu(),
+                    .functions = w->functions,
+                    .running = w->running.size(),
+                    .queued = w->queue.size(),
+                    .done = w->done,
+                    .failed = w->failed,
+                    .draining = w->draining};
+    for (int32_t d : w->capacity.gpus)
+      info.free_gpu_share.emplace_back(d, w->resources.free_share(d));
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+std::vector<TaskInfo> Scheduler::Tasks() const {
+  auto describe = [&](const Task& t) {
+    TaskInfo info{.id = t.id,
+                  .function = t.spec.function,
+                  .state = t.state,
+                  .submitter = t.submitter,
+                  .worker = t.worker,
+                  .device = t.device,
+                  .outputs = t.outputs,
+                  .priority = t.spec.priority,
+                  .attempts = t.attempts,
+                  .inputs_missing = t.missing,
+                  .local_bytes = t.choice.local_bytes,
+                  .moved_bytes = t.choice.moved_bytes,
+                  .wait_s = t.choice.finish_s - t.choice.transfer_s - t.duration_s,
+                  .transfer_s = t.choice.transfer_s,
+                  .duration_s = t.duration_s,
+                  .reason = t.reason};
+    if (t.state == TaskState::kReady) {
+      info.reason = SomeWorkerCouldRun(t.spec) ? "no worker has room for it now"
+                                               : "no worker attached can run '" + t.spec.function +
+                                                     "' with the resources it asks for";
+    }
+    return info;
+  };
+  std::vector<const Task*> pending;
+  for (const auto& [id, t] : tasks_) pending.push_back(&*t);
+  std::sort(pending.begin(), pending.end(), [](auto* a, auto* b) { return a->id < b->id; });
+  std::vector<TaskInfo> out;
+  for (const Task* t : pending) out.push_back(describe(*t));
+  for (const auto& t : finished_) out.push_back(describe(*t));
+  return out;
+}
+
+SchedulerCounters Scheduler::counters() const {
+  SchedulerCounters c = counters_;
+  c.workers = workers_.size();
+  c.tasks_pending = tasks_.size();
+  return c;
+}
+
+}  // namespace depot::scheduler

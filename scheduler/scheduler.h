@@ -1,0 +1,260 @@
+// The scheduler: tasks that clients submit, the workers that run them, and where each runs.
+//
+// A task waits until its inputs are sealed, then joins the ready queue (priority first, then
+// depth first: tasks that consume tasks' outputs before those that produce new data, so a
+// large graph runs in a store much smaller than the sum of its intermediates). Placement
+// (placement.h) puts a ready task on the worker and device where it would finish first. A
+// worker runs as many tasks as its resources fit (resources.h: never oversubscribed) and
+// keeps a short queue, its window, of tasks placed on it and waiting for their resources:
+// their inputs are prefetched to their device meanwhile, and the rest wait in the daemon so
+// that each placement sees fresh locality. Tasks are sent to a worker (WorkerLink) when they
+// start, batched per dispatch.
+//
+// The graph holds a reference (StoreAccess::Hold) to each object a pending task reads and
+// drops it when its last consumer is done. A task whose function fails, or whose worker died
+// more often than its retries allow, seals its outputs as failed with the reason; a task
+// reading a failed object fails with it.
+//
+// All of it runs on the daemon's loop thread. Store events come in through ObjectEvents.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "depot/object_id.h"
+#include "depot/status.h"
+#include "scheduler/durations.h"
+#include "scheduler/placement.h"
+#include "scheduler/resources.h"
+#include "scheduler/store_access.h"
+#include "scheduler/task.h"
+
+namespace depot::scheduler {
+
+// A task sent to a worker to run now, on `device` (kHostMemory for a CPU task).
+struct Assignment {
+  TaskId task = 0;
+  uint32_t attempt = 1;  // 2 and more: its earlier workers died running it
+  int32_t device = kHostMemory;
+  const TaskSpec* spec = nullptr;  // valid until the task's completion or its worker's end
+  std::span<const ObjectId> outputs;
+};
+
+// How the scheduler reaches workers: the daemon's sessions implement it.
+class WorkerLink {
+ public:
+  virtual ~WorkerLink() = default;
+  // Sends `tasks` to `worker` in one message. The worker answers each with Complete.
+  virtual void Assign(SessionId worker, std::span<const Assignment> tasks) = 0;
+};
+
+struct WorkerSpec {
+  std::string name;  // for people: depotctl workers
+  Capacity capacity;
+  std::vector<std::string> functions;  // the names it runs
+};
+
+// What a worker reports of one task it ran.
+struct Completion {
+  TaskId task = 0;
+  bool ok = true;
+  std::string message;  // why it failed (cut to kMaxFailureMessage)
+};
+
+enum class TaskState : uint8_t {
+  kWaiting,   // for inputs to be sealed
+  kReady,     // in the daemon's queue, for a worker with room
+  kQueued,    // placed on a worker, waiting for its resources (inputs being prefetched)
+  kRunning,   // sent to its worker
+  kDone,      // its outputs sealed
+  kFailed,    // its outputs sealed as failed
+  kCancelled  // its outputs sealed as failed, cancelled
+};
+std::string_view TaskStateName(TaskState state);
+
+// One task, as `depotctl tasks` shows it.
+struct TaskInfo {
+  TaskId id = 0;
+  std::string function;
+  TaskState state = TaskState::kWaiting;
+  SessionId submitter = 0;
+  SessionId worker = 0;  // kQueued, kRunning (and the last one for done tasks): 0 if none
+  int32_t device = kHostMemory;
+  std::vector<ObjectId> outputs;
+  int32_t priority = 0;
+  uint32_t attempts = 0;        // times it was started
+  uint32_t inputs_missing = 0;  // kWaiting: inputs not sealed yet
+  // Why there: the placement's terms.
+  uint64_t local_bytes = 0;
+  uint64_t moved_bytes = 0;
+  double wait_s = 0;
+  double transfer_s = 0;
+  double duration_s = 0;
+  std::string reason;  // kReady: why no worker takes it now; kFailed: why it failed
+};
+
+// One worker, as `depotctl workers` shows it.
+struct WorkerInfo {
+  SessionId id = 0;
+  std::string name;
+  Capacity capacity;
+  double free_cpu = 0;
+  std::vector<std::pair<int32_t, double>> free_gpu_share;  // by device
+  std::vector<std::string> functions;
+  uint64_t running = 0;
+  uint64_t queued = 0;
+  uint64_t done = 0;
+  uint64_t failed = 0;
+  bool draining = false;
+};
+
+struct SchedulerCounters {
+  uint64_t submitted = 0;
+  uint64_t completed = 0;  // done with their outputs
+  uint64_t failed = 0;     // by their function, their inputs or their workers' deaths
+  uint64_t cancelled = 0;
+  uint64_t retried = 0;  // started again after their worker died
+  uint64_t placements = 0;
+  uint64_t local_bytes = 0;    // input bytes where placed tasks read them
+  uint64_t moved_bytes = 0;    // input bytes that had to be copied there
+  uint64_t prefetches = 0;     // inputs asked for ahead of a queued task
+  uint64_t workers = 0;        // attached now
+  uint64_t tasks_pending = 0;  // waiting, ready, queued or running
+};
+
+struct SchedulerOptions {
+  Bandwidths bandwidths;
+  // Tasks a worker may have placed on it beyond those running (at least 1).
+  uint32_t window = 2;
+  // Finished tasks kept for `depotctl tasks` after they are done (the oldest go first).
+  size_t finished_kept = 1024;
+  // Seconds since some fixed point: task durations are measured with it.
+  std::function<double()> clock;
+};
+
+class Scheduler final : public ObjectEvents {
+ public:
+  Scheduler(StoreAccess& store, WorkerLink& link, SchedulerOptions options);
+  ~Scheduler() override;
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Attaches `session` as a worker. InvalidArgument for bad resources or a function name
+  // that is empty or too long, AlreadyExists if it is a worker already.
+  Status AddWorker(SessionId session, WorkerSpec spec);
+  // A worker that asks to leave: it gets no new task, its queued ones go back to the daemon's
+  // queue, and it is gone once its running ones complete. NotFound if it is not a worker.
+  Status DrainWorker(SessionId session);
+  // The session ended (cleanly or not): its queued tasks go back to the queue and its running
+  // ones run again elsewhere up to their retries, then fail with the reason. Then, as a
+  // submitter, its pending tasks whose outputs no other client's task reads are cancelled.
+  // Call after the store has given back what the session held.
+  void RemoveSession(SessionId session);
+
+  // Submits `tasks` from `submitter`, all or none: the output ids of each, in order, or why
+  // the batch was refused (InvalidArgument with the task's index: bad resources or bounds,
+  // no worker able ever to run it, a cycle; NotFound: an input that neither exists nor is
+  // produced by a task; AlreadyExists: an output id taken).
+  Result<std::vector<std::vector<ObjectId>>> Submit(SessionId submitter,
+                                                    std::span<const TaskSpec> tasks);
+  // What `worker` reports of tasks it ran. InvalidArgument (and nothing done for that task)
+  // naming a task that is not running on it.
+  Status Complete(SessionId worker, std::span<const Completion> completions);
+
+  enum class CancelOutcome : uint8_t { kCancelled, kRunning, kFinished, kUnknown };
+  // Cancels the tasks producing `outputs` that have not started: their outputs are sealed as
+  // failed ("cancelled"), which fails the tasks reading them. One outcome per id: kRunning
+  // for a task already running (it finishes), kFinished for one done or failed, kUnknown for
+  // an id no task of this daemon produces.
+  std::vector<CancelOutcome> Cancel(std::span<const ObjectId> outputs);
+
+  // ObjectEvents.
+  void OnSealed(const ObjectId& id, bool failed) override;
+  void OnFreed(const ObjectId& id) override;
+
+  std::vector<WorkerInfo> Workers() const;
+  // Pending tasks in id order, then the finished ones kept.
+  std::vector<TaskInfo> Tasks() const;
+  SchedulerCounters counters() const;
+  const Bandwidths& bandwidths() const { return options_.bandwidths; }
+
+ private:
+  struct Task;
+  struct Worker;
+  struct Node;
+  // The ready queue's order: priority, then depth first (consumers of data before producers
+  // of new data), then submission.
+  struct ReadyKey {
+    int32_t priority;
+    uint32_t depth;
+    TaskId id;
+    friend bool operator<(const ReadyKey& a, const ReadyKey& b) {
+      if (a.priority != b.priority) return a.priority > b.priority;
+      if (a.depth != b.depth) return a.depth > b.depth;
+      return a.id < b.id;
+    }
+  };
+
+  // Checks a batch: the order to admit it in (producers before consumers), or why not.
+  Result<std::vector<size_t>> Validate(std::span<const TaskSpec> tasks,
+                                       const std::vector<std::vector<ObjectId>>& outputs) const;
+  bool SomeWorkerCouldRun(const TaskSpec& spec) const;
+  std::vector<ObjectId> DeriveOutputs(TaskId task, uint32_t count) const;
+  void Admit(Task& task);
+  void MakeReady(Task& task);
+  // Places ready tasks while workers have room, and starts queued tasks whose resources are
+  // free; sends what started, a message per worker.
+  void Dispatch();
+  // Places one ready task; false if no worker can take it now.
+  bool PlaceOne(Task& task);
+  // Starts the tasks queued on `worker` that fit now, in queue order.
+  void StartQueued(Worker& worker);
+  void Start(Worker& worker, Task& task);
+  void Flush();
+  // Seconds until `worker` could start one more task, by the expected durations of its own.
+  double QueueWait(const Worker& worker) const;
+  // Takes a placed (queued or running) task off its worker, giving back what it held there.
+  void Unplace(Task& task);
+  // Puts a task taken off its worker back in the ready queue.
+  void Requeue(Task& task);
+  // The task is over: its outputs sealed as failed unless it is done, its inputs let go of,
+  // and it is kept among the finished.
+  void Finish(Task& task, TaskState state, std::string reason);
+  void LetGoOfInputs(Task& task);
+  // `id` is sealed: the tasks waiting for it have one input fewer to wait for.
+  void Sealed(const ObjectId& id);
+  // `id` will never be sealed with bytes: the tasks waiting for it fail with `reason`.
+  void InputFailed(const ObjectId& id, const std::string& reason);
+  void ForgetWorker(Worker& worker);
+  void Retire(Task& task);
+
+  StoreAccess& store_;
+  WorkerLink& link_;
+  SchedulerOptions options_;
+  DurationModel durations_;
+  ObjectId nonce_;  // derived output ids: unique to this daemon
+
+  TaskId next_task_ = 1;
+  uint64_t next_ready_ = 0;
+  std::unordered_map<TaskId, std::unique_ptr<Task>> tasks_;  // pending
+  std::deque<std::unique_ptr<Task>> finished_;               // kept for Tasks(), oldest first
+  std::unordered_map<ObjectId, Node> nodes_;  // objects pending tasks read or produce
+  std::set<ReadyKey> ready_;
+  std::map<SessionId, std::unique_ptr<Worker>> workers_;
+  std::unordered_map<std::string, std::vector<SessionId>> runners_;  // function -> workers
+  std::unordered_map<SessionId, std::vector<Assignment>> outbox_;
+  SchedulerCounters counters_;
+  bool dispatching_ = false;
+};
+
+}  // namespace depot::scheduler

@@ -1,0 +1,44 @@
+// A task as clients submit it, and the names the scheduler gives tasks and the clients and
+// workers it serves.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "depot/object_id.h"
+#include "scheduler/placement.h"
+
+namespace depot::scheduler {
+
+// The daemon's number for a client's session (store::ClientId): submitters and workers.
+using SessionId = uint64_t;
+// A task's number in this daemon, from 1; 0 is none.
+using TaskId = uint64_t;
+
+// Bounds on what one task may ask for; a submission past one is refused with its name.
+inline constexpr size_t kMaxFunctionName = 256;
+inline constexpr size_t kMaxInlineArgs = 64 * 1024;
+inline constexpr size_t kMaxInputs = 4096;
+inline constexpr uint32_t kMaxOutputs = 64;
+inline constexpr uint32_t kMaxRetries = 100;
+
+struct TaskSpec {
+  std::string function;          // a name workers registered
+  std::vector<ObjectId> inputs;  // objects or other tasks' outputs, in order; repeats allowed
+  std::string args;              // small inline argument bytes, passed as they are
+  // The outputs' ids: named by the caller, or empty for `num_outputs` ids the scheduler
+  // derives (returned by Submit).
+  std::vector<ObjectId> outputs;
+  uint32_t num_outputs = 1;  // when `outputs` is empty
+  ResourceRequest resources;
+  Affinity affinity = Affinity::kNone;
+  int32_t priority = 0;  // higher runs first
+  // How many times the task runs again after its worker died running it.
+  uint32_t retries = 1;
+  // Bytes its outputs will take on the device it runs on (0: unknown). The task starts only
+  // where that much room exists without evicting anything held.
+  uint64_t output_bytes = 0;
+};
+
+}  // namespace depot::scheduler

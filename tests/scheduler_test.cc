@@ -1,0 +1,729 @@
+// The scheduler on its own, against a fake store and fake workers: validation, readiness,
+// placement by locality, resources, the graph's references, ordering, faults and cancels.
+#include "scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <random>
+#include <utility>
+
+namespace depot::scheduler {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t Bit(int32_t device) { return uint64_t{1} << (device + 1); }
+
+// The store as the scheduler sees it: objects with a state, a size and tiers; events queued
+// until Deliver (the real store delivers them after the change, too).
+class FakeStore final : public StoreAccess {
+ public:
+  struct Entry {
+    State state = State::kMissing;
+    uint64_t bytes = 0;
+    uint64_t tiers = 0;
+    std::string message;
+    int holds = 0;
+  };
+
+  void Locate(std::span<const ObjectId> ids, std::span<Object> out) const override {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto it = objects.find(ids[i]);
+      out[i] = it == objects.end() ? Object{}
+                                   : Object{it->second.state, {it->second.bytes, it->second.tiers}};
+    }
+  }
+  std::string FailureOf(const ObjectId& id) const override {
+    auto it = objects.find(id);
+    return it == objects.end() ? "" : it->second.message;
+  }
+  void Prefetch(std::span<const ObjectId> ids, int32_t device) override {
+    for (const ObjectId& id : ids) prefetched.emplace_back(id, device);
+  }
+  bool Hold(const ObjectId& id) override {
+    auto it = objects.find(id);
+    if (it == objects.end() || it->second.state == State::kMissing ||
+        it->second.state == State::kCreating) {
+      return false;
+    }
+    ++it->second.holds;
+    return true;
+  }
+  void Drop(const ObjectId& id) override {
+    auto it = objects.find(id);
+    ASSERT_NE(it, objects.end());
+    ASSERT_GT(it->second.holds, 0) << id.Hex();
+    --it->second.holds;
+  }
+  void SealFailed(std::span<const ObjectId> ids, std::string_view message) override {
+    for (const ObjectId& id : ids) {
+      if (objects.contains(id)) continue;
+      objects[id] = {State::kFailed, 0, Bit(kHostMemory), std::string(message), 0};
+      events.push_back([this, id](ObjectEvents& e) { e.OnSealed(id, true); });
+    }
+  }
+  uint64_t Room(int32_t device) const override {
+    auto it = room.find(device);
+    return it == room.end() ? UINT64_MAX : it->second;
+  }
+
+  // What clients and workers do to the store.
+  ObjectId Put(uint64_t bytes, int32_t device = kHostMemory) {
+    ObjectId id = ObjectId::Random();
+    objects[id] = {State::kSealed, bytes, Bit(device), "", 0};
+    return id;
+  }
+  ObjectId Creating() {
+    ObjectId id = ObjectId::Random();
+    objects[id] = {State::kCreating, 0, 0, "", 0};
+    return id;
+  }
+  void Seal(const ObjectId& id, uint64_t bytes, int32_t device = kHostMemory) {
+    objects[id] = {State::kSealed, bytes, Bit(device), "", objects[id].holds};
+    events.push_back([id](ObjectEvents& e) { e.OnSealed(id, false); });
+  }
+  void Free(const ObjectId& id) {
+    objects.erase(id);
+    events.push_back([id](ObjectEvents& e) { e.OnFreed(id); });
+  }
+  void Deliver(ObjectEvents& to) {
+    while (!events.empty()) {
+      auto event = std::move(events.front());
+      events.pop_front();
+      event(to);
+    }
+  }
+  int HoldsOn(const ObjectId& id) const {
+    auto it = objects.find(id);
+    return it == objects.end() ? 0 : it->second.holds;
+  }
+  int TotalHolds() const {
+    int n = 0;
+    for (const auto& [id, e] : objects) n += e.holds;
+    return n;
+  }
+
+  std::map<ObjectId, Entry> objects;
+  std::deque<std::function<void(ObjectEvents&)>> events;
+  std::vector<std::pair<ObjectId, int32_t>> prefetched;
+  std::map<int32_t, uint64_t> room;
+};
+
+// One assignment, copied out of the scheduler's message.
+struct Sent {
+  SessionId worker;
+  TaskId task;
+  uint32_t attempt;
+  int32_t device;
+  std::string function;
+  std::vector<ObjectId> inputs;
+  std::vector<ObjectId> outputs;
+  ResourceRequest resources;
+};
+
+class FakeLink final : public WorkerLink {
+ public:
+  void Assign(SessionId worker, std::span<const Assignment> tasks) override {
+    ++messages;
+    for (const Assignment& a : tasks) {
+      sent.push_back({worker, a.task, a.attempt, a.device, a.spec->function, a.spec->inputs,
+                      std::vector<ObjectId>(a.outputs.begin(), a.outputs.end()),
+                      a.spec->resources});
+    }
+  }
+  // The assignments not taken yet, oldest first.
+  std::vector<Sent> Take() { return std::exchange(sent, {}); }
+
+  std::vector<Sent> sent;
+  int messages = 0;
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  SchedulerTest() : scheduler_(store_, link_, Options()) {}
+
+  static SchedulerOptions Options() {
+    SchedulerOptions o;
+    o.window = 2;
+    return o;
+  }
+
+  void AddWorker(SessionId id, double cpu, std::vector<int32_t> gpus = {},
+                 std::vector<std::string> functions = {"f"},
+                 std::map<std::string, double> custom = {}) {
+    WorkerSpec spec{.name = "w" + std::to_string(id),
+                    .capacity = {.cpu = cpu, .gpus = std::move(gpus), .custom = std::move(custom)},
+                    .functions = std::move(functions)};
+    ASSERT_TRUE(scheduler_.AddWorker(id, std::move(spec)).ok());
+  }
+
+  static TaskSpec Task(std::vector<ObjectId> inputs = {}, ResourceRequest r = {}) {
+    TaskSpec t;
+    t.function = "f";
+    t.inputs = std::move(inputs);
+    t.resources = std::move(r);
+    return t;
+  }
+
+  // Submits one task; its outputs.
+  std::vector<ObjectId> Submit(const TaskSpec& spec, SessionId submitter = 100) {
+    auto out = scheduler_.Submit(submitter, std::span(&spec, 1));
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return out.ok() ? out.value()[0] : std::vector<ObjectId>{};
+  }
+
+  Status SubmitStatus(std::vector<TaskSpec> specs) {
+    return scheduler_.Submit(100, specs).status();
+  }
+
+  // The worker runs `s`: seals its outputs (`bytes` each, on its device) and completes it.
+  void Run(const Sent& s, uint64_t bytes = kMiB) {
+    for (const ObjectId& o : s.outputs) store_.Seal(o, bytes, s.device);
+    Completion c{.task = s.task};
+    ASSERT_TRUE(scheduler_.Complete(s.worker, std::span(&c, 1)).ok());
+    store_.Deliver(scheduler_);
+  }
+  void Fail(const Sent& s, std::string message) {
+    Completion c{.task = s.task, .ok = false, .message = std::move(message)};
+    ASSERT_TRUE(scheduler_.Complete(s.worker, std::span(&c, 1)).ok());
+    store_.Deliver(scheduler_);
+  }
+
+  FakeStore store_;
+  FakeLink link_;
+  Scheduler scheduler_;
+};
+
+const ResourceRequest kGpuOnly{.cpu = 0, .gpu = 1};
+
+TEST(DurationModelTest, DurationsAreLearnedPerFunctionAndKindOfDevice) {
+  DurationModel model;
+  EXPECT_EQ(model.Expected("f").cpu, DurationModel::kUnmeasured);
+  model.Record("f", /*on_gpu=*/false, 0.5);
+  EXPECT_EQ(model.Expected("f").cpu, 0.5);
+  EXPECT_EQ(model.Expected("f").gpu, DurationModel::kUnmeasured);
+  for (int i = 0; i < 50; ++i) model.Record("f", false, 0.1);
+  EXPECT_NEAR(model.Expected("f").cpu, 0.1, 1e-3);
+  EXPECT_EQ(model.Expected("g").cpu, DurationModel::kUnmeasured);
+}
+
+TEST_F(SchedulerTest, BadSubmissionsAreRefusedSayingWhy) {
+  AddWorker(1, 2, {0});
+  const ObjectId input = store_.Put(kMiB);
+
+  TaskSpec unknown = Task();
+  unknown.function = "g";
+  Status s = SubmitStatus({unknown});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("no worker attached can run 'g'"), std::string::npos) << s.ToString();
+
+  EXPECT_EQ(SubmitStatus({Task({}, {.cpu = 3})}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SubmitStatus({Task({}, {.cpu = 0, .gpu = 1.5})}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SubmitStatus({Task({}, {.cpu = 0, .gpu = 0})}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SubmitStatus({Task({}, {.cpu = 1, .custom = {{"ssd", 1}}})}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(SubmitStatus({Task({}, {.cpu = std::nan("")})}).code(), StatusCode::kInvalidArgument);
+
+  s = SubmitStatus({Task({ObjectId::Random()})});
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("neither exists nor is the output of a task"), std::string::npos);
+
+  TaskSpec taken = Task();
+  taken.outputs = {input};
+  s = SubmitStatus({taken});
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(s.message().find("exists already"), std::string::npos) << s.ToString();
+
+  TaskSpec twice = Task();
+  const ObjectId out = ObjectId::Random();
+  twice.outputs = {out, out};
+  EXPECT_EQ(SubmitStatus({twice}).code(), StatusCode::kAlreadyExists);
+
+  TaskSpec big = Task();
+  big.args.assign(kMaxInlineArgs + 1, 'x');
+  EXPECT_EQ(SubmitStatus({big}).code(), StatusCode::kInvalidArgument);
+  TaskSpec none = Task();
+  none.num_outputs = 0;
+  EXPECT_EQ(SubmitStatus({none}).code(), StatusCode::kInvalidArgument);
+
+  // A refused batch leaves nothing behind, and the scheduler serves the next.
+  EXPECT_EQ(scheduler_.counters().tasks_pending, 0u);
+  EXPECT_TRUE(link_.Take().empty());
+  Submit(Task({input}));
+  EXPECT_EQ(link_.Take().size(), 1u);
+}
+
+TEST_F(SchedulerTest, ACycleThroughNamedOutputsIsRefused) {
+  AddWorker(1, 1);
+  const ObjectId a = ObjectId::Random(), b = ObjectId::Random();
+  TaskSpec first = Task({b});
+  first.outputs = {a};
+  TaskSpec second = Task({a});
+  second.outputs = {b};
+  Status s = SubmitStatus({first, second});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("cycle"), std::string::npos) << s.ToString();
+  TaskSpec self = Task({a});
+  self.outputs = {a};
+  EXPECT_EQ(SubmitStatus({self}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler_.counters().tasks_pending, 0u);
+}
+
+TEST_F(SchedulerTest, ABatchMayNameItsTasksInAnyOrder) {
+  AddWorker(1, 1);
+  const ObjectId a = ObjectId::Random();
+  TaskSpec consumer = Task({a});
+  TaskSpec producer = Task();
+  producer.outputs = {a};
+  auto out = scheduler_.Submit(100, std::vector{consumer, producer});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].outputs, std::vector{a});
+  Run(sent[0]);
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].outputs, out.value()[0]);
+}
+
+TEST_F(SchedulerTest, ATaskWaitsForItsInputsToBeSealed) {
+  AddWorker(1, 1);
+  const ObjectId input = store_.Creating();
+  auto outputs = Submit(Task({input}));
+  ASSERT_EQ(outputs.size(), 1u);
+  EXPECT_TRUE(link_.Take().empty());
+  EXPECT_EQ(scheduler_.Tasks()[0].state, TaskState::kWaiting);
+  EXPECT_EQ(scheduler_.Tasks()[0].inputs_missing, 1u);
+
+  store_.Seal(input, kMiB);
+  store_.Deliver(scheduler_);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].inputs, std::vector{input});
+  EXPECT_EQ(sent[0].outputs, outputs);
+  EXPECT_EQ(sent[0].device, kHostMemory);
+  EXPECT_EQ(store_.HoldsOn(input), 1);
+}
+
+TEST_F(SchedulerTest, AGpuTaskRunsOnTheDeviceHoldingItsInput) {
+  AddWorker(1, 1, {0});
+  AddWorker(2, 1, {1});
+  const ObjectId input = store_.Put(256 * kMiB, 1);
+  Submit(Task({input}, kGpuOnly));
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].worker, 2u);
+  EXPECT_EQ(sent[0].device, 1);
+  EXPECT_EQ(scheduler_.counters().local_bytes, 256 * kMiB);
+  EXPECT_EQ(scheduler_.counters().moved_bytes, 0u);
+}
+
+TEST_F(SchedulerTest, HardAffinityWaitsForTheDeviceHoldingTheInput) {
+  AddWorker(1, 0, {0});
+  AddWorker(2, 0, {1});
+  const ObjectId on1 = store_.Put(kMiB, 1);
+  TaskSpec hard = Task({on1}, kGpuOnly);
+  hard.affinity = Affinity::kHard;
+  Submit(hard);
+  auto first = link_.Take();
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(first[0].device, 1);
+  // Device 0 is idle, yet none goes there: two queue on device 1's worker, three wait.
+  for (int i = 0; i < 5; ++i) Submit(hard);
+  EXPECT_TRUE(link_.Take().empty());
+  std::map<TaskState, int> states;
+  for (const TaskInfo& t : scheduler_.Tasks()) {
+    ++states[t.state];
+    if (t.state == TaskState::kQueued) {
+      EXPECT_EQ(t.device, 1);
+    }
+  }
+  EXPECT_EQ(states[TaskState::kQueued], 2);
+  EXPECT_EQ(states[TaskState::kReady], 3);
+  for (int i = 0; i < 5; ++i) {
+    Run(first[0]);
+    first = link_.Take();
+    ASSERT_EQ(first.size(), 1u);
+    EXPECT_EQ(first[0].device, 1);
+  }
+  EXPECT_EQ(scheduler_.counters().moved_bytes, 0u);
+}
+
+TEST_F(SchedulerTest, SoftAffinityStartsElsewhereWhenTheDeviceHoldingTheInputIsBusy) {
+  AddWorker(1, 0, {0});
+  AddWorker(2, 0, {1});
+  const ObjectId on1 = store_.Put(kMiB, 1);
+  TaskSpec soft = Task({on1}, kGpuOnly);
+  soft.affinity = Affinity::kSoft;
+  Submit(soft);
+  Submit(soft);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].device, 1);
+  EXPECT_EQ(sent[1].device, 0);
+  EXPECT_EQ(scheduler_.counters().moved_bytes, kMiB);
+}
+
+TEST_F(SchedulerTest, AGpuTaskHoldingNoCpuStartsWhileEveryCpuSlotIsBusy) {
+  AddWorker(1, 2, {0});
+  Submit(Task());
+  Submit(Task());
+  EXPECT_EQ(link_.Take().size(), 2u);
+  Submit(Task({}, kGpuOnly));
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].device, 0);
+}
+
+TEST_F(SchedulerTest, FourQuarterSharesShareADeviceAndAFifthWaits) {
+  AddWorker(1, 0, {0});
+  const ResourceRequest quarter{.cpu = 0, .gpu = 0.25};
+  for (int i = 0; i < 5; ++i) Submit(Task({}, quarter));
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 4u);
+  EXPECT_EQ(scheduler_.Workers()[0].free_gpu_share[0].second, 0);
+  Run(sent[1]);
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].device, 0);
+}
+
+TEST_F(SchedulerTest, AChainOfTenStaysOnOneDeviceWithNothingMoved) {
+  AddWorker(1, 1, {0});
+  AddWorker(2, 1, {1});
+  const ObjectId source = store_.Put(64 * kMiB, 1);
+  std::vector<TaskSpec> chain;
+  ObjectId previous = source;
+  for (int i = 0; i < 10; ++i) {
+    TaskSpec t = Task({previous}, kGpuOnly);
+    previous = ObjectId::Random();
+    t.outputs = {previous};
+    chain.push_back(t);
+  }
+  ASSERT_TRUE(scheduler_.Submit(100, chain).ok());
+  for (int i = 0; i < 10; ++i) {
+    auto sent = link_.Take();
+    ASSERT_EQ(sent.size(), 1u) << i;
+    EXPECT_EQ(sent[0].device, 1) << i;
+    Run(sent[0], 64 * kMiB);
+  }
+  EXPECT_EQ(scheduler_.counters().moved_bytes, 0u);
+  EXPECT_EQ(scheduler_.counters().local_bytes, 10 * 64 * kMiB);
+  EXPECT_TRUE(store_.prefetched.empty());
+  EXPECT_EQ(store_.TotalHolds(), 0);  // intermediates let go of as the chain ran
+}
+
+TEST_F(SchedulerTest, ADiamondRunsEachTaskOnceItsInputsAreDone) {
+  AddWorker(1, 4);
+  const ObjectId top = ObjectId::Random(), left = ObjectId::Random(), right = ObjectId::Random(),
+                 bottom = ObjectId::Random();
+  TaskSpec a = Task(), b = Task({top}), c = Task({top}), d = Task({left, right});
+  a.outputs = {top};
+  b.outputs = {left};
+  c.outputs = {right};
+  d.outputs = {bottom};
+  ASSERT_TRUE(scheduler_.Submit(100, std::vector{d, c, b, a}).ok());
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].outputs[0], top);
+  Run(sent[0]);
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(store_.HoldsOn(top), 1);
+  Run(sent[0]);
+  EXPECT_TRUE(link_.Take().empty());  // the bottom still waits for the other side
+  Run(sent[1]);
+  EXPECT_EQ(store_.HoldsOn(top), 0);
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].outputs[0], bottom);
+  Run(sent[0]);
+  EXPECT_EQ(store_.TotalHolds(), 0);
+  EXPECT_EQ(scheduler_.counters().completed, 4u);
+  EXPECT_EQ(scheduler_.counters().tasks_pending, 0u);
+}
+
+// Runs every task to the end, one at a time, in the order the worker is sent them; the
+// outputs of each task started, in that order.
+std::vector<ObjectId> RunAll(Scheduler& scheduler, FakeStore& store, FakeLink& link) {
+  std::vector<ObjectId> started;
+  std::deque<Sent> pending;
+  for (;;) {
+    for (Sent& s : link.Take()) pending.push_back(std::move(s));
+    if (pending.empty()) return started;
+    Sent s = std::move(pending.front());
+    pending.pop_front();
+    started.push_back(s.outputs[0]);
+    for (const ObjectId& o : s.outputs) store.Seal(o, kMiB);
+    Completion c{.task = s.task};
+    EXPECT_TRUE(scheduler.Complete(s.worker, std::span(&c, 1)).ok());
+    store.Deliver(scheduler);
+  }
+}
+
+TEST_F(SchedulerTest, HigherPriorityGoesFirst) {
+  AddWorker(1, 1);
+  // One running and two in the worker's window: the rest wait in the daemon's queue.
+  std::vector<ObjectId> first;
+  for (int i = 0; i < 3; ++i) first.push_back(Submit(Task())[0]);
+  TaskSpec high = Task();
+  high.priority = 5;
+  const ObjectId low_out = Submit(Task())[0];
+  const ObjectId high_out = Submit(high)[0];
+  auto order = RunAll(scheduler_, store_, link_);
+  EXPECT_EQ(order, (std::vector{first[0], first[1], first[2], high_out, low_out}));
+}
+
+TEST_F(SchedulerTest, AmongReadyTasksOfEqualPriorityConsumersOfDataGoFirst) {
+  AddWorker(1, 1);
+  // A leaf, then more leaves, then a task reading the first leaf: it goes before the leaves
+  // still waiting in the daemon once its input is made.
+  const ObjectId leaf0 = ObjectId::Random();
+  TaskSpec l0 = Task();
+  l0.outputs = {leaf0};
+  std::vector<TaskSpec> batch{l0};
+  for (int i = 0; i < 6; ++i) batch.push_back(Task());
+  batch.push_back(Task({leaf0}));
+  auto out = scheduler_.Submit(100, batch);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  auto order = RunAll(scheduler_, store_, link_);
+  ASSERT_EQ(order.size(), batch.size());
+  const auto join = std::find(order.begin(), order.end(), out.value()[7][0]);
+  // Started: the first leaf, the two in the window, then the join.
+  EXPECT_EQ(join - order.begin(), 3);
+}
+
+TEST_F(SchedulerTest, TheGraphHoldsAnInputUntilItsLastConsumerIsDone) {
+  AddWorker(1, 3);
+  const ObjectId shared = store_.Put(kMiB);
+  Submit(Task({shared}));
+  Submit(Task({shared, shared}));
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(store_.HoldsOn(shared), 1);
+  Run(sent[0]);
+  EXPECT_EQ(store_.HoldsOn(shared), 1);
+  Run(sent[1]);
+  EXPECT_EQ(store_.HoldsOn(shared), 0);
+}
+
+TEST_F(SchedulerTest, AFailedTaskSealsItsOutputsAsFailedAndItsConsumersFailWithIt) {
+  AddWorker(1, 1);
+  auto out = Submit(Task());
+  auto downstream = Submit(Task({out[0]}));
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  Fail(sent[0], "division by zero");
+  EXPECT_EQ(store_.objects.at(out[0]).state, StoreAccess::State::kFailed);
+  EXPECT_EQ(store_.objects.at(out[0]).message, "division by zero");
+  EXPECT_EQ(store_.objects.at(downstream[0]).state, StoreAccess::State::kFailed);
+  EXPECT_NE(store_.objects.at(downstream[0]).message.find("failed: division by zero"),
+            std::string::npos);
+  EXPECT_TRUE(link_.Take().empty());
+  EXPECT_EQ(scheduler_.counters().failed, 2u);
+  EXPECT_EQ(scheduler_.counters().tasks_pending, 0u);
+  EXPECT_EQ(scheduler_.Workers()[0].failed, 1u);
+
+  // A task submitted on a failed object fails at once, with the reason.
+  auto late = Submit(Task({out[0]}));
+  EXPECT_EQ(store_.objects.at(late[0]).state, StoreAccess::State::kFailed);
+}
+
+TEST_F(SchedulerTest, AWorkerThatDiesHasItsTaskRetriedElsewhere) {
+  AddWorker(1, 1);
+  auto out = Submit(Task());
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].worker, 1u);
+  AddWorker(2, 1);
+  scheduler_.RemoveSession(1);
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].worker, 2u);
+  EXPECT_EQ(sent[0].attempt, 2u);
+  EXPECT_EQ(scheduler_.counters().retried, 1u);
+  Run(sent[0]);
+  EXPECT_EQ(store_.objects.at(out[0]).state, StoreAccess::State::kSealed);
+}
+
+TEST_F(SchedulerTest, ATaskWhoseWorkersKeepDyingFailsWithTheReason) {
+  AddWorker(1, 1);
+  TaskSpec t = Task();
+  t.retries = 1;
+  auto out = Submit(t);
+  ASSERT_EQ(link_.Take().size(), 1u);
+  AddWorker(2, 1);
+  scheduler_.RemoveSession(1);
+  ASSERT_EQ(link_.Take().size(), 1u);
+  scheduler_.RemoveSession(2);
+  const auto& failed = store_.objects.at(out[0]);
+  EXPECT_EQ(failed.state, StoreAccess::State::kFailed);
+  EXPECT_NE(failed.message.find("ended while running it, 2 times"), std::string::npos)
+      << failed.message;
+}
+
+TEST_F(SchedulerTest, ATaskThatNoWorkerLeftCanRunWaitsAndSaysWhy) {
+  AddWorker(1, 1);
+  Submit(Task());
+  Submit(Task());
+  ASSERT_EQ(link_.Take().size(), 1u);
+  ASSERT_TRUE(scheduler_.DrainWorker(1).ok());
+  auto tasks = scheduler_.Tasks();
+  ASSERT_EQ(tasks.size(), 2u);
+  EXPECT_EQ(tasks[1].state, TaskState::kReady);
+  EXPECT_NE(tasks[1].reason.find("no worker attached can run 'f'"), std::string::npos);
+  AddWorker(2, 1);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].worker, 2u);
+}
+
+TEST_F(SchedulerTest, ADrainingWorkerFinishesWhatItRunsThenLeaves) {
+  AddWorker(1, 1);
+  Submit(Task());
+  auto sent = link_.Take();
+  ASSERT_TRUE(scheduler_.DrainWorker(1).ok());
+  EXPECT_EQ(scheduler_.Workers().size(), 1u);
+  Run(sent[0]);
+  EXPECT_TRUE(scheduler_.Workers().empty());
+  EXPECT_EQ(scheduler_.counters().completed, 1u);
+}
+
+TEST_F(SchedulerTest, ASubmitterThatLeavesCancelsWhatNobodyElseReads) {
+  AddWorker(1, 1);
+  auto running = Submit(Task(), 100);
+  auto mine = Submit(Task(), 100);
+  auto read_by_other = Submit(Task(), 100);
+  auto other = Submit(Task({read_by_other[0]}), 200);
+  ASSERT_EQ(link_.Take().size(), 1u);
+  scheduler_.RemoveSession(100);
+  store_.Deliver(scheduler_);
+  EXPECT_EQ(store_.objects.at(mine[0]).state, StoreAccess::State::kFailed);
+  EXPECT_NE(store_.objects.at(mine[0]).message.find("submitter"), std::string::npos);
+  EXPECT_FALSE(store_.objects.contains(read_by_other[0]));  // still to run, for session 200
+  EXPECT_FALSE(store_.objects.contains(running[0]));        // running: it finishes
+  EXPECT_EQ(scheduler_.counters().cancelled, 1u);
+  EXPECT_EQ(scheduler_.counters().tasks_pending, 3u);
+  (void)other;
+}
+
+TEST_F(SchedulerTest, CancelByOutputId) {
+  AddWorker(1, 1);
+  auto running = Submit(Task());
+  auto waiting = Submit(Task());
+  auto sent = link_.Take();
+  std::vector<ObjectId> ids{running[0], waiting[0], ObjectId::Random()};
+  auto outcomes = scheduler_.Cancel(ids);
+  EXPECT_EQ(outcomes,
+            (std::vector{Scheduler::CancelOutcome::kRunning, Scheduler::CancelOutcome::kCancelled,
+                         Scheduler::CancelOutcome::kUnknown}));
+  EXPECT_EQ(store_.objects.at(waiting[0]).message, "cancelled");
+  Run(sent[0]);
+  EXPECT_EQ(scheduler_.Cancel(std::span(running)),
+            std::vector{Scheduler::CancelOutcome::kFinished});
+}
+
+TEST_F(SchedulerTest, CompletionsOfTasksNotRunningOnTheWorkerAreRefused) {
+  AddWorker(1, 1);
+  AddWorker(2, 1);
+  Submit(Task());
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  const SessionId other = sent[0].worker == 1 ? 2 : 1;
+  Completion c{.task = sent[0].task};
+  EXPECT_EQ(scheduler_.Complete(other, std::span(&c, 1)).code(), StatusCode::kInvalidArgument);
+  Completion bogus{.task = 12345};
+  EXPECT_EQ(scheduler_.Complete(sent[0].worker, std::span(&bogus, 1)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler_.Complete(999, std::span(&c, 1)).code(), StatusCode::kInvalidArgument);
+  // Success without sealing the outputs fails the task instead.
+  EXPECT_TRUE(scheduler_.Complete(sent[0].worker, std::span(&c, 1)).ok());
+  EXPECT_EQ(scheduler_.counters().failed, 1u);
+}
+
+TEST_F(SchedulerTest, AQueuedTaskHasItsInputsPrefetchedToItsDevice) {
+  AddWorker(1, 0, {0});
+  const ObjectId host_input = store_.Put(8 * kMiB);
+  Submit(Task({}, kGpuOnly));  // busy
+  ASSERT_EQ(link_.Take().size(), 1u);
+  Submit(Task({host_input}, kGpuOnly));
+  EXPECT_TRUE(link_.Take().empty());
+  ASSERT_EQ(store_.prefetched.size(), 1u);
+  EXPECT_EQ(store_.prefetched[0], std::make_pair(host_input, 0));
+}
+
+TEST_F(SchedulerTest, AGpuTaskStartsOnlyWhereItsOutputsFit) {
+  AddWorker(1, 0, {0, 1});
+  store_.room[0] = 10 * kMiB;
+  store_.room[1] = 100 * kMiB;
+  const ObjectId on0 = store_.Put(kMiB, 0);
+  TaskSpec t = Task({on0}, kGpuOnly);
+  t.output_bytes = 50 * kMiB;
+  Submit(t);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].device, 1);
+}
+
+TEST_F(SchedulerTest, ResourcesAreNeverOversubscribedUnderARandomLoad) {
+  std::mt19937 rng(12345);
+  AddWorker(1, 2, {0, 1}, {"f"}, {{"ssd", 1}});
+  AddWorker(2, 1, {2}, {"f"});
+  AddWorker(3, 3, {}, {"f"});
+  const std::map<SessionId, Capacity> capacity{
+      {1, {.cpu = 2, .gpus = {0, 1}, .custom = {{"ssd", 1}}}},
+      {2, {.cpu = 1, .gpus = {2}}},
+      {3, {.cpu = 3}}};
+  std::vector<ResourceRequest> shapes{{.cpu = 1},           {.cpu = 0, .gpu = 0.25},
+                                      {.cpu = 0, .gpu = 1}, {.cpu = 1, .gpu = 0.5},
+                                      {.cpu = 0.5},         {.cpu = 1, .custom = {{"ssd", 1}}}};
+  std::vector<Sent> running;
+  auto check = [&] {
+    std::map<SessionId, double> cpu;
+    std::map<std::pair<SessionId, int32_t>, double> share;
+    std::map<SessionId, double> ssd;
+    for (const Sent& s : running) {
+      cpu[s.worker] += s.resources.cpu;
+      if (s.resources.gpu > 0) share[{s.worker, s.device}] += s.resources.gpu;
+      if (s.resources.custom.contains("ssd")) ssd[s.worker] += s.resources.custom.at("ssd");
+    }
+    for (const auto& [w, used] : cpu) ASSERT_LE(used, capacity.at(w).cpu + kResourceEpsilon);
+    for (const auto& [key, used] : share) {
+      const auto& gpus = capacity.at(key.first).gpus;
+      ASSERT_NE(std::find(gpus.begin(), gpus.end(), key.second), gpus.end());
+      ASSERT_LE(used, 1 + kResourceEpsilon);
+    }
+    for (const auto& [w, used] : ssd) ASSERT_LE(used, 1 + kResourceEpsilon);
+  };
+  uint64_t submitted = 0;
+  for (int step = 0; step < 5000; ++step) {
+    if (rng() % 2 == 0) {
+      Submit(Task({}, shapes[rng() % shapes.size()]));
+      ++submitted;
+    } else if (!running.empty()) {
+      const size_t k = rng() % running.size();
+      Sent s = running[k];
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
+      Run(s);
+    }
+    for (Sent& s : link_.Take()) running.push_back(std::move(s));
+    check();
+  }
+  while (!running.empty()) {
+    Sent s = running.back();
+    running.pop_back();
+    Run(s);
+    for (Sent& n : link_.Take()) running.push_back(std::move(n));
+    check();
+  }
+  EXPECT_EQ(scheduler_.counters().completed, submitted);
+  for (const WorkerInfo& w : scheduler_.Workers()) {
+    EXPECT_EQ(w.free_cpu, capacity.at(w.id).cpu);
+    for (const auto& [device, share] : w.free_gpu_share) EXPECT_DOUBLE_EQ(share, 1.0);
+  }
+}
+
+}  // namespace
+}  // namespace depot::scheduler
