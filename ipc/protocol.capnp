@@ -69,6 +69,29 @@ struct Request {
     # Where each object's bytes are, holding nothing: what a client also reads from the
     # header table for the objects it holds (ObjectHeader.tiers), for any id.
     locate @19 :List(Id);
+
+    # Tasks (docs/architecture.md, "The scheduler").
+    # Makes this session a worker: the daemon then pushes it `assign` messages (Reply with
+    # id 0) and it answers each task with a completion.
+    registerWorker @20 :RegisterWorker;
+    # Submits tasks, all or none; answered with each task's output ids.
+    submit @21 :List(TaskSpec);
+    # A worker reports tasks it ran. Id 0 allowed: no reply wanted (errors are only logged).
+    complete @22 :List(Completion);
+    # Cancels the tasks producing these outputs, where they have not started.
+    cancel @23 :List(Id);
+    # A worker asks to leave: no new tasks; it may close once its running ones are complete.
+    drainWorker @24 :Void;
+    workers @25 :Void;       # the workers attached (depotctl workers)
+    tasks @26 :Void;         # pending tasks and the last finished ones (depotctl tasks)
+  }
+
+  struct RegisterWorker {
+    name @0 :Text;
+    cpus @1 :Float64;        # CPU slots
+    gpus @2 :List(Data);     # the GPUs it may use, by UUID (Reply.Hello.devices)
+    resources @3 :List(Resource);  # custom resources, e.g. ssd = 1
+    functions @4 :List(Text);  # the names of the functions it runs
   }
 
   struct Verify {
@@ -193,6 +216,120 @@ struct Placement {
   metadataSize @3 :UInt64;
 }
 
+# A named amount of a resource: a worker's capacity, or a task's request.
+struct Resource {
+  name @0 :Text;
+  amount @1 :Float64;
+}
+
+enum Affinity {
+  none @0;
+  soft @1;                   # prefer the GPU holding most input bytes when it can start there
+  hard @2;                   # only that GPU
+}
+
+struct TaskSpec {
+  function @0 :Text;
+  inputs @1 :List(Id);       # in order; a task's output ids make a graph
+  args @2 :Data;             # small inline arguments, passed as they are
+  outputs @3 :List(Id);      # named by the caller, or empty for `numOutputs` derived ids
+  numOutputs @4 :UInt32 = 1;
+  cpu @5 :Float64 = 1;       # CPU slots it holds
+  gpu @6 :Float64;           # share of one GPU, 0 to 1 (0: a CPU task)
+  resources @7 :List(Resource);  # custom resources it holds
+  affinity @8 :Affinity;
+  priority @9 :Int32;        # higher first
+  retries @10 :UInt32 = 1;   # runs again after its worker died, at most this often
+  outputBytes @11 :UInt64;   # what its outputs take, if known: it starts only where they fit
+}
+
+struct Completion {
+  task @0 :UInt64;
+  ok @1 :Bool;               # its outputs are sealed; false: it failed, for `message`
+  message @2 :Text;
+}
+
+# A task a worker is to run now (Reply.assign).
+struct Assignment {
+  task @0 :UInt64;
+  attempt @1 :UInt32;        # 2 and more: earlier workers died running it
+  device @2 :Int32;          # -1: a CPU task; else the GPU it was given (hello's numbering)
+  function @3 :Text;
+  inputs @4 :List(Id);
+  args @5 :Data;
+  outputs @6 :List(Id);      # to create and seal (on `device` for a GPU task, as it likes)
+}
+
+enum CancelOutcome {
+  cancelled @0;              # it will not run; its outputs are sealed as failed
+  running @1;                # it runs already and will finish
+  finished @2;               # it is done or failed already
+  unknown @3;                # no task of this daemon produces this id
+}
+
+struct WorkerInfo {
+  sessionId @0 :UInt64;
+  name @1 :Text;
+  cpus @2 :Float64;
+  freeCpus @3 :Float64;
+  gpus @4 :List(Int32);      # hello's numbering
+  freeGpuShares @5 :List(Float64);  # of each of `gpus`
+  resources @6 :List(Resource);
+  functions @7 :List(Text);
+  running @8 :UInt64;
+  queued @9 :UInt64;         # placed on it, waiting for its resources
+  done @10 :UInt64;
+  failed @11 :UInt64;
+  draining @12 :Bool;
+}
+
+enum TaskState {
+  waiting @0;                # for inputs to be sealed
+  ready @1;                  # for a worker with room
+  queued @2;                 # placed on a worker, waiting for its resources
+  running @3;
+  done @4;
+  failed @5;
+  cancelled @6;
+}
+
+struct TaskInfo {
+  task @0 :UInt64;
+  function @1 :Text;
+  state @2 :TaskState;
+  submitter @3 :UInt64;      # session id
+  worker @4 :UInt64;         # session id, 0 if none yet
+  device @5 :Int32;
+  outputs @6 :List(Id);
+  priority @7 :Int32;
+  attempts @8 :UInt32;
+  inputsMissing @9 :UInt32;
+  localBytes @10 :UInt64;    # input bytes already where it runs
+  movedBytes @11 :UInt64;    # input bytes copied there
+  waitS @12 :Float64;        # the placement's estimate: queue wait, transfers, duration
+  transferS @13 :Float64;
+  durationS @14 :Float64;
+  reason @15 :Text;          # why it waits (ready) or failed
+}
+
+# The scheduler's totals (StoreStatus.scheduler).
+struct SchedulerStatus {
+  workers @0 :UInt64;
+  tasksPending @1 :UInt64;
+  submitted @2 :UInt64;
+  completed @3 :UInt64;
+  failed @4 :UInt64;
+  cancelled @5 :UInt64;
+  retried @6 :UInt64;
+  placements @7 :UInt64;
+  localBytes @8 :UInt64;
+  movedBytes @9 :UInt64;
+  prefetches @10 :UInt64;
+  hostToGpu @11 :Float64;    # bandwidths placement assumes, bytes per second
+  gpuToHost @12 :Float64;
+  gpuToGpu @13 :Float64;
+}
+
 # A GPU the daemon serves (Reply.Hello.devices, StoreStatus.devices).
 struct Device {
   uuid @0 :Data;             # 16 bytes, as cuDeviceGetUuid reports it
@@ -229,6 +366,18 @@ struct Reply {
     evict @16 :EvictResult;
     prefetch @18 :List(ErrorCode);  # in request order: ok (ready there), notFound, outOfMemory
     locate @19 :List(Placement);    # in request order
+    submit @20 :List(TaskOutputs);  # in request order
+    # Pushed to a worker (id 0), not a reply: tasks to run now.
+    assign @21 :List(Assignment);
+    cancel @22 :List(CancelOutcome);  # in request order
+    workers @23 :List(WorkerInfo);  # in session id order
+    tasks @24 :List(TaskInfo);      # pending in task order, then finished ones
+    # Pushed to a draining worker (id 0) once it has nothing left to run: it may close.
+    drained @25 :Void;
+  }
+
+  struct TaskOutputs {
+    ids @0 :List(Id);
   }
 
   # The hello reply carries one file descriptor: the shared header table (map it read-only).
@@ -322,6 +471,7 @@ struct StoreStatus {
   metadataBudgetBytes @29 :UInt64;  # its limit (--metadata-budget; 0: none)
   requestBytes @30 :UInt64;  # daemon memory kept for requests in progress (large frames
                              # being read, list and verify work), within the same budget
+  scheduler @31 :SchedulerStatus;
 }
 
 # A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED

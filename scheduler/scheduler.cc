@@ -161,7 +161,10 @@ Status Scheduler::DrainWorker(SessionId session) {
   Worker& w = *it->second;
   w.draining = true;
   while (!w.queue.empty()) Requeue(*tasks_.at(w.queue.front()));
-  if (w.running.empty()) ForgetWorker(w);
+  if (w.running.empty()) {
+    ForgetWorker(w);
+    link_.Drained(session);
+  }
   Dispatch();
   return Status::OK();
 }
@@ -621,7 +624,10 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
     Finish(task, TaskState::kDone, "");
   }
   if (w.draining) {
-    if (w.running.empty()) ForgetWorker(w);
+    if (w.running.empty()) {
+      ForgetWorker(w);
+      link_.Drained(worker);
+    }
   } else {
     StartQueued(w);
   }

@@ -56,6 +56,8 @@ class WorkerLink {
   virtual ~WorkerLink() = default;
   // Sends `tasks` to `worker` in one message. The worker answers each with Complete.
   virtual void Assign(SessionId worker, std::span<const Assignment> tasks) = 0;
+  // Tells a draining worker that it has nothing left to run and gets no more tasks.
+  virtual void Drained(SessionId worker) = 0;
 };
 
 struct WorkerSpec {

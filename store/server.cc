@@ -88,6 +88,7 @@ Server::Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions 
       slices_(loop),
       acceptor_(loop),
       accept_retry_(loop, "depotd"),
+      tasks_(*this, store, options_.scheduler),
       epoch_(RandomEpoch()),
       start_ns_(ipc::MonotonicNanos()) {}
 
@@ -161,6 +162,11 @@ void Server::Accept() {
 }
 
 void Server::Forget(ClientId id) { sessions_.erase(id); }
+
+Session* Server::FindSession(ClientId id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
 
 namespace {
 ClientView ViewOf(const Session& session, const ObjectStore& store) {

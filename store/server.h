@@ -19,6 +19,7 @@
 #include "store/object_store.h"
 #include "store/peer.h"
 #include "store/slice_queue.h"
+#include "store/task_service.h"
 
 namespace depot::store {
 
@@ -45,6 +46,7 @@ struct ServerOptions {
   // Other users that may read objects (docs/architecture.md, Trust).
   std::vector<uid_t> share_uids;
   std::vector<gid_t> share_gids;
+  scheduler::SchedulerOptions scheduler;
 };
 
 class Server {
@@ -78,6 +80,9 @@ class Server {
   // The connected clients, by id; and one of them, nullopt if it has gone.
   std::vector<ClientView> Clients() const;
   std::optional<ClientView> FindClient(ClientId id) const;
+  // The session `id`, null if it has gone.
+  Session* FindSession(ClientId id);
+  TaskService& tasks() { return tasks_; }
 
  private:
   void Accept();
@@ -90,6 +95,7 @@ class Server {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   AcceptRetry accept_retry_;
   std::unordered_map<ClientId, std::shared_ptr<Session>> sessions_;
+  TaskService tasks_;
   ClientId next_id_ = 1;
   uint64_t epoch_ = 0;
   uint64_t start_ns_ = 0;

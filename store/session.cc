@@ -144,6 +144,7 @@ void Session::OnClosed(const std::string& reason, bool protocol_error) {
   (void)store_.ChargeRequests(id_, -static_cast<int64_t>(jobs_charge_));
   jobs_charge_ = 0;
   store_.RemoveClient(id_);
+  server_.tasks().SessionClosed(id_);
   // The server owns the last reference; let pending handlers finish with a live object.
   boost::asio::post(server_.loop(),
                     [self = shared_from_this()] { self->server_.Forget(self->id_); });
@@ -226,8 +227,8 @@ void Session::Dispatch(wire::Request::Reader request) {
   if (!said_hello_ && which != wire::Request::HELLO) {
     return connection_->Violation("the first request must be hello");
   }
-  if (rid == 0 && which != wire::Request::RELEASE) {
-    return connection_->Violation("request id 0 is only allowed for release");
+  if (rid == 0 && which != wire::Request::RELEASE && which != wire::Request::COMPLETE) {
+    return connection_->Violation("request id 0 is only allowed for release and complete");
   }
   if (Status allowed = CheckAccess(request); !allowed.ok()) return SendError(rid, allowed);
   const uint64_t start = server_.metrics().enabled() ? ipc::MonotonicNanos() : 0;
@@ -271,6 +272,20 @@ void Session::Dispatch(wire::Request::Reader request) {
       return HandleVerify(rid, request.getVerify(), start);
     case wire::Request::EVICT:
       return HandleEvict(rid, request.getEvict(), start);
+    case wire::Request::REGISTER_WORKER:
+      return server_.tasks().RegisterWorker(*this, rid, request.getRegisterWorker());
+    case wire::Request::SUBMIT:
+      return server_.tasks().Submit(*this, rid, request.getSubmit());
+    case wire::Request::COMPLETE:
+      return server_.tasks().Complete(*this, rid, request.getComplete());
+    case wire::Request::CANCEL:
+      return server_.tasks().Cancel(*this, rid, request.getCancel());
+    case wire::Request::DRAIN_WORKER:
+      return server_.tasks().Drain(*this, rid);
+    case wire::Request::WORKERS:
+      return server_.tasks().Workers(*this, rid);
+    case wire::Request::TASKS:
+      return server_.tasks().Tasks(*this, rid);
   }
   SendError(rid, Status::InvalidArgument(
                      "unknown request type " + std::to_string(static_cast<int>(which)) +
@@ -733,6 +748,7 @@ void Session::HandleStatus(uint64_t rid, uint64_t start) {
   s.setMetadataBudgetBytes(store.limits().metadata_budget);
   s.setRequestBytes(c.request_bytes);
   s.setRequests(server_.requests());
+  server_.tasks().FillStatus(s.initScheduler());
   SendReply(message, reply);
   Observe(RequestType::kStatus, start);
 }

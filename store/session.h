@@ -45,6 +45,15 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   uint64_t requests() const { return requests_; }
   bool closed() const { return connection_->closed(); }
 
+  // Answers, for the request handlers beside the store's (TaskService), and messages the
+  // daemon pushes (id 0).
+  void Send(capnp::MessageBuilder& message, wire::Reply::Builder reply,
+            const ReplyAttachments& attach = {}) {
+    connection_->Send(message, reply, attach);
+  }
+  void SendOk(uint64_t rid);
+  void SendError(uint64_t rid, const Status& status);
+
  private:
   // Connection::Handler.
   void OnFrame(kj::ArrayPtr<const capnp::word> payload) override;
@@ -120,12 +129,10 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void Observe(RequestType type, uint64_t start);
   void SendReply(capnp::MessageBuilder& message, wire::Reply::Builder reply,
                  const ReplyAttachments& attach = {}) {
-    connection_->Send(message, reply, attach);
+    Send(message, reply, attach);
   }
-  void SendOk(uint64_t rid);
   // A create's reply; `writable`: the creator will write the bytes (not a put).
   void SendLocation(uint64_t rid, const Location& loc, bool writable);
-  void SendError(uint64_t rid, const Status& status);
 
   Server& server_;
   ObjectStore& store_;

@@ -133,10 +133,12 @@ class FakeLink final : public WorkerLink {
                       a.spec->resources});
     }
   }
+  void Drained(SessionId worker) override { drained.push_back(worker); }
   // The assignments not taken yet, oldest first.
   std::vector<Sent> Take() { return std::exchange(sent, {}); }
 
   std::vector<Sent> sent;
+  std::vector<SessionId> drained;
   int messages = 0;
 };
 
@@ -586,8 +588,10 @@ TEST_F(SchedulerTest, ADrainingWorkerFinishesWhatItRunsThenLeaves) {
   auto sent = link_.Take();
   ASSERT_TRUE(scheduler_.DrainWorker(1).ok());
   EXPECT_EQ(scheduler_.Workers().size(), 1u);
+  EXPECT_TRUE(link_.drained.empty());
   Run(sent[0]);
   EXPECT_TRUE(scheduler_.Workers().empty());
+  EXPECT_EQ(link_.drained, std::vector<SessionId>{1});
   EXPECT_EQ(scheduler_.counters().completed, 1u);
 }
 

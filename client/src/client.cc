@@ -11,12 +11,14 @@
 
 namespace depot {
 
+using internal::CheckBatch;
 using internal::Connection;
 using internal::Decode;
 using internal::FromWire;
 using internal::Holding;
 using internal::Reply;
 using internal::RequestMessage;
+using internal::UnexpectedReply;
 
 namespace {
 
@@ -37,18 +39,6 @@ constexpr size_t kCreateFrameOverhead = 512;
 
 int64_t WireTimeout(std::chrono::milliseconds timeout) {
   return timeout.count() < 0 ? -1 : static_cast<int64_t>(timeout.count());
-}
-
-Status CheckBatch(size_t count, const Connection& conn, const char* what) {
-  if (count <= conn.max_batch()) return Status::OK();
-  return Status::LimitExceeded(std::string(what) + " of " + std::to_string(count) +
-                               " ids exceeds the daemon's batch limit of " +
-                               std::to_string(conn.max_batch()) + " ids; split it");
-}
-
-Status UnexpectedReply(const char* request) {
-  return Status::Internal(std::string("the daemon's reply to ") + request +
-                          " does not match the request");
 }
 
 // Fills the create request for `id` of `data_size` bytes, without data.
@@ -667,6 +657,21 @@ Result<StoreStatus> Client::GetStatus() {
     for (size_t d = 0; d < status.gpus.size(); ++d) {
       status.gpus[d].ordinal = conn_->LocalOrdinal(static_cast<int32_t>(d));
     }
+    auto s = r.getStatus().getScheduler();
+    status.scheduler = {.workers = s.getWorkers(),
+                        .tasks_pending = s.getTasksPending(),
+                        .submitted = s.getSubmitted(),
+                        .completed = s.getCompleted(),
+                        .failed = s.getFailed(),
+                        .cancelled = s.getCancelled(),
+                        .retried = s.getRetried(),
+                        .placements = s.getPlacements(),
+                        .local_bytes = s.getLocalBytes(),
+                        .moved_bytes = s.getMovedBytes(),
+                        .prefetches = s.getPrefetches(),
+                        .host_to_gpu = s.getHostToGpu(),
+                        .gpu_to_host = s.getGpuToHost(),
+                        .gpu_to_gpu = s.getGpuToGpu()};
     return status;
   });
 }

@@ -342,6 +342,51 @@ Status Connection::Call(RequestMessage& request, Reply* reply) {
   return Decode([&] { return ipc::StatusFromReply(reply->get()); });
 }
 
+Status CheckBatch(size_t count, const Connection& conn, const char* what) {
+  if (count <= conn.max_batch()) return Status::OK();
+  return Status::LimitExceeded(std::string(what) + " of " + std::to_string(count) +
+                               " ids exceeds the daemon's batch limit of " +
+                               std::to_string(conn.max_batch()) + " ids; split it");
+}
+
+Status UnexpectedReply(const char* request) {
+  return Status::Internal(std::string("the daemon's reply to ") + request +
+                          " does not match the request");
+}
+
+Status Connection::Post(RequestMessage& request) {
+  if (forked()) return Status::Disconnected(kForkedMessage);
+  request.root().setId(0);
+  DEPOT_ASSIGN_OR_RETURN(ipc::OutFrame frame,
+                         ipc::EncodeFrame(request.message(), {}, max_frame_bytes_));
+  {
+    std::lock_guard lock(mu_);
+    if (!broken_.ok()) return broken_;
+  }
+  Send({&frame, 1});
+  std::lock_guard lock(mu_);
+  return broken_;
+}
+
+Status Connection::AwaitPush(Reply* push) {
+  if (forked()) return Status::Disconnected(kForkedMessage);
+  Waiter me{0, push};
+  {
+    std::lock_guard lock(mu_);
+    if (!pushes_.empty()) {
+      push->words_ = std::move(pushes_.front().first);
+      push->fds_ = std::move(pushes_.front().second);
+      push->message_.reset();
+      pushes_.pop_front();
+      return Status::OK();
+    }
+    if (!broken_.ok()) return broken_;
+    waiters_.push_back(&me);
+  }
+  Await(me);
+  return me.status;
+}
+
 std::vector<Status> Connection::CallMany(std::span<RequestMessage* const> requests,
                                          Reply* replies) {
   std::vector<Status> statuses(requests.size());
@@ -624,13 +669,26 @@ Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
   } catch (const kj::Exception& e) {
     return Status::Internal(std::string("malformed reply: ") + e.getDescription().cStr());
   }
-  // The daemon answers no request with id 0 (releases); tolerate a stray reply rather than
-  // break the session over it.
-  if (id == 0) return false;
-
   // Copied out: the payload lives in the reader's buffer, which the next read reuses.
   std::vector<capnp::word> words(frame.payload.begin(), frame.payload.end());
   std::lock_guard lock(mu_);
+  if (id == 0) {
+    // Pushed by the daemon, unasked (the daemon answers no request with id 0): to the
+    // thread waiting in AwaitPush, or kept until one does.
+    auto it = std::find_if(waiters_.begin(), waiters_.end(), [](Waiter* w) { return w->id == 0; });
+    if (it == waiters_.end()) {
+      pushes_.emplace_back(std::move(words), std::move(frame.fds));
+      return false;
+    }
+    Waiter* w = *it;
+    waiters_.erase(it);
+    w->reply->words_ = std::move(words);
+    w->reply->fds_ = std::move(frame.fds);
+    w->reply->message_.reset();
+    w->done = true;
+    if (w != &me) w->cv.notify_one();
+    return w == &me;
+  }
   auto it = std::find_if(waiters_.begin(), waiters_.end(), [&](Waiter* w) { return w->id == id; });
   if (it == waiters_.end()) {
     return Status::Internal("a reply to request " + std::to_string(id) + ", which awaits no reply");

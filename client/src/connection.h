@@ -26,6 +26,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -136,6 +137,15 @@ class Connection {
   // batch's replies well below that (hundreds of small replies, not a get of large ones).
   // Thread-safe.
   std::vector<Status> CallMany(std::span<RequestMessage* const> requests, Reply* replies);
+
+  // Sends `request` with id 0, asking for no reply (a worker's completions), after the
+  // queued releases. Disconnected as Call. Thread-safe.
+  Status Post(RequestMessage& request);
+  // Waits for the next message the daemon pushes unasked (a Reply with id 0: a worker's
+  // assignments), reading replies for every caller meanwhile, as Call does; pushes that came
+  // while nobody waited are kept, in order. Disconnected when the connection breaks.
+  // Thread-safe; meant for one thread at a time.
+  Status AwaitPush(Reply* push);
 
   // Gives a reference back, asking for no reply: queues `id` on `device` (host memory, or
   // the daemon's index of a GPU) for the next release frame (see the top of this file).
@@ -266,7 +276,9 @@ class Connection {
 
   std::mutex mu_;
   bool reading_ = false;          // some caller is the reader
-  std::vector<Waiter*> waiters_;  // callers whose reply has not arrived
+  std::vector<Waiter*> waiters_;  // callers whose reply has not arrived; id 0: AwaitPush's
+  // Pushes read while no AwaitPush waited, oldest first.
+  std::deque<std::pair<std::vector<capnp::word>, std::vector<ipc::UniqueFd>>> pushes_;
   Status broken_;                 // why the connection is unusable; OK while it works
   std::atomic<bool> is_broken_{false};
 
@@ -290,5 +302,11 @@ class Connection {
   // By (GPU, chunk, writable); guarded by device_mu_.
   std::map<std::tuple<int32_t, uint32_t, bool>, ImportedEntry> chunks_;
 };
+
+// LimitExceeded, saying `what` it was, if a request naming `count` ids is over the daemon's
+// batch limit.
+Status CheckBatch(size_t count, const Connection& conn, const char* what);
+// The error for a reply of another kind than its request's.
+Status UnexpectedReply(const char* request);
 
 }  // namespace depot::internal

@@ -40,6 +40,7 @@
 #include "depot/device_buffer.h"
 #include "depot/object_id.h"
 #include "depot/status.h"
+#include "depot/task.h"
 
 namespace depot {
 
@@ -159,6 +160,7 @@ struct StoreStatus {
   // Its memory for requests in progress (large requests being read, lists and verifies),
   // counted apart within the same budget.
   uint64_t request_bytes = 0;
+  SchedulerStatus scheduler;
 };
 
 // A client connected to the daemon (Client::Clients). pid, uid and command are the
@@ -402,12 +404,26 @@ class Client {
   // format (version 0.0.4), as `depotd --metrics-port` serves them at /metrics.
   Result<std::string> Metrics();
 
+  // Tasks (depot/task.h). Submits `tasks`, all or none: each one's output ids, in order.
+  // Fails, submitting nothing, with the daemon's reason naming the task: InvalidArgument
+  // (bad resources or bounds, a function no attached worker can run with the resources
+  // asked, a cycle), NotFound (an input that neither exists nor is a task's output) or
+  // AlreadyExists (an output id taken).
+  Result<std::vector<std::vector<ObjectId>>> Submit(std::span<const TaskRequest> tasks);
+  Result<std::vector<ObjectId>> Submit(const TaskRequest& task);
+  // Cancels the tasks producing `outputs` that have not started; one outcome per id.
+  Result<std::vector<CancelOutcome>> Cancel(std::span<const ObjectId> outputs);
+  // The workers attached, by session id; the pending tasks by id, then recent finished ones.
+  Result<std::vector<WorkerInfo>> Workers();
+  Result<std::vector<TaskInfo>> Tasks();
+
   // The daemon's epoch (random per daemon start) and this connection's session id.
   uint64_t epoch() const;
   uint64_t session_id() const;
   const std::string& socket_path() const;
 
  private:
+  friend class Worker;  // runs tasks over a Client's connection
   explicit Client(std::shared_ptr<internal::Connection> conn);
   std::shared_ptr<internal::Connection> conn_;
 };

@@ -1,0 +1,172 @@
+// Client's task calls (depot/task.h): submit, cancel, and the scheduler's views.
+#include <utility>
+
+#include "connection.h"
+#include "depot/client.h"
+#include "depot/ipc/protocol.h"
+#include "depot/task.h"
+
+namespace depot {
+
+using internal::CheckBatch;
+using internal::Decode;
+using internal::Reply;
+using internal::RequestMessage;
+using internal::UnexpectedReply;
+
+namespace {
+
+std::string Text(capnp::Text::Reader text) { return std::string(text.cStr(), text.size()); }
+
+std::vector<ObjectId> IdsOf(capnp::List<wire::Id>::Reader list) {
+  std::vector<ObjectId> ids;
+  ids.reserve(list.size());
+  for (auto id : list) ids.push_back(ipc::FromWire(id));
+  return ids;
+}
+
+void ToWire(std::span<const ObjectId> ids, capnp::List<wire::Id>::Builder out) {
+  for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], out[i]);
+}
+
+void ToWire(const std::map<std::string, double>& resources,
+            capnp::List<wire::Resource>::Builder out) {
+  unsigned i = 0;
+  for (const auto& [name, amount] : resources) {
+    out[i].setName(name);
+    out[i].setAmount(amount);
+    ++i;
+  }
+}
+
+std::map<std::string, double> ResourcesOf(capnp::List<wire::Resource>::Reader list) {
+  std::map<std::string, double> out;
+  for (auto r : list) out[Text(r.getName())] = r.getAmount();
+  return out;
+}
+
+void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
+  out.setFunction(t.function);
+  ToWire(t.inputs, out.initInputs(static_cast<unsigned>(t.inputs.size())));
+  out.setArgs(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(t.args.data()),
+                                  t.args.size()));
+  ToWire(t.outputs, out.initOutputs(static_cast<unsigned>(t.outputs.size())));
+  out.setNumOutputs(t.num_outputs);
+  out.setCpu(t.cpu);
+  out.setGpu(t.gpu);
+  ToWire(t.resources, out.initResources(static_cast<unsigned>(t.resources.size())));
+  out.setAffinity(t.affinity == Affinity::kHard   ? wire::Affinity::HARD
+                  : t.affinity == Affinity::kSoft ? wire::Affinity::SOFT
+                                                  : wire::Affinity::NONE);
+  out.setPriority(t.priority);
+  out.setRetries(t.retries);
+  out.setOutputBytes(t.output_bytes);
+}
+
+}  // namespace
+
+const char* TaskStateName(TaskState state) {
+  static constexpr const char* kNames[] = {"waiting", "ready",  "queued",   "running",
+                                           "done",    "failed", "cancelled"};
+  const auto i = static_cast<size_t>(state);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
+Result<std::vector<std::vector<ObjectId>>> Client::Submit(std::span<const TaskRequest> tasks) {
+  DEPOT_RETURN_NOT_OK(CheckBatch(tasks.size(), *conn_, "a submit"));
+  RequestMessage request;
+  auto list = request.root().initSubmit(static_cast<unsigned>(tasks.size()));
+  for (unsigned i = 0; i < tasks.size(); ++i) ToWire(tasks[i], list[i]);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<std::vector<std::vector<ObjectId>>> {
+    auto r = reply.get();
+    if (!r.isSubmit() || r.getSubmit().size() != tasks.size()) return UnexpectedReply("submit");
+    std::vector<std::vector<ObjectId>> outputs;
+    outputs.reserve(tasks.size());
+    for (auto t : r.getSubmit()) outputs.push_back(IdsOf(t.getIds()));
+    return outputs;
+  });
+}
+
+Result<std::vector<ObjectId>> Client::Submit(const TaskRequest& task) {
+  DEPOT_ASSIGN_OR_RETURN(auto outputs, Submit(std::span(&task, 1)));
+  return std::move(outputs[0]);
+}
+
+Result<std::vector<CancelOutcome>> Client::Cancel(std::span<const ObjectId> outputs) {
+  DEPOT_RETURN_NOT_OK(CheckBatch(outputs.size(), *conn_, "a cancel"));
+  RequestMessage request;
+  ToWire(outputs, request.root().initCancel(static_cast<unsigned>(outputs.size())));
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<std::vector<CancelOutcome>> {
+    auto r = reply.get();
+    if (!r.isCancel() || r.getCancel().size() != outputs.size()) return UnexpectedReply("cancel");
+    std::vector<CancelOutcome> out;
+    for (auto o : r.getCancel()) out.push_back(static_cast<CancelOutcome>(o));
+    return out;
+  });
+}
+
+Result<std::vector<WorkerInfo>> Client::Workers() {
+  RequestMessage request;
+  request.root().setWorkers();
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<std::vector<WorkerInfo>> {
+    auto r = reply.get();
+    if (!r.isWorkers()) return UnexpectedReply("workers");
+    std::vector<WorkerInfo> out;
+    for (auto w : r.getWorkers()) {
+      WorkerInfo info{.session_id = w.getSessionId(),
+                      .name = Text(w.getName()),
+                      .cpus = w.getCpus(),
+                      .free_cpus = w.getFreeCpus(),
+                      .resources = ResourcesOf(w.getResources()),
+                      .running = w.getRunning(),
+                      .queued = w.getQueued(),
+                      .done = w.getDone(),
+                      .failed = w.getFailed(),
+                      .draining = w.getDraining()};
+      for (int32_t g : w.getGpus()) info.gpus.push_back(g);
+      for (double s : w.getFreeGpuShares()) info.free_gpu_shares.push_back(s);
+      for (auto f : w.getFunctions()) info.functions.push_back(Text(f));
+      out.push_back(std::move(info));
+    }
+    return out;
+  });
+}
+
+Result<std::vector<TaskInfo>> Client::Tasks() {
+  RequestMessage request;
+  request.root().setTasks();
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Result<std::vector<TaskInfo>> {
+    auto r = reply.get();
+    if (!r.isTasks()) return UnexpectedReply("tasks");
+    std::vector<TaskInfo> out;
+    for (auto t : r.getTasks()) {
+      out.push_back({.task = t.getTask(),
+                     .function = Text(t.getFunction()),
+                     .state = static_cast<TaskState>(t.getState()),
+                     .submitter = t.getSubmitter(),
+                     .worker = t.getWorker(),
+                     .device = t.getDevice(),
+                     .outputs = IdsOf(t.getOutputs()),
+                     .priority = t.getPriority(),
+                     .attempts = t.getAttempts(),
+                     .inputs_missing = t.getInputsMissing(),
+                     .local_bytes = t.getLocalBytes(),
+                     .moved_bytes = t.getMovedBytes(),
+                     .wait_s = t.getWaitS(),
+                     .transfer_s = t.getTransferS(),
+                     .duration_s = t.getDurationS(),
+                     .reason = Text(t.getReason())});
+    }
+    return out;
+  });
+}
+
+}  // namespace depot

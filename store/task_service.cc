@@ -1,0 +1,288 @@
+#include "store/task_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "depot/ipc/protocol.h"
+#include "store/server.h"
+#include "store/session.h"
+
+namespace depot::store {
+
+namespace {
+
+using scheduler::Affinity;
+using scheduler::TaskSpec;
+
+std::string Text(capnp::Text::Reader text) { return std::string(text.cStr(), text.size()); }
+
+std::map<std::string, double> CustomOf(capnp::List<wire::Resource>::Reader list) {
+  std::map<std::string, double> out;
+  for (auto r : list) out[Text(r.getName())] += r.getAmount();
+  return out;
+}
+
+void ToWire(const std::map<std::string, double>& custom,
+            capnp::List<wire::Resource>::Builder out) {
+  unsigned i = 0;
+  for (const auto& [name, amount] : custom) {
+    out[i].setName(name);
+    out[i].setAmount(amount);
+    ++i;
+  }
+}
+
+void ToWire(std::span<const ObjectId> ids, capnp::List<wire::Id>::Builder out) {
+  for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], out[i]);
+}
+
+std::vector<ObjectId> IdsOf(capnp::List<wire::Id>::Reader list) {
+  std::vector<ObjectId> ids;
+  ids.reserve(list.size());
+  for (auto id : list) ids.push_back(ipc::FromWire(id));
+  return ids;
+}
+
+TaskSpec SpecOf(wire::TaskSpec::Reader in) {
+  TaskSpec spec;
+  spec.function = Text(in.getFunction());
+  spec.inputs = IdsOf(in.getInputs());
+  auto args = in.getArgs();
+  spec.args.assign(reinterpret_cast<const char*>(args.begin()), args.size());
+  spec.outputs = IdsOf(in.getOutputs());
+  spec.num_outputs = in.getNumOutputs();
+  spec.resources = {.cpu = in.getCpu(), .gpu = in.getGpu(), .custom = CustomOf(in.getResources())};
+  switch (in.getAffinity()) {
+    case wire::Affinity::SOFT:
+      spec.affinity = Affinity::kSoft;
+      break;
+    case wire::Affinity::HARD:
+      spec.affinity = Affinity::kHard;
+      break;
+    default:
+      spec.affinity = Affinity::kNone;
+  }
+  spec.priority = in.getPriority();
+  spec.retries = in.getRetries();
+  spec.output_bytes = in.getOutputBytes();
+  return spec;
+}
+
+wire::TaskState ToWire(scheduler::TaskState state) {
+  return static_cast<wire::TaskState>(static_cast<uint16_t>(state));
+}
+
+wire::CancelOutcome ToWire(scheduler::Scheduler::CancelOutcome outcome) {
+  return static_cast<wire::CancelOutcome>(static_cast<uint16_t>(outcome));
+}
+
+}  // namespace
+
+TaskService::TaskService(Server& server, ObjectStore& store, scheduler::SchedulerOptions options)
+    : server_(server),
+      store_(store),
+      access_(store, *this),
+      scheduler_(access_, *this, std::move(options)) {}
+
+void TaskService::RegisterWorker(Session& session, uint64_t rid,
+                                 wire::Request::RegisterWorker::Reader request) {
+  scheduler::WorkerSpec spec;
+  spec.name = Text(request.getName());
+  spec.capacity.cpu = request.getCpus();
+  spec.capacity.custom = CustomOf(request.getResources());
+  const auto pools = store_.pools();
+  for (auto uuid : request.getGpus()) {
+    int32_t found = -1;
+    for (size_t d = 0; d < pools.size() && found < 0; ++d) {
+      const auto& mine = pools[d]->info().uuid;
+      if (uuid.size() == mine.size() && std::memcmp(uuid.begin(), mine.data(), mine.size()) == 0) {
+        found = static_cast<int32_t>(d);
+      }
+    }
+    if (found < 0) {
+      return session.SendError(
+          rid, Status::InvalidArgument("a worker offers a GPU this daemon does not serve (" +
+                                       std::to_string(pools.size()) + " GPUs); name GPUs by "
+                                       "the UUIDs in hello's devices"));
+    }
+    spec.capacity.gpus.push_back(found);
+  }
+  for (auto f : request.getFunctions()) spec.functions.push_back(Text(f));
+  Status st = scheduler_.AddWorker(session.id(), std::move(spec));
+  st.ok() ? session.SendOk(rid) : session.SendError(rid, st);
+}
+
+void TaskService::Submit(Session& session, uint64_t rid,
+                         capnp::List<wire::TaskSpec>::Reader tasks) {
+  if (tasks.size() > server_.options().max_batch) {
+    return session.SendError(
+        rid, Status::LimitExceeded("a submit may carry at most " +
+                                   std::to_string(server_.options().max_batch) + " tasks"));
+  }
+  std::vector<TaskSpec> specs;
+  specs.reserve(tasks.size());
+  for (auto t : tasks) specs.push_back(SpecOf(t));
+  auto outputs = scheduler_.Submit(session.id(), specs);
+  if (!outputs.ok()) return session.SendError(rid, outputs.status());
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initSubmit(static_cast<unsigned>(outputs->size()));
+  for (unsigned i = 0; i < out.size(); ++i) {
+    const auto& ids = (*outputs)[i];
+    ToWire(ids, out[i].initIds(static_cast<unsigned>(ids.size())));
+  }
+  session.Send(message, reply);
+}
+
+void TaskService::Complete(Session& session, uint64_t rid,
+                           capnp::List<wire::Completion>::Reader completions) {
+  std::vector<scheduler::Completion> done;
+  done.reserve(completions.size());
+  for (auto c : completions) {
+    done.push_back({.task = c.getTask(),
+                    .ok = c.getOk(),
+                    .message = Text(c.getMessage()).substr(0, scheduler::kMaxFailureMessage)});
+  }
+  Status st = scheduler_.Complete(session.id(), done);
+  if (rid == 0) {
+    if (!st.ok()) spdlog::warn("session {}: complete: {}", session.id(), st.message());
+    return;
+  }
+  st.ok() ? session.SendOk(rid) : session.SendError(rid, st);
+}
+
+void TaskService::Cancel(Session& session, uint64_t rid, capnp::List<wire::Id>::Reader outputs) {
+  const auto outcomes = scheduler_.Cancel(IdsOf(outputs));
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initCancel(static_cast<unsigned>(outcomes.size()));
+  for (unsigned i = 0; i < out.size(); ++i) out.set(i, ToWire(outcomes[i]));
+  session.Send(message, reply);
+}
+
+void TaskService::Drain(Session& session, uint64_t rid) {
+  Status st = scheduler_.DrainWorker(session.id());
+  st.ok() ? session.SendOk(rid) : session.SendError(rid, st);
+}
+
+void TaskService::Workers(Session& session, uint64_t rid) const {
+  const auto workers = scheduler_.Workers();
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initWorkers(static_cast<unsigned>(workers.size()));
+  for (unsigned i = 0; i < out.size(); ++i) {
+    const scheduler::WorkerInfo& w = workers[i];
+    auto o = out[i];
+    o.setSessionId(w.id);
+    o.setName(w.name);
+    o.setCpus(w.capacity.cpu);
+    o.setFreeCpus(w.free_cpu);
+    auto gpus = o.initGpus(static_cast<unsigned>(w.free_gpu_share.size()));
+    auto shares = o.initFreeGpuShares(gpus.size());
+    for (unsigned k = 0; k < gpus.size(); ++k) {
+      gpus.set(k, w.free_gpu_share[k].first);
+      shares.set(k, w.free_gpu_share[k].second);
+    }
+    ToWire(w.capacity.custom, o.initResources(static_cast<unsigned>(w.capacity.custom.size())));
+    auto functions = o.initFunctions(static_cast<unsigned>(w.functions.size()));
+    for (unsigned k = 0; k < functions.size(); ++k) functions.set(k, w.functions[k]);
+    o.setRunning(w.running);
+    o.setQueued(w.queued);
+    o.setDone(w.done);
+    o.setFailed(w.failed);
+    o.setDraining(w.draining);
+  }
+  session.Send(message, reply);
+}
+
+void TaskService::Tasks(Session& session, uint64_t rid) const {
+  const auto tasks = scheduler_.Tasks();
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initTasks(static_cast<unsigned>(tasks.size()));
+  for (unsigned i = 0; i < out.size(); ++i) {
+    const scheduler::TaskInfo& t = tasks[i];
+    auto o = out[i];
+    o.setTask(t.id);
+    o.setFunction(t.function);
+    o.setState(ToWire(t.state));
+    o.setSubmitter(t.submitter);
+    o.setWorker(t.worker);
+    o.setDevice(t.device);
+    ToWire(t.outputs, o.initOutputs(static_cast<unsigned>(t.outputs.size())));
+    o.setPriority(t.priority);
+    o.setAttempts(t.attempts);
+    o.setInputsMissing(t.inputs_missing);
+    o.setLocalBytes(t.local_bytes);
+    o.setMovedBytes(t.moved_bytes);
+    o.setWaitS(t.wait_s);
+    o.setTransferS(t.transfer_s);
+    o.setDurationS(t.duration_s);
+    o.setReason(t.reason);
+  }
+  session.Send(message, reply);
+}
+
+void TaskService::FillStatus(wire::SchedulerStatus::Builder out) const {
+  const scheduler::SchedulerCounters c = scheduler_.counters();
+  out.setWorkers(c.workers);
+  out.setTasksPending(c.tasks_pending);
+  out.setSubmitted(c.submitted);
+  out.setCompleted(c.completed);
+  out.setFailed(c.failed);
+  out.setCancelled(c.cancelled);
+  out.setRetried(c.retried);
+  out.setPlacements(c.placements);
+  out.setLocalBytes(c.local_bytes);
+  out.setMovedBytes(c.moved_bytes);
+  out.setPrefetches(c.prefetches);
+  const scheduler::Bandwidths& bw = scheduler_.bandwidths();
+  out.setHostToGpu(bw.host_to_gpu);
+  out.setGpuToHost(bw.gpu_to_host);
+  out.setGpuToGpu(bw.gpu_to_gpu);
+}
+
+void TaskService::SessionClosed(uint64_t session) { scheduler_.RemoveSession(session); }
+
+void TaskService::Assign(scheduler::SessionId worker,
+                         std::span<const scheduler::Assignment> tasks) {
+  Session* session = server_.FindSession(worker);
+  if (session == nullptr) return;  // it has gone: RemoveSession takes its tasks back
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(0);
+  auto out = reply.initAssign(static_cast<unsigned>(tasks.size()));
+  for (unsigned i = 0; i < out.size(); ++i) {
+    const scheduler::Assignment& a = tasks[i];
+    auto o = out[i];
+    o.setTask(a.task);
+    o.setAttempt(a.attempt);
+    o.setDevice(a.device);
+    o.setFunction(a.spec->function);
+    ToWire(a.spec->inputs, o.initInputs(static_cast<unsigned>(a.spec->inputs.size())));
+    o.setArgs(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(a.spec->args.data()),
+                                  a.spec->args.size()));
+    ToWire(a.outputs, o.initOutputs(static_cast<unsigned>(a.outputs.size())));
+  }
+  session->Send(message, reply);
+}
+
+void TaskService::Drained(scheduler::SessionId worker) {
+  Session* session = server_.FindSession(worker);
+  if (session == nullptr) return;
+  capnp::MallocMessageBuilder message(64);
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(0);
+  reply.setDrained();
+  session->Send(message, reply);
+}
+
+}  // namespace depot::store

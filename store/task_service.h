@@ -1,0 +1,62 @@
+// The daemon's task requests: the scheduler (scheduler/) on the loop beside the store, its
+// requests decoded and answered for sessions, and the assignments it pushes to workers.
+//
+// The scheduler sees the store through SchedulerStore; this class connects the two and the
+// network. A session that ends is removed from the store first (its references released,
+// its partial outputs aborted), then from the scheduler (its tasks retried or cancelled).
+#pragma once
+
+#include <capnp/message.h>
+
+#include <cstdint>
+#include <string>
+
+#include "protocol.capnp.h"
+#include "scheduler/scheduler.h"
+#include "store/object_store.h"
+#include "store/scheduler_store.h"
+
+namespace depot::store {
+
+class Server;
+class Session;
+
+class TaskService final : private scheduler::WorkerLink, private scheduler::ObjectEvents {
+ public:
+  TaskService(Server& server, ObjectStore& store, scheduler::SchedulerOptions options);
+  TaskService(const TaskService&) = delete;
+  TaskService& operator=(const TaskService&) = delete;
+
+  // One handler per request: each answers `rid` on `session` (an error for bad input,
+  // naming what was wrong), or, for completions with id 0, only logs what it refuses.
+  void RegisterWorker(Session& session, uint64_t rid,
+                      wire::Request::RegisterWorker::Reader request);
+  void Submit(Session& session, uint64_t rid, capnp::List<wire::TaskSpec>::Reader tasks);
+  void Complete(Session& session, uint64_t rid,
+                capnp::List<wire::Completion>::Reader completions);
+  void Cancel(Session& session, uint64_t rid, capnp::List<wire::Id>::Reader outputs);
+  void Drain(Session& session, uint64_t rid);
+  void Workers(Session& session, uint64_t rid) const;
+  void Tasks(Session& session, uint64_t rid) const;
+  // The scheduler's part of the status reply.
+  void FillStatus(wire::SchedulerStatus::Builder out) const;
+  // The session has gone (after the store removed it as a client).
+  void SessionClosed(uint64_t session);
+
+  const scheduler::Scheduler& scheduler() const { return scheduler_; }
+
+ private:
+  // scheduler::WorkerLink: sends `tasks` to `worker`'s session as one assign message.
+  void Assign(scheduler::SessionId worker, std::span<const scheduler::Assignment> tasks) override;
+  void Drained(scheduler::SessionId worker) override;
+  // scheduler::ObjectEvents, passed on to the scheduler.
+  void OnSealed(const ObjectId& id, bool failed) override { scheduler_.OnSealed(id, failed); }
+  void OnFreed(const ObjectId& id) override { scheduler_.OnFreed(id); }
+
+  Server& server_;
+  ObjectStore& store_;
+  SchedulerStore access_;
+  scheduler::Scheduler scheduler_;
+};
+
+}  // namespace depot::store
