@@ -33,6 +33,9 @@ enum ErrorCode {
   ioError @13;
   internal @14;
   permissionDenied @15;
+  # The object is the output of a task that failed (sealed as failed by the scheduler);
+  # Reply.GetResult.message says why.
+  taskFailed @16;
 }
 
 struct Request {
@@ -214,6 +217,7 @@ struct Placement {
   tiers @1 :UInt64;          # with ready bytes: bit 0 host memory, bit k + 1 GPU k of hello's devices
   dataSize @2 :UInt64;
   metadataSize @3 :UInt64;
+  failed @4 :Bool;           # found, and sealed as failed (a get answers taskFailed): no bytes
 }
 
 # A named amount of a resource: a worker's capacity, or a task's request.
@@ -394,8 +398,13 @@ struct Reply {
   }
 
   struct GetResult {
-    error @0 :ErrorCode;     # ok, notFound (did not exist and no wait), timeout
-    location @1 :Location;
+    # ok, notFound (did not exist and no wait), timeout, taskFailed, or why a copy to the
+    # tier asked for failed (outOfMemory, ...)
+    error @0 :ErrorCode;
+    location @1 :Location;   # ok
+    # taskFailed: the task's message, at most 4096 bytes. A reply carries at most 1 MiB of
+    # them in all: past that, a result's message only says so (get that object alone).
+    message @2 :Text;
   }
 
   struct VerifyPage {
@@ -434,6 +443,7 @@ struct ObjectInfo {
   onHost @14 :Bool;          # has bytes in host memory (segment and offset are valid)
   devices @15 :List(UInt32); # the GPUs it has bytes on (a replica each)
   ownerUid @16 :UInt32;      # the uid of the session that created it
+  failed @17 :Bool;          # sealed as failed by the scheduler: no bytes; a get answers taskFailed
 }
 
 struct StoreStatus {

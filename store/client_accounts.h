@@ -21,6 +21,9 @@ namespace depot::store {
 // and to the sources of copies between tiers, so that neither goes meanwhile. Sessions are
 // numbered from 1.
 inline constexpr ClientId kDaemonClient = 0;
+// The scheduler's task graph (SchedulerStore): the references it holds to objects that
+// pending tasks need, and the creator of the failed objects it seals. Never a session's id.
+inline constexpr ClientId kSchedulerClient = UINT32_MAX;
 
 struct ClientLimits {
   uint64_t max_bytes = 0;         // bytes a client may hold (creating or referenced); 0: no limit

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "depot/ipc/units.h"
+#include "scheduler/store_access.h"
 
 namespace depot::store {
 
@@ -15,6 +16,14 @@ namespace {
 constexpr uint64_t kInlineChecksumBytes = 1u << 20;
 
 std::string Mention(const ObjectId& id) { return "object " + id.Hex(); }
+
+// `message` cut to at most `limit` bytes, at a UTF-8 character boundary.
+std::string_view CutMessage(std::string_view message, size_t limit) {
+  if (message.size() <= limit) return message;
+  size_t end = limit;
+  while (end > 0 && (static_cast<uint8_t>(message[end]) & 0xC0) == 0x80) --end;
+  return message.substr(0, end);
+}
 }  // namespace
 
 ObjectStore::ObjectStore(boost::asio::io_context& loop, Executor& executor, Arena& arena,
@@ -388,9 +397,13 @@ void ObjectStore::FinishSeal(uint32_t slot, std::optional<uint64_t> checksum) {
   counters_.objects_creating--;
   counters_.objects_sealed++;
   policy_.Reconsider(slot);
-  Notify([id = table_.IdAt(slot), tiers = table_.TiersOf(slot)](StoreListener& l) {
-    l.OnSealed(id, tiers);
-  });
+  if (o.failed) {
+    Notify([id = table_.IdAt(slot)](StoreListener& l) { l.OnSealedFailed(id); });
+  } else {
+    Notify([id = table_.IdAt(slot), tiers = table_.TiersOf(slot)](StoreListener& l) {
+      l.OnSealed(id, tiers);
+    });
+  }
   CompleteWaiters(slot);
 }
 
@@ -433,7 +446,9 @@ Status ObjectStore::Fetch(ClientId client, std::vector<ObjectId> ids, int32_t de
   for (size_t i = 0; i < n; ++i) {
     const uint32_t slot = table_.Find(get.ids[i]);
     const bool usable = slot != HeaderTable::kNoSlot && table_.IsUsable(slot);
-    if (usable && table_.IsReady(slot, device)) {
+    if (usable && table_.IsFailed(slot)) {
+      get.results[i] = FailureResult(slot);
+    } else if (usable && table_.IsReady(slot, device)) {
       get.results[i] = Grant(hold ? &account : nullptr, slot, device, now);
       counters_.get_hits++;
     } else if (usable) {
@@ -488,7 +503,9 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
     Account* holder = get->hold ? &accounts_.at(get->client) : nullptr;
     for (size_t i = 0; i < get->ids.size(); ++i) {
       if (get->ids[i] != id || get->waits[i] != WaitingGets::Wait::kSeal) continue;
-      if (table_.IsReady(slot, get->tier)) {
+      if (table_.IsFailed(slot)) {
+        get->Resolve(i, FailureResult(slot));
+      } else if (table_.IsReady(slot, get->tier)) {
         get->Resolve(i, Grant(holder, slot, get->tier, now));
       } else {
         get->waits[i] = WaitingGets::Wait::kCopy;
@@ -576,9 +593,17 @@ std::vector<Placement> ObjectStore::Locate(std::span<const ObjectId> ids) const 
   std::vector<Placement> out(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t slot = table_.Find(ids[i]);
-    if (slot == HeaderTable::kNoSlot || !table_.IsUsable(slot)) continue;
     Placement& p = out[i];
+    if (slot == HeaderTable::kNoSlot || !table_.IsUsable(slot)) {
+      p.creating =
+          slot != HeaderTable::kNoSlot ? !table_.IsSealed(slot) : creating_.contains(ids[i]);
+      continue;
+    }
     p.found = true;
+    if (table_.IsFailed(slot)) {
+      p.failed = true;
+      continue;
+    }
     p.data_size = table_.header(slot).data_size;
     p.metadata_size = table_.header(slot).metadata_size;
     const ReplicaSet& replicas = table_.at(slot).replicas;
@@ -589,12 +614,84 @@ std::vector<Placement> ObjectStore::Locate(std::span<const ObjectId> ids) const 
   return out;
 }
 
+GetResult ObjectStore::FailureResult(uint32_t slot) const {
+  return GetResult{
+      .code = StatusCode::kTaskFailed, .location = {}, .failure = table_.FailureOf(slot)};
+}
+
+size_t ObjectStore::SealFailed(ClientId client, std::span<const ObjectId> ids,
+                               std::string_view message) {
+  // One copy of the message, shared by the outputs of the task and the gets answered.
+  const auto kept =
+      std::make_shared<const std::string>(CutMessage(message, scheduler::kMaxFailureMessage));
+  const uint32_t owner = accounts_.at(client).uid;
+  size_t made = 0;
+  for (const ObjectId& id : ids) {
+    if (id.IsNil() || table_.Find(id) != HeaderTable::kNoSlot || creating_.contains(id)) continue;
+    const uint32_t slot = AcquireSlot();
+    // An empty block: the object's place in host memory's eviction order, as any object's.
+    std::optional<TierPool::Block> block;
+    if (slot != HeaderTable::kNoSlot) block = tiers_.AllocateOrEvict(0);
+    if (!block) {
+      if (slot != HeaderTable::kNoSlot) table_.headers().Release(slot);
+      if (uint64_t held_back = 0; failure_log_.Allow(&held_back)) {
+        spdlog::warn("cannot seal {} as failed: no {} left ({} more since the last report)",
+                     Mention(id), slot == HeaderTable::kNoSlot ? "header slot" : "host memory",
+                     held_back);
+      }
+      continue;
+    }
+    table_.Insert(slot, NewObject{.id = id, .creator = client, .owner = owner});
+    table_.SetFailed(slot, kept);
+    ChargeObject(slot, kObjectMetadataBytes + kept->size());
+    counters_.objects_creating++;
+    tiers_.PlaceReplica(slot, kHost, *block);
+    FinishSeal(slot, std::nullopt);
+    ++made;
+  }
+  return made;
+}
+
+std::string ObjectStore::FailureOf(const ObjectId& id) const {
+  const uint32_t slot = table_.Find(id);
+  if (slot == HeaderTable::kNoSlot || !table_.IsFailed(slot)) return {};
+  return *table_.FailureOf(slot);
+}
+
+int32_t ObjectStore::Hold(ClientId client, const ObjectId& id, int32_t tier) {
+  const uint32_t slot = table_.Find(id);
+  if (slot == HeaderTable::kNoSlot || !table_.IsUsable(slot)) return kAnyTier;
+  if (tier == kAnyTier) {
+    // Host memory first, then the GPUs in order.
+    for (int32_t t = kHost; tiers_.Has(t); ++t) {
+      if (table_.IsReady(slot, t)) {
+        tier = t;
+        break;
+      }
+    }
+  }
+  if (!tiers_.Has(tier) || !table_.IsReady(slot, tier)) return kAnyTier;
+  AddRef(accounts_.at(client), slot, tier);
+  return tier;
+}
+
+uint64_t ObjectStore::Room(int32_t tier) const {
+  if (!tiers_.Has(tier)) return 0;
+  const TierPool& pool = tiers_.pool(tier);
+  uint64_t taken = tiers_.usage(tier).held_bytes;
+  if (tier == kHost) {
+    taken = eviction_ ? taken + tiers_.counters().pinned_bytes : pool.used_bytes();
+  }
+  return pool.capacity() > taken ? pool.capacity() - taken : 0;
+}
+
 ObjectView ObjectStore::Describe(uint32_t slot) const {
   const ipc::ObjectHeader& h = table_.header(slot);
   const uint32_t flags = h.flags.load(std::memory_order_relaxed);
   return ObjectView{.id = table_.IdAt(slot),
                     .name = std::string(table_.NameOf(slot)),
                     .sealed = table_.IsSealed(slot),
+                    .failed = table_.IsFailed(slot),
                     .data_size = h.data_size,
                     .metadata_size = h.metadata_size,
                     .references = table_.headers().refs(slot),

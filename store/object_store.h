@@ -1,6 +1,12 @@
 // The store: create, seal, get (waiting for seals and copies), release, delete, abort, and
 // room made under memory pressure, on every tier.
 //
+// Failed objects. The scheduler seals the outputs of a task that failed as failed objects
+// (SealFailed): each takes its id, is counted, held, deleted and evicted like any sealed
+// object, has no bytes (an empty block in host memory, which gives it a place in the
+// eviction order), and keeps its message in daemon memory; a get of it answers TaskFailed
+// with the message. No client request makes one.
+//
 // Tiers. An object's bytes may be in host memory (the arena) and on any number of GPUs (their
 // pools), a replica on each, all of one kind (ObjectTable); references are per replica. A
 // get on a tier where the object has no replica makes one: the copy runs on the worker pool
@@ -43,6 +49,7 @@
 #include "store/executor.h"
 #include "store/gpu/pool.h"
 #include "store/header_table.h"
+#include "store/log_limiter.h"
 #include "store/object_table.h"
 #include "store/store_events.h"
 #include "store/tiers.h"
@@ -94,6 +101,7 @@ struct ObjectView {
   ObjectId id;
   std::string name;
   bool sealed = false;
+  bool failed = false;  // sealed as failed (SealFailed): no bytes
   uint64_t data_size = 0;
   uint64_t metadata_size = 0;
   uint64_t references = 0;  // all clients' and the daemon's, all tiers together
@@ -112,6 +120,8 @@ struct ObjectView {
 // Where an object's bytes are (Locate): what the scheduler places tasks by.
 struct Placement {
   bool found = false;      // sealed and not deleted
+  bool failed = false;     // found, and sealed as failed: no bytes, the rest is zero
+  bool creating = false;   // not found: being created (not sealed yet)
   uint64_t tiers = 0;      // with ready bytes (ObjectHeader::tiers bits)
   uint64_t arriving = 0;   // with a copy being made (for a get, a prefetch or a spill)
   uint64_t data_size = 0;  // bytes on each tier (host copies also hold the metadata)
@@ -204,6 +214,33 @@ class ObjectStore final : private Tiers::Owner {
   // Where each of `ids` is, in order; holds nothing. Clients read the same from the header
   // table (ObjectHeader::tiers) without asking.
   std::vector<Placement> Locate(std::span<const ObjectId> ids) const;
+
+  // Seals each of `ids` that does not exist (nothing sealed, being created or deleted but
+  // still referenced under that id) as a failed object carrying `message`, cut to
+  // scheduler::kMaxFailureMessage bytes (at a UTF-8 character boundary), and answers the gets
+  // waiting for it with TaskFailed. `client` is its creator: its metadata account counts
+  // each one (kObjectMetadataBytes and the message), with no limit checked, since the
+  // daemon makes them. An id that finds no header slot or no host block, even after
+  // eviction, is left missing (logged). Returns how many it made.
+  size_t SealFailed(ClientId client, std::span<const ObjectId> ids, std::string_view message);
+  // The message the object `id` was sealed as failed with; empty for any other object or id.
+  std::string FailureOf(const ObjectId& id) const;
+
+  // Takes one reference of `client` to the replica of the sealed (or failed), not deleted
+  // object `id` on `tier`, as a get there would, but with no wait and no copy: the object is
+  // neither evicted nor freed, nor that replica dropped or spilled, until Release(client,
+  // {id}, tier). With kAnyTier, on its host replica if that is ready, else on the ready
+  // replica of the lowest GPU. Returns the tier held, or kAnyTier, holding nothing, if the
+  // object is not sealed or has no ready replica there.
+  static constexpr int32_t kAnyTier = -2;
+  int32_t Hold(ClientId client, const ObjectId& id, int32_t tier = kAnyTier);
+
+  // Bytes an object could be given on `tier` now without evicting, dropping or spilling
+  // anything referenced or being created: the tier's limit less the bytes of such replicas
+  // (in host memory, of pinned objects too), or, with eviction off, the host's free bytes.
+  // An upper bound: the room may lie in pieces, and a GPU's may come only after spills to
+  // host memory. 0 for a tier the store does not have.
+  uint64_t Room(int32_t tier) const;
 
   // Tells `listener` of every seal, new replica and freed object from now on, until
   // Unsubscribe. It must outlive its subscription.
@@ -302,6 +339,8 @@ class ObjectStore final : private Tiers::Owner {
   void FinishSeal(uint32_t slot, std::optional<uint64_t> checksum);
   // Answers the gets that waited for the object in `slot` to be sealed.
   void CompleteWaiters(uint32_t slot);
+  // What a get of the failed object in `slot` is answered.
+  GetResult FailureResult(uint32_t slot) const;
   struct VerifyRun;
   // Gives back the references a Verify took, fills in its outcomes and answers it.
   void FinishVerify(const std::shared_ptr<VerifyRun>& run);
@@ -322,6 +361,7 @@ class ObjectStore final : private Tiers::Owner {
   std::unordered_set<ObjectId> creating_;  // GPU creates waiting for room
   std::vector<StoreListener*> listeners_;
   StoreCounters counters_;  // those kept here; counters() adds the parts'
+  LogLimiter failure_log_;  // failed objects that found no room
 };
 
 }  // namespace depot::store

@@ -64,8 +64,20 @@ void ObjectTable::Insert(uint32_t slot, const NewObject& n) {
 void ObjectTable::Remove(uint32_t slot) {
   index_.erase(IdAt(slot));
   names_.erase(slot);
+  if (objects_[slot].failed) failures_.erase(slot);
   objects_[slot] = Object{};
   headers_.Release(slot);
+}
+
+void ObjectTable::SetFailed(uint32_t slot, std::shared_ptr<const std::string> message) {
+  objects_[slot].failed = true;
+  failures_[slot] = std::move(message);
+}
+
+const std::shared_ptr<const std::string>& ObjectTable::FailureOf(uint32_t slot) const {
+  static const std::shared_ptr<const std::string> kNone;
+  if (!objects_[slot].failed) return kNone;
+  return failures_.at(slot);
 }
 
 ObjectId ObjectTable::IdAt(uint32_t slot) const {

@@ -95,6 +95,10 @@ struct Object {
   uint32_t metadata_cost = 0;  // daemon memory counted for it (its creator's and all)
   bool want_checksum = false;
   bool sealing = false;  // checksum running on the worker pool
+  // Sealed as failed (ObjectStore::SealFailed): no bytes, a message (ObjectTable::FailureOf)
+  // that gets answer with TaskFailed, and one empty host block that references, eviction and
+  // deletes treat as any object's.
+  bool failed = false;
   ReplicaSet replicas;
 };
 
@@ -133,6 +137,12 @@ class ObjectTable {
   // Whether `slot` still holds the object `id`.
   bool Holds(uint32_t slot, const ObjectId& id) const;
   std::string_view NameOf(uint32_t slot) const;
+  // Marks the object in `slot` (just inserted) as failed with `message`, which it keeps until
+  // it is removed.
+  void SetFailed(uint32_t slot, std::shared_ptr<const std::string> message);
+  bool IsFailed(uint32_t slot) const { return objects_[slot].failed; }
+  // The message of a failed object; null for any other.
+  const std::shared_ptr<const std::string>& FailureOf(uint32_t slot) const;
   bool IsSealed(uint32_t slot) const { return headers_.state(slot) == ipc::ObjectState::kSealed; }
   bool IsDeletePending(uint32_t slot) const {
     return (headers_.at(slot).flags.load(std::memory_order_relaxed) & ipc::kFlagDeletePending) != 0;
@@ -181,6 +191,7 @@ class ObjectTable {
   std::unordered_map<ObjectId, uint32_t> index_;  // live objects -> header slot
   std::vector<Object> objects_;                   // by slot
   std::unordered_map<uint32_t, std::string> names_;
+  std::unordered_map<uint32_t, std::shared_ptr<const std::string>> failures_;  // failed objects
 };
 
 // An Object is kept for every slot ever used: keep it small (bench_memory).

@@ -26,6 +26,9 @@ constexpr uint32_t kMaxListPage = 10'000;
 constexpr size_t kMaxListReplyBytes = 1u << 20;
 // What an object costs in a list reply besides its name (ObjectInfo, a little generously).
 constexpr size_t kListEntryBytes = 192;
+// Most bytes of failed objects' messages in one get reply (each is at most 4 KiB): enough
+// for the first failure of any get, which is the one the client library reports.
+constexpr size_t kMaxFailureReplyBytes = 1u << 20;
 // A slice of a job (SliceQueue) looks at this many header slots, or writes this many list
 // entries, or starts verifying this many objects: each a few microseconds (bench_fairness),
 // since a request arriving meanwhile waits for about two slices.
@@ -76,6 +79,7 @@ void ToWire(const ObjectView& v, wire::ObjectInfo::Builder o) {
   ipc::ToWire(v.id, o.initId());
   o.setName(v.name);
   o.setState(v.sealed ? wire::ObjectState::SEALED : wire::ObjectState::CREATING);
+  o.setFailed(v.failed);
   o.setDataSize(v.data_size);
   o.setMetadataSize(v.metadata_size);
   o.setRefCount(static_cast<uint32_t>(v.references));
@@ -371,6 +375,7 @@ void Session::HandleLocate(uint64_t rid, capnp::List<wire::Id>::Reader list, uin
     out[i].setTiers(placements[i].tiers);
     out[i].setDataSize(placements[i].data_size);
     out[i].setMetadataSize(placements[i].metadata_size);
+    out[i].setFailed(placements[i].failed);
   }
   SendReply(message, reply);
   Observe(RequestType::kLocate, start);
@@ -580,11 +585,22 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
         reply.setId(rid);
         auto out = reply.initGet(static_cast<unsigned>(results.size()));
         int64_t max_segment = -1;
+        size_t failure_bytes = 0;
         for (unsigned i = 0; i < results.size(); ++i) {
           out[i].setError(ipc::ToWire(results[i].code));
           if (results[i].code == StatusCode::kOk) {
             ToWire(results[i].location, out[i].initLocation());
             max_segment = std::max<int64_t>(max_segment, results[i].location.segment);
+          } else if (results[i].failure) {
+            const std::string& why = *results[i].failure;
+            failure_bytes += why.size();
+            if (failure_bytes <= kMaxFailureReplyBytes) {
+              out[i].setMessage(why);
+            } else {
+              out[i].setMessage(
+                  "(the task's message is left out: this reply carries 1 MiB of failure "
+                  "messages already; get this object alone)");
+            }
           }
         }
         if (device == kHost) {
@@ -806,6 +822,11 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id, uint64_t start)
       h.setUid(::getuid());
       h.setCommand("depotd");
       h.setClientName("depotd (verify or copy)");
+    } else if (client == kSchedulerClient) {  // the task graph: inputs of pending tasks
+      h.setPid(static_cast<uint32_t>(::getpid()));
+      h.setUid(::getuid());
+      h.setCommand("depotd");
+      h.setClientName("depotd (task graph)");
     } else if (const std::optional<ClientView> holder = server_.FindClient(client)) {
       h.setPid(static_cast<uint32_t>(holder->peer.pid));
       h.setUid(holder->peer.uid);

@@ -1,5 +1,5 @@
-// What the store tells a listener inside the daemon (the scheduler): an object was sealed,
-// a copy of one became ready on a tier, an object was freed.
+// What the store tells a listener inside the daemon (the scheduler): an object was sealed
+// (with its bytes, or as failed), a copy of one became ready on a tier, an object was freed.
 //
 // Events are delivered on the loop thread after the change that caused them is complete
 // (through Executor::Defer), so a listener may call into the store. They cost nothing while
@@ -17,6 +17,9 @@ class StoreListener {
   virtual ~StoreListener() = default;
   // `id` is sealed; its bytes are on `tiers` (ObjectHeader::tiers bits).
   virtual void OnSealed(const ObjectId& /*id*/, uint64_t /*tiers*/) {}
+  // `id` is sealed as failed (ObjectStore::SealFailed): it has no bytes, and a get of it
+  // answers TaskFailed with its message.
+  virtual void OnSealedFailed(const ObjectId& /*id*/) {}
   // A copy of `id` is ready on `tier` (a copy for a get or a prefetch, or a spill).
   virtual void OnReplicaReady(const ObjectId& /*id*/, int32_t /*tier*/) {}
   // `id` is gone: deleted, evicted or aborted.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -36,9 +37,12 @@ struct Location {
 };
 
 struct GetResult {
-  // kOk, kNotFound, kTimeout, or why a copy to the asked tier failed (kOutOfMemory, ...)
+  // kOk, kNotFound, kTimeout, kTaskFailed (a failed object), or why a copy to the asked tier
+  // failed (kOutOfMemory, ...)
   StatusCode code = StatusCode::kOk;
-  Location location;
+  Location location;  // kOk
+  // kTaskFailed: the object's message (shared with the store, so it outlives the object).
+  std::shared_ptr<const std::string> failure;
 };
 
 class WaitingGets {

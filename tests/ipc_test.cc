@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <set>
+#include <string_view>
 #include <thread>
 
 #include "depot/ipc/framing.h"
@@ -73,6 +75,19 @@ TEST(Status, CarriesCodeAndMessage) {
   EXPECT_EQ(r.status().message(), "object 12 does not exist");
   Result<int> bad = Status::OK();  // a programming error, reported rather than hidden
   EXPECT_EQ(bad.status().code(), StatusCode::kInternal);
+}
+
+TEST(Status, EveryCodeHasItsOwnNameAndRoundTripsTheWire) {
+  std::set<std::string_view> names;
+  for (int c = 0; c <= static_cast<int>(kLastStatusCode); ++c) {
+    const auto code = static_cast<StatusCode>(c);
+    EXPECT_NE(StatusCodeName(code), "Unknown") << c;
+    EXPECT_TRUE(names.insert(StatusCodeName(code)).second) << StatusCodeName(code);
+    EXPECT_EQ(FromWire(ToWire(code)), code);
+  }
+  EXPECT_EQ(StatusCodeName(StatusCode::kTaskFailed), "TaskFailed");
+  EXPECT_EQ(ToWire(StatusCode::kTaskFailed), wire::ErrorCode::TASK_FAILED);
+  EXPECT_EQ(Status::TaskFailed("sum: bad input").ToString(), "TaskFailed: sum: bad input");
 }
 
 TEST(Protocol, UnknownWireErrorCodesBecomeInternal) {

@@ -28,6 +28,9 @@ struct Recorder final : StoreListener {
   void OnReplicaReady(const ObjectId& id, int32_t tier) override {
     events.push_back("ready " + id.Hex().substr(0, 4) + " on " + std::to_string(tier));
   }
+  void OnSealedFailed(const ObjectId& id) override {
+    events.push_back("failed " + id.Hex().substr(0, 4));
+  }
   void OnFreed(const ObjectId& id) override { events.push_back("freed " + id.Hex().substr(0, 4)); }
   std::vector<std::string> events;
 };
@@ -282,6 +285,114 @@ TEST_F(ObjectStoreTest, AnEventIsNotDeliveredInsideTheCallThatCausedIt) {
   EXPECT_TRUE(recorder.events.empty());
   executor_.Drain();
   EXPECT_EQ(recorder.events.size(), 1u);
+  store_.Unsubscribe(&recorder);
+}
+
+// Failed objects (SealFailed): made only by the daemon, for the scheduler.
+
+TEST_F(ObjectStoreTest, AGetOfAFailedObjectAnswersTaskFailedWithItsMessageAndHoldsNothing) {
+  const ObjectId id = Id(1);
+  EXPECT_EQ(store_.SealFailed(kClient, std::span(&id, 1), "worker 3 died"), 1u);
+  for (int32_t tier : {kHost, 0}) {
+    auto got = Get({Id(1)}, tier);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ((*got)[0].code, StatusCode::kTaskFailed);
+    ASSERT_NE((*got)[0].failure, nullptr);
+    EXPECT_EQ(*(*got)[0].failure, "worker 3 died");
+  }
+  EXPECT_EQ(store_.UsageOf(kClient).references, 0u);
+  EXPECT_EQ(store_.FailureOf(Id(1)), "worker 3 died");
+  EXPECT_TRUE(store_.Contains(Id(1)));
+  EXPECT_EQ(store_.counters().objects_sealed, 1u);
+  EXPECT_EQ(store_.counters().replicas_made, 0u);  // no copy to the GPU was tried
+  const ObjectView view = store_.Describe(store_.SlotOf(Id(1)));
+  EXPECT_TRUE(view.sealed && view.failed);
+  EXPECT_EQ(view.data_size, 0u);
+}
+
+TEST_F(ObjectStoreTest, LocateSaysAnObjectIsFailedAndHasNoBytes) {
+  const ObjectId id = Id(1);
+  store_.SealFailed(kClient, std::span(&id, 1), "bad input");
+  const std::vector<Placement> where = store_.Locate(std::span(&id, 1));
+  EXPECT_TRUE(where[0].found);
+  EXPECT_TRUE(where[0].failed);
+  EXPECT_EQ(where[0].tiers, 0u);
+  EXPECT_EQ(where[0].data_size + where[0].metadata_size, 0u);
+}
+
+TEST_F(ObjectStoreTest, AGetWaitingForAnIdIsAnsweredTaskFailedWhenItIsSealedAsFailed) {
+  std::optional<std::vector<GetResult>> answer;
+  ASSERT_TRUE(store_
+                  .Get(kClient, {Id(1), Id(2)}, kHost, /*timeout_ms=*/-1,
+                       [&](std::vector<GetResult> r) { answer = std::move(r); })
+                  .ok());
+  const std::vector<ObjectId> ids{Id(1), Id(2)};
+  store_.SealFailed(kClient, ids, "out of patience");
+  ASSERT_TRUE(answer.has_value());
+  for (const GetResult& r : *answer) {
+    EXPECT_EQ(r.code, StatusCode::kTaskFailed);
+    ASSERT_NE(r.failure, nullptr);
+    EXPECT_EQ(*r.failure, "out of patience");
+  }
+}
+
+TEST_F(ObjectStoreTest, SealFailedLeavesIdsThatExistAsTheyAre) {
+  Put(1, 100);
+  store_.Create(kClient, CreateParams{.id = Id(2), .data_size = 10}, [](Result<Location>) {});
+  const std::vector<ObjectId> ids{Id(1), Id(2), Id(3)};
+  EXPECT_EQ(store_.SealFailed(kClient, ids, "failed"), 1u);
+  auto got = Get({Id(1), Id(3)}, kHost);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ((*got)[0].code, StatusCode::kOk);
+  EXPECT_EQ((*got)[1].code, StatusCode::kTaskFailed);
+  const std::vector<Placement> where = store_.Locate(ids);
+  EXPECT_FALSE(where[1].found);
+  EXPECT_TRUE(where[1].creating);  // still its creator's to seal
+  std::optional<Status> sealed;
+  store_.Seal(kClient, Id(2), [&](Status st) { sealed = st; });
+  EXPECT_TRUE(sealed && sealed->ok());
+}
+
+TEST_F(ObjectStoreTest, AFailedObjectCannotBeCreatedSealedOrAbortedByAClient) {
+  const ObjectId id = Id(1);
+  store_.SealFailed(kClient, std::span(&id, 1), "no");
+  std::optional<Result<Location>> created;
+  store_.Create(kClient, CreateParams{.id = id, .data_size = 10},
+                [&](Result<Location> r) { created = std::move(r); });
+  ASSERT_TRUE(created.has_value());
+  EXPECT_EQ(created->status().code(), StatusCode::kAlreadyExists);
+  std::optional<Status> sealed;
+  store_.Seal(kClient, id, [&](Status st) { sealed = st; });
+  EXPECT_EQ(sealed->code(), StatusCode::kAlreadySealed);
+  EXPECT_EQ(store_.Abort(kClient, id).code(), StatusCode::kAlreadySealed);
+  EXPECT_EQ(store_.FailureOf(id), "no");
+}
+
+TEST_F(ObjectStoreTest, ALongFailureMessageIsCutAtACharacterBoundary) {
+  // 4,095 bytes of 'a', then a two-byte character across the 4,096-byte bound.
+  const std::string message = std::string(4095, 'a') + "\xc3\xa9" + "tail";
+  const ObjectId id = Id(1);
+  store_.SealFailed(kClient, std::span(&id, 1), message);
+  EXPECT_EQ(store_.FailureOf(id), std::string(4095, 'a'));
+}
+
+TEST_F(ObjectStoreTest, AFailedObjectIsCountedDeletedAndEvictedLikeAnyOther) {
+  Recorder recorder;
+  store_.Subscribe(&recorder);
+  const uint64_t before = store_.counters().metadata_bytes;
+  const std::vector<ObjectId> ids{Id(1), Id(2)};
+  store_.SealFailed(kClient, ids, "why");
+  EXPECT_EQ(store_.counters().metadata_bytes, before + 2 * (kObjectMetadataBytes + 3));
+  EXPECT_EQ(store_.UsageOf(kClient).references, 0u);
+  EXPECT_EQ(store_.Delete(std::span(&ids[0], 1))[0], StatusCode::kOk);
+  EXPECT_EQ(store_.EvictUnreferenced(0, /*all=*/true).objects, 1u);
+  EXPECT_FALSE(store_.Contains(Id(2)));
+  EXPECT_EQ(store_.counters().metadata_bytes, before);
+  EXPECT_EQ(store_.counters().objects_sealed, 0u);
+  executor_.Drain();
+  const std::string one = Id(1).Hex().substr(0, 4), two = Id(2).Hex().substr(0, 4);
+  EXPECT_EQ(recorder.events, (std::vector<std::string>{"failed " + one, "failed " + two,
+                                                       "freed " + one, "freed " + two}));
   store_.Unsubscribe(&recorder);
 }
 

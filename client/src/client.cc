@@ -142,10 +142,11 @@ struct Got {
 // Get and GetOnDevice: one get request on `tier` (the daemon's numbering; `ordinal` this
 // process's, for messages) for the ids `local` does not answer from what this client holds;
 // `make` turns each location granted into a holding. Missing and late objects are "not
-// there" alike on every tier. Any other failure of an object (its copy to `tier` failed or
-// found no room, or its location is unusable here) fails the call with the first such
-// error in the order of `ids`, naming the object; the holdings made meanwhile are dropped,
-// which gives their references back.
+// there" alike on every tier. Any other failure of an object (the output of a failed task,
+// its copy to `tier` failed or found no room, or its location is unusable here) fails the
+// call with the first such error in the order of `ids`: TaskFailed with the task's message
+// as it is, the others naming the object; the holdings made meanwhile are dropped, which
+// gives their references back.
 template <typename Held, typename Local, typename Make>
 Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<const ObjectId> ids,
                             int32_t tier, int ordinal, std::chrono::milliseconds timeout,
@@ -181,12 +182,15 @@ Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<c
       StatusCode& code = got.codes[i];
       code = ipc::FromWire(results[k].getError());
       if (code == StatusCode::kNotFound || code == StatusCode::kTimeout) continue;
-      Status st =
-          code == StatusCode::kOk
-              ? Status::OK()
-              : Status(code, "cannot get object " + ids[i].Hex() +
-                                 (ordinal == Client::kHostMemory ? " in " : " on ") +
-                                 TierName(ordinal) + ": " + std::string(StatusCodeName(code)));
+      Status st;
+      if (code == StatusCode::kTaskFailed) {
+        const auto why = results[k].getMessage();
+        st = Status::TaskFailed(std::string(why.begin(), why.size()));
+      } else if (code != StatusCode::kOk) {
+        st = Status(code, "cannot get object " + ids[i].Hex() +
+                              (ordinal == Client::kHostMemory ? " in " : " on ") +
+                              TierName(ordinal) + ": " + std::string(StatusCodeName(code)));
+      }
       if (st.ok()) {
         auto made = make(ids[i], results[k].getLocation());
         if (made.ok()) {
@@ -495,6 +499,10 @@ Result<std::vector<ObjectPlacement>> Client::Locate(std::span<const ObjectId> id
     for (unsigned k = 0; k < ask.size(); ++k) {
       auto p = placements[k];
       if (!p.getFound()) continue;
+      if (p.getFailed()) {
+        out[ask[k]] = ObjectPlacement{.id = ids[ask[k]], .found = true, .failed = true};
+        continue;
+      }
       out[ask[k]] =
           PlacementOf(*conn_, ids[ask[k]], p.getTiers(), p.getDataSize(), p.getMetadataSize());
     }

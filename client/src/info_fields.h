@@ -89,6 +89,7 @@ struct InfoFields<ObjectInfo> {
       Field{"on_host", &ObjectInfo::on_host, &R::getOnHost},
       Field{"gpus", &ObjectInfo::gpus, &R::getDevices},
       Field{"owner_uid", &ObjectInfo::owner_uid, &R::getOwnerUid},
+      Field{"failed", &ObjectInfo::failed, &R::getFailed},
   };
 };
 
@@ -238,6 +239,7 @@ struct InfoFields<ObjectPlacement> {
   static constexpr std::tuple kFields{
       Field{"id", &ObjectPlacement::id},
       Field{"found", &ObjectPlacement::found},
+      Field{"failed", &ObjectPlacement::failed},
       Field{"on_host", &ObjectPlacement::on_host},
       Field{"gpus", &ObjectPlacement::gpus},
       Field{"data_size", &ObjectPlacement::data_size},

@@ -38,6 +38,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "Internal";
     case StatusCode::kPermissionDenied:
       return "PermissionDenied";
+    case StatusCode::kTaskFailed:
+      return "TaskFailed";
   }
   return "Unknown";
 }

@@ -18,6 +18,17 @@ def test_missing_object_without_waiting_is_not_found(client):
     assert isinstance(e.value, depot.DepotError) and isinstance(e.value, KeyError)
 
 
+def test_task_failed_is_a_depot_error_raised_for_the_task_failed_code():
+    """The daemon's scheduler seals a failed task's outputs as failed objects, which no
+    client request can make; a get of one raises TaskFailed with the task's message (the
+    wire and client parts are tested in C++: tests/task_failed_test.cc)."""
+    assert issubclass(depot.TaskFailed, depot.DepotError)
+    assert depot._errors.BY_CODE["TaskFailed"] is depot.TaskFailed
+    e = depot.TaskFailed("sum: bad input", "TaskFailed")
+    assert str(e) == "sum: bad input" and e.message == "sum: bad input"
+    assert "TaskFailed" in depot.__all__
+
+
 def test_missing_object_times_out_after_the_timeout(client):
     start = time.monotonic()
     with pytest.raises(depot.Timeout) as e:

@@ -111,6 +111,7 @@ std::string Flags(const ObjectInfo& o) {
   if (o.pinned) add("pinned");
   if (o.has_checksum) add("checksum");
   if (o.delete_pending) add("deleted");
+  if (o.failed) add("failed");
   return flags.empty() ? "-" : flags;
 }
 
@@ -123,6 +124,7 @@ JsonObject ObjectJson(const ObjectInfo& o) {
       .Number("metadata_size", o.metadata_size)
       .Number("ref_count", o.ref_count)
       .Bool("pinned", o.pinned)
+      .Bool("failed", o.failed)
       .Bool("delete_pending", o.delete_pending)
       .Number("owner_uid", o.owner_uid);
   if (o.has_checksum) {
@@ -751,6 +753,7 @@ Status ShowObject(const std::string& socket, const std::string& target_text, boo
       {"id", o.id.Hex()},
       {"name", o.name.empty() ? "-" : Printable(o.name)},
       {"state", std::string(o.state == ObjectState::kSealed ? "sealed" : "being created") +
+                    (o.failed ? ", failed (a task's output: a get answers TaskFailed)" : "") +
                     (o.delete_pending ? ", deleted (goes with its last reference)" : "")},
       {"data", Bytes(o.data_size)},
       {"metadata", Bytes(o.metadata_size)},

@@ -118,6 +118,7 @@ struct ObjectInfo {
   bool on_host = true;         // has bytes in host memory (segment and offset are valid)
   std::vector<uint32_t> gpus;  // the daemon's GPUs (StoreStatus::gpus) it has bytes on
   uint32_t owner_uid = 0;      // the uid of the client that created it
+  bool failed = false;         // the output of a failed task: no bytes (Get: TaskFailed)
 };
 
 // The daemon's state (Client::GetStatus).
@@ -240,6 +241,7 @@ struct EvictResult {
 struct ObjectPlacement {
   ObjectId id;
   bool found = false;          // sealed and not deleted; the rest is empty if not
+  bool failed = false;         // found, the output of a failed task: no bytes (Get: TaskFailed)
   bool on_host = false;        // its bytes are in host memory
   std::vector<int> gpus;       // this process's ordinals of the GPUs its bytes are on
   uint64_t data_size = 0;      // on each of them
@@ -341,13 +343,15 @@ class Client {
   // object was not sealed in time (or does not exist). Objects this client already holds
   // cost no round trip. Fails as a whole on connection errors, LimitExceeded for more ids
   // than the daemon's batch limit, InvalidArgument for the nil id, and with the first error
-  // of an object that exists but cannot be had, naming it: OutOfMemory when its copy to host
-  // memory (from a GPU) finds no room.
+  // of an object that exists but cannot be had: TaskFailed for the output of a task that
+  // failed, with the task's message as it is; OutOfMemory, naming the object, when its copy
+  // to host memory (from a GPU) finds no room.
   Result<std::vector<Buffer>> Get(std::span<const ObjectId> ids,
                                   std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
   // One object: fails with NotFound if it does not exist and `timeout` is 0, Timeout if it
-  // was not sealed within `timeout`.
+  // was not sealed within `timeout`, TaskFailed (with the task's message) if it is the
+  // output of a task that failed.
   Result<Buffer> Get(const ObjectId& id,
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 

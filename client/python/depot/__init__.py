@@ -33,6 +33,7 @@ from ._errors import (
     PermissionDenied,
     ProtocolMismatch,
     StoreFull,
+    TaskFailed,
     Timeout,
 )
 from ._ref import ObjectRef
@@ -76,6 +77,7 @@ __all__ = [
     "StoreBuffer",
     "StoreFull",
     "StoreStatus",
+    "TaskFailed",
     "Timeout",
     "find_depotd",
     "start_daemon",

@@ -248,7 +248,8 @@ class Client:
 
         Waits up to ``timeout`` seconds for an object that is not sealed yet (``None``: for
         ever, interruptible with Ctrl-C; ``0``: not at all). Arrays and memoryviews returned
-        are read-only. Raises ObjectNotFound (timeout 0) or Timeout.
+        are read-only. Raises ObjectNotFound (timeout 0), Timeout, or TaskFailed with the
+        task's message for an output of a task that failed.
 
         With ``device=k`` (this process's CUDA ordinal), returns a :class:`depot.DeviceArray`
         viewing the object's copy on GPU k, which the daemon makes if there is none yet
@@ -275,7 +276,8 @@ class Client:
 
     def locate(self, refs: Iterable[RefLike]) -> List[_depot.ObjectPlacement]:
         """Where each object's bytes are, in order, as ObjectPlacement records: ``found``
-        (sealed and not deleted), ``on_host``, ``gpus`` (this process's CUDA ordinals),
+        (sealed and not deleted), ``failed`` (an output of a task that failed: no bytes),
+        ``on_host``, ``gpus`` (this process's CUDA ordinals),
         ``data_size`` and ``metadata_size``. Objects this client holds are answered from
         the shared header table with no round trip, the others with one request. Holds
         nothing, so an answer may be out of date by the time it is read."""

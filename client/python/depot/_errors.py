@@ -87,6 +87,11 @@ class PermissionDenied(DepotError, PermissionError):
     share with it."""
 
 
+class TaskFailed(DepotError):
+    """The object is an output of a task that failed: the daemon's scheduler sealed it as
+    failed, and :attr:`message` is the task's message (at most 4096 bytes)."""
+
+
 class GpuNotSupported(DepotError):
     """An array on a device depot does not store (DLPack device types other than host memory
     and CUDA GPUs, e.g. ROCm)."""
@@ -109,4 +114,5 @@ BY_CODE = {
     "IoError": IoError,
     "Internal": InternalError,
     "PermissionDenied": PermissionDenied,
+    "TaskFailed": TaskFailed,
 }

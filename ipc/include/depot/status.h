@@ -33,8 +33,9 @@ enum class StatusCode : uint8_t {
   kIoError = 13,           // a system call failed (the message names it and errno)
   kInternal = 14,          // a bug in depot; the message says where
   kPermissionDenied = 15,  // the caller's uid may not do this (to this object)
+  kTaskFailed = 16,        // the object is the output of a task that failed; the message is why
 };
-inline constexpr StatusCode kLastStatusCode = StatusCode::kPermissionDenied;
+inline constexpr StatusCode kLastStatusCode = StatusCode::kTaskFailed;
 
 // Returns the code's name, e.g. "NotFound".
 std::string_view StatusCodeName(StatusCode code);
@@ -82,6 +83,7 @@ class [[nodiscard]] Status {
   static Status PermissionDenied(std::string msg) {
     return {StatusCode::kPermissionDenied, std::move(msg)};
   }
+  static Status TaskFailed(std::string msg) { return {StatusCode::kTaskFailed, std::move(msg)}; }
   // An IoError whose message is "<what>: <strerror(err)>".
   static Status FromErrno(std::string_view what, int err);
 

@@ -1,0 +1,80 @@
+#include "store/scheduler_store.h"
+
+#include <unistd.h>
+
+#include <vector>
+
+namespace depot::store {
+
+SchedulerStore::SchedulerStore(ObjectStore& store, scheduler::ObjectEvents& events)
+    : store_(store), events_(events) {
+  store_.AddClient(kSchedulerClient, ::getuid());
+  store_.Subscribe(this);
+}
+
+SchedulerStore::~SchedulerStore() {
+  store_.Unsubscribe(this);
+  store_.RemoveClient(kSchedulerClient);
+}
+
+void SchedulerStore::Locate(std::span<const ObjectId> ids, std::span<Object> out) const {
+  const std::vector<Placement> placements = store_.Locate(ids);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Placement& p = placements[i];
+    Object& o = out[i];
+    o.where = {};
+    if (p.failed) {
+      o.state = State::kFailed;
+    } else if (p.found) {
+      o.state = State::kSealed;
+      o.where = {.bytes = p.data_size + p.metadata_size, .tiers = p.tiers};
+    } else {
+      o.state = p.creating ? State::kCreating : State::kMissing;
+    }
+  }
+}
+
+std::string SchedulerStore::FailureOf(const ObjectId& id) const { return store_.FailureOf(id); }
+
+void SchedulerStore::Prefetch(std::span<const ObjectId> ids, int32_t device) {
+  // The answer, whenever it comes, is not needed: the copies stay whatever it says.
+  Status st = store_.Prefetch(kSchedulerClient, std::vector<ObjectId>(ids.begin(), ids.end()),
+                              device, [](std::vector<GetResult>) {});
+  static_cast<void>(st);  // an unknown device, or too much waiting: nothing to prefetch
+}
+
+bool SchedulerStore::Hold(const ObjectId& id) {
+  auto it = held_.find(id);
+  const int32_t want = it != held_.end() ? it->second.tier : ObjectStore::kAnyTier;
+  const int32_t tier = store_.Hold(kSchedulerClient, id, want);
+  if (tier == ObjectStore::kAnyTier) return false;
+  Held& held = held_[id];
+  held.tier = tier;
+  held.count++;
+  return true;
+}
+
+void SchedulerStore::Drop(const ObjectId& id) {
+  auto it = held_.find(id);
+  if (it == held_.end()) return;
+  const int32_t tier = it->second.tier;
+  if (--it->second.count == 0) held_.erase(it);
+  Status st = store_.Release(kSchedulerClient, std::span(&id, 1), tier);
+  static_cast<void>(st);  // held_ counts exactly the references taken: it cannot fail
+}
+
+void SchedulerStore::SealFailed(std::span<const ObjectId> ids, std::string_view message) {
+  store_.SealFailed(kSchedulerClient, ids, message);
+}
+
+uint64_t SchedulerStore::Room(int32_t device) const { return store_.Room(device); }
+
+void SchedulerStore::OnSealed(const ObjectId& id, uint64_t /*tiers*/) {
+  events_.OnSealed(id, /*failed=*/false);
+}
+
+void SchedulerStore::OnSealedFailed(const ObjectId& id) { events_.OnSealed(id, /*failed=*/true); }
+
+void SchedulerStore::OnFreed(const ObjectId& id) { events_.OnFreed(id); }
+
+}  // namespace depot::store

@@ -1,0 +1,70 @@
+// The store as the scheduler sees it: scheduler::StoreAccess implemented over ObjectStore,
+// and the store's events passed on as scheduler::ObjectEvents.
+//
+// The task graph is a client of the store of its own, kSchedulerClient: the references it
+// holds (Hold) are that client's, so `depotctl show` names the graph as a holder, and the
+// failed objects it seals are that client's creations, counted against its metadata
+// account. Everything runs on the daemon's loop thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "depot/object_id.h"
+#include "scheduler/store_access.h"
+#include "store/object_store.h"
+#include "store/store_events.h"
+
+namespace depot::store {
+
+class SchedulerStore final : public scheduler::StoreAccess, private StoreListener {
+ public:
+  // Opens kSchedulerClient's account in `store` (with the daemon's uid) and subscribes to
+  // its events, which go to `events` from then on. Both must outlive this object. One
+  // SchedulerStore per store: there is one kSchedulerClient.
+  SchedulerStore(ObjectStore& store, scheduler::ObjectEvents& events);
+  // Unsubscribes, and gives back every reference the graph still holds (closing the
+  // account, as a session's end does). Failed objects it made stay.
+  ~SchedulerStore() override;
+  SchedulerStore(const SchedulerStore&) = delete;
+  SchedulerStore& operator=(const SchedulerStore&) = delete;
+
+  // scheduler::StoreAccess; the contracts are in scheduler/store_access.h.
+  //
+  // A kSealed object's InputView has bytes = data + metadata and the tiers with ready
+  // bytes. A deleted object that is still referenced is kMissing, as a get would find it.
+  void Locate(std::span<const ObjectId> ids, std::span<Object> out) const override;
+  std::string FailureOf(const ObjectId& id) const override;
+  // Ids that are missing, failed or unknown devices are ignored, and no answer is awaited:
+  // an object that goes while its copy is under way simply gets no replica.
+  void Prefetch(std::span<const ObjectId> ids, int32_t device) override;
+  // The reference is to one replica: host memory's when ready there, else the lowest GPU
+  // holding it ready; nested Holds of an object take theirs on the same replica, which Drop
+  // gives back. Drop of an object the graph does not hold does nothing.
+  bool Hold(const ObjectId& id) override;
+  void Drop(const ObjectId& id) override;
+  void SealFailed(std::span<const ObjectId> ids, std::string_view message) override;
+  // ObjectStore::Room: the tier's limit less what references, creates (and, in host memory,
+  // pinned objects) take; 0 for a device the store does not have.
+  uint64_t Room(int32_t device) const override;
+
+ private:
+  // StoreListener, passed on to `events_`.
+  void OnSealed(const ObjectId& id, uint64_t tiers) override;
+  void OnSealedFailed(const ObjectId& id) override;
+  void OnFreed(const ObjectId& id) override;
+
+  struct Held {
+    int32_t tier = kHost;  // the replica the graph's references are to
+    uint32_t count = 0;    // Holds not yet dropped
+  };
+
+  ObjectStore& store_;
+  scheduler::ObjectEvents& events_;
+  std::unordered_map<ObjectId, Held> held_;
+};
+
+}  // namespace depot::store
