@@ -674,10 +674,14 @@ void Scheduler::Finish(Task& task, TaskState state, std::string reason) {
   for (const ObjectId& o : task.outputs) {
     if (auto it = nodes_.find(o); it != nodes_.end()) it->second.producer = 0;
   }
-  for (const ObjectId& o : task.outputs) {
-    // A done task's outputs are sealed (Complete checked): its consumers need not wait for
-    // the store's event. Failures reach consumers through the events, one at a time.
-    if (state == TaskState::kDone) Sealed(o);
+  // Consumers of a task's outputs start once the task is over, not at each output's seal:
+  // until then the producer still holds its device. Outputs it sealed go to them now (a
+  // done task's are all sealed: Complete checked); failed ones through the store's events.
+  std::vector<StoreAccess::Object> found(task.outputs.size());
+  if (state != TaskState::kDone) store_.Locate(task.outputs, found);
+  for (size_t k = 0; k < task.outputs.size(); ++k) {
+    const ObjectId& o = task.outputs[k];
+    if (state == TaskState::kDone || found[k].state == StoreAccess::State::kSealed) Sealed(o);
     auto it = nodes_.find(o);
     if (it != nodes_.end() && it->second.consumers == 0 && it->second.waiting.empty()) {
       if (it->second.held) store_.Drop(o);
@@ -732,6 +736,7 @@ void Scheduler::Sealed(const ObjectId& id) {
   if (it == nodes_.end()) return;
   Node& n = it->second;
   if (!n.held && n.consumers > 0) n.held = store_.Hold(id);
+  if (n.producer != 0) return;  // its consumers wait for the producer to finish (Finish)
   for (TaskId tid : std::exchange(n.waiting, {})) {
     Task& task = *tasks_.at(tid);
     if (--task.missing == 0) MakeReady(task);

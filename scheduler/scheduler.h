@@ -233,7 +233,8 @@ class Scheduler final : public ObjectEvents {
   // and it is kept among the finished.
   void Finish(Task& task, TaskState state, std::string reason);
   void LetGoOfInputs(Task& task);
-  // `id` is sealed: the tasks waiting for it have one input fewer to wait for.
+  // `id` is sealed: the graph holds it for its consumers, and those waiting for it have one
+  // input fewer to wait for, unless a pending task makes it (they wait for that task).
   void Sealed(const ObjectId& id);
   // `id` will never be sealed with bytes: the tasks waiting for it fail with `reason`.
   void InputFailed(const ObjectId& id, const std::string& reason);

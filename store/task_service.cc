@@ -26,8 +26,7 @@ std::map<std::string, double> CustomOf(capnp::List<wire::Resource>::Reader list)
   return out;
 }
 
-void ToWire(const std::map<std::string, double>& custom,
-            capnp::List<wire::Resource>::Builder out) {
+void ToWire(const std::map<std::string, double>& custom, capnp::List<wire::Resource>::Builder out) {
   unsigned i = 0;
   for (const auto& [name, amount] : custom) {
     out[i].setName(name);
@@ -106,7 +105,8 @@ void TaskService::RegisterWorker(Session& session, uint64_t rid,
     if (found < 0) {
       return session.SendError(
           rid, Status::InvalidArgument("a worker offers a GPU this daemon does not serve (" +
-                                       std::to_string(pools.size()) + " GPUs); name GPUs by "
+                                       std::to_string(pools.size()) +
+                                       " GPUs); name GPUs by "
                                        "the UUIDs in hello's devices"));
     }
     spec.capacity.gpus.push_back(found);

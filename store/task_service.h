@@ -32,8 +32,7 @@ class TaskService final : private scheduler::WorkerLink, private scheduler::Obje
   void RegisterWorker(Session& session, uint64_t rid,
                       wire::Request::RegisterWorker::Reader request);
   void Submit(Session& session, uint64_t rid, capnp::List<wire::TaskSpec>::Reader tasks);
-  void Complete(Session& session, uint64_t rid,
-                capnp::List<wire::Completion>::Reader completions);
+  void Complete(Session& session, uint64_t rid, capnp::List<wire::Completion>::Reader completions);
   void Cancel(Session& session, uint64_t rid, capnp::List<wire::Id>::Reader outputs);
   void Drain(Session& session, uint64_t rid);
   void Workers(Session& session, uint64_t rid) const;

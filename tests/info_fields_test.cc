@@ -68,6 +68,10 @@ void SetNotDefault(capnp::DynamicStruct::Builder out, capnp::StructSchema::Field
     case Type::UINT64:
       out.set(field, 7);
       return;
+    case Type::FLOAT32:
+    case Type::FLOAT64:
+      out.set(field, 2.5);
+      return;
     case Type::TEXT:
       out.set(field, capnp::Text::Reader("x"));
       return;
@@ -145,6 +149,7 @@ void ExpectEachWireFieldReachesItsMember() {
 TEST(InfoFieldsTest, EveryWireFieldReachesTheMemberOfItsName) {
   ExpectEachWireFieldReachesItsMember<GpuInfo>();
   ExpectEachWireFieldReachesItsMember<ObjectInfo>();
+  ExpectEachWireFieldReachesItsMember<SchedulerStatus>();
   ExpectEachWireFieldReachesItsMember<StoreStatus>();
   ExpectEachWireFieldReachesItsMember<ClientInfo>();
   ExpectEachWireFieldReachesItsMember<TierReferences>();

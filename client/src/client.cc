@@ -665,21 +665,6 @@ Result<StoreStatus> Client::GetStatus() {
     for (size_t d = 0; d < status.gpus.size(); ++d) {
       status.gpus[d].ordinal = conn_->LocalOrdinal(static_cast<int32_t>(d));
     }
-    auto s = r.getStatus().getScheduler();
-    status.scheduler = {.workers = s.getWorkers(),
-                        .tasks_pending = s.getTasksPending(),
-                        .submitted = s.getSubmitted(),
-                        .completed = s.getCompleted(),
-                        .failed = s.getFailed(),
-                        .cancelled = s.getCancelled(),
-                        .retried = s.getRetried(),
-                        .placements = s.getPlacements(),
-                        .local_bytes = s.getLocalBytes(),
-                        .moved_bytes = s.getMovedBytes(),
-                        .prefetches = s.getPrefetches(),
-                        .host_to_gpu = s.getHostToGpu(),
-                        .gpu_to_host = s.getGpuToHost(),
-                        .gpu_to_gpu = s.getGpuToGpu()};
     return status;
   });
 }

@@ -279,7 +279,7 @@ class Connection {
   std::vector<Waiter*> waiters_;  // callers whose reply has not arrived; id 0: AwaitPush's
   // Pushes read while no AwaitPush waited, oldest first.
   std::deque<std::pair<std::vector<capnp::word>, std::vector<ipc::UniqueFd>>> pushes_;
-  Status broken_;                 // why the connection is unusable; OK while it works
+  Status broken_;  // why the connection is unusable; OK while it works
   std::atomic<bool> is_broken_{false};
 
   ipc::FrameReader reader_;  // used only by the thread that is the reader

@@ -94,6 +94,29 @@ struct InfoFields<ObjectInfo> {
 };
 
 template <>
+struct InfoFields<SchedulerStatus> {
+  static constexpr const char* kName = "SchedulerStatus";
+  using Wire = wire::SchedulerStatus;
+  using R = Wire::Reader;
+  static constexpr std::tuple kFields{
+      Field{"workers", &SchedulerStatus::workers, &R::getWorkers},
+      Field{"tasks_pending", &SchedulerStatus::tasks_pending, &R::getTasksPending},
+      Field{"submitted", &SchedulerStatus::submitted, &R::getSubmitted},
+      Field{"completed", &SchedulerStatus::completed, &R::getCompleted},
+      Field{"failed", &SchedulerStatus::failed, &R::getFailed},
+      Field{"cancelled", &SchedulerStatus::cancelled, &R::getCancelled},
+      Field{"retried", &SchedulerStatus::retried, &R::getRetried},
+      Field{"placements", &SchedulerStatus::placements, &R::getPlacements},
+      Field{"local_bytes", &SchedulerStatus::local_bytes, &R::getLocalBytes},
+      Field{"moved_bytes", &SchedulerStatus::moved_bytes, &R::getMovedBytes},
+      Field{"prefetches", &SchedulerStatus::prefetches, &R::getPrefetches},
+      Field{"host_to_gpu", &SchedulerStatus::host_to_gpu, &R::getHostToGpu},
+      Field{"gpu_to_host", &SchedulerStatus::gpu_to_host, &R::getGpuToHost},
+      Field{"gpu_to_gpu", &SchedulerStatus::gpu_to_gpu, &R::getGpuToGpu},
+  };
+};
+
+template <>
 struct InfoFields<StoreStatus> {
   static constexpr const char* kName = "StoreStatus";
   using Wire = wire::StoreStatus;
@@ -132,6 +155,7 @@ struct InfoFields<StoreStatus> {
       Field{"metadata_budget_bytes", &StoreStatus::metadata_budget_bytes,
             &R::getMetadataBudgetBytes},
       Field{"request_bytes", &StoreStatus::request_bytes, &R::getRequestBytes},
+      Field{"scheduler", &StoreStatus::scheduler, &R::getScheduler},
   };
 };
 
@@ -283,6 +307,7 @@ consteval size_t MemberCount() {
                 "> (or the table has one too many)")
 DEPOT_CHECK_INFO_FIELDS(GpuInfo);
 DEPOT_CHECK_INFO_FIELDS(ObjectInfo);
+DEPOT_CHECK_INFO_FIELDS(SchedulerStatus);
 DEPOT_CHECK_INFO_FIELDS(StoreStatus);
 DEPOT_CHECK_INFO_FIELDS(ClientInfo);
 DEPOT_CHECK_INFO_FIELDS(TierReferences);

@@ -48,8 +48,8 @@ std::map<std::string, double> ResourcesOf(capnp::List<wire::Resource>::Reader li
 void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
   out.setFunction(t.function);
   ToWire(t.inputs, out.initInputs(static_cast<unsigned>(t.inputs.size())));
-  out.setArgs(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(t.args.data()),
-                                  t.args.size()));
+  out.setArgs(
+      capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(t.args.data()), t.args.size()));
   ToWire(t.outputs, out.initOutputs(static_cast<unsigned>(t.outputs.size())));
   out.setNumOutputs(t.num_outputs);
   out.setCpu(t.cpu);

@@ -119,8 +119,8 @@ Status Worker::Run() {
     for (unsigned i = 0; i < gpus.size(); ++i) {
       DEPOT_ASSIGN_OR_RETURN(int32_t device, conn.DaemonDevice(options_.gpus[i]));
       const auto& uuid = conn.gpus()[static_cast<size_t>(device)].uuid;
-      gpus.set(i, capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(uuid.data()),
-                                      uuid.size()));
+      gpus.set(i,
+               capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(uuid.data()), uuid.size()));
     }
     auto resources = reg.initResources(static_cast<unsigned>(options_.resources.size()));
     unsigned k = 0;
@@ -210,14 +210,14 @@ Status Worker::Run() {
       for (auto a : r.getAssign()) {
         const int32_t device = a.getDevice();
         auto args = a.getArgs();
-        jobs.push_back({.task = a.getTask(),
-                        .attempt = a.getAttempt(),
-                        .device = device < 0 ? Client::kHostMemory : conn.LocalOrdinal(device),
-                        .function = Text(a.getFunction()),
-                        .inputs = IdsOf(a.getInputs()),
-                        .args = std::string(reinterpret_cast<const char*>(args.begin()),
-                                            args.size()),
-                        .outputs = IdsOf(a.getOutputs())});
+        jobs.push_back(
+            {.task = a.getTask(),
+             .attempt = a.getAttempt(),
+             .device = device < 0 ? Client::kHostMemory : conn.LocalOrdinal(device),
+             .function = Text(a.getFunction()),
+             .inputs = IdsOf(a.getInputs()),
+             .args = std::string(reinterpret_cast<const char*>(args.begin()), args.size()),
+             .outputs = IdsOf(a.getOutputs())});
       }
       return Status::OK();
     });

@@ -26,7 +26,7 @@ enum class Affinity : uint8_t {
 };
 
 struct TaskRequest {
-  std::string function;  // a name some attached worker registered
+  std::string function;          // a name some attached worker registered
   std::vector<ObjectId> inputs;  // objects or other tasks' outputs, in order
   std::string args;              // small inline arguments (at most 64 KiB), passed as they are
   // Output ids named by the caller, or empty: `num_outputs` ids derived by the daemon.
@@ -36,8 +36,8 @@ struct TaskRequest {
   double gpu = 0;  // share of one GPU, 0 to 1: 0.25 lets four such tasks share a device
   std::map<std::string, double> resources;  // custom resources, e.g. {"ssd", 1}
   Affinity affinity = Affinity::kNone;
-  int32_t priority = 0;  // higher runs first
-  uint32_t retries = 1;  // runs again after its worker died, at most this often
+  int32_t priority = 0;       // higher runs first
+  uint32_t retries = 1;       // runs again after its worker died, at most this often
   uint64_t output_bytes = 0;  // what its outputs take, if known: it starts only where they fit
 };
 
@@ -88,7 +88,7 @@ struct WorkerInfo {
   std::string name;
   double cpus = 0;
   double free_cpus = 0;
-  std::vector<int> gpus;              // the daemon's GPU indices it may use
+  std::vector<int> gpus;                // the daemon's GPU indices it may use
   std::vector<double> free_gpu_shares;  // of each of `gpus`
   std::map<std::string, double> resources;
   std::vector<std::string> functions;

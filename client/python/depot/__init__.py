@@ -44,6 +44,7 @@ ClientInfo = _depot.ClientInfo
 GpuInfo = _depot.GpuInfo
 ObjectInfo = _depot.ObjectInfo
 ObjectPlacement = _depot.ObjectPlacement
+SchedulerStatus = _depot.SchedulerStatus
 StoreBuffer = _depot.StoreBuffer
 StoreStatus = _depot.StoreStatus
 
@@ -74,6 +75,7 @@ __all__ = [
     "PermissionDenied",
     "ProtocolMismatch",
     "RefLike",
+    "SchedulerStatus",
     "StoreBuffer",
     "StoreFull",
     "StoreStatus",

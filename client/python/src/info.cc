@@ -147,6 +147,7 @@ void BindInfo(nb::module_& m) {
   // `sealed` is older than `state`, and kept.
   BindRecord<ObjectInfo>(m, "What the daemon knows of one object (Client.list).")
       .def_prop_ro("sealed", [](const ObjectInfo& o) { return o.state == ObjectState::kSealed; });
+  BindRecord<SchedulerStatus>(m, "The scheduler's totals (StoreStatus.scheduler).");
   BindRecord<StoreStatus>(m, "The daemon's capacity, usage and counters.");
   BindRecord<ClientInfo>(m, "A client connected to the daemon.");
   BindRecord<ObjectPlacement>(m, "Where an object's bytes are (Client.locate).");

@@ -1,0 +1,285 @@
+// Tasks end to end: a real depotd with simulated GPUs, real worker processes
+// (depot-example-worker), and clients submitting through the library.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "child_process.h"
+#include "daemon.h"
+#include "depot/client.h"
+#include "test_support.h"
+
+#ifndef DEPOT_EXAMPLE_WORKER_PATH
+#error "DEPOT_EXAMPLE_WORKER_PATH must name depot-example-worker (set by tests/CMakeLists.txt)"
+#endif
+
+namespace depot::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kMiB = 1u << 20;
+// Far above what any wait here needs (10x and more), so that a busy machine does not fail.
+constexpr auto kPatience = std::chrono::seconds(30);
+
+// Polls `done` until it holds or kPatience runs out; whether it held.
+bool Eventually(const std::function<bool()>& done) {
+  const auto deadline = Clock::now() + kPatience;
+  while (!done()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return true;
+}
+
+class TaskTest : public ::testing::Test {
+ protected:
+  TaskTest() : daemon_({"--simulate-gpus", "2:64MiB", "--memory", "256MiB"}) {}
+
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.ok()) << daemon_.error();
+    auto client = Client::Connect(daemon_.socket_path());
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    client_.emplace(std::move(client).value());
+  }
+
+  // Starts a worker process with `flags` (--cpus, --gpus...) and waits until it is attached.
+  ChildProcess StartWorker(std::vector<std::string> flags) {
+    std::vector<std::string> argv{DEPOT_EXAMPLE_WORKER_PATH, "--socket", daemon_.socket_path()};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const size_t before = WorkerCount();
+    ChildProcess child = ChildProcess::Start([argv] {
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      return 127;
+    });
+    EXPECT_TRUE(Eventually([&] { return WorkerCount() > before; })) << "no worker attached";
+    return child;
+  }
+
+  size_t WorkerCount() {
+    auto workers = client_->Workers();
+    EXPECT_TRUE(workers.ok()) << workers.status().ToString();
+    return workers.ok() ? workers->size() : 0;
+  }
+
+  Result<TaskInfo> TaskOf(const ObjectId& output) {
+    DEPOT_ASSIGN_OR_RETURN(auto tasks, client_->Tasks());
+    for (const TaskInfo& t : tasks) {
+      for (const ObjectId& o : t.outputs) {
+        if (o == output) return t;
+      }
+    }
+    return Status::NotFound("no task makes " + output.Hex());
+  }
+
+  // Puts `count` float64 values 1, 2, ... into a new object.
+  ObjectId PutArray(size_t count) {
+    std::vector<double> values(count);
+    for (size_t i = 0; i < count; ++i) values[i] = static_cast<double>(i + 1);
+    const ObjectId id = ObjectId::Random();
+    EXPECT_OK(client_->Put(id, std::as_bytes(std::span(values))));
+    return id;
+  }
+
+  // Creates an object of `size` seeded bytes on simulated GPU `device`.
+  ObjectId PutOnDevice(int device, size_t size, uint64_t seed) {
+    const ObjectId id = ObjectId::Random();
+    auto buffer = client_->CreateOnDevice(id, size, device);
+    EXPECT_TRUE(buffer.ok()) << buffer.status().ToString();
+    if (!buffer.ok()) return id;
+    const auto bytes = SeededBytes(size, seed);
+    std::memcpy(reinterpret_cast<void*>(buffer->device_ptr()), bytes.data(), size);
+    EXPECT_OK(client_->Seal(id));
+    return id;
+  }
+
+  TestDaemon daemon_;
+  std::optional<Client> client_;
+};
+
+TEST_F(TaskTest, ACpuTaskRunsOnAWorkerAndItsOutputIsReadWithGet) {
+  ChildProcess worker = StartWorker({"--cpus", "2"});
+  const ObjectId array = PutArray(1000);
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "sum", .inputs = {array}}));
+  ASSERT_EQ(outputs.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(Buffer result, client_->Get(outputs[0], kPatience));
+  ASSERT_EQ(result.size(), sizeof(double));
+  double total;
+  std::memcpy(&total, result.data().data(), sizeof total);
+  EXPECT_EQ(total, 1000.0 * 1001 / 2);
+
+  // The output is sealed a moment before the worker's completion reaches the daemon.
+  ASSERT_TRUE(Eventually([&] {
+    auto t = TaskOf(outputs[0]);
+    return t.ok() && t->state == TaskState::kDone;
+  }));
+  ASSERT_OK_AND_ASSIGN(TaskInfo task, TaskOf(outputs[0]));
+  EXPECT_EQ(task.device, -1);
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
+  EXPECT_EQ(status.scheduler.completed, 1u);
+  EXPECT_EQ(status.scheduler.workers, 1u);
+}
+
+TEST_F(TaskTest, AGpuTaskRunsOnTheSimulatedDeviceHoldingItsInput) {
+  ChildProcess worker = StartWorker({"--cpus", "1", "--gpus", "0,1"});
+  const ObjectId input = PutOnDevice(1, 4 * kMiB, 7);
+  TaskRequest copy{.function = "copy", .inputs = {input}, .cpu = 0, .gpu = 1};
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit(copy));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer out, client_->GetOnDevice(outputs[0], 1, kPatience));
+  EXPECT_TRUE(SameBytes({reinterpret_cast<const std::byte*>(out.device_ptr()), out.size()},
+                        SeededBytes(4 * kMiB, 7)));
+  ASSERT_OK_AND_ASSIGN(TaskInfo task, TaskOf(outputs[0]));
+  EXPECT_EQ(task.device, 1);
+  EXPECT_EQ(task.local_bytes, 4 * kMiB);
+  EXPECT_EQ(task.moved_bytes, 0u);
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
+  EXPECT_EQ(status.replicas_made, 0u);
+}
+
+TEST_F(TaskTest, AChainOfTenGpuTasksStaysOnOneDeviceAndMakesNoReplica) {
+  ChildProcess worker = StartWorker({"--cpus", "1", "--gpus", "0,1"});
+  const ObjectId source = PutOnDevice(0, 2 * kMiB, 11);
+  std::vector<TaskRequest> chain;
+  ObjectId previous = source;
+  for (int i = 0; i < 10; ++i) {
+    const ObjectId next = ObjectId::Random();
+    chain.push_back({.function = "copy",
+                     .inputs = {previous},
+                     .outputs = {next},
+                     .cpu = 0,
+                     .gpu = 1,
+                     .affinity = Affinity::kSoft});
+    previous = next;
+  }
+  ASSERT_OK(client_->Submit(chain).status());
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer last, client_->GetOnDevice(previous, 0, kPatience));
+  EXPECT_TRUE(SameBytes({reinterpret_cast<const std::byte*>(last.device_ptr()), last.size()},
+                        SeededBytes(2 * kMiB, 11)));
+  ASSERT_TRUE(Eventually([&] {
+    auto status = client_->GetStatus();
+    return status.ok() && status->scheduler.completed == 10;
+  }));
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
+  EXPECT_EQ(status.replicas_made, 0u);
+  EXPECT_EQ(status.scheduler.moved_bytes, 0u);
+  EXPECT_EQ(status.scheduler.local_bytes, 10 * 2 * kMiB);
+}
+
+TEST_F(TaskTest, AFailingTaskSurfacesItsMessageThroughGet) {
+  ChildProcess worker = StartWorker({});
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "fail", .args = "no luck"}));
+  auto result = client_->Get(outputs[0], kPatience);
+  ASSERT_EQ(result.status().code(), StatusCode::kTaskFailed) << result.status().ToString();
+  EXPECT_NE(result.status().message().find("no luck"), std::string::npos);
+  // A task reading the failed output fails with it, at once.
+  ASSERT_OK_AND_ASSIGN(auto downstream, client_->Submit({.function = "copy", .inputs = outputs}));
+  auto second = client_->Get(downstream[0], kPatience);
+  ASSERT_EQ(second.status().code(), StatusCode::kTaskFailed);
+  EXPECT_NE(second.status().message().find("no luck"), std::string::npos);
+}
+
+TEST_F(TaskTest, AWorkerKilledMidTaskHasItsTaskRetriedElsewhere) {
+  ChildProcess first = StartWorker({});
+  const std::vector<std::byte> bytes = SeededBytes(3 * kMiB + 5, 21);
+  const ObjectId input = ObjectId::Random();
+  ASSERT_OK(client_->Put(input, bytes));
+  ASSERT_OK_AND_ASSIGN(auto outputs,
+                       client_->Submit({.function = "stall_once", .inputs = {input}}));
+  ASSERT_TRUE(Eventually([&] {
+    auto t = TaskOf(outputs[0]);
+    return t.ok() && t->state == TaskState::kRunning;
+  }));
+  ChildProcess second = StartWorker({});
+  ASSERT_TRUE(first.Kill(SIGKILL));
+  EXPECT_EQ(first.Wait(), 128 + SIGKILL);
+  ASSERT_OK_AND_ASSIGN(Buffer out, client_->Get(outputs[0], kPatience));
+  EXPECT_TRUE(SameBytes(out.data(), bytes));
+  ASSERT_OK_AND_ASSIGN(TaskInfo task, TaskOf(outputs[0]));
+  EXPECT_EQ(task.attempts, 2u);
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
+  EXPECT_EQ(status.scheduler.retried, 1u);
+}
+
+TEST_F(TaskTest, BadSubmissionsAreRefusedAndTheDaemonServesOthers) {
+  ChildProcess worker = StartWorker({"--cpus", "1"});
+  const ObjectId taken = PutArray(4);
+  struct Case {
+    TaskRequest task;
+    StatusCode code;
+    std::string says;
+  };
+  const std::vector<Case> cases{
+      {{.function = "nobody_runs_this"}, StatusCode::kInvalidArgument, "no worker attached"},
+      {{.function = "noop", .cpu = 0, .gpu = 1}, StatusCode::kInvalidArgument, "no worker"},
+      {{.function = "noop", .cpu = 4}, StatusCode::kInvalidArgument, "no worker"},
+      {{.function = "noop", .inputs = {ObjectId::Random()}}, StatusCode::kNotFound, "neither"},
+      {{.function = "noop", .outputs = {taken}}, StatusCode::kAlreadyExists, "exists"},
+      {{.function = "noop", .num_outputs = 0}, StatusCode::kInvalidArgument, "outputs"},
+      {{.function = "noop", .gpu = 2}, StatusCode::kInvalidArgument, "share"},
+  };
+  for (const Case& c : cases) {
+    auto r = client_->Submit(c.task);
+    EXPECT_EQ(r.status().code(), c.code) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.says), std::string::npos) << r.status().ToString();
+  }
+  const ObjectId a = ObjectId::Random(), b = ObjectId::Random();
+  auto cycle = client_->Submit(
+      std::vector<TaskRequest>{{.function = "noop", .inputs = {b}, .outputs = {a}},
+                               {.function = "noop", .inputs = {a}, .outputs = {b}}});
+  EXPECT_EQ(cycle.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(cycle.status().message().find("cycle"), std::string::npos);
+
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "noop"}));
+  EXPECT_OK(client_->Get(outputs[0], kPatience).status());
+}
+
+TEST_F(TaskTest, ASubmitterThatDisconnectsHasItsWaitingTasksCancelled) {
+  ChildProcess worker = StartWorker({});
+  // The input is being created, so the task waits for it.
+  const ObjectId input = ObjectId::Random();
+  ASSERT_OK_AND_ASSIGN(MutableBuffer creating, client_->Create(input, 64));
+  std::vector<ObjectId> outputs;
+  {
+    ASSERT_OK_AND_ASSIGN(Client submitter, Client::Connect(daemon_.socket_path()));
+    ASSERT_OK_AND_ASSIGN(outputs, submitter.Submit({.function = "copy", .inputs = {input}}));
+  }
+  auto result = client_->Get(outputs[0], kPatience);
+  EXPECT_EQ(result.status().code(), StatusCode::kTaskFailed) << result.status().ToString();
+  EXPECT_NE(result.status().message().find("submitter"), std::string::npos);
+  ASSERT_OK_AND_ASSIGN(TaskInfo task, TaskOf(outputs[0]));
+  EXPECT_EQ(task.state, TaskState::kCancelled);
+}
+
+TEST_F(TaskTest, CancelledTasksFailTheirGets) {
+  ChildProcess worker = StartWorker({});
+  const ObjectId input = ObjectId::Random();
+  ASSERT_OK_AND_ASSIGN(MutableBuffer creating, client_->Create(input, 64));
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "copy", .inputs = {input}}));
+  ASSERT_OK_AND_ASSIGN(auto outcomes, client_->Cancel(outputs));
+  EXPECT_EQ(outcomes, std::vector{CancelOutcome::kCancelled});
+  EXPECT_EQ(client_->Get(outputs[0], kPatience).status().code(), StatusCode::kTaskFailed);
+  ASSERT_OK_AND_ASSIGN(auto unknown, client_->Cancel(std::vector{ObjectId::Random()}));
+  EXPECT_EQ(unknown, std::vector{CancelOutcome::kUnknown});
+}
+
+TEST_F(TaskTest, AWorkerStoppedBySigtermLeavesCleanly) {
+  ChildProcess worker = StartWorker({});
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "noop"}));
+  ASSERT_OK(client_->Get(outputs[0], kPatience).status());
+  ASSERT_TRUE(worker.Kill(SIGTERM));
+  EXPECT_EQ(worker.Wait(), 0);
+  EXPECT_EQ(WorkerCount(), 0u);
+}
+
+}  // namespace
+}  // namespace depot::testing
