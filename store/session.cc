@@ -407,6 +407,8 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
     case wire::Request::METRICS:
     case wire::Request::CLIENTS:
     case wire::Request::OBJECT_INFO:
+    case wire::Request::WORKERS:
+    case wire::Request::TASKS:
       return Status::OK();
     case wire::Request::GET:
       if (request.getGet().getDevice() == kHost) return Status::OK();
@@ -418,7 +420,8 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
       return Status::PermissionDenied(
           "uid " + std::to_string(peer_.uid) +
           " may read this daemon's objects but not create, seal, abort, delete, verify, evict "
-          "or prefetch any (depotd --share-with-uid/--share-with-group give read access only)");
+          "or prefetch any, nor submit, cancel or run tasks (depotd --share-with-uid/"
+          "--share-with-group give read access only)");
   }
 }
 

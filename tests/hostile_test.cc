@@ -22,11 +22,13 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -37,6 +39,7 @@
 #include "daemon.h"
 #include "depot/client.h"
 #include "depot/ipc/object_header.h"
+#include "depot/worker.h"
 #include "raw_session.h"
 #include "store_checks.h"
 #include "test_support.h"
@@ -328,6 +331,100 @@ TEST_F(GpuReaderTest, AReadersChunkDescriptorCannotBeMadeWritable) {
   EXPECT_NE(::ftruncate(created->fds[0].get(), 0), 0);
   EXPECT_EQ(errno, EPERM);
   ASSERT_TRUE(attacker->Call(4, ReleaseOf({{0, {id}}})));
+}
+
+// The code and message of a raw reply's error.
+std::pair<wire::ErrorCode, std::string> ErrorOf(std::optional<RawReply>& reply) {
+  if (!reply) return {wire::ErrorCode::OK, "no reply"};
+  auto r = reply->get();
+  return {r.getError(), r.getMessage().cStr()};
+}
+
+TEST_F(HostileTest, TaskRequestsThatLieOrOverreachAreRefusedSayingWhy) {
+  auto attacker = OpenSession();
+  // Completions from a session that is no worker: refused, with a reply or (id 0) without.
+  auto reply = attacker->Call(2, [](auto r) { r.initComplete(1)[0].setTask(1); });
+  auto [code, message] = ErrorOf(reply);
+  EXPECT_EQ(code, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(message.find("not a worker"), std::string::npos) << message;
+  ASSERT_OK(attacker->Send(0, [](auto r) { r.initComplete(1)[0].setTask(7); }));
+
+  // Registrations with resources or GPUs that are not there.
+  const auto register_with = [&](uint64_t id, auto fill) {
+    return attacker->Call(id, [&](auto r) {
+      auto reg = r.initRegisterWorker();
+      reg.setCpus(1);
+      reg.initFunctions(1).set(0, "noop");
+      fill(reg);
+    });
+  };
+  reply = register_with(3, [](auto reg) {
+    const kj::byte uuid[16] = {1, 2, 3};
+    reg.initGpus(1).set(0, capnp::Data::Reader(uuid, 16));
+  });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  reply = register_with(4, [](auto reg) { reg.setCpus(std::nan("")); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  reply = register_with(5, [](auto reg) { reg.setCpus(-1); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  reply = register_with(6, [](auto reg) { reg.initFunctions(1).set(0, ""); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  reply = register_with(7, [](auto reg) {
+    auto res = reg.initResources(1);
+    res[0].setName("ssd");
+    res[0].setAmount(std::numeric_limits<double>::infinity());
+  });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+
+  // Now a worker: it is sent the victim's task, and claims success without sealing its
+  // output, after completing a task it was never given. The task fails; nothing else does.
+  reply = register_with(12, [](auto) {});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+
+  // Submissions past the bounds (to a daemon with a worker able to run them).
+  const auto submit_with = [&](uint64_t id, auto fill) {
+    return attacker->Call(id, [&](auto r) {
+      auto t = r.initSubmit(1)[0];
+      t.setFunction("noop");
+      fill(t);
+    });
+  };
+  reply = submit_with(8, [](auto t) { t.setGpu(std::nan("")); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  const std::string big(70 * 1024, 'x');
+  reply = submit_with(9, [&](auto t) {
+    t.setArgs(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(big.data()), big.size()));
+  });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  reply = submit_with(10, [&](auto t) { t.setNumOutputs(1000); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  reply = submit_with(11, [&](auto t) { ipc::ToWire(victim_id_, t.initOutputs(1)[0]); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::ALREADY_EXISTS);
+
+  ASSERT_OK_AND_ASSIGN(auto outputs, victim_->Submit({.function = "noop"}));
+  auto assign = attacker->Receive();
+  ASSERT_TRUE(assign && assign->get().isAssign());
+  ASSERT_EQ(assign->get().getAssign().size(), 1u);
+  const uint64_t task = assign->get().getAssign()[0].getTask();
+  reply = attacker->Call(13, [&](auto r) { r.initComplete(1)[0].setTask(task + 1000); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  reply = attacker->Call(14, [&](auto r) {
+    auto c = r.initComplete(1)[0];
+    c.setTask(task);
+    c.setOk(true);
+  });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK);
+  auto got = victim_->Get(outputs[0], std::chrono::seconds(30));
+  EXPECT_EQ(got.status().code(), StatusCode::kTaskFailed);
+  EXPECT_NE(got.status().message().find("without sealing"), std::string::npos)
+      << got.status().ToString();
+  // A second completion of the same task is refused: it is over.
+  reply = attacker->Call(15, [&](auto r) {
+    auto c = r.initComplete(1)[0];
+    c.setTask(task);
+    c.setOk(true);
+  });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
 }
 
 TEST_F(HostileTest, AnnouncingHugeFramesAndSendingNothingCostsTheDaemonNothing) {
@@ -766,6 +863,14 @@ TEST_F(SharedWithUserTest, ASharedUidReadsButCannotChangeAnything) {
         expect_denied(client->Verify().status(), "verify");
         expect_denied(client->Prefetch(std::span(&victim_id_, 1), Client::kHostMemory), "prefetch");
         expect_denied(client->GetOnDevice(victim_id_, 0).status(), "a get on a GPU");
+        expect_denied(client->Submit({.function = "noop"}).status(), "submit");
+        expect_denied(client->Cancel(std::span(&victim_id_, 1)).status(), "cancel");
+        auto worker = Worker::Connect({.socket_path = daemon_->socket_path()});
+        if (!worker.ok()) return ChildFailed(6, "worker connect: " + worker.status().ToString());
+        expect_denied((*worker)->Run(), "registering as a worker");
+        if (!client->Workers().ok() || !client->Tasks().ok()) {
+          return ChildFailed(7, "cannot see the workers and tasks");
+        }
         if (!refused.empty()) return ChildFailed(5, "allowed:" + refused);
         return 0;
       }),

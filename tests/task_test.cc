@@ -175,6 +175,118 @@ TEST_F(TaskTest, AChainOfTenGpuTasksStaysOnOneDeviceAndMakesNoReplica) {
   EXPECT_EQ(status.scheduler.local_bytes, 10 * 2 * kMiB);
 }
 
+TEST_F(TaskTest, FourQuarterGpuSharesShareADeviceAndAFifthWaits) {
+  ChildProcess worker = StartWorker({"--cpus", "1", "--gpus", "0"});
+  // stall_once never finishes a first attempt: what runs stays running.
+  std::vector<ObjectId> outputs;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK_AND_ASSIGN(auto out,
+                         client_->Submit({.function = "stall_once", .cpu = 0, .gpu = 0.25}));
+    outputs.push_back(out[0]);
+  }
+  const auto running = [&] {
+    int n = 0;
+    auto tasks = client_->Tasks();
+    for (const TaskInfo& t : tasks.ok() ? *tasks : std::vector<TaskInfo>{}) {
+      if (t.state == TaskState::kRunning) {
+        EXPECT_EQ(t.device, 0);
+        ++n;
+      }
+    }
+    return n;
+  };
+  ASSERT_TRUE(Eventually([&] { return running() == 4; }));
+  ASSERT_OK_AND_ASSIGN(TaskInfo fifth, TaskOf(outputs[4]));
+  EXPECT_NE(fifth.state, TaskState::kRunning);
+  ASSERT_OK_AND_ASSIGN(auto workers, client_->Workers());
+  ASSERT_EQ(workers.size(), 1u);
+  ASSERT_EQ(workers[0].free_gpu_shares.size(), 1u);
+  EXPECT_NEAR(workers[0].free_gpu_shares[0], 0, 1e-9);
+  EXPECT_EQ(workers[0].free_cpus, 1);
+  EXPECT_EQ(running(), 4);
+}
+
+TEST_F(TaskTest, AGpuTaskHoldingNoCpuStartsWhileEveryCpuSlotIsBusy) {
+  ChildProcess worker = StartWorker({"--cpus", "1", "--gpus", "0"});
+  ASSERT_OK_AND_ASSIGN(auto busy, client_->Submit({.function = "stall_once"}));
+  ASSERT_TRUE(Eventually([&] {
+    auto t = TaskOf(busy[0]);
+    return t.ok() && t->state == TaskState::kRunning;
+  }));
+  const ObjectId input = PutOnDevice(0, kMiB, 3);
+  ASSERT_OK_AND_ASSIGN(
+      auto outputs, client_->Submit({.function = "copy", .inputs = {input}, .cpu = 0, .gpu = 1}));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer out, client_->GetOnDevice(outputs[0], 0, kPatience));
+  EXPECT_EQ(out.size(), kMiB);
+}
+
+TEST_F(TaskTest, ADiamondRunsEachTaskAfterItsInputs) {
+  ChildProcess worker = StartWorker({"--cpus", "2"});
+  const ObjectId top = ObjectId::Random(), left = ObjectId::Random(), right = ObjectId::Random(),
+                 bottom = ObjectId::Random();
+  // Submitted bottom first: a batch may name its tasks in any order.
+  ASSERT_OK(client_
+                ->Submit(std::vector<TaskRequest>{
+                    {.function = "add", .inputs = {left, right}, .outputs = {bottom}},
+                    {.function = "add", .inputs = {top}, .outputs = {left}},
+                    {.function = "add", .inputs = {top}, .outputs = {right}},
+                    {.function = "fill", .args = "8192", .outputs = {top}}})
+                .status());
+  ASSERT_OK_AND_ASSIGN(Buffer result, client_->Get(bottom, kPatience));
+  ASSERT_EQ(result.size(), 8192u);
+  double first;
+  std::memcpy(&first, result.data().data(), sizeof first);
+  EXPECT_EQ(first, 2.0);
+}
+
+TEST_F(TaskTest, ATreeReductionOfAThousandTasksRunsInAStoreMuchSmallerThanItsIntermediates) {
+  // 512 leaves and 511 sums of 16 MiB each (smaller under the sanitizers, which are slow):
+  // 16 GiB of intermediates through a store of 256 MiB. Each sum's inputs are let go of as
+  // soon as it is done, and sums go before further leaves (depth first).
+  TestDaemon small({"--memory", "256MiB", "--segment-size", "64MiB"});
+  ASSERT_TRUE(small.ok()) << small.error();
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(small.socket_path()));
+  std::vector<std::string> argv{DEPOT_EXAMPLE_WORKER_PATH, "--socket", small.socket_path(),
+                                "--cpus", "2"};
+  ChildProcess worker = ChildProcess::Start([argv] {
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    return 127;
+  });
+  ASSERT_TRUE(Eventually([&] {
+    auto w = client.Workers();
+    return w.ok() && w->size() == 1;
+  }));
+  const uint64_t bytes = (kSanitized ? 2 : 16) * kMiB;
+  std::vector<TaskRequest> tasks;
+  std::vector<ObjectId> level;
+  for (int i = 0; i < 512; ++i) {
+    level.push_back(ObjectId::Random());
+    tasks.push_back({.function = "fill", .args = std::to_string(bytes), .outputs = {level.back()}});
+  }
+  while (level.size() > 1) {
+    std::vector<ObjectId> next;
+    for (size_t i = 0; i < level.size(); i += 2) {
+      next.push_back(ObjectId::Random());
+      tasks.push_back(
+          {.function = "add", .inputs = {level[i], level[i + 1]}, .outputs = {next.back()}});
+    }
+    level = std::move(next);
+  }
+  ASSERT_EQ(tasks.size(), 1023u);
+  ASSERT_OK(client.Submit(tasks).status());
+  ASSERT_OK_AND_ASSIGN(Buffer result, client.Get(level[0], std::chrono::seconds(120)));
+  ASSERT_EQ(result.size(), bytes);
+  const auto* values = reinterpret_cast<const double*>(result.data().data());
+  EXPECT_EQ(values[0], 512.0);
+  EXPECT_EQ(values[bytes / sizeof(double) - 1], 512.0);
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
+  EXPECT_GT(status.evictions, 0u);
+  EXPECT_LE(status.capacity_bytes, 256 * kMiB);
+}
+
 TEST_F(TaskTest, AFailingTaskSurfacesItsMessageThroughGet) {
   ChildProcess worker = StartWorker({});
   ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "fail", .args = "no luck"}));

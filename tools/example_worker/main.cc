@@ -3,6 +3,8 @@
 //   noop        seals each output, empty
 //   sum         output 0: the sum of input 0 read as float64 values (8 bytes, a float64)
 //   copy        output k: the bytes of input k (on the task's GPU for a GPU task)
+//   fill        output 0: as many bytes as the inline arguments say (decimal), float64 ones
+//   add         output 0: the element-wise sum of its inputs, float64 arrays of one size
 //   fail        fails, with the inline arguments as its message
 //   stall_once  as copy, except that its first attempt never finishes: it waits until the
 //               worker is killed, so that the task is run again elsewhere (fault tests)
@@ -99,6 +101,39 @@ Status Copy(TaskContext& task) {
   return Status::OK();
 }
 
+Status Fill(TaskContext& task) {
+  uint64_t bytes = 0;
+  try {
+    bytes = std::stoull(std::string(task.args()));
+  } catch (const std::exception&) {
+    return Status::InvalidArgument("fill wants its size in bytes as its arguments");
+  }
+  DEPOT_ASSIGN_OR_RETURN(auto out, task.client().Create(task.outputs()[0], bytes));
+  const double one = 1.0;
+  for (uint64_t i = 0; i + sizeof one <= bytes; i += sizeof one) {
+    std::memcpy(out.ptr() + i, &one, sizeof one);
+  }
+  return task.client().Seal(task.outputs()[0]);
+}
+
+Status Add(TaskContext& task) {
+  DEPOT_ASSIGN_OR_RETURN(auto inputs, task.Inputs());
+  if (inputs.empty()) return Status::InvalidArgument("add needs inputs");
+  const size_t size = inputs[0].size();
+  for (const depot::Buffer& in : inputs) {
+    if (in.size() != size) return Status::InvalidArgument("add needs inputs of one size");
+  }
+  DEPOT_ASSIGN_OR_RETURN(auto out, task.client().Create(task.outputs()[0], size));
+  const size_t n = size / sizeof(double);
+  auto* sum = reinterpret_cast<double*>(out.ptr());
+  std::memcpy(sum, inputs[0].data().data(), n * sizeof(double));
+  for (size_t k = 1; k < inputs.size(); ++k) {
+    const auto* add = reinterpret_cast<const double*>(inputs[k].data().data());
+    for (size_t i = 0; i < n; ++i) sum[i] += add[i];
+  }
+  return task.client().Seal(task.outputs()[0]);
+}
+
 Status Fail(TaskContext& task) {
   return Status::InvalidArgument(task.args().empty() ? "fail was asked to fail"
                                                      : std::string(task.args()));
@@ -116,7 +151,7 @@ Status StallOnce(TaskContext& task) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"depot-example-worker: runs noop, sum, copy, fail and stall_once for depotd",
+  CLI::App app{"depot-example-worker: runs noop, sum, copy, fill, add, fail and stall_once",
                "depot-example-worker"};
   depot::WorkerOptions options;
   options.name = "depot-example-worker";
@@ -150,6 +185,8 @@ int main(int argc, char** argv) {
   (*worker)->Register("noop", Noop);
   (*worker)->Register("sum", Sum);
   (*worker)->Register("copy", Copy);
+  (*worker)->Register("fill", Fill);
+  (*worker)->Register("add", Add);
   (*worker)->Register("fail", Fail);
   (*worker)->Register("stall_once", StallOnce);
 
