@@ -285,6 +285,7 @@ struct WorkerInfo {
   done @10 :UInt64;
   failed @11 :UInt64;
   draining @12 :Bool;
+  attachedS @13 :Float64;    # seconds since it attached
 }
 
 enum TaskState {

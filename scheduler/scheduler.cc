@@ -95,6 +95,7 @@ struct Scheduler::Worker {
   uint64_t done = 0;
   uint64_t failed = 0;
   bool draining = false;
+  double attached_at = 0;  // options_.clock
 
   double slots() const {
     return std::max(1.0, capacity.cpu + static_cast<double>(capacity.gpus.size()));
@@ -146,7 +147,8 @@ Status Scheduler::AddWorker(SessionId session, WorkerSpec spec) {
                                                    .name = std::move(spec.name),
                                                    .capacity = spec.capacity,
                                                    .resources = std::move(resources).value(),
-                                                   .functions = std::move(spec.functions)});
+                                                   .functions = std::move(spec.functions),
+                                                   .attached_at = Now()});
   for (const std::string& f : worker->functions) runners_[f].push_back(session);
   workers_.emplace(session, std::move(worker));
   Dispatch();
@@ -550,7 +552,7 @@ void Scheduler::StartQueued(Worker& worker) {
 void Scheduler::Start(Worker& worker, Task& task) {
   task.state = TaskState::kRunning;
   ++task.attempts;
-  task.started_at = options_.clock ? options_.clock() : 0;
+  task.started_at = Now();
   worker.running.insert(task.id);
   outbox_[worker.id].push_back({.task = task.id,
                                 .attempt = task.attempts,
@@ -590,7 +592,7 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
   }
   Worker& w = *wit->second;
   Status result;
-  const double now = options_.clock ? options_.clock() : 0;
+  const double now = Now();
   for (const Completion& c : completions) {
     auto it = tasks_.find(c.task);
     if (it == tasks_.end() || it->second->state != TaskState::kRunning ||
@@ -777,7 +779,8 @@ std::vector<WorkerInfo> Scheduler::Workers() const {
                     .queued = w->queue.size(),
                     .done = w->done,
                     .failed = w->failed,
-                    .draining = w->draining};
+                    .draining = w->draining,
+                    .attached_s = Now() - w->attached_at};
     for (int32_t d : w->capacity.gpus)
       info.free_gpu_share.emplace_back(d, w->resources.free_share(d));
     out.push_back(std::move(info));

@@ -118,6 +118,7 @@ struct WorkerInfo {
   uint64_t done = 0;
   uint64_t failed = 0;
   bool draining = false;
+  double attached_s = 0;  // seconds since it attached
 };
 
 struct SchedulerCounters {
@@ -223,6 +224,7 @@ class Scheduler final : public ObjectEvents {
   void StartQueued(Worker& worker);
   void Start(Worker& worker, Task& task);
   void Flush();
+  double Now() const { return options_.clock ? options_.clock() : 0; }
   // Seconds until `worker` could start one more task, by the expected durations of its own.
   double QueueWait(const Worker& worker) const;
   // Takes a placed (queued or running) task off its worker, giving back what it held there.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "depot/ipc/protocol.h"
+#include "depot/ipc/units.h"
 #include "store/server.h"
 #include "store/session.h"
 
@@ -81,11 +82,23 @@ wire::CancelOutcome ToWire(scheduler::Scheduler::CancelOutcome outcome) {
 
 }  // namespace
 
+namespace {
+
+// Task durations are measured on the monotonic clock.
+scheduler::SchedulerOptions WithClock(scheduler::SchedulerOptions options) {
+  if (!options.clock) {
+    options.clock = [] { return static_cast<double>(ipc::MonotonicNanos()) * 1e-9; };
+  }
+  return options;
+}
+
+}  // namespace
+
 TaskService::TaskService(Server& server, ObjectStore& store, scheduler::SchedulerOptions options)
     : server_(server),
       store_(store),
       access_(store, *this),
-      scheduler_(access_, *this, std::move(options)) {}
+      scheduler_(access_, *this, WithClock(std::move(options))) {}
 
 void TaskService::RegisterWorker(Session& session, uint64_t rid,
                                  wire::Request::RegisterWorker::Reader request) {
@@ -198,6 +211,7 @@ void TaskService::Workers(Session& session, uint64_t rid) const {
     o.setDone(w.done);
     o.setFailed(w.failed);
     o.setDraining(w.draining);
+    o.setAttachedS(w.attached_s);
   }
   session.Send(message, reply);
 }

@@ -384,6 +384,54 @@ TEST_F(TaskTest, CancelledTasksFailTheirGets) {
   EXPECT_EQ(unknown, std::vector{CancelOutcome::kUnknown});
 }
 
+TEST_F(TaskTest, DepotctlSubmitsWaitsAndShowsWorkersAndTasks) {
+  ChildProcess worker = StartWorker({"--cpus", "2"});
+  const auto depotctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {DEPOTCTL_PATH, "--socket", daemon_.socket_path()});
+    return RunProgram(args);
+  };
+  const std::vector<std::byte> bytes = SeededBytes(5000, 9);
+  ASSERT_OK(client_->Put(ObjectId::FromName("ctl/input"), bytes));
+
+  ProgramRun copy = depotctl({"submit", "copy", "ctl/input", "--wait"});
+  ASSERT_EQ(copy.exit_code, 0) << copy.Explain();
+  auto output = ObjectId::FromHex(copy.out.substr(0, 32));
+  ASSERT_TRUE(output.has_value()) << copy.Explain();
+  ASSERT_OK_AND_ASSIGN(Buffer copied, client_->Get(*output));
+  EXPECT_TRUE(SameBytes(copied.data(), bytes));
+
+  ProgramRun fail = depotctl({"submit", "fail", "--args", "bad input", "--wait"});
+  EXPECT_EQ(fail.exit_code, 1) << fail.Explain();
+  EXPECT_NE(fail.err.find("bad input"), std::string::npos) << fail.Explain();
+  ProgramRun unknown = depotctl({"submit", "nothere"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_NE(unknown.err.find("no worker attached can run 'nothere'"), std::string::npos)
+      << unknown.Explain();
+  ProgramRun bad = depotctl({"submit", "noop", "--resources", "GPU=lots"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--resources wants NAME=AMOUNT"), std::string::npos) << bad.Explain();
+
+  // A task's output is sealed a moment before its worker's completion reaches the daemon.
+  ASSERT_TRUE(Eventually([&] {
+    auto status = client_->GetStatus();
+    return status.ok() && status->scheduler.completed == 1;
+  }));
+  ProgramRun workers = depotctl({"workers"});
+  ASSERT_EQ(workers.exit_code, 0) << workers.Explain();
+  EXPECT_NE(workers.out.find("depot-example-worker"), std::string::npos) << workers.out;
+  EXPECT_NE(workers.out.find("copy"), std::string::npos) << workers.out;
+  ProgramRun workers_json = depotctl({"workers", "--json"});
+  EXPECT_NE(workers_json.out.find("\"done\": 1"), std::string::npos) << workers_json.out;
+  EXPECT_NE(workers_json.out.find("\"failed\": 1"), std::string::npos) << workers_json.out;
+
+  ProgramRun tasks = depotctl({"tasks"});
+  ASSERT_EQ(tasks.exit_code, 0) << tasks.Explain();
+  EXPECT_NE(tasks.out.find("bad input"), std::string::npos) << tasks.out;
+  ProgramRun tasks_json = depotctl({"tasks", "--json"});
+  EXPECT_NE(tasks_json.out.find("\"state\": \"done\""), std::string::npos) << tasks_json.out;
+  EXPECT_NE(tasks_json.out.find("\"state\": \"failed\""), std::string::npos) << tasks_json.out;
+}
+
 TEST_F(TaskTest, AWorkerStoppedBySigtermLeavesCleanly) {
   ChildProcess worker = StartWorker({});
   ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "noop"}));

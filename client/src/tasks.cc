@@ -128,7 +128,8 @@ Result<std::vector<WorkerInfo>> Client::Workers() {
                       .queued = w.getQueued(),
                       .done = w.getDone(),
                       .failed = w.getFailed(),
-                      .draining = w.getDraining()};
+                      .draining = w.getDraining(),
+                      .attached_s = w.getAttachedS()};
       for (int32_t g : w.getGpus()) info.gpus.push_back(g);
       for (double s : w.getFreeGpuShares()) info.free_gpu_shares.push_back(s);
       for (auto f : w.getFunctions()) info.functions.push_back(Text(f));

@@ -24,18 +24,6 @@ namespace depot::ctl {
 
 namespace {
 
-// An object named on the command line: 32 hex digits are an id, anything else is a name.
-struct Target {
-  ObjectId id;
-  std::string label;  // how messages name it
-};
-
-Target ParseTarget(const std::string& text) {
-  if (auto id = ObjectId::FromHex(text)) return {*id, "object " + id->Hex()};
-  const ObjectId id = ObjectId::FromName(text);
-  return {id, "'" + Printable(text) + "' (object " + id.Hex() + ")"};
-}
-
 // A file descriptor closed when it goes out of scope.
 class OpenFile {
  public:
@@ -219,6 +207,22 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
       .Number("replicas_made", s.replicas_made)
       .Number("replicas_dropped", s.replicas_dropped)
       .Json("objects_by_tier", by_tier.str())
+      .Json("scheduler", JsonObject()
+                             .Number("workers", s.scheduler.workers)
+                             .Number("tasks_pending", s.scheduler.tasks_pending)
+                             .Number("submitted", s.scheduler.submitted)
+                             .Number("completed", s.scheduler.completed)
+                             .Number("failed", s.scheduler.failed)
+                             .Number("cancelled", s.scheduler.cancelled)
+                             .Number("retried", s.scheduler.retried)
+                             .Number("placements", s.scheduler.placements)
+                             .Number("local_bytes", s.scheduler.local_bytes)
+                             .Number("moved_bytes", s.scheduler.moved_bytes)
+                             .Number("prefetches", s.scheduler.prefetches)
+                             .Real("host_to_gpu", s.scheduler.host_to_gpu)
+                             .Real("gpu_to_host", s.scheduler.gpu_to_host)
+                             .Real("gpu_to_gpu", s.scheduler.gpu_to_gpu)
+                             .str())
       .str();
 }
 
@@ -248,6 +252,24 @@ void AddGpuFields(std::vector<std::pair<std::string, std::string>>& fields, cons
                                      std::to_string(s.replicas_dropped) + " dropped; " +
                                      Count(s.spills, "spill") + " to host (" +
                                      FormatSize(s.spilled_bytes) + ")");
+}
+
+// The status lines about tasks: the scheduler's totals and what placement assumes.
+void AddTaskFields(std::vector<std::pair<std::string, std::string>>& fields, const StoreStatus& s) {
+  using ipc::FormatSize;
+  const SchedulerStatus& t = s.scheduler;
+  fields.emplace_back("tasks", Count(t.workers, "worker") + ", " + std::to_string(t.tasks_pending) +
+                                   " pending; " + std::to_string(t.submitted) + " submitted, " +
+                                   std::to_string(t.completed) + " done, " +
+                                   std::to_string(t.failed) + " failed, " +
+                                   std::to_string(t.cancelled) + " cancelled, " +
+                                   std::to_string(t.retried) + " retried");
+  fields.emplace_back("", "inputs " + FormatSize(t.local_bytes) + " where their tasks ran, " +
+                              FormatSize(t.moved_bytes) + " moved; " +
+                              std::to_string(t.prefetches) + " prefetched" +
+                              "; bandwidths assumed " +
+                              FormatSize(static_cast<uint64_t>(t.host_to_gpu)) + "/s host<->GPU, " +
+                              FormatSize(static_cast<uint64_t>(t.gpu_to_gpu)) + "/s GPU<->GPU");
 }
 
 std::string TierCountsText(const TierCounts& counts) {
@@ -302,6 +324,7 @@ Status ShowStatus(const std::string& socket, bool json) {
                        ")"},
   };
   AddGpuFields(fields, s);
+  AddTaskFields(fields, s);
   fields.emplace_back("header", std::to_string(s.header_slots) + " slots");
   fields.emplace_back("requests", std::to_string(s.requests));
   PrintFields(std::cout, fields);

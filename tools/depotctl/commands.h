@@ -2,6 +2,7 @@
 // the default path), writes its result to stdout, and returns why it failed, if it did.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,27 @@ Status VerifyObjects(const std::string& socket, const std::vector<std::string>& 
 // are freed, or with `all_unreferenced` all of them; exactly one of the two must be given.
 Status EvictObjects(const std::string& socket, const std::string& bytes, bool all_unreferenced,
                     bool json);
+
+// Tasks (task_commands.cc).
+struct SubmitOptions {
+  std::string function;
+  std::vector<std::string> inputs;  // ids or names
+  std::string args;                 // inline argument bytes
+  uint32_t outputs = 1;
+  std::string resources;  // "GPU=1,CPU=0,ssd=1"; empty: CPU=1
+  std::string affinity;   // none, soft or hard
+  int32_t priority = 0;
+  uint32_t retries = 1;
+  bool wait = false;  // wait for the outputs; fail with the task's message if it failed
+};
+// Submits one task and prints its output ids, one per line.
+Status SubmitTask(const std::string& socket, const SubmitOptions& options);
+// The workers attached: resources in use of each's total, tasks running, queued, done and
+// failed, and the rate of those done since it attached.
+Status ListWorkers(const std::string& socket, bool json);
+// The pending tasks, then the last finished ones: state, worker and device, and why there
+// (input bytes local and moved, the estimate's queue wait, transfer and duration terms).
+Status ListTasks(const std::string& socket, bool json);
 
 struct TopOptions {
   double interval = 1.0;  // seconds between frames, from 0.1 to 86400

@@ -1,10 +1,12 @@
 #include "format.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
 #include <ostream>
+#include <sstream>
 
 namespace depot::ctl {
 
@@ -220,6 +222,20 @@ JsonObject& JsonObject::String(std::string_view key, std::string_view value) {
 
 JsonObject& JsonObject::Number(std::string_view key, uint64_t value) {
   return Member(key, std::to_string(value));
+}
+
+JsonObject& JsonObject::Real(std::string_view key, double value) {
+  if (!std::isfinite(value)) return Member(key, "null");
+  std::ostringstream out;
+  out.precision(9);
+  out << value;
+  return Member(key, out.str());
+}
+
+Target ParseTarget(const std::string& text) {
+  if (auto id = ObjectId::FromHex(text)) return {*id, "object " + id->Hex()};
+  const ObjectId id = ObjectId::FromName(text);
+  return {id, "'" + Printable(text) + "' (object " + id.Hex() + ")"};
 }
 
 JsonObject& JsonObject::Bool(std::string_view key, bool value) {

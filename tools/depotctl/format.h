@@ -74,10 +74,18 @@ class Table {
 std::string JsonString(std::string_view text);
 
 // A JSON object built one member at a time, in order. Member names are written as given.
+// An object named on the command line: 32 hex digits are an id, anything else is a name.
+struct Target {
+  ObjectId id;
+  std::string label;  // how messages name it
+};
+Target ParseTarget(const std::string& text);
+
 class JsonObject {
  public:
   JsonObject& String(std::string_view key, std::string_view value);
   JsonObject& Number(std::string_view key, uint64_t value);
+  JsonObject& Real(std::string_view key, double value);
   JsonObject& Bool(std::string_view key, bool value);
   JsonObject& Null(std::string_view key);
   // A member whose value is already JSON (an array, a nested object).

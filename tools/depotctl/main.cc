@@ -126,6 +126,45 @@ int main(int argc, char** argv) {
   evict->add_flag("--json", evict_json, "print one JSON object");
   evict->callback([&] { result = EvictObjects(socket, evict_bytes, evict_all, evict_json); });
 
+  SubmitOptions submit_options;
+  auto* submit =
+      app.add_subcommand("submit", "run a task on the attached workers; print its outputs");
+  submit->add_option("FUNCTION", submit_options.function, "a function a worker registered")
+      ->required();
+  submit->add_option("INPUT", submit_options.inputs, "input objects: 32-hex-digit ids or names")
+      ->type_name("");
+  submit->add_option("--args", submit_options.args, "inline arguments, passed as they are")
+      ->option_text("TEXT");
+  submit->add_option("--outputs", submit_options.outputs, "how many outputs (default 1)")
+      ->option_text("N");
+  submit
+      ->add_option("--resources", submit_options.resources,
+                   "what it holds, e.g. GPU=1,CPU=0 or CPU=2,ssd=1 (default CPU=1)")
+      ->option_text("LIST");
+  submit
+      ->add_option("--affinity", submit_options.affinity,
+                   "soft: prefer the GPU holding most input bytes; hard: only that GPU")
+      ->option_text("soft|hard");
+  submit->add_option("--priority", submit_options.priority, "higher runs first (default 0)")
+      ->option_text("N");
+  submit
+      ->add_option("--retries", submit_options.retries,
+                   "runs again after its worker died, at most N times (default 1)")
+      ->option_text("N");
+  submit->add_flag("--wait", submit_options.wait,
+                   "wait for the outputs; exit 1 with the task's message if it failed");
+  submit->callback([&] { result = SubmitTask(socket, submit_options); });
+
+  bool workers_json = false;
+  auto* workers = app.add_subcommand("workers", "list the workers attached and what they run");
+  workers->add_flag("--json", workers_json, "print a JSON array of workers");
+  workers->callback([&] { result = ListWorkers(socket, workers_json); });
+
+  bool tasks_json = false;
+  auto* tasks = app.add_subcommand("tasks", "list pending and recent tasks, where and why");
+  tasks->add_flag("--json", tasks_json, "print a JSON array of tasks");
+  tasks->callback([&] { result = ListTasks(socket, tasks_json); });
+
   TopOptions top_options;
   auto* top = app.add_subcommand(
       "top", "a live view of memory, objects, clients and request rates (q quits)");

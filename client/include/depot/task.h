@@ -97,6 +97,7 @@ struct WorkerInfo {
   uint64_t done = 0;
   uint64_t failed = 0;
   bool draining = false;
+  double attached_s = 0;  // seconds since it attached
 };
 
 // The scheduler's totals (StoreStatus::scheduler).

@@ -1,0 +1,268 @@
+// depotctl's task commands: submit, workers, tasks.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+#include "depot/ipc/units.h"
+#include "format.h"
+
+namespace depot::ctl {
+
+namespace {
+
+// "GPU=1,CPU=0,ssd=1": CPU and GPU (any case) set the task's slots and share; other names
+// are custom resources.
+Status ParseResources(const std::string& text, TaskRequest& task) {
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    double amount = 0;
+    size_t used = 0;
+    try {
+      if (eq == std::string::npos || eq == 0) throw std::invalid_argument(item);
+      amount = std::stod(item.substr(eq + 1), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() - eq - 1 || !std::isfinite(amount)) {
+      return Status::InvalidArgument("--resources wants NAME=AMOUNT,... (e.g. GPU=1,CPU=0), not '" +
+                                     Printable(item) + "'");
+    }
+    std::string name = item.substr(0, eq);
+    std::string upper = name;
+    std::transform(upper.begin(), upper.end(), upper.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+    if (upper == "CPU") {
+      task.cpu = amount;
+    } else if (upper == "GPU") {
+      task.gpu = amount;
+    } else {
+      task.resources[name] = amount;
+    }
+  }
+  return Status::OK();
+}
+
+std::string FormatShare(double share) {
+  std::ostringstream out;
+  out << share;
+  return out.str();
+}
+
+std::string FormatSeconds(double seconds) {
+  std::ostringstream out;
+  out.precision(3);
+  if (seconds < 1e-3) {
+    out << seconds * 1e6 << "us";
+  } else if (seconds < 1) {
+    out << seconds * 1e3 << "ms";
+  } else {
+    out << seconds << "s";
+  }
+  return out.str();
+}
+
+std::string DeviceName(int device) { return device < 0 ? "host" : "gpu" + std::to_string(device); }
+
+std::string JsonIds(const std::vector<ObjectId>& ids) {
+  std::string out = "[";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    out += (i == 0 ? "" : ",") + JsonString(ids[i].Hex());
+  }
+  return out + "]";
+}
+
+std::string ResourcesText(const std::map<std::string, double>& resources) {
+  std::string out;
+  for (const auto& [name, amount] : resources) {
+    out += (out.empty() ? "" : ",") + Printable(name) + "=" + FormatShare(amount);
+  }
+  return out.empty() ? "-" : out;
+}
+
+std::string WorkerJson(const WorkerInfo& w) {
+  std::string gpus = "[";
+  for (size_t k = 0; k < w.gpus.size(); ++k) {
+    gpus += (k == 0 ? "" : ",") + JsonObject()
+                                      .Number("device", static_cast<uint64_t>(w.gpus[k]))
+                                      .Real("free_share", w.free_gpu_shares[k])
+                                      .str();
+  }
+  std::string resources = "{";
+  for (const auto& [name, amount] : w.resources) {
+    if (resources.size() > 1) resources += ",";
+    std::ostringstream value;
+    value << amount;
+    resources += JsonString(name) + ":" + value.str();
+  }
+  std::string functions = "[";
+  for (size_t k = 0; k < w.functions.size(); ++k) {
+    functions += (k == 0 ? "" : ",") + JsonString(w.functions[k]);
+  }
+  return JsonObject()
+      .Number("session_id", w.session_id)
+      .String("name", w.name)
+      .Real("cpus", w.cpus)
+      .Real("free_cpus", w.free_cpus)
+      .Json("gpus", gpus + "]")
+      .Json("resources", resources + "}")
+      .Json("functions", functions + "]")
+      .Number("running", w.running)
+      .Number("queued", w.queued)
+      .Number("done", w.done)
+      .Number("failed", w.failed)
+      .Bool("draining", w.draining)
+      .Real("attached_s", w.attached_s)
+      .str();
+}
+
+std::string TaskJson(const TaskInfo& t) {
+  JsonObject o;
+  o.Number("task", t.task)
+      .String("function", t.function)
+      .String("state", TaskStateName(t.state))
+      .Number("submitter", t.submitter)
+      .Number("worker", t.worker);
+  if (t.device < 0) {
+    o.Null("device");
+  } else {
+    o.Number("device", static_cast<uint64_t>(t.device));
+  }
+  return o.Json("outputs", JsonIds(t.outputs))
+      .Number("priority", static_cast<uint64_t>(static_cast<int64_t>(t.priority)))
+      .Number("attempts", t.attempts)
+      .Number("inputs_missing", t.inputs_missing)
+      .Number("local_bytes", t.local_bytes)
+      .Number("moved_bytes", t.moved_bytes)
+      .Real("wait_s", t.wait_s)
+      .Real("transfer_s", t.transfer_s)
+      .Real("duration_s", t.duration_s)
+      .String("reason", t.reason)
+      .str();
+}
+
+}  // namespace
+
+Status SubmitTask(const std::string& socket, const SubmitOptions& options) {
+  TaskRequest task;
+  task.function = options.function;
+  for (const std::string& input : options.inputs) task.inputs.push_back(ParseTarget(input).id);
+  task.args = options.args;
+  task.num_outputs = options.outputs;
+  DEPOT_RETURN_NOT_OK(ParseResources(options.resources, task));
+  if (options.affinity == "soft") {
+    task.affinity = Affinity::kSoft;
+  } else if (options.affinity == "hard") {
+    task.affinity = Affinity::kHard;
+  } else if (!options.affinity.empty() && options.affinity != "none") {
+    return Status::InvalidArgument("--affinity is none, soft or hard, not '" +
+                                   Printable(options.affinity) + "'");
+  }
+  task.priority = options.priority;
+  task.retries = options.retries;
+  DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
+  DEPOT_ASSIGN_OR_RETURN(std::vector<ObjectId> outputs, client.Submit(task));
+  for (const ObjectId& id : outputs) std::cout << id.Hex() << '\n';
+  std::cout.flush();
+  if (!options.wait) return Status::OK();
+  DEPOT_ASSIGN_OR_RETURN(std::vector<Buffer> done, client.Get(outputs, kForever));
+  for (size_t i = 0; i < done.size(); ++i) {
+    if (!done[i]) return Status::NotFound("output " + outputs[i].Hex() + " went missing");
+  }
+  return Status::OK();
+}
+
+Status ListWorkers(const std::string& socket, bool json) {
+  DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
+  DEPOT_ASSIGN_OR_RETURN(std::vector<WorkerInfo> workers, client.Workers());
+  if (json) {
+    std::cout << '[';
+    for (size_t i = 0; i < workers.size(); ++i) {
+      std::cout << (i == 0 ? "\n  " : ",\n  ") << WorkerJson(workers[i]);
+    }
+    std::cout << (workers.empty() ? "]\n" : "\n]\n");
+    return Status::OK();
+  }
+  using Align = Table::Align;
+  Table table({{"SESSION", Align::kRight},
+               {"NAME"},
+               {"CPUS", Align::kRight},
+               {"GPUS"},
+               {"RESOURCES"},
+               {"RUNNING", Align::kRight},
+               {"QUEUED", Align::kRight},
+               {"DONE", Align::kRight},
+               {"FAILED", Align::kRight},
+               {"RATE", Align::kRight},
+               {"FUNCTIONS"}});
+  for (const WorkerInfo& w : workers) {
+    std::string gpus;
+    for (size_t k = 0; k < w.gpus.size(); ++k) {
+      gpus += (gpus.empty() ? "" : " ") + DeviceName(w.gpus[k]) + ":" +
+              FormatShare(1 - w.free_gpu_shares[k]) + "/1";
+    }
+    std::string functions;
+    for (const std::string& f : w.functions) functions += (functions.empty() ? "" : ",") + f;
+    const double rate = w.attached_s > 0 ? static_cast<double>(w.done) / w.attached_s : 0;
+    std::ostringstream rate_text;
+    rate_text.precision(3);
+    rate_text << rate << "/s";
+    table.AddRow(
+        {std::to_string(w.session_id), Printable(w.name) + (w.draining ? " (draining)" : ""),
+         FormatShare(w.cpus - w.free_cpus) + "/" + FormatShare(w.cpus), gpus.empty() ? "-" : gpus,
+         ResourcesText(w.resources), std::to_string(w.running), std::to_string(w.queued),
+         std::to_string(w.done), std::to_string(w.failed), rate_text.str(), Printable(functions)});
+  }
+  table.Print(std::cout);
+  return Status::OK();
+}
+
+Status ListTasks(const std::string& socket, bool json) {
+  DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
+  DEPOT_ASSIGN_OR_RETURN(std::vector<TaskInfo> tasks, client.Tasks());
+  if (json) {
+    std::cout << '[';
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      std::cout << (i == 0 ? "\n  " : ",\n  ") << TaskJson(tasks[i]);
+    }
+    std::cout << (tasks.empty() ? "]\n" : "\n]\n");
+    return Status::OK();
+  }
+  using Align = Table::Align;
+  Table table({{"TASK", Align::kRight},
+               {"FUNCTION"},
+               {"STATE"},
+               {"WORKER", Align::kRight},
+               {"DEVICE"},
+               {"TRIES", Align::kRight},
+               {"LOCAL", Align::kRight},
+               {"MOVED", Align::kRight},
+               {"ESTIMATE"},
+               {"OUTPUT"},
+               {"WHY"}});
+  for (const TaskInfo& t : tasks) {
+    const bool placed = t.worker != 0;
+    table.AddRow(
+        {std::to_string(t.task), Printable(t.function), TaskStateName(t.state),
+         placed ? std::to_string(t.worker) : "-", placed ? DeviceName(t.device) : "-",
+         std::to_string(t.attempts), placed ? ipc::FormatSize(t.local_bytes) : "-",
+         placed ? ipc::FormatSize(t.moved_bytes) : "-",
+         placed ? FormatSeconds(t.wait_s) + "+" + FormatSeconds(t.transfer_s) + "+" +
+                      FormatSeconds(t.duration_s)
+                : "-",
+         t.outputs.empty() ? "-" : t.outputs[0].Hex() + (t.outputs.size() > 1 ? " ..." : ""),
+         t.reason.empty() ? (t.state == TaskState::kWaiting
+                                 ? std::to_string(t.inputs_missing) + " inputs to come"
+                                 : "")
+                          : Printable(FitWidth(t.reason, 60))});
+  }
+  table.Print(std::cout);
+  return Status::OK();
+}
+
+}  // namespace depot::ctl
