@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 #include <utility>
 
 namespace depot::scheduler {
@@ -504,8 +506,29 @@ bool Scheduler::PlaceOne(Task& task) {
     }
     if (!free_now) affinity = Affinity::kNone;
   }
-  const Durations durations = durations_.Expected(task.spec.function);
-  auto choice = Place(task.spec.resources, affinity, inputs, views, durations, options_.bandwidths);
+  Durations durations = durations_.Expected(task.spec.function);
+  Bandwidths bandwidths = options_.bandwidths;
+  if (options_.random_placement) {
+    // Every cost zeroed, over the candidates in random order: Place takes the first that fits.
+    constexpr double kFree = std::numeric_limits<double>::infinity();
+    bandwidths = {kFree, kFree, kFree};
+    durations = {.cpu = 0, .gpu = 0};
+    affinity = Affinity::kNone;
+    std::vector<size_t> order(views.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), random_);
+    std::vector<Candidate> shuffled_candidates;
+    std::vector<WorkerView> shuffled_views;
+    for (size_t i : order) {
+      shuffled_candidates.push_back(candidates[i]);
+      shuffled_views.push_back(std::move(views[i]));
+      shuffled_views.back().queue_wait_s = 0;
+      std::shuffle(shuffled_views.back().gpus.begin(), shuffled_views.back().gpus.end(), random_);
+    }
+    candidates = std::move(shuffled_candidates);
+    views = std::move(shuffled_views);
+  }
+  auto choice = Place(task.spec.resources, affinity, inputs, views, durations, bandwidths);
   if (!choice) return false;
 
   const Candidate& c = candidates[choice->worker];

@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <span>
 #include <string>
@@ -143,6 +144,9 @@ struct SchedulerOptions {
   size_t finished_kept = 1024;
   // Seconds since some fixed point: task durations are measured with it.
   std::function<double()> clock;
+  // Places each task on a worker and device chosen at random among those that fit, with no
+  // regard for locality or queues: the baseline placement is measured against.
+  bool random_placement = false;
 };
 
 class Scheduler final : public ObjectEvents {
@@ -259,6 +263,7 @@ class Scheduler final : public ObjectEvents {
   std::unordered_map<std::string, std::vector<SessionId>> runners_;  // function -> workers
   std::unordered_map<SessionId, std::vector<Assignment>> outbox_;
   SchedulerCounters counters_;
+  std::minstd_rand random_;  // for random_placement
   bool dispatching_ = false;
 };
 

@@ -179,10 +179,27 @@ int main(int argc, char** argv) {
                  "serve N simulated GPUs of SIZE (N or N:SIZE, default size 1GiB), backed by "
                  "host memory, instead of real ones: for tests and demos");
   app.add_flag("--no-gpus", gpu_options.disabled, "serve no GPUs (do not load the CUDA driver)");
+  depot::scheduler::SchedulerOptions scheduler_options;
+  std::string placement = "cost";
+  app.add_option("--placement", placement,
+                 "how tasks are placed: cost (least estimated completion, inputs' locality "
+                 "included) or random (a baseline to compare with)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cost", "random"}));
+  app.add_option("--host-gpu-bandwidth", scheduler_options.bandwidths.host_to_gpu,
+                 "bytes/s placement assumes for copies between host memory and a GPU")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--gpu-gpu-bandwidth", scheduler_options.bandwidths.gpu_to_gpu,
+                 "bytes/s placement assumes for copies between GPUs")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);
+  scheduler_options.bandwidths.gpu_to_host = scheduler_options.bandwidths.host_to_gpu;
+  scheduler_options.random_placement = placement == "random";
 
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [depotd] [%^%l%$] %v");
@@ -260,9 +277,10 @@ int main(int argc, char** argv) {
     depot::store::WorkerPoolExecutor executor(loop, pool);
     depot::store::ObjectStore store(loop, executor, **arena, **headers, limits, !no_evict,
                                     (*gpus)->pool_pointers());
-    depot::store::Server server(loop, store,
-                                {socket_path, mode, static_cast<uint32_t>(*frame), max_batch,
-                                 !no_metrics, (*gpus)->description, share_uids, share_gids});
+    depot::store::Server server(
+        loop, store,
+        {socket_path, mode, static_cast<uint32_t>(*frame), max_batch, !no_metrics,
+         (*gpus)->description, share_uids, share_gids, scheduler_options});
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
 
     // The shutdown signals have been blocked since before the socket existed, so a SIGTERM

@@ -369,6 +369,36 @@ TEST_F(SchedulerTest, SoftAffinityStartsElsewhereWhenTheDeviceHoldingTheInputIsB
   EXPECT_EQ(scheduler_.counters().moved_bytes, kMiB);
 }
 
+TEST(RandomPlacementTest, RandomPlacementIgnoresWhereTheInputsAre) {
+  FakeStore store;
+  FakeLink link;
+  SchedulerOptions options;
+  options.random_placement = true;
+  Scheduler scheduler(store, link, options);
+  for (SessionId w : {1, 2}) {
+    WorkerSpec spec{.name = "w",
+                    .capacity = {.cpu = 0, .gpus = {static_cast<int32_t>(w - 1)}},
+                    .functions = {"f"}};
+    ASSERT_TRUE(scheduler.AddWorker(w, spec).ok());
+  }
+  const ObjectId on1 = store.Put(kMiB, 1);
+  std::map<int32_t, int> devices;
+  for (int i = 0; i < 64; ++i) {
+    TaskSpec t{.function = "f", .inputs = {on1}, .resources = kGpuOnly};
+    ASSERT_TRUE(scheduler.Submit(100, std::span(&t, 1)).ok());
+    auto sent = link.Take();
+    ASSERT_EQ(sent.size(), 1u);
+    ++devices[sent[0].device];
+    for (const ObjectId& o : sent[0].outputs) store.Seal(o, 1);
+    Completion c{.task = sent[0].task};
+    ASSERT_TRUE(scheduler.Complete(sent[0].worker, std::span(&c, 1)).ok());
+    store.Deliver(scheduler);
+  }
+  EXPECT_GT(devices[0], 8);  // about half; by the cost model, none
+  EXPECT_GT(devices[1], 8);
+  EXPECT_GT(scheduler.counters().moved_bytes, 0u);
+}
+
 TEST_F(SchedulerTest, AGpuTaskHoldingNoCpuStartsWhileEveryCpuSlotIsBusy) {
   AddWorker(1, 2, {0});
   Submit(Task());
