@@ -186,6 +186,10 @@ class TableStore final : public depot::scheduler::StoreAccess {
   void Drop(const depot::ObjectId&) override {}
   void SealFailed(std::span<const depot::ObjectId>, std::string_view) override {}
   uint64_t Room(int32_t) const override { return UINT64_MAX; }
+  depot::scheduler::Bandwidths CopyBandwidths(
+      const depot::scheduler::Bandwidths& assumed) const override {
+    return assumed;
+  }
 
   std::map<depot::ObjectId, depot::scheduler::InputView> where;
 };

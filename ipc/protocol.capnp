@@ -333,6 +333,7 @@ struct SchedulerStatus {
   hostToGpu @11 :Float64;    # bandwidths placement assumes, bytes per second
   gpuToHost @12 :Float64;
   gpuToGpu @13 :Float64;
+  bandwidthsMeasured @14 :Bool;  # they are the store's measured copies (assumed until one is made)
 }
 
 # A GPU the daemon serves (Reply.Hello.devices, StoreStatus.devices).

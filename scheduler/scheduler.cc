@@ -507,7 +507,7 @@ bool Scheduler::PlaceOne(Task& task) {
     if (!free_now) affinity = Affinity::kNone;
   }
   Durations durations = durations_.Expected(task.spec.function);
-  Bandwidths bandwidths = options_.bandwidths;
+  Bandwidths bandwidths = this->bandwidths();
   if (options_.random_placement) {
     // Every cost zeroed, over the candidates in random order: Place takes the first that fits.
     constexpr double kFree = std::numeric_limits<double>::infinity();

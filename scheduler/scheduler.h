@@ -144,6 +144,9 @@ struct SchedulerOptions {
   size_t finished_kept = 1024;
   // Seconds since some fixed point: task durations are measured with it.
   std::function<double()> clock;
+  // Whether placement goes by the store's measured copy bandwidths (where it has measured
+  // them) rather than `bandwidths` alone.
+  bool measure_bandwidths = true;
   // Places each task on a worker and device chosen at random among those that fit, with no
   // regard for locality or queues: the baseline placement is measured against.
   bool random_placement = false;
@@ -193,7 +196,12 @@ class Scheduler final : public ObjectEvents {
   // Pending tasks in id order, then the finished ones kept.
   std::vector<TaskInfo> Tasks() const;
   SchedulerCounters counters() const;
-  const Bandwidths& bandwidths() const { return options_.bandwidths; }
+  // The bandwidths placement goes by now: measured, or as set.
+  Bandwidths bandwidths() const {
+    return options_.measure_bandwidths ? store_.CopyBandwidths(options_.bandwidths)
+                                       : options_.bandwidths;
+  }
+  bool bandwidths_measured() const { return options_.measure_bandwidths; }
 
  private:
   struct Task;

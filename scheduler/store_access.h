@@ -54,6 +54,10 @@ class StoreAccess {
   // created by some client) are left as they are.
   virtual void SealFailed(std::span<const ObjectId> ids, std::string_view message) = 0;
 
+  // The bandwidths of the store's own copies between tiers as measured so far; `assumed`'s
+  // for those not measured yet.
+  virtual Bandwidths CopyBandwidths(const Bandwidths& assumed) const = 0;
+
   // Bytes an object could be given on `device` now without evicting anything a client or
   // the graph holds: free memory of the tier's limit plus what unreferenced objects use.
   virtual uint64_t Room(int32_t device) const = 0;

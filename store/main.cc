@@ -186,20 +186,28 @@ int main(int argc, char** argv) {
                  "included) or random (a baseline to compare with)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cost", "random"}));
-  app.add_option("--host-gpu-bandwidth", scheduler_options.bandwidths.host_to_gpu,
-                 "bytes/s placement assumes for copies between host memory and a GPU")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--gpu-gpu-bandwidth", scheduler_options.bandwidths.gpu_to_gpu,
-                 "bytes/s placement assumes for copies between GPUs")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  auto* host_gpu_bandwidth =
+      app.add_option("--host-gpu-bandwidth", scheduler_options.bandwidths.host_to_gpu,
+                     "bytes/s placement assumes for copies between host memory and a GPU (default: "
+                     "measured "
+                     "on the store's copies, this until then)")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
+  auto* gpu_gpu_bandwidth =
+      app.add_option("--gpu-gpu-bandwidth", scheduler_options.bandwidths.gpu_to_gpu,
+                     "bytes/s placement assumes for copies between GPUs (default: measured, this "
+                     "until then)")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);
   scheduler_options.bandwidths.gpu_to_host = scheduler_options.bandwidths.host_to_gpu;
   scheduler_options.random_placement = placement == "random";
+  // Bandwidths given are kept; otherwise placement goes by those the store measures.
+  scheduler_options.measure_bandwidths =
+      host_gpu_bandwidth->count() == 0 && gpu_gpu_bandwidth->count() == 0;
 
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [depotd] [%^%l%$] %v");

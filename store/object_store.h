@@ -292,6 +292,8 @@ class ObjectStore final : private Tiers::Owner {
   EvictOutcome EvictUnreferenced(uint64_t bytes, bool all);
 
   StoreCounters counters() const;
+  // The copies between tiers as measured so far (Tiers).
+  const CopyRates& copy_rates() const { return tiers_.copy_rates(); }
   const ClientLimits& limits() const { return accounts_.limits(); }
   std::span<gpu::DevicePool* const> pools() const { return gpus_; }
   const TierUsage& device_usage(uint32_t device) const {

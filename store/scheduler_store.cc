@@ -77,4 +77,12 @@ void SchedulerStore::OnSealedFailed(const ObjectId& id) { events_.OnSealed(id, /
 
 void SchedulerStore::OnFreed(const ObjectId& id) { events_.OnFreed(id); }
 
+scheduler::Bandwidths SchedulerStore::CopyBandwidths(const scheduler::Bandwidths& assumed) const {
+  const CopyRates& measured = store_.copy_rates();
+  const auto pick = [](double rate, double otherwise) { return rate > 0 ? rate : otherwise; };
+  return {.host_to_gpu = pick(measured.host_to_gpu, assumed.host_to_gpu),
+          .gpu_to_host = pick(measured.gpu_to_host, assumed.gpu_to_host),
+          .gpu_to_gpu = pick(measured.gpu_to_gpu, assumed.gpu_to_gpu)};
+}
+
 }  // namespace depot::store

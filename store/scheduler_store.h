@@ -50,6 +50,8 @@ class SchedulerStore final : public scheduler::StoreAccess, private StoreListene
   // ObjectStore::Room: the tier's limit less what references, creates (and, in host memory,
   // pinned objects) take; 0 for a device the store does not have.
   uint64_t Room(int32_t device) const override;
+  // ObjectStore::copy_rates, where measured.
+  scheduler::Bandwidths CopyBandwidths(const scheduler::Bandwidths& assumed) const override;
 
  private:
   // StoreListener, passed on to `events_`.

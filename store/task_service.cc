@@ -258,10 +258,11 @@ void TaskService::FillStatus(wire::SchedulerStatus::Builder out) const {
   out.setLocalBytes(c.local_bytes);
   out.setMovedBytes(c.moved_bytes);
   out.setPrefetches(c.prefetches);
-  const scheduler::Bandwidths& bw = scheduler_.bandwidths();
+  const scheduler::Bandwidths bw = scheduler_.bandwidths();
   out.setHostToGpu(bw.host_to_gpu);
   out.setGpuToHost(bw.gpu_to_host);
   out.setGpuToGpu(bw.gpu_to_gpu);
+  out.setBandwidthsMeasured(scheduler_.bandwidths_measured());
 }
 
 void TaskService::SessionClosed(uint64_t session) { scheduler_.RemoveSession(session); }

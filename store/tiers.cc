@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "depot/ipc/units.h"
@@ -167,6 +168,7 @@ void Tiers::RunCopy(uint32_t slot, int32_t tier) {
   };
   const uint64_t from = address(source), to = address(tier);
   executor_.Offload([this, &backend, slot, tier, source, from, to, bytes] {
+    const auto start = std::chrono::steady_clock::now();
     Status st;
     if (bytes == 0) {
       st = Status::OK();
@@ -177,14 +179,24 @@ void Tiers::RunCopy(uint32_t slot, int32_t tier) {
     } else {
       st = backend.CopyBetweenDevices(source, from, tier, to, bytes);
     }
-    return std::function<void()>(
-        [this, slot, tier, st = std::move(st)] { FinishTransfer(slot, tier, st); });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return std::function<void()>([this, slot, tier, st = std::move(st), seconds] {
+      FinishTransfer(slot, tier, st, seconds);
+    });
   });
 }
 
-void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status) {
+void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double seconds) {
   Transfer t = std::move(transfers_.extract({slot, tier}).mapped());
   auto& h = table_.header(slot);
+  if (status.ok() && h.data_size >= CopyRates::kMinBytes && seconds > 0) {
+    double& rate = t.source == kHost ? copy_rates_.host_to_gpu
+                   : tier == kHost   ? copy_rates_.gpu_to_host
+                                     : copy_rates_.gpu_to_gpu;
+    const double measured = static_cast<double>(h.data_size) / seconds;
+    rate = rate == 0 ? measured : rate + 0.2 * (measured - rate);
+  }
   const ObjectId id = table_.IdAt(slot);
   const uint32_t generation = h.generation;
   if (status.ok()) {

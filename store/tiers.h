@@ -47,6 +47,15 @@ struct TierCounters {
   uint64_t spilled_bytes = 0;
 };
 
+// Bytes per second of the copies between tiers, as measured on copies of at least
+// CopyRates::kMinBytes (a running average per direction); 0 until one has been made.
+struct CopyRates {
+  static constexpr uint64_t kMinBytes = 1 << 20;
+  double host_to_gpu = 0;
+  double gpu_to_host = 0;
+  double gpu_to_gpu = 0;
+};
+
 class Tiers {
  public:
   // What a copy needs of the store around the tiers.
@@ -80,6 +89,7 @@ class Tiers {
   TierUsage& usage(int32_t tier) { return usage_[Index(tier)]; }
   const TierUsage& usage(int32_t tier) const { return usage_[Index(tier)]; }
   const TierCounters& counters() const { return counters_; }
+  const CopyRates& copy_rates() const { return copy_rates_; }
   // Bytes the block of the replica of `slot` on `tier` reserves.
   uint64_t ReplicaBytes(uint32_t slot, int32_t tier) const {
     return pool(tier).BlockSize(table_.BytesOn(slot, tier));
@@ -127,7 +137,8 @@ class Tiers {
   void StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::Id waiter);
   // Runs the copy of a transfer whose destination is placed, on the executor.
   void RunCopy(uint32_t slot, int32_t tier);
-  void FinishTransfer(uint32_t slot, int32_t tier, Status status);
+  // `seconds`: how long the copy itself took (0 when none ran).
+  void FinishTransfer(uint32_t slot, int32_t tier, Status status, double seconds = 0);
   std::optional<TierPool::Block> AllocateDroppingReplicas(int32_t tier, uint64_t bytes);
   // Starts spilling LRU objects off `tier` until enough bytes are on their way out;
   // returns whether any spill is in flight.
@@ -150,6 +161,7 @@ class Tiers {
   std::vector<uint32_t> spills_in_flight_;                      // by tier (of their source)
   std::map<std::pair<uint32_t, int32_t>, Transfer> transfers_;  // (slot, destination tier)
   TierCounters counters_;
+  CopyRates copy_rates_;
   LogLimiter copy_failure_log_;
 };
 

@@ -65,6 +65,7 @@ class FakeStore final : public StoreAccess {
       events.push_back([this, id](ObjectEvents& e) { e.OnSealed(id, true); });
     }
   }
+  Bandwidths CopyBandwidths(const Bandwidths& assumed) const override { return assumed; }
   uint64_t Room(int32_t device) const override {
     auto it = room.find(device);
     return it == room.end() ? UINT64_MAX : it->second;

@@ -113,6 +113,8 @@ struct InfoFields<SchedulerStatus> {
       Field{"host_to_gpu", &SchedulerStatus::host_to_gpu, &R::getHostToGpu},
       Field{"gpu_to_host", &SchedulerStatus::gpu_to_host, &R::getGpuToHost},
       Field{"gpu_to_gpu", &SchedulerStatus::gpu_to_gpu, &R::getGpuToGpu},
+      Field{"bandwidths_measured", &SchedulerStatus::bandwidths_measured,
+            &R::getBandwidthsMeasured},
   };
 };
 

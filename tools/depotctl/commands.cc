@@ -222,6 +222,7 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
                              .Real("host_to_gpu", s.scheduler.host_to_gpu)
                              .Real("gpu_to_host", s.scheduler.gpu_to_host)
                              .Real("gpu_to_gpu", s.scheduler.gpu_to_gpu)
+                             .Bool("bandwidths_measured", s.scheduler.bandwidths_measured)
                              .str())
       .str();
 }
@@ -266,8 +267,8 @@ void AddTaskFields(std::vector<std::pair<std::string, std::string>>& fields, con
                                    std::to_string(t.retried) + " retried");
   fields.emplace_back("", "inputs " + FormatSize(t.local_bytes) + " where their tasks ran, " +
                               FormatSize(t.moved_bytes) + " moved; " +
-                              std::to_string(t.prefetches) + " prefetched" +
-                              "; bandwidths assumed " +
+                              std::to_string(t.prefetches) + " prefetched" + "; bandwidths " +
+                              (t.bandwidths_measured ? "measured " : "set ") +
                               FormatSize(static_cast<uint64_t>(t.host_to_gpu)) + "/s host<->GPU, " +
                               FormatSize(static_cast<uint64_t>(t.gpu_to_gpu)) + "/s GPU<->GPU");
 }

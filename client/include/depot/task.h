@@ -116,6 +116,7 @@ struct SchedulerStatus {
   double host_to_gpu = 0;  // bandwidths placement assumes, bytes per second
   double gpu_to_host = 0;
   double gpu_to_gpu = 0;
+  bool bandwidths_measured = false;  // from the store's copies (as set by flag if false)
 };
 
 }  // namespace depot
