@@ -12,7 +12,14 @@ namespace {
 
 // A dispatch stops after this many ready tasks in a row found no worker: the rest wait for
 // the next change (a completion, a worker, a seal) rather than cost each event a whole scan.
+// Tasks of a shape that found none are passed over without counting (DispatchRound).
 constexpr int kMaxMissesPerDispatch = 64;
+constexpr size_t kMaxShapesPerDispatch = 64;
+
+// What a task costs the daemon's memory besides its strings and ids, and what an id costs
+// (in the task, and in the graph's index of objects).
+constexpr uint64_t kTaskBytes = 512;
+constexpr uint64_t kIdBytes = 96;
 
 std::string Cut(std::string_view message) {
   return std::string(message.substr(0, kMaxFailureMessage));
@@ -22,10 +29,14 @@ std::string TaskName(size_t index) { return "task " + std::to_string(index) + ":
 
 bool Finite(double x) { return std::isfinite(x); }
 
+// 0, or from kMinResourceAmount on.
+bool Amount(double x) { return Finite(x) && (x == 0 || x >= kMinResourceAmount); }
+
 Status CheckResources(const ResourceRequest& r) {
-  if (!Finite(r.cpu) || r.cpu < 0) return Status::InvalidArgument("CPU must be 0 or more");
-  if (!Finite(r.gpu) || r.gpu < 0 || r.gpu > 1) {
-    return Status::InvalidArgument("GPU must be a share of one device, from 0 to 1");
+  const std::string least = " (1/1024 at least when not 0)";
+  if (!Amount(r.cpu)) return Status::InvalidArgument("CPU must be 0 or more" + least);
+  if (!Amount(r.gpu) || r.gpu > 1) {
+    return Status::InvalidArgument("GPU must be a share of one device, from 0 to 1" + least);
   }
   if (r.cpu == 0 && r.gpu == 0) {
     return Status::InvalidArgument("a task must ask for some CPU or GPU");
@@ -35,8 +46,8 @@ Status CheckResources(const ResourceRequest& r) {
       return Status::InvalidArgument("a custom resource needs a name of 1 to " +
                                      std::to_string(kMaxFunctionName) + " bytes");
     }
-    if (!Finite(amount) || amount < 0) {
-      return Status::InvalidArgument("resource " + name + " must be 0 or more");
+    if (!Amount(amount)) {
+      return Status::InvalidArgument("resource " + name + " must be 0 or more" + least);
     }
   }
   return Status::OK();
@@ -78,7 +89,8 @@ struct Scheduler::Task {
   bool placed = false;    // queued or running on `worker`
   double duration_s = 0;  // expected; counted in its worker's pending_s while placed
   double started_at = 0;
-  Choice choice;  // the placement's terms
+  uint64_t charged = 0;  // to its submitter (StoreAccess::Charge), until it is over
+  Choice choice;         // the placement's terms
   std::string reason;
 
   ReadyKey key() const { return {spec.priority, depth, id}; }
@@ -126,6 +138,14 @@ Status Scheduler::AddWorker(SessionId session, WorkerSpec spec) {
   if (workers_.contains(session)) {
     return Status::AlreadyExists("session " + std::to_string(session) + " is a worker already");
   }
+  if (spec.functions.size() > kMaxWorkerFunctions ||
+      spec.capacity.custom.size() > kMaxWorkerResources ||
+      spec.capacity.gpus.size() > kMaxWorkerResources) {
+    return Status::InvalidArgument(
+        "a worker registers at most " + std::to_string(kMaxWorkerFunctions) + " functions and " +
+        std::to_string(kMaxWorkerResources) + " GPUs and custom resources");
+  }
+  if (spec.name.size() > kMaxWorkerName) spec.name.resize(kMaxWorkerName);
   for (const std::string& f : spec.functions) {
     if (f.empty() || f.size() > kMaxFunctionName) {
       return Status::InvalidArgument("a function name must have 1 to " +
@@ -153,6 +173,8 @@ Status Scheduler::AddWorker(SessionId session, WorkerSpec spec) {
                                                    .attached_at = Now()});
   for (const std::string& f : worker->functions) runners_[f].push_back(session);
   workers_.emplace(session, std::move(worker));
+  // Tasks no worker could run until now may find one.
+  for (TaskId id : std::exchange(stalled_, {})) ready_.insert(tasks_.at(id)->key());
   Dispatch();
   return Status::OK();
 }
@@ -230,6 +252,16 @@ Result<std::vector<std::vector<ObjectId>>> Scheduler::Submit(SessionId submitter
   }
   auto order = Validate(tasks, outputs);
   if (!order.ok()) return order.status();
+  // The daemon memory the batch takes, counted against its submitter until each task is over.
+  std::vector<uint64_t> costs(tasks.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const TaskSpec& t = tasks[i];
+    costs[i] = kTaskBytes + t.function.size() + t.args.size() +
+               (t.inputs.size() + outputs[i].size()) * kIdBytes;
+    total += costs[i];
+  }
+  DEPOT_RETURN_NOT_OK(store_.Charge(submitter, static_cast<int64_t>(total)));
 
   const TaskId first = next_task_;
   next_task_ += tasks.size();
@@ -241,6 +273,7 @@ Result<std::vector<std::vector<ObjectId>>> Scheduler::Submit(SessionId submitter
     task->spec = tasks[i];
     task->spec.outputs.clear();
     task->outputs = outputs[i];
+    task->charged = costs[i];
     for (const ObjectId& o : task->outputs) nodes_[o].producer = task->id;
     made[i] = task.get();
     tasks_.emplace(task->id, std::move(task));
@@ -356,6 +389,24 @@ Result<std::vector<size_t>> Scheduler::Validate(
   return order;
 }
 
+bool Scheduler::CouldEverPlace(const Task& task) const {
+  if (!SomeWorkerCouldRun(task.spec)) return false;
+  if (task.spec.affinity != Affinity::kHard || !task.on_gpu()) return true;
+  // Hard affinity: some worker must offer the GPU holding most of its input.
+  std::vector<StoreAccess::Object> found(task.spec.inputs.size());
+  store_.Locate(task.spec.inputs, found);
+  std::vector<InputView> inputs;
+  for (const auto& f : found) inputs.push_back(f.where);
+  const auto favourite = DeviceWithMostInput(inputs, /*gpus_only=*/true);
+  if (!favourite) return true;
+  const auto& runners = runners_.at(task.spec.function);
+  return std::any_of(runners.begin(), runners.end(), [&](SessionId id) {
+    const Worker& w = *workers_.at(id);
+    return !w.draining && std::find(w.capacity.gpus.begin(), w.capacity.gpus.end(), *favourite) !=
+                              w.capacity.gpus.end();
+  });
+}
+
 bool Scheduler::SomeWorkerCouldRun(const TaskSpec& spec) const {
   auto it = runners_.find(spec.function);
   if (it == runners_.end()) return false;
@@ -366,12 +417,20 @@ bool Scheduler::SomeWorkerCouldRun(const TaskSpec& spec) const {
 }
 
 std::vector<ObjectId> Scheduler::DeriveOutputs(TaskId task, uint32_t count) const {
-  // Unique among themselves (task in one word, index in the other) and, with a random
-  // nonce per daemon, against every other id for all practical purposes.
+  // The hash of a random nonce of this daemon, the task and the index: unique for all
+  // practical purposes, and not to be guessed from other tasks' ids (within one uid, clients
+  // are not guarded from each other; this keeps accidents away).
   std::vector<ObjectId> ids;
   ids.reserve(count);
+  struct {
+    uint64_t nonce[2];
+    uint64_t task;
+    uint64_t index;
+  } key{{nonce_.lo(), nonce_.hi()}, task, 0};
   for (uint32_t i = 0; i < count; ++i) {
-    ids.push_back(ObjectId::FromWords(nonce_.lo() + task, nonce_.hi() ^ (uint64_t{i} << 48)));
+    key.index = i;
+    ids.push_back(
+        ObjectId::FromName(std::string_view(reinterpret_cast<const char*>(&key), sizeof key)));
   }
   return ids;
 }
@@ -422,17 +481,54 @@ void Scheduler::Requeue(Task& task) {
 }
 
 void Scheduler::Dispatch() {
-  if (dispatching_) return;
+  // Sending may end a session (a write to a dead worker fails), which comes back here: the
+  // tasks it gives back are placed by another round.
+  if (dispatching_) {
+    dispatch_again_ = true;
+    return;
+  }
   dispatching_ = true;
+  do {
+    dispatch_again_ = false;
+    Settle();
+    DispatchRound();
+    Flush();
+  } while (dispatch_again_);
+  dispatching_ = false;
+}
+
+void Scheduler::DispatchRound() {
   size_t open = 0;
-  for (const auto& [id, w] : workers_) {
+  for (auto& [id, w] : workers_) {
+    if (!w->queue.empty()) StartQueued(*w);
     if (!w->draining && w->queue.size() < options_.window) ++open;
   }
+  // Tasks with no affinity that ask for what a task that found no place asked for find none
+  // either: they are passed over without a look, and without counting as misses.
+  std::vector<const TaskSpec*> unplaceable;
+  const auto same_shape = [](const TaskSpec& a, const TaskSpec& b) {
+    return a.function == b.function && a.resources.cpu == b.resources.cpu &&
+           a.resources.gpu == b.resources.gpu && a.resources.custom == b.resources.custom &&
+           a.output_bytes == b.output_bytes;
+  };
   int misses = 0;
   for (auto it = ready_.begin();
        it != ready_.end() && open > 0 && misses < kMaxMissesPerDispatch;) {
     Task& task = *tasks_.at(it->id);
+    const bool shaped = task.spec.affinity == Affinity::kNone;
+    if (shaped && std::any_of(unplaceable.begin(), unplaceable.end(),
+                              [&](const TaskSpec* s) { return same_shape(*s, task.spec); })) {
+      ++it;
+      continue;
+    }
     if (!PlaceOne(task)) {
+      if (!CouldEverPlace(task)) {
+        // Not with the workers attached: it waits aside until another attaches.
+        it = ready_.erase(it);
+        stalled_.insert(task.id);
+        continue;
+      }
+      if (shaped && unplaceable.size() < kMaxShapesPerDispatch) unplaceable.push_back(&task.spec);
       ++it;
       ++misses;
       continue;
@@ -442,8 +538,6 @@ void Scheduler::Dispatch() {
     const Worker& w = *workers_.at(task.worker);
     if (task.state == TaskState::kQueued && w.queue.size() == options_.window) --open;
   }
-  Flush();
-  dispatching_ = false;
 }
 
 bool Scheduler::PlaceOne(Task& task) {
@@ -478,6 +572,7 @@ bool Scheduler::PlaceOne(Task& task) {
   for (SessionId id : runners->second) {
     Worker& w = *workers_.at(id);
     if (w.draining || w.queue.size() >= options_.window) continue;
+    if (w.running.size() >= kMaxRunningPerWorker) continue;
     const bool idle = w.running.empty() && w.queue.empty();
     if (w.queue.empty()) {
       candidates.push_back({&w, true});
@@ -542,12 +637,15 @@ bool Scheduler::PlaceOne(Task& task) {
   ++counters_.placements;
   counters_.local_bytes += choice->local_bytes;
   counters_.moved_bytes += choice->moved_bytes;
-  if (c.now && w.resources.Reserve(task.spec.resources, task.device)) {
+  if (c.now && w.running.size() < kMaxRunningPerWorker &&
+      w.resources.Reserve(task.spec.resources, task.device)) {
     Start(w, task);
     return true;
   }
   task.state = TaskState::kQueued;
   w.queue.push_back(task.id);
+  StartQueued(w);  // it may fit beside what runs there (a CPU task beside a GPU one)
+  if (task.state == TaskState::kRunning) return true;
   if (choice->moved_bytes > 0) {
     std::vector<ObjectId> missing;
     const uint64_t bit = uint64_t{1} << (task.device + 1);
@@ -563,6 +661,7 @@ bool Scheduler::PlaceOne(Task& task) {
 void Scheduler::StartQueued(Worker& worker) {
   for (auto it = worker.queue.begin(); it != worker.queue.end();) {
     Task& task = *tasks_.at(*it);
+    if (worker.running.size() >= kMaxRunningPerWorker) return;
     if (worker.resources.Reserve(task.spec.resources, task.device)) {
       it = worker.queue.erase(it);
       Start(worker, task);
@@ -585,10 +684,17 @@ void Scheduler::Start(Worker& worker, Task& task) {
 }
 
 void Scheduler::Flush() {
-  for (auto& [worker, assignments] : outbox_) {
+  // Taken first: a send may end a session, whose tasks then change state and place.
+  auto outbox = std::exchange(outbox_, {});
+  for (auto& [worker, assignments] : outbox) {
+    // Only what still runs there: an earlier send in this loop may have ended a session.
+    std::erase_if(assignments, [&, worker = worker](const Assignment& a) {
+      auto it = tasks_.find(a.task);
+      return it == tasks_.end() || it->second->state != TaskState::kRunning ||
+             it->second->worker != worker;
+    });
     if (!assignments.empty()) link_.Assign(worker, assignments);
   }
-  outbox_.clear();
 }
 
 double Scheduler::QueueWait(const Worker& worker) const {
@@ -630,6 +736,7 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
     durations_.Record(task.spec.function, task.on_gpu(), now - task.started_at);
     if (!c.ok) {
       ++w.failed;
+      store_.AbortCreating(worker, task.outputs);
       Finish(task, TaskState::kFailed, Cut(c.message));
       continue;
     }
@@ -641,6 +748,7 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
     }
     if (!missing.empty()) {
       ++w.failed;
+      store_.AbortCreating(worker, task.outputs);
       Finish(task, TaskState::kFailed,
              "its worker reported success without sealing output " + missing);
       continue;
@@ -675,17 +783,18 @@ std::vector<Scheduler::CancelOutcome> Scheduler::Cancel(std::span<const ObjectId
       outcomes.push_back(CancelOutcome::kCancelled);
       continue;
     }
-    const bool finished = std::any_of(finished_.begin(), finished_.end(), [&](const auto& t) {
-      return std::find(t->outputs.begin(), t->outputs.end(), id) != t->outputs.end();
-    });
-    outcomes.push_back(finished ? CancelOutcome::kFinished : CancelOutcome::kUnknown);
+    outcomes.push_back(finished_outputs_.contains(id) ? CancelOutcome::kFinished
+                                                      : CancelOutcome::kUnknown);
   }
   Dispatch();
   return outcomes;
 }
 
 void Scheduler::Finish(Task& task, TaskState state, std::string reason) {
-  if (task.state == TaskState::kReady) ready_.erase(task.key());
+  if (task.state == TaskState::kReady) {
+    ready_.erase(task.key());
+    stalled_.erase(task.id);
+  }
   Unplace(task);
   task.state = state;
   task.reason = std::move(reason);
@@ -701,12 +810,17 @@ void Scheduler::Finish(Task& task, TaskState state, std::string reason) {
   }
   // Consumers of a task's outputs start once the task is over, not at each output's seal:
   // until then the producer still holds its device. Outputs it sealed go to them now (a
-  // done task's are all sealed: Complete checked); failed ones through the store's events.
+  // done task's are all sealed: Complete checked); the others fail them, through a queue
+  // (Settle) rather than recursion, and whether or not the store could seal them as failed.
   std::vector<StoreAccess::Object> found(task.outputs.size());
   if (state != TaskState::kDone) store_.Locate(task.outputs, found);
   for (size_t k = 0; k < task.outputs.size(); ++k) {
     const ObjectId& o = task.outputs[k];
-    if (state == TaskState::kDone || found[k].state == StoreAccess::State::kSealed) Sealed(o);
+    if (state == TaskState::kDone || found[k].state == StoreAccess::State::kSealed) {
+      Sealed(o);
+    } else {
+      failures_.emplace_back(o, Cut("input " + o.Hex() + " failed: " + task.reason));
+    }
     auto it = nodes_.find(o);
     if (it != nodes_.end() && it->second.consumers == 0 && it->second.waiting.empty()) {
       if (it->second.held) store_.Drop(o);
@@ -732,10 +846,32 @@ void Scheduler::LetGoOfInputs(Task& task) {
 }
 
 void Scheduler::Retire(Task& task) {
+  // What it no longer needs goes, and with it what its submitter was charged.
+  (void)store_.Charge(task.submitter, -static_cast<int64_t>(task.charged));
+  task.charged = 0;
+  task.spec.args = std::string();
+  task.spec.inputs = std::vector<ObjectId>();
+  for (const ObjectId& o : task.outputs) finished_outputs_[o] = task.id;
   auto it = tasks_.find(task.id);
   finished_.push_back(std::move(it->second));
   tasks_.erase(it);
-  while (finished_.size() > options_.finished_kept) finished_.pop_front();
+  while (finished_.size() > options_.finished_kept) {
+    for (const ObjectId& o : finished_.front()->outputs) {
+      auto f = finished_outputs_.find(o);
+      if (f != finished_outputs_.end() && f->second == finished_.front()->id) {
+        finished_outputs_.erase(f);
+      }
+    }
+    finished_.pop_front();
+  }
+}
+
+void Scheduler::Settle() {
+  while (!failures_.empty()) {
+    auto [id, reason] = std::move(failures_.front());
+    failures_.pop_front();
+    InputFailed(id, reason);
+  }
 }
 
 void Scheduler::ForgetWorker(Worker& worker) {
@@ -748,6 +884,11 @@ void Scheduler::ForgetWorker(Worker& worker) {
 }
 
 void Scheduler::OnSealed(const ObjectId& id, bool failed) {
+  if (!nodes_.contains(id)) return;
+  // Events come after the change: the object may have gone, or come again, since.
+  StoreAccess::Object now;
+  store_.Locate(std::span(&id, 1), std::span(&now, 1));
+  if (now.state != (failed ? StoreAccess::State::kFailed : StoreAccess::State::kSealed)) return;
   if (failed) {
     InputFailed(id, "input " + id.Hex() + " failed: " + store_.FailureOf(id));
   } else {
@@ -781,6 +922,9 @@ void Scheduler::InputFailed(const ObjectId& id, const std::string& reason) {
 void Scheduler::OnFreed(const ObjectId& id) {
   auto it = nodes_.find(id);
   if (it == nodes_.end()) return;
+  StoreAccess::Object now;
+  store_.Locate(std::span(&id, 1), std::span(&now, 1));
+  if (now.state != StoreAccess::State::kMissing) return;  // made again since
   Node& n = it->second;
   n.held = false;
   // An output whose producer is pending will be made again (the producer retries) or sealed
@@ -830,9 +974,14 @@ std::vector<TaskInfo> Scheduler::Tasks() const {
                   .duration_s = t.duration_s,
                   .reason = t.reason};
     if (t.state == TaskState::kReady) {
-      info.reason = SomeWorkerCouldRun(t.spec) ? "no worker has room for it now"
-                                               : "no worker attached can run '" + t.spec.function +
-                                                     "' with the resources it asks for";
+      if (!SomeWorkerCouldRun(t.spec)) {
+        info.reason =
+            "no worker attached can run '" + t.spec.function + "' with the resources it asks for";
+      } else if (stalled_.contains(t.id)) {
+        info.reason = "no worker attached offers the GPU holding its inputs (hard affinity)";
+      } else {
+        info.reason = "no worker has room for it now";
+      }
     }
     return info;
   };

@@ -224,12 +224,16 @@ class Scheduler final : public ObjectEvents {
   Result<std::vector<size_t>> Validate(std::span<const TaskSpec> tasks,
                                        const std::vector<std::vector<ObjectId>>& outputs) const;
   bool SomeWorkerCouldRun(const TaskSpec& spec) const;
+  // Whether some worker attached could ever take the task (for hard affinity: offers the GPU
+  // holding most of its input).
+  bool CouldEverPlace(const Task& task) const;
   std::vector<ObjectId> DeriveOutputs(TaskId task, uint32_t count) const;
   void Admit(Task& task);
   void MakeReady(Task& task);
-  // Places ready tasks while workers have room, and starts queued tasks whose resources are
-  // free; sends what started, a message per worker.
+  // Starts queued tasks whose resources are free and places ready tasks while workers have
+  // room; sends what started, a message per worker. Again while a send changed anything.
   void Dispatch();
+  void DispatchRound();
   // Places one ready task; false if no worker can take it now.
   bool PlaceOne(Task& task);
   // Starts the tasks queued on `worker` that fit now, in queue order.
@@ -247,6 +251,8 @@ class Scheduler final : public ObjectEvents {
   // and it is kept among the finished.
   void Finish(Task& task, TaskState state, std::string reason);
   void LetGoOfInputs(Task& task);
+  // Fails the tasks waiting for outputs that will not come (failures_), one at a time.
+  void Settle();
   // `id` is sealed: the graph holds it for its consumers, and those waiting for it have one
   // input fewer to wait for, unless a pending task makes it (they wait for that task).
   void Sealed(const ObjectId& id);
@@ -265,14 +271,19 @@ class Scheduler final : public ObjectEvents {
   uint64_t next_ready_ = 0;
   std::unordered_map<TaskId, std::unique_ptr<Task>> tasks_;  // pending
   std::deque<std::unique_ptr<Task>> finished_;               // kept for Tasks(), oldest first
+  std::unordered_map<ObjectId, TaskId> finished_outputs_;    // of the tasks in finished_
+  // Outputs of tasks that ended without them, and the reason their readers fail with.
+  std::deque<std::pair<ObjectId, std::string>> failures_;
   std::unordered_map<ObjectId, Node> nodes_;  // objects pending tasks read or produce
   std::set<ReadyKey> ready_;
+  std::unordered_set<TaskId> stalled_;  // ready, but for no worker attached: set aside
   std::map<SessionId, std::unique_ptr<Worker>> workers_;
   std::unordered_map<std::string, std::vector<SessionId>> runners_;  // function -> workers
   std::unordered_map<SessionId, std::vector<Assignment>> outbox_;
   SchedulerCounters counters_;
   std::minstd_rand random_;  // for random_placement
   bool dispatching_ = false;
+  bool dispatch_again_ = false;
 };
 
 }  // namespace depot::scheduler

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "depot/object_id.h"
+#include "depot/status.h"
 #include "scheduler/placement.h"
 
 namespace depot::scheduler {
@@ -48,6 +49,15 @@ class StoreAccess {
   // nest: each Hold needs its Drop.
   virtual bool Hold(const ObjectId& id) = 0;
   virtual void Drop(const ObjectId& id) = 0;
+
+  // Aborts those of `ids` that the session `creator` is creating (a worker's partial outputs
+  // of a task that failed), as its own abort would.
+  virtual void AbortCreating(uint64_t creator, std::span<const ObjectId> ids) = 0;
+
+  // Counts `bytes` more (negative: fewer) of daemon memory against the client `session`'s
+  // account for requests in progress; LimitExceeded, counting nothing, past its limit or the
+  // daemon's budget. Giving back for a session that has gone does nothing.
+  virtual Status Charge(uint64_t session, int64_t bytes) = 0;
 
   // Seals each of `ids` that does not exist as a failed object carrying `message` (at most
   // kMaxFailureMessage bytes). Ids that exist (sealed by a worker before it failed, or being

@@ -22,6 +22,15 @@ inline constexpr size_t kMaxInlineArgs = 64 * 1024;
 inline constexpr size_t kMaxInputs = 4096;
 inline constexpr uint32_t kMaxOutputs = 64;
 inline constexpr uint32_t kMaxRetries = 100;
+// A task's CPU, GPU share or custom resource is 0 or at least this much, so that a worker
+// runs a bounded number of tasks at once.
+inline constexpr double kMinResourceAmount = 1.0 / 1024;
+// At most this many tasks run on one worker at once, whatever their amounts.
+inline constexpr size_t kMaxRunningPerWorker = 1024;
+// What a worker may register: function names, custom resources, the length of its name.
+inline constexpr size_t kMaxWorkerFunctions = 1024;
+inline constexpr size_t kMaxWorkerResources = 64;
+inline constexpr size_t kMaxWorkerName = 256;
 
 struct TaskSpec {
   std::string function;          // a name workers registered

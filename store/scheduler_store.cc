@@ -85,4 +85,16 @@ scheduler::Bandwidths SchedulerStore::CopyBandwidths(const scheduler::Bandwidths
           .gpu_to_gpu = pick(measured.gpu_to_gpu, assumed.gpu_to_gpu)};
 }
 
+void SchedulerStore::AbortCreating(uint64_t creator, std::span<const ObjectId> ids) {
+  for (const ObjectId& id : ids) {
+    // NotFound, AlreadySealed, NotHeld: not a partial output of that session's.
+    (void)store_.Abort(creator, id);
+  }
+}
+
+Status SchedulerStore::Charge(uint64_t session, int64_t bytes) {
+  Status st = store_.ChargeRequests(session, bytes);
+  return bytes < 0 ? Status::OK() : st;  // a session that has gone took its account along
+}
+
 }  // namespace depot::store

@@ -47,6 +47,10 @@ class SchedulerStore final : public scheduler::StoreAccess, private StoreListene
   bool Hold(const ObjectId& id) override;
   void Drop(const ObjectId& id) override;
   void SealFailed(std::span<const ObjectId> ids, std::string_view message) override;
+  void AbortCreating(uint64_t creator, std::span<const ObjectId> ids) override;
+  // ObjectStore::ChargeRequests, the limits of the metadata (--client-max-metadata,
+  // --metadata-budget).
+  Status Charge(uint64_t session, int64_t bytes) override;
   // ObjectStore::Room: the tier's limit less what references, creates (and, in host memory,
   // pinned objects) take; 0 for a device the store does not have.
   uint64_t Room(int32_t device) const override;

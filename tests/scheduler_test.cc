@@ -59,6 +59,7 @@ class FakeStore final : public StoreAccess {
     --it->second.holds;
   }
   void SealFailed(std::span<const ObjectId> ids, std::string_view message) override {
+    if (!room_for_failed) return;  // a store with no slot left makes none
     for (const ObjectId& id : ids) {
       if (objects.contains(id)) continue;
       objects[id] = {State::kFailed, 0, Bit(kHostMemory), std::string(message), 0};
@@ -66,6 +67,22 @@ class FakeStore final : public StoreAccess {
     }
   }
   Bandwidths CopyBandwidths(const Bandwidths& assumed) const override { return assumed; }
+  void AbortCreating(uint64_t creator, std::span<const ObjectId> ids) override {
+    for (const ObjectId& id : ids) {
+      auto it = objects.find(id);
+      if (it != objects.end() && it->second.state == State::kCreating) {
+        aborted.emplace_back(creator, id);
+        objects.erase(it);
+      }
+    }
+  }
+  Status Charge(uint64_t session, int64_t bytes) override {
+    if (bytes > 0 && charged[session] + bytes > charge_limit) {
+      return Status::LimitExceeded("over the test's limit");
+    }
+    charged[session] += bytes;
+    return Status::OK();
+  }
   uint64_t Room(int32_t device) const override {
     auto it = room.find(device);
     return it == room.end() ? UINT64_MAX : it->second;
@@ -111,6 +128,10 @@ class FakeStore final : public StoreAccess {
   std::deque<std::function<void(ObjectEvents&)>> events;
   std::vector<std::pair<ObjectId, int32_t>> prefetched;
   std::map<int32_t, uint64_t> room;
+  std::vector<std::pair<uint64_t, ObjectId>> aborted;
+  std::map<uint64_t, int64_t> charged;
+  int64_t charge_limit = INT64_MAX;
+  bool room_for_failed = true;
 };
 
 // One assignment, copied out of the scheduler's message.
@@ -368,6 +389,116 @@ TEST_F(SchedulerTest, SoftAffinityStartsElsewhereWhenTheDeviceHoldingTheInputIsB
   EXPECT_EQ(sent[0].device, 1);
   EXPECT_EQ(sent[1].device, 0);
   EXPECT_EQ(scheduler_.counters().moved_bytes, kMiB);
+}
+
+TEST_F(SchedulerTest, AQueuedCpuTaskStartsBesideARunningGpuTask) {
+  AddWorker(1, 2, {0});
+  Submit(Task({}, kGpuOnly));  // runs, holding the GPU
+  Submit(Task({}, kGpuOnly));  // queued behind it
+  ASSERT_EQ(link_.Take().size(), 1u);
+  Submit(Task());  // two CPU slots are free: it starts at once, queued or not
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].device, kHostMemory);
+}
+
+TEST_F(SchedulerTest, TinyResourceAmountsAreRefused) {
+  AddWorker(1, 1, {0});
+  EXPECT_EQ(SubmitStatus({Task({}, {.cpu = 1e-12})}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SubmitStatus({Task({}, {.cpu = 0, .gpu = 1e-6})}).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(scheduler_.Submit(100, std::vector{Task({}, {.cpu = 1.0 / 1024})}).ok());
+}
+
+TEST_F(SchedulerTest, ManyTasksThatFindNoPlaceDoNotHoldBackOthers) {
+  AddWorker(1, 1, {0});
+  // Each wants only GPU 3, where its input is, and no worker has it: they never run.
+  const ObjectId on3 = store_.Put(kMiB, 3);
+  std::vector<TaskSpec> stuck;
+  for (int i = 0; i < 300; ++i) {
+    TaskSpec t = Task({on3}, kGpuOnly);
+    t.affinity = Affinity::kHard;
+    t.priority = 10;
+    stuck.push_back(t);
+  }
+  ASSERT_TRUE(scheduler_.Submit(100, stuck).ok());
+  Submit(Task());
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].device, kHostMemory);
+  EXPECT_NE(scheduler_.Tasks()[0].reason.find("hard affinity"), std::string::npos);
+  // A worker offering GPU 3 takes them.
+  AddWorker(2, 0, {3});
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].device, 3);
+}
+
+TEST_F(SchedulerTest, ASendThatEndsASessionHasItsTasksPlacedElsewhereAtOnce) {
+  // A link whose first send to worker 1 finds it dead, as a write to a killed process does.
+  class DeadOnSend final : public WorkerLink {
+   public:
+    void Assign(SessionId worker, std::span<const Assignment> tasks) override {
+      if (worker == 1) {
+        scheduler->RemoveSession(1);
+        return;
+      }
+      for (const Assignment& a : tasks) sent.push_back(a.task);
+    }
+    void Drained(SessionId) override {}
+    Scheduler* scheduler = nullptr;
+    std::vector<TaskId> sent;
+  } link;
+  FakeStore store;
+  Scheduler scheduler(store, link, {});
+  link.scheduler = &scheduler;
+  ASSERT_TRUE(
+      scheduler.AddWorker(1, {.name = "dead", .capacity = {.cpu = 1}, .functions = {"f"}}).ok());
+  TaskSpec t = Task();
+  ASSERT_TRUE(scheduler.Submit(100, std::span(&t, 1)).ok());
+  EXPECT_TRUE(link.sent.empty());
+  // The task went back to the queue when worker 1 was found dead; a new worker takes it.
+  ASSERT_TRUE(
+      scheduler.AddWorker(2, {.name = "alive", .capacity = {.cpu = 1}, .functions = {"f"}}).ok());
+  EXPECT_EQ(link.sent.size(), 1u);
+  EXPECT_EQ(scheduler.counters().retried, 1u);
+}
+
+TEST_F(SchedulerTest, AFailedTasksPartialOutputsAreAbortedAndItsReadersFailEvenWithoutRoom) {
+  AddWorker(1, 1);
+  TaskSpec two = Task();
+  two.num_outputs = 2;
+  auto out = Submit(two);
+  auto reader = Submit(Task({out[1]}));
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  // The worker sealed output 0, was creating output 1, then failed; the store has no room
+  // left to seal failed objects.
+  store_.Seal(out[0], 8);
+  store_.objects[out[1]] = {StoreAccess::State::kCreating, 0, 0, "", 0};
+  store_.room_for_failed = false;
+  Fail(sent[0], "ran out of patience");
+  EXPECT_EQ(store_.aborted, (std::vector<std::pair<uint64_t, ObjectId>>{{1, out[1]}}));
+  auto tasks = scheduler_.Tasks();
+  const auto reader_task = std::find_if(tasks.begin(), tasks.end(),
+                                        [&](const TaskInfo& t) { return t.outputs == reader; });
+  ASSERT_NE(reader_task, tasks.end());
+  EXPECT_EQ(reader_task->state, TaskState::kFailed);
+  EXPECT_NE(reader_task->reason.find("ran out of patience"), std::string::npos);
+}
+
+TEST_F(SchedulerTest, SubmissionsAreChargedToTheirSubmitterUntilTheTasksAreOver) {
+  AddWorker(1, 1);
+  store_.charge_limit = 4096;
+  TaskSpec big = Task();
+  big.args.assign(8192, 'x');
+  EXPECT_EQ(SubmitStatus({big}).code(), StatusCode::kLimitExceeded);
+  EXPECT_EQ(store_.charged[100], 0);
+  Submit(Task());
+  EXPECT_GT(store_.charged[100], 0);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  Run(sent[0]);
+  EXPECT_EQ(store_.charged[100], 0);
 }
 
 TEST(RandomPlacementTest, RandomPlacementIgnoresWhereTheInputsAre) {
