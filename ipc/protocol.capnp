@@ -245,6 +245,7 @@ struct TaskSpec {
   priority @9 :Int32;        # higher first
   retries @10 :UInt32 = 1;   # runs again after its worker died, at most this often
   outputBytes @11 :UInt64;   # what its outputs take, if known: it starts only where they fit
+  detach @12 :Bool;          # it runs even if its submitter disconnects before it starts
 }
 
 struct Completion {

@@ -222,7 +222,9 @@ void Scheduler::RemoveSession(SessionId session) {
   // cancelled consumers let go of its outputs before it is looked at.
   std::vector<Task*> own;
   for (auto& [id, task] : tasks_) {
-    if (task->submitter == session && task->state != TaskState::kRunning) own.push_back(&*task);
+    if (task->submitter == session && task->state != TaskState::kRunning && !task->spec.detach) {
+      own.push_back(&*task);
+    }
   }
   std::sort(own.begin(), own.end(), [](const Task* a, const Task* b) {
     return a->depth != b->depth ? a->depth > b->depth : a->id > b->id;
@@ -955,7 +957,7 @@ std::vector<WorkerInfo> Scheduler::Workers() const {
   return out;
 }
 
-std::vector<TaskInfo> Scheduler::Tasks() const {
+std::vector<TaskInfo> Scheduler::Tasks(size_t limit) const {
   auto describe = [&](const Task& t) {
     TaskInfo info{.id = t.id,
                   .function = t.spec.function,
@@ -989,8 +991,14 @@ std::vector<TaskInfo> Scheduler::Tasks() const {
   for (const auto& [id, t] : tasks_) pending.push_back(&*t);
   std::sort(pending.begin(), pending.end(), [](auto* a, auto* b) { return a->id < b->id; });
   std::vector<TaskInfo> out;
-  for (const Task* t : pending) out.push_back(describe(*t));
-  for (const auto& t : finished_) out.push_back(describe(*t));
+  for (const Task* t : pending) {
+    if (out.size() == limit) return out;
+    out.push_back(describe(*t));
+  }
+  for (const auto& t : finished_) {
+    if (out.size() == limit) return out;
+    out.push_back(describe(*t));
+  }
   return out;
 }
 

@@ -193,8 +193,8 @@ class Scheduler final : public ObjectEvents {
   void OnFreed(const ObjectId& id) override;
 
   std::vector<WorkerInfo> Workers() const;
-  // Pending tasks in id order, then the finished ones kept.
-  std::vector<TaskInfo> Tasks() const;
+  // Pending tasks in id order, then the finished ones kept; at most `limit` of them.
+  std::vector<TaskInfo> Tasks(size_t limit = SIZE_MAX) const;
   SchedulerCounters counters() const;
   // The bandwidths placement goes by now: measured, or as set.
   Bandwidths bandwidths() const {

@@ -48,6 +48,9 @@ struct TaskSpec {
   // Bytes its outputs will take on the device it runs on (0: unknown). The task starts only
   // where that much room exists without evicting anything held.
   uint64_t output_bytes = 0;
+  // Runs even if its submitter disconnects first (otherwise cancelled then, unless another
+  // client's task reads its outputs).
+  bool detach = false;
 };
 
 }  // namespace depot::scheduler

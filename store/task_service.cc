@@ -16,6 +16,9 @@ namespace depot::store {
 
 namespace {
 
+// The most tasks one `tasks` reply lists (a few MiB).
+constexpr size_t kMaxTasksListed = 10'000;
+
 using scheduler::Affinity;
 using scheduler::TaskSpec;
 
@@ -69,6 +72,7 @@ TaskSpec SpecOf(wire::TaskSpec::Reader in) {
   spec.priority = in.getPriority();
   spec.retries = in.getRetries();
   spec.output_bytes = in.getOutputBytes();
+  spec.detach = in.getDetach();
   return spec;
 }
 
@@ -170,6 +174,11 @@ void TaskService::Complete(Session& session, uint64_t rid,
 }
 
 void TaskService::Cancel(Session& session, uint64_t rid, capnp::List<wire::Id>::Reader outputs) {
+  if (outputs.size() > server_.options().max_batch) {
+    return session.SendError(
+        rid, Status::LimitExceeded("a cancel may name at most " +
+                                   std::to_string(server_.options().max_batch) + " outputs"));
+  }
   const auto outcomes = scheduler_.Cancel(IdsOf(outputs));
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
@@ -217,7 +226,8 @@ void TaskService::Workers(Session& session, uint64_t rid) const {
 }
 
 void TaskService::Tasks(Session& session, uint64_t rid) const {
-  const auto tasks = scheduler_.Tasks();
+  // A bounded reply: the first pending tasks, then the last finished ones.
+  const auto tasks = scheduler_.Tasks(kMaxTasksListed);
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);

@@ -776,6 +776,22 @@ TEST_F(SchedulerTest, ASubmitterThatLeavesCancelsWhatNobodyElseReads) {
   (void)other;
 }
 
+TEST_F(SchedulerTest, ADetachedTaskOutlivesItsSubmitter) {
+  AddWorker(1, 1);
+  Submit(Task(), 100);  // runs
+  TaskSpec detached = Task();
+  detached.detach = true;
+  auto out = Submit(detached, 100);
+  scheduler_.RemoveSession(100);
+  EXPECT_EQ(scheduler_.counters().cancelled, 0u);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  Run(sent[0]);
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].outputs, out);
+}
+
 TEST_F(SchedulerTest, CancelByOutputId) {
   AddWorker(1, 1);
   auto running = Submit(Task());

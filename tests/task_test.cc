@@ -400,6 +400,14 @@ TEST_F(TaskTest, DepotctlSubmitsWaitsAndShowsWorkersAndTasks) {
   ASSERT_OK_AND_ASSIGN(Buffer copied, client_->Get(*output));
   EXPECT_TRUE(SameBytes(copied.data(), bytes));
 
+  // Without --wait, depotctl leaves at once; the task still runs.
+  ProgramRun detached = depotctl({"submit", "copy", "ctl/input"});
+  ASSERT_EQ(detached.exit_code, 0) << detached.Explain();
+  auto detached_output = ObjectId::FromHex(detached.out.substr(0, 32));
+  ASSERT_TRUE(detached_output.has_value()) << detached.Explain();
+  ASSERT_OK_AND_ASSIGN(Buffer copied_later, client_->Get(*detached_output, kPatience));
+  EXPECT_TRUE(SameBytes(copied_later.data(), bytes));
+
   ProgramRun fail = depotctl({"submit", "fail", "--args", "bad input", "--wait"});
   EXPECT_EQ(fail.exit_code, 1) << fail.Explain();
   EXPECT_NE(fail.err.find("bad input"), std::string::npos) << fail.Explain();
@@ -414,14 +422,14 @@ TEST_F(TaskTest, DepotctlSubmitsWaitsAndShowsWorkersAndTasks) {
   // A task's output is sealed a moment before its worker's completion reaches the daemon.
   ASSERT_TRUE(Eventually([&] {
     auto status = client_->GetStatus();
-    return status.ok() && status->scheduler.completed == 1;
+    return status.ok() && status->scheduler.completed == 2;
   }));
   ProgramRun workers = depotctl({"workers"});
   ASSERT_EQ(workers.exit_code, 0) << workers.Explain();
   EXPECT_NE(workers.out.find("depot-example-worker"), std::string::npos) << workers.out;
   EXPECT_NE(workers.out.find("copy"), std::string::npos) << workers.out;
   ProgramRun workers_json = depotctl({"workers", "--json"});
-  EXPECT_NE(workers_json.out.find("\"done\": 1"), std::string::npos) << workers_json.out;
+  EXPECT_NE(workers_json.out.find("\"done\": 2"), std::string::npos) << workers_json.out;
   EXPECT_NE(workers_json.out.find("\"failed\": 1"), std::string::npos) << workers_json.out;
 
   ProgramRun tasks = depotctl({"tasks"});

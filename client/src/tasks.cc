@@ -61,6 +61,7 @@ void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
   out.setPriority(t.priority);
   out.setRetries(t.retries);
   out.setOutputBytes(t.output_bytes);
+  out.setDetach(t.detach);
 }
 
 }  // namespace

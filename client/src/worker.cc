@@ -4,6 +4,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -100,6 +101,7 @@ void Worker::Register(std::string name, Function function) {
 }
 
 void Worker::Stop() {
+  stop_requested_.store(true);
   RequestMessage request;
   request.root().setDrainWorker();
   Reply reply;
@@ -135,6 +137,8 @@ Status Worker::Run() {
     Reply reply;
     DEPOT_RETURN_NOT_OK(conn.Call(request, &reply));
   }
+  // A Stop before the registration found no worker to drain: drain now.
+  if (stop_requested_.load()) Stop();
 
   Pool& pool = *pool_;
   // Reports a task's outcome; whoever finds no send under way sends everything gathered.
@@ -172,6 +176,8 @@ Status Worker::Run() {
         status = it->second(context);
       } catch (const std::exception& e) {
         status = Status::Internal(std::string("the function threw: ") + e.what());
+      } catch (...) {
+        status = Status::Internal("the function threw something that is not a std::exception");
       }
     }
     report(job.task, std::move(status));
@@ -226,13 +232,23 @@ Status Worker::Run() {
       break;
     }
     if (drained) break;
-    std::lock_guard lock(pool.mu);
+    std::unique_lock lock(pool.mu);
     for (Pool::Job& job : jobs) {
       pool.jobs.push_back(std::move(job));
-      if (pool.jobs.size() > pool.idle) {
-        pool.threads.emplace_back(thread_main);
-      } else {
+      if (pool.jobs.size() <= pool.idle) {
         pool.cv.notify_one();
+        continue;
+      }
+      try {
+        pool.threads.emplace_back(thread_main);
+      } catch (const std::system_error& e) {
+        // No thread for it: the task fails, and the worker goes on with the ones it has.
+        Pool::Job lost = std::move(pool.jobs.back());
+        pool.jobs.pop_back();
+        lock.unlock();
+        report(lost.task,
+               Status::Internal(std::string("the worker cannot start a thread: ") + e.what()));
+        lock.lock();
       }
     }
   }

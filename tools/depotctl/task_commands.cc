@@ -134,7 +134,7 @@ std::string TaskJson(const TaskInfo& t) {
     o.Number("device", static_cast<uint64_t>(t.device));
   }
   return o.Json("outputs", JsonIds(t.outputs))
-      .Number("priority", static_cast<uint64_t>(static_cast<int64_t>(t.priority)))
+      .Real("priority", t.priority)
       .Number("attempts", t.attempts)
       .Number("inputs_missing", t.inputs_missing)
       .Number("local_bytes", t.local_bytes)
@@ -165,6 +165,8 @@ Status SubmitTask(const std::string& socket, const SubmitOptions& options) {
   }
   task.priority = options.priority;
   task.retries = options.retries;
+  // depotctl leaves at once unless it waits: the task must outlive it.
+  task.detach = !options.wait;
   DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
   DEPOT_ASSIGN_OR_RETURN(std::vector<ObjectId> outputs, client.Submit(task));
   for (const ObjectId& id : outputs) std::cout << id.Hex() << '\n';

@@ -12,6 +12,7 @@
 //   depot-example-worker --socket /tmp/d.sock --cpus 2 --gpus 0,1
 #include <CLI/CLI.hpp>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <iostream>
@@ -196,14 +197,16 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::atomic<bool> ended_already{false};
   std::thread stopper([&] {
     int signal = 0;
     sigwait(&stop_signals, &signal);
-    (*worker)->Stop();
+    if (!ended_already.load()) (*worker)->Stop();
   });
-  stopper.detach();
-
   Status ended = (*worker)->Run();
+  ended_already.store(true);
+  pthread_kill(stopper.native_handle(), SIGTERM);  // wakes its sigwait, if still there
+  stopper.join();
   if (!ended.ok()) {
     std::cerr << "depot-example-worker: " << ended.ToString() << "\n";
     return 1;

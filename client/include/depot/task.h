@@ -39,6 +39,9 @@ struct TaskRequest {
   int32_t priority = 0;       // higher runs first
   uint32_t retries = 1;       // runs again after its worker died, at most this often
   uint64_t output_bytes = 0;  // what its outputs take, if known: it starts only where they fit
+  // Runs even if this client disconnects before it starts. Otherwise a task is cancelled
+  // then, unless another client's task reads its outputs.
+  bool detach = false;
 };
 
 enum class CancelOutcome : uint8_t {

@@ -17,6 +17,7 @@
 // If the worker dies, the daemon runs its tasks again elsewhere (up to their retries).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -87,8 +88,9 @@ class Worker {
   // running tasks are complete) or until the connection breaks (Disconnected). Fails at
   // once with the daemon's reason if it refuses the registration.
   Status Run();
-  // Asks the daemon for no more tasks: Run returns once the running ones are complete.
-  // Thread-safe; not async-signal-safe (from a signal handler, use a thread that waits).
+  // Asks the daemon for no more tasks: Run returns once the running ones are complete. Before
+  // Run, or while it registers, Run returns as soon as it has registered. Thread-safe; not
+  // async-signal-safe (from a signal handler, use a thread that waits).
   void Stop();
 
   // The worker's own Client: functions use it through TaskContext::client().
@@ -102,6 +104,7 @@ class Worker {
   WorkerOptions options_;
   std::map<std::string, Function> functions_;
   std::unique_ptr<Pool> pool_;
+  std::atomic<bool> stop_requested_{false};
 };
 
 }  // namespace depot
