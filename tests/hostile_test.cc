@@ -676,7 +676,11 @@ TEST_F(MetadataBudgetTest, GetsWaitingOnManyMissingIdsAreBounded) {
   EXPECT_EQ(waits, 2 + 1);
   const StoreStatus status = Stats();
   EXPECT_LE(status.metadata_bytes, status.metadata_budget_bytes);
-  EXPECT_LT(PrivateResidentKiB(daemon_->pid()), before + 3 * 40 * 1024);
+  // Three times the budget in resident memory; under ThreadSanitizer every heap byte has
+  // four of shadow, and the waits' results (80 bytes an id since they can carry a failure)
+  // take it past that, so the bound is looser there: the accounting itself is exact above.
+  const uint64_t budgets = kSanitized ? 4 : 3;
+  EXPECT_LT(PrivateResidentKiB(daemon_->pid()), before + budgets * 40 * 1024);
   // The daemon keeps serving, and forgets the waits with the clients.
   attackers.clear();
   ASSERT_OK_AND_ASSIGN(Client fresh, Client::Connect(daemon_->socket_path()));
