@@ -1,6 +1,8 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <bit>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -543,6 +545,22 @@ void Scheduler::DispatchRound() {
 }
 
 bool Scheduler::PlaceOne(Task& task) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool placed = TryPlace(task);
+  const auto nanos = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+  const uint64_t units = nanos / 64;
+  const int bucket = units <= 1 ? 0
+                                : std::min<int>(SchedulerCounters::kPlacementBuckets - 1,
+                                                std::bit_width(units - 1));
+  ++counters_.placement_ns_buckets[static_cast<size_t>(bucket)];
+  counters_.placement_ns_sum += nanos;
+  ++counters_.placement_tries;
+  return placed;
+}
+
+bool Scheduler::TryPlace(Task& task) {
   auto runners = runners_.find(task.spec.function);
   if (runners == runners_.end()) return false;
   const bool on_gpu = task.on_gpu();

@@ -18,6 +18,7 @@
 // All of it runs on the daemon's loop thread. Store events come in through ObjectEvents.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -134,6 +135,12 @@ struct SchedulerCounters {
   uint64_t prefetches = 0;     // inputs asked for ahead of a queued task
   uint64_t workers = 0;        // attached now
   uint64_t tasks_pending = 0;  // waiting, ready, queued or running
+  // How long placements took (PlaceOne, a task placed or not): bucket i counts those of
+  // (2^(i-1), 2^i] x 64 ns, bucket 0 those up to 64 ns, the last everything longer.
+  static constexpr int kPlacementBuckets = 20;
+  std::array<uint64_t, kPlacementBuckets> placement_ns_buckets{};
+  uint64_t placement_ns_sum = 0;
+  uint64_t placement_tries = 0;
 };
 
 struct SchedulerOptions {
@@ -234,8 +241,9 @@ class Scheduler final : public ObjectEvents {
   // room; sends what started, a message per worker. Again while a send changed anything.
   void Dispatch();
   void DispatchRound();
-  // Places one ready task; false if no worker can take it now.
+  // Places one ready task; false if no worker can take it now. Timed (SchedulerCounters).
   bool PlaceOne(Task& task);
+  bool TryPlace(Task& task);
   // Starts the tasks queued on `worker` that fit now, in queue order.
   void StartQueued(Worker& worker);
   void Start(Worker& worker, Task& task);

@@ -10,10 +10,11 @@ namespace depot::store {
 
 namespace {
 
-constexpr const char* kTypeNames[] = {"hello",  "create",   "put",     "seal",        "abort",
-                                      "get",    "release",  "delete",  "contains",    "list",
-                                      "status", "metrics",  "clients", "object_info", "verify",
-                                      "evict",  "prefetch", "locate"};
+constexpr const char* kTypeNames[] = {
+    "hello",  "create",       "put",      "seal",   "abort",           "get",     "release",
+    "delete", "contains",     "list",     "status", "metrics",         "clients", "object_info",
+    "verify", "evict",        "prefetch", "locate", "register_worker", "submit",  "complete",
+    "cancel", "drain_worker", "workers",  "tasks"};
 static_assert(std::size(kTypeNames) == static_cast<size_t>(RequestType::kCount));
 
 // Upper bound of bucket i, in seconds: 2^i microseconds.
@@ -57,7 +58,8 @@ void Metrics::CountError(StatusCode code) {
   if (enabled_ && c < errors_.size()) ++errors_[c];
 }
 
-std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t uptime_ns) const {
+std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t uptime_ns,
+                            const scheduler::SchedulerCounters& tasks) const {
   Writer w;
   const Arena& arena = store.arena();
   const StoreCounters& c = store.counters();
@@ -138,6 +140,41 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Line("depot_sessions_total{event=\"opened\"} %" PRIu64 "\n", sessions_opened_);
   w.Line("depot_sessions_total{event=\"closed\"} %" PRIu64 "\n", sessions_closed_);
   w.Line("depot_sessions_total{event=\"protocol_error\"} %" PRIu64 "\n", sessions_failed_);
+
+  w.Help("depot_workers", "gauge", "Workers attached to the scheduler.");
+  w.Value("depot_workers", tasks.workers);
+  w.Help("depot_tasks_pending", "gauge", "Tasks waiting, ready, queued on a worker or running.");
+  w.Value("depot_tasks_pending", tasks.tasks_pending);
+  w.Help("depot_tasks_total", "counter",
+         "Tasks submitted, and those over: done, failed, cancelled; and runs retried after their "
+         "worker died.");
+  w.Line("depot_tasks_total{event=\"submitted\"} %" PRIu64 "\n", tasks.submitted);
+  w.Line("depot_tasks_total{event=\"done\"} %" PRIu64 "\n", tasks.completed);
+  w.Line("depot_tasks_total{event=\"failed\"} %" PRIu64 "\n", tasks.failed);
+  w.Line("depot_tasks_total{event=\"cancelled\"} %" PRIu64 "\n", tasks.cancelled);
+  w.Line("depot_tasks_total{event=\"retried\"} %" PRIu64 "\n", tasks.retried);
+  w.Help("depot_task_input_bytes_total", "counter",
+         "Input bytes of placed tasks: already where they run (local), or to be copied there.");
+  w.Line("depot_task_input_bytes_total{where=\"local\"} %" PRIu64 "\n", tasks.local_bytes);
+  w.Line("depot_task_input_bytes_total{where=\"moved\"} %" PRIu64 "\n", tasks.moved_bytes);
+  w.Help("depot_task_prefetches_total", "counter",
+         "Inputs copied ahead of a task queued on a worker.");
+  w.Value("depot_task_prefetches_total", tasks.prefetches);
+  w.Help("depot_placement_duration_seconds", "histogram",
+         "Time to place one ready task (choose its worker and device), placed or not.");
+  {
+    uint64_t cumulative = 0;
+    for (int i = 0; i < scheduler::SchedulerCounters::kPlacementBuckets; ++i) {
+      cumulative += tasks.placement_ns_buckets[static_cast<size_t>(i)];
+      w.Line("depot_placement_duration_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+             static_cast<double>(uint64_t{64} << i) * 1e-9, cumulative);
+    }
+    w.Line("depot_placement_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n",
+           tasks.placement_tries);
+    w.Line("depot_placement_duration_seconds_sum %.9f\n",
+           static_cast<double>(tasks.placement_ns_sum) / 1e9);
+    w.Line("depot_placement_duration_seconds_count %" PRIu64 "\n", tasks.placement_tries);
+  }
 
   w.Help("depot_errors_total", "counter", "Requests answered with an error, by error code.");
   for (size_t code = 1; code < errors_.size(); ++code) {

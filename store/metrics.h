@@ -11,6 +11,7 @@
 #include <string>
 
 #include "depot/status.h"
+#include "scheduler/scheduler.h"
 
 namespace depot::store {
 
@@ -36,6 +37,13 @@ enum class RequestType : uint8_t {
   kEvict,
   kPrefetch,
   kLocate,
+  kRegisterWorker,
+  kSubmit,
+  kComplete,
+  kCancel,
+  kDrainWorker,
+  kWorkers,
+  kTasks,
   kCount
 };
 
@@ -55,7 +63,9 @@ class Metrics {
   }
 
   // All counters, histograms and the store's gauges in the Prometheus text format (0.0.4).
-  std::string Render(const ObjectStore& store, uint32_t clients, uint64_t uptime_ns) const;
+  // `tasks`: the scheduler's counters.
+  std::string Render(const ObjectStore& store, uint32_t clients, uint64_t uptime_ns,
+                     const scheduler::SchedulerCounters& tasks) const;
 
   // Latency buckets: powers of two from 1 µs to about 8.4 s.
   static constexpr int kBuckets = 24;

@@ -197,7 +197,7 @@ std::optional<ClientView> Server::FindClient(ClientId id) const {
 
 std::string Server::RenderMetrics() const {
   return metrics_.Render(store_, static_cast<uint32_t>(sessions_.size()),
-                         ipc::MonotonicNanos() - start_ns_);
+                         ipc::MonotonicNanos() - start_ns_, tasks_.scheduler().counters());
 }
 
 void Server::Shutdown() {

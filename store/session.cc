@@ -277,19 +277,26 @@ void Session::Dispatch(wire::Request::Reader request) {
     case wire::Request::EVICT:
       return HandleEvict(rid, request.getEvict(), start);
     case wire::Request::REGISTER_WORKER:
-      return server_.tasks().RegisterWorker(*this, rid, request.getRegisterWorker());
+      server_.tasks().RegisterWorker(*this, rid, request.getRegisterWorker());
+      return Observe(RequestType::kRegisterWorker, start);
     case wire::Request::SUBMIT:
-      return server_.tasks().Submit(*this, rid, request.getSubmit());
+      server_.tasks().Submit(*this, rid, request.getSubmit());
+      return Observe(RequestType::kSubmit, start);
     case wire::Request::COMPLETE:
-      return server_.tasks().Complete(*this, rid, request.getComplete());
+      server_.tasks().Complete(*this, rid, request.getComplete());
+      return Observe(RequestType::kComplete, start);
     case wire::Request::CANCEL:
-      return server_.tasks().Cancel(*this, rid, request.getCancel());
+      server_.tasks().Cancel(*this, rid, request.getCancel());
+      return Observe(RequestType::kCancel, start);
     case wire::Request::DRAIN_WORKER:
-      return server_.tasks().Drain(*this, rid);
+      server_.tasks().Drain(*this, rid);
+      return Observe(RequestType::kDrainWorker, start);
     case wire::Request::WORKERS:
-      return server_.tasks().Workers(*this, rid);
+      server_.tasks().Workers(*this, rid);
+      return Observe(RequestType::kWorkers, start);
     case wire::Request::TASKS:
-      return server_.tasks().Tasks(*this, rid);
+      server_.tasks().Tasks(*this, rid);
+      return Observe(RequestType::kTasks, start);
   }
   SendError(rid, Status::InvalidArgument(
                      "unknown request type " + std::to_string(static_cast<int>(which)) +

@@ -128,6 +128,13 @@ TEST_F(TaskTest, ACpuTaskRunsOnAWorkerAndItsOutputIsReadWithGet) {
   ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
   EXPECT_EQ(status.scheduler.completed, 1u);
   EXPECT_EQ(status.scheduler.workers, 1u);
+  ASSERT_OK_AND_ASSIGN(std::string metrics, client_->Metrics());
+  for (const char* line :
+       {"depot_workers 1\n", "depot_tasks_total{event=\"done\"} 1\n",
+        "depot_placement_duration_seconds_count 1\n", "depot_requests_total{type=\"submit\"} 1\n",
+        "depot_task_input_bytes_total{where=\"local\"} 8000\n"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << " is not in\n" << metrics;
+  }
 }
 
 TEST_F(TaskTest, AGpuTaskRunsOnTheSimulatedDeviceHoldingItsInput) {
