@@ -439,6 +439,11 @@ TEST_F(TaskTest, DepotctlSubmitsWaitsAndShowsWorkersAndTasks) {
   EXPECT_NE(workers_json.out.find("\"done\": 2"), std::string::npos) << workers_json.out;
   EXPECT_NE(workers_json.out.find("\"failed\": 1"), std::string::npos) << workers_json.out;
 
+  ProgramRun top = depotctl({"top", "--once"});
+  ASSERT_EQ(top.exit_code, 0) << top.Explain();
+  EXPECT_NE(top.out.find("workers (all 1)"), std::string::npos) << top.out;
+  EXPECT_NE(top.out.find("1 workers"), std::string::npos) << top.out;
+
   ProgramRun tasks = depotctl({"tasks"});
   ASSERT_EQ(tasks.exit_code, 0) << tasks.Explain();
   EXPECT_NE(tasks.out.find("bad input"), std::string::npos) << tasks.out;

@@ -84,6 +84,7 @@ Result<Sample> TakeSample(Client& client) {
   sample.taken_ns = ipc::MonotonicNanos();
   sample.counters = ParseCounters(metrics);
   DEPOT_ASSIGN_OR_RETURN(sample.clients, client.Clients());
+  DEPOT_ASSIGN_OR_RETURN(sample.workers, client.Workers());
   // The daemon picks the largest: a frame costs the same with a million objects as with ten.
   DEPOT_ASSIGN_OR_RETURN(sample.largest, client.ListLargest(static_cast<uint32_t>(kMaxObjectRows)));
   sample.wall_ns = ipc::WallNanos();

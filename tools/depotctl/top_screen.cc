@@ -210,6 +210,58 @@ void AddClients(std::vector<std::string>& lines, const Sample& now, const Sample
   for (std::string& line : TableLines(table)) lines.push_back(std::move(line));
 }
 
+// The scheduler in one line: workers, tasks pending, and tasks done and failed per second.
+std::string TasksLine(const Sample& now, const Sample* before) {
+  const SchedulerStatus& t = now.status.scheduler;
+  const auto done = Rate(now, before, [](const Sample& s) { return s.status.scheduler.completed; });
+  const auto failed = Rate(now, before, [](const Sample& s) { return s.status.scheduler.failed; });
+  return Label("tasks") + std::to_string(t.workers) + " workers  " +
+         std::to_string(t.tasks_pending) + " pending  done " + CountRate(done) + "  failed " +
+         CountRate(failed) + "  inputs moved " + FormatSize(t.moved_bytes) + " of " +
+         FormatSize(t.moved_bytes + t.local_bytes);
+}
+
+std::optional<double> WorkerRate(const WorkerInfo& w, const Sample& now, const Sample* before) {
+  if (before == nullptr || now.taken_ns <= before->taken_ns) return std::nullopt;
+  const auto was = std::find_if(before->workers.begin(), before->workers.end(),
+                                [&](const WorkerInfo& b) { return b.session_id == w.session_id; });
+  if (was == before->workers.end() || w.done < was->done) return std::nullopt;
+  return static_cast<double>(w.done - was->done) * 1e9 /
+         static_cast<double>(now.taken_ns - before->taken_ns);
+}
+
+void AddWorkers(std::vector<std::string>& lines, const Sample& now, const Sample* before,
+                size_t rows) {
+  using Align = Table::Align;
+  Table table({{"SESSION", Align::kRight},
+               {"CPUS", Align::kRight},
+               {"GPUS"},
+               {"RUNNING", Align::kRight},
+               {"QUEUED", Align::kRight},
+               {"DONE", Align::kRight},
+               {"FAILED", Align::kRight},
+               {"DONE/S", Align::kRight},
+               {"NAME"}});
+  for (size_t i = 0; i < rows; ++i) {
+    const WorkerInfo& w = now.workers[i];
+    std::string gpus;
+    for (size_t k = 0; k < w.gpus.size(); ++k) {
+      char share[32];
+      std::snprintf(share, sizeof(share), ":%g", 1 - w.free_gpu_shares[k]);
+      gpus += (gpus.empty() ? "" : " ") + TierName(w.gpus[k]) + share;
+    }
+    char cpus[48];
+    std::snprintf(cpus, sizeof(cpus), "%g/%g", w.cpus - w.free_cpus, w.cpus);
+    table.AddRow({std::to_string(w.session_id), cpus, gpus.empty() ? "-" : gpus,
+                  std::to_string(w.running), std::to_string(w.queued), std::to_string(w.done),
+                  std::to_string(w.failed), CountRate(WorkerRate(w, now, before)),
+                  Printable(w.name) + (w.draining ? " (draining)" : "")});
+  }
+  lines.emplace_back();
+  lines.push_back(Caption("workers", rows, now.workers.size()));
+  for (std::string& line : TableLines(table)) lines.push_back(std::move(line));
+}
+
 // Shares `room` rows between the tables: clients (usually a handful) get what they need up
 // to half, objects what they need of the rest, and clients then any rows objects left.
 std::pair<size_t, size_t> SplitRows(size_t room, size_t objects, size_t clients) {
@@ -255,11 +307,19 @@ std::vector<std::string> RenderFrame(const Sample& now, const Sample* before, Sc
   if (!s.gpus.empty()) lines.push_back(TieringLine(s));
   lines.push_back(CountsLine(s));
   lines.push_back(RatesLine(now, before));
+  // The scheduler's line and workers' table, once workers have attached.
+  const bool tasks = !now.workers.empty() || s.scheduler.submitted != 0;
+  if (tasks) lines.push_back(TasksLine(now, before));
 
-  const size_t chrome = lines.size() + 2 * kTableChrome;
-  const size_t room = size.rows > chrome ? size.rows - chrome : 0;
+  const size_t tables = now.workers.empty() ? 2 : 3;
+  const size_t chrome = lines.size() + tables * kTableChrome;
+  size_t room = size.rows > chrome ? size.rows - chrome : 0;
+  // Workers (a handful, usually) get what they need up to a third.
+  const size_t worker_rows = std::min(now.workers.size(), room / 3);
+  room -= worker_rows;
   const auto [object_rows, client_rows] = SplitRows(room, now.largest.size(), now.clients.size());
   AddObjects(lines, now, object_rows);
+  if (!now.workers.empty()) AddWorkers(lines, now, before, worker_rows);
   AddClients(lines, now, before, client_rows);
 
   if (lines.size() > size.rows) lines.resize(size.rows);

@@ -32,6 +32,7 @@ struct Sample {
   StoreStatus status;
   ActivityCounters counters;
   std::vector<ClientInfo> clients;  // by session id
+  std::vector<WorkerInfo> workers;  // by session id
   std::vector<ObjectInfo> largest;  // the largest objects, largest first; not all of them
   size_t objects = 0;               // how many there are in all
 };
