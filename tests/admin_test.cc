@@ -478,7 +478,7 @@ TEST_F(AdminGpuTest, StatusShowsEachGpuPoolTheBackendAndObjectsByTier) {
                   "\"spills\": 0, \"spilled_bytes\": 0, \"replicas_made\": 2, "
                   "\"replicas_dropped\": 0"))
       << json.out;
-  EXPECT_TRUE(Has(json.out, "\"objects_by_tier\": {\"host\": 2, \"gpu0\": 2, \"gpu1\": 2}}"))
+  EXPECT_TRUE(Has(json.out, "\"objects_by_tier\": {\"host\": 2, \"gpu0\": 2, \"gpu1\": 2}"))
       << json.out;
 }
 
