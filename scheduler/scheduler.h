@@ -209,6 +209,7 @@ class Scheduler final : public ObjectEvents {
                                        : options_.bandwidths;
   }
   bool bandwidths_measured() const { return options_.measure_bandwidths; }
+  bool random_placement() const { return options_.random_placement; }
 
  private:
   struct Task;
