@@ -67,6 +67,9 @@ def check_record(record):
             continue  # ids and uuids: hex in to_dict, checked where they are known
         if isinstance(prop, list) and prop and hasattr(prop[0], "to_dict"):
             assert value == [p.to_dict() for p in prop]
+        elif hasattr(prop, "to_dict"):  # a nested record (StoreStatus.scheduler)
+            assert value == check_record(prop), name
+            assert f"{name}={prop!r}" in text
         else:
             assert value == prop, name
             if not isinstance(prop, list):
@@ -89,6 +92,9 @@ def test_store_status(gpu_client, gpu_daemon):
     assert f"socket_path='{gpu_daemon.socket}'" in repr(status)
     assert [g["ordinal"] for g in d["gpus"]] == [0, 1]
     assert "gpus=[GpuInfo(ordinal=0, " in repr(status)
+    assert isinstance(status.scheduler, depot.SchedulerStatus)
+    assert d["scheduler"]["workers"] == status.scheduler.workers == 0
+    assert d["scheduler"]["bandwidths_measured"] is True
 
 
 def test_gpu_info(gpu_client):
