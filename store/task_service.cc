@@ -22,11 +22,9 @@ constexpr size_t kMaxTasksListed = 10'000;
 using scheduler::Affinity;
 using scheduler::TaskSpec;
 
-std::string Text(capnp::Text::Reader text) { return std::string(text.cStr(), text.size()); }
-
 std::map<std::string, double> CustomOf(capnp::List<wire::Resource>::Reader list) {
   std::map<std::string, double> out;
-  for (auto r : list) out[Text(r.getName())] += r.getAmount();
+  for (auto r : list) out[ipc::ToString(r.getName())] += r.getAmount();
   return out;
 }
 
@@ -39,24 +37,13 @@ void ToWire(const std::map<std::string, double>& custom, capnp::List<wire::Resou
   }
 }
 
-void ToWire(std::span<const ObjectId> ids, capnp::List<wire::Id>::Builder out) {
-  for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], out[i]);
-}
-
-std::vector<ObjectId> IdsOf(capnp::List<wire::Id>::Reader list) {
-  std::vector<ObjectId> ids;
-  ids.reserve(list.size());
-  for (auto id : list) ids.push_back(ipc::FromWire(id));
-  return ids;
-}
-
 TaskSpec SpecOf(wire::TaskSpec::Reader in) {
   TaskSpec spec;
-  spec.function = Text(in.getFunction());
-  spec.inputs = IdsOf(in.getInputs());
+  spec.function = ipc::ToString(in.getFunction());
+  spec.inputs = ipc::FromWire(in.getInputs());
   auto args = in.getArgs();
   spec.args.assign(reinterpret_cast<const char*>(args.begin()), args.size());
-  spec.outputs = IdsOf(in.getOutputs());
+  spec.outputs = ipc::FromWire(in.getOutputs());
   spec.num_outputs = in.getNumOutputs();
   spec.resources = {.cpu = in.getCpu(), .gpu = in.getGpu(), .custom = CustomOf(in.getResources())};
   switch (in.getAffinity()) {
@@ -116,7 +103,7 @@ TaskService::TaskService(Server& server, ObjectStore& store, scheduler::Schedule
 void TaskService::RegisterWorker(Session& session, uint64_t rid,
                                  wire::Request::RegisterWorker::Reader request) {
   scheduler::WorkerSpec spec;
-  spec.name = Text(request.getName());
+  spec.name = ipc::ToString(request.getName());
   spec.capacity.cpu = request.getCpus();
   spec.capacity.custom = CustomOf(request.getResources());
   const auto pools = store_.pools();
@@ -137,7 +124,7 @@ void TaskService::RegisterWorker(Session& session, uint64_t rid,
     }
     spec.capacity.gpus.push_back(found);
   }
-  for (auto f : request.getFunctions()) spec.functions.push_back(Text(f));
+  for (auto f : request.getFunctions()) spec.functions.push_back(ipc::ToString(f));
   Status st = scheduler_.AddWorker(session.id(), std::move(spec));
   st.ok() ? session.SendOk(rid) : session.SendError(rid, st);
 }
@@ -160,7 +147,7 @@ void TaskService::Submit(Session& session, uint64_t rid,
   auto out = reply.initSubmit(static_cast<unsigned>(outputs->size()));
   for (unsigned i = 0; i < out.size(); ++i) {
     const auto& ids = (*outputs)[i];
-    ToWire(ids, out[i].initIds(static_cast<unsigned>(ids.size())));
+    ipc::ToWire(ids, out[i].initIds(static_cast<unsigned>(ids.size())));
   }
   session.Send(message, reply);
 }
@@ -170,9 +157,10 @@ void TaskService::Complete(Session& session, uint64_t rid,
   std::vector<scheduler::Completion> done;
   done.reserve(completions.size());
   for (auto c : completions) {
-    done.push_back({.task = c.getTask(),
-                    .ok = c.getOk(),
-                    .message = Text(c.getMessage()).substr(0, scheduler::kMaxFailureMessage)});
+    done.push_back(
+        {.task = c.getTask(),
+         .ok = c.getOk(),
+         .message = ipc::ToString(c.getMessage()).substr(0, scheduler::kMaxFailureMessage)});
   }
   Status st = scheduler_.Complete(session.id(), done);
   if (rid == 0) {
@@ -188,7 +176,7 @@ void TaskService::Cancel(Session& session, uint64_t rid, capnp::List<wire::Id>::
         rid, Status::LimitExceeded("a cancel may name at most " +
                                    std::to_string(server_.options().max_batch) + " outputs"));
   }
-  const auto outcomes = scheduler_.Cancel(IdsOf(outputs));
+  const auto outcomes = scheduler_.Cancel(ipc::FromWire(outputs));
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
@@ -250,7 +238,7 @@ void TaskService::Tasks(Session& session, uint64_t rid) const {
     o.setSubmitter(t.submitter);
     o.setWorker(t.worker);
     o.setDevice(t.device);
-    ToWire(t.outputs, o.initOutputs(static_cast<unsigned>(t.outputs.size())));
+    ipc::ToWire(t.outputs, o.initOutputs(static_cast<unsigned>(t.outputs.size())));
     o.setPriority(t.priority);
     o.setAttempts(t.attempts);
     o.setInputsMissing(t.inputs_missing);
@@ -301,10 +289,10 @@ void TaskService::Assign(scheduler::SessionId worker,
     o.setAttempt(a.attempt);
     o.setDevice(a.device);
     o.setFunction(a.spec->function);
-    ToWire(a.spec->inputs, o.initInputs(static_cast<unsigned>(a.spec->inputs.size())));
+    ipc::ToWire(a.spec->inputs, o.initInputs(static_cast<unsigned>(a.spec->inputs.size())));
     o.setArgs(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(a.spec->args.data()),
                                   a.spec->args.size()));
-    ToWire(a.outputs, o.initOutputs(static_cast<unsigned>(a.outputs.size())));
+    ipc::ToWire(a.outputs, o.initOutputs(static_cast<unsigned>(a.outputs.size())));
   }
   session->Send(message, reply);
 }

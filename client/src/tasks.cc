@@ -16,19 +16,6 @@ using internal::UnexpectedReply;
 
 namespace {
 
-std::string Text(capnp::Text::Reader text) { return std::string(text.cStr(), text.size()); }
-
-std::vector<ObjectId> IdsOf(capnp::List<wire::Id>::Reader list) {
-  std::vector<ObjectId> ids;
-  ids.reserve(list.size());
-  for (auto id : list) ids.push_back(ipc::FromWire(id));
-  return ids;
-}
-
-void ToWire(std::span<const ObjectId> ids, capnp::List<wire::Id>::Builder out) {
-  for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], out[i]);
-}
-
 void ToWire(const std::map<std::string, double>& resources,
             capnp::List<wire::Resource>::Builder out) {
   unsigned i = 0;
@@ -41,16 +28,16 @@ void ToWire(const std::map<std::string, double>& resources,
 
 std::map<std::string, double> ResourcesOf(capnp::List<wire::Resource>::Reader list) {
   std::map<std::string, double> out;
-  for (auto r : list) out[Text(r.getName())] = r.getAmount();
+  for (auto r : list) out[ipc::ToString(r.getName())] = r.getAmount();
   return out;
 }
 
 void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
   out.setFunction(t.function);
-  ToWire(t.inputs, out.initInputs(static_cast<unsigned>(t.inputs.size())));
+  ipc::ToWire(t.inputs, out.initInputs(static_cast<unsigned>(t.inputs.size())));
   out.setArgs(
       capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(t.args.data()), t.args.size()));
-  ToWire(t.outputs, out.initOutputs(static_cast<unsigned>(t.outputs.size())));
+  ipc::ToWire(t.outputs, out.initOutputs(static_cast<unsigned>(t.outputs.size())));
   out.setNumOutputs(t.num_outputs);
   out.setCpu(t.cpu);
   out.setGpu(t.gpu);
@@ -85,7 +72,7 @@ Result<std::vector<std::vector<ObjectId>>> Client::Submit(std::span<const TaskRe
     if (!r.isSubmit() || r.getSubmit().size() != tasks.size()) return UnexpectedReply("submit");
     std::vector<std::vector<ObjectId>> outputs;
     outputs.reserve(tasks.size());
-    for (auto t : r.getSubmit()) outputs.push_back(IdsOf(t.getIds()));
+    for (auto t : r.getSubmit()) outputs.push_back(ipc::FromWire(t.getIds()));
     return outputs;
   });
 }
@@ -98,7 +85,7 @@ Result<std::vector<ObjectId>> Client::Submit(const TaskRequest& task) {
 Result<std::vector<CancelOutcome>> Client::Cancel(std::span<const ObjectId> outputs) {
   DEPOT_RETURN_NOT_OK(CheckBatch(outputs.size(), *conn_, "a cancel"));
   RequestMessage request;
-  ToWire(outputs, request.root().initCancel(static_cast<unsigned>(outputs.size())));
+  ipc::ToWire(outputs, request.root().initCancel(static_cast<unsigned>(outputs.size())));
   Reply reply;
   DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
   return Decode([&]() -> Result<std::vector<CancelOutcome>> {
@@ -121,7 +108,7 @@ Result<std::vector<WorkerInfo>> Client::Workers() {
     std::vector<WorkerInfo> out;
     for (auto w : r.getWorkers()) {
       WorkerInfo info{.session_id = w.getSessionId(),
-                      .name = Text(w.getName()),
+                      .name = ipc::ToString(w.getName()),
                       .cpus = w.getCpus(),
                       .free_cpus = w.getFreeCpus(),
                       .resources = ResourcesOf(w.getResources()),
@@ -133,7 +120,7 @@ Result<std::vector<WorkerInfo>> Client::Workers() {
                       .attached_s = w.getAttachedS()};
       for (int32_t g : w.getGpus()) info.gpus.push_back(g);
       for (double s : w.getFreeGpuShares()) info.free_gpu_shares.push_back(s);
-      for (auto f : w.getFunctions()) info.functions.push_back(Text(f));
+      for (auto f : w.getFunctions()) info.functions.push_back(ipc::ToString(f));
       out.push_back(std::move(info));
     }
     return out;
@@ -151,12 +138,12 @@ Result<std::vector<TaskInfo>> Client::Tasks() {
     std::vector<TaskInfo> out;
     for (auto t : r.getTasks()) {
       out.push_back({.task = t.getTask(),
-                     .function = Text(t.getFunction()),
+                     .function = ipc::ToString(t.getFunction()),
                      .state = static_cast<TaskState>(t.getState()),
                      .submitter = t.getSubmitter(),
                      .worker = t.getWorker(),
                      .device = t.getDevice(),
-                     .outputs = IdsOf(t.getOutputs()),
+                     .outputs = ipc::FromWire(t.getOutputs()),
                      .priority = t.getPriority(),
                      .attempts = t.getAttempts(),
                      .inputs_missing = t.getInputsMissing(),
@@ -165,7 +152,7 @@ Result<std::vector<TaskInfo>> Client::Tasks() {
                      .wait_s = t.getWaitS(),
                      .transfer_s = t.getTransferS(),
                      .duration_s = t.getDurationS(),
-                     .reason = Text(t.getReason())});
+                     .reason = ipc::ToString(t.getReason())});
     }
     return out;
   });

@@ -17,19 +17,6 @@ using internal::Decode;
 using internal::Reply;
 using internal::RequestMessage;
 
-namespace {
-
-std::string Text(capnp::Text::Reader text) { return std::string(text.cStr(), text.size()); }
-
-std::vector<ObjectId> IdsOf(capnp::List<wire::Id>::Reader list) {
-  std::vector<ObjectId> ids;
-  ids.reserve(list.size());
-  for (auto id : list) ids.push_back(ipc::FromWire(id));
-  return ids;
-}
-
-}  // namespace
-
 Result<std::vector<Buffer>> TaskContext::Inputs() {
   DEPOT_ASSIGN_OR_RETURN(auto buffers, client_.Get(inputs_));
   for (size_t i = 0; i < buffers.size(); ++i) {
@@ -220,10 +207,10 @@ Status Worker::Run() {
             {.task = a.getTask(),
              .attempt = a.getAttempt(),
              .device = device < 0 ? Client::kHostMemory : conn.LocalOrdinal(device),
-             .function = Text(a.getFunction()),
-             .inputs = IdsOf(a.getInputs()),
+             .function = ipc::ToString(a.getFunction()),
+             .inputs = ipc::FromWire(a.getInputs()),
              .args = std::string(reinterpret_cast<const char*>(args.begin()), args.size()),
-             .outputs = IdsOf(a.getOutputs())});
+             .outputs = ipc::FromWire(a.getOutputs())});
       }
       return Status::OK();
     });

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "depot/object_id.h"
 #include "depot/status.h"
@@ -30,6 +32,20 @@ inline ObjectId FromWire(wire::Id::Reader id) {
 inline void ToWire(const ObjectId& id, wire::Id::Builder out) {
   out.setLo(id.lo());
   out.setHi(id.hi());
+}
+
+inline std::vector<ObjectId> FromWire(capnp::List<wire::Id>::Reader ids) {
+  std::vector<ObjectId> out;
+  out.reserve(ids.size());
+  for (auto id : ids) out.push_back(FromWire(id));
+  return out;
+}
+// Fills `out`, a list initialised to ids.size() entries.
+inline void ToWire(std::span<const ObjectId> ids, capnp::List<wire::Id>::Builder out) {
+  for (unsigned i = 0; i < ids.size(); ++i) ToWire(ids[i], out[i]);
+}
+inline std::string ToString(capnp::Text::Reader text) {
+  return std::string(text.cStr(), text.size());
 }
 
 inline wire::ErrorCode ToWire(StatusCode code) { return static_cast<wire::ErrorCode>(code); }
