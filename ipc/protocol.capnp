@@ -252,6 +252,15 @@ struct Completion {
   task @0 :UInt64;
   ok @1 :Bool;               # its outputs are sealed; false: it failed, for `message`
   message @2 :Text;
+  # Small outputs carried here rather than put by the worker (no round trip each): the
+  # daemon stores each in host memory as the worker's put would, before it reads `ok`.
+  outputs @3 :List(OutputValue);
+}
+
+struct OutputValue {
+  index @0 :UInt32;          # which of the task's outputs
+  data @1 :Data;             # data and metadata together at most kMaxInlineOutputBytes
+  metadata @2 :Data;
 }
 
 # A task a worker is to run now (Reply.assign).
@@ -263,6 +272,7 @@ struct Assignment {
   inputs @4 :List(Id);
   args @5 :Data;
   outputs @6 :List(Id);      # to create and seal (on `device` for a GPU task, as it likes)
+  sealed @7 :List(UInt32);   # indices of outputs an earlier attempt sealed: not to be made again
 }
 
 enum CancelOutcome {

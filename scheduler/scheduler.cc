@@ -696,11 +696,19 @@ void Scheduler::Start(Worker& worker, Task& task) {
   ++task.attempts;
   task.started_at = Now();
   worker.running.insert(task.id);
-  outbox_[worker.id].push_back({.task = task.id,
-                                .attempt = task.attempts,
-                                .device = task.device,
-                                .spec = &task.spec,
-                                .outputs = task.outputs});
+  Assignment& a = outbox_[worker.id].emplace_back(Assignment{.task = task.id,
+                                                             .attempt = task.attempts,
+                                                             .device = task.device,
+                                                             .spec = &task.spec,
+                                                             .outputs = task.outputs});
+  if (task.attempts > 1) {
+    // A worker that died may have sealed some outputs before it did: those stay.
+    std::vector<StoreAccess::Object> found(task.outputs.size());
+    store_.Locate(task.outputs, found);
+    for (uint32_t k = 0; k < found.size(); ++k) {
+      if (found[k].state == StoreAccess::State::kSealed) a.sealed.push_back(k);
+    }
+  }
 }
 
 void Scheduler::Flush() {
@@ -786,6 +794,15 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
   }
   Dispatch();
   return result;
+}
+
+std::span<const ObjectId> Scheduler::RunningOutputs(SessionId worker, TaskId task) const {
+  auto it = tasks_.find(task);
+  if (it == tasks_.end() || it->second->state != TaskState::kRunning ||
+      it->second->worker != worker) {
+    return {};
+  }
+  return it->second->outputs;
 }
 
 std::vector<Scheduler::CancelOutcome> Scheduler::Cancel(std::span<const ObjectId> outputs) {

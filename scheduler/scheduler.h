@@ -50,6 +50,8 @@ struct Assignment {
   int32_t device = kHostMemory;
   const TaskSpec* spec = nullptr;  // valid until the task's completion or its worker's end
   std::span<const ObjectId> outputs;
+  // Indices of outputs an earlier attempt sealed: they are kept, and not made again.
+  std::vector<uint32_t> sealed;
 };
 
 // How the scheduler reaches workers: the daemon's sessions implement it.
@@ -187,6 +189,9 @@ class Scheduler final : public ObjectEvents {
   // What `worker` reports of tasks it ran. InvalidArgument (and nothing done for that task)
   // naming a task that is not running on it.
   Status Complete(SessionId worker, std::span<const Completion> completions);
+  // The outputs of `task` if it is running on `worker` (which may store them before it
+  // completes the task); empty otherwise.
+  std::span<const ObjectId> RunningOutputs(SessionId worker, TaskId task) const;
 
   enum class CancelOutcome : uint8_t { kCancelled, kRunning, kFinished, kUnknown };
   // Cancels the tasks producing `outputs` that have not started: their outputs are sealed as

@@ -202,30 +202,47 @@ uint32_t ObjectStore::AcquireSlot() {
   return slot;
 }
 
-void ObjectStore::Create(ClientId client, const CreateParams& p, CreateDone done) {
-  if (p.id.IsNil())
-    return done(Status::InvalidArgument("the nil object id (all zeros) is reserved"));
+Status ObjectStore::CheckNew(const CreateParams& p) const {
+  if (p.id.IsNil()) return Status::InvalidArgument("the nil object id (all zeros) is reserved");
   if (!p.data.empty() && p.data.size() != p.data_size) {
-    return done(Status::InvalidArgument("inline data of " + std::to_string(p.data.size()) +
-                                        " bytes for " + Mention(p.id) + " of " +
-                                        std::to_string(p.data_size) + " bytes"));
+    return Status::InvalidArgument("inline data of " + std::to_string(p.data.size()) +
+                                   " bytes for " + Mention(p.id) + " of " +
+                                   std::to_string(p.data_size) + " bytes");
   }
-  if (Status st = CheckTier(p.device); !st.ok()) return done(st);
+  DEPOT_RETURN_NOT_OK(CheckTier(p.device));
   if (uint32_t existing = table_.Find(p.id); existing != HeaderTable::kNoSlot) {
-    return done(Status::AlreadyExists(
+    return Status::AlreadyExists(
         Mention(p.id) +
         (table_.IsSealed(existing)
              ? (table_.IsDeletePending(existing)
                     ? " was deleted but is still referenced; it cannot be created again until "
                       "released"
                     : " exists already")
-             : " is already being created")));
+             : " is already being created"));
   }
   if (creating_.contains(p.id)) {
-    return done(Status::AlreadyExists(Mention(p.id) + " is already being created"));
+    return Status::AlreadyExists(Mention(p.id) + " is already being created");
   }
-  if (p.device == kHost) return CreateOnHost(client, p, std::move(done));
+  return Status::OK();
+}
+
+void ObjectStore::Create(ClientId client, const CreateParams& p, CreateDone done) {
+  if (Status st = CheckNew(p); !st.ok()) return done(st);
+  if (p.device == kHost) return done(CreateOnHost(client, p));
   CreateOnDevice(client, p, std::move(done));
+}
+
+Status ObjectStore::Put(ClientId client, const CreateParams& p) {
+  if (p.device != kHost || p.checksum || p.data.size() != p.data_size) {
+    return Status::InvalidArgument(
+        "a put by the daemon is of all of a host object's bytes, "
+        "with no checksum");
+  }
+  DEPOT_RETURN_NOT_OK(CheckNew(p));
+  DEPOT_ASSIGN_OR_RETURN(const Location created, CreateOnHost(client, p));
+  FinishSeal(created.slot, std::nullopt);
+  DropRef(accounts_.at(client), created.slot, kHost);
+  return Status::OK();
 }
 
 void ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t slot) {
@@ -242,32 +259,30 @@ void ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t slot)
   tiers_.usage(p.device).bytes_in += table_.BytesOn(slot, p.device);
 }
 
-void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDone done) {
+Result<Location> ObjectStore::CreateOnHost(ClientId client, const CreateParams& p) {
   const uint64_t total = p.data_size + p.metadata.size();
   if (!arena_.CouldFit(total)) {
-    return done(Status::InvalidArgument(Mention(p.id) + " of " + ipc::FormatSize(total) +
-                                        " is larger than the largest object (" +
-                                        ipc::FormatSize(arena_.max_object_size()) +
-                                        "); start depotd with a larger --segment-size"));
+    return Status::InvalidArgument(
+        Mention(p.id) + " of " + ipc::FormatSize(total) + " is larger than the largest object (" +
+        ipc::FormatSize(arena_.max_object_size()) + "); start depotd with a larger --segment-size");
   }
   Account& account = accounts_.at(client);
   if (Status st = accounts_.CheckHolding(client, account, arena_.BlockSize(total)); !st.ok()) {
-    return done(st);
+    return st;
   }
   if (Status st = accounts_.CheckMetadata(client, account, CreateCost(p)); !st.ok()) {
-    return done(st);
+    return st;
   }
   const uint32_t slot = AcquireSlot();
   if (slot == HeaderTable::kNoSlot) {
-    return done(Status::LimitExceeded("the store holds " +
-                                      std::to_string(table_.headers().slots()) +
-                                      " objects, its limit; start depotd with a larger "
-                                      "--max-objects"));
+    return Status::LimitExceeded("the store holds " + std::to_string(table_.headers().slots()) +
+                                 " objects, its limit; start depotd with a larger "
+                                 "--max-objects");
   }
   auto block = tiers_.AllocateOrEvict(total);
   if (!block) {
     table_.headers().Release(slot);
-    return done(Status::OutOfMemory(tiers_.OutOfMemoryMessage(kHost, p.id, total)));
+    return Status::OutOfMemory(tiers_.OutOfMemoryMessage(kHost, p.id, total));
   }
   std::byte* bytes = arena_.base(block->region) + block->offset;
   if (!p.data.empty()) std::memcpy(bytes, p.data.data(), p.data.size());
@@ -277,7 +292,7 @@ void ObjectStore::CreateOnHost(ClientId client, const CreateParams& p, CreateDon
   tiers_.PlaceReplica(slot, kHost, *block).ready = true;
   table_.PublishTiers(slot);
   AddRef(account, slot, kHost);
-  done(LocationOf(slot, kHost));
+  return LocationOf(slot, kHost);
 }
 
 void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateDone done) {

@@ -183,6 +183,12 @@ class ObjectStore final : private Tiers::Owner {
   using CreateDone = std::function<void(Result<Location>)>;
   void Create(ClientId client, const CreateParams& params, CreateDone done);
 
+  // Creates, seals and lets go of a host object at once, for bytes the daemon received in a
+  // message (a task's small outputs, TaskService): what a put in one round trip does, with
+  // no checksum. The object is the client's, counted and charged as its put would be; it
+  // ends unreferenced. Fails as Create does, holding nothing.
+  Status Put(ClientId client, const CreateParams& params);
+
   // Seals: `done` runs on the loop thread, at once or after a checksum on the worker pool.
   void Seal(ClientId client, const ObjectId& id, std::function<void(Status)> done);
   Status Abort(ClientId client, const ObjectId& id);
@@ -316,7 +322,9 @@ class ObjectStore final : private Tiers::Owner {
 
   Location LocationOf(uint32_t slot, int32_t tier) const;
   Status CheckTier(int32_t tier) const;
-  void CreateOnHost(ClientId client, const CreateParams& params, CreateDone done);
+  // Why `params` cannot be created (a bad id or size, an id taken), or OK.
+  Status CheckNew(const CreateParams& params) const;
+  Result<Location> CreateOnHost(ClientId client, const CreateParams& params);
   void CreateOnDevice(ClientId client, const CreateParams& params, CreateDone done);
   // Publishes a new object, being created, in `slot`, and counts it.
   void Publish(ClientId client, const CreateParams& params, uint32_t slot);

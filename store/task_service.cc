@@ -157,10 +157,16 @@ void TaskService::Complete(Session& session, uint64_t rid,
   std::vector<scheduler::Completion> done;
   done.reserve(completions.size());
   for (auto c : completions) {
-    done.push_back(
-        {.task = c.getTask(),
-         .ok = c.getOk(),
-         .message = ipc::ToString(c.getMessage()).substr(0, scheduler::kMaxFailureMessage)});
+    scheduler::Completion& d = done.emplace_back(scheduler::Completion{
+        .task = c.getTask(),
+        .ok = c.getOk(),
+        .message = ipc::ToString(c.getMessage()).substr(0, scheduler::kMaxFailureMessage)});
+    if (d.ok && c.hasOutputs()) {
+      if (Status st = StoreOutputs(session, d.task, c.getOutputs()); !st.ok()) {
+        d.ok = false;
+        d.message = st.message().substr(0, scheduler::kMaxFailureMessage);
+      }
+    }
   }
   Status st = scheduler_.Complete(session.id(), done);
   if (rid == 0) {
@@ -168,6 +174,40 @@ void TaskService::Complete(Session& session, uint64_t rid,
     return;
   }
   st.ok() ? session.SendOk(rid) : session.SendError(rid, st);
+}
+
+Status TaskService::StoreOutputs(Session& session, uint64_t task,
+                                 capnp::List<wire::OutputValue>::Reader values) {
+  const std::span<const ObjectId> outputs = scheduler_.RunningOutputs(session.id(), task);
+  // Not running here: the scheduler refuses the completion, and nothing is stored for it.
+  if (outputs.empty()) return Status::OK();
+  for (auto v : values) {
+    const uint32_t index = v.getIndex();
+    if (index >= outputs.size()) {
+      return Status::InvalidArgument("its worker returned output " + std::to_string(index) +
+                                     " of a task with " + std::to_string(outputs.size()) +
+                                     " outputs");
+    }
+    auto data = v.getData();
+    auto metadata = v.getMetadata();
+    if (data.size() + metadata.size() > ipc::kMaxInlineOutputBytes) {
+      return Status::InvalidArgument(
+          "its worker returned output " + std::to_string(index) + " of " +
+          std::to_string(data.size() + metadata.size()) + " bytes in its completion, over the " +
+          std::to_string(ipc::kMaxInlineOutputBytes) + " a completion may carry");
+    }
+    const Status put = store_.Put(
+        session.id(),
+        CreateParams{.id = outputs[index],
+                     .data_size = data.size(),
+                     .metadata = std::as_bytes(std::span(metadata.begin(), metadata.size())),
+                     .data = std::as_bytes(std::span(data.begin(), data.size()))});
+    if (!put.ok()) {
+      return Status(put.code(), "its output " + std::to_string(index) +
+                                    " could not be stored: " + put.message());
+    }
+  }
+  return Status::OK();
 }
 
 void TaskService::Cancel(Session& session, uint64_t rid, capnp::List<wire::Id>::Reader outputs) {
@@ -293,6 +333,10 @@ void TaskService::Assign(scheduler::SessionId worker,
     o.setArgs(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(a.spec->args.data()),
                                   a.spec->args.size()));
     ipc::ToWire(a.outputs, o.initOutputs(static_cast<unsigned>(a.outputs.size())));
+    if (!a.sealed.empty()) {
+      auto sealed = o.initSealed(static_cast<unsigned>(a.sealed.size()));
+      for (unsigned k = 0; k < sealed.size(); ++k) sealed.set(k, a.sealed[k]);
+    }
   }
   session->Send(message, reply);
 }

@@ -45,6 +45,11 @@ class TaskService final : private scheduler::WorkerLink, private scheduler::Obje
   const scheduler::Scheduler& scheduler() const { return scheduler_; }
 
  private:
+  // Stores the small outputs a worker sent with its completion of `task`, as its puts would
+  // have; the first that cannot be stored (a bad index, too large, an id taken, no room)
+  // fails the task, with why. Nothing, if the task is not running on the worker.
+  Status StoreOutputs(Session& session, uint64_t task,
+                      capnp::List<wire::OutputValue>::Reader values);
   // scheduler::WorkerLink: sends `tasks` to `worker`'s session as one assign message.
   void Assign(scheduler::SessionId worker, std::span<const scheduler::Assignment> tasks) override;
   void Drained(scheduler::SessionId worker) override;

@@ -29,6 +29,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -425,6 +426,96 @@ TEST_F(HostileTest, TaskRequestsThatLieOrOverreachAreRefusedSayingWhy) {
     c.setOk(true);
   });
   EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+}
+
+TEST_F(HostileTest, OutputsCarriedInCompletionsAreCheckedAndReachNoOtherObject) {
+  auto attacker = OpenSession();
+  auto reply = attacker->Call(2, [](auto r) {
+    auto reg = r.initRegisterWorker();
+    reg.setCpus(8);
+    reg.initFunctions(1).set(0, "noop");
+  });
+  ASSERT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+  std::vector<TaskRequest> requests(5, TaskRequest{.function = "noop", .num_outputs = 2});
+  ASSERT_OK_AND_ASSIGN(auto outputs, victim_->Submit(requests));
+  // The five assignments, in one push or several, by task.
+  std::map<ObjectId, uint64_t> task_of;
+  while (task_of.size() < 5 * 2) {
+    auto assign = attacker->Receive();
+    ASSERT_TRUE(assign && assign->get().isAssign());
+    for (auto a : assign->get().getAssign()) {
+      for (auto id : a.getOutputs()) task_of[ipc::FromWire(id)] = a.getTask();
+    }
+  }
+  struct Value {
+    uint32_t index;
+    std::string data;
+    std::string metadata;
+  };
+  const auto complete = [&](uint64_t rid, uint64_t task, const std::vector<Value>& values) {
+    return attacker->Call(rid, [&](auto r) {
+      auto c = r.initComplete(1)[0];
+      c.setTask(task);
+      c.setOk(true);
+      auto list = c.initOutputs(static_cast<unsigned>(values.size()));
+      for (unsigned i = 0; i < list.size(); ++i) {
+        list[i].setIndex(values[i].index);
+        list[i].setData(capnp::Data::Reader(
+            reinterpret_cast<const kj::byte*>(values[i].data.data()), values[i].data.size()));
+        list[i].setMetadata(
+            capnp::Data::Reader(reinterpret_cast<const kj::byte*>(values[i].metadata.data()),
+                                values[i].metadata.size()));
+      }
+    });
+  };
+  const auto expect_failed = [&](const ObjectId& output, const std::string& why) {
+    auto got = victim_->Get(output, std::chrono::seconds(30));
+    EXPECT_EQ(got.status().code(), StatusCode::kTaskFailed) << got.status().ToString();
+    EXPECT_NE(got.status().message().find(why), std::string::npos) << got.status().ToString();
+  };
+
+  // An index past the task's outputs, a value over the limit, an output given twice: the
+  // task fails saying why (the completion itself is taken).
+  reply = complete(3, task_of.at(outputs[0][0]), {{.index = 2, .data = "x", .metadata = ""}});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+  expect_failed(outputs[0][0], "returned output 2 of a task with 2 outputs");
+  reply = complete(
+      4, task_of.at(outputs[1][0]),
+      {{.index = 0, .data = std::string(ipc::kMaxInlineOutputBytes, 'x'), .metadata = "m"}});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK);
+  expect_failed(outputs[1][0], "a completion may carry");
+  reply = complete(
+      5, task_of.at(outputs[2][0]),
+      {{.index = 1, .data = "a", .metadata = ""}, {.index = 1, .data = "b", .metadata = ""}});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK);
+  expect_failed(outputs[2][0], "exists already");
+  // What was stored before the failure stays: the first value of output 1.
+  ASSERT_OK_AND_ASSIGN(Buffer kept, victim_->Get(outputs[2][1], std::chrono::seconds(30)));
+  EXPECT_EQ(kept.size(), 1u);
+
+  // A task it does not run, or no longer runs: refused, and nothing is stored for it.
+  reply = complete(6, task_of.at(outputs[0][0]), {{.index = 1, .data = "late", .metadata = ""}});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  expect_failed(outputs[0][1], "returned output 2");
+  reply = complete(7, 1'000'000, {{.index = 0, .data = "none", .metadata = ""}});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+
+  // A well-formed one: both outputs stored as given, data and metadata.
+  reply = complete(8, task_of.at(outputs[3][0]),
+                   {{.index = 0, .data = "first", .metadata = "meta"},
+                    {.index = 1, .data = "", .metadata = ""}});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK);
+  ASSERT_OK_AND_ASSIGN(Buffer first, victim_->Get(outputs[3][0], std::chrono::seconds(30)));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(first.data().data()), first.size()), "first");
+  EXPECT_EQ(
+      std::string(reinterpret_cast<const char*>(first.metadata().data()), first.metadata().size()),
+      "meta");
+  ASSERT_OK_AND_ASSIGN(Buffer empty, victim_->Get(outputs[3][1], std::chrono::seconds(30)));
+  EXPECT_EQ(empty.size(), 0u);
+  // Success claimed with one output carried and the other never made: the task fails.
+  reply = complete(9, task_of.at(outputs[4][0]), {{.index = 0, .data = "1", .metadata = ""}});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK);
+  expect_failed(outputs[4][1], "without sealing output");
 }
 
 TEST_F(HostileTest, AnnouncingHugeFramesAndSendingNothingCostsTheDaemonNothing) {

@@ -336,6 +336,35 @@ TEST_F(ObjectStoreTest, AGetWaitingForAnIdIsAnsweredTaskFailedWhenItIsSealedAsFa
   }
 }
 
+TEST_F(ObjectStoreTest, APutByTheDaemonSealsTheBytesAndLeavesThemUnreferenced) {
+  const std::string data = "value";
+  const std::string metadata = "meta";
+  ASSERT_TRUE(store_
+                  .Put(kClient, CreateParams{.id = Id(1),
+                                             .data_size = data.size(),
+                                             .metadata = std::as_bytes(std::span(metadata)),
+                                             .data = std::as_bytes(std::span(data))})
+                  .ok());
+  EXPECT_EQ(store_.UsageOf(kClient).references, 0u);
+  EXPECT_EQ(store_.counters().objects_sealed, 1u);
+  auto got = Get({Id(1)}, kHost);
+  ASSERT_TRUE(got.has_value());
+  ASSERT_EQ((*got)[0].code, StatusCode::kOk);
+  const std::byte* bytes = reinterpret_cast<const std::byte*>(Address((*got)[0].location));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(bytes), data.size()), data);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(bytes) + data.size(), metadata.size()),
+            metadata);
+  // As a create: an id taken, bytes that are not all of the object, a GPU, a checksum.
+  EXPECT_EQ(store_.Put(kClient, CreateParams{.id = Id(1)}).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_.Put(kClient, CreateParams{.id = Id(2), .data_size = 3}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_.Put(kClient, CreateParams{.id = Id(3), .device = 0}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_.Put(kClient, CreateParams{.id = Id(4), .checksum = true}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE(store_.Contains(Id(2)));
+}
+
 TEST_F(ObjectStoreTest, SealFailedLeavesIdsThatExistAsTheyAre) {
   Put(1, 100);
   store_.Create(kClient, CreateParams{.id = Id(2), .data_size = 10}, [](Result<Location>) {});

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -14,6 +15,8 @@
 #include "child_process.h"
 #include "daemon.h"
 #include "depot/client.h"
+#include "depot/ipc/protocol.h"
+#include "depot/worker.h"
 #include "test_support.h"
 
 #ifndef DEPOT_EXAMPLE_WORKER_PATH
@@ -307,26 +310,74 @@ TEST_F(TaskTest, AFailingTaskSurfacesItsMessageThroughGet) {
   EXPECT_NE(second.status().message().find("no luck"), std::string::npos);
 }
 
-TEST_F(TaskTest, AWorkerKilledMidTaskHasItsTaskRetriedElsewhere) {
+TEST_F(TaskTest, AWorkerKilledMidTaskHasItsTaskRetriedElsewhereKeepingWhatItSealed) {
   ChildProcess first = StartWorker({});
-  const std::vector<std::byte> bytes = SeededBytes(3 * kMiB + 5, 21);
-  const ObjectId input = ObjectId::Random();
-  ASSERT_OK(client_->Put(input, bytes));
-  ASSERT_OK_AND_ASSIGN(auto outputs,
-                       client_->Submit({.function = "stall_once", .inputs = {input}}));
-  ASSERT_TRUE(Eventually([&] {
-    auto t = TaskOf(outputs[0]);
-    return t.ok() && t->state == TaskState::kRunning;
-  }));
+  const std::vector<std::byte> a = SeededBytes(3 * kMiB + 5, 21);
+  const std::vector<std::byte> b = SeededBytes(100, 22);
+  const ObjectId input_a = ObjectId::Random();
+  const ObjectId input_b = ObjectId::Random();
+  ASSERT_OK(client_->Put(input_a, a));
+  ASSERT_OK(client_->Put(input_b, b));
+  // Its first attempt puts its first output, then never finishes.
+  ASSERT_OK_AND_ASSIGN(
+      auto outputs,
+      client_->Submit({.function = "stall_once", .inputs = {input_a, input_b}, .num_outputs = 2}));
+  ASSERT_OK_AND_ASSIGN(Buffer early, client_->Get(outputs[0], kPatience));
+  EXPECT_TRUE(SameBytes(early.data(), a));
   ChildProcess second = StartWorker({});
   ASSERT_TRUE(first.Kill(SIGKILL));
   EXPECT_EQ(first.Wait(), 128 + SIGKILL);
-  ASSERT_OK_AND_ASSIGN(Buffer out, client_->Get(outputs[0], kPatience));
-  EXPECT_TRUE(SameBytes(out.data(), bytes));
+  // The second attempt is told that output 0 is there, and makes only output 1.
+  ASSERT_OK_AND_ASSIGN(auto out, client_->Get(outputs, kPatience));
+  EXPECT_TRUE(SameBytes(out[0].data(), a));
+  EXPECT_TRUE(SameBytes(out[1].data(), b));
   ASSERT_OK_AND_ASSIGN(TaskInfo task, TaskOf(outputs[0]));
+  EXPECT_EQ(task.state, TaskState::kDone) << task.reason;
   EXPECT_EQ(task.attempts, 2u);
   ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
   EXPECT_EQ(status.scheduler.retried, 1u);
+}
+
+TEST_F(TaskTest, SmallOutputsTravelWithTheCompletionAndLargeOnesArePut) {
+  // A worker of this process, with functions of its own.
+  ASSERT_OK_AND_ASSIGN(auto worker,
+                       Worker::Connect({.socket_path = daemon_.socket_path(), .cpus = 2}));
+  std::atomic<int> checks_failed{0};
+  worker->Register("shapes", [&](TaskContext& task) -> Status {
+    const std::string small = "small";
+    const std::string meta = "dtype=u8";
+    const std::vector<std::byte> large = SeededBytes(ipc::kMaxInlineOutputBytes + 1, 5);
+    DEPOT_RETURN_NOT_OK(
+        task.Put(0, std::as_bytes(std::span(small)), std::as_bytes(std::span(meta))));
+    DEPOT_RETURN_NOT_OK(task.Put(1, large));
+    if (task.Put(0, {}).code() != StatusCode::kAlreadyExists) ++checks_failed;
+    if (task.Put(2, {}).code() != StatusCode::kInvalidArgument) ++checks_failed;
+    return Status::OK();
+  });
+  worker->Register("half_then_fail", [](TaskContext& task) -> Status {
+    DEPOT_RETURN_NOT_OK(task.Put(0, std::as_bytes(std::span(std::string_view("unsent")))));
+    return Status::Internal("failed after a put");
+  });
+  std::thread runner([&] { EXPECT_OK(worker->Run()); });
+  ASSERT_TRUE(Eventually([&] { return WorkerCount() == 1; }));
+
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "shapes", .num_outputs = 2}));
+  ASSERT_OK_AND_ASSIGN(auto out, client_->Get(outputs, kPatience));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out[0].data().data()), out[0].size()),
+            "small");
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out[0].metadata().data()),
+                        out[0].metadata().size()),
+            "dtype=u8");
+  EXPECT_TRUE(SameBytes(out[1].data(), SeededBytes(ipc::kMaxInlineOutputBytes + 1, 5)));
+  EXPECT_EQ(checks_failed.load(), 0);
+  // A function that fails after putting a small output: the value is never stored.
+  ASSERT_OK_AND_ASSIGN(auto failed, client_->Submit({.function = "half_then_fail"}));
+  auto got = client_->Get(failed[0], kPatience);
+  EXPECT_EQ(got.status().code(), StatusCode::kTaskFailed) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("failed after a put"), std::string::npos);
+
+  worker->Stop();
+  runner.join();
 }
 
 TEST_F(TaskTest, BadSubmissionsAreRefusedAndTheDaemonServesOthers) {

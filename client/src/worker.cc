@@ -1,5 +1,7 @@
 #include "depot/worker.h"
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -17,6 +19,23 @@ using internal::Decode;
 using internal::Reply;
 using internal::RequestMessage;
 
+namespace {
+
+// A function that ran in less than this, lately, counts as short: its completion may wait
+// for the next short task of the batch, to go to the daemon with it.
+constexpr int64_t kShortTaskNs = 20'000;
+// The most completions held back so, and for how long.
+constexpr size_t kMaxHeldCompletions = 64;
+constexpr auto kMaxHoldTime = std::chrono::microseconds(100);
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+bool TaskContext::sealed(size_t output) const {
+  return std::ranges::find(sealed_, output) != sealed_.end();
+}
+
 Result<std::vector<Buffer>> TaskContext::Inputs() {
   DEPOT_ASSIGN_OR_RETURN(auto buffers, client_.Get(inputs_));
   for (size_t i = 0; i < buffers.size(); ++i) {
@@ -32,7 +51,32 @@ Result<std::vector<DeviceBuffer>> TaskContext::DeviceInputs() {
   return client_.GetOnDevice(inputs_, device_);
 }
 
-// The threads that run tasks, one per task running, and the completions they report.
+Status TaskContext::Put(size_t output, std::span<const std::byte> data,
+                        std::span<const std::byte> metadata) {
+  if (output >= outputs_.size()) {
+    return Status::InvalidArgument("task " + std::to_string(task_) + " has " +
+                                   std::to_string(outputs_.size()) + " outputs, not an output " +
+                                   std::to_string(output));
+  }
+  if (sealed(output)) return Status::OK();
+  if (std::ranges::any_of(values_, [&](const Value& v) { return v.index == output; })) {
+    return Status::AlreadyExists("output " + std::to_string(output) + " of task " +
+                                 std::to_string(task_) + " was put already");
+  }
+  const size_t bytes = data.size() + metadata.size();
+  if (bytes > ipc::kMaxInlineOutputBytes || inline_bytes_ + bytes > inline_budget_) {
+    return client_.Put(outputs_[output], data, {.metadata = metadata});
+  }
+  inline_bytes_ += bytes;
+  values_.push_back(
+      {.index = static_cast<uint32_t>(output),
+       .data = std::string(reinterpret_cast<const char*>(data.data()), data.size()),
+       .metadata = std::string(reinterpret_cast<const char*>(metadata.data()), metadata.size())});
+  return Status::OK();
+}
+
+// The threads that run tasks and read the daemon's pushes (Worker::Serve), and the
+// completions they report.
 struct Worker::Pool {
   struct Job {
     uint64_t task = 0;
@@ -42,18 +86,43 @@ struct Worker::Pool {
     std::vector<ObjectId> inputs;
     std::string args;
     std::vector<ObjectId> outputs;
+    std::vector<uint32_t> sealed;
   };
   struct Done {
     uint64_t task = 0;
     Status status;
+    std::vector<TaskContext::Value> values;  // empty unless it succeeded
+    size_t bytes = 0;                        // of the values
   };
 
+  // Makes sure some thread comes for the work there is (a job queued, or the reader's turn):
+  // wakes a waiting thread, unless one is waking already (which, finding more work than it
+  // takes, wakes the next), or starts one. Without a thread to start, the threads there are
+  // take the work as they come back.
+  void WakeOne(Worker& worker) {
+    if (waking) return;
+    if (idle > 0) {
+      waking = true;
+      cv.notify_one();
+      return;
+    }
+    try {
+      threads.emplace_back([&worker] { worker.Serve(); });
+      waking = true;
+    } catch (const std::system_error&) {
+    }
+  }
+
   std::mutex mu;
-  std::condition_variable cv;  // jobs queued, or quitting
+  std::condition_variable cv;  // work for a waiting thread: a job, the reader's turn, the end
   std::deque<Job> jobs;
   std::vector<std::thread> threads;
-  size_t idle = 0;
-  bool quitting = false;
+  size_t idle = 0;           // threads waiting on cv
+  bool waking = false;       // a thread was woken or started and has not looked for work yet
+  bool reading = false;      // a thread reads the daemon's pushes
+  bool ended = false;        // no job comes any more: drained, or the connection ended
+  Status end;                // why, for Run
+  size_t inline_budget = 0;  // bytes of outputs one completion message may carry
 
   // Completions gathered while one thread sends: they go out together.
   std::mutex done_mu;
@@ -72,19 +141,18 @@ Result<std::unique_ptr<Worker>> Worker::Connect(WorkerOptions options) {
 }
 
 Worker::Worker(Client client, WorkerOptions options)
-    : client_(std::move(client)), options_(std::move(options)), pool_(std::make_unique<Pool>()) {}
-
-Worker::~Worker() {
-  {
-    std::lock_guard lock(pool_->mu);
-    pool_->quitting = true;
-  }
-  pool_->cv.notify_all();
-  for (std::thread& t : pool_->threads) t.join();
+    : client_(std::move(client)), options_(std::move(options)), pool_(std::make_unique<Pool>()) {
+  // A message of completions stays well inside the daemon's frame limit.
+  pool_->inline_budget = client_.conn_->max_frame_bytes() / 8;
 }
 
+// Run joins every thread it started before it returns.
+Worker::~Worker() = default;
+
 void Worker::Register(std::string name, Function function) {
-  functions_[std::move(name)] = std::move(function);
+  Registered& entry = functions_[std::move(name)];
+  entry.function = std::move(function);
+  entry.ns.store(-1);
 }
 
 void Worker::Stop() {
@@ -128,70 +196,113 @@ Status Worker::Run() {
   if (stop_requested_.load()) Stop();
 
   Pool& pool = *pool_;
-  // Reports a task's outcome; whoever finds no send under way sends everything gathered.
-  auto report = [&](uint64_t task, Status status) {
+  {
+    std::lock_guard lock(pool.mu);
+    pool.ended = false;
+    pool.end = Status::OK();
+  }
+  Serve();
+  // Every thread ends once the pool has ended and holds no job: none starts another then.
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(pool.mu);
+    threads = std::exchange(pool.threads, {});
+  }
+  for (std::thread& t : threads) t.join();
+  std::lock_guard lock(pool.mu);
+  return pool.end;
+}
+
+void Worker::Serve() {
+  Pool& pool = *pool_;
+  internal::Connection& conn = *client_.conn_;
+
+  // Sends `batch` (with whatever other threads gathered meanwhile); whoever finds no send
+  // under way sends everything gathered, a message per inline_budget bytes of outputs.
+  auto report = [&](std::vector<Pool::Done>& batch) {
     std::unique_lock lock(pool.done_mu);
-    pool.done.push_back({task, std::move(status)});
+    for (Pool::Done& d : batch) pool.done.push_back(std::move(d));
+    batch.clear();
     if (pool.sending) return;
     pool.sending = true;
     while (!pool.done.empty()) {
-      std::vector<Pool::Done> batch = std::exchange(pool.done, {});
+      std::vector<Pool::Done> gathered = std::exchange(pool.done, {});
       lock.unlock();
-      RequestMessage request;
-      auto list = request.root().initComplete(static_cast<unsigned>(batch.size()));
-      for (unsigned i = 0; i < batch.size(); ++i) {
-        list[i].setTask(batch[i].task);
-        list[i].setOk(batch[i].status.ok());
-        if (!batch[i].status.ok()) list[i].setMessage(batch[i].status.message());
+      for (size_t first = 0; first < gathered.size();) {
+        size_t end = first;
+        size_t bytes = 0;
+        do {
+          bytes += gathered[end++].bytes;
+        } while (end < gathered.size() && bytes + gathered[end].bytes <= pool.inline_budget);
+        RequestMessage request;
+        auto list = request.root().initComplete(static_cast<unsigned>(end - first));
+        for (unsigned i = 0; i < list.size(); ++i) {
+          const Pool::Done& d = gathered[first + i];
+          auto c = list[i];
+          c.setTask(d.task);
+          c.setOk(d.status.ok());
+          if (!d.status.ok()) c.setMessage(d.status.message());
+          if (d.values.empty()) continue;
+          auto values = c.initOutputs(static_cast<unsigned>(d.values.size()));
+          for (unsigned v = 0; v < values.size(); ++v) {
+            const TaskContext::Value& value = d.values[v];
+            values[v].setIndex(value.index);
+            values[v].setData(capnp::Data::Reader(
+                reinterpret_cast<const capnp::byte*>(value.data.data()), value.data.size()));
+            values[v].setMetadata(
+                capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(value.metadata.data()),
+                                    value.metadata.size()));
+          }
+        }
+        (void)conn.Post(request);  // a broken connection ends Run, which reports that
+        first = end;
       }
-      (void)conn.Post(request);  // a broken connection ends Run, which reports that
       lock.lock();
     }
     pool.sending = false;
   };
-  auto execute = [&](Pool::Job& job) {
-    TaskContext context(client_, job.task, job.attempt, job.device);
+
+  auto execute = [&](Pool::Job& job) -> Pool::Done {
+    TaskContext context(client_, job.task, job.attempt, job.device, pool.inline_budget);
     context.inputs_ = std::move(job.inputs);
     context.args_ = std::move(job.args);
     context.outputs_ = std::move(job.outputs);
+    context.sealed_ = std::move(job.sealed);
     Status status;
     auto it = functions_.find(job.function);
     if (it == functions_.end()) {
       status = Status::InvalidArgument("this worker has no function '" + job.function + "'");
     } else {
+      const auto start = Clock::now();
       try {
-        status = it->second(context);
+        status = it->second.function(context);
       } catch (const std::exception& e) {
         status = Status::Internal(std::string("the function threw: ") + e.what());
       } catch (...) {
         status = Status::Internal("the function threw something that is not a std::exception");
       }
+      const int64_t ns = std::chrono::nanoseconds(Clock::now() - start).count();
+      const int64_t before = it->second.ns.load(std::memory_order_relaxed);
+      it->second.ns.store(before < 0 ? ns : (3 * before + ns) / 4, std::memory_order_relaxed);
     }
-    report(job.task, std::move(status));
+    Pool::Done done{.task = job.task, .status = std::move(status)};
+    if (done.status.ok()) {
+      done.values = std::move(context.values_);
+      done.bytes = context.inline_bytes_;
+    }
+    return done;
   };
-  auto thread_main = [&] {
-    std::unique_lock lock(pool.mu);
-    for (;;) {
-      ++pool.idle;
-      pool.cv.wait(lock, [&] { return !pool.jobs.empty() || pool.quitting; });
-      --pool.idle;
-      if (pool.jobs.empty()) return;
-      Pool::Job job = std::move(pool.jobs.front());
-      pool.jobs.pop_front();
-      lock.unlock();
-      execute(job);
-      lock.lock();
-    }
+  auto is_short = [&](const std::string& function) {
+    auto it = functions_.find(function);
+    if (it == functions_.end()) return true;  // it fails at once
+    const int64_t ns = it->second.ns.load(std::memory_order_relaxed);
+    return ns >= 0 && ns < kShortTaskNs;
   };
 
-  Status ended;
-  for (;;) {
+  // Reads the next push: its jobs, or the end (OK once drained).
+  auto read = [&](std::vector<Pool::Job>& jobs) -> std::optional<Status> {
     Reply push;
-    if (Status st = conn.AwaitPush(&push); !st.ok()) {
-      ended = std::move(st);
-      break;
-    }
-    std::vector<Pool::Job> jobs;
+    if (Status st = conn.AwaitPush(&push); !st.ok()) return st;
     bool drained = false;
     Status decoded = Decode([&]() -> Status {
       auto r = push.get();
@@ -203,6 +314,8 @@ Status Worker::Run() {
       for (auto a : r.getAssign()) {
         const int32_t device = a.getDevice();
         auto args = a.getArgs();
+        std::vector<uint32_t> sealed;
+        for (uint32_t k : a.getSealed()) sealed.push_back(k);
         jobs.push_back(
             {.task = a.getTask(),
              .attempt = a.getAttempt(),
@@ -210,43 +323,63 @@ Status Worker::Run() {
              .function = ipc::ToString(a.getFunction()),
              .inputs = ipc::FromWire(a.getInputs()),
              .args = std::string(reinterpret_cast<const char*>(args.begin()), args.size()),
-             .outputs = ipc::FromWire(a.getOutputs())});
+             .outputs = ipc::FromWire(a.getOutputs()),
+             .sealed = std::move(sealed)});
       }
       return Status::OK();
     });
-    if (!decoded.ok()) {
-      ended = std::move(decoded);
-      break;
-    }
-    if (drained) break;
-    std::unique_lock lock(pool.mu);
-    for (Pool::Job& job : jobs) {
-      pool.jobs.push_back(std::move(job));
-      if (pool.jobs.size() <= pool.idle) {
-        pool.cv.notify_one();
-        continue;
-      }
-      try {
-        pool.threads.emplace_back(thread_main);
-      } catch (const std::system_error& e) {
-        // No thread for it: the task fails, and the worker goes on with the ones it has.
-        Pool::Job lost = std::move(pool.jobs.back());
-        pool.jobs.pop_back();
+    if (!decoded.ok()) return decoded;
+    if (drained) return Status::OK();
+    return std::nullopt;
+  };
+
+  std::vector<Pool::Done> held;  // completions of short tasks, not sent yet
+  Clock::time_point held_since;
+  std::vector<Pool::Job> incoming;
+  std::unique_lock lock(pool.mu);
+  pool.waking = false;
+  for (;;) {
+    if (!pool.jobs.empty()) {
+      Pool::Job job = std::move(pool.jobs.front());
+      pool.jobs.pop_front();
+      // Someone takes the next job, or reads while this thread runs one.
+      if (!pool.jobs.empty() || (!pool.reading && !pool.ended)) pool.WakeOne(*this);
+      lock.unlock();
+      // A completion held back waits for no task that may be long.
+      if (!held.empty() && !is_short(job.function)) report(held);
+      if (held.empty()) held_since = Clock::now();
+      held.push_back(execute(job));
+      lock.lock();
+      if (pool.jobs.empty() || held.size() >= kMaxHeldCompletions ||
+          Clock::now() - held_since > kMaxHoldTime) {
         lock.unlock();
-        report(lost.task,
-               Status::Internal(std::string("the worker cannot start a thread: ") + e.what()));
+        report(held);
         lock.lock();
       }
+      continue;
     }
+    if (pool.ended) break;
+    if (!pool.reading) {
+      pool.reading = true;
+      lock.unlock();
+      std::optional<Status> end = read(incoming);
+      lock.lock();
+      pool.reading = false;
+      if (end) {
+        incoming.clear();  // a push that did not decode whole runs nothing
+        pool.ended = true;
+        pool.end = std::move(*end);
+        pool.cv.notify_all();
+      }
+      for (Pool::Job& job : incoming) pool.jobs.push_back(std::move(job));
+      incoming.clear();
+      continue;
+    }
+    ++pool.idle;
+    pool.cv.wait(lock);
+    --pool.idle;
+    pool.waking = false;
   }
-  {
-    std::lock_guard lock(pool.mu);
-    pool.quitting = true;
-  }
-  pool.cv.notify_all();
-  for (std::thread& t : pool.threads) t.join();
-  pool.threads.clear();
-  return ended;
 }
 
 }  // namespace depot

@@ -6,8 +6,9 @@
 //   fill        output 0: as many bytes as the inline arguments say (decimal), float64 ones
 //   add         output 0: the element-wise sum of its inputs, float64 arrays of one size
 //   fail        fails, with the inline arguments as its message
-//   stall_once  as copy, except that its first attempt never finishes: it waits until the
-//               worker is killed, so that the task is run again elsewhere (fault tests)
+//   stall_once  as copy, except that its first attempt puts its first output at once (in
+//               host memory, when it has an input) and then never finishes: it waits until
+//               the worker is killed, so that the task is run again elsewhere (fault tests)
 //
 //   depot-example-worker --socket /tmp/d.sock --cpus 2 --gpus 0,1
 #include <CLI/CLI.hpp>
@@ -34,9 +35,7 @@ using depot::Status;
 using depot::TaskContext;
 
 Status Noop(TaskContext& task) {
-  for (const depot::ObjectId& out : task.outputs()) {
-    DEPOT_RETURN_NOT_OK(task.client().Put(out, {}));
-  }
+  for (size_t k = 0; k < task.outputs().size(); ++k) DEPOT_RETURN_NOT_OK(task.Put(k, {}));
   return Status::OK();
 }
 
@@ -52,7 +51,7 @@ Status Sum(TaskContext& task) {
     std::memcpy(&value, bytes.data() + i, sizeof value);
     total += value;
   }
-  return task.client().Put(task.outputs()[0], std::as_bytes(std::span(&total, 1)));
+  return task.Put(0, std::as_bytes(std::span(&total, 1)));
 }
 
 // Copies `size` bytes between two addresses of the task's GPU.
@@ -88,12 +87,13 @@ Status Copy(TaskContext& task) {
   if (task.device() == depot::Client::kHostMemory) {
     DEPOT_ASSIGN_OR_RETURN(auto inputs, task.Inputs());
     for (size_t k = 0; k < inputs.size(); ++k) {
-      DEPOT_RETURN_NOT_OK(client.Put(task.outputs()[k], inputs[k].data()));
+      DEPOT_RETURN_NOT_OK(task.Put(k, inputs[k].data()));
     }
     return Status::OK();
   }
   DEPOT_ASSIGN_OR_RETURN(auto inputs, task.DeviceInputs());
   for (size_t k = 0; k < inputs.size(); ++k) {
+    if (task.sealed(k)) continue;  // made by an earlier attempt
     DEPOT_ASSIGN_OR_RETURN(
         auto out, client.CreateOnDevice(task.outputs()[k], inputs[k].size(), task.device()));
     DEPOT_RETURN_NOT_OK(CopyOnDevice(inputs[k], out));
@@ -109,6 +109,7 @@ Status Fill(TaskContext& task) {
   } catch (const std::exception&) {
     return Status::InvalidArgument("fill wants its size in bytes as its arguments");
   }
+  if (task.sealed(0)) return Status::OK();  // made by an earlier attempt
   DEPOT_ASSIGN_OR_RETURN(auto out, task.client().Create(task.outputs()[0], bytes));
   const double one = 1.0;
   for (uint64_t i = 0; i + sizeof one <= bytes; i += sizeof one) {
@@ -120,6 +121,7 @@ Status Fill(TaskContext& task) {
 Status Add(TaskContext& task) {
   DEPOT_ASSIGN_OR_RETURN(auto inputs, task.Inputs());
   if (inputs.empty()) return Status::InvalidArgument("add needs inputs");
+  if (task.sealed(0)) return Status::OK();  // made by an earlier attempt
   const size_t size = inputs[0].size();
   for (const depot::Buffer& in : inputs) {
     if (in.size() != size) return Status::InvalidArgument("add needs inputs of one size");
@@ -142,6 +144,10 @@ Status Fail(TaskContext& task) {
 
 Status StallOnce(TaskContext& task) {
   if (task.attempt() == 1) {
+    if (!task.inputs().empty()) {
+      DEPOT_ASSIGN_OR_RETURN(depot::Buffer first, task.client().Get(task.inputs()[0]));
+      DEPOT_RETURN_NOT_OK(task.client().Put(task.outputs()[0], first.data()));
+    }
     std::cerr << "depot-example-worker: task " << task.task() << " stalls (first attempt)"
               << std::endl;
     for (;;) ::pause();  // until this process is killed

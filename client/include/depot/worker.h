@@ -4,17 +4,23 @@
 //   worker->Register("sum", [](depot::TaskContext& task) -> depot::Status {
 //     DEPOT_ASSIGN_OR_RETURN(auto inputs, task.Inputs());
 //     double total = ...;  // read inputs[0].data()
-//     return task.client().Put(task.outputs()[0], bytes_of(total));
+//     return task.Put(0, bytes_of(total));
 //   });
 //   return worker->Run();
 //
 // A worker registers its resources (CPU slots, GPUs, custom ones) and its functions; the
-// daemon sends it tasks as they fit those resources, over the worker's own connection, and
-// it runs each on a thread of its own. A function reads its inputs, creates and seals each
-// of its outputs (Create/Seal, Put, CreateOnDevice...) with the task's output ids, and
-// returns OK, or an error whose message becomes the task's failure: a get of its outputs
-// then answers TaskFailed with it. The outputs it created but did not seal are aborted.
-// If the worker dies, the daemon runs its tasks again elsewhere (up to their retries).
+// daemon sends it tasks as they fit those resources, over the worker's own connection. A
+// function reads its inputs, makes each of its outputs (TaskContext::Put, or the Client's
+// Create/Seal, CreateOnDevice... with the task's output ids), and returns OK, or an error
+// whose message becomes the task's failure: a get of its outputs then answers TaskFailed
+// with it. The outputs it created but did not seal are aborted. If the worker dies, the
+// daemon runs its tasks again elsewhere (up to their retries), keeping the outputs it had
+// sealed (TaskContext::sealed).
+//
+// Tasks run on a pool of threads, each task on one thread from start to end. The thread
+// that reads a batch of assignments runs the first itself, with no hand-off, and wakes one
+// other thread to read on or to take the next; completions of short tasks run back to back
+// go to the daemon together.
 #pragma once
 
 #include <atomic>
@@ -43,15 +49,39 @@ class TaskContext {
   std::span<const ObjectId> outputs() const { return outputs_; }
   Client& client() { return client_; }
 
+  // Whether an earlier attempt of this task sealed `output` before its worker died: the
+  // object stays as it was, and this attempt must not make it again (Put skips it).
+  bool sealed(size_t output) const;
+
   // The inputs in host memory, in order (copied there from a GPU where they are not).
   Result<std::vector<Buffer>> Inputs();
   // The inputs on the task's GPU, in order; InvalidArgument for a CPU task.
   Result<std::vector<DeviceBuffer>> DeviceInputs();
 
+  // Stores output `output` (an index into outputs()) in host memory with these bytes, as
+  // Client::Put would. Up to 64 KiB (ipc::kMaxInlineOutputBytes) of data and metadata, the
+  // bytes are copied and travel to the daemon with the task's completion: no round trip
+  // now, and the daemon stores them before it counts the task done (a value it cannot
+  // store fails the task, with why). Larger values are put at once. OK without doing
+  // anything for an output an earlier attempt sealed; InvalidArgument for an index out of
+  // range, AlreadyExists for an output put twice.
+  Status Put(size_t output, std::span<const std::byte> data,
+             std::span<const std::byte> metadata = {});
+
  private:
   friend class Worker;
-  TaskContext(Client& client, uint64_t task, uint32_t attempt, int device)
-      : client_(client), task_(task), attempt_(attempt), device_(device) {}
+  // An output carried by the completion.
+  struct Value {
+    uint32_t index;
+    std::string data;
+    std::string metadata;
+  };
+  TaskContext(Client& client, uint64_t task, uint32_t attempt, int device, size_t inline_budget)
+      : client_(client),
+        task_(task),
+        attempt_(attempt),
+        device_(device),
+        inline_budget_(inline_budget) {}
 
   Client& client_;
   uint64_t task_;
@@ -60,6 +90,10 @@ class TaskContext {
   std::vector<ObjectId> inputs_;
   std::string args_;
   std::vector<ObjectId> outputs_;
+  std::vector<uint32_t> sealed_;
+  std::vector<Value> values_;
+  size_t inline_budget_;  // bytes the completion may carry in all
+  size_t inline_bytes_ = 0;
 };
 
 struct WorkerOptions {
@@ -100,9 +134,18 @@ class Worker {
   struct Pool;
   explicit Worker(Client client, WorkerOptions options);
 
+  struct Registered {
+    Function function;
+    // How long it ran lately, a moving average; -1 until it has run.
+    std::atomic<int64_t> ns{-1};
+  };
+  // The loop each of the pool's threads runs (Run's own too): take a job, read the daemon's
+  // pushes, or wait; until the daemon has drained the worker or the connection ends.
+  void Serve();
+
   Client client_;
   WorkerOptions options_;
-  std::map<std::string, Function> functions_;
+  std::map<std::string, Registered> functions_;
   std::unique_ptr<Pool> pool_;
   std::atomic<bool> stop_requested_{false};
 };

@@ -14,12 +14,14 @@
 namespace depot::ipc {
 
 // Bumped on every incompatible change to protocol.capnp or to ObjectHeader.
-inline constexpr uint32_t kProtocolVersion = 7;
+inline constexpr uint32_t kProtocolVersion = 8;
 
 // The daemon's default bound on one frame. A session that sends a larger one is closed.
 inline constexpr uint32_t kDefaultMaxFrameBytes = 16u << 20;
 // Most ids one batched request may name.
 inline constexpr uint32_t kDefaultMaxBatch = 100'000;
+// Most bytes (data and metadata) of one task output carried in a completion (OutputValue).
+inline constexpr uint64_t kMaxInlineOutputBytes = 64 << 10;
 // Cap'n Proto traversal limit for a frame of `frame_bytes`: nothing may be read twice over.
 inline uint64_t TraversalLimitWords(uint32_t frame_bytes) { return frame_bytes / 8 * 2 + 64; }
 
