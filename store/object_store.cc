@@ -512,22 +512,27 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
   const ObjectId id = table_.IdAt(slot);
   const uint64_t now = ipc::WallNanos();
   std::vector<std::pair<int32_t, WaitingGets::Id>> copies;  // (tier, get) to start
-  for (WaitingGets::Id waiter : waiting_.TakeSealWaiters(id)) {
+  const std::vector<WaitingGets::SealWaiter> waiters = waiting_.TakeSealWaiters(id);
+  for (size_t k = 0; k < waiters.size();) {
+    // The ids of one get come together: it is answered once they are all resolved.
+    const WaitingGets::Id waiter = waiters[k].first;
     WaitingGets::Get* get = waiting_.Find(waiter);
-    if (get == nullptr) continue;
-    Account* holder = get->hold ? &accounts_.at(get->client) : nullptr;
-    for (size_t i = 0; i < get->ids.size(); ++i) {
-      if (get->ids[i] != id || get->waits[i] != WaitingGets::Wait::kSeal) continue;
+    Account* holder = get != nullptr && get->hold ? &accounts_.at(get->client) : nullptr;
+    bool copying = false;
+    for (; k < waiters.size() && waiters[k].first == waiter; ++k) {
+      const size_t i = waiters[k].second;
+      if (get == nullptr || get->waits[i] != WaitingGets::Wait::kSeal) continue;
       if (table_.IsFailed(slot)) {
         get->Resolve(i, FailureResult(slot));
       } else if (table_.IsReady(slot, get->tier)) {
         get->Resolve(i, Grant(holder, slot, get->tier, now));
       } else {
         get->waits[i] = WaitingGets::Wait::kCopy;
-        copies.emplace_back(get->tier, waiter);
+        copying = true;
       }
     }
-    waiting_.FinishIfDone(waiter);
+    if (copying) copies.emplace_back(get->tier, waiter);
+    if (get != nullptr) waiting_.FinishIfDone(waiter);
   }
   for (auto [tier, waiter] : copies) tiers_.StartCopy(slot, tier, waiter);
 }

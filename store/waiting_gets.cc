@@ -18,7 +18,7 @@ WaitingGets::Id WaitingGets::Add(Get get, int64_t timeout_ms) {
   bool waits_for_seal = false;
   for (size_t i = 0; i < get.ids.size(); ++i) {
     if (get.waits[i] != Wait::kSeal) continue;
-    by_object_[get.ids[i]].push_back(id);
+    by_object_[get.ids[i]].emplace_back(id, static_cast<uint32_t>(i));
     waits_for_seal = true;
   }
   by_client_[get.client].push_back(id);
@@ -39,14 +39,12 @@ WaitingGets::Get* WaitingGets::Find(Id id) {
   return it == gets_.end() ? nullptr : &it->second.get;
 }
 
-std::vector<WaitingGets::Id> WaitingGets::TakeSealWaiters(const ObjectId& id) {
+std::vector<WaitingGets::SealWaiter> WaitingGets::TakeSealWaiters(const ObjectId& id) {
   auto it = by_object_.find(id);
   if (it == by_object_.end()) return {};
-  std::vector<Id> waiters = std::move(it->second);
+  std::vector<SealWaiter> waiters = std::move(it->second);
   by_object_.erase(it);
-  // A get that asks for the same id twice is indexed twice: answer it once.
   std::sort(waiters.begin(), waiters.end());
-  waiters.erase(std::unique(waiters.begin(), waiters.end()), waiters.end());
   return waiters;
 }
 
@@ -55,7 +53,7 @@ void WaitingGets::Unindex(Id id, const Get& get) {
     if (get.waits[i] != Wait::kSeal) continue;
     auto w = by_object_.find(get.ids[i]);
     if (w == by_object_.end()) continue;
-    std::erase(w->second, id);
+    std::erase_if(w->second, [&](const SealWaiter& s) { return s.first == id; });
     if (w->second.empty()) by_object_.erase(w);
   }
 }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "depot/object_id.h"
@@ -82,8 +83,11 @@ class WaitingGets {
   Id Add(Get get, int64_t timeout_ms);
   // The get, or null once it has been answered or dropped.
   Get* Find(Id id);
-  // The gets waiting for `id` to be sealed, each once; none of them is indexed by it after.
-  std::vector<Id> TakeSealWaiters(const ObjectId& id);
+  // One id of a get that waits for a seal: the get, and the id's index in it.
+  using SealWaiter = std::pair<Id, uint32_t>;
+  // What waits for `id` to be sealed, by get (in order), each index once; none of it is
+  // indexed by `id` after. A seal costs the waiters it has, not the size of their gets.
+  std::vector<SealWaiter> TakeSealWaiters(const ObjectId& id);
   // Answers the get if it waits for nothing more, and forgets it.
   void FinishIfDone(Id id);
   // Drops every get of `client`, uncounted and unanswered (its session is gone).
@@ -107,7 +111,7 @@ class WaitingGets {
   boost::asio::io_context& loop_;
   ClientAccounts& accounts_;
   std::unordered_map<Id, Entry> gets_;
-  std::unordered_map<ObjectId, std::vector<Id>> by_object_;
+  std::unordered_map<ObjectId, std::vector<SealWaiter>> by_object_;
   std::unordered_map<ClientId, std::vector<Id>> by_client_;
   Id next_ = 1;
   uint64_t timeouts_ = 0;

@@ -35,12 +35,14 @@ class WaitingGetsTest : public ::testing::Test {
   std::optional<std::vector<GetResult>> answer_;
 };
 
-TEST_F(WaitingGetsTest, ASealFindsEachGetWaitingForItOnce) {
+TEST_F(WaitingGetsTest, ASealFindsEachIdWaitingForItByGet) {
+  using Waiter = WaitingGets::SealWaiter;
   const auto first = Add({Id(1), Id(2), Id(1)}, {Wait::kSeal, Wait::kSeal, Wait::kSeal}, -1);
   const auto second = Add({Id(1)}, {Wait::kSeal}, -1);
-  EXPECT_EQ(gets_.TakeSealWaiters(Id(1)), (std::vector<WaitingGets::Id>{first, second}));
+  EXPECT_EQ(gets_.TakeSealWaiters(Id(1)),
+            (std::vector<Waiter>{{first, 0}, {first, 2}, {second, 0}}));
   EXPECT_TRUE(gets_.TakeSealWaiters(Id(1)).empty());  // taken
-  EXPECT_EQ(gets_.TakeSealWaiters(Id(2)), std::vector<WaitingGets::Id>{first});
+  EXPECT_EQ(gets_.TakeSealWaiters(Id(2)), (std::vector<Waiter>{{first, 1}}));
 }
 
 TEST_F(WaitingGetsTest, AGetIsAnsweredWhenItsLastIdIsResolved) {
