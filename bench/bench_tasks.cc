@@ -22,6 +22,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon.h"
@@ -191,7 +192,8 @@ class TableStore final : public depot::scheduler::StoreAccess {
     return assumed;
   }
 
-  std::map<depot::ObjectId, depot::scheduler::InputView> where;
+  // A hash table, as the store's own object table is.
+  std::unordered_map<depot::ObjectId, depot::scheduler::InputView> where;
 };
 
 class CountingLink final : public depot::scheduler::WorkerLink {

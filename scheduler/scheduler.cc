@@ -111,6 +111,7 @@ struct Scheduler::Worker {
   uint64_t done = 0;
   uint64_t failed = 0;
   bool draining = false;
+  bool freed = false;      // resources were released since its queue was last looked at
   double attached_at = 0;  // options_.clock
 
   double slots() const {
@@ -504,7 +505,7 @@ void Scheduler::Dispatch() {
 void Scheduler::DispatchRound() {
   size_t open = 0;
   for (auto& [id, w] : workers_) {
-    if (!w->queue.empty()) StartQueued(*w);
+    if (w->freed) StartQueued(*w);
     if (!w->draining && w->queue.size() < options_.window) ++open;
   }
   // Tasks with no affinity that ask for what a task that found no place asked for find none
@@ -679,6 +680,7 @@ bool Scheduler::TryPlace(Task& task) {
 }
 
 void Scheduler::StartQueued(Worker& worker) {
+  worker.freed = false;
   for (auto it = worker.queue.begin(); it != worker.queue.end();) {
     Task& task = *tasks_.at(*it);
     if (worker.running.size() >= kMaxRunningPerWorker) return;
@@ -736,6 +738,7 @@ void Scheduler::Unplace(Task& task) {
   if (task.state == TaskState::kRunning) {
     w.resources.Release({task.spec.resources, task.device});
     w.running.erase(task.id);
+    w.freed = true;
   } else {
     std::erase(w.queue, task.id);
   }
