@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   bool no_evict = false;
   uint32_t max_objects = 4u << 20;
   std::string max_frame = "16MiB";
+  std::string bandwidth_probe = "64MiB";
   uint32_t max_batch = depot::ipc::kDefaultMaxBatch;
   std::string client_max_bytes = "0";
   uint32_t client_max_objects = 0;
@@ -199,6 +200,10 @@ int main(int argc, char** argv) {
                      "until then)")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
+  app.add_option("--bandwidth-probe", bandwidth_probe,
+                 "bytes of the copies timed at start-up between host memory and GPUs, whose "
+                 "bandwidths placement starts from (at most an eighth of a GPU; 0: none)")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
@@ -222,6 +227,10 @@ int main(int argc, char** argv) {
   auto frame = depot::ipc::ParseSize(max_frame);
   if (!frame.ok() || *frame < 4096 || *frame > (1u << 30)) {
     return Fail(Status::InvalidArgument("--max-frame must be a size between 4KiB and 1GiB"));
+  }
+  auto probe_bytes = depot::ipc::ParseSize(bandwidth_probe);
+  if (!probe_bytes.ok()) {
+    return Fail(Status::InvalidArgument("--bandwidth-probe: " + probe_bytes.status().message()));
   }
   auto client_bytes = depot::ipc::ParseSize(client_max_bytes);
   if (!client_bytes.ok())
@@ -285,6 +294,10 @@ int main(int argc, char** argv) {
     depot::store::WorkerPoolExecutor executor(loop, pool);
     depot::store::ObjectStore store(loop, executor, **arena, **headers, limits, !no_evict,
                                     (*gpus)->pool_pointers());
+    // Off the loop: placement assumes the flags' bandwidths until it is done.
+    if (scheduler_options.measure_bandwidths && *probe_bytes > 0) {
+      store.ProbeCopyRates(*probe_bytes);
+    }
     depot::store::Server server(
         loop, store,
         {socket_path, mode, static_cast<uint32_t>(*frame), max_batch, !no_metrics,

@@ -8,6 +8,7 @@
 
 #include "depot/ipc/units.h"
 #include "scheduler/store_access.h"
+#include "store/copy_probe.h"
 
 namespace depot::store {
 
@@ -607,6 +608,27 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
 bool ObjectStore::Contains(const ObjectId& id) const {
   const uint32_t slot = table_.Find(id);
   return slot != HeaderTable::kNoSlot && table_.IsUsable(slot);
+}
+
+void ObjectStore::ProbeCopyRates(uint64_t bytes) {
+  if (gpus_.empty()) return;
+  gpu::DeviceBackend& backend = gpus_.front()->backend();
+  executor_.Offload([this, &backend, bytes] {
+    Result<CopyRates> probed = store::ProbeCopyRates(backend, bytes);
+    return std::function<void()>([this, probed = std::move(probed)] {
+      if (!probed.ok()) {
+        spdlog::warn("could not time copies between host memory and GPUs: {}",
+                     probed.status().message());
+        return;
+      }
+      if (probed->host_to_gpu == 0) return;  // the devices are too small to time a copy
+      tiers_.StartCopyRatesFrom(*probed);
+      const auto rate = [](double r) { return ipc::FormatSize(static_cast<uint64_t>(r)) + "/s"; };
+      spdlog::info("copies timed: {} host->GPU, {} GPU->host{}", rate(probed->host_to_gpu),
+                   rate(probed->gpu_to_host),
+                   probed->gpu_to_gpu == 0 ? "" : ", " + rate(probed->gpu_to_gpu) + " GPU->GPU");
+    });
+  });
 }
 
 std::vector<Placement> ObjectStore::Locate(std::span<const ObjectId> ids) const {

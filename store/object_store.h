@@ -300,6 +300,10 @@ class ObjectStore final : private Tiers::Owner {
   StoreCounters counters() const;
   // The copies between tiers as measured so far (Tiers).
   const CopyRates& copy_rates() const { return tiers_.copy_rates(); }
+  // Times copies of `bytes` between host memory and the GPUs off the loop (copy_probe.h),
+  // and starts copy_rates() from them once done; logs what it measured, or why it could not.
+  // Does nothing without GPUs.
+  void ProbeCopyRates(uint64_t bytes);
   const ClientLimits& limits() const { return accounts_.limits(); }
   std::span<gpu::DevicePool* const> pools() const { return gpus_; }
   const TierUsage& device_usage(uint32_t device) const {

@@ -91,13 +91,14 @@ TaskService::TaskService(Server& server, ObjectStore& store, scheduler::Schedule
       access_(store, *this),
       scheduler_(access_, *this, WithClock(std::move(options))) {
   const scheduler::Bandwidths bw = scheduler_.bandwidths();
-  spdlog::info(
-      "scheduler: places tasks {}; copies assumed at {}/s host<->GPU, {}/s GPU<->GPU{}",
-      scheduler_.random_placement() ? "at random (--placement random)"
-                                    : "where they would finish first",
-      ipc::FormatSize(static_cast<uint64_t>(bw.host_to_gpu)),
-      ipc::FormatSize(static_cast<uint64_t>(bw.gpu_to_gpu)),
-      scheduler_.bandwidths_measured() ? " until measured on the store's copies" : " (as set)");
+  spdlog::info("scheduler: places tasks {}; copies assumed at {}/s host<->GPU, {}/s GPU<->GPU{}",
+               scheduler_.random_placement() ? "at random (--placement random)"
+                                             : "where they would finish first",
+               ipc::FormatSize(static_cast<uint64_t>(bw.host_to_gpu)),
+               ipc::FormatSize(static_cast<uint64_t>(bw.gpu_to_gpu)),
+               scheduler_.bandwidths_measured()
+                   ? " until timed at start-up and on the store's copies"
+                   : " (as set)");
 }
 
 void TaskService::RegisterWorker(Session& session, uint64_t rid,

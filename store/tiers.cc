@@ -187,6 +187,12 @@ void Tiers::RunCopy(uint32_t slot, int32_t tier) {
   });
 }
 
+void Tiers::StartCopyRatesFrom(const CopyRates& probed) {
+  for (auto rate : {&CopyRates::host_to_gpu, &CopyRates::gpu_to_host, &CopyRates::gpu_to_gpu}) {
+    if (copy_rates_.*rate == 0) copy_rates_.*rate = probed.*rate;
+  }
+}
+
 void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double seconds) {
   Transfer t = std::move(transfers_.extract({slot, tier}).mapped());
   auto& h = table_.header(slot);

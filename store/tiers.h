@@ -47,8 +47,9 @@ struct TierCounters {
   uint64_t spilled_bytes = 0;
 };
 
-// Bytes per second of the copies between tiers, as measured on copies of at least
-// CopyRates::kMinBytes (a running average per direction); 0 until one has been made.
+// Bytes per second of the copies between tiers: as the start-up probe timed them
+// (copy_probe.h), then a running average per direction over the store's copies of at least
+// CopyRates::kMinBytes; 0 until either has measured one.
 struct CopyRates {
   static constexpr uint64_t kMinBytes = 1 << 20;
   double host_to_gpu = 0;
@@ -90,6 +91,9 @@ class Tiers {
   const TierUsage& usage(int32_t tier) const { return usage_[Index(tier)]; }
   const TierCounters& counters() const { return counters_; }
   const CopyRates& copy_rates() const { return copy_rates_; }
+  // The start-up probe's rates start the running averages of the directions no copy has
+  // measured yet.
+  void StartCopyRatesFrom(const CopyRates& probed);
   // Bytes the block of the replica of `slot` on `tier` reserves.
   uint64_t ReplicaBytes(uint32_t slot, int32_t tier) const {
     return pool(tier).BlockSize(table_.BytesOn(slot, tier));

@@ -30,6 +30,7 @@
 #include "depot/ipc/gpu.h"
 #include "depot/ipc/units.h"
 #include "device_import.h"
+#include "store/copy_probe.h"
 #include "store/gpu/device_backend.h"
 #include "test_support.h"
 
@@ -490,6 +491,22 @@ TEST_F(CudaGpu, CopiesBetweenTwoDevices) {
   std::memset(host.data(), 0, size);
   ASSERT_OK(backend_->CopyToHost(1, (*b)->address, host.data(), bytes));
   EXPECT_TRUE(testing::SameBytes(host.bytes().subspan(0, bytes), pattern));
+}
+
+// The daemon's start-up probe on real GPUs: page-locked copies over PCIe or NVLink run at
+// gigabytes per second; a rate under 1 GB/s would mean host memory that is not page-locked,
+// or a broken timing.
+TEST_F(CudaGpu, TheStartUpProbeTimesCopiesAtGigabytesPerSecond) {
+  ASSERT_OK_AND_ASSIGN(store::CopyRates rates, store::ProbeCopyRates(*backend_, 64 << 20));
+  std::printf("host->GPU %s/s, GPU->host %s/s, GPU->GPU %s/s\n",
+              ipc::FormatSize(static_cast<uint64_t>(rates.host_to_gpu)).c_str(),
+              ipc::FormatSize(static_cast<uint64_t>(rates.gpu_to_host)).c_str(),
+              ipc::FormatSize(static_cast<uint64_t>(rates.gpu_to_gpu)).c_str());
+  EXPECT_GT(rates.host_to_gpu, 1e9);
+  EXPECT_GT(rates.gpu_to_host, 1e9);
+  if (backend_->devices().size() >= 2) {
+    EXPECT_GT(rates.gpu_to_gpu, 1e9);
+  }
 }
 
 TEST_F(CudaGpu, TooLargeAChunkIsOutOfMemory) {

@@ -112,14 +112,15 @@ TEST(DaemonTest, BadFlagIsAClearErrorAtStartup) {
   EXPECT_NE(run.err.find("lots"), std::string::npos) << run.err;
 }
 
-TEST(DaemonTest, BadSharingAndMetadataFlagsAreClearErrorsAtStartup) {
+TEST(DaemonTest, BadSharingSizeAndProbeFlagsAreClearErrorsAtStartup) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty()) << dir.error();
   for (const auto& [flag, value] :
        {std::pair{"--share-with-uid", "no-such-user-here"},
         std::pair{"--share-with-uid", "99999999999"},
         std::pair{"--share-with-group", "no-such-group-here"},
-        std::pair{"--metadata-budget", "lots"}, std::pair{"--client-max-metadata", "-5"}}) {
+        std::pair{"--metadata-budget", "lots"}, std::pair{"--client-max-metadata", "-5"},
+        std::pair{"--bandwidth-probe", "lots"}}) {
     ProgramRun run =
         RunProgram({DEPOT_DAEMON_PATH, "--socket", dir.path() + "/depot.sock", flag, value}, {},
                    milliseconds(10'000));

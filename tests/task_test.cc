@@ -140,6 +140,44 @@ TEST_F(TaskTest, ACpuTaskRunsOnAWorkerAndItsOutputIsReadWithGet) {
   }
 }
 
+// The bandwidths placement starts from: timed at start-up (here memcpy between simulated
+// GPUs' memory and host memory), the defaults without the probe until a copy is measured,
+// and exactly what the flags say when they are given.
+TEST_F(TaskTest, CopyBandwidthsAreTimedAtStartUpUnlessSetOrTurnedOff) {
+  const auto bandwidths = [](TestDaemon& daemon) -> Result<SchedulerStatus> {
+    if (!daemon.ok()) return Status::Internal(daemon.error());
+    DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(daemon.socket_path()));
+    DEPOT_ASSIGN_OR_RETURN(StoreStatus status, client.GetStatus());
+    return status.scheduler;
+  };
+  TestDaemon unprobed({"--simulate-gpus", "2:64MiB", "--bandwidth-probe", "0"});
+  ASSERT_OK_AND_ASSIGN(SchedulerStatus assumed, bandwidths(unprobed));
+  EXPECT_TRUE(assumed.bandwidths_measured) << "measured on copies as they happen";
+  EXPECT_EQ(assumed.host_to_gpu, 10e9) << "the default, until a copy is measured";
+  EXPECT_EQ(assumed.gpu_to_gpu, 20e9);
+
+  // The probe runs off the daemon's loop, while it serves.
+  ASSERT_TRUE(Eventually([&] { return daemon_.Log().find("copies timed") != std::string::npos; }))
+      << daemon_.Log();
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
+  EXPECT_TRUE(status.scheduler.bandwidths_measured);
+  EXPECT_GT(status.scheduler.host_to_gpu, 0);
+  EXPECT_NE(status.scheduler.host_to_gpu, assumed.host_to_gpu) << "timed at start-up";
+  EXPECT_NE(status.scheduler.gpu_to_host, assumed.gpu_to_host);
+  EXPECT_NE(status.scheduler.gpu_to_gpu, assumed.gpu_to_gpu);
+  for (const GpuInfo& gpu : status.gpus) {
+    EXPECT_EQ(gpu.reserved_bytes, 0u) << "the probe takes nothing of the pools";
+  }
+  EXPECT_EQ(status.replicas_made, 0u) << "the probe makes no replica";
+
+  TestDaemon fixed({"--simulate-gpus", "2:64MiB", "--host-gpu-bandwidth", "3e9"});
+  ASSERT_OK_AND_ASSIGN(SchedulerStatus set, bandwidths(fixed));
+  EXPECT_FALSE(set.bandwidths_measured);
+  EXPECT_EQ(set.host_to_gpu, 3e9);
+  EXPECT_EQ(set.gpu_to_gpu, 20e9);
+  EXPECT_EQ(fixed.Log().find("copies timed"), std::string::npos) << "set bandwidths are kept";
+}
+
 TEST_F(TaskTest, AGpuTaskRunsOnTheSimulatedDeviceHoldingItsInput) {
   ChildProcess worker = StartWorker({"--cpus", "1", "--gpus", "0,1"});
   const ObjectId input = PutOnDevice(1, 4 * kMiB, 7);
