@@ -198,7 +198,8 @@ enum class Attack {
 
 void BM_Attack(benchmark::State& state, const std::string& name, Attack attack) {
   for (auto _ : state) {
-    depot::bench::Daemon daemon({"--memory", "256MiB", "--simulate-gpus", "1:1GiB"});
+    depot::bench::Daemon daemon(
+        {"--memory", "256MiB", "--simulate-gpus", "1:1GiB", "--bandwidth-probe", "0"});
     const std::string& socket = daemon.socket_path();
     const uint64_t idle = RssAnon(daemon.pid());
     uint64_t refused = 0;

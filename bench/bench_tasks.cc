@@ -293,8 +293,9 @@ void PlaceAlone(benchmark::State& state) {
 void Locality(benchmark::State& state, const char* placement) {
   constexpr int kGpus = 4, kChains = 16, kStages = 6;
   constexpr uint64_t kBytes = 8 << 20;
-  depot::bench::Daemon daemon(
-      {"--simulate-gpus", "4:512MiB", "--memory", "512MiB", "--placement", placement});
+  // No start-up probe beside the runs: placement times the copies as they come.
+  depot::bench::Daemon daemon({"--simulate-gpus", "4:512MiB", "--memory", "512MiB", "--placement",
+                               placement, "--bandwidth-probe", "0"});
   auto client = depot::Client::Connect(daemon.socket_path());
   Check(client.status(), "connect");
   std::vector<std::unique_ptr<depot::Worker>> workers;

@@ -1,6 +1,7 @@
 #include "store/copy_probe.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "depot/ipc/framing.h"
 #include "depot/ipc/units.h"
 
 namespace depot::store {
@@ -17,12 +19,17 @@ namespace {
 // Runs of each copy; the fastest counts (the first also faults pages in).
 constexpr int kRuns = 3;
 
-// Host memory of the probe's own, page-locked where the backend does that (as the arena's
-// segments are), given back on destruction.
+// Host memory of the probe's own, a memfd mapping page-locked where the backend does that,
+// as the arena's segments are; given back on destruction.
 class HostBuffer {
  public:
   static Result<HostBuffer> Make(gpu::DeviceBackend& backend, uint64_t bytes) {
-    void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ipc::UniqueFd fd(::memfd_create("depot-copy-probe", MFD_CLOEXEC));
+    if (!fd) return Status::FromErrno("memfd_create for the probe's host memory", errno);
+    if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+      return Status::FromErrno("ftruncate of the probe's host memory", errno);
+    }
+    void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (base == MAP_FAILED) return Status::FromErrno("mmap of the probe's host memory", errno);
     HostBuffer buffer(backend, base, bytes);
     DEPOT_RETURN_NOT_OK(backend.RegisterHostMemory(base, bytes));
