@@ -4,10 +4,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -192,6 +195,127 @@ TEST_F(TaskTest, AGpuTaskRunsOnTheSimulatedDeviceHoldingItsInput) {
   EXPECT_EQ(task.moved_bytes, 0u);
   ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
   EXPECT_EQ(status.replicas_made, 0u);
+}
+
+// Hard affinity: the task waits for the device holding its input, never runs elsewhere, and
+// says why while no worker offers that device; soft affinity takes a free device at once.
+TEST_F(TaskTest, AHardAffinityTaskRunsOnlyOnTheDeviceHoldingItsInput) {
+  ChildProcess on_gpu0 = StartWorker({"--cpus", "1", "--gpus", "0"});
+  ChildProcess on_gpu1 = StartWorker({"--cpus", "1", "--gpus", "1"});
+  // GPU 1 is busy for good: stall_once never finishes its first attempt.
+  const ObjectId input = PutOnDevice(1, 2 * kMiB, 31);
+  ASSERT_OK_AND_ASSIGN(auto busy, client_->Submit({.function = "stall_once",
+                                                   .inputs = {input},
+                                                   .cpu = 0,
+                                                   .gpu = 1,
+                                                   .affinity = Affinity::kHard,
+                                                   .retries = 0}));
+  ASSERT_TRUE(Eventually([&] {
+    auto t = TaskOf(busy[0]);
+    return t.ok() && t->state == TaskState::kRunning && t->device == 1;
+  }));
+  // Each reads an input of its own, on GPU 1 only: a copy made for one is no place for the
+  // other.
+  const ObjectId other = PutOnDevice(1, 2 * kMiB, 32);
+  ASSERT_OK_AND_ASSIGN(auto soft, client_->Submit({.function = "copy",
+                                                   .inputs = {other},
+                                                   .cpu = 0,
+                                                   .gpu = 1,
+                                                   .affinity = Affinity::kSoft}));
+  ASSERT_OK_AND_ASSIGN(auto hard, client_->Submit({.function = "copy",
+                                                   .inputs = {input},
+                                                   .cpu = 0,
+                                                   .gpu = 1,
+                                                   .affinity = Affinity::kHard}));
+
+  // The soft one ran on GPU 0, free all along; the hard one waits on GPU 1's worker.
+  ASSERT_OK_AND_ASSIGN(Buffer soft_out, client_->Get(soft[0], kPatience));
+  EXPECT_TRUE(SameBytes(soft_out.data(), SeededBytes(2 * kMiB, 32)));
+  ASSERT_OK_AND_ASSIGN(TaskInfo soft_task, TaskOf(soft[0]));
+  EXPECT_EQ(soft_task.device, 0);
+  EXPECT_EQ(soft_task.moved_bytes, 2 * kMiB);
+  ASSERT_OK_AND_ASSIGN(TaskInfo waiting, TaskOf(hard[0]));
+  EXPECT_NE(waiting.state, TaskState::kRunning);
+  EXPECT_NE(waiting.state, TaskState::kDone);
+  EXPECT_EQ(waiting.attempts, 0u);
+
+  // With GPU 1's worker gone, nothing can run it: it waits aside and says why.
+  ASSERT_TRUE(on_gpu1.Kill(SIGKILL));
+  EXPECT_EQ(on_gpu1.Wait(), 128 + SIGKILL);
+  ASSERT_TRUE(Eventually([&] {
+    auto t = TaskOf(hard[0]);
+    return t.ok() && t->state == TaskState::kReady && !t->reason.empty();
+  }));
+  ASSERT_OK_AND_ASSIGN(TaskInfo aside, TaskOf(hard[0]));
+  EXPECT_EQ(aside.attempts, 0u) << "GPU 0 was free, and it did not run there";
+  EXPECT_NE(aside.reason.find("GPU"), std::string::npos) << aside.reason;
+
+  // A worker offering GPU 1 again runs it there, reading its input in place.
+  ChildProcess again = StartWorker({"--cpus", "1", "--gpus", "1"});
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer out, client_->GetOnDevice(hard[0], 1, kPatience));
+  EXPECT_TRUE(SameBytes({reinterpret_cast<const std::byte*>(out.device_ptr()), out.size()},
+                        SeededBytes(2 * kMiB, 31)));
+  ASSERT_OK_AND_ASSIGN(TaskInfo ran, TaskOf(hard[0]));
+  EXPECT_EQ(ran.device, 1);
+  EXPECT_EQ(ran.moved_bytes, 0u);
+  EXPECT_EQ(ran.local_bytes, 2 * kMiB);
+}
+
+// One CPU slot, held by a task until the test lets it go; tasks submitted meanwhile, in one
+// batch, then run highest priority first.
+TEST_F(TaskTest, ReadyTasksRunHighestPriorityFirst) {
+  ASSERT_OK_AND_ASSIGN(auto worker,
+                       Worker::Connect({.socket_path = daemon_.socket_path(), .cpus = 1}));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  std::vector<std::string> ran;
+  worker->Register("gate", [&](TaskContext& task) -> Status {
+    std::unique_lock lock(mu);
+    if (!cv.wait_for(lock, kPatience, [&] { return open; })) {
+      return Status::Internal("the gate was never opened");
+    }
+    return task.Put(0, {});
+  });
+  worker->Register("record", [&](TaskContext& task) -> Status {
+    {
+      std::lock_guard lock(mu);
+      ran.emplace_back(task.args());
+    }
+    return task.Put(0, {});
+  });
+  std::thread runner([&] { EXPECT_OK(worker->Run()); });
+  ASSERT_TRUE(Eventually([&] { return WorkerCount() == 1; }));
+
+  ASSERT_OK_AND_ASSIGN(auto gate, client_->Submit({.function = "gate"}));
+  ASSERT_TRUE(Eventually([&] {
+    auto t = TaskOf(gate[0]);
+    return t.ok() && t->state == TaskState::kRunning;
+  }));
+  const std::vector<int32_t> priorities{0, 7, -3, 2, 9, 2, -8, 4};
+  std::vector<TaskRequest> batch;
+  for (int32_t p : priorities) {
+    batch.push_back({.function = "record", .args = std::to_string(p), .priority = p});
+  }
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit(batch));
+  {
+    std::lock_guard lock(mu);
+    open = true;
+  }
+  cv.notify_all();
+  std::vector<ObjectId> all;
+  for (const auto& out : outputs) all.push_back(out[0]);
+  ASSERT_OK(client_->Get(all, kPatience).status());
+  std::vector<std::string> expected;
+  std::vector<int32_t> sorted = priorities;
+  std::ranges::sort(sorted, std::greater<>());
+  for (int32_t p : sorted) expected.push_back(std::to_string(p));
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(ran, expected);
+  }
+  worker->Stop();
+  runner.join();
 }
 
 TEST_F(TaskTest, AChainOfTenGpuTasksStaysOnOneDeviceAndMakesNoReplica) {
