@@ -94,6 +94,10 @@ struct Scheduler::Task {
   uint64_t charged = 0;  // to its submitter (StoreAccess::Charge), until it is over
   Choice choice;         // the placement's terms
   std::string reason;
+  // Outputs an earlier attempt sealed before its worker died, held (StoreAccess::Hold) from
+  // the start of the attempt told of them until the task is over: that attempt does not
+  // make them again, so they must not be evicted meanwhile.
+  std::vector<ObjectId> kept;
 
   ReadyKey key() const { return {spec.priority, depth, id}; }
   bool on_gpu() const { return spec.resources.gpu > 0; }
@@ -135,6 +139,12 @@ Scheduler::~Scheduler() {
   for (auto& [id, node] : nodes_) {
     if (node.held) store_.Drop(id);
   }
+  for (auto& [id, task] : tasks_) LetGoOfKept(*task);
+}
+
+void Scheduler::LetGoOfKept(Task& task) {
+  for (const ObjectId& o : task.kept) store_.Drop(o);
+  task.kept.clear();
 }
 
 Status Scheduler::AddWorker(SessionId session, WorkerSpec spec) {
@@ -705,10 +715,14 @@ void Scheduler::Start(Worker& worker, Task& task) {
                                                              .outputs = task.outputs});
   if (task.attempts > 1) {
     // A worker that died may have sealed some outputs before it did: those stay.
+    LetGoOfKept(task);
     std::vector<StoreAccess::Object> found(task.outputs.size());
     store_.Locate(task.outputs, found);
     for (uint32_t k = 0; k < found.size(); ++k) {
-      if (found[k].state == StoreAccess::State::kSealed) a.sealed.push_back(k);
+      if (found[k].state == StoreAccess::State::kSealed && store_.Hold(task.outputs[k])) {
+        a.sealed.push_back(k);
+        task.kept.push_back(task.outputs[k]);
+      }
     }
   }
 }
@@ -867,6 +881,7 @@ void Scheduler::Finish(Task& task, TaskState state, std::string reason) {
       nodes_.erase(it);
     }
   }
+  LetGoOfKept(task);
   Retire(task);
 }
 

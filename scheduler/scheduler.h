@@ -265,6 +265,7 @@ class Scheduler final : public ObjectEvents {
   // and it is kept among the finished.
   void Finish(Task& task, TaskState state, std::string reason);
   void LetGoOfInputs(Task& task);
+  void LetGoOfKept(Task& task);
   // Fails the tasks waiting for outputs that will not come (failures_), one at a time.
   void Settle();
   // `id` is sealed: the graph holds it for its consumers, and those waiting for it have one

@@ -242,7 +242,9 @@ Status ObjectStore::Put(ClientId client, const CreateParams& p) {
   DEPOT_RETURN_NOT_OK(CheckNew(p));
   DEPOT_ASSIGN_OR_RETURN(const Location created, CreateOnHost(client, p));
   FinishSeal(created.slot, std::nullopt);
-  DropRef(accounts_.at(client), created.slot, kHost);
+  // Answering the gets that waited for it may have ended the client's session (a reply it
+  // would not read), which gave back everything it held, this reference too.
+  if (Account* account = accounts_.Find(client)) DropRef(*account, created.slot, kHost);
   return Status::OK();
 }
 

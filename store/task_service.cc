@@ -179,10 +179,12 @@ void TaskService::Complete(Session& session, uint64_t rid,
 
 Status TaskService::StoreOutputs(Session& session, uint64_t task,
                                  capnp::List<wire::OutputValue>::Reader values) {
-  const std::span<const ObjectId> outputs = scheduler_.RunningOutputs(session.id(), task);
-  // Not running here: the scheduler refuses the completion, and nothing is stored for it.
-  if (outputs.empty()) return Status::OK();
   for (auto v : values) {
+    // Looked up for each value: storing one answers gets, and a reply that cannot be written
+    // ends that client's session, which may be this one (the task then runs elsewhere).
+    const std::span<const ObjectId> outputs = scheduler_.RunningOutputs(session.id(), task);
+    // Not running here: the scheduler refuses the completion, and nothing is stored for it.
+    if (outputs.empty()) return Status::OK();
     const uint32_t index = v.getIndex();
     if (index >= outputs.size()) {
       return Status::InvalidArgument("its worker returned output " + std::to_string(index) +

@@ -18,7 +18,7 @@ WaitingGets::Id WaitingGets::Add(Get get, int64_t timeout_ms) {
   bool waits_for_seal = false;
   for (size_t i = 0; i < get.ids.size(); ++i) {
     if (get.waits[i] != Wait::kSeal) continue;
-    by_object_[get.ids[i]].emplace_back(id, static_cast<uint32_t>(i));
+    by_object_[get.ids[i]].waiters.emplace_back(id, static_cast<uint32_t>(i));
     waits_for_seal = true;
   }
   by_client_[get.client].push_back(id);
@@ -42,19 +42,32 @@ WaitingGets::Get* WaitingGets::Find(Id id) {
 std::vector<WaitingGets::SealWaiter> WaitingGets::TakeSealWaiters(const ObjectId& id) {
   auto it = by_object_.find(id);
   if (it == by_object_.end()) return {};
-  std::vector<SealWaiter> waiters = std::move(it->second);
+  std::vector<SealWaiter> waiters = std::move(it->second.waiters);
   by_object_.erase(it);
+  std::erase_if(waiters, [this](const SealWaiter& w) { return !Indexed(w.first); });
   std::sort(waiters.begin(), waiters.end());
   return waiters;
 }
 
-void WaitingGets::Unindex(Id id, const Get& get) {
+bool WaitingGets::Indexed(Id id) const {
+  auto it = gets_.find(id);
+  return it != gets_.end() && it->second.indexed;
+}
+
+void WaitingGets::Unindex(Entry& entry) {
+  entry.indexed = false;
+  const Get& get = entry.get;
   for (size_t i = 0; i < get.ids.size(); ++i) {
     if (get.waits[i] != Wait::kSeal) continue;
     auto w = by_object_.find(get.ids[i]);
     if (w == by_object_.end()) continue;
-    std::erase_if(w->second, [&](const SealWaiter& s) { return s.first == id; });
-    if (w->second.empty()) by_object_.erase(w);
+    SealWaits& list = w->second;
+    // Counted once per index; a pass may already have removed this get's entries, which
+    // only brings the next pass forward.
+    if (++list.stale * 2 < list.waiters.size()) continue;
+    std::erase_if(list.waiters, [this](const SealWaiter& s) { return !Indexed(s.first); });
+    list.stale = 0;
+    if (list.waiters.empty()) by_object_.erase(w);
   }
 }
 
@@ -74,7 +87,7 @@ void WaitingGets::Expire(Id id) {
   auto it = gets_.find(id);
   if (it == gets_.end()) return;
   Get& get = it->second.get;
-  Unindex(id, get);
+  Unindex(it->second);
   // Ids still waiting for a seal time out; copies under way are waited for (they end).
   for (size_t i = 0; i < get.ids.size(); ++i) {
     if (get.waits[i] != Wait::kSeal) continue;
@@ -97,7 +110,7 @@ void WaitingGets::DropClient(ClientId client) {
   const std::vector<Id> ids = c->second;
   for (Id id : ids) {
     auto it = gets_.find(id);
-    Unindex(id, it->second.get);
+    Unindex(it->second);
     Forget(it);
   }
 }

@@ -101,17 +101,27 @@ class WaitingGets {
   struct Entry {
     Get get;
     std::unique_ptr<boost::asio::steady_timer> timer;
+    bool indexed = true;  // its seal waits are live in by_object_
+  };
+  // The gets waiting for one id's seal. Entries of gets that stopped waiting (expired,
+  // dropped) stay until they are half the list, then go in one pass: removing a get costs
+  // amortised O(1) per id it named, however many times it named it and however many other
+  // gets wait for the same id.
+  struct SealWaits {
+    std::vector<SealWaiter> waiters;
+    size_t stale = 0;  // entries of gets no longer indexed, at most
   };
   void Expire(Id id);
-  // Removes the get's seal waits from the index by object id.
-  void Unindex(Id id, const Get& get);
+  // Takes the get's seal waits out of the index by object id.
+  void Unindex(Entry& entry);
+  bool Indexed(Id id) const;
   // Forgets the get: timer, cost, per-client list. The entry is gone after.
   Get Forget(std::unordered_map<Id, Entry>::iterator it);
 
   boost::asio::io_context& loop_;
   ClientAccounts& accounts_;
   std::unordered_map<Id, Entry> gets_;
-  std::unordered_map<ObjectId, std::vector<SealWaiter>> by_object_;
+  std::unordered_map<ObjectId, SealWaits> by_object_;
   std::unordered_map<ClientId, std::vector<Id>> by_client_;
   Id next_ = 1;
   uint64_t timeouts_ = 0;

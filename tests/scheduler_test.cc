@@ -144,6 +144,7 @@ struct Sent {
   std::vector<ObjectId> inputs;
   std::vector<ObjectId> outputs;
   ResourceRequest resources;
+  std::vector<uint32_t> sealed;
 };
 
 class FakeLink final : public WorkerLink {
@@ -152,8 +153,8 @@ class FakeLink final : public WorkerLink {
     ++messages;
     for (const Assignment& a : tasks) {
       sent.push_back({worker, a.task, a.attempt, a.device, a.spec->function, a.spec->inputs,
-                      std::vector<ObjectId>(a.outputs.begin(), a.outputs.end()),
-                      a.spec->resources});
+                      std::vector<ObjectId>(a.outputs.begin(), a.outputs.end()), a.spec->resources,
+                      a.sealed});
     }
   }
   void Drained(SessionId worker) override { drained.push_back(worker); }
@@ -711,6 +712,32 @@ TEST_F(SchedulerTest, AWorkerThatDiesHasItsTaskRetriedElsewhere) {
   EXPECT_EQ(scheduler_.counters().retried, 1u);
   Run(sent[0]);
   EXPECT_EQ(store_.objects.at(out[0]).state, StoreAccess::State::kSealed);
+}
+
+// What a worker sealed before it died is kept: the retry is told, and the graph holds it
+// until the retry is over, so that it is not evicted meanwhile (the retry will not make it).
+TEST_F(SchedulerTest, OutputsAnEarlierAttemptSealedAreHeldUntilTheRetryIsOver) {
+  AddWorker(1, 1);
+  TaskSpec two = Task();
+  two.num_outputs = 2;
+  auto out = Submit(two);
+  ASSERT_EQ(link_.Take().size(), 1u);
+  store_.Seal(out[1], kMiB);
+  store_.Deliver(scheduler_);
+  AddWorker(2, 1);
+  scheduler_.RemoveSession(1);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].attempt, 2u);
+  EXPECT_EQ(sent[0].sealed, std::vector<uint32_t>{1});
+  EXPECT_EQ(store_.HoldsOn(out[1]), 1);
+  EXPECT_EQ(store_.HoldsOn(out[0]), 0);
+  store_.Seal(out[0], kMiB);
+  Completion c{.task = sent[0].task};
+  ASSERT_TRUE(scheduler_.Complete(2, std::span(&c, 1)).ok());
+  store_.Deliver(scheduler_);
+  EXPECT_EQ(store_.TotalHolds(), 0) << "nothing reads the outputs: the graph lets go";
+  EXPECT_EQ(scheduler_.counters().completed, 1u);
 }
 
 TEST_F(SchedulerTest, ATaskWhoseWorkersKeepDyingFailsWithTheReason) {

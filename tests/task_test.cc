@@ -542,6 +542,35 @@ TEST_F(TaskTest, SmallOutputsTravelWithTheCompletionAndLargeOnesArePut) {
   runner.join();
 }
 
+// Failure messages of any length reach the daemon cut, alone or many to a message, and
+// the worker goes on.
+TEST_F(TaskTest, LongFailureMessagesAreCutAndTheWorkerGoesOn) {
+  ASSERT_OK_AND_ASSIGN(auto worker,
+                       Worker::Connect({.socket_path = daemon_.socket_path(), .cpus = 4}));
+  worker->Register("shout", [](TaskContext& task) -> Status {
+    return Status::Internal(std::string(std::stoul(std::string(task.args())), 'x'));
+  });
+  worker->Register("fine", [](TaskContext& task) -> Status { return task.Put(0, {}); });
+  std::thread runner([&] { EXPECT_OK(worker->Run()); });
+  ASSERT_TRUE(Eventually([&] { return WorkerCount() == 1; }));
+
+  std::vector<TaskRequest> batch;
+  batch.push_back({.function = "shout", .args = std::to_string(20 << 20)});
+  for (int i = 0; i < 500; ++i) batch.push_back({.function = "shout", .args = "20000"});
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit(batch));
+  for (const auto& out : outputs) {
+    auto got = client_->Get(out[0], kPatience);
+    ASSERT_EQ(got.status().code(), StatusCode::kTaskFailed) << got.status().ToString();
+    EXPECT_GE(got.status().message().size(), 1000u);
+    EXPECT_LE(got.status().message().size(), 4096u + 100) << "cut, with a few words around";
+    EXPECT_NE(got.status().message().find("xxxxxxxxxx"), std::string::npos);
+  }
+  ASSERT_OK_AND_ASSIGN(auto fine, client_->Submit({.function = "fine"}));
+  ASSERT_OK(client_->Get(fine[0], kPatience).status());
+  worker->Stop();
+  runner.join();
+}
+
 TEST_F(TaskTest, BadSubmissionsAreRefusedAndTheDaemonServesOthers) {
   ChildProcess worker = StartWorker({"--cpus", "1"});
   const ObjectId taken = PutArray(4);

@@ -105,5 +105,24 @@ TEST_F(WaitingGetsTest, AClientThatGoesTakesItsGetsUnanswered) {
   EXPECT_EQ(gets_.timeouts(), 0u);
 }
 
+// Gets that stop waiting (here: time out) leave the index to the ones still waiting, whether
+// they named the id once or a thousand times (their entries go in passes, not one by one).
+TEST_F(WaitingGetsTest, GetsThatStopWaitingLeaveOnlyTheLiveOnesIndexed) {
+  using Waiter = WaitingGets::SealWaiter;
+  const auto before = Add({Id(1), Id(2)}, {Wait::kSeal, Wait::kSeal}, -1);
+  size_t expiring = 0;
+  for (int i = 0; i < 50; ++i, ++expiring) Add({Id(1)}, {Wait::kSeal}, 1);
+  Add(std::vector<ObjectId>(1000, Id(1)), std::vector<Wait>(1000, Wait::kSeal), 1);
+  expiring += 1000;
+  const auto after = Add({Id(3), Id(1)}, {Wait::kSeal, Wait::kSeal}, -1);
+  // Each timer fires within the bound (1 ms asked, 10 s allowed).
+  while (gets_.timeouts() < expiring) ASSERT_EQ(loop_.run_one_for(std::chrono::seconds(10)), 1u);
+  EXPECT_EQ(gets_.CountOf(1), 2u);
+  EXPECT_EQ(gets_.TakeSealWaiters(Id(1)), (std::vector<Waiter>{{before, 0}, {after, 1}}));
+  EXPECT_EQ(gets_.TakeSealWaiters(Id(2)), (std::vector<Waiter>{{before, 1}}));
+  gets_.DropClient(1);
+  EXPECT_TRUE(gets_.TakeSealWaiters(Id(3)).empty());
+}
+
 }  // namespace
 }  // namespace depot::store

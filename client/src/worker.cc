@@ -27,6 +27,21 @@ constexpr int64_t kShortTaskNs = 20'000;
 // The most completions held back so, and for how long.
 constexpr size_t kMaxHeldCompletions = 64;
 constexpr auto kMaxHoldTime = std::chrono::microseconds(100);
+// What a completion adds to its message besides its outputs and its message: its task id,
+// flags and list pointers, counted generously.
+constexpr size_t kCompletionBytes = 64;
+// The most of a failure message a completion carries: what the daemon keeps of it, and at
+// most half of what a message may carry, so that one completion always fits in one frame.
+constexpr size_t kMaxMessageBytes = 4096;
+
+// `text` cut to at most `bytes` bytes, at a UTF-8 character boundary.
+std::string Cut(std::string text, size_t bytes) {
+  if (text.size() <= bytes) return text;
+  size_t end = bytes;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  text.resize(end);
+  return text;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -122,7 +137,7 @@ struct Worker::Pool {
   bool reading = false;      // a thread reads the daemon's pushes
   bool ended = false;        // no job comes any more: drained, or the connection ended
   Status end;                // why, for Run
-  size_t inline_budget = 0;  // bytes of outputs one completion message may carry
+  size_t inline_budget = 0;  // bytes of outputs (and messages) one completion message may carry
 
   // Completions gathered while one thread sends: they go out together.
   std::mutex done_mu;
@@ -232,8 +247,9 @@ void Worker::Serve() {
         size_t end = first;
         size_t bytes = 0;
         do {
-          bytes += gathered[end++].bytes;
-        } while (end < gathered.size() && bytes + gathered[end].bytes <= pool.inline_budget);
+          bytes += gathered[end++].bytes + kCompletionBytes;
+        } while (end < gathered.size() &&
+                 bytes + gathered[end].bytes + kCompletionBytes <= pool.inline_budget);
         RequestMessage request;
         auto list = request.root().initComplete(static_cast<unsigned>(end - first));
         for (unsigned i = 0; i < list.size(); ++i) {
@@ -289,6 +305,11 @@ void Worker::Serve() {
     if (done.status.ok()) {
       done.values = std::move(context.values_);
       done.bytes = context.inline_bytes_;
+    } else {
+      done.status =
+          Status(done.status.code(),
+                 Cut(done.status.message(), std::min(kMaxMessageBytes, pool.inline_budget / 2)));
+      done.bytes = done.status.message().size();
     }
     return done;
   };

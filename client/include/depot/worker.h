@@ -20,7 +20,9 @@
 // Tasks run on a pool of threads, each task on one thread from start to end. The thread
 // that reads a batch of assignments runs the first itself, with no hand-off, and wakes one
 // other thread to read on or to take the next; completions of short tasks run back to back
-// go to the daemon together.
+// go to the daemon together, so a function must not wait for what another task makes
+// unless it is one of its inputs (its completion, with small outputs, may be held back
+// while this one runs). A failure message goes to the daemon cut to 4 KiB.
 #pragma once
 
 #include <atomic>
