@@ -18,3 +18,37 @@ def read_shared_array(socket, ref):
             "anon_growth_kib": memory_kib("RssAnon") - anon_before,
             "reply": client.put(array[:10] * 2),
         }
+
+
+# Workers for test_tasks.py: run in spawned processes.
+
+
+def scale(array, factor):
+    return array * factor
+
+
+def fail_with(message):
+    raise ValueError(message)
+
+
+def split(n):
+    return list(range(n)), n
+
+
+def wait_for_go(socket, tag):
+    """Says it started (an object named started/<tag>/<pid>), then waits for "go"."""
+    import os
+
+    with depot.Client(socket) as client:
+        client.put(b"", name=f"started/{tag}/{os.getpid()}")
+        client.get(depot.ObjectRef.from_name("go"), timeout=60)
+    return tag
+
+
+def run_worker(socket, cpus=1):
+    worker = depot.Worker(socket, cpus=cpus, name="test worker")
+    worker.register("scale", scale)
+    worker.register("fail_with", fail_with)
+    worker.register("split", split)
+    worker.register("wait_for_go", wait_for_go)
+    worker.run()

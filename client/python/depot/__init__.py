@@ -37,6 +37,7 @@ from ._errors import (
     Timeout,
 )
 from ._ref import ObjectRef
+from ._worker import Worker
 
 _depot._register_errors(_BY_CODE)
 
@@ -47,6 +48,7 @@ ObjectPlacement = _depot.ObjectPlacement
 SchedulerStatus = _depot.SchedulerStatus
 StoreBuffer = _depot.StoreBuffer
 StoreStatus = _depot.StoreStatus
+TaskContext = _depot.TaskContext
 
 __version__ = "0.1.0"
 
@@ -79,8 +81,10 @@ __all__ = [
     "StoreBuffer",
     "StoreFull",
     "StoreStatus",
+    "TaskContext",
     "TaskFailed",
     "Timeout",
+    "Worker",
     "find_depotd",
     "start_daemon",
 ]

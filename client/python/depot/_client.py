@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+import time
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _codec, _depot, _device
+from . import _codec, _depot, _device, _tasks
 from ._device import DeviceArray
-from ._errors import DepotError, InvalidArgument
+from ._errors import DepotError, InvalidArgument, ObjectExists, ObjectNotFound, TaskFailed, Timeout
 from ._ref import ObjectRef
 
 RefLike = Union[ObjectRef, str]
@@ -69,6 +71,8 @@ class Client:
 
     def __init__(self, socket: Union[str, "os.PathLike[str]", None] = None, *, name: str = "") -> None:
         self._conn = _depot.Connection("" if socket is None else os.fspath(socket), name)
+        # Functions sent by value, and the refs they are stored under.
+        self._functions: "weakref.WeakKeyDictionary[Any, ObjectRef]" = weakref.WeakKeyDictionary()
 
     @property
     def socket(self) -> str:
@@ -303,6 +307,207 @@ class Client:
         ``address`` and ``size``. Holds the object until collected."""
         return self._conn.get(_ref(ref).id, _codec.parse_timeout(timeout))
 
+    # Tasks (depotd's scheduler runs them on attached workers: depot.Worker, or C++ ones).
+
+    def submit(
+        self,
+        fn: Union[str, Callable],
+        *args: Any,
+        resources: Optional[Mapping[str, float]] = None,
+        affinity: Optional[str] = None,
+        priority: int = 0,
+        retries: int = 1,
+        num_outputs: int = 1,
+        name: Optional[str] = None,
+        raw_args: Optional[bytes] = None,
+        detach: bool = False,
+    ) -> Union[ObjectRef, Tuple[ObjectRef, ...]]:
+        """Runs ``fn(*args)`` as a task on a worker; returns its output's ObjectRef at once
+        (a tuple of ``num_outputs`` refs when it has several). :meth:`get` of it waits for
+        the result, and raises :class:`TaskFailed` with the worker's traceback if it failed.
+
+        ``fn`` is the name of a function a worker registered, or any picklable callable
+        (stored once, and cached by the workers). An ObjectRef argument is a data
+        dependency: the task runs once it is sealed, where its bytes already are if it can,
+        and the function gets its value. Other arguments are pickled with the task (stored
+        as an object of their own when large). ``raw_args`` passes bytes as they are, for
+        functions of C++ workers (refs then are the only positional arguments).
+
+        ``resources``: what the task holds while it runs, default ``{"CPU": 1}``;
+        ``{"GPU": 1, "CPU": 0}`` takes a whole GPU and no CPU slot, ``"GPU": 0.25`` a
+        quarter of one, other names are custom resources workers offer. ``affinity``:
+        ``"soft"`` prefers, ``"hard"`` requires, the GPU holding most of its input bytes.
+        Higher ``priority`` runs first; ``retries`` is how often it runs again if its worker
+        dies. ``name`` names its output (``name/0``, ``name/1``... for several). A task is
+        cancelled if this client disconnects before it starts, unless ``detach`` or another
+        task of another client reads its outputs.
+
+        Raises InvalidArgument for a function no worker runs, resources no worker offers or
+        bad options, ObjectNotFound for a ref that neither exists nor is made by a task,
+        ObjectExists for a taken name.
+        """
+        task = self._task(fn, args, resources, affinity, priority, retries, num_outputs, name,
+                          raw_args, detach)
+        outputs = self._submit([task])[0]
+        return outputs[0] if num_outputs == 1 else tuple(outputs)
+
+    def map(
+        self, fn: Union[str, Callable], *iterables: Iterable[Any], **options: Any
+    ) -> List[Union[ObjectRef, Tuple[ObjectRef, ...]]]:
+        """``submit(fn, *items)`` for each tuple of items of ``iterables`` (as the builtin
+        map zips them), submitted in batches of 1,000 tasks; the refs in order. Takes
+        submit's keyword options, but not ``name``."""
+        if "name" in options:
+            raise InvalidArgument("map names no outputs: give names with submit")
+        num_outputs = options.get("num_outputs", 1)
+        tasks = [self._task(fn, items, **_task_options(options)) for items in zip(*iterables)]
+        refs: List[Union[ObjectRef, Tuple[ObjectRef, ...]]] = []
+        for start in range(0, len(tasks), 1000):
+            for outputs in self._submit(tasks[start : start + 1000]):
+                refs.append(outputs[0] if num_outputs == 1 else tuple(outputs))
+        return refs
+
+    def cancel(self, refs: Union[RefLike, Iterable[RefLike]]) -> List[str]:
+        """Cancels the tasks making ``refs`` that have not started: their outputs become
+        failed objects (``get`` raises TaskFailed "cancelled"). One outcome per ref:
+        ``"cancelled"``, ``"running"`` (it will finish), ``"finished"`` or ``"unknown"``
+        (no task of this daemon makes it)."""
+        refs = [refs] if isinstance(refs, (ObjectRef, str)) else list(refs)
+        return self._conn.cancel([_ref(r).id for r in refs])
+
+    def wait(
+        self,
+        refs: Iterable[RefLike],
+        *,
+        timeout: Optional[float] = None,
+        return_when: str = "ALL_COMPLETED",
+    ) -> Tuple[List[ObjectRef], List[ObjectRef]]:
+        """Waits until every ref (``"ALL_COMPLETED"``) or one of them
+        (``"FIRST_COMPLETED"``) is ready, or ``timeout`` seconds have passed; returns
+        ``(done, not_done)``. Ready means sealed: a task's output whether the task succeeded
+        or failed (get tells which). Holds nothing."""
+        if return_when not in ("ALL_COMPLETED", "FIRST_COMPLETED"):
+            raise InvalidArgument("return_when is ALL_COMPLETED or FIRST_COMPLETED")
+        refs = [_ref(r) for r in refs]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # Wait on one pending ref at a time; with FIRST_COMPLETED in short turns, so that
+        # any of them ends the wait soon after it is ready.
+        turn = 0.005 if return_when == "FIRST_COMPLETED" else 0.2
+        while True:
+            placements = self.locate(refs)
+            done = [r for r, p in zip(refs, placements) if p.found]
+            pending = [r for r, p in zip(refs, placements) if not p.found]
+            if not pending or (done and return_when == "FIRST_COMPLETED"):
+                return done, pending
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return done, pending
+            for ref in pending:
+                slice_s = turn if left is None else max(0.0, min(turn, left))
+                try:
+                    self._conn.get(ref.id, _codec.parse_timeout(slice_s))
+                except (Timeout, ObjectNotFound):
+                    if return_when == "ALL_COMPLETED":
+                        break
+                    continue
+                except TaskFailed:
+                    pass
+                break
+
+    def _task(
+        self, fn: Union[str, Callable], args: Sequence[Any], resources: Optional[Mapping[str, float]] = None,
+        affinity: Optional[str] = None, priority: int = 0, retries: int = 1, num_outputs: int = 1,
+        name: Optional[str] = None, raw_args: Optional[bytes] = None, detach: bool = False,
+    ) -> Dict[str, Any]:
+        """The fields of the task running ``fn(*args)``, as _depot.Connection.submit takes."""
+        inputs: List[ObjectRef] = []
+        function = _tasks.function_name(fn)
+        if function is None:
+            inputs.append(self._stored_function(fn))
+            function = _tasks.CALL
+        data, pickled = _tasks.encode_args(args)
+        inputs += data
+        if raw_args is not None:
+            if pickled is not None:
+                raise InvalidArgument(
+                    "with raw_args, the positional arguments are refs only (the function of a "
+                    "C++ worker gets its inputs and these bytes)"
+                )
+            inline = bytes(raw_args)
+        else:
+            inline, store = _tasks.inline_args(pickled)
+            if store:
+                inputs.append(self.put(pickled))
+        r = dict(resources or {})
+        task: Dict[str, Any] = {
+            "function": function,
+            "inputs": [i.id for i in inputs],
+            "args": inline,
+            "num_outputs": num_outputs,
+            "cpu": float(r.pop("CPU", 1)),
+            "gpu": float(r.pop("GPU", 0)),
+            "resources": {k: float(v) for k, v in r.items()},
+            "affinity": affinity or "none",
+            "priority": priority,
+            "retries": retries,
+            "detach": detach,
+        }
+        if name is not None:
+            names = [name] if num_outputs == 1 else [f"{name}/{k}" for k in range(num_outputs)]
+            task["outputs"] = [ObjectRef.from_name(n).id for n in names]
+            task["names"] = names
+        return task
+
+    def _stored_function(self, fn: Callable) -> ObjectRef:
+        try:
+            ref = self._functions.get(fn)
+        except TypeError:  # not weakly referenceable: stored each time it is sent
+            ref = None
+        if ref is not None:
+            return ref
+        name, data = _tasks.pickled_function(fn)
+        ref = ObjectRef.from_name(name)
+        try:
+            self.put(data, name=name)
+        except ObjectExists:
+            pass  # the same function, stored before
+        try:
+            self._functions[fn] = ref
+        except TypeError:
+            pass
+        return ref
+
+    def _submit(self, tasks: List[Dict[str, Any]]) -> List[List[ObjectRef]]:
+        names = [t.pop("names", None) for t in tasks]
+        try:
+            ids = self._conn.submit(tasks)
+        except ObjectNotFound:
+            # A function stored earlier may have been evicted since: store it again, once.
+            if not self._restore_functions(tasks):
+                raise
+            ids = self._conn.submit(tasks)
+        return [
+            [ObjectRef(i, n[k] if n else None) for k, i in enumerate(outputs)]
+            for outputs, n in zip(ids, names)
+        ]
+
+    def _restore_functions(self, tasks: List[Dict[str, Any]]) -> bool:
+        stored = {ref.id: (fn, ref) for fn, ref in list(self._functions.items())}
+        restored = False
+        for t in tasks:
+            if t["function"] != _tasks.CALL or self.contains(ObjectRef(t["inputs"][0])):
+                continue
+            entry = stored.get(t["inputs"][0])
+            if entry is None:
+                continue
+            name, data = _tasks.pickled_function(entry[0])
+            try:
+                self.put(data, name=name)
+            except ObjectExists:
+                pass
+            restored = True
+        return restored
+
     # Managing.
 
     def delete(self, refs: Union[RefLike, Iterable[RefLike]]) -> None:
@@ -337,3 +542,11 @@ class Client:
     def clients(self) -> List[Any]:
         """The connected clients (depot.ClientInfo), this one included."""
         return self._conn.clients()
+
+
+def _task_options(options: Dict[str, Any]) -> Dict[str, Any]:
+    known = ("resources", "affinity", "priority", "retries", "num_outputs", "raw_args", "detach")
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"unexpected option(s) {', '.join(unknown)}")
+    return dict(options)

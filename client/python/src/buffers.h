@@ -9,6 +9,9 @@
 
 #include <nanobind/nanobind.h>
 
+#include <cstddef>
+#include <span>
+
 #include "depot/buffer.h"
 
 namespace depot::python {
@@ -21,6 +24,26 @@ struct StoreBuffer {
 // The bytes of an object this process is creating: writable, until sealed by contract.
 struct WritableBuffer {
   MutableBuffer buffer;
+};
+
+// A contiguous read-only view of a Python buffer (bytes, memoryview, ndarray, PickleBuffer),
+// released on destruction. Held across GIL releases: the exporter stays alive meanwhile.
+class ReadView {
+ public:
+  explicit ReadView(nanobind::handle obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_ANY_CONTIGUOUS) != 0) {
+      throw nanobind::python_error();
+    }
+  }
+  ReadView(const ReadView&) = delete;
+  ReadView& operator=(const ReadView&) = delete;
+  ~ReadView() { PyBuffer_Release(&view_); }
+  std::span<const std::byte> bytes() const {
+    return {static_cast<const std::byte*>(view_.buf), static_cast<size_t>(view_.len)};
+  }
+
+ private:
+  Py_buffer view_{};
 };
 
 void BindBuffers(nanobind::module_& m);

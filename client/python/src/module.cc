@@ -17,7 +17,9 @@
 #include "depot/client.h"
 #include "device.h"
 #include "errors.h"
+#include "ids.h"
 #include "info.h"
+#include "tasks.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -30,13 +32,6 @@ using std::chrono::milliseconds;
 // Long waits are cut into slices so Ctrl-C (a pending signal) is noticed between them.
 constexpr milliseconds kWaitSlice{200};
 
-ObjectId ToId(nb::bytes b) {
-  if (b.size() != ObjectId::kSize) throw nb::value_error("an object id is 16 bytes");
-  std::array<std::byte, ObjectId::kSize> bytes{};
-  std::memcpy(bytes.data(), b.c_str(), bytes.size());
-  return ObjectId::FromBytes(bytes);
-}
-
 // CreateOptions over the caller's `metadata` (which must outlive them) and `name`.
 CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& name, bool pin) {
   CreateOptions options;
@@ -45,29 +40,6 @@ CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& na
   options.pin = pin;
   return options;
 }
-
-nb::bytes IdBytes(const ObjectId& id) {
-  const auto bytes = id.Bytes();
-  return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-}
-
-// A contiguous read-only view of a Python buffer (bytes, memoryview, ndarray, PickleBuffer),
-// released on destruction. Held across GIL releases: the exporter stays alive meanwhile.
-class ReadView {
- public:
-  explicit ReadView(nb::handle obj) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_ANY_CONTIGUOUS) != 0) throw nb::python_error();
-  }
-  ReadView(const ReadView&) = delete;
-  ReadView& operator=(const ReadView&) = delete;
-  ~ReadView() { PyBuffer_Release(&view_); }
-  std::span<const std::byte> bytes() const {
-    return {static_cast<const std::byte*>(view_.buf), static_cast<size_t>(view_.len)};
-  }
-
- private:
-  Py_buffer view_{};
-};
 
 std::string Describe(const ObjectId& id) { return "object " + id.Hex(); }
 
@@ -321,6 +293,12 @@ class Connection {
   std::vector<ClientInfo> Clients() {
     return Blocking(client(), [](Client& c) { return c.Clients(); });
   }
+  std::vector<std::vector<nb::bytes>> Submit(nb::list tasks) {
+    return python::Submit(client(), tasks);
+  }
+  std::vector<std::string> Cancel(const std::vector<nb::bytes>& outputs) {
+    return python::Cancel(client(), outputs);
+  }
 
  private:
   Client& client() {
@@ -486,6 +464,7 @@ NB_MODULE(_depot, m) {
   depot::python::BindBuffers(m);
   depot::python::BindDevice(m);
   depot::python::BindInfo(m);
+  depot::python::BindTasks(m);
 
   m.def("_register_errors", &depot::python::RegisterErrorTypes, "types"_a);
   m.def(
@@ -531,5 +510,7 @@ NB_MODULE(_depot, m) {
       .def("contains", &Connection::Contains, "id"_a)
       .def("list", &Connection::List)
       .def("status", &Connection::GetStatus)
-      .def("clients", &Connection::Clients);
+      .def("clients", &Connection::Clients)
+      .def("submit", &Connection::Submit, "tasks"_a)
+      .def("cancel", &Connection::Cancel, "outputs"_a);
 }

@@ -1,0 +1,179 @@
+"""depot.Worker: a process that runs Python functions as tasks of depotd's scheduler."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import traceback
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import _codec, _depot, _tasks
+from ._client import Client
+from ._ref import ObjectRef
+
+# What a task's completion carries of one output, data and metadata together; larger
+# outputs are put into the store while the task runs (as TaskContext::Put in C++).
+_INLINE_OUTPUT = 64 << 10
+
+
+class Worker:
+    """A worker: attaches to the daemon's scheduler and runs the tasks it is sent.
+
+    ``cpus`` is the number of CPU slots it offers (tasks asking for ``CPU=1`` that may run
+    at once; they share this process's interpreter, so for CPU-bound Python start one
+    worker process per slot), ``gpus`` this process's CUDA ordinals it offers, each whole,
+    and ``resources`` custom resources such as ``{"ssd": 1}``. Register functions by name
+    with :meth:`register` or :meth:`task`, then call :meth:`run`. Any function sent by value
+    (``client.submit(callable, ...)``) runs too.
+
+    A function gets its arguments as ``client.submit`` gave them, with the value of each
+    ObjectRef in place of the ref (numpy arrays read-only, with no copy). What it returns
+    is stored as the task's output (as ``Client.put`` stores it); with ``num_outputs=n`` it
+    returns n values. An exception fails the task, and ``get`` of its outputs raises
+    :class:`depot.TaskFailed` with the traceback.
+    """
+
+    def __init__(
+        self,
+        socket: Union[str, "os.PathLike[str]", None] = None,
+        *,
+        cpus: float = 1,
+        gpus: Optional[Sequence[int]] = None,
+        resources: Optional[Mapping[str, float]] = None,
+        name: str = "",
+    ) -> None:
+        name = name or f"python worker {os.getpid()}"
+        # Inputs are read, and large outputs written, through a client of its own.
+        self._client = Client(socket, name=name + " (data)")
+        self._worker = _depot.Worker(
+            self._client.socket, name, float(cpus), list(gpus or []), dict(resources or {})
+        )
+        self._by_value: Dict[bytes, Callable] = {}  # functions sent by value, by object id
+        self._lock = threading.Lock()
+        self._worker.register(_tasks.CALL, self._run_by_value)
+
+    @property
+    def client(self) -> Client:
+        """The worker's own Client, for functions that read or write more of the store."""
+        return self._client
+
+    def register(self, name: str, fn: Callable) -> None:
+        """Registers ``fn`` as ``name``, before :meth:`run`; a later one replaces it."""
+        self._worker.register(name, lambda task: self._run(fn, task, 0))
+
+    def task(self, fn: Optional[Callable] = None, *, name: Optional[str] = None) -> Any:
+        """Registers a function under its own name (or ``name``), as a decorator:
+        ``@worker.task`` or ``@worker.task(name="load")``. Returns it unchanged."""
+
+        def register(f: Callable) -> Callable:
+            self.register(name or f.__name__, f)
+            return f
+
+        return register if fn is None else register(fn)
+
+    def run(self) -> None:
+        """Runs tasks until :meth:`stop` (then returns once those running are complete), the
+        daemon goes away (raises Disconnected), or Ctrl-C (stops, then raises
+        KeyboardInterrupt)."""
+        failure: List[BaseException] = []
+
+        def serve() -> None:
+            try:
+                self._worker.run()
+            except BaseException as e:  # handed to the caller's thread
+                failure.append(e)
+
+        thread = threading.Thread(target=serve, name="depot-worker", daemon=True)
+        thread.start()
+        try:
+            while thread.is_alive():
+                thread.join(0.2)  # signals reach Python between waits
+        except KeyboardInterrupt:
+            self.stop()
+            thread.join()
+            raise
+        if failure:
+            raise failure[0]
+
+    def stop(self) -> None:
+        """Asks the daemon for no more tasks; :meth:`run` returns once the running ones are
+        complete. Thread-safe."""
+        self._worker.stop()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Running one task (on a thread of the C++ worker, holding the GIL).
+
+    def _run_by_value(self, task: Any) -> Optional[str]:
+        try:
+            key = task.inputs[0]
+            with self._lock:
+                fn = self._by_value.get(key)
+            if fn is None:
+                fn = pickle.loads(self._client.get(ObjectRef(key)))
+                with self._lock:
+                    self._by_value[key] = fn
+        except Exception:
+            return "could not load the task's function:\n" + traceback.format_exc()
+        return self._run(fn, task, 1)
+
+    def _run(self, fn: Callable, task: Any, first: int) -> Optional[str]:
+        try:
+            refs = [ObjectRef(i) for i in task.inputs[first:]]
+            values = self._client.get_many(refs) if refs else []
+            result = fn(*_tasks.decode_args(task.args, values))
+            self._store(task, result)
+        except Exception:
+            return traceback.format_exc()
+        return None
+
+    def _store(self, task: Any, result: Any) -> None:
+        outputs = task.outputs
+        if len(outputs) == 1:
+            results: Sequence[Any] = (result,)
+        else:
+            try:
+                results = tuple(result)
+            except TypeError:
+                raise ValueError(
+                    f"the task has {len(outputs)} outputs: its function returned "
+                    f"a {type(result).__name__}, not {len(outputs)} values"
+                ) from None
+            if len(results) != len(outputs):
+                raise ValueError(
+                    f"the task has {len(outputs)} outputs: its function returned "
+                    f"{len(results)} values"
+                )
+        for k, value in enumerate(results):
+            if task.sealed(k):
+                continue  # an earlier attempt stored it before its worker died
+            encoded = _codec.encode(value)
+            if isinstance(encoded, _codec.Encoded):
+                data = _one_buffer(encoded)
+                if data is not None:
+                    task.put(k, data, encoded.metadata)
+                    continue
+            self._client._put_encoded(ObjectRef(outputs[k]), value, encoded, False)
+
+
+def _one_buffer(encoded: "_codec.Encoded") -> Optional[Any]:
+    """The encoded value as one buffer, if it is one already or small enough to join."""
+    if len(encoded.parts) == 1 and encoded.offsets[0] == 0:
+        part = encoded.parts[0]
+        if memoryview(part).nbytes == encoded.size:
+            return part
+    if encoded.size + len(encoded.metadata) > _INLINE_OUTPUT:
+        return None
+    joined = bytearray(encoded.size)
+    for part, offset in zip(encoded.parts, encoded.offsets):
+        data = memoryview(part).tobytes(order="A")
+        joined[offset : offset + len(data)] = data
+    return joined

@@ -1,0 +1,171 @@
+"""Tasks from Python (issue 13, first part): Client.submit of functions that Python workers
+(depot.Worker, in processes of their own) registered or that are sent by value, results
+with get, failures with their traceback, cancel, wait, map, and retries when a worker dies."""
+
+import multiprocessing
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import children
+import depot
+from conftest import wait_for
+
+
+@pytest.fixture
+def workers(daemon, client):
+    """Starts Python worker processes on the daemon: start(n, cpus=1) returns them."""
+    spawn = multiprocessing.get_context("spawn")
+    started = []
+
+    def start(n=1, cpus=1):
+        before = client.status().scheduler.workers
+        procs = [spawn.Process(target=children.run_worker, args=(daemon.socket, cpus)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        started.extend(procs)
+        assert wait_for(lambda: client.status().scheduler.workers == before + n, timeout=60)
+        return procs
+
+    yield start
+    for p in started:
+        if p.is_alive():
+            p.kill()
+        p.join(10)
+
+
+def test_a_registered_function_gets_values_for_refs_and_its_result_is_stored(client, workers):
+    workers(1)
+    source = np.arange(100_000, dtype=np.float64)
+    ref = client.put(source)
+    out = client.submit("scale", ref, 3)
+    assert isinstance(out, depot.ObjectRef)
+    result = client.get(out, timeout=60)
+    np.testing.assert_array_equal(result, source * 3)
+    assert not result.flags.writeable
+    # The output is sealed a moment before the worker's completion reaches the daemon.
+    assert wait_for(lambda: client.status().scheduler.completed == 1, timeout=60)
+    placed = client.locate([ref])[0]  # read where it was: its data and its metadata
+    assert client.status().scheduler.local_bytes == placed.data_size + placed.metadata_size
+
+
+def test_closures_and_lambdas_run_by_value(client, workers):
+    workers(1)
+    offset = 7
+    assert client.get(client.submit(lambda x: x + offset, 5), timeout=60) == 12
+
+    def make(n):
+        return {"n": n, "squares": [i * i for i in range(n)]}
+
+    assert client.get(client.submit(make, 4), timeout=60) == {"n": 4, "squares": [0, 1, 4, 9]}
+    # The function is stored once, however often it is sent.
+    names = [o.name for o in client.list() if o.name.startswith("depot.function/")]
+    client.get(client.submit(make, 2), timeout=60)
+    assert [o.name for o in client.list() if o.name.startswith("depot.function/")] == names
+
+
+def test_a_failing_function_raises_task_failed_with_its_traceback(client, workers):
+    workers(1)
+    out = client.submit("fail_with", "no luck here")
+    with pytest.raises(depot.TaskFailed) as failure:
+        client.get(out, timeout=60)
+    assert "ValueError: no luck here" in str(failure.value)
+    assert "Traceback" in str(failure.value)
+    # A task reading the failed output fails with it.
+    downstream = client.submit(lambda x: x, out)
+    with pytest.raises(depot.TaskFailed, match="no luck here"):
+        client.get(downstream, timeout=60)
+
+
+def test_refs_between_tasks_move_no_bytes(client, workers):
+    workers(1)
+    first = client.submit(lambda n: np.ones(n), 1_000_000)
+    second = client.submit(lambda a: a * 2, first)
+    total = client.submit(lambda a: float(a.sum()), second)
+    assert client.get(total, timeout=60) == 2_000_000.0
+    status = client.status()
+    assert status.scheduler.moved_bytes == 0
+    # Both arrays were read where they were; the functions sent by value are inputs too.
+    assert 2 * 8_000_000 <= status.scheduler.local_bytes < 2 * 8_000_000 + 65536
+    assert status.replicas_made == 0
+
+
+def test_several_outputs_and_named_ones(client, workers):
+    workers(1)
+    values, count = client.submit("split", 5, num_outputs=2, name="parts")
+    assert values.name == "parts/0" and count.name == "parts/1"
+    assert client.get(values, timeout=60) == [0, 1, 2, 3, 4]
+    assert client.get(depot.ObjectRef.from_name("parts/1"), timeout=60) == 5
+    wrong = client.submit("split", 5, num_outputs=3)
+    with pytest.raises(depot.TaskFailed, match="3 outputs"):
+        client.get(wrong[0], timeout=60)
+
+
+def test_map_over_ten_thousand_items(client, workers):
+    workers(2)
+    refs = client.map(lambda x: x * x, range(10_000))
+    assert len(refs) == 10_000
+    assert client.get_many(refs, timeout=120) == [x * x for x in range(10_000)]
+    done, pending = client.wait(refs, timeout=0)
+    assert len(done) == 10_000 and pending == []
+
+
+def test_large_arguments_travel_as_objects(client, workers):
+    workers(1)
+    big = list(range(100_000))  # pickles to far more than a task carries inline
+    assert client.get(client.submit(lambda xs: sum(xs), big), timeout=60) == sum(big)
+
+
+def test_cancel_and_wait(client, workers, daemon):
+    workers(1)
+    busy = client.submit("wait_for_go", daemon.socket, "busy")
+    assert wait_for(lambda: any(o.name.startswith("started/busy/") for o in client.list()), 60)
+    queued = client.submit("scale", 2, 21)
+    done, pending = client.wait([busy, queued], timeout=0.05)
+    assert done == [] and pending == [busy, queued]
+    assert client.cancel(queued) == ["cancelled"]
+    with pytest.raises(depot.TaskFailed, match="cancelled"):
+        client.get(queued, timeout=60)
+    done, pending = client.wait([busy, queued], return_when="FIRST_COMPLETED", timeout=60)
+    assert done == [queued] and pending == [busy]
+    client.put(b"", name="go")
+    done, pending = client.wait([busy, queued], timeout=60)
+    assert pending == [] and client.get(busy) == "busy"
+    assert client.cancel(busy) == ["finished"]
+    assert client.cancel(depot.ObjectRef(depot._depot.random_id())) == ["unknown"]
+
+
+def test_a_worker_killed_mid_task_has_it_retried_on_another(client, workers, daemon):
+    first, second = workers(2)
+    out = client.submit("wait_for_go", daemon.socket, "retried")
+    started = wait_for(
+        lambda: [o.name for o in client.list() if o.name.startswith("started/retried/")], 60
+    )
+    assert len(started) == 1
+    pid = int(started[0].rsplit("/", 1)[1])
+    victim = first if first.pid == pid else second
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(10)
+    client.put(b"", name="go")
+    assert client.get(out, timeout=60) == "retried"
+    assert client.status().scheduler.retried == 1
+
+
+def test_bad_submissions_are_clear_errors(client, workers):
+    workers(1)
+    with pytest.raises(depot.InvalidArgument, match="no_such_function"):
+        client.submit("no_such_function", 1)
+    with pytest.raises(depot.InvalidArgument, match="raw_args"):
+        client.submit("scale", 1, raw_args=b"x")
+    with pytest.raises(ValueError, match="affinity"):
+        client.submit("scale", 1, 2, affinity="sideways")
+    with pytest.raises(depot.InvalidArgument):
+        client.submit("scale", 1, 2, resources={"GPU": 1})  # no worker offers a GPU
+    with pytest.raises(depot.ObjectNotFound):
+        client.submit("scale", depot.ObjectRef(depot._depot.random_id()), 2)
+    with pytest.raises(TypeError):
+        client.submit(42)
+    # The daemon serves on.
+    assert client.get(client.submit("scale", 2, 21), timeout=60) == 42
