@@ -46,9 +46,9 @@ def wait_for_go(socket, tag):
 
 
 def run_worker(socket, cpus=1):
-    worker = depot.Worker(socket, cpus=cpus, name="test worker")
-    worker.register("scale", scale)
-    worker.register("fail_with", fail_with)
-    worker.register("split", split)
-    worker.register("wait_for_go", wait_for_go)
-    worker.run()
+    with depot.Worker(socket, cpus=cpus, name="test worker") as worker:
+        worker.register("scale", scale)
+        worker.register("fail_with", fail_with)
+        worker.register("split", split)
+        worker.register("wait_for_go", wait_for_go)
+        worker.run()

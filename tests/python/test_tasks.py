@@ -5,6 +5,8 @@ with get, failures with their traceback, cancel, wait, map, and retries when a w
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -169,3 +171,69 @@ def test_bad_submissions_are_clear_errors(client, workers):
         client.submit(42)
     # The daemon serves on.
     assert client.get(client.submit("scale", 2, 21), timeout=60) == 42
+
+
+def test_start_daemon_with_workers_runs_tasks_from_a_fresh_interpreter():
+    script = (
+        "import depot\n"
+        "with depot.start_daemon(workers=2) as d, d.client() as c:\n"
+        "    print(c.get(c.submit(lambda x: x * 2, 21), timeout=60))\n"
+        "    print(c.status().scheduler.workers, len(d.workers))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["42", "2", "2"]
+
+
+def _depot_worker():
+    return os.path.join(os.path.dirname(sys.executable), "depot-worker")
+
+
+def test_the_depot_worker_command_runs_a_modules_tasks_and_drains_on_sigterm(
+    client, daemon, tmp_path
+):
+    module = tmp_path / "my_tasks.py"
+    module.write_text(
+        "import depot\n"
+        "@depot.task\n"
+        "def triple(x):\n"
+        "    return 3 * x\n"
+        "@depot.task(name='where')\n"
+        "def pid():\n"
+        "    import os\n"
+        "    return os.getpid()\n"
+        "def not_a_task():\n"
+        "    return None\n"
+    )
+    command = subprocess.Popen(
+        [_depot_worker(), "--socket", daemon.socket, "--cpus", "2", str(module)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert wait_for(lambda: client.status().scheduler.workers == 2, timeout=60)
+        assert client.get(client.submit("triple", 14), timeout=60) == 42
+        # Each slot is a process of its own.
+        pids = client.get_many([client.submit("where") for _ in range(20)], timeout=60)
+        assert command.pid not in pids
+        with pytest.raises(depot.InvalidArgument, match="not_a_task"):
+            client.submit("not_a_task")
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(30) == 0, command.stdout.read()
+        assert wait_for(lambda: client.status().scheduler.workers == 0, timeout=30)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+
+
+def test_the_depot_worker_command_refuses_bad_flags():
+    for flags, message in [
+        (["--cpus", "0"], "offers something"),
+        (["--resource", "ssd"], "NAME=AMOUNT"),
+        (["--gpus", "zero"], "--gpus"),
+    ]:
+        run = subprocess.run([_depot_worker(), *flags], capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 2, run
+        assert message in run.stderr

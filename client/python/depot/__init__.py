@@ -37,7 +37,7 @@ from ._errors import (
     Timeout,
 )
 from ._ref import ObjectRef
-from ._worker import Worker
+from ._worker import Worker, task
 
 _depot._register_errors(_BY_CODE)
 
@@ -87,4 +87,5 @@ __all__ = [
     "Worker",
     "find_depotd",
     "start_daemon",
+    "task",
 ]

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 import weakref
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 from ._client import Client
 from ._errors import DepotError
@@ -46,7 +46,10 @@ class Daemon:
         self.log_path = log_path
         """The daemon's log (its stdout and stderr)."""
         self._directory = directory
-        self._finalizer = weakref.finalize(self, Daemon._stop, process, directory)
+        self._workers: List[subprocess.Popen] = []
+        self._finalizer = weakref.finalize(
+            self, Daemon._stop, process, directory, self._workers
+        )
 
     @property
     def pid(self) -> int:
@@ -73,8 +76,42 @@ class Daemon:
         Objects in it are gone; values still viewing them stay readable."""
         self._finalizer()
 
+    @property
+    def workers(self) -> List[int]:
+        """The process ids of the worker processes started with it (``workers=N``)."""
+        return [w.pid for w in self._workers]
+
+    def _start_workers(self, count: int, timeout: float) -> None:
+        with open(self.log_path, "ab") as log:
+            for _ in range(count):
+                self._workers.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "depot.worker", "--socket", self.socket,
+                         "--cpus", "1"],
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    )
+                )
+        deadline = time.monotonic() + timeout
+        with self.client(name="start_daemon") as client:
+            while client.status().scheduler.workers < count:
+                if time.monotonic() > deadline or any(w.poll() is not None for w in self._workers):
+                    raise DepotError(
+                        f"{count} worker processes did not attach within {timeout} s; the "
+                        f"log:\n{self.log()}"
+                    )
+                time.sleep(0.01)
+
     @staticmethod
-    def _stop(process: subprocess.Popen, directory: str) -> None:
+    def _stop(process: subprocess.Popen, directory: str, workers: List[subprocess.Popen]) -> None:
+        for w in workers:  # first: they drain, and exit once their tasks are done
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(5)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
@@ -116,6 +153,7 @@ def start_daemon(
     log_level: str = "warn",
     timeout: float = 10.0,
     simulate_gpus: Union[int, str, None] = None,
+    workers: int = 0,
 ) -> Daemon:
     """Starts a private depotd and waits until it accepts connections.
 
@@ -129,9 +167,13 @@ def start_daemon(
     ``"N:SIZE"`` such as ``"2:256MiB"``; their device pointers are host addresses, for tests
     of GPU code paths on machines without a GPU.
 
+    ``workers`` starts that many Python worker processes attached to it (``depot-worker
+    --cpus 1`` each), which run the functions clients submit by value: tasks with no other
+    set-up. They stop with the daemon.
+
     Returns a :class:`Daemon`; use it as a context manager, or call ``close()``. It is
     stopped at interpreter exit in any case. Raises DepotError with the daemon's log if it
-    does not start within ``timeout`` seconds.
+    (or its workers) does not start within ``timeout`` seconds.
     """
     program = executable or find_depotd()
     directory = tempfile.mkdtemp(prefix="depot-")
@@ -158,6 +200,12 @@ def start_daemon(
             daemon.close()
             raise DepotError(f"depotd ({' '.join(argv)}) {why}; its log:\n{output}")
         time.sleep(0.005)
+    if workers > 0:
+        try:
+            daemon._start_workers(workers, timeout)
+        except BaseException:
+            daemon.close()
+            raise
     return daemon
 
 

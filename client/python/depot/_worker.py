@@ -12,6 +12,22 @@ from . import _codec, _depot, _tasks
 from ._client import Client
 from ._ref import ObjectRef
 
+# The attribute depot.task marks a function with: the name it is registered under.
+_MARK = "__depot_task__"
+
+
+def task(fn: Optional[Callable] = None, *, name: Optional[str] = None) -> Any:
+    """Marks a module's function as a task for the workers that load the module
+    (``depot-worker MODULE``, :meth:`Worker.register_module`), under its own name or
+    ``name``: ``@depot.task`` or ``@depot.task(name="load")``. Returns it unchanged."""
+
+    def mark(f: Callable) -> Callable:
+        setattr(f, _MARK, name or f.__name__)
+        return f
+
+    return mark if fn is None else mark(fn)
+
+
 # What a task's completion carries of one output, data and metadata together; larger
 # outputs are put into the store while the task runs (as TaskContext::Put in C++).
 _INLINE_OUTPUT = 64 << 10
@@ -62,6 +78,16 @@ class Worker:
         """Registers ``fn`` as ``name``, before :meth:`run`; a later one replaces it."""
         self._worker.register(name, lambda task: self._run(fn, task, 0))
 
+    def register_module(self, module: Any) -> List[str]:
+        """Registers the functions of ``module`` marked with :func:`depot.task`; their names."""
+        names = []
+        for value in list(vars(module).values()):
+            name = getattr(value, _MARK, None)
+            if isinstance(name, str) and callable(value):
+                self.register(name, value)
+                names.append(name)
+        return names
+
     def task(self, fn: Optional[Callable] = None, *, name: Optional[str] = None) -> Any:
         """Registers a function under its own name (or ``name``), as a decorator:
         ``@worker.task`` or ``@worker.task(name="load")``. Returns it unchanged."""
@@ -91,7 +117,11 @@ class Worker:
                 thread.join(0.2)  # signals reach Python between waits
         except KeyboardInterrupt:
             self.stop()
-            thread.join()
+            while thread.is_alive():
+                try:
+                    thread.join(0.2)
+                except KeyboardInterrupt:
+                    pass  # stopping already: the running tasks finish first
             raise
         if failure:
             raise failure[0]
@@ -102,6 +132,11 @@ class Worker:
         self._worker.stop()
 
     def close(self) -> None:
+        """Detaches from the daemon (any task it runs is then run again elsewhere) and closes
+        its Client. Call it after :meth:`run` has returned."""
+        # The C++ worker holds the registered functions, which hold this object: dropping it
+        # breaks that cycle.
+        self._worker = None
         self._client.close()
 
     def __enter__(self) -> "Worker":
