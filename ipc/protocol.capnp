@@ -273,6 +273,8 @@ struct Assignment {
   args @5 :Data;
   outputs @6 :List(Id);      # to create and seal (on `device` for a GPU task, as it likes)
   sealed @7 :List(UInt32);   # indices of outputs an earlier attempt sealed: not to be made again
+  after @8 :UInt64;          # 0, or a task running on this worker: start this one when that
+                             # one's function has returned (it takes over its resources)
 }
 
 enum CancelOutcome {

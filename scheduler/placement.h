@@ -36,6 +36,8 @@ struct ResourceRequest {
   double cpu = 1;
   double gpu = 0;
   std::map<std::string, double> custom;  // e.g. {"ssd": 1}
+
+  bool operator==(const ResourceRequest&) const = default;
 };
 
 enum class Affinity : uint8_t { kNone, kSoft, kHard };

@@ -98,6 +98,11 @@ struct Scheduler::Task {
   // the start of the attempt told of them until the task is over: that attempt does not
   // make them again, so they must not be evicted meanwhile.
   std::vector<ObjectId> kept;
+  // Pipelining (SchedulerOptions::pipeline): a running task may have been sent to start
+  // after another running on its worker, whose resources it takes over when that one ends
+  // (`after`: the one before, until then); a task has at most one such `follower`.
+  TaskId after = 0;
+  TaskId follower = 0;
 
   ReadyKey key() const { return {spec.priority, depth, id}; }
   bool on_gpu() const { return spec.resources.gpu > 0; }
@@ -111,6 +116,7 @@ struct Scheduler::Worker {
   std::vector<std::string> functions;
   std::unordered_set<TaskId> running;
   std::deque<TaskId> queue;  // placed here, waiting for resources
+  size_t pipelined = 0;      // of `running`, those sent ahead that have not taken over yet
   double pending_s = 0;      // expected seconds of its running and queued tasks
   uint64_t done = 0;
   uint64_t failed = 0;
@@ -215,6 +221,14 @@ void Scheduler::RemoveSession(SessionId session) {
     while (!w.queue.empty()) Requeue(*tasks_.at(w.queue.front()));
     std::vector<TaskId> running(w.running.begin(), w.running.end());
     std::sort(running.begin(), running.end());
+    // Tasks sent ahead that had not started go back as they were, before the others hand
+    // their resources over to them.
+    std::erase_if(running, [&](TaskId id) {
+      Task& t = *tasks_.at(id);
+      if (t.after == 0) return false;
+      Requeue(t);
+      return true;
+    });
     for (TaskId id : running) {
       Task& t = *tasks_.at(id);
       if (t.attempts > t.spec.retries) {
@@ -516,7 +530,7 @@ void Scheduler::DispatchRound() {
   size_t open = 0;
   for (auto& [id, w] : workers_) {
     if (w->freed) StartQueued(*w);
-    if (!w->draining && w->queue.size() < options_.window) ++open;
+    if (!w->draining && Waiting(*w) < options_.window) ++open;
   }
   // Tasks with no affinity that ask for what a task that found no place asked for find none
   // either: they are passed over without a look, and without counting as misses.
@@ -551,7 +565,9 @@ void Scheduler::DispatchRound() {
     it = ready_.erase(it);
     misses = 0;
     const Worker& w = *workers_.at(task.worker);
-    if (task.state == TaskState::kQueued && w.queue.size() == options_.window) --open;
+    if (task.state != TaskState::kRunning || task.after != 0) {
+      if (Waiting(w) == options_.window) --open;
+    }
   }
 }
 
@@ -602,7 +618,7 @@ bool Scheduler::TryPlace(Task& task) {
   std::vector<WorkerView> views;
   for (SessionId id : runners->second) {
     Worker& w = *workers_.at(id);
-    if (w.draining || w.queue.size() >= options_.window) continue;
+    if (w.draining || Waiting(w) >= options_.window) continue;
     if (w.running.size() >= kMaxRunningPerWorker) continue;
     const bool idle = w.running.empty() && w.queue.empty();
     if (w.queue.empty()) {
@@ -676,7 +692,7 @@ bool Scheduler::TryPlace(Task& task) {
   task.state = TaskState::kQueued;
   w.queue.push_back(task.id);
   StartQueued(w);  // it may fit beside what runs there (a CPU task beside a GPU one)
-  if (task.state == TaskState::kRunning) return true;
+  if (task.state == TaskState::kRunning && task.after == 0) return true;
   if (choice->moved_bytes > 0) {
     std::vector<ObjectId> missing;
     const uint64_t bit = uint64_t{1} << (task.device + 1);
@@ -701,19 +717,52 @@ void Scheduler::StartQueued(Worker& worker) {
       ++it;
     }
   }
+  Pipeline(worker);
+}
+
+void Scheduler::Pipeline(Worker& worker) {
+  if (!options_.pipeline || worker.draining) return;
+  for (auto it = worker.queue.begin(); it != worker.queue.end();) {
+    if (worker.running.size() >= kMaxRunningPerWorker) return;
+    Task& task = *tasks_.at(*it);
+    Task* before = nullptr;
+    for (TaskId id : worker.running) {
+      Task& r = *tasks_.at(id);
+      if (r.follower == 0 && r.device == task.device && r.spec.resources == task.spec.resources) {
+        before = &r;
+        break;
+      }
+    }
+    if (before == nullptr) {
+      ++it;
+      continue;
+    }
+    it = worker.queue.erase(it);
+    before->follower = task.id;
+    task.after = before->id;
+    ++worker.pipelined;
+    Start(worker, task);
+  }
+}
+
+size_t Scheduler::Waiting(const Worker& worker) const {
+  return worker.queue.size() + worker.pipelined;
 }
 
 void Scheduler::Start(Worker& worker, Task& task) {
   task.state = TaskState::kRunning;
-  ++task.attempts;
+  // A task sent ahead starts, and counts the attempt, when it takes over (Unplace).
+  const uint32_t attempt = task.attempts + 1;
+  if (task.after == 0) task.attempts = attempt;
   task.started_at = Now();
   worker.running.insert(task.id);
   Assignment& a = outbox_[worker.id].emplace_back(Assignment{.task = task.id,
-                                                             .attempt = task.attempts,
+                                                             .attempt = attempt,
                                                              .device = task.device,
                                                              .spec = &task.spec,
-                                                             .outputs = task.outputs});
-  if (task.attempts > 1) {
+                                                             .outputs = task.outputs,
+                                                             .after = task.after});
+  if (attempt > 1) {
     // A worker that died may have sealed some outputs before it did: those stay.
     LetGoOfKept(task);
     std::vector<StoreAccess::Object> found(task.outputs.size());
@@ -750,9 +799,27 @@ void Scheduler::Unplace(Task& task) {
   task.placed = false;
   Worker& w = *workers_.at(task.worker);
   if (task.state == TaskState::kRunning) {
-    w.resources.Release({task.spec.resources, task.device});
     w.running.erase(task.id);
-    w.freed = true;
+    if (task.after != 0) {
+      // Sent ahead and not started: it held nothing. What was to follow it follows the one
+      // before it instead.
+      --w.pipelined;
+      Task& before = *tasks_.at(task.after);
+      before.follower = task.follower;
+      if (task.follower != 0) tasks_.at(task.follower)->after = task.after;
+    } else if (task.follower != 0) {
+      // Its resources go to the task sent to follow it, which starts now on the worker.
+      --w.pipelined;
+      Task& next = *tasks_.at(task.follower);
+      next.after = 0;
+      ++next.attempts;
+      next.started_at = Now();
+    } else {
+      w.resources.Release({task.spec.resources, task.device});
+      w.freed = true;
+    }
+    task.after = 0;
+    task.follower = 0;
   } else {
     std::erase(w.queue, task.id);
   }
@@ -997,8 +1064,8 @@ std::vector<WorkerInfo> Scheduler::Workers() const {
                     .capacity = w->capacity,
                     .free_cpu = w->resources.free_cpu(),
                     .functions = w->functions,
-                    .running = w->running.size(),
-                    .queued = w->queue.size(),
+                    .running = w->running.size() - w->pipelined,
+                    .queued = w->queue.size() + w->pipelined,
                     .done = w->done,
                     .failed = w->failed,
                     .draining = w->draining,
@@ -1012,9 +1079,11 @@ std::vector<WorkerInfo> Scheduler::Workers() const {
 
 std::vector<TaskInfo> Scheduler::Tasks(size_t limit) const {
   auto describe = [&](const Task& t) {
+    // A task sent ahead waits on its worker for the one before it: queued, as people see it.
+    const bool ahead = t.state == TaskState::kRunning && t.after != 0;
     TaskInfo info{.id = t.id,
                   .function = t.spec.function,
-                  .state = t.state,
+                  .state = ahead ? TaskState::kQueued : t.state,
                   .submitter = t.submitter,
                   .worker = t.worker,
                   .device = t.device,
@@ -1028,7 +1097,9 @@ std::vector<TaskInfo> Scheduler::Tasks(size_t limit) const {
                   .transfer_s = t.choice.transfer_s,
                   .duration_s = t.duration_s,
                   .reason = t.reason};
-    if (t.state == TaskState::kReady) {
+    if (ahead) {
+      info.reason = "sent to its worker, to start when task " + std::to_string(t.after) + " ends";
+    } else if (t.state == TaskState::kReady) {
       if (!SomeWorkerCouldRun(t.spec)) {
         info.reason =
             "no worker attached can run '" + t.spec.function + "' with the resources it asks for";

@@ -52,6 +52,9 @@ struct Assignment {
   std::span<const ObjectId> outputs;
   // Indices of outputs an earlier attempt sealed: they are kept, and not made again.
   std::vector<uint32_t> sealed;
+  // 0, or a task running on the same worker: this one starts when that one's function has
+  // returned, on the resources it held (pipelined: no round trip to the daemon between).
+  TaskId after = 0;
 };
 
 // How the scheduler reaches workers: the daemon's sessions implement it.
@@ -81,7 +84,7 @@ enum class TaskState : uint8_t {
   kWaiting,   // for inputs to be sealed
   kReady,     // in the daemon's queue, for a worker with room
   kQueued,    // placed on a worker, waiting for its resources (inputs being prefetched)
-  kRunning,   // sent to its worker
+  kRunning,   // sent to its worker (to run now, or after a task running there)
   kDone,      // its outputs sealed
   kFailed,    // its outputs sealed as failed
   kCancelled  // its outputs sealed as failed, cancelled
@@ -149,6 +152,10 @@ struct SchedulerOptions {
   Bandwidths bandwidths;
   // Tasks a worker may have placed on it beyond those running (at least 1).
   uint32_t window = 2;
+  // Whether tasks placed on a busy worker are sent to it ahead, each to start when a task
+  // of the same shape (resources and device) running there ends, on its resources: a worker
+  // then goes from task to task with no round trip to the daemon between.
+  bool pipeline = true;
   // Finished tasks kept for `depotctl tasks` after they are done (the oldest go first).
   size_t finished_kept = 1024;
   // Seconds since some fixed point: task durations are measured with it.
@@ -266,6 +273,11 @@ class Scheduler final : public ObjectEvents {
   void Finish(Task& task, TaskState state, std::string reason);
   void LetGoOfInputs(Task& task);
   void LetGoOfKept(Task& task);
+  // Sends the tasks queued on `worker` that can follow a task running there (Assignment's
+  // `after`).
+  void Pipeline(Worker& worker);
+  // Tasks placed on `worker` and not started: queued in the daemon, or sent ahead.
+  size_t Waiting(const Worker& worker) const;
   // Fails the tasks waiting for outputs that will not come (failures_), one at a time.
   void Settle();
   // `id` is sealed: the graph holds it for its consumers, and those waiting for it have one

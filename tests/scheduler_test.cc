@@ -145,6 +145,7 @@ struct Sent {
   std::vector<ObjectId> outputs;
   ResourceRequest resources;
   std::vector<uint32_t> sealed;
+  TaskId after = 0;
 };
 
 class FakeLink final : public WorkerLink {
@@ -154,7 +155,7 @@ class FakeLink final : public WorkerLink {
     for (const Assignment& a : tasks) {
       sent.push_back({worker, a.task, a.attempt, a.device, a.spec->function, a.spec->inputs,
                       std::vector<ObjectId>(a.outputs.begin(), a.outputs.end()), a.spec->resources,
-                      a.sealed});
+                      a.sealed, a.after});
     }
   }
   void Drained(SessionId worker) override { drained.push_back(worker); }
@@ -166,15 +167,24 @@ class FakeLink final : public WorkerLink {
   int messages = 0;
 };
 
+// The decisions one at a time, with tasks sent to workers only when they start: pipelining
+// (tasks sent ahead, SchedulerOptions::pipeline, the daemon's default) has tests of its own
+// below, and the random load runs both ways.
 class SchedulerTest : public ::testing::Test {
  protected:
-  SchedulerTest() : scheduler_(store_, link_, Options()) {}
+  explicit SchedulerTest(bool pipeline = false) : scheduler_(store_, link_, Options(pipeline)) {}
 
-  static SchedulerOptions Options() {
+  static SchedulerOptions Options(bool pipeline) {
     SchedulerOptions o;
     o.window = 2;
+    o.pipeline = pipeline;
     return o;
   }
+
+  // Random submissions and completions against three workers, which run what they are sent
+  // as a worker does (a task sent ahead once the one it follows has ended): what runs never
+  // takes more than a worker has.
+  void RandomLoad();
 
   void AddWorker(SessionId id, double cpu, std::vector<int32_t> gpus = {},
                  std::vector<std::string> functions = {"f"},
@@ -877,7 +887,7 @@ TEST_F(SchedulerTest, AGpuTaskStartsOnlyWhereItsOutputsFit) {
   EXPECT_EQ(sent[0].device, 1);
 }
 
-TEST_F(SchedulerTest, ResourcesAreNeverOversubscribedUnderARandomLoad) {
+void SchedulerTest::RandomLoad() {
   std::mt19937 rng(12345);
   AddWorker(1, 2, {0, 1}, {"f"}, {{"ssd", 1}});
   AddWorker(2, 1, {2}, {"f"});
@@ -890,6 +900,30 @@ TEST_F(SchedulerTest, ResourcesAreNeverOversubscribedUnderARandomLoad) {
                                       {.cpu = 0, .gpu = 1}, {.cpu = 1, .gpu = 0.5},
                                       {.cpu = 0.5},         {.cpu = 1, .custom = {{"ssd", 1}}}};
   std::vector<Sent> running;
+  std::map<TaskId, Sent> parked;  // sent ahead, by the task each follows
+  // What a worker does with what it is sent.
+  auto receive = [&](std::vector<Sent> sent) {
+    for (Sent& s : sent) {
+      const bool before_runs =
+          s.after != 0 && (std::any_of(running.begin(), running.end(),
+                                       [&](const Sent& r) { return r.task == s.after; }) ||
+                           std::any_of(parked.begin(), parked.end(),
+                                       [&](const auto& p) { return p.second.task == s.after; }));
+      if (before_runs) {
+        parked.emplace(s.after, std::move(s));
+      } else {
+        running.push_back(std::move(s));
+      }
+    }
+  };
+  auto finish = [&](const Sent& s) {
+    Run(s);
+    if (auto next = parked.find(s.task); next != parked.end()) {
+      running.push_back(std::move(next->second));
+      parked.erase(next);
+    }
+    receive(link_.Take());
+  };
   auto check = [&] {
     std::map<SessionId, double> cpu;
     std::map<std::pair<SessionId, int32_t>, double> share;
@@ -916,23 +950,140 @@ TEST_F(SchedulerTest, ResourcesAreNeverOversubscribedUnderARandomLoad) {
       const size_t k = rng() % running.size();
       Sent s = running[k];
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
-      Run(s);
+      finish(s);
     }
-    for (Sent& s : link_.Take()) running.push_back(std::move(s));
+    receive(link_.Take());
     check();
   }
   while (!running.empty()) {
     Sent s = running.back();
     running.pop_back();
-    Run(s);
-    for (Sent& n : link_.Take()) running.push_back(std::move(n));
+    finish(s);
     check();
   }
+  EXPECT_TRUE(parked.empty());
   EXPECT_EQ(scheduler_.counters().completed, submitted);
   for (const WorkerInfo& w : scheduler_.Workers()) {
     EXPECT_EQ(w.free_cpu, capacity.at(w.id).cpu);
     for (const auto& [device, share] : w.free_gpu_share) EXPECT_DOUBLE_EQ(share, 1.0);
   }
+}
+
+TEST_F(SchedulerTest, ResourcesAreNeverOversubscribedUnderARandomLoad) { RandomLoad(); }
+
+class PipelineTest : public SchedulerTest {
+ protected:
+  PipelineTest() : SchedulerTest(/*pipeline=*/true) {}
+
+  std::map<TaskId, TaskInfo> TasksById() {
+    std::map<TaskId, TaskInfo> out;
+    for (TaskInfo& t : scheduler_.Tasks()) out[t.id] = std::move(t);
+    return out;
+  }
+};
+
+TEST_F(PipelineTest, ResourcesAreNeverOversubscribedUnderARandomLoad) { RandomLoad(); }
+
+TEST_F(PipelineTest, TasksQueuedOnABusyWorkerAreSentAheadToFollowWhatRunsThere) {
+  AddWorker(1, 1);
+  for (int i = 0; i < 4; ++i) Submit(Task());
+  auto sent = link_.Take();
+  // One runs; two more (the window) are sent to follow it, one after the other; one waits.
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_EQ(sent[0].after, 0u);
+  EXPECT_EQ(sent[1].after, sent[0].task);
+  EXPECT_EQ(sent[2].after, sent[1].task);
+  auto tasks = TasksById();
+  EXPECT_EQ(tasks[sent[0].task].state, TaskState::kRunning);
+  EXPECT_EQ(tasks[sent[1].task].state, TaskState::kQueued) << "as people see it";
+  EXPECT_NE(tasks[sent[1].task].reason.find("sent to its worker"), std::string::npos);
+  EXPECT_EQ(tasks[sent[1].task].attempts, 0u);
+  EXPECT_EQ(scheduler_.Workers()[0].running, 1u);
+  EXPECT_EQ(scheduler_.Workers()[0].queued, 2u);
+  // The first ends: the second takes over its slot, and the last is sent after the third.
+  Run(sent[0]);
+  auto next = link_.Take();
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].after, sent[2].task);
+  tasks = TasksById();
+  EXPECT_EQ(tasks[sent[1].task].state, TaskState::kRunning);
+  EXPECT_EQ(tasks[sent[1].task].attempts, 1u);
+  EXPECT_EQ(scheduler_.Workers()[0].free_cpu, 0);
+  Run(sent[1]);
+  Run(sent[2]);
+  Run(next[0]);
+  EXPECT_EQ(scheduler_.counters().completed, 4u);
+  EXPECT_EQ(scheduler_.Workers()[0].free_cpu, 1);
+  EXPECT_TRUE(link_.Take().empty());
+}
+
+TEST_F(PipelineTest, ATaskSentAheadMayEndBeforeTheOneItFollowed) {
+  AddWorker(1, 1);
+  Submit(Task());
+  Submit(Task());
+  Submit(Task());
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 3u);
+  Run(sent[1]);  // reported first: the third now follows the first
+  Run(sent[0]);  // its slot goes to the third
+  EXPECT_EQ(TasksById()[sent[2].task].state, TaskState::kRunning);
+  EXPECT_EQ(scheduler_.Workers()[0].free_cpu, 0);
+  Run(sent[2]);
+  EXPECT_EQ(scheduler_.Workers()[0].free_cpu, 1);
+  EXPECT_EQ(scheduler_.counters().completed, 3u);
+}
+
+TEST_F(PipelineTest, OnlyATaskOfTheSameResourcesAndDeviceIsSentAhead) {
+  AddWorker(1, 2, {0});
+  Submit(Task({}, kGpuOnly));              // runs, holding GPU 0
+  Submit(Task({}, {.cpu = 1, .gpu = 1}));  // another shape: waits in the daemon
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  Submit(Task({}, kGpuOnly));  // the same shape: sent ahead
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_NE(sent[0].after, 0u);
+}
+
+TEST_F(PipelineTest, AWorkerThatDiesGivesBackWhatWasSentAheadWithoutUsingARetry) {
+  AddWorker(1, 1);
+  TaskSpec once = Task();
+  once.retries = 0;
+  auto first = Submit(once);
+  auto second = Submit(once);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 2u);
+  ASSERT_EQ(sent[1].after, sent[0].task);
+  EXPECT_EQ(scheduler_.Cancel(std::span(second)), std::vector{Scheduler::CancelOutcome::kRunning})
+      << "sent: it will run";
+  AddWorker(2, 1);
+  scheduler_.RemoveSession(1);
+  // The first was running: no retries left, it fails. The second never started.
+  EXPECT_EQ(store_.objects.at(first[0]).state, StoreAccess::State::kFailed);
+  auto again = link_.Take();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].task, sent[1].task);
+  EXPECT_EQ(again[0].worker, 2u);
+  EXPECT_EQ(again[0].attempt, 1u);
+  EXPECT_EQ(again[0].after, 0u);
+  Run(again[0]);
+  EXPECT_EQ(store_.objects.at(second[0]).state, StoreAccess::State::kSealed);
+  EXPECT_EQ(scheduler_.counters().retried, 0u);
+}
+
+TEST_F(PipelineTest, ADrainingWorkerRunsWhatWasSentAheadThenLeaves) {
+  AddWorker(1, 1);
+  Submit(Task());
+  Submit(Task());
+  Submit(Task());
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 3u);
+  ASSERT_TRUE(scheduler_.DrainWorker(1).ok());
+  Run(sent[0]);
+  Run(sent[1]);
+  EXPECT_TRUE(link_.drained.empty());
+  Run(sent[2]);
+  EXPECT_EQ(link_.drained, std::vector<SessionId>{1});
 }
 
 }  // namespace

@@ -542,6 +542,34 @@ TEST_F(TaskTest, SmallOutputsTravelWithTheCompletionAndLargeOnesArePut) {
   runner.join();
 }
 
+// Tasks sent ahead (pipelined) run one after another on a slot: a worker of two slots never
+// runs more than two at once, whatever the daemon sent it ahead.
+TEST_F(TaskTest, TasksSentAheadNeverRunBesideWhatTheyFollow) {
+  ASSERT_OK_AND_ASSIGN(auto worker,
+                       Worker::Connect({.socket_path = daemon_.socket_path(), .cpus = 2}));
+  std::atomic<int> now{0};
+  std::atomic<int> most{0};
+  worker->Register("count", [&](TaskContext& task) -> Status {
+    const int running = ++now;
+    for (int seen = most.load(); running > seen && !most.compare_exchange_weak(seen, running);) {
+    }
+    std::this_thread::yield();
+    --now;
+    return task.Put(0, {});
+  });
+  std::thread runner([&] { EXPECT_OK(worker->Run()); });
+  ASSERT_TRUE(Eventually([&] { return WorkerCount() == 1; }));
+  std::vector<TaskRequest> batch(2000, TaskRequest{.function = "count"});
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit(batch));
+  std::vector<ObjectId> all;
+  for (const auto& out : outputs) all.push_back(out[0]);
+  ASSERT_OK(client_->Get(all, kPatience).status());
+  EXPECT_LE(most.load(), 2);
+  EXPECT_GE(most.load(), 1);
+  worker->Stop();
+  runner.join();
+}
+
 // Failure messages of any length reach the daemon cut, alone or many to a message, and
 // the worker goes on.
 TEST_F(TaskTest, LongFailureMessagesAreCutAndTheWorkerGoesOn) {

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "connection.h"
@@ -102,6 +104,7 @@ struct Worker::Pool {
     std::string args;
     std::vector<ObjectId> outputs;
     std::vector<uint32_t> sealed;
+    uint64_t after = 0;  // a task to run after (Assignment.after)
   };
   struct Done {
     uint64_t task = 0;
@@ -128,9 +131,34 @@ struct Worker::Pool {
     }
   }
 
+  // Takes jobs read from the daemon: each runs as soon as a thread takes it, or, sent to
+  // follow a task this worker has not finished (queued, running or itself following
+  // another), once that one's function has returned.
+  void Add(std::vector<Job>& incoming) {
+    for (Job& job : incoming) {
+      live.insert(job.task);
+      if (job.after != 0 && live.contains(job.after)) {
+        parked.emplace(job.after, std::move(job));
+      } else {
+        jobs.push_back(std::move(job));
+      }
+    }
+    incoming.clear();
+  }
+  // `task`'s function has returned: the job sent to follow it goes first.
+  void Finished(uint64_t task) {
+    live.erase(task);
+    auto it = parked.find(task);
+    if (it == parked.end()) return;
+    jobs.push_front(std::move(it->second));
+    parked.erase(it);
+  }
+
   std::mutex mu;
   std::condition_variable cv;  // work for a waiting thread: a job, the reader's turn, the end
   std::deque<Job> jobs;
+  std::unordered_set<uint64_t> live;         // tasks received and not finished
+  std::unordered_map<uint64_t, Job> parked;  // jobs sent to follow another, by that task
   std::vector<std::thread> threads;
   size_t idle = 0;           // threads waiting on cv
   bool waking = false;       // a thread was woken or started and has not looked for work yet
@@ -345,7 +373,8 @@ void Worker::Serve() {
              .inputs = ipc::FromWire(a.getInputs()),
              .args = std::string(reinterpret_cast<const char*>(args.begin()), args.size()),
              .outputs = ipc::FromWire(a.getOutputs()),
-             .sealed = std::move(sealed)});
+             .sealed = std::move(sealed),
+             .after = a.getAfter()});
       }
       return Status::OK();
     });
@@ -369,8 +398,10 @@ void Worker::Serve() {
       // A completion held back waits for no task that may be long.
       if (!held.empty() && !is_short(job.function)) report(held);
       if (held.empty()) held_since = Clock::now();
+      const uint64_t task = job.task;
       held.push_back(execute(job));
       lock.lock();
+      pool.Finished(task);
       if (pool.jobs.empty() || held.size() >= kMaxHeldCompletions ||
           Clock::now() - held_since > kMaxHoldTime) {
         lock.unlock();
@@ -392,8 +423,7 @@ void Worker::Serve() {
         pool.end = std::move(*end);
         pool.cv.notify_all();
       }
-      for (Pool::Job& job : incoming) pool.jobs.push_back(std::move(job));
-      incoming.clear();
+      pool.Add(incoming);
       continue;
     }
     ++pool.idle;

@@ -47,11 +47,31 @@ class Input:
 
 
 def _dumps(value: Any) -> bytes:
+    """``value`` pickled: by pickle when it can (fast, and what most arguments need), else by
+    cloudpickle (lambdas, closures, functions of __main__)."""
+    try:
+        data = pickle.dumps(value, protocol=5)
+        # What pickle names in __main__ a worker cannot import: that goes by value.
+        if b"__main__" not in data:
+            return data
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        try:
+            import cloudpickle  # noqa: F401
+        except ImportError:
+            raise error from None
+    import cloudpickle
+
+    return cloudpickle.dumps(value, protocol=5)
+
+
+def _dumps_function(fn: Callable) -> bytes:
+    """A function by value where it must be (cloudpickle pickles lambdas, closures and
+    functions of __main__ by value, module functions by name)."""
     try:
         import cloudpickle
     except ImportError:
-        return pickle.dumps(value, protocol=5)
-    return cloudpickle.dumps(value, protocol=5)
+        return pickle.dumps(fn, protocol=5)
+    return cloudpickle.dumps(fn, protocol=5)
 
 
 def function_name(fn: Any) -> Optional[str]:
@@ -67,7 +87,7 @@ def function_name(fn: Any) -> Optional[str]:
 
 def pickled_function(fn: Callable) -> Tuple[str, bytes]:
     """The name a callable is stored under (from its pickled bytes) and those bytes."""
-    data = _dumps(fn)
+    data = _dumps_function(fn)
     return "depot.function/" + hashlib.blake2b(data, digest_size=16).hexdigest(), data
 
 
