@@ -109,7 +109,8 @@ void AwaitWorkers(depot::Client& client, size_t count) {
 void NoopThroughput(benchmark::State& state) {
   const size_t batch = static_cast<size_t>(state.range(0));
   const double cpus = static_cast<double>(state.range(1));
-  depot::bench::Daemon daemon({"--memory", "1GiB"});
+  depot::bench::Daemon daemon(
+      {"--memory", "1GiB", "--pipeline", state.range(2) != 0 ? "on" : "off"});
   auto client = depot::Client::Connect(daemon.socket_path());
   Check(client.status(), "connect");
   Workers workers(daemon.socket_path(), 1, cpus);
@@ -364,11 +365,14 @@ void Locality(benchmark::State& state, const char* placement) {
 BENCHMARK(SocketRoundTrip)->Name(kBaseline)->UseRealTime();
 BENCHMARK(NoopThroughput)
     ->Name("noop_throughput")
-    ->ArgNames({"batch", "cpus"})
-    ->Args({1000, 1})
-    ->Args({1000, 4})
-    ->Args({1000, 16})
-    ->Args({10000, 4})
+    ->ArgNames({"batch", "cpus", "pipeline"})
+    ->Args({1000, 1, 1})
+    ->Args({1000, 1, 0})
+    ->Args({1000, 4, 1})
+    ->Args({1000, 4, 0})
+    ->Args({1000, 16, 1})
+    ->Args({1000, 16, 0})
+    ->Args({10000, 4, 1})
     ->UseRealTime()
     ->MinTime(2)
     ->Unit(benchmark::kMillisecond);

@@ -29,6 +29,13 @@ std::string Cut(std::string_view message) {
 
 std::string TaskName(size_t index) { return "task " + std::to_string(index) + ": "; }
 
+// Only tasks expected to run shorter than this are sent ahead (pipelined). Sending ahead
+// hides the round trip to the daemon between two tasks, which matters only when tasks are
+// about as short; and a task sent ahead starts making its outputs before the daemon has let
+// go of what the task before it read, which for large data raises the peak of memory in
+// use. Until a function has been measured it is not short (DurationModel::kUnmeasured).
+constexpr double kSendAheadBelowS = DurationModel::kUnmeasured;
+
 bool Finite(double x) { return std::isfinite(x); }
 
 // 0, or from kMinResourceAmount on.
@@ -724,19 +731,28 @@ void Scheduler::Pipeline(Worker& worker) {
   if (!options_.pipeline || worker.draining) return;
   for (auto it = worker.queue.begin(); it != worker.queue.end();) {
     if (worker.running.size() >= kMaxRunningPerWorker) return;
+    // In queue order: a task sent ahead never overtakes one queued before it here.
     Task& task = *tasks_.at(*it);
+    if (task.duration_s >= kSendAheadBelowS) return;
+    // The end of the shortest line of tasks of its shape: a running task with nothing sent
+    // to follow it, started (line of 1) rather than itself sent ahead, so that what is sent
+    // ahead spreads over the worker's slots instead of lining up on one.
     Task* before = nullptr;
+    size_t shortest = SIZE_MAX;
     for (TaskId id : worker.running) {
       Task& r = *tasks_.at(id);
-      if (r.follower == 0 && r.device == task.device && r.spec.resources == task.spec.resources) {
+      if (r.follower != 0 || r.device != task.device || r.spec.resources != task.spec.resources) {
+        continue;
+      }
+      size_t line = 1;
+      for (const Task* t = &r; t->after != 0; t = &*tasks_.at(t->after)) ++line;
+      if (line < shortest) {
         before = &r;
-        break;
+        shortest = line;
+        if (line == 1) break;
       }
     }
-    if (before == nullptr) {
-      ++it;
-      continue;
-    }
+    if (before == nullptr) return;
     it = worker.queue.erase(it);
     before->follower = task.id;
     task.after = before->id;

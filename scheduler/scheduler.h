@@ -154,7 +154,8 @@ struct SchedulerOptions {
   uint32_t window = 2;
   // Whether tasks placed on a busy worker are sent to it ahead, each to start when a task
   // of the same shape (resources and device) running there ends, on its resources: a worker
-  // then goes from task to task with no round trip to the daemon between.
+  // then goes from task to task with no round trip to the daemon between. Only short tasks
+  // (functions measured at under a millisecond) are.
   bool pipeline = true;
   // Finished tasks kept for `depotctl tasks` after they are done (the oldest go first).
   size_t finished_kept = 1024;

@@ -182,11 +182,17 @@ int main(int argc, char** argv) {
   app.add_flag("--no-gpus", gpu_options.disabled, "serve no GPUs (do not load the CUDA driver)");
   depot::scheduler::SchedulerOptions scheduler_options;
   std::string placement = "cost";
+  std::string pipeline = "on";
   app.add_option("--placement", placement,
                  "how tasks are placed: cost (least estimated completion, inputs' locality "
                  "included) or random (a baseline to compare with)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cost", "random"}));
+  app.add_option("--pipeline", pipeline,
+                 "send tasks to busy workers ahead, each to start when a task of the same shape "
+                 "running there ends (on), or only when they start (off)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   auto* host_gpu_bandwidth =
       app.add_option("--host-gpu-bandwidth", scheduler_options.bandwidths.host_to_gpu,
                      "bytes/s placement assumes for copies between host memory and a GPU (default: "
@@ -210,6 +216,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   scheduler_options.bandwidths.gpu_to_host = scheduler_options.bandwidths.host_to_gpu;
   scheduler_options.random_placement = placement == "random";
+  scheduler_options.pipeline = pipeline == "on";
   // Bandwidths given are kept; otherwise placement goes by those the store measures.
   scheduler_options.measure_bandwidths =
       host_gpu_bandwidth->count() == 0 && gpu_gpu_bandwidth->count() == 0;

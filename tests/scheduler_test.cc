@@ -975,6 +975,17 @@ class PipelineTest : public SchedulerTest {
  protected:
   PipelineTest() : SchedulerTest(/*pipeline=*/true) {}
 
+  // Adds a worker and runs one task of "f" on it, so that "f" is measured, and short: only
+  // short tasks are sent ahead.
+  void AddMeasuredWorker(SessionId id, double cpu, std::vector<int32_t> gpus = {}) {
+    const bool on_gpu = !gpus.empty();
+    AddWorker(id, cpu, std::move(gpus));
+    Submit(Task({}, on_gpu ? kGpuOnly : ResourceRequest{}));
+    auto sent = link_.Take();
+    ASSERT_EQ(sent.size(), 1u);
+    Run(sent[0]);
+  }
+
   std::map<TaskId, TaskInfo> TasksById() {
     std::map<TaskId, TaskInfo> out;
     for (TaskInfo& t : scheduler_.Tasks()) out[t.id] = std::move(t);
@@ -985,7 +996,7 @@ class PipelineTest : public SchedulerTest {
 TEST_F(PipelineTest, ResourcesAreNeverOversubscribedUnderARandomLoad) { RandomLoad(); }
 
 TEST_F(PipelineTest, TasksQueuedOnABusyWorkerAreSentAheadToFollowWhatRunsThere) {
-  AddWorker(1, 1);
+  AddMeasuredWorker(1, 1);
   for (int i = 0; i < 4; ++i) Submit(Task());
   auto sent = link_.Take();
   // One runs; two more (the window) are sent to follow it, one after the other; one waits.
@@ -1012,13 +1023,13 @@ TEST_F(PipelineTest, TasksQueuedOnABusyWorkerAreSentAheadToFollowWhatRunsThere) 
   Run(sent[1]);
   Run(sent[2]);
   Run(next[0]);
-  EXPECT_EQ(scheduler_.counters().completed, 4u);
+  EXPECT_EQ(scheduler_.counters().completed, 5u);
   EXPECT_EQ(scheduler_.Workers()[0].free_cpu, 1);
   EXPECT_TRUE(link_.Take().empty());
 }
 
 TEST_F(PipelineTest, ATaskSentAheadMayEndBeforeTheOneItFollowed) {
-  AddWorker(1, 1);
+  AddMeasuredWorker(1, 1);
   Submit(Task());
   Submit(Task());
   Submit(Task());
@@ -1030,23 +1041,29 @@ TEST_F(PipelineTest, ATaskSentAheadMayEndBeforeTheOneItFollowed) {
   EXPECT_EQ(scheduler_.Workers()[0].free_cpu, 0);
   Run(sent[2]);
   EXPECT_EQ(scheduler_.Workers()[0].free_cpu, 1);
-  EXPECT_EQ(scheduler_.counters().completed, 3u);
+  EXPECT_EQ(scheduler_.counters().completed, 4u);
 }
 
 TEST_F(PipelineTest, OnlyATaskOfTheSameResourcesAndDeviceIsSentAhead) {
-  AddWorker(1, 2, {0});
-  Submit(Task({}, kGpuOnly));              // runs, holding GPU 0
-  Submit(Task({}, {.cpu = 1, .gpu = 1}));  // another shape: waits in the daemon
+  AddMeasuredWorker(1, 2, {0});
+  Submit(Task({}, kGpuOnly));  // runs, holding GPU 0
+  Submit(Task({}, kGpuOnly));  // the same shape: sent ahead to follow it
   auto sent = link_.Take();
-  ASSERT_EQ(sent.size(), 1u);
-  Submit(Task({}, kGpuOnly));  // the same shape: sent ahead
-  sent = link_.Take();
-  ASSERT_EQ(sent.size(), 1u);
-  EXPECT_NE(sent[0].after, 0u);
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[1].after, sent[0].task);
+  Submit(Task({}, {.cpu = 1, .gpu = 1}));  // another shape: waits in the daemon for GPU 0
+  EXPECT_TRUE(link_.Take().empty());
+  EXPECT_EQ(TasksById().rbegin()->second.state, TaskState::kQueued);
+  Run(sent[0]);
+  EXPECT_TRUE(link_.Take().empty()) << "GPU 0 went to the task sent ahead";
+  Run(sent[1]);
+  auto last = link_.Take();
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0].after, 0u);
 }
 
 TEST_F(PipelineTest, AWorkerThatDiesGivesBackWhatWasSentAheadWithoutUsingARetry) {
-  AddWorker(1, 1);
+  AddMeasuredWorker(1, 1);
   TaskSpec once = Task();
   once.retries = 0;
   auto first = Submit(once);
@@ -1071,8 +1088,23 @@ TEST_F(PipelineTest, AWorkerThatDiesGivesBackWhatWasSentAheadWithoutUsingARetry)
   EXPECT_EQ(scheduler_.counters().retried, 0u);
 }
 
-TEST_F(PipelineTest, ADrainingWorkerRunsWhatWasSentAheadThenLeaves) {
+TEST_F(PipelineTest, TasksOfFunctionsNotKnownToBeShortAreNotSentAhead) {
   AddWorker(1, 1);
+  Submit(Task());
+  Submit(Task());
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u) << "\"f\" has not run yet: not known to be short";
+  Run(sent[0]);  // now it is (it took microseconds)
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  Submit(Task());
+  auto ahead = link_.Take();
+  ASSERT_EQ(ahead.size(), 1u);
+  EXPECT_EQ(ahead[0].after, sent[0].task);
+}
+
+TEST_F(PipelineTest, ADrainingWorkerRunsWhatWasSentAheadThenLeaves) {
+  AddMeasuredWorker(1, 1);
   Submit(Task());
   Submit(Task());
   Submit(Task());

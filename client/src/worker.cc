@@ -145,13 +145,15 @@ struct Worker::Pool {
     }
     incoming.clear();
   }
-  // `task`'s function has returned: the job sent to follow it goes first.
-  void Finished(uint64_t task) {
+  // `task`'s function has returned: the job sent to follow it goes first. Returns whether
+  // there was one: then the daemon hears of `task` at once, to send the next in good time.
+  bool Finished(uint64_t task) {
     live.erase(task);
     auto it = parked.find(task);
-    if (it == parked.end()) return;
+    if (it == parked.end()) return false;
     jobs.push_front(std::move(it->second));
     parked.erase(it);
+    return true;
   }
 
   std::mutex mu;
@@ -401,8 +403,8 @@ void Worker::Serve() {
       const uint64_t task = job.task;
       held.push_back(execute(job));
       lock.lock();
-      pool.Finished(task);
-      if (pool.jobs.empty() || held.size() >= kMaxHeldCompletions ||
+      const bool followed = pool.Finished(task);
+      if (followed || pool.jobs.empty() || held.size() >= kMaxHeldCompletions ||
           Clock::now() - held_since > kMaxHoldTime) {
         lock.unlock();
         report(held);
