@@ -1,0 +1,25 @@
+"""The examples in examples/ run from a fresh interpreter and check their own results."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+
+
+@pytest.mark.parametrize(
+    "script, args, expect",
+    [
+        ("map_chunks.py", ["--chunks", "8", "--chunk-mib", "2"], "0 bytes moved"),
+        ("tree_reduction.py", ["--leaves", "32", "--leaf-mib", "2"], "every element is 496"),
+    ],
+)
+def test_example_runs(script, args, expect):
+    run = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, script), *args],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert expect in run.stdout
