@@ -110,6 +110,10 @@ struct Scheduler::Task {
   // (`after`: the one before, until then); a task has at most one such `follower`.
   TaskId after = 0;
   TaskId follower = 0;
+  // Times a worker ended while this task was sent ahead there: it may have started (its
+  // worker starts it when the task before it returns, before the daemon hears of that),
+  // so a retry is told what it sealed, and these count against its retries but one.
+  uint32_t unconfirmed = 0;
 
   ReadyKey key() const { return {spec.priority, depth, id}; }
   bool on_gpu() const { return spec.resources.gpu > 0; }
@@ -230,12 +234,22 @@ void Scheduler::RemoveSession(SessionId session) {
     std::sort(running.begin(), running.end());
     // Tasks sent ahead that had not started go back as they were, before the others hand
     // their resources over to them.
+    std::vector<Task*> unstarted;
     std::erase_if(running, [&](TaskId id) {
       Task& t = *tasks_.at(id);
       if (t.after == 0) return false;
+      ++t.unconfirmed;
       Requeue(t);
+      unstarted.push_back(&t);
       return true;
     });
+    for (Task* t : unstarted) {
+      if (t->attempts + t->unconfirmed > t->spec.retries + 1) {
+        Finish(*t, TaskState::kFailed,
+               "its workers ended " + std::to_string(t->attempts + t->unconfirmed) +
+                   " times while it ran or was about to; no retries left");
+      }
+    }
     for (TaskId id : running) {
       Task& t = *tasks_.at(id);
       if (t.attempts > t.spec.retries) {
@@ -734,22 +748,25 @@ void Scheduler::Pipeline(Worker& worker) {
     // In queue order: a task sent ahead never overtakes one queued before it here.
     Task& task = *tasks_.at(*it);
     if (task.duration_s >= kSendAheadBelowS) return;
-    // The end of the shortest line of tasks of its shape: a running task with nothing sent
-    // to follow it, started (line of 1) rather than itself sent ahead, so that what is sent
-    // ahead spreads over the worker's slots instead of lining up on one.
+    // The end of the line of short tasks of its shape expected to end first: a running task
+    // with nothing sent to follow it, itself short (a task sent behind a long one would wait
+    // for it while other slots free up), so that what is sent ahead spreads over the
+    // worker's slots instead of lining up on one.
     Task* before = nullptr;
-    size_t shortest = SIZE_MAX;
+    double soonest = std::numeric_limits<double>::infinity();
     for (TaskId id : worker.running) {
       Task& r = *tasks_.at(id);
-      if (r.follower != 0 || r.device != task.device || r.spec.resources != task.spec.resources) {
+      if (r.follower != 0 || r.duration_s >= kSendAheadBelowS || r.device != task.device ||
+          r.spec.resources != task.spec.resources) {
         continue;
       }
-      size_t line = 1;
-      for (const Task* t = &r; t->after != 0; t = &*tasks_.at(t->after)) ++line;
-      if (line < shortest) {
+      double end = r.duration_s;
+      const Task* head = &r;
+      for (; head->after != 0; head = &*tasks_.at(head->after)) end += head->duration_s;
+      end += head->started_at;
+      if (end < soonest) {
         before = &r;
-        shortest = line;
-        if (line == 1) break;
+        soonest = end;
       }
     }
     if (before == nullptr) return;
@@ -767,8 +784,9 @@ size_t Scheduler::Waiting(const Worker& worker) const {
 
 void Scheduler::Start(Worker& worker, Task& task) {
   task.state = TaskState::kRunning;
-  // A task sent ahead starts, and counts the attempt, when it takes over (Unplace).
-  const uint32_t attempt = task.attempts + 1;
+  // A task sent ahead starts, and counts the attempt, when it takes over (Unplace). Runs
+  // that may have started on workers that ended count for the worker's view.
+  const uint32_t attempt = task.attempts + task.unconfirmed + 1;
   if (task.after == 0) task.attempts = attempt;
   task.started_at = Now();
   worker.running.insert(task.id);
@@ -861,7 +879,9 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
       continue;
     }
     Task& task = *it->second;
-    durations_.Record(task.spec.function, task.on_gpu(), now - task.started_at);
+    // One sent ahead and reported before the task it followed: its start is not known.
+    if (task.after == 0)
+      durations_.Record(task.spec.function, task.on_gpu(), now - task.started_at);
     if (!c.ok) {
       ++w.failed;
       store_.AbortCreating(worker, task.outputs);

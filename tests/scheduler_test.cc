@@ -1073,34 +1073,69 @@ TEST_F(PipelineTest, AWorkerThatDiesGivesBackWhatWasSentAheadWithoutUsingARetry)
   ASSERT_EQ(sent[1].after, sent[0].task);
   EXPECT_EQ(scheduler_.Cancel(std::span(second)), std::vector{Scheduler::CancelOutcome::kRunning})
       << "sent: it will run";
+  // The worker may have run it (it starts as soon as the first returns) and sealed its
+  // output before it died.
+  store_.Seal(second[0], kMiB);
   AddWorker(2, 1);
   scheduler_.RemoveSession(1);
-  // The first was running: no retries left, it fails. The second never started.
+  // The first was running: no retries left, it fails. The second goes back without using
+  // its retry, and is told what it sealed.
   EXPECT_EQ(store_.objects.at(first[0]).state, StoreAccess::State::kFailed);
   auto again = link_.Take();
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0].task, sent[1].task);
   EXPECT_EQ(again[0].worker, 2u);
-  EXPECT_EQ(again[0].attempt, 1u);
+  EXPECT_EQ(again[0].attempt, 2u) << "it may have run once";
   EXPECT_EQ(again[0].after, 0u);
+  EXPECT_EQ(again[0].sealed, std::vector<uint32_t>{0});
   Run(again[0]);
   EXPECT_EQ(store_.objects.at(second[0]).state, StoreAccess::State::kSealed);
   EXPECT_EQ(scheduler_.counters().retried, 0u);
 }
 
-TEST_F(PipelineTest, TasksOfFunctionsNotKnownToBeShortAreNotSentAhead) {
+TEST_F(PipelineTest, WorkersEndingWhileATaskWasSentAheadCountAgainstItsRetriesButOne) {
+  AddMeasuredWorker(1, 1);
+  AddMeasuredWorker(2, 1);
+  TaskSpec once = Task();
+  once.retries = 0;
+  Submit(Task());
+  Submit(Task());
+  auto victim = Submit(once);  // sent ahead on one of them
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 3u);
+  ASSERT_NE(sent[2].after, 0u);
+  const SessionId first = sent[2].worker;
+  scheduler_.RemoveSession(first);  // once: back to the queue, on the other worker
+  auto again = link_.Take();
+  const auto resent = std::find_if(again.begin(), again.end(),
+                                   [&](const Sent& s) { return s.task == sent[2].task; });
+  ASSERT_NE(resent, again.end());
+  ASSERT_NE(resent->after, 0u) << "sent ahead there too";
+  scheduler_.RemoveSession(resent->worker);  // twice: no retries left
+  const auto& failed = store_.objects.at(victim[0]);
+  EXPECT_EQ(failed.state, StoreAccess::State::kFailed);
+  EXPECT_NE(failed.message.find("no retries left"), std::string::npos) << failed.message;
+}
+
+TEST_F(PipelineTest, TasksOfFunctionsNotKnownToBeShortAreNotSentAheadNorFollowed) {
   AddWorker(1, 1);
   Submit(Task());
   Submit(Task());
   auto sent = link_.Take();
   ASSERT_EQ(sent.size(), 1u) << "\"f\" has not run yet: not known to be short";
   Run(sent[0]);  // now it is (it took microseconds)
-  sent = link_.Take();
-  ASSERT_EQ(sent.size(), 1u);
+  auto second = link_.Take();
+  ASSERT_EQ(second.size(), 1u);
+  Submit(Task());
+  EXPECT_TRUE(link_.Take().empty()) << "the running task was placed as not short: not followed";
+  Run(second[0]);
+  auto third = link_.Take();
+  ASSERT_EQ(third.size(), 1u);
+  EXPECT_EQ(third[0].after, 0u);
   Submit(Task());
   auto ahead = link_.Take();
   ASSERT_EQ(ahead.size(), 1u);
-  EXPECT_EQ(ahead[0].after, sent[0].task);
+  EXPECT_EQ(ahead[0].after, third[0].task);
 }
 
 TEST_F(PipelineTest, ADrainingWorkerRunsWhatWasSentAheadThenLeaves) {

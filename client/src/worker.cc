@@ -138,7 +138,13 @@ struct Worker::Pool {
     for (Job& job : incoming) {
       live.insert(job.task);
       if (job.after != 0 && live.contains(job.after)) {
-        parked.emplace(job.after, std::move(job));
+        // One job follows a task; should another come (the daemon sends no such thing), it
+        // goes after the first rather than being lost.
+        uint64_t before = job.after;
+        for (auto p = parked.find(before); p != parked.end(); p = parked.find(before)) {
+          before = p->second.task;
+        }
+        parked.emplace(before, std::move(job));
       } else {
         jobs.push_back(std::move(job));
       }
