@@ -17,14 +17,6 @@ namespace {
 constexpr uint64_t kInlineChecksumBytes = 1u << 20;
 
 std::string Mention(const ObjectId& id) { return "object " + id.Hex(); }
-
-// `message` cut to at most `limit` bytes, at a UTF-8 character boundary.
-std::string_view CutMessage(std::string_view message, size_t limit) {
-  if (message.size() <= limit) return message;
-  size_t end = limit;
-  while (end > 0 && (static_cast<uint8_t>(message[end]) & 0xC0) == 0x80) --end;
-  return message.substr(0, end);
-}
 }  // namespace
 
 ObjectStore::ObjectStore(boost::asio::io_context& loop, Executor& executor, Arena& arena,
@@ -667,7 +659,7 @@ size_t ObjectStore::SealFailed(ClientId client, std::span<const ObjectId> ids,
                                std::string_view message) {
   // One copy of the message, shared by the outputs of the task and the gets answered.
   const auto kept =
-      std::make_shared<const std::string>(CutMessage(message, scheduler::kMaxFailureMessage));
+      std::make_shared<const std::string>(ipc::CutUtf8(message, scheduler::kMaxFailureMessage));
   const uint32_t owner = accounts_.at(client).uid;
   size_t made = 0;
   for (const ObjectId& id : ids) {

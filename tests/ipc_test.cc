@@ -39,6 +39,15 @@ TEST(ParseSize, RejectsWhatIsNotASizeWithAClearMessage) {
   }
 }
 
+TEST(CutUtf8, CutsAtACharacterBoundaryAtMostThatLong) {
+  EXPECT_EQ(ipc::CutUtf8("short", 10), "short");
+  EXPECT_EQ(ipc::CutUtf8("abcdef", 3), "abc");
+  // "é" is two bytes: a cut in its middle leaves it out whole.
+  EXPECT_EQ(ipc::CutUtf8("ab\xc3\xa9", 3), "ab");
+  EXPECT_EQ(ipc::CutUtf8("ab\xc3\xa9", 4), "ab\xc3\xa9");
+  EXPECT_EQ(ipc::CutUtf8("\xe2\x82\xac", 2), "");
+}
+
 TEST(FormatSize, WritesHumanSizes) {
   EXPECT_EQ(FormatSize(0), "0 B");
   EXPECT_EQ(FormatSize(1023), "1023 B");

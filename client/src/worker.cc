@@ -14,6 +14,7 @@
 
 #include "connection.h"
 #include "depot/ipc/protocol.h"
+#include "depot/ipc/units.h"
 
 namespace depot {
 
@@ -35,15 +36,6 @@ constexpr size_t kCompletionBytes = 64;
 // The most of a failure message a completion carries: what the daemon keeps of it, and at
 // most half of what a message may carry, so that one completion always fits in one frame.
 constexpr size_t kMaxMessageBytes = 4096;
-
-// `text` cut to at most `bytes` bytes, at a UTF-8 character boundary.
-std::string Cut(std::string text, size_t bytes) {
-  if (text.size() <= bytes) return text;
-  size_t end = bytes;
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  text.resize(end);
-  return text;
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -344,7 +336,8 @@ void Worker::Serve() {
     } else {
       done.status =
           Status(done.status.code(),
-                 Cut(done.status.message(), std::min(kMaxMessageBytes, pool.inline_budget / 2)));
+                 std::string(ipc::CutUtf8(done.status.message(),
+                                          std::min(kMaxMessageBytes, pool.inline_budget / 2))));
       done.bytes = done.status.message().size();
     }
     return done;

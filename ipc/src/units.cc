@@ -73,4 +73,11 @@ static uint64_t ClockNanos(clockid_t clock) {
 uint64_t WallNanos() { return ClockNanos(CLOCK_REALTIME); }
 uint64_t MonotonicNanos() { return ClockNanos(CLOCK_MONOTONIC); }
 
+std::string_view CutUtf8(std::string_view text, size_t bytes) {
+  if (text.size() <= bytes) return text;
+  size_t end = bytes;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end);
+}
+
 }  // namespace depot::ipc
