@@ -232,24 +232,21 @@ void Scheduler::RemoveSession(SessionId session) {
     while (!w.queue.empty()) Requeue(*tasks_.at(w.queue.front()));
     std::vector<TaskId> running(w.running.begin(), w.running.end());
     std::sort(running.begin(), running.end());
-    // Tasks sent ahead that had not started go back as they were, before the others hand
-    // their resources over to them.
-    std::vector<Task*> unstarted;
+    // Tasks sent ahead that the daemon has not seen start go first, before the others
+    // hand their resources over to them: back to the queue, or failed when such ends have
+    // used up their retries.
     std::erase_if(running, [&](TaskId id) {
       Task& t = *tasks_.at(id);
       if (t.after == 0) return false;
-      ++t.unconfirmed;
-      Requeue(t);
-      unstarted.push_back(&t);
+      if (t.attempts + ++t.unconfirmed > t.spec.retries + 1) {
+        Finish(t, TaskState::kFailed,
+               "its workers ended " + std::to_string(t.attempts + t.unconfirmed) +
+                   " times while it ran or was about to; no retries left");
+      } else {
+        Requeue(t);
+      }
       return true;
     });
-    for (Task* t : unstarted) {
-      if (t->attempts + t->unconfirmed > t->spec.retries + 1) {
-        Finish(*t, TaskState::kFailed,
-               "its workers ended " + std::to_string(t->attempts + t->unconfirmed) +
-                   " times while it ran or was about to; no retries left");
-      }
-    }
     for (TaskId id : running) {
       Task& t = *tasks_.at(id);
       if (t.attempts > t.spec.retries) {
@@ -760,10 +757,14 @@ void Scheduler::Pipeline(Worker& worker) {
           r.spec.resources != task.spec.resources) {
         continue;
       }
-      double end = r.duration_s;
-      const Task* head = &r;
-      for (; head->after != 0; head = &*tasks_.at(head->after)) end += head->duration_s;
-      end += head->started_at;
+      // Its line's head started at started_at; each task of the line runs after the last.
+      double end = 0;
+      const Task* t = &r;
+      for (;; t = &*tasks_.at(t->after)) {
+        end += t->duration_s;
+        if (t->after == 0) break;
+      }
+      end += t->started_at;
       if (end < soonest) {
         before = &r;
         soonest = end;
