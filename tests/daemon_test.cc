@@ -112,6 +112,20 @@ TEST(DaemonTest, BadFlagIsAClearErrorAtStartup) {
   EXPECT_NE(run.err.find("lots"), std::string::npos) << run.err;
 }
 
+TEST(DaemonTest, BadSchedulerFlagsAreClearErrorsAtStartup) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << dir.error();
+  for (const auto& [flag, value] :
+       {std::pair{"--pipeline", "sometimes"}, std::pair{"--placement", "anywhere"}}) {
+    ProgramRun run =
+        RunProgram({DEPOT_DAEMON_PATH, "--socket", dir.path() + "/depot.sock", flag, value}, {},
+                   milliseconds(10'000));
+    EXPECT_NE(run.exit_code, 0) << run.Explain();
+    EXPECT_NE(run.err.find(flag), std::string::npos) << run.Explain();
+    EXPECT_NE(run.err.find(value), std::string::npos) << run.Explain();
+  }
+}
+
 TEST(DaemonTest, BadSharingSizeAndProbeFlagsAreClearErrorsAtStartup) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty()) << dir.error();
