@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import socket
 import statistics
 import threading
 import time
@@ -43,6 +42,7 @@ from multiprocessing import Pipe, shared_memory
 import numpy as np
 
 import depot
+from echo import EchoSocket
 
 
 def median_time(fn, repeat, before=None):
@@ -94,27 +94,14 @@ def bench_small_get(client, n):
     t_warm = min(per_op(warm, n) for _ in range(3))
     del held
 
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with EchoSocket() as echo:
 
-    def echo():
-        while True:
-            data = b.recv(64)
-            if not data:
-                return
-            b.sendall(data)
+        def round_trip(k):
+            for _ in range(k):
+                echo.round_trip()
 
-    thread = threading.Thread(target=echo, daemon=True)
-    thread.start()
-
-    def round_trip(k):
-        for _ in range(k):
-            a.sendall(b"p" * 32)
-            a.recv(64)
-
-    round_trip(1000)
-    t_socket = min(per_op(round_trip, n) for _ in range(3))
-    a.close()
-    thread.join()
+        round_trip(1000)
+        t_socket = min(per_op(round_trip, n) for _ in range(3))
 
     print("get of a 100-byte object (µs per get; ratio to the baseline)")
     print(f"  depot get, cold (round trip)    {t_cold * 1e6:8.2f} µs")

@@ -23,12 +23,11 @@ dask distributed`, `client.gather(client.map(...))` and `client.submit(...).resu
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
-import threading
 import time
 
 import depot
+from echo import EchoSocket
 
 
 def noop(*args):
@@ -36,25 +35,12 @@ def noop(*args):
 
 
 def socket_rtt(n: int = 20000) -> float:
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-
-    def echo():
-        while True:
-            data = b.recv(64)
-            if not data:
-                return
-            b.sendall(data)
-
-    thread = threading.Thread(target=echo, daemon=True)
-    thread.start()
     times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        a.sendall(b"p" * 32)
-        a.recv(64)
-        times.append(time.perf_counter() - start)
-    a.close()
-    thread.join()
+    with EchoSocket() as echo:
+        for _ in range(n):
+            start = time.perf_counter()
+            echo.round_trip()
+            times.append(time.perf_counter() - start)
     return statistics.median(times[n // 10 :])
 
 

@@ -390,25 +390,24 @@ class Client:
             raise InvalidArgument("return_when is ALL_COMPLETED or FIRST_COMPLETED")
         refs = [_ref(r) for r in refs]
         deadline = None if timeout is None else time.monotonic() + timeout
-        # Wait on one pending ref at a time; with FIRST_COMPLETED in short turns, so that
-        # any of them ends the wait soon after it is ready.
-        turn = 0.005 if return_when == "FIRST_COMPLETED" else 0.2
+        # Waits on the first pending ref (ALL_COMPLETED), or on each in turn, briefly, so
+        # that any of them ends the wait soon after it is ready (FIRST_COMPLETED); then
+        # looks at all of them again.
+        first = return_when == "FIRST_COMPLETED"
+        turn = 0.005 if first else 0.2
         while True:
             placements = self.locate(refs)
             done = [r for r, p in zip(refs, placements) if p.found]
             pending = [r for r, p in zip(refs, placements) if not p.found]
-            if not pending or (done and return_when == "FIRST_COMPLETED"):
+            if not pending or (done and first):
                 return done, pending
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return done, pending
-            for ref in pending:
-                slice_s = turn if left is None else max(0.0, min(turn, left))
+            for ref in pending if first else pending[:1]:
+                left = turn if deadline is None else min(turn, deadline - time.monotonic())
+                if left <= 0:
+                    return done, pending
                 try:
-                    self._conn.get(ref.id, _codec.parse_timeout(slice_s))
+                    self._conn.get(ref.id, _codec.parse_timeout(left))
                 except (Timeout, ObjectNotFound):
-                    if return_when == "ALL_COMPLETED":
-                        break
                     continue
                 except TaskFailed:
                     pass

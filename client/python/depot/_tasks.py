@@ -54,14 +54,9 @@ def _dumps(value: Any) -> bytes:
         # What pickle names in __main__ a worker cannot import: that goes by value.
         if b"__main__" not in data:
             return data
-    except (pickle.PicklingError, AttributeError, TypeError) as error:
-        try:
-            import cloudpickle  # noqa: F401
-        except ImportError:
-            raise error from None
-    import cloudpickle
-
-    return cloudpickle.dumps(value, protocol=5)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass  # a lambda, a closure, a local class...
+    return _dumps_function(value)
 
 
 def _dumps_function(fn: Callable) -> bytes:
