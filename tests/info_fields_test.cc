@@ -97,9 +97,9 @@ void SetNotDefault(capnp::DynamicStruct::Builder out, capnp::StructSchema::Field
 }
 
 // The wire's name of a table's field: lowerCamelCase of its name, except where the client
-// says GPU and the wire device.
-std::string WireName(const std::string& name) {
-  if (name == "gpus") return "devices";
+// says GPU and the wire device (a worker's gpus are gpus on both).
+std::string WireName(const std::string& record, const std::string& name) {
+  if (record != "WorkerInfo" && name == "gpus") return "devices";
   if (name == "gpu_backend") return "deviceBackend";
   std::string out;
   for (size_t i = 0; i < name.size(); ++i) {
@@ -134,7 +134,7 @@ void ExpectEachWireFieldReachesItsMember() {
     });
     ASSERT_EQ(changed.size(), 1u) << InfoFields<T>::kName << "." << wire_name
                                   << " changes no member, or more than one";
-    EXPECT_EQ(WireName(changed[0]), wire_name)
+    EXPECT_EQ(WireName(InfoFields<T>::kName, changed[0]), wire_name)
         << InfoFields<T>::kName << "." << wire_name << " reaches " << changed[0];
     reached.insert(changed[0]);
   }
@@ -158,6 +158,8 @@ TEST(InfoFieldsTest, EveryWireFieldReachesTheMemberOfItsName) {
   ExpectEachWireFieldReachesItsMember<ObjectDetails>();
   ExpectEachWireFieldReachesItsMember<VerifyResult>();
   ExpectEachWireFieldReachesItsMember<EvictResult>();
+  ExpectEachWireFieldReachesItsMember<WorkerInfo>();
+  ExpectEachWireFieldReachesItsMember<TaskInfo>();
 }
 
 TEST(InfoFieldsTest, OnlyTheOrdinalIsNotOnTheWire) {

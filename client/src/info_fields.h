@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -257,6 +258,54 @@ struct InfoFields<EvictResult> {
   };
 };
 
+template <>
+struct InfoFields<WorkerInfo> {
+  static constexpr const char* kName = "WorkerInfo";
+  using Wire = wire::WorkerInfo;
+  using R = Wire::Reader;
+  static constexpr std::tuple kFields{
+      Field{"session_id", &WorkerInfo::session_id, &R::getSessionId},
+      Field{"name", &WorkerInfo::name, &R::getName},
+      Field{"cpus", &WorkerInfo::cpus, &R::getCpus},
+      Field{"free_cpus", &WorkerInfo::free_cpus, &R::getFreeCpus},
+      Field{"gpus", &WorkerInfo::gpus, &R::getGpus},
+      Field{"free_gpu_shares", &WorkerInfo::free_gpu_shares, &R::getFreeGpuShares},
+      Field{"resources", &WorkerInfo::resources, &R::getResources},
+      Field{"functions", &WorkerInfo::functions, &R::getFunctions},
+      Field{"running", &WorkerInfo::running, &R::getRunning},
+      Field{"queued", &WorkerInfo::queued, &R::getQueued},
+      Field{"done", &WorkerInfo::done, &R::getDone},
+      Field{"failed", &WorkerInfo::failed, &R::getFailed},
+      Field{"draining", &WorkerInfo::draining, &R::getDraining},
+      Field{"attached_s", &WorkerInfo::attached_s, &R::getAttachedS},
+  };
+};
+
+template <>
+struct InfoFields<TaskInfo> {
+  static constexpr const char* kName = "TaskInfo";
+  using Wire = wire::TaskInfo;
+  using R = Wire::Reader;
+  static constexpr std::tuple kFields{
+      Field{"task", &TaskInfo::task, &R::getTask},
+      Field{"function", &TaskInfo::function, &R::getFunction},
+      Field{"state", &TaskInfo::state, &R::getState},
+      Field{"submitter", &TaskInfo::submitter, &R::getSubmitter},
+      Field{"worker", &TaskInfo::worker, &R::getWorker},
+      Field{"device", &TaskInfo::device, &R::getDevice},
+      Field{"outputs", &TaskInfo::outputs, &R::getOutputs},
+      Field{"priority", &TaskInfo::priority, &R::getPriority},
+      Field{"attempts", &TaskInfo::attempts, &R::getAttempts},
+      Field{"inputs_missing", &TaskInfo::inputs_missing, &R::getInputsMissing},
+      Field{"local_bytes", &TaskInfo::local_bytes, &R::getLocalBytes},
+      Field{"moved_bytes", &TaskInfo::moved_bytes, &R::getMovedBytes},
+      Field{"wait_s", &TaskInfo::wait_s, &R::getWaitS},
+      Field{"transfer_s", &TaskInfo::transfer_s, &R::getTransferS},
+      Field{"duration_s", &TaskInfo::duration_s, &R::getDurationS},
+      Field{"reason", &TaskInfo::reason, &R::getReason},
+  };
+};
+
 // Not read from the wire as such: Client::Locate makes it from the tiers bits of a header or
 // a Placement, in this process's GPU ordinals.
 template <>
@@ -319,6 +368,8 @@ DEPOT_CHECK_INFO_FIELDS(ObjectDetails);
 DEPOT_CHECK_INFO_FIELDS(VerifyResult);
 DEPOT_CHECK_INFO_FIELDS(EvictResult);
 DEPOT_CHECK_INFO_FIELDS(ObjectPlacement);
+DEPOT_CHECK_INFO_FIELDS(WorkerInfo);
+DEPOT_CHECK_INFO_FIELDS(TaskInfo);
 #undef DEPOT_CHECK_INFO_FIELDS
 
 // Conversions from the wire's values to the structs' members, one per kind of value.
@@ -364,6 +415,22 @@ inline void ReadWire(wire::VerifyState in, VerifyState& out) {
       break;
   }
   out = VerifyState::kNotFound;
+}
+
+// The same states in the same order; unknown wire values (a newer daemon's) read as failed,
+// a state this client cannot act on.
+static_assert(static_cast<uint16_t>(wire::TaskState::CANCELLED) ==
+              static_cast<uint16_t>(TaskState::kCancelled));
+inline void ReadWire(wire::TaskState in, TaskState& out) {
+  const auto value = static_cast<uint16_t>(in);
+  out = value <= static_cast<uint16_t>(TaskState::kCancelled) ? static_cast<TaskState>(value)
+                                                              : TaskState::kFailed;
+}
+
+// Custom resources: a list of (name, amount) on the wire, a map here.
+inline void ReadWire(capnp::List<wire::Resource>::Reader in, std::map<std::string, double>& out) {
+  out.clear();
+  for (auto r : in) out[std::string(r.getName().cStr(), r.getName().size())] = r.getAmount();
 }
 
 template <Info T>

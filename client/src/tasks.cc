@@ -5,6 +5,7 @@
 #include "depot/client.h"
 #include "depot/ipc/protocol.h"
 #include "depot/task.h"
+#include "info_fields.h"
 
 namespace depot {
 
@@ -24,12 +25,6 @@ void ToWire(const std::map<std::string, double>& resources,
     out[i].setAmount(amount);
     ++i;
   }
-}
-
-std::map<std::string, double> ResourcesOf(capnp::List<wire::Resource>::Reader list) {
-  std::map<std::string, double> out;
-  for (auto r : list) out[ipc::ToString(r.getName())] = r.getAmount();
-  return out;
 }
 
 void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
@@ -106,23 +101,7 @@ Result<std::vector<WorkerInfo>> Client::Workers() {
     auto r = reply.get();
     if (!r.isWorkers()) return UnexpectedReply("workers");
     std::vector<WorkerInfo> out;
-    for (auto w : r.getWorkers()) {
-      WorkerInfo info{.session_id = w.getSessionId(),
-                      .name = ipc::ToString(w.getName()),
-                      .cpus = w.getCpus(),
-                      .free_cpus = w.getFreeCpus(),
-                      .resources = ResourcesOf(w.getResources()),
-                      .running = w.getRunning(),
-                      .queued = w.getQueued(),
-                      .done = w.getDone(),
-                      .failed = w.getFailed(),
-                      .draining = w.getDraining(),
-                      .attached_s = w.getAttachedS()};
-      for (int32_t g : w.getGpus()) info.gpus.push_back(g);
-      for (double s : w.getFreeGpuShares()) info.free_gpu_shares.push_back(s);
-      for (auto f : w.getFunctions()) info.functions.push_back(ipc::ToString(f));
-      out.push_back(std::move(info));
-    }
+    internal::ReadWire(r.getWorkers(), out);
     return out;
   });
 }
@@ -136,24 +115,7 @@ Result<std::vector<TaskInfo>> Client::Tasks() {
     auto r = reply.get();
     if (!r.isTasks()) return UnexpectedReply("tasks");
     std::vector<TaskInfo> out;
-    for (auto t : r.getTasks()) {
-      out.push_back({.task = t.getTask(),
-                     .function = ipc::ToString(t.getFunction()),
-                     .state = static_cast<TaskState>(t.getState()),
-                     .submitter = t.getSubmitter(),
-                     .worker = t.getWorker(),
-                     .device = t.getDevice(),
-                     .outputs = ipc::FromWire(t.getOutputs()),
-                     .priority = t.getPriority(),
-                     .attempts = t.getAttempts(),
-                     .inputs_missing = t.getInputsMissing(),
-                     .local_bytes = t.getLocalBytes(),
-                     .moved_bytes = t.getMovedBytes(),
-                     .wait_s = t.getWaitS(),
-                     .transfer_s = t.getTransferS(),
-                     .duration_s = t.getDurationS(),
-                     .reason = ipc::ToString(t.getReason())});
-    }
+    internal::ReadWire(r.getTasks(), out);
     return out;
   });
 }

@@ -227,6 +227,66 @@ def test_the_depot_worker_command_runs_a_modules_tasks_and_drains_on_sigterm(
             command.wait()
 
 
+def test_on_sigterm_the_depot_worker_command_lets_its_running_task_finish(
+    client, daemon, tmp_path
+):
+    # The signal lands while the worker's main thread waits for its serving thread: the
+    # worker drains, and must neither end nor close its connection under the running task.
+    module = tmp_path / "held_tasks.py"
+    module.write_text(
+        "import depot\n"
+        "@depot.task\n"
+        "def held(socket):\n"
+        "    with depot.Client(socket) as c:\n"
+        "        return c.get('go', timeout=60)\n"
+    )
+    command = subprocess.Popen(
+        [_depot_worker(), "--socket", daemon.socket, str(module)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert wait_for(lambda: client.status().scheduler.workers == 1, timeout=60)
+        out = client.submit("held", daemon.socket)
+        assert wait_for(lambda: [t.state for t in client.tasks()] == ["running"], timeout=60)
+        command.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: [w.draining for w in client.workers()] == [True], timeout=60)
+        assert command.poll() is None  # draining: its task runs on
+        client.put("released", name="go")
+        assert client.get(out, timeout=60) == "released"
+        assert command.wait(60) == 0, command.stdout.read()
+        assert client.workers() == []
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+
+
+def test_workers_and_tasks_list_what_the_scheduler_knows(client, daemon, workers):
+    workers(1)
+    [w] = client.workers()
+    assert isinstance(w, depot.WorkerInfo)
+    assert (w.name, w.cpus, w.gpus, w.draining) == ("test worker", 1.0, [], False)
+    assert {"scale", "split", "depot.call"} <= set(w.functions)
+    source = np.arange(1000, dtype=np.float64)
+    done = client.submit("scale", client.put(source), 2)
+    client.get(done, timeout=60)
+    busy = client.submit("wait_for_go", daemon.socket, "listed")
+    waiting = client.submit("scale", busy, 2)
+    assert wait_for(lambda: client.workers()[0].running == 1, timeout=60)
+    by_output = {t.outputs[0]: t for t in client.tasks()}
+    finished, running, blocked = by_output[done.id], by_output[busy.id], by_output[waiting.id]
+    assert isinstance(finished, depot.TaskInfo)
+    assert (finished.function, finished.state, finished.worker) == ("scale", "done", w.session_id)
+    assert finished.local_bytes >= source.nbytes and finished.moved_bytes == 0
+    assert (running.function, running.state) == ("wait_for_go", "running")
+    assert (blocked.state, blocked.inputs_missing, blocked.worker) == ("waiting", 1, 0)
+    assert blocked.to_dict()["outputs"] == [waiting.hex]
+    assert "state='waiting'" in repr(blocked)
+    assert client.workers()[0].done == 1
+    client.put(b"", name="go")
+    assert client.get(waiting, timeout=60) == "listedlisted"
+
+
 def test_the_depot_worker_command_refuses_bad_flags():
     for flags, message in [
         (["--cpus", "0"], "offers something"),

@@ -49,6 +49,8 @@ SchedulerStatus = _depot.SchedulerStatus
 StoreBuffer = _depot.StoreBuffer
 StoreStatus = _depot.StoreStatus
 TaskContext = _depot.TaskContext
+TaskInfo = _depot.TaskInfo
+WorkerInfo = _depot.WorkerInfo
 
 __version__ = "0.1.0"
 
@@ -83,8 +85,10 @@ __all__ = [
     "StoreStatus",
     "TaskContext",
     "TaskFailed",
+    "TaskInfo",
     "Timeout",
     "Worker",
+    "WorkerInfo",
     "find_depotd",
     "start_daemon",
     "task",

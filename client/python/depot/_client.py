@@ -542,6 +542,18 @@ class Client:
         """The connected clients (depot.ClientInfo), this one included."""
         return self._conn.clients()
 
+    def workers(self) -> List[Any]:
+        """The workers attached to the scheduler (depot.WorkerInfo): what each offers, the
+        functions it runs, its running, queued, done and failed tasks, whether it drains."""
+        return self._conn.workers()
+
+    def tasks(self) -> List[Any]:
+        """The tasks the scheduler holds (depot.TaskInfo): state ("waiting", "ready",
+        "queued", "running", and for a while "done", "failed", "cancelled"), where each was
+        placed and why (input bytes found there and moved there, the estimate's terms), or
+        why it waits."""
+        return self._conn.tasks()
+
 
 def _task_options(options: Dict[str, Any]) -> Dict[str, Any]:
     known = ("resources", "affinity", "priority", "retries", "num_outputs", "raw_args", "detach")

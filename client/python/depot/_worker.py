@@ -103,23 +103,29 @@ class Worker:
         daemon goes away (raises Disconnected), or Ctrl-C (stops, then raises
         KeyboardInterrupt)."""
         failure: List[BaseException] = []
+        done = threading.Event()
 
         def serve() -> None:
             try:
                 self._worker.run()
             except BaseException as e:  # handed to the caller's thread
                 failure.append(e)
+            finally:
+                done.set()
 
-        thread = threading.Thread(target=serve, name="depot-worker", daemon=True)
-        thread.start()
+        # The wait is on an Event, not on Thread.join: a signal that interrupts join can
+        # leave the thread marked as ended while it still runs (CPython 3.11's threading),
+        # and the worker would then be closed under its own tasks. It wakes now and then, as
+        # a signal the kernel gives to another thread only flags Python's main thread.
+        threading.Thread(target=serve, name="depot-worker", daemon=True).start()
         try:
-            while thread.is_alive():
-                thread.join(0.2)  # signals reach Python between waits
+            while not done.wait(0.2):
+                pass
         except KeyboardInterrupt:
             self.stop()
-            while thread.is_alive():
+            while not done.is_set():
                 try:
-                    thread.join(0.2)
+                    done.wait(0.2)
                 except KeyboardInterrupt:
                     pass  # stopping already: the running tasks finish first
             raise

@@ -1,5 +1,6 @@
 #include "info.h"
 
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 
 #include <string>
@@ -25,7 +26,8 @@ template <typename V>
 struct IsVector<std::vector<V>> : std::true_type {};
 
 // A field's value as its property returns it: ids and GPU uuids as bytes, an object's state
-// as "creating" or "sealed", nested records as records, lists as lists.
+// as "creating" or "sealed" and a task's as "waiting", "running", ..., nested records as
+// records, lists as lists, maps (a worker's resources) as dicts.
 template <typename V>
 nb::object PropertyValue(const V& v) {
   if constexpr (std::is_same_v<V, ObjectId>) {
@@ -35,6 +37,8 @@ nb::object PropertyValue(const V& v) {
     return nb::bytes(reinterpret_cast<const char*>(v.data()), v.size());
   } else if constexpr (std::is_same_v<V, ObjectState>) {
     return nb::str(v == ObjectState::kSealed ? "sealed" : "creating");
+  } else if constexpr (std::is_same_v<V, TaskState>) {
+    return nb::str(TaskStateName(v));
   } else if constexpr (IsVector<V>::value) {
     nb::list out;
     for (const auto& element : v) out.append(PropertyValue(element));
@@ -151,6 +155,10 @@ void BindInfo(nb::module_& m) {
   BindRecord<StoreStatus>(m, "The daemon's capacity, usage and counters.");
   BindRecord<ClientInfo>(m, "A client connected to the daemon.");
   BindRecord<ObjectPlacement>(m, "Where an object's bytes are (Client.locate).");
+  BindRecord<WorkerInfo>(m, "A worker attached to the daemon's scheduler (Client.workers).");
+  BindRecord<TaskInfo>(m,
+                       "A task the daemon's scheduler holds, and why it runs where it does "
+                       "(Client.tasks).");
 }
 
 }  // namespace depot::python

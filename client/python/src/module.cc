@@ -293,6 +293,12 @@ class Connection {
   std::vector<ClientInfo> Clients() {
     return Blocking(client(), [](Client& c) { return c.Clients(); });
   }
+  std::vector<WorkerInfo> Workers() {
+    return Blocking(client(), [](Client& c) { return c.Workers(); });
+  }
+  std::vector<TaskInfo> Tasks() {
+    return Blocking(client(), [](Client& c) { return c.Tasks(); });
+  }
   std::vector<std::vector<nb::bytes>> Submit(nb::list tasks) {
     return python::Submit(client(), tasks);
   }
@@ -511,6 +517,8 @@ NB_MODULE(_depot, m) {
       .def("list", &Connection::List)
       .def("status", &Connection::GetStatus)
       .def("clients", &Connection::Clients)
+      .def("workers", &Connection::Workers)
+      .def("tasks", &Connection::Tasks)
       .def("submit", &Connection::Submit, "tasks"_a)
       .def("cancel", &Connection::Cancel, "outputs"_a);
 }
