@@ -94,7 +94,10 @@ struct Request {
     cpus @1 :Float64;        # CPU slots
     gpus @2 :List(Data);     # the GPUs it may use, by UUID (Reply.Hello.devices)
     resources @3 :List(Resource);  # custom resources, e.g. ssd = 1
-    functions @4 :List(Text);  # the names of the functions it runs
+    functions @4 :List(Text);  # the names of the functions it runs (the CPU variant of two)
+    # Of those names and others: functions it has a GPU variant of, run in place of the one
+    # above when a task runs on a GPU (Assignment.device).
+    gpuFunctions @5 :List(Text);
   }
 
   struct Verify {
@@ -246,6 +249,16 @@ struct TaskSpec {
   retries @10 :UInt32 = 1;   # runs again after its worker died, at most this often
   outputBytes @11 :UInt64;   # what its outputs take, if known: it starts only where they fit
   detach @12 :Bool;          # it runs even if its submitter disconnects before it starts
+  variant @13 :Variant;
+}
+
+# Which implementation of a function a task runs, where some worker has a GPU variant.
+enum Variant {
+  auto @0;                   # the scheduler chooses, for a task that asks no GPU: the CPU
+                             # variant with its resources, or the GPU variant with one GPU
+                             # and its custom resources, whichever would finish first
+  cpu @1;
+  gpu @2;                    # the GPU variant (one GPU, unless the task asks a share)
 }
 
 struct Completion {
@@ -299,6 +312,7 @@ struct WorkerInfo {
   failed @11 :UInt64;
   draining @12 :Bool;
   attachedS @13 :Float64;    # seconds since it attached
+  gpuFunctions @14 :List(Text);  # the functions it has a GPU variant of
 }
 
 enum TaskState {
@@ -328,6 +342,8 @@ struct TaskInfo {
   transferS @13 :Float64;
   durationS @14 :Float64;
   reason @15 :Text;          # why it waits (ready) or failed
+  variant @16 :Text;         # "cpu" or "gpu" for a task placed by variant, else empty
+  variantReason @17 :Text;   # why that one: the estimates compared, or exploring
 }
 
 # The scheduler's totals (StoreStatus.scheduler).

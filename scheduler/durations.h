@@ -1,9 +1,15 @@
-// How long each function takes: a running estimate per function and kind of device, from the
-// durations workers' tasks took (StarPU's history-based model, without the input-size
-// footprint: tasks of one function are taken to be alike).
+// How long each function takes: a running estimate per function, kind of device and size of
+// input, from the durations workers' tasks took (StarPU's history-based model, its footprint
+// being the input bytes to within a factor of 4).
+//
+// It also keeps what the choice between a function's two variants (CPU and GPU) needs: which
+// variants are measured at a size, and how many placements in a row passed a variant over,
+// so that the scheduler tries each variant until it is measured, and now and then after.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -19,23 +25,57 @@ class DurationModel {
   // one is still worth waiting for.
   static constexpr double kUnmeasured = 1e-3;
 
-  // The expected seconds of `function` on a CPU and on a GPU.
-  Durations Expected(std::string_view function) const;
-  // A run of `function` took `seconds` (on a GPU when `on_gpu`).
-  void Record(std::string_view function, bool on_gpu, double seconds);
+  struct Estimate {
+    double seconds = kUnmeasured;
+    bool measured = false;  // at this size: else from the nearest size measured, or a guess
+  };
+  struct Estimates {
+    Estimate cpu;
+    Estimate gpu;
+  };
+
+  // The expected seconds of `function` on a CPU and on a GPU for `input_bytes` of input: as
+  // measured at sizes within a factor of 4 of it; else from the nearest size measured (in
+  // proportion to the bytes when they are more); else kUnmeasured.
+  Estimates Expected(std::string_view function, uint64_t input_bytes) const;
+  Durations ExpectedDurations(std::string_view function, uint64_t input_bytes) const {
+    const Estimates e = Expected(function, input_bytes);
+    return {.cpu = e.cpu.seconds, .gpu = e.gpu.seconds};
+  }
+  // A run of `function` on `input_bytes` took `seconds` (on a GPU when `on_gpu`).
+  void Record(std::string_view function, bool on_gpu, uint64_t input_bytes, double seconds);
+
+  // Placements of `function` at about `input_bytes` that went to the other variant since the
+  // variant `on_gpu` was last chosen there.
+  uint32_t PassedOver(std::string_view function, bool on_gpu, uint64_t input_bytes) const;
+  // A placement of `function` at about `input_bytes` chose the variant `on_gpu`.
+  void Chose(std::string_view function, bool on_gpu, uint64_t input_bytes);
 
  private:
-  struct Estimate {
-    double cpu = -1;  // negative: not measured yet
-    double gpu = -1;
-  };
   // Each new duration weighs this much against the history.
   static constexpr double kWeight = 0.2;
+
+  struct Variant {
+    double seconds = -1;  // negative: not measured yet
+    double bytes = 0;     // the mean input bytes of the runs measured
+    uint32_t passed_over = 0;
+  };
+  struct Size {
+    Variant cpu;
+    Variant gpu;
+    Variant& of(bool on_gpu) { return on_gpu ? gpu : cpu; }
+    const Variant& of(bool on_gpu) const { return on_gpu ? gpu : cpu; }
+  };
+  // Sizes within a factor of 4 share a class.
+  static int SizeClass(uint64_t bytes);
+  static Estimate Estimated(const std::map<int, Size>& sizes, bool on_gpu, uint64_t bytes);
+  Size& At(std::string_view function, uint64_t bytes);
+
   struct NameHash {
     using is_transparent = void;
     size_t operator()(std::string_view name) const { return std::hash<std::string_view>{}(name); }
   };
-  std::unordered_map<std::string, Estimate, NameHash, std::equal_to<>> estimates_;
+  std::unordered_map<std::string, std::map<int, Size>, NameHash, std::equal_to<>> functions_;
 };
 
 }  // namespace depot::scheduler

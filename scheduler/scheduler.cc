@@ -8,6 +8,8 @@
 #include <numeric>
 #include <utility>
 
+#include "depot/ipc/units.h"
+
 namespace depot::scheduler {
 
 namespace {
@@ -35,6 +37,10 @@ std::string TaskName(size_t index) { return "task " + std::to_string(index) + ":
 // go of what the task before it read, which for large data raises the peak of memory in
 // use. Until a function has been measured it is not short (DurationModel::kUnmeasured).
 constexpr double kSendAheadBelowS = DurationModel::kUnmeasured;
+
+// A variant passed over this many times in a row, for tasks of its function and input size,
+// is chosen once more: so that its estimate follows changes, and one slow run is not its last.
+constexpr uint32_t kExploreEvery = 32;
 
 bool Finite(double x) { return std::isfinite(x); }
 
@@ -105,6 +111,11 @@ struct Scheduler::Task {
   // the start of the attempt told of them until the task is over: that attempt does not
   // make them again, so they must not be evicted meanwhile.
   std::vector<ObjectId> kept;
+  // What it runs with where placed: its own request, or its GPU variant's.
+  ResourceRequest request;
+  uint64_t input_bytes = 0;  // of its inputs, when it was last placed
+  std::string variant;       // of a task placed by variant: "cpu" or "gpu", and why
+  std::string variant_reason;
   // Pipelining (SchedulerOptions::pipeline): a running task may have been sent to start
   // after another running on its worker, whose resources it takes over when that one ends
   // (`after`: the one before, until then); a task has at most one such `follower`.
@@ -116,7 +127,9 @@ struct Scheduler::Task {
   uint32_t unconfirmed = 0;
 
   ReadyKey key() const { return {spec.priority, depth, id}; }
-  bool on_gpu() const { return spec.resources.gpu > 0; }
+  bool on_gpu() const { return request.gpu > 0; }
+  // Whether it runs on a GPU in any case (it asks for one, or for the GPU variant).
+  bool asks_gpu() const { return spec.resources.gpu > 0 || spec.variant == Variant::kGpu; }
 };
 
 struct Scheduler::Worker {
@@ -124,7 +137,8 @@ struct Scheduler::Worker {
   std::string name;
   Capacity capacity;
   Resources resources;
-  std::vector<std::string> functions;
+  std::vector<std::string> functions;      // sorted
+  std::vector<std::string> gpu_functions;  // sorted
   std::unordered_set<TaskId> running;
   std::deque<TaskId> queue;  // placed here, waiting for resources
   size_t pipelined = 0;      // of `running`, those sent ahead that have not taken over yet
@@ -138,6 +152,42 @@ struct Scheduler::Worker {
   double slots() const {
     return std::max(1.0, capacity.cpu + static_cast<double>(capacity.gpus.size()));
   }
+  bool runs(const std::string& f) const {
+    return std::binary_search(functions.begin(), functions.end(), f);
+  }
+  bool has_gpu_variant(const std::string& f) const {
+    return std::binary_search(gpu_functions.begin(), gpu_functions.end(), f);
+  }
+};
+
+// One way to run a task: with `request`, on the workers that `eligible` says run it so.
+struct Scheduler::Way {
+  enum class Runs : uint8_t {
+    kAsIs,        // its function, as registered (on host, or on a GPU it asks for)
+    kCpuVariant,  // the function's CPU variant (a worker with two, or one that runs it as is)
+    kGpuVariant,  // the function's GPU variant
+  };
+  ResourceRequest request;
+  Runs runs = Runs::kAsIs;
+  bool eligible(const Worker& w, const std::string& f) const {
+    switch (runs) {
+      case Runs::kAsIs:
+        return w.runs(f) || (request.gpu > 0 && w.has_gpu_variant(f));
+      case Runs::kCpuVariant:
+        return w.runs(f);
+      case Runs::kGpuVariant:
+        return w.has_gpu_variant(f);
+    }
+    return false;
+  }
+};
+
+struct Scheduler::Plan {
+  Choice choice;
+  Worker* worker = nullptr;
+  bool now = false;  // it starts at once (else it queues there)
+  double duration_s = 0;
+  const Way* way = nullptr;
 };
 
 struct Scheduler::Node {
@@ -169,6 +219,7 @@ Status Scheduler::AddWorker(SessionId session, WorkerSpec spec) {
     return Status::AlreadyExists("session " + std::to_string(session) + " is a worker already");
   }
   if (spec.functions.size() > kMaxWorkerFunctions ||
+      spec.gpu_functions.size() > kMaxWorkerFunctions ||
       spec.capacity.custom.size() > kMaxWorkerResources ||
       spec.capacity.gpus.size() > kMaxWorkerResources) {
     return Status::InvalidArgument(
@@ -176,10 +227,12 @@ Status Scheduler::AddWorker(SessionId session, WorkerSpec spec) {
         std::to_string(kMaxWorkerResources) + " GPUs and custom resources");
   }
   if (spec.name.size() > kMaxWorkerName) spec.name.resize(kMaxWorkerName);
-  for (const std::string& f : spec.functions) {
-    if (f.empty() || f.size() > kMaxFunctionName) {
-      return Status::InvalidArgument("a function name must have 1 to " +
-                                     std::to_string(kMaxFunctionName) + " bytes");
+  for (const auto* names : {&spec.functions, &spec.gpu_functions}) {
+    for (const std::string& f : *names) {
+      if (f.empty() || f.size() > kMaxFunctionName) {
+        return Status::InvalidArgument("a function name must have 1 to " +
+                                       std::to_string(kMaxFunctionName) + " bytes");
+      }
     }
   }
   for (const auto& [name, amount] : spec.capacity.custom) {
@@ -192,16 +245,22 @@ Status Scheduler::AddWorker(SessionId session, WorkerSpec spec) {
   if (!Finite(spec.capacity.cpu)) return Status::InvalidArgument("CPU slots must be finite");
   auto resources = Resources::Make(spec.capacity);
   if (!resources.ok()) return resources.status();
-  std::sort(spec.functions.begin(), spec.functions.end());
-  spec.functions.erase(std::unique(spec.functions.begin(), spec.functions.end()),
-                       spec.functions.end());
+  for (auto* names : {&spec.functions, &spec.gpu_functions}) {
+    std::sort(names->begin(), names->end());
+    names->erase(std::unique(names->begin(), names->end()), names->end());
+  }
   auto worker = std::unique_ptr<Worker>(new Worker{.id = session,
                                                    .name = std::move(spec.name),
                                                    .capacity = spec.capacity,
                                                    .resources = std::move(resources).value(),
                                                    .functions = std::move(spec.functions),
+                                                   .gpu_functions = std::move(spec.gpu_functions),
                                                    .attached_at = Now()});
   for (const std::string& f : worker->functions) runners_[f].push_back(session);
+  for (const std::string& f : worker->gpu_functions) {
+    if (!worker->runs(f)) runners_[f].push_back(session);
+    ++gpu_variants_[f];
+  }
   workers_.emplace(session, std::move(worker));
   // Tasks no worker could run until now may find one.
   for (TaskId id : std::exchange(stalled_, {})) ready_.insert(tasks_.at(id)->key());
@@ -319,6 +378,7 @@ Result<std::vector<std::vector<ObjectId>>> Scheduler::Submit(SessionId submitter
     task->submitter = submitter;
     task->spec = tasks[i];
     task->spec.outputs.clear();
+    task->request = task->spec.resources;
     task->outputs = outputs[i];
     task->charged = costs[i];
     for (const ObjectId& o : task->outputs) nodes_[o].producer = task->id;
@@ -438,7 +498,7 @@ Result<std::vector<size_t>> Scheduler::Validate(
 
 bool Scheduler::CouldEverPlace(const Task& task) const {
   if (!SomeWorkerCouldRun(task.spec)) return false;
-  if (task.spec.affinity != Affinity::kHard || !task.on_gpu()) return true;
+  if (task.spec.affinity != Affinity::kHard || !task.asks_gpu()) return true;
   // Hard affinity: some worker must offer the GPU holding most of its input.
   std::vector<StoreAccess::Object> found(task.spec.inputs.size());
   store_.Locate(task.spec.inputs, found);
@@ -457,10 +517,35 @@ bool Scheduler::CouldEverPlace(const Task& task) const {
 bool Scheduler::SomeWorkerCouldRun(const TaskSpec& spec) const {
   auto it = runners_.find(spec.function);
   if (it == runners_.end()) return false;
-  return std::any_of(it->second.begin(), it->second.end(), [&](SessionId id) {
-    const Worker& w = *workers_.at(id);
-    return !w.draining && w.resources.CouldEverFit(spec.resources);
-  });
+  for (const Way& way : Ways(spec)) {
+    if (std::any_of(it->second.begin(), it->second.end(), [&](SessionId id) {
+          const Worker& w = *workers_.at(id);
+          return !w.draining && way.eligible(w, spec.function) &&
+                 w.resources.CouldEverFit(way.request);
+        })) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<Scheduler::Way> Scheduler::Ways(const TaskSpec& spec) const {
+  const ResourceRequest& asked = spec.resources;
+  // A GPU variant runs on one GPU, with no CPU slot, unless the task asks a share itself.
+  const ResourceRequest on_gpu =
+      asked.gpu > 0 ? asked : ResourceRequest{.cpu = 0, .gpu = 1, .custom = asked.custom};
+  switch (spec.variant) {
+    case Variant::kCpu:
+      if (asked.gpu > 0) break;  // a CPU variant that holds a GPU: run as asked
+      return {{.request = asked, .runs = Way::Runs::kCpuVariant}};
+    case Variant::kGpu:
+      return {{.request = on_gpu, .runs = Way::Runs::kAsIs}};
+    case Variant::kAuto:
+      if (asked.gpu > 0 || !gpu_variants_.contains(spec.function)) break;
+      return {{.request = asked, .runs = Way::Runs::kCpuVariant},
+              {.request = on_gpu, .runs = Way::Runs::kGpuVariant}};
+  }
+  return {{.request = asked, .runs = Way::Runs::kAsIs}};
 }
 
 std::vector<ObjectId> Scheduler::DeriveOutputs(TaskId task, uint32_t count) const {
@@ -556,7 +641,7 @@ void Scheduler::DispatchRound() {
   const auto same_shape = [](const TaskSpec& a, const TaskSpec& b) {
     return a.function == b.function && a.resources.cpu == b.resources.cpu &&
            a.resources.gpu == b.resources.gpu && a.resources.custom == b.resources.custom &&
-           a.output_bytes == b.output_bytes;
+           a.output_bytes == b.output_bytes && a.variant == b.variant;
   };
   int misses = 0;
   for (auto it = ready_.begin();
@@ -608,7 +693,6 @@ bool Scheduler::PlaceOne(Task& task) {
 bool Scheduler::TryPlace(Task& task) {
   auto runners = runners_.find(task.spec.function);
   if (runners == runners_.end()) return false;
-  const bool on_gpu = task.on_gpu();
 
   std::vector<InputView> inputs(task.spec.inputs.size());
   {
@@ -616,15 +700,81 @@ bool Scheduler::TryPlace(Task& task) {
     store_.Locate(task.spec.inputs, found);
     for (size_t k = 0; k < found.size(); ++k) inputs[k] = found[k].where;
   }
+  task.input_bytes = 0;
+  for (const InputView& in : inputs) task.input_bytes += in.bytes;
   // Devices without room for the outputs are left out of every view.
   std::map<int32_t, bool> roomy;
-  auto has_room = [&](int32_t device) {
+  const std::function<bool(int32_t)> has_room = [&](int32_t device) {
     if (task.spec.output_bytes == 0) return true;
     auto [it, fresh] = roomy.emplace(device, false);
     if (fresh) it->second = store_.Room(device) >= task.spec.output_bytes;
     return it->second;
   };
-  if (!on_gpu && !has_room(kHostMemory)) return false;
+
+  const std::vector<Way> ways = Ways(task.spec);
+  std::optional<Plan> plans[2];
+  for (size_t i = 0; i < ways.size(); ++i) {
+    plans[i] = PlanWay(task, ways[i], runners->second, inputs, has_room);
+  }
+  const Plan* plan = nullptr;
+  if (ways.size() == 2 && plans[0] && plans[1]) {
+    plan = &ChooseVariant(task, *plans[0], *plans[1]);
+  } else {
+    plan = plans[0] ? &*plans[0] : plans[1] ? &*plans[1] : nullptr;
+    if (plan == nullptr) return false;
+    if (ways.size() == 2) {
+      const bool gpu = plan->way->runs == Way::Runs::kGpuVariant;
+      task.variant = gpu ? "gpu" : "cpu";
+      task.variant_reason =
+          std::string("the ") + (gpu ? "CPU" : "GPU") + " variant found no worker with room";
+      durations_.Chose(task.spec.function, gpu, task.input_bytes);
+    }
+  }
+  if (ways.size() == 1) {
+    task.variant.clear();
+    task.variant_reason.clear();
+  }
+
+  const Choice& choice = plan->choice;
+  Worker& w = *plan->worker;
+  task.request = plan->way->request;
+  task.choice = choice;
+  task.worker = w.id;
+  task.device = choice.device;
+  task.placed = true;
+  task.duration_s = plan->duration_s;
+  w.pending_s += task.duration_s;
+  ++counters_.placements;
+  counters_.local_bytes += choice.local_bytes;
+  counters_.moved_bytes += choice.moved_bytes;
+  if (plan->now && w.running.size() < kMaxRunningPerWorker &&
+      w.resources.Reserve(task.request, task.device)) {
+    Start(w, task);
+    return true;
+  }
+  task.state = TaskState::kQueued;
+  w.queue.push_back(task.id);
+  StartQueued(w);  // it may fit beside what runs there (a CPU task beside a GPU one)
+  if (task.state == TaskState::kRunning && task.after == 0) return true;
+  if (choice.moved_bytes > 0) {
+    std::vector<ObjectId> missing;
+    const uint64_t bit = uint64_t{1} << (task.device + 1);
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if ((inputs[k].tiers & bit) == 0) missing.push_back(task.spec.inputs[k]);
+    }
+    counters_.prefetches += missing.size();
+    store_.Prefetch(missing, task.device);
+  }
+  return true;
+}
+
+std::optional<Scheduler::Plan> Scheduler::PlanWay(const Task& task, const Way& way,
+                                                  std::span<const SessionId> runners,
+                                                  std::span<const InputView> inputs,
+                                                  const std::function<bool(int32_t)>& has_room) {
+  const ResourceRequest& request = way.request;
+  const bool on_gpu = request.gpu > 0;
+  if (!on_gpu && !has_room(kHostMemory)) return std::nullopt;
 
   // Each worker with room in its window is seen twice when busy: with what is free now (the
   // task starts at once) and as it will be once idle (the task queues there).
@@ -634,16 +784,17 @@ bool Scheduler::TryPlace(Task& task) {
   };
   std::vector<Candidate> candidates;
   std::vector<WorkerView> views;
-  for (SessionId id : runners->second) {
+  for (SessionId id : runners) {
     Worker& w = *workers_.at(id);
     if (w.draining || Waiting(w) >= options_.window) continue;
     if (w.running.size() >= kMaxRunningPerWorker) continue;
+    if (!way.eligible(w, task.spec.function)) continue;
     const bool idle = w.running.empty() && w.queue.empty();
     if (w.queue.empty()) {
       candidates.push_back({&w, true});
       views.push_back(w.resources.View(0));
     }
-    if (!idle && w.resources.CouldEverFit(task.spec.resources)) {
+    if (!idle && w.resources.CouldEverFit(request)) {
       candidates.push_back({&w, false});
       views.push_back(w.resources.IdleView(QueueWait(w)));
     }
@@ -660,13 +811,13 @@ bool Scheduler::TryPlace(Task& task) {
     for (size_t i = 0; i < views.size() && favourite && !free_now; ++i) {
       if (!candidates[i].now) continue;
       for (const WorkerView::Gpu& g : views[i].gpus) {
-        free_now |=
-            g.device == *favourite && g.free_share + kResourceEpsilon >= task.spec.resources.gpu;
+        free_now |= g.device == *favourite && g.free_share + kResourceEpsilon >= request.gpu;
       }
     }
     if (!free_now) affinity = Affinity::kNone;
   }
-  Durations durations = durations_.Expected(task.spec.function);
+  const Durations expected = durations_.ExpectedDurations(task.spec.function, task.input_bytes);
+  Durations durations = expected;
   Bandwidths bandwidths = this->bandwidths();
   if (options_.random_placement) {
     // Every cost zeroed, over the candidates in random order: Place takes the first that fits.
@@ -688,39 +839,50 @@ bool Scheduler::TryPlace(Task& task) {
     candidates = std::move(shuffled_candidates);
     views = std::move(shuffled_views);
   }
-  auto choice = Place(task.spec.resources, affinity, inputs, views, durations, bandwidths);
-  if (!choice) return false;
+  auto choice = Place(request, affinity, inputs, views, durations, bandwidths);
+  if (!choice) return std::nullopt;
+  return Plan{.choice = *choice,
+              .worker = candidates[choice->worker].worker,
+              .now = candidates[choice->worker].now,
+              .duration_s = on_gpu ? expected.gpu : expected.cpu,
+              .way = &way};
+}
 
-  const Candidate& c = candidates[choice->worker];
-  Worker& w = *c.worker;
-  task.choice = *choice;
-  task.worker = w.id;
-  task.device = choice->device;
-  task.placed = true;
-  task.duration_s = on_gpu ? durations.gpu : durations.cpu;
-  w.pending_s += task.duration_s;
-  ++counters_.placements;
-  counters_.local_bytes += choice->local_bytes;
-  counters_.moved_bytes += choice->moved_bytes;
-  if (c.now && w.running.size() < kMaxRunningPerWorker &&
-      w.resources.Reserve(task.spec.resources, task.device)) {
-    Start(w, task);
-    return true;
+const Scheduler::Plan& Scheduler::ChooseVariant(Task& task, const Plan& cpu, const Plan& gpu) {
+  const std::string& f = task.spec.function;
+  const DurationModel::Estimates estimates = durations_.Expected(f, task.input_bytes);
+  const bool gpu_faster = gpu.choice.finish_s < cpu.choice.finish_s;
+  const Plan& best = gpu_faster ? gpu : cpu;
+  const Plan& other = gpu_faster ? cpu : gpu;
+  const DurationModel::Estimate& other_estimate = gpu_faster ? estimates.cpu : estimates.gpu;
+  const uint32_t passed_over = durations_.PassedOver(f, !gpu_faster, task.input_bytes);
+  const char* best_name = gpu_faster ? "gpu" : "cpu";
+  const char* other_name = gpu_faster ? "cpu" : "gpu";
+  auto terms = [](const char* name, const Plan& p) {
+    return std::string(name) + " " + ipc::FormatSeconds(p.choice.finish_s) + " (" +
+           ipc::FormatSeconds(p.choice.transfer_s) + " moving " +
+           std::to_string(p.choice.moved_bytes) + " B, " + ipc::FormatSeconds(p.duration_s) +
+           " running)";
+  };
+  const Plan* chosen = &best;
+  if (!other_estimate.measured && passed_over > 0) {
+    chosen = &other;
+    task.variant_reason = std::string("exploring: ") + other_name +
+                          " not measured at this input size yet; " + terms(best_name, best) +
+                          " against " + terms(other_name, other);
+  } else if (passed_over >= kExploreEvery) {
+    chosen = &other;
+    task.variant_reason = std::string("exploring: ") + other_name + " not run for the last " +
+                          std::to_string(passed_over) + " tasks of this input size; " +
+                          terms(best_name, best) + " against " + terms(other_name, other);
+  } else {
+    task.variant_reason = "expected to finish first: " + terms(best_name, best) + " against " +
+                          terms(other_name, other);
   }
-  task.state = TaskState::kQueued;
-  w.queue.push_back(task.id);
-  StartQueued(w);  // it may fit beside what runs there (a CPU task beside a GPU one)
-  if (task.state == TaskState::kRunning && task.after == 0) return true;
-  if (choice->moved_bytes > 0) {
-    std::vector<ObjectId> missing;
-    const uint64_t bit = uint64_t{1} << (task.device + 1);
-    for (size_t k = 0; k < inputs.size(); ++k) {
-      if ((inputs[k].tiers & bit) == 0) missing.push_back(task.spec.inputs[k]);
-    }
-    counters_.prefetches += missing.size();
-    store_.Prefetch(missing, task.device);
-  }
-  return true;
+  const bool on_gpu = chosen == &gpu;
+  task.variant = on_gpu ? "gpu" : "cpu";
+  durations_.Chose(f, on_gpu, task.input_bytes);
+  return *chosen;
 }
 
 void Scheduler::StartQueued(Worker& worker) {
@@ -728,7 +890,7 @@ void Scheduler::StartQueued(Worker& worker) {
   for (auto it = worker.queue.begin(); it != worker.queue.end();) {
     Task& task = *tasks_.at(*it);
     if (worker.running.size() >= kMaxRunningPerWorker) return;
-    if (worker.resources.Reserve(task.spec.resources, task.device)) {
+    if (worker.resources.Reserve(task.request, task.device)) {
       it = worker.queue.erase(it);
       Start(worker, task);
     } else {
@@ -754,7 +916,7 @@ void Scheduler::Pipeline(Worker& worker) {
     for (TaskId id : worker.running) {
       Task& r = *tasks_.at(id);
       if (r.follower != 0 || r.duration_s >= kSendAheadBelowS || r.device != task.device ||
-          r.spec.resources != task.spec.resources) {
+          r.request != task.request) {
         continue;
       }
       // Its line's head started at started_at; each task of the line runs after the last.
@@ -850,7 +1012,7 @@ void Scheduler::Unplace(Task& task) {
       ++next.attempts;
       next.started_at = Now();
     } else {
-      w.resources.Release({task.spec.resources, task.device});
+      w.resources.Release({task.request, task.device});
       w.freed = true;
     }
     task.after = 0;
@@ -882,7 +1044,7 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
     Task& task = *it->second;
     // One sent ahead and reported before the task it followed: its start is not known.
     if (task.after == 0)
-      durations_.Record(task.spec.function, task.on_gpu(), now - task.started_at);
+      durations_.Record(task.spec.function, task.on_gpu(), task.input_bytes, now - task.started_at);
     if (!c.ok) {
       ++w.failed;
       store_.AbortCreating(worker, task.outputs);
@@ -1034,10 +1196,16 @@ void Scheduler::Settle() {
 }
 
 void Scheduler::ForgetWorker(Worker& worker) {
-  for (const std::string& f : worker.functions) {
+  auto forget = [&](const std::string& f) {
     auto it = runners_.find(f);
     std::erase(it->second, worker.id);
     if (it->second.empty()) runners_.erase(it);
+  };
+  for (const std::string& f : worker.functions) forget(f);
+  for (const std::string& f : worker.gpu_functions) {
+    if (!worker.runs(f)) forget(f);
+    auto it = gpu_variants_.find(f);
+    if (--it->second == 0) gpu_variants_.erase(it);
   }
   workers_.erase(worker.id);
 }
@@ -1101,6 +1269,7 @@ std::vector<WorkerInfo> Scheduler::Workers() const {
                     .capacity = w->capacity,
                     .free_cpu = w->resources.free_cpu(),
                     .functions = w->functions,
+                    .gpu_functions = w->gpu_functions,
                     .running = w->running.size() - w->pipelined,
                     .queued = w->queue.size() + w->pipelined,
                     .done = w->done,
@@ -1133,7 +1302,9 @@ std::vector<TaskInfo> Scheduler::Tasks(size_t limit) const {
                   .wait_s = t.choice.finish_s - t.choice.transfer_s - t.duration_s,
                   .transfer_s = t.choice.transfer_s,
                   .duration_s = t.duration_s,
-                  .reason = t.reason};
+                  .reason = t.reason,
+                  .variant = t.variant,
+                  .variant_reason = t.variant_reason};
     if (ahead) {
       info.reason = "sent to its worker, to start when task " + std::to_string(t.after) + " ends";
     } else if (t.state == TaskState::kReady) {

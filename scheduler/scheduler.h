@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <span>
@@ -70,7 +71,8 @@ class WorkerLink {
 struct WorkerSpec {
   std::string name;  // for people: depotctl workers
   Capacity capacity;
-  std::vector<std::string> functions;  // the names it runs
+  std::vector<std::string> functions;      // the names it runs (the CPU variant of two)
+  std::vector<std::string> gpu_functions;  // the names it has a GPU variant of
 };
 
 // What a worker reports of one task it ran.
@@ -110,6 +112,9 @@ struct TaskInfo {
   double transfer_s = 0;
   double duration_s = 0;
   std::string reason;  // kReady: why no worker takes it now; kFailed: why it failed
+  // For a task whose function has two variants, placed: which ("cpu" or "gpu") and why.
+  std::string variant;
+  std::string variant_reason;
 };
 
 // One worker, as `depotctl workers` shows it.
@@ -120,6 +125,7 @@ struct WorkerInfo {
   double free_cpu = 0;
   std::vector<std::pair<int32_t, double>> free_gpu_share;  // by device
   std::vector<std::string> functions;
+  std::vector<std::string> gpu_functions;
   uint64_t running = 0;
   uint64_t queued = 0;
   uint64_t done = 0;
@@ -258,6 +264,16 @@ class Scheduler final : public ObjectEvents {
   // Places one ready task; false if no worker can take it now. Timed (SchedulerCounters).
   bool PlaceOne(Task& task);
   bool TryPlace(Task& task);
+  // The ways a task may run: with which resources, on which workers.
+  struct Way;
+  struct Plan;
+  std::vector<Way> Ways(const TaskSpec& spec) const;
+  // Where `task` would run `way` best now, or nullopt.
+  std::optional<Plan> PlanWay(const Task& task, const Way& way, std::span<const SessionId> runners,
+                              std::span<const InputView> inputs,
+                              const std::function<bool(int32_t)>& has_room);
+  // Of two plans for a task with two variants, the one to take, and why.
+  const Plan& ChooseVariant(Task& task, const Plan& cpu, const Plan& gpu);
   // Starts the tasks queued on `worker` that fit now, in queue order.
   void StartQueued(Worker& worker);
   void Start(Worker& worker, Task& task);
@@ -307,6 +323,7 @@ class Scheduler final : public ObjectEvents {
   std::unordered_set<TaskId> stalled_;  // ready, but for no worker attached: set aside
   std::map<SessionId, std::unique_ptr<Worker>> workers_;
   std::unordered_map<std::string, std::vector<SessionId>> runners_;  // function -> workers
+  std::unordered_map<std::string, size_t> gpu_variants_;             // function -> workers with one
   std::unordered_map<SessionId, std::vector<Assignment>> outbox_;
   SchedulerCounters counters_;
   std::minstd_rand random_;  // for random_placement

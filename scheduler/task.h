@@ -32,6 +32,18 @@ inline constexpr size_t kMaxWorkerFunctions = 1024;
 inline constexpr size_t kMaxWorkerResources = 64;
 inline constexpr size_t kMaxWorkerName = 256;
 
+// Which implementation of its function a task runs, where a worker registered two (a CPU and
+// a GPU variant under one name).
+enum class Variant : uint8_t {
+  // The scheduler chooses for a task that asks no GPU, when some worker has a GPU variant:
+  // the CPU variant with the task's resources, or the GPU variant with one GPU (no CPU) and
+  // the task's custom resources, whichever it expects to finish first. A task that asks a
+  // GPU runs on one: the GPU variant where its worker has one.
+  kAuto,
+  kCpu,
+  kGpu,  // with one GPU and no CPU, unless the task asks a GPU share itself
+};
+
 struct TaskSpec {
   std::string function;          // a name workers registered
   std::vector<ObjectId> inputs;  // objects or other tasks' outputs, in order; repeats allowed
@@ -51,6 +63,7 @@ struct TaskSpec {
   // Runs even if its submitter disconnects first (otherwise cancelled then, unless another
   // client's task reads its outputs).
   bool detach = false;
+  Variant variant = Variant::kAuto;
 };
 
 }  // namespace depot::scheduler

@@ -60,6 +60,16 @@ TaskSpec SpecOf(wire::TaskSpec::Reader in) {
   spec.retries = in.getRetries();
   spec.output_bytes = in.getOutputBytes();
   spec.detach = in.getDetach();
+  switch (in.getVariant()) {
+    case wire::Variant::CPU:
+      spec.variant = scheduler::Variant::kCpu;
+      break;
+    case wire::Variant::GPU:
+      spec.variant = scheduler::Variant::kGpu;
+      break;
+    default:  // auto, or a newer client's value
+      spec.variant = scheduler::Variant::kAuto;
+  }
   return spec;
 }
 
@@ -126,6 +136,7 @@ void TaskService::RegisterWorker(Session& session, uint64_t rid,
     spec.capacity.gpus.push_back(found);
   }
   for (auto f : request.getFunctions()) spec.functions.push_back(ipc::ToString(f));
+  for (auto f : request.getGpuFunctions()) spec.gpu_functions.push_back(ipc::ToString(f));
   Status st = scheduler_.AddWorker(session.id(), std::move(spec));
   st.ok() ? session.SendOk(rid) : session.SendError(rid, st);
 }
@@ -255,6 +266,8 @@ void TaskService::Workers(Session& session, uint64_t rid) const {
     ToWire(w.capacity.custom, o.initResources(static_cast<unsigned>(w.capacity.custom.size())));
     auto functions = o.initFunctions(static_cast<unsigned>(w.functions.size()));
     for (unsigned k = 0; k < functions.size(); ++k) functions.set(k, w.functions[k]);
+    auto gpu_functions = o.initGpuFunctions(static_cast<unsigned>(w.gpu_functions.size()));
+    for (unsigned k = 0; k < gpu_functions.size(); ++k) gpu_functions.set(k, w.gpu_functions[k]);
     o.setRunning(w.running);
     o.setQueued(w.queued);
     o.setDone(w.done);
@@ -291,6 +304,8 @@ void TaskService::Tasks(Session& session, uint64_t rid) const {
     o.setTransferS(t.transfer_s);
     o.setDurationS(t.duration_s);
     o.setReason(t.reason);
+    o.setVariant(t.variant);
+    o.setVariantReason(t.variant_reason);
   }
   session.Send(message, reply);
 }

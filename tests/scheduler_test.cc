@@ -174,10 +174,12 @@ class SchedulerTest : public ::testing::Test {
  protected:
   explicit SchedulerTest(bool pipeline = false) : scheduler_(store_, link_, Options(pipeline)) {}
 
-  static SchedulerOptions Options(bool pipeline) {
+  // Time stands still (durations measure 0) unless a test moves `now_`.
+  SchedulerOptions Options(bool pipeline) {
     SchedulerOptions o;
     o.window = 2;
     o.pipeline = pipeline;
+    o.clock = [this] { return now_; };
     return o;
   }
 
@@ -229,6 +231,7 @@ class SchedulerTest : public ::testing::Test {
 
   FakeStore store_;
   FakeLink link_;
+  double now_ = 0;
   Scheduler scheduler_;
 };
 
@@ -236,13 +239,48 @@ const ResourceRequest kGpuOnly{.cpu = 0, .gpu = 1};
 
 TEST(DurationModelTest, DurationsAreLearnedPerFunctionAndKindOfDevice) {
   DurationModel model;
-  EXPECT_EQ(model.Expected("f").cpu, DurationModel::kUnmeasured);
-  model.Record("f", /*on_gpu=*/false, 0.5);
-  EXPECT_EQ(model.Expected("f").cpu, 0.5);
-  EXPECT_EQ(model.Expected("f").gpu, DurationModel::kUnmeasured);
-  for (int i = 0; i < 50; ++i) model.Record("f", false, 0.1);
-  EXPECT_NEAR(model.Expected("f").cpu, 0.1, 1e-3);
-  EXPECT_EQ(model.Expected("g").cpu, DurationModel::kUnmeasured);
+  EXPECT_EQ(model.Expected("f", kMiB).cpu.seconds, DurationModel::kUnmeasured);
+  EXPECT_FALSE(model.Expected("f", kMiB).cpu.measured);
+  model.Record("f", /*on_gpu=*/false, kMiB, 0.5);
+  EXPECT_EQ(model.Expected("f", kMiB).cpu.seconds, 0.5);
+  EXPECT_TRUE(model.Expected("f", kMiB).cpu.measured);
+  EXPECT_EQ(model.Expected("f", kMiB).gpu.seconds, DurationModel::kUnmeasured);
+  for (int i = 0; i < 50; ++i) model.Record("f", false, kMiB, 0.1);
+  EXPECT_NEAR(model.Expected("f", kMiB).cpu.seconds, 0.1, 1e-3);
+  EXPECT_EQ(model.Expected("g", kMiB).cpu.seconds, DurationModel::kUnmeasured);
+}
+
+TEST(DurationModelTest, DurationsAreLearnedPerInputSizeWithinAFactorOfFour) {
+  DurationModel model;
+  model.Record("f", /*on_gpu=*/false, 4 * kMiB, 0.004);
+  model.Record("f", /*on_gpu=*/true, 4 * kMiB, 0.001);
+  // The same size class: measured.
+  EXPECT_TRUE(model.Expected("f", 5 * kMiB).cpu.measured);
+  EXPECT_EQ(model.Expected("f", 5 * kMiB).cpu.seconds, 0.004);
+  // Larger: in proportion to the bytes, from the nearest size measured; not measured there.
+  const auto large = model.Expected("f", 64 * kMiB);
+  EXPECT_FALSE(large.cpu.measured);
+  EXPECT_NEAR(large.cpu.seconds, 0.064, 1e-9);
+  EXPECT_NEAR(large.gpu.seconds, 0.016, 1e-9);
+  // Smaller: what the nearest size cost (fixed costs dominate small inputs).
+  EXPECT_EQ(model.Expected("f", 1024).gpu.seconds, 0.001);
+  EXPECT_FALSE(model.Expected("f", 1024).gpu.measured);
+  // Measured at the small size, that size has its own estimate.
+  model.Record("f", /*on_gpu=*/true, 1000, 0.0005);
+  EXPECT_EQ(model.Expected("f", 1024).gpu.seconds, 0.0005);
+  EXPECT_EQ(model.Expected("f", 4 * kMiB).gpu.seconds, 0.001);
+}
+
+TEST(DurationModelTest, PassedOverCountsPlacementsOfTheOtherVariantSinceThisOnesLast) {
+  DurationModel model;
+  EXPECT_EQ(model.PassedOver("f", /*on_gpu=*/true, kMiB), 0u);
+  for (int i = 0; i < 3; ++i) model.Chose("f", /*on_gpu=*/false, kMiB);
+  EXPECT_EQ(model.PassedOver("f", true, kMiB), 3u);
+  EXPECT_EQ(model.PassedOver("f", false, kMiB), 0u);
+  EXPECT_EQ(model.PassedOver("f", true, 256 * kMiB), 0u);  // another size
+  model.Chose("f", true, kMiB);
+  EXPECT_EQ(model.PassedOver("f", true, kMiB), 0u);
+  EXPECT_EQ(model.PassedOver("f", false, kMiB), 1u);
 }
 
 TEST_F(SchedulerTest, BadSubmissionsAreRefusedSayingWhy) {
@@ -970,6 +1008,130 @@ void SchedulerTest::RandomLoad() {
 }
 
 TEST_F(SchedulerTest, ResourcesAreNeverOversubscribedUnderARandomLoad) { RandomLoad(); }
+
+// Functions with two variants (WorkerSpec::gpu_functions): the scheduler picks per task.
+class VariantTest : public SchedulerTest {
+ protected:
+  // A worker with a CPU slot and GPU 0, running "f" both ways.
+  void AddBothWays(SessionId id) {
+    WorkerSpec spec{.name = "both",
+                    .capacity = {.cpu = 1, .gpus = {0}},
+                    .functions = {"f"},
+                    .gpu_functions = {"f"}};
+    ASSERT_TRUE(scheduler_.AddWorker(id, std::move(spec)).ok());
+  }
+  // Runs one task of `variant` on `input`, taking `seconds`: where it ran.
+  int32_t RunTimed(const ObjectId& input, Variant variant, double seconds) {
+    TaskSpec t = Task({input});
+    t.variant = variant;
+    Submit(t);
+    auto sent = link_.Take();
+    EXPECT_EQ(sent.size(), 1u);
+    if (sent.size() != 1) return kHostMemory - 1;
+    now_ += seconds;
+    Run(sent[0]);
+    return sent[0].device;
+  }
+  TaskInfo Last() { return scheduler_.Tasks().back(); }
+};
+
+TEST_F(VariantTest, PinnedVariantsRunWhereTheySay) {
+  AddBothWays(1);
+  const ObjectId input = store_.Put(kMiB);
+  EXPECT_EQ(RunTimed(input, Variant::kCpu, 0.001), kHostMemory);
+  EXPECT_EQ(Last().variant, "");  // not chosen: pinned
+  EXPECT_EQ(RunTimed(input, Variant::kGpu, 0.001), 0);
+}
+
+TEST_F(VariantTest, EachVariantRunsWhereItFinishesFirstCountingTheCopiesOfItsInputs) {
+  AddBothWays(1);
+  // 256 MiB on the GPU; both variants measured at 10 ms on it. The CPU variant would first
+  // copy it all to host memory: the GPU variant wins.
+  const ObjectId on_gpu = store_.Put(256 * kMiB, 0);
+  RunTimed(on_gpu, Variant::kCpu, 0.010);
+  RunTimed(on_gpu, Variant::kGpu, 0.010);
+  EXPECT_EQ(RunTimed(on_gpu, Variant::kAuto, 0.010), 0);
+  TaskInfo info = Last();
+  EXPECT_EQ(info.variant, "gpu");
+  EXPECT_NE(info.variant_reason.find("expected to finish first: gpu"), std::string::npos)
+      << info.variant_reason;
+  EXPECT_EQ(info.moved_bytes, 0u);
+
+  // 1 KiB on host: the GPU variant costs a launch (2 ms), the CPU variant 0.1 ms.
+  const ObjectId small = store_.Put(1024);
+  RunTimed(small, Variant::kCpu, 0.0001);
+  RunTimed(small, Variant::kGpu, 0.002);
+  EXPECT_EQ(RunTimed(small, Variant::kAuto, 0.0001), kHostMemory);
+  info = Last();
+  EXPECT_EQ(info.variant, "cpu");
+  EXPECT_NE(info.variant_reason.find("against gpu"), std::string::npos) << info.variant_reason;
+
+  // The same small input on the GPU: no copy either way, and the CPU variant is still faster
+  // by more than the copy back costs.
+  const ObjectId small_on_gpu = store_.Put(1024, 0);
+  EXPECT_EQ(RunTimed(small_on_gpu, Variant::kAuto, 0.0001), kHostMemory);
+}
+
+TEST_F(VariantTest, AVariantIsTriedUntilMeasuredAndThenNowAndThen) {
+  AddBothWays(1);
+  const ObjectId input = store_.Put(kMiB);
+  // Neither measured: the first takes the best guess (the CPU, which copies nothing), the
+  // next explores the GPU.
+  EXPECT_EQ(RunTimed(input, Variant::kAuto, 0.001), kHostMemory);
+  EXPECT_EQ(RunTimed(input, Variant::kAuto, 0.005), 0);
+  EXPECT_NE(Last().variant_reason.find("exploring: gpu not measured"), std::string::npos)
+      << Last().variant_reason;
+  // Both measured: the CPU variant, until the GPU's has been passed over 32 times.
+  for (int i = 0; i < 32; ++i) {
+    ASSERT_EQ(RunTimed(input, Variant::kAuto, 0.001), kHostMemory) << i;
+    EXPECT_EQ(Last().variant, "cpu");
+  }
+  EXPECT_EQ(RunTimed(input, Variant::kAuto, 0.005), 0);
+  EXPECT_NE(Last().variant_reason.find("exploring: gpu not run for the last 32"), std::string::npos)
+      << Last().variant_reason;
+  EXPECT_EQ(RunTimed(input, Variant::kAuto, 0.001), kHostMemory);
+}
+
+TEST_F(VariantTest, OnlyWorkersWithAVariantRunIt) {
+  // Worker 1 runs "f" on host only; worker 2 has only a GPU variant of it.
+  AddWorker(1, 1, {}, {"f"});
+  WorkerSpec gpu_only{.name = "gpu", .capacity = {.cpu = 1, .gpus = {0}}, .gpu_functions = {"f"}};
+  ASSERT_TRUE(scheduler_.AddWorker(2, std::move(gpu_only)).ok());
+  const ObjectId input = store_.Put(kMiB);
+  for (int i = 0; i < 4; ++i) {
+    TaskSpec t = Task({input});
+    Submit(t);
+    auto sent = link_.Take();
+    ASSERT_EQ(sent.size(), 1u);
+    // Never the CPU variant on worker 2, nor a GPU on worker 1.
+    EXPECT_EQ(sent[0].worker == 2, sent[0].device == 0) << i;
+    now_ += 0.001;
+    Run(sent[0]);
+  }
+  // Pinned to the CPU: worker 1 only; were it gone, nothing could run it.
+  TaskSpec cpu = Task({input});
+  cpu.variant = Variant::kCpu;
+  Submit(cpu);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].worker, 1u);
+  Run(sent[0]);
+  scheduler_.RemoveSession(1);
+  Status s = SubmitStatus({cpu});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  // Unpinned, it runs on the GPU variant.
+  EXPECT_EQ(RunTimed(input, Variant::kAuto, 0.001), 0);
+}
+
+TEST_F(VariantTest, WorkersListTheirGpuVariants) {
+  AddBothWays(1);
+  auto workers = scheduler_.Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].functions, std::vector<std::string>{"f"});
+  EXPECT_EQ(workers[0].gpu_functions, std::vector<std::string>{"f"});
+  WorkerSpec bad{.capacity = {.cpu = 1}, .gpu_functions = {""}};
+  EXPECT_EQ(scheduler_.AddWorker(2, std::move(bad)).code(), StatusCode::kInvalidArgument);
+}
 
 class PipelineTest : public SchedulerTest {
  protected:

@@ -197,6 +197,59 @@ TEST_F(TaskTest, AGpuTaskRunsOnTheSimulatedDeviceHoldingItsInput) {
   EXPECT_EQ(status.replicas_made, 0u);
 }
 
+// A function with a CPU and a GPU variant (the example worker's twin): each task runs where
+// it finishes first counting its copies. Neither variant is measured at these sizes, so the
+// copies decide: 16 MiB on GPU 0 stays there, 1 KiB on host is read there.
+TEST_F(TaskTest, ATaskWithTwoVariantsRunsTheOneWhereItsInputAlreadyIs) {
+  ChildProcess worker = StartWorker({"--cpus", "1", "--gpus", "0"});
+  const ObjectId on_gpu = PutOnDevice(0, 16 * kMiB, 3);
+  ASSERT_OK_AND_ASSIGN(auto large, client_->Submit({.function = "twin", .inputs = {on_gpu}}));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer out, client_->GetOnDevice(large[0], 0, kPatience));
+  EXPECT_TRUE(SameBytes({reinterpret_cast<const std::byte*>(out.device_ptr()), out.size()},
+                        SeededBytes(16 * kMiB, 3)));
+  ASSERT_OK_AND_ASSIGN(TaskInfo task, TaskOf(large[0]));
+  EXPECT_EQ(task.device, 0);
+  EXPECT_EQ(task.variant, "gpu");
+  EXPECT_NE(task.variant_reason.find("expected to finish first: gpu"), std::string::npos)
+      << task.variant_reason;
+  EXPECT_EQ(task.moved_bytes, 0u);
+
+  const std::vector<std::byte> bytes = SeededBytes(1024, 4);
+  const ObjectId on_host = ObjectId::FromName("twin/small");
+  ASSERT_OK(client_->Put(on_host, bytes));
+  ASSERT_OK_AND_ASSIGN(auto small, client_->Submit({.function = "twin", .inputs = {on_host}}));
+  ASSERT_OK_AND_ASSIGN(Buffer copied, client_->Get(small[0], kPatience));
+  EXPECT_TRUE(SameBytes(copied.data(), bytes));
+  ASSERT_OK_AND_ASSIGN(task, TaskOf(small[0]));
+  EXPECT_EQ(task.device, -1);
+  EXPECT_EQ(task.variant, "cpu");
+
+  // Pinned, it runs where it is told, whatever the copies cost.
+  ASSERT_OK_AND_ASSIGN(
+      auto pinned,
+      client_->Submit({.function = "twin", .inputs = {on_host}, .variant = Variant::kGpu}));
+  ASSERT_OK(client_->Get(pinned[0], kPatience).status());
+  ASSERT_OK_AND_ASSIGN(task, TaskOf(pinned[0]));
+  EXPECT_EQ(task.device, 0);
+  EXPECT_EQ(task.variant, "");
+
+  // depotctl shows both.
+  const auto depotctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {DEPOTCTL_PATH, "--socket", daemon_.socket_path()});
+    return RunProgram(args);
+  };
+  ProgramRun workers = depotctl({"workers"});
+  EXPECT_NE(workers.out.find("twin(cpu,gpu)"), std::string::npos) << workers.Explain();
+  ProgramRun tasks = depotctl({"tasks"});
+  EXPECT_NE(tasks.out.find("VARIANT"), std::string::npos) << tasks.Explain();
+  EXPECT_NE(tasks.out.find("expected to finish first: gpu"), std::string::npos) << tasks.out;
+  ProgramRun json = depotctl({"tasks", "--json"});
+  EXPECT_NE(json.out.find("\"variant\": \"cpu\""), std::string::npos) << json.out;
+  ProgramRun bad = depotctl({"submit", "twin", "--variant", "fpga"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--variant is auto, cpu or gpu"), std::string::npos) << bad.Explain();
+}
+
 // Hard affinity: the task waits for the device holding its input, never runs elsewhere, and
 // says why while no worker offers that device; soft affinity takes a free device at once.
 TEST_F(TaskTest, AHardAffinityTaskRunsOnlyOnTheDeviceHoldingItsInput) {

@@ -278,6 +278,7 @@ struct InfoFields<WorkerInfo> {
       Field{"failed", &WorkerInfo::failed, &R::getFailed},
       Field{"draining", &WorkerInfo::draining, &R::getDraining},
       Field{"attached_s", &WorkerInfo::attached_s, &R::getAttachedS},
+      Field{"gpu_functions", &WorkerInfo::gpu_functions, &R::getGpuFunctions},
   };
 };
 
@@ -303,6 +304,8 @@ struct InfoFields<TaskInfo> {
       Field{"transfer_s", &TaskInfo::transfer_s, &R::getTransferS},
       Field{"duration_s", &TaskInfo::duration_s, &R::getDurationS},
       Field{"reason", &TaskInfo::reason, &R::getReason},
+      Field{"variant", &TaskInfo::variant, &R::getVariant},
+      Field{"variant_reason", &TaskInfo::variant_reason, &R::getVariantReason},
   };
 };
 

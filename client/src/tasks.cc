@@ -44,6 +44,9 @@ void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
   out.setRetries(t.retries);
   out.setOutputBytes(t.output_bytes);
   out.setDetach(t.detach);
+  out.setVariant(t.variant == Variant::kCpu   ? wire::Variant::CPU
+                 : t.variant == Variant::kGpu ? wire::Variant::GPU
+                                              : wire::Variant::AUTO);
 }
 
 }  // namespace

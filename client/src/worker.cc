@@ -193,8 +193,13 @@ Worker::Worker(Client client, WorkerOptions options)
 Worker::~Worker() = default;
 
 void Worker::Register(std::string name, Function function) {
+  Register(std::move(name), std::move(function), nullptr);
+}
+
+void Worker::Register(std::string name, Function cpu, Function gpu) {
   Registered& entry = functions_[std::move(name)];
-  entry.function = std::move(function);
+  entry.function = std::move(cpu);
+  entry.gpu_function = std::move(gpu);
   entry.ns.store(-1);
 }
 
@@ -229,9 +234,15 @@ Status Worker::Run() {
       resources[k].setAmount(amount);
       ++k;
     }
-    auto functions = reg.initFunctions(static_cast<unsigned>(functions_.size()));
-    k = 0;
-    for (const auto& entry : functions_) functions.set(k++, entry.first);
+    std::vector<const std::string*> names, gpu_names;
+    for (const auto& [name, entry] : functions_) {
+      if (entry.function) names.push_back(&name);
+      if (entry.gpu_function) gpu_names.push_back(&name);
+    }
+    auto functions = reg.initFunctions(static_cast<unsigned>(names.size()));
+    for (unsigned i = 0; i < names.size(); ++i) functions.set(i, *names[i]);
+    auto gpu_functions = reg.initGpuFunctions(static_cast<unsigned>(gpu_names.size()));
+    for (unsigned i = 0; i < gpu_names.size(); ++i) gpu_functions.set(i, *gpu_names[i]);
     Reply reply;
     DEPOT_RETURN_NOT_OK(conn.Call(request, &reply));
   }
@@ -314,12 +325,22 @@ void Worker::Serve() {
     context.sealed_ = std::move(job.sealed);
     Status status;
     auto it = functions_.find(job.function);
-    if (it == functions_.end()) {
-      status = Status::InvalidArgument("this worker has no function '" + job.function + "'");
+    // On a GPU, the GPU variant where there is one; else the function as registered.
+    const Function* function = nullptr;
+    if (it != functions_.end()) {
+      const Registered& r = it->second;
+      function = job.device != Client::kHostMemory && r.gpu_function ? &r.gpu_function
+                 : r.function                                        ? &r.function
+                                                                     : nullptr;
+    }
+    if (function == nullptr) {
+      status = Status::InvalidArgument(
+          "this worker has no function '" + job.function + "'" +
+          (it != functions_.end() ? " to run on host memory (only a GPU variant)" : ""));
     } else {
       const auto start = Clock::now();
       try {
-        status = it->second.function(context);
+        status = (*function)(context);
       } catch (const std::exception& e) {
         status = Status::Internal(std::string("the function threw: ") + e.what());
       } catch (...) {

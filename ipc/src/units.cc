@@ -64,6 +64,18 @@ std::string FormatSize(uint64_t bytes) {
   return buf;
 }
 
+std::string FormatSeconds(double seconds) {
+  char buf[32];
+  if (seconds < 1e-3) {
+    std::snprintf(buf, sizeof(buf), "%.3gus", seconds * 1e6);
+  } else if (seconds < 1) {
+    std::snprintf(buf, sizeof(buf), "%.3gms", seconds * 1e3);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.3gs", seconds);
+  }
+  return buf;
+}
+
 static uint64_t ClockNanos(clockid_t clock) {
   timespec ts{};
   clock_gettime(clock, &ts);

@@ -81,6 +81,7 @@ struct SubmitOptions {
   uint32_t outputs = 1;
   std::string resources;  // "GPU=1,CPU=0,ssd=1"; empty: CPU=1
   std::string affinity;   // none, soft or hard
+  std::string variant;    // auto, cpu or gpu
   int32_t priority = 0;
   uint32_t retries = 1;
   bool wait = false;  // wait for the outputs; fail with the task's message if it failed

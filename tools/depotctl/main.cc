@@ -145,6 +145,11 @@ int main(int argc, char** argv) {
       ->add_option("--affinity", submit_options.affinity,
                    "soft: prefer the GPU holding most input bytes; hard: only that GPU")
       ->option_text("soft|hard");
+  submit
+      ->add_option("--variant", submit_options.variant,
+                   "of a function with CPU and GPU variants: which runs (default auto: the "
+                   "scheduler chooses)")
+      ->option_text("auto|cpu|gpu");
   submit->add_option("--priority", submit_options.priority, "higher runs first (default 0)")
       ->option_text("N");
   submit

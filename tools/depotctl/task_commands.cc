@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "commands.h"
@@ -12,6 +13,8 @@
 namespace depot::ctl {
 
 namespace {
+
+using ipc::FormatSeconds;
 
 // "GPU=1,CPU=0,ssd=1": CPU and GPU (any case) set the task's slots and share; other names
 // are custom resources.
@@ -54,19 +57,6 @@ std::string FormatShare(double share) {
   return out.str();
 }
 
-std::string FormatSeconds(double seconds) {
-  std::ostringstream out;
-  out.precision(3);
-  if (seconds < 1e-3) {
-    out << seconds * 1e6 << "us";
-  } else if (seconds < 1) {
-    out << seconds * 1e3 << "ms";
-  } else {
-    out << seconds << "s";
-  }
-  return out.str();
-}
-
 std::string DeviceName(int device) { return device < 0 ? "host" : "gpu" + std::to_string(device); }
 
 std::string JsonIds(const std::vector<ObjectId>& ids) {
@@ -100,10 +90,11 @@ std::string WorkerJson(const WorkerInfo& w) {
     value << amount;
     resources += JsonString(name) + ":" + value.str();
   }
-  std::string functions = "[";
-  for (size_t k = 0; k < w.functions.size(); ++k) {
-    functions += (k == 0 ? "" : ",") + JsonString(w.functions[k]);
-  }
+  auto names = [](const std::vector<std::string>& list) {
+    std::string out = "[";
+    for (size_t k = 0; k < list.size(); ++k) out += (k == 0 ? "" : ",") + JsonString(list[k]);
+    return out + "]";
+  };
   return JsonObject()
       .Number("session_id", w.session_id)
       .String("name", w.name)
@@ -111,7 +102,8 @@ std::string WorkerJson(const WorkerInfo& w) {
       .Real("free_cpus", w.free_cpus)
       .Json("gpus", gpus + "]")
       .Json("resources", resources + "}")
-      .Json("functions", functions + "]")
+      .Json("functions", names(w.functions))
+      .Json("gpu_functions", names(w.gpu_functions))
       .Number("running", w.running)
       .Number("queued", w.queued)
       .Number("done", w.done)
@@ -143,6 +135,8 @@ std::string TaskJson(const TaskInfo& t) {
       .Real("transfer_s", t.transfer_s)
       .Real("duration_s", t.duration_s)
       .String("reason", t.reason)
+      .String("variant", t.variant)
+      .String("variant_reason", t.variant_reason)
       .str();
 }
 
@@ -162,6 +156,14 @@ Status SubmitTask(const std::string& socket, const SubmitOptions& options) {
   } else if (!options.affinity.empty() && options.affinity != "none") {
     return Status::InvalidArgument("--affinity is none, soft or hard, not '" +
                                    Printable(options.affinity) + "'");
+  }
+  if (options.variant == "cpu") {
+    task.variant = Variant::kCpu;
+  } else if (options.variant == "gpu") {
+    task.variant = Variant::kGpu;
+  } else if (!options.variant.empty() && options.variant != "auto") {
+    return Status::InvalidArgument("--variant is auto, cpu or gpu, not '" +
+                                   Printable(options.variant) + "'");
   }
   task.priority = options.priority;
   task.retries = options.retries;
@@ -208,8 +210,16 @@ Status ListWorkers(const std::string& socket, bool json) {
       gpus += (gpus.empty() ? "" : " ") + DeviceName(w.gpus[k]) + ":" +
               FormatShare(1 - w.free_gpu_shares[k]) + "/1";
     }
+    // Each name once: "f" runs as registered, "f(cpu,gpu)" has two variants, "f(gpu)" only
+    // a GPU one.
+    std::map<std::string, std::string> variants;
+    for (const std::string& f : w.functions) variants[f];
+    for (const std::string& f : w.gpu_functions) {
+      const bool cpu = std::find(w.functions.begin(), w.functions.end(), f) != w.functions.end();
+      variants[f] = cpu ? "(cpu,gpu)" : "(gpu)";
+    }
     std::string functions;
-    for (const std::string& f : w.functions) functions += (functions.empty() ? "" : ",") + f;
+    for (const auto& [f, which] : variants) functions += (functions.empty() ? "" : ",") + f + which;
     const double rate = w.attached_s > 0 ? static_cast<double>(w.done) / w.attached_s : 0;
     std::ostringstream rate_text;
     rate_text.precision(3);
@@ -241,6 +251,7 @@ Status ListTasks(const std::string& socket, bool json) {
                {"STATE"},
                {"WORKER", Align::kRight},
                {"DEVICE"},
+               {"VARIANT"},
                {"TRIES", Align::kRight},
                {"LOCAL", Align::kRight},
                {"MOVED", Align::kRight},
@@ -252,16 +263,16 @@ Status ListTasks(const std::string& socket, bool json) {
     table.AddRow(
         {std::to_string(t.task), Printable(t.function), TaskStateName(t.state),
          placed ? std::to_string(t.worker) : "-", placed ? DeviceName(t.device) : "-",
-         std::to_string(t.attempts), placed ? ipc::FormatSize(t.local_bytes) : "-",
+         t.variant.empty() ? "-" : Printable(t.variant), std::to_string(t.attempts),
+         placed ? ipc::FormatSize(t.local_bytes) : "-",
          placed ? ipc::FormatSize(t.moved_bytes) : "-",
          placed ? FormatSeconds(t.wait_s) + "+" + FormatSeconds(t.transfer_s) + "+" +
                       FormatSeconds(t.duration_s)
                 : "-",
          t.outputs.empty() ? "-" : t.outputs[0].Hex() + (t.outputs.size() > 1 ? " ..." : ""),
-         t.reason.empty() ? (t.state == TaskState::kWaiting
-                                 ? std::to_string(t.inputs_missing) + " inputs to come"
-                                 : "")
-                          : Printable(FitWidth(t.reason, 60))});
+         !t.reason.empty()                ? Printable(FitWidth(t.reason, 60))
+         : t.state == TaskState::kWaiting ? std::to_string(t.inputs_missing) + " inputs to come"
+                                          : Printable(FitWidth(t.variant_reason, 60))});
   }
   table.Print(std::cout);
   return Status::OK();

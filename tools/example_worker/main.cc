@@ -3,6 +3,8 @@
 //   noop        seals each output, empty
 //   sum         output 0: the sum of input 0 read as float64 values (8 bytes, a float64)
 //   copy        output k: the bytes of input k (on the task's GPU for a GPU task)
+//   twin        as copy, registered as two variants, one for host memory and one for GPUs:
+//               the scheduler chooses where each task runs by the copies its inputs need
 //   fill        output 0: as many bytes as the inline arguments say (decimal), float64 ones
 //   add         output 0: the element-wise sum of its inputs, float64 arrays of one size
 //   fail        fails, with the inline arguments as its message
@@ -79,18 +81,25 @@ Status CopyOnDevice(const depot::DeviceBuffer& from, const depot::MutableDeviceB
 #endif
 }
 
-Status Copy(TaskContext& task) {
+Status CopyOnHost(TaskContext& task) {
   if (task.inputs().size() != task.outputs().size()) {
     return Status::InvalidArgument("copy makes one output per input");
   }
-  depot::Client& client = task.client();
-  if (task.device() == depot::Client::kHostMemory) {
-    DEPOT_ASSIGN_OR_RETURN(auto inputs, task.Inputs());
-    for (size_t k = 0; k < inputs.size(); ++k) {
-      DEPOT_RETURN_NOT_OK(task.Put(k, inputs[k].data()));
-    }
-    return Status::OK();
+  DEPOT_ASSIGN_OR_RETURN(auto inputs, task.Inputs());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    DEPOT_RETURN_NOT_OK(task.Put(k, inputs[k].data()));
   }
+  return Status::OK();
+}
+
+Status CopyOnGpu(TaskContext& task) {
+  if (task.inputs().size() != task.outputs().size()) {
+    return Status::InvalidArgument("copy makes one output per input");
+  }
+  if (task.device() == depot::Client::kHostMemory) {
+    return Status::Internal("the GPU variant was sent a task to run on host memory");
+  }
+  depot::Client& client = task.client();
   DEPOT_ASSIGN_OR_RETURN(auto inputs, task.DeviceInputs());
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (task.sealed(k)) continue;  // made by an earlier attempt
@@ -100,6 +109,10 @@ Status Copy(TaskContext& task) {
     DEPOT_RETURN_NOT_OK(client.Seal(task.outputs()[k], /*stream=*/0));
   }
   return Status::OK();
+}
+
+Status Copy(TaskContext& task) {
+  return task.device() == depot::Client::kHostMemory ? CopyOnHost(task) : CopyOnGpu(task);
 }
 
 Status Fill(TaskContext& task) {
@@ -158,7 +171,7 @@ Status StallOnce(TaskContext& task) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"depot-example-worker: runs noop, sum, copy, fill, add, fail and stall_once",
+  CLI::App app{"depot-example-worker: runs noop, sum, copy, twin, fill, add, fail and stall_once",
                "depot-example-worker"};
   depot::WorkerOptions options;
   options.name = "depot-example-worker";
@@ -192,6 +205,7 @@ int main(int argc, char** argv) {
   (*worker)->Register("noop", Noop);
   (*worker)->Register("sum", Sum);
   (*worker)->Register("copy", Copy);
+  (*worker)->Register("twin", CopyOnHost, CopyOnGpu);
   (*worker)->Register("fill", Fill);
   (*worker)->Register("add", Add);
   (*worker)->Register("fail", Fail);

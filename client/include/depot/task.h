@@ -25,6 +25,18 @@ enum class Affinity : uint8_t {
   kHard,  // only that GPU
 };
 
+// Which implementation a task runs where a worker registered two under its function's name
+// (Worker::Register with a CPU and a GPU variant).
+enum class Variant : uint8_t {
+  // The scheduler chooses, for a task that asks no GPU: the CPU variant with the task's
+  // resources, or the GPU variant with one GPU and no CPU slot, by which it expects to finish
+  // first, counting the copies of its inputs. It tries each variant until it has measured it
+  // at the task's input size, and now and then after. A task that asks a GPU runs on one.
+  kAuto,
+  kCpu,
+  kGpu,  // one GPU and no CPU slot, unless `gpu` asks a share
+};
+
 struct TaskRequest {
   std::string function;          // a name some attached worker registered
   std::vector<ObjectId> inputs;  // objects or other tasks' outputs, in order
@@ -42,6 +54,7 @@ struct TaskRequest {
   // Runs even if this client disconnects before it starts. Otherwise a task is cancelled
   // then, unless another client's task reads its outputs.
   bool detach = false;
+  Variant variant = Variant::kAuto;
 };
 
 enum class CancelOutcome : uint8_t {
@@ -83,6 +96,10 @@ struct TaskInfo {
   double transfer_s = 0;
   double duration_s = 0;
   std::string reason;  // why it waits (ready) or why it failed
+  // For a task of a function with two variants, once placed: "cpu" or "gpu", and why (the
+  // estimates compared, or exploring a variant not measured yet).
+  std::string variant;
+  std::string variant_reason;
 };
 
 // One attached worker (Client::Workers).
@@ -100,7 +117,8 @@ struct WorkerInfo {
   uint64_t done = 0;
   uint64_t failed = 0;
   bool draining = false;
-  double attached_s = 0;  // seconds since it attached
+  double attached_s = 0;                   // seconds since it attached
+  std::vector<std::string> gpu_functions;  // those it has a GPU variant of
 };
 
 // The scheduler's totals (StoreStatus::scheduler).

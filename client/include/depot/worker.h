@@ -118,7 +118,13 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   // Registers `function` as `name`, before Run. A later registration of a name replaces it.
+  // It runs every task of that name sent here, on host memory or on a GPU as the task asks.
   void Register(std::string name, Function function);
+  // Registers two variants under one name: `cpu` runs the tasks placed on host memory, `gpu`
+  // those placed on one of this worker's GPUs (TaskContext::device()). The scheduler chooses
+  // per task, by which it expects to finish first counting the copies its inputs need
+  // (TaskRequest::variant). Either may be empty: that variant is not offered here.
+  void Register(std::string name, Function cpu, Function gpu);
 
   // Attaches to the scheduler and runs the tasks it sends until Stop (then OK, once the
   // running tasks are complete) or until the connection breaks (Disconnected). Fails at
@@ -137,7 +143,8 @@ class Worker {
   explicit Worker(Client client, WorkerOptions options);
 
   struct Registered {
-    Function function;
+    Function function;      // as is, or the CPU variant
+    Function gpu_function;  // the GPU variant, if any
     // How long it ran lately, a moving average; -1 until it has run.
     std::atomic<int64_t> ns{-1};
   };

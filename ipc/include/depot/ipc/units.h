@@ -16,6 +16,9 @@ Result<uint64_t> ParseSize(std::string_view text);
 // Formats a size for people: "0 B", "1023 B", "1.5 KiB", "4.0 GiB".
 std::string FormatSize(uint64_t bytes);
 
+// Formats a duration for people, to 3 digits: "20us", "1.5ms", "2.1s".
+std::string FormatSeconds(double seconds);
+
 // `text` cut to at most `bytes` bytes, at a UTF-8 character boundary.
 std::string_view CutUtf8(std::string_view text, size_t bytes);
 
