@@ -52,3 +52,26 @@ def run_worker(socket, cpus=1):
         worker.register("split", split)
         worker.register("wait_for_go", wait_for_go)
         worker.run()
+
+
+def describe_on_cpu(x):
+    """A CPU variant whose time grows with its input: 1 ns a byte."""
+    import time
+
+    time.sleep(x.nbytes / 1e9)
+    return ("cpu", type(x).__name__, int(x.nbytes))
+
+
+def describe_on_gpu(x):
+    """A GPU variant that costs a launch, 2 ms, whatever its input."""
+    import time
+
+    time.sleep(0.002)
+    return ("gpu", type(x).__name__, int(x.device), int(x.nbytes))
+
+
+def run_variant_worker(socket):
+    """A worker with one CPU slot and GPU 0, and a function with a variant for each."""
+    with depot.Worker(socket, cpus=1, gpus=[0], name="variant worker") as worker:
+        worker.register("describe", cpu=describe_on_cpu, gpu=describe_on_gpu)
+        worker.run()

@@ -14,6 +14,7 @@ import pytest
 import children
 import depot
 from conftest import wait_for
+from dlpack_util import FakeInterfaceArray
 
 
 @pytest.fixture
@@ -285,6 +286,62 @@ def test_workers_and_tasks_list_what_the_scheduler_knows(client, daemon, workers
     assert client.workers()[0].done == 1
     client.put(b"", name="go")
     assert client.get(waiting, timeout=60) == "listedlisted"
+
+
+def test_a_function_with_two_variants_runs_where_its_input_already_is():
+    # The CPU variant costs 1 ns a byte, the GPU variant 2 ms (children.describe_on_*).
+    # Once each is measured at both sizes: 16 MiB already on the GPU runs there (a
+    # DeviceArray), 1 KiB in host memory is read there.
+    with depot.start_daemon(memory="256MiB", segment_size="64MiB", simulate_gpus="1:128MiB") as d:
+        with d.client() as client:
+            worker = multiprocessing.get_context("spawn").Process(
+                target=children.run_variant_worker, args=(d.socket,)
+            )
+            worker.start()
+            try:
+                assert wait_for(lambda: client.status().scheduler.workers == 1, timeout=60)
+                [w] = client.workers()
+                assert (w.functions, w.gpu_functions) == (["depot.call", "describe"], ["describe"])
+                big = np.arange(2 << 20, dtype=np.float64)
+                on_gpu = client.put(FakeInterfaceArray(big), device=0)
+                placed = client.locate([on_gpu])[0]
+                assert (placed.on_host, placed.gpus) == (False, [0])
+                small = client.put(np.arange(128, dtype=np.float64))
+
+                # Pinned, each runs where it is told: that measures both at both sizes.
+                for ref in (on_gpu, small):
+                    cpu = client.get(client.submit("describe", ref, variant="cpu"), timeout=60)
+                    assert cpu[:2] == ("cpu", "ndarray")
+                    gpu = client.get(client.submit("describe", ref, variant="gpu"), timeout=60)
+                    assert gpu[:3] == ("gpu", "DeviceArray", 0)
+
+                large = client.submit("describe", on_gpu)
+                assert client.get(large, timeout=60) == ("gpu", "DeviceArray", 0, big.nbytes)
+                assert client.get(client.submit("describe", small), timeout=60) == (
+                    "cpu", "ndarray", 1024,
+                )
+                by_output = {t.outputs[0]: t for t in client.tasks()}
+                chosen = by_output[large.id]
+                assert (chosen.variant, chosen.device, chosen.moved_bytes) == ("gpu", 0, 0)
+                assert "expected to finish first: gpu" in chosen.variant_reason
+                with pytest.raises(ValueError, match="variant"):
+                    client.submit("describe", small, variant="fpga")
+            finally:
+                worker.kill()
+                worker.join(10)
+
+
+def test_register_takes_one_function_or_variants():
+    with pytest.raises(TypeError, match="not both"):
+        depot.Worker.register(None, "f", print, cpu=print)
+    with pytest.raises(TypeError, match="needs a function"):
+        depot.Worker.register(None, "f")
+
+    @depot.task(gpu=len)
+    def marked(x):
+        return x
+
+    assert marked.__depot_task__ == "marked" and marked.__depot_task_gpu__ is len
 
 
 def test_the_depot_worker_command_refuses_bad_flags():

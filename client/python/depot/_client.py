@@ -302,6 +302,15 @@ class Client:
         buffers = self._conn.get_many(ids, timeout_ms)
         return [_codec.decode(b) for b in buffers]
 
+    def _task_value(self, ref: ObjectRef, device: int) -> Any:
+        """An input of a task that runs on GPU ``device``: an array as a DeviceArray there
+        (the daemon copies it there if it is not yet), any other value from host memory."""
+        buffer = self._conn.get_on_device(ref.id, device, _codec.parse_timeout(None))
+        if _device.is_array_metadata(buffer.metadata):
+            return DeviceArray._of(buffer)
+        del buffer
+        return self.get(ref)
+
     def get_buffer(self, ref: RefLike, *, timeout: Optional[float] = None) -> Any:
         """The raw object: a StoreBuffer (read-only buffer protocol) with ``metadata``,
         ``address`` and ``size``. Holds the object until collected."""
@@ -321,6 +330,7 @@ class Client:
         name: Optional[str] = None,
         raw_args: Optional[bytes] = None,
         detach: bool = False,
+        variant: Optional[str] = None,
     ) -> Union[ObjectRef, Tuple[ObjectRef, ...]]:
         """Runs ``fn(*args)`` as a task on a worker; returns its output's ObjectRef at once
         (a tuple of ``num_outputs`` refs when it has several). :meth:`get` of it waits for
@@ -340,14 +350,17 @@ class Client:
         Higher ``priority`` runs first; ``retries`` is how often it runs again if its worker
         dies. ``name`` names its output (``name/0``, ``name/1``... for several). A task is
         cancelled if this client disconnects before it starts, unless ``detach`` or another
-        task of another client reads its outputs.
+        task of another client reads its outputs. For a function that workers registered
+        with a CPU and a GPU variant, the scheduler chooses per task (``variant=None``,
+        for a task that asks no GPU) or ``variant="cpu"``/``"gpu"`` pins one; the GPU
+        variant holds one GPU and no CPU slot unless ``resources`` ask a GPU share.
 
         Raises InvalidArgument for a function no worker runs, resources no worker offers or
         bad options, ObjectNotFound for a ref that neither exists nor is made by a task,
         ObjectExists for a taken name.
         """
         task = self._task(fn, args, resources, affinity, priority, retries, num_outputs, name,
-                          raw_args, detach)
+                          raw_args, detach, variant)
         outputs = self._submit([task])[0]
         return outputs[0] if num_outputs == 1 else tuple(outputs)
 
@@ -417,6 +430,7 @@ class Client:
         self, fn: Union[str, Callable], args: Sequence[Any], resources: Optional[Mapping[str, float]] = None,
         affinity: Optional[str] = None, priority: int = 0, retries: int = 1, num_outputs: int = 1,
         name: Optional[str] = None, raw_args: Optional[bytes] = None, detach: bool = False,
+        variant: Optional[str] = None,
     ) -> Dict[str, Any]:
         """The fields of the task running ``fn(*args)``, as _depot.Connection.submit takes."""
         inputs: List[ObjectRef] = []
@@ -450,6 +464,7 @@ class Client:
             "priority": priority,
             "retries": retries,
             "detach": detach,
+            "variant": variant or "auto",
         }
         if name is not None:
             names = [name] if num_outputs == 1 else [f"{name}/{k}" for k in range(num_outputs)]
@@ -556,7 +571,8 @@ class Client:
 
 
 def _task_options(options: Dict[str, Any]) -> Dict[str, Any]:
-    known = ("resources", "affinity", "priority", "retries", "num_outputs", "raw_args", "detach")
+    known = ("resources", "affinity", "priority", "retries", "num_outputs", "raw_args", "detach",
+             "variant")
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise TypeError(f"unexpected option(s) {', '.join(unknown)}")

@@ -266,6 +266,13 @@ def put_device(conn: Any, ref: ObjectRef, source: Any, device: Optional[int], pi
 # Reading.
 
 
+def is_array_metadata(metadata: bytes) -> bool:
+    """Whether an object's metadata says it is an array (a numpy or a GPU one)."""
+    return metadata.startswith(b"depot-py/1 ndarray ") or metadata.startswith(
+        b"depot-py/1 " + DEVARRAY + b" "
+    )
+
+
 def _layout(metadata: bytes, size: int) -> Tuple[Tuple[int, ...], str, Optional[Tuple[int, ...]]]:
     """(shape, typestr, byte strides or None for C order) of an object's data."""
     fields = metadata.split(b" ")

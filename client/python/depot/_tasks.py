@@ -112,6 +112,11 @@ def inline_args(pickled: Optional[bytes]) -> Tuple[bytes, bool]:
     return _ARGS_STORED, True
 
 
+def args_stored(args: bytes) -> bool:
+    """Whether a task's arguments are stored as an object, its last input."""
+    return args[:1] == _ARGS_STORED
+
+
 def decode_args(args: bytes, values: Sequence[Any]) -> List[Any]:
     """The argument list of a task, given its inline bytes and its inputs' values (those of
     its data; the stored pickle of its arguments last, if there is one)."""

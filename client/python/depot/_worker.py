@@ -12,17 +12,24 @@ from . import _codec, _depot, _tasks
 from ._client import Client
 from ._ref import ObjectRef
 
-# The attribute depot.task marks a function with: the name it is registered under.
+# The attributes depot.task marks a function with: the name it is registered under, and
+# its GPU variant.
 _MARK = "__depot_task__"
+_GPU_MARK = "__depot_task_gpu__"
 
 
-def task(fn: Optional[Callable] = None, *, name: Optional[str] = None) -> Any:
+def task(
+    fn: Optional[Callable] = None, *, name: Optional[str] = None, gpu: Optional[Callable] = None
+) -> Any:
     """Marks a module's function as a task for the workers that load the module
     (``depot-worker MODULE``, :meth:`Worker.register_module`), under its own name or
-    ``name``: ``@depot.task`` or ``@depot.task(name="load")``. Returns it unchanged."""
+    ``name``: ``@depot.task`` or ``@depot.task(name="load")``. ``gpu`` is a GPU variant of
+    it (see :meth:`Worker.register`). Returns the function unchanged."""
 
     def mark(f: Callable) -> Callable:
         setattr(f, _MARK, name or f.__name__)
+        if gpu is not None:
+            setattr(f, _GPU_MARK, gpu)
         return f
 
     return mark if fn is None else mark(fn)
@@ -44,7 +51,8 @@ class Worker:
     (``client.submit(callable, ...)``) runs too.
 
     A function gets its arguments as ``client.submit`` gave them, with the value of each
-    ObjectRef in place of the ref (numpy arrays read-only, with no copy). What it returns
+    ObjectRef in place of the ref (numpy arrays read-only, with no copy; in a task that runs
+    on a GPU, arrays as :class:`depot.DeviceArray` on that GPU). What it returns
     is stored as the task's output (as ``Client.put`` stores it); with ``num_outputs=n`` it
     returns n values. An exception fails the task, and ``get`` of its outputs raises
     :class:`depot.TaskFailed` with the traceback.
@@ -74,9 +82,33 @@ class Worker:
         """The worker's own Client, for functions that read or write more of the store."""
         return self._client
 
-    def register(self, name: str, fn: Callable) -> None:
-        """Registers ``fn`` as ``name``, before :meth:`run`; a later one replaces it."""
-        self._worker.register(name, lambda task: self._run(fn, task, 0))
+    def register(
+        self,
+        name: str,
+        fn: Optional[Callable] = None,
+        *,
+        cpu: Optional[Callable] = None,
+        gpu: Optional[Callable] = None,
+    ) -> None:
+        """Registers ``fn`` as ``name``, before :meth:`run`; a later one replaces it.
+
+        With ``cpu=`` and ``gpu=`` (or ``fn`` and ``gpu=``), registers two variants under
+        one name: the CPU one runs tasks placed on host memory, the GPU one tasks placed on
+        one of this worker's GPUs, its array arguments as :class:`depot.DeviceArray` on
+        that GPU. For each task that asks no GPU, the scheduler runs the variant it expects
+        to finish first, counting the copies its inputs need, from what it has measured of
+        each at similar input sizes (``submit(..., variant="cpu"|"gpu")`` pins one). Either
+        variant may be left out: this worker does not offer it."""
+        if fn is not None and cpu is not None:
+            raise TypeError("register takes fn or cpu=, not both")
+        cpu = fn if fn is not None else cpu
+        if cpu is None and gpu is None:
+            raise TypeError("register needs a function: fn, cpu= or gpu=")
+        self._worker.register(
+            name,
+            None if cpu is None else (lambda task: self._run(cpu, task, 0)),
+            None if gpu is None else (lambda task: self._run(gpu, task, 0)),
+        )
 
     def register_module(self, module: Any) -> List[str]:
         """Registers the functions of ``module`` marked with :func:`depot.task`; their names."""
@@ -84,16 +116,23 @@ class Worker:
         for value in list(vars(module).values()):
             name = getattr(value, _MARK, None)
             if isinstance(name, str) and callable(value):
-                self.register(name, value)
+                self.register(name, value, gpu=getattr(value, _GPU_MARK, None))
                 names.append(name)
         return names
 
-    def task(self, fn: Optional[Callable] = None, *, name: Optional[str] = None) -> Any:
+    def task(
+        self,
+        fn: Optional[Callable] = None,
+        *,
+        name: Optional[str] = None,
+        gpu: Optional[Callable] = None,
+    ) -> Any:
         """Registers a function under its own name (or ``name``), as a decorator:
-        ``@worker.task`` or ``@worker.task(name="load")``. Returns it unchanged."""
+        ``@worker.task``, ``@worker.task(name="load")``, or ``@worker.task(gpu=load_gpu)``
+        with a GPU variant (see :meth:`register`). Returns it unchanged."""
 
         def register(f: Callable) -> Callable:
-            self.register(name or f.__name__, f)
+            self.register(name or f.__name__, f, gpu=gpu)
             return f
 
         return register if fn is None else register(fn)
@@ -168,9 +207,16 @@ class Worker:
 
     def _run(self, fn: Callable, task: Any, first: int) -> Optional[str]:
         try:
+            args = task.args
             refs = [ObjectRef(i) for i in task.inputs[first:]]
-            values = self._client.get_many(refs) if refs else []
-            result = fn(*_tasks.decode_args(task.args, values))
+            # The pickle of a call's arguments, when stored, is its last input: read on host.
+            data = refs[:-1] if _tasks.args_stored(args) else refs
+            if task.device < 0 or not data:
+                values = self._client.get_many(refs) if refs else []
+            else:
+                values = [self._client._task_value(r, task.device) for r in data]
+                values += self._client.get_many(refs[len(data):])
+            result = fn(*_tasks.decode_args(args, values))
             self._store(task, result)
         except Exception:
             return traceback.format_exc()

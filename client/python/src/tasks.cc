@@ -38,6 +38,13 @@ Affinity AffinityOf(const std::string& name) {
   throw nb::value_error(("affinity is 'none', 'soft' or 'hard', not '" + name + "'").c_str());
 }
 
+Variant VariantOf(const std::string& name) {
+  if (name == "auto") return Variant::kAuto;
+  if (name == "cpu") return Variant::kCpu;
+  if (name == "gpu") return Variant::kGpu;
+  throw nb::value_error(("variant is None, 'cpu' or 'gpu', not '" + name + "'").c_str());
+}
+
 TaskRequest RequestOf(nb::dict d) {
   TaskRequest r;
   for (auto [key, value] : d) {
@@ -69,6 +76,8 @@ TaskRequest RequestOf(nb::dict d) {
       r.output_bytes = nb::cast<uint64_t>(value);
     } else if (k == "detach") {
       r.detach = nb::cast<bool>(value);
+    } else if (k == "variant") {
+      r.variant = VariantOf(nb::cast<std::string>(value));
     } else {
       throw nb::value_error(("a task has no field '" + k + "'").c_str());
     }
@@ -138,24 +147,10 @@ class PyWorker {
     worker_.reset();
   }
 
-  void Register(const std::string& name, nb::callable function) {
-    auto held = std::make_shared<nb::callable>(std::move(function));
-    worker_->Register(name, [held](TaskContext& task) -> Status {
-      nb::gil_scoped_acquire gil;
-      auto* view = new TaskView(&task);
-      nb::object context = nb::cast(view, nb::rv_policy::take_ownership);
-      Status status;
-      try {
-        nb::object result = (*held)(context);
-        if (!result.is_none()) status = Status::Internal(nb::cast<std::string>(result));
-      } catch (nb::python_error& e) {
-        status = Status::Internal(e.what());
-      } catch (const std::exception& e) {
-        status = Status::Internal(std::string("the function's wrapper failed: ") + e.what());
-      }
-      view->End();
-      return status;
-    });
+  // `cpu` runs tasks as registered (or on host memory, with a GPU variant), `gpu` those on a
+  // GPU; either may be None.
+  void Register(const std::string& name, nb::object cpu, nb::object gpu) {
+    worker_->Register(name, Wrap(std::move(cpu)), Wrap(std::move(gpu)));
   }
 
   void Run() {
@@ -175,6 +170,27 @@ class PyWorker {
   uint64_t session_id() { return worker_->client().session_id(); }
 
  private:
+  static Worker::Function Wrap(nb::object function) {
+    if (function.is_none()) return nullptr;
+    auto held = std::make_shared<nb::callable>(nb::cast<nb::callable>(function));
+    return [held](TaskContext& task) -> Status {
+      nb::gil_scoped_acquire gil;
+      auto* view = new TaskView(&task);
+      nb::object context = nb::cast(view, nb::rv_policy::take_ownership);
+      Status status;
+      try {
+        nb::object result = (*held)(context);
+        if (!result.is_none()) status = Status::Internal(nb::cast<std::string>(result));
+      } catch (nb::python_error& e) {
+        status = Status::Internal(e.what());
+      } catch (const std::exception& e) {
+        status = Status::Internal(std::string("the function's wrapper failed: ") + e.what());
+      }
+      view->End();
+      return status;
+    };
+  }
+
   std::unique_ptr<Worker> worker_;
 };
 
@@ -235,7 +251,7 @@ void BindTasks(nb::module_& m) {
       .def(nb::init<const std::string&, const std::string&, double, std::vector<int>,
                     std::map<std::string, double>>(),
            "socket_path"_a, "name"_a, "cpus"_a, "gpus"_a, "resources"_a)
-      .def("register", &PyWorker::Register, "name"_a, "function"_a)
+      .def("register", &PyWorker::Register, "name"_a, "cpu"_a.none(), "gpu"_a.none() = nb::none())
       .def("run", &PyWorker::Run)
       .def("stop", &PyWorker::Stop)
       .def_prop_ro("session_id", &PyWorker::session_id);
