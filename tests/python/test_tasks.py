@@ -54,6 +54,22 @@ def test_a_registered_function_gets_values_for_refs_and_its_result_is_stored(cli
     assert client.status().scheduler.local_bytes == placed.data_size + placed.metadata_size
 
 
+def test_refs_nested_in_arguments_arrive_as_refs_and_are_read_with_get_client(client, workers):
+    workers(1)
+    parts = [client.put(np.full(10, i, dtype=np.int64)) for i in range(3)]
+    later = depot.ObjectRef.from_name("not yet")  # nested: not waited for
+
+    def total(refs, others):
+        c = depot.get_client()
+        assert all(isinstance(r, depot.ObjectRef) for r in refs + [others["later"]])
+        return int(sum(c.get(r).sum() for r in refs)), c.contains(others["later"])
+
+    out = client.submit(total, parts, {"later": later})
+    assert client.get(out, timeout=60) == (30, False)
+    with pytest.raises(RuntimeError, match="task's function"):
+        depot.get_client()
+
+
 def test_closures_and_lambdas_run_by_value(client, workers):
     workers(1)
     offset = 7

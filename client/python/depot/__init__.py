@@ -37,7 +37,7 @@ from ._errors import (
     Timeout,
 )
 from ._ref import ObjectRef
-from ._worker import Worker, task
+from ._worker import Worker, get_client, task
 
 _depot._register_errors(_BY_CODE)
 
@@ -90,6 +90,7 @@ __all__ = [
     "Worker",
     "WorkerInfo",
     "find_depotd",
+    "get_client",
     "start_daemon",
     "task",
 ]

@@ -35,6 +35,20 @@ def task(
     return mark if fn is None else mark(fn)
 
 
+# The worker whose task the current thread runs (set while a task's function runs).
+_running = threading.local()
+
+
+def get_client() -> Client:
+    """In a task's function: the Client of the worker running it, to read the ObjectRefs
+    nested in its arguments (those are passed as they are, not as dependencies) or to put
+    objects of its own. Raises RuntimeError anywhere else."""
+    client = getattr(_running, "client", None)
+    if client is None:
+        raise RuntimeError("depot.get_client() is for a task's function, while it runs")
+    return client
+
+
 # What a task's completion carries of one output, data and metadata together; larger
 # outputs are put into the store while the task runs (as TaskContext::Put in C++).
 _INLINE_OUTPUT = 64 << 10
@@ -216,7 +230,11 @@ class Worker:
             else:
                 values = [self._client._task_value(r, task.device) for r in data]
                 values += self._client.get_many(refs[len(data):])
-            result = fn(*_tasks.decode_args(args, values))
+            _running.client = self._client
+            try:
+                result = fn(*_tasks.decode_args(args, values))
+            finally:
+                _running.client = None
             self._store(task, result)
         except Exception:
             return traceback.format_exc()
