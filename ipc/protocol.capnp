@@ -250,6 +250,9 @@ struct TaskSpec {
   outputBytes @11 :UInt64;   # what its outputs take, if known: it starts only where they fit
   detach @12 :Bool;          # it runs even if its submitter disconnects before it starts
   variant @13 :Variant;
+  # Indices of inputs the task reads in host memory wherever it runs (a Python function's
+  # pickle, its stored arguments): never copied to its GPU, nor counted as copies there.
+  hostInputs @14 :List(UInt32);
 }
 
 # Which implementation of a function a task runs, where some worker has a GPU variant.

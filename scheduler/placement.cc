@@ -26,6 +26,7 @@ bool FitsBesidesGpu(const ResourceRequest& request, const WorkerView& worker) {
 std::optional<int32_t> DeviceWithMostInput(std::span<const InputView> inputs, bool gpus_only) {
   std::map<int32_t, uint64_t> bytes;  // by device
   for (const InputView& in : inputs) {
+    if (in.host) continue;
     for (uint64_t tiers = in.tiers; tiers != 0; tiers &= tiers - 1) {
       bytes[std::countr_zero(tiers) - 1] += in.bytes;
     }
@@ -42,9 +43,10 @@ std::optional<int32_t> DeviceWithMostInput(std::span<const InputView> inputs, bo
   return best;
 }
 
-Transfer TransferTo(int32_t device, std::span<const InputView> inputs, const Bandwidths& bw) {
+Transfer TransferTo(int32_t task_device, std::span<const InputView> inputs, const Bandwidths& bw) {
   Transfer t;
   for (const InputView& in : inputs) {
+    const int32_t device = in.host ? kHostMemory : task_device;
     if (in.tiers & Bit(device)) {
       t.local_bytes += in.bytes;
       continue;

@@ -47,6 +47,7 @@ enum class Affinity : uint8_t { kNone, kSoft, kHard };
 struct InputView {
   uint64_t bytes = 0;
   uint64_t tiers = 0;
+  bool host = false;  // read in host memory wherever the task runs
 };
 
 // A worker as placement sees it: what it has free, and when its queue empties.
@@ -85,7 +86,8 @@ struct Choice {
 };
 
 // The device holding the most input bytes (host memory on a tie with no GPU ahead; with
-// `gpus_only`, the GPU holding most), or nullopt when none holds any.
+// `gpus_only`, the GPU holding most), or nullopt when none holds any. Inputs read in host
+// memory wherever the task runs do not count.
 std::optional<int32_t> DeviceWithMostInput(std::span<const InputView> inputs,
                                            bool gpus_only = false);
 

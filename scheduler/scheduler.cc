@@ -364,7 +364,8 @@ Result<std::vector<std::vector<ObjectId>>> Scheduler::Submit(SessionId submitter
   for (size_t i = 0; i < tasks.size(); ++i) {
     const TaskSpec& t = tasks[i];
     costs[i] = kTaskBytes + t.function.size() + t.args.size() +
-               (t.inputs.size() + outputs[i].size()) * kIdBytes;
+               (t.inputs.size() + outputs[i].size()) * kIdBytes +
+               t.host_inputs.size() * sizeof(uint32_t);
     total += costs[i];
   }
   DEPOT_RETURN_NOT_OK(store_.Charge(submitter, static_cast<int64_t>(total)));
@@ -410,6 +411,16 @@ Result<std::vector<size_t>> Scheduler::Validate(
     if (spec.inputs.size() > kMaxInputs) {
       return Status::InvalidArgument(name + std::to_string(spec.inputs.size()) +
                                      " inputs are more than " + std::to_string(kMaxInputs));
+    }
+    if (spec.host_inputs.size() > spec.inputs.size()) {
+      return Status::InvalidArgument(name + "more host inputs than inputs");
+    }
+    for (uint32_t k : spec.host_inputs) {
+      if (k >= spec.inputs.size()) {
+        return Status::InvalidArgument(name + "host input " + std::to_string(k) +
+                                       " is not the index of an input (it has " +
+                                       std::to_string(spec.inputs.size()) + ")");
+      }
     }
     if (outputs[i].empty() || outputs[i].size() > kMaxOutputs) {
       return Status::InvalidArgument(name + "a task has 1 to " + std::to_string(kMaxOutputs) +
@@ -504,6 +515,7 @@ bool Scheduler::CouldEverPlace(const Task& task) const {
   store_.Locate(task.spec.inputs, found);
   std::vector<InputView> inputs;
   for (const auto& f : found) inputs.push_back(f.where);
+  for (uint32_t k : task.spec.host_inputs) inputs[k].host = true;
   const auto favourite = DeviceWithMostInput(inputs, /*gpus_only=*/true);
   if (!favourite) return true;
   const auto& runners = runners_.at(task.spec.function);
@@ -699,6 +711,7 @@ bool Scheduler::TryPlace(Task& task) {
     std::vector<StoreAccess::Object> found(task.spec.inputs.size());
     store_.Locate(task.spec.inputs, found);
     for (size_t k = 0; k < found.size(); ++k) inputs[k] = found[k].where;
+    for (uint32_t k : task.spec.host_inputs) inputs[k].host = true;
   }
   task.input_bytes = 0;
   for (const InputView& in : inputs) task.input_bytes += in.bytes;
@@ -760,7 +773,7 @@ bool Scheduler::TryPlace(Task& task) {
     std::vector<ObjectId> missing;
     const uint64_t bit = uint64_t{1} << (task.device + 1);
     for (size_t k = 0; k < inputs.size(); ++k) {
-      if ((inputs[k].tiers & bit) == 0) missing.push_back(task.spec.inputs[k]);
+      if ((inputs[k].tiers & bit) == 0 && !inputs[k].host) missing.push_back(task.spec.inputs[k]);
     }
     counters_.prefetches += missing.size();
     store_.Prefetch(missing, task.device);
@@ -1172,6 +1185,7 @@ void Scheduler::Retire(Task& task) {
   task.charged = 0;
   task.spec.args = std::string();
   task.spec.inputs = std::vector<ObjectId>();
+  task.spec.host_inputs = std::vector<uint32_t>();
   for (const ObjectId& o : task.outputs) finished_outputs_[o] = task.id;
   auto it = tasks_.find(task.id);
   finished_.push_back(std::move(it->second));

@@ -64,6 +64,9 @@ struct TaskSpec {
   // client's task reads its outputs).
   bool detach = false;
   Variant variant = Variant::kAuto;
+  // Indices of inputs it reads in host memory wherever it runs: placement counts them as
+  // read there, and they are not prefetched to its GPU.
+  std::vector<uint32_t> host_inputs;
 };
 
 }  // namespace depot::scheduler

@@ -60,6 +60,7 @@ TaskSpec SpecOf(wire::TaskSpec::Reader in) {
   spec.retries = in.getRetries();
   spec.output_bytes = in.getOutputBytes();
   spec.detach = in.getDetach();
+  for (uint32_t k : in.getHostInputs()) spec.host_inputs.push_back(k);
   switch (in.getVariant()) {
     case wire::Variant::CPU:
       spec.variant = scheduler::Variant::kCpu;

@@ -394,6 +394,40 @@ TEST_F(SchedulerTest, AGpuTaskRunsOnTheDeviceHoldingItsInput) {
   EXPECT_EQ(scheduler_.counters().moved_bytes, 0u);
 }
 
+TEST_F(SchedulerTest, HostInputsAreReadOnHostWhereverTheTaskRuns) {
+  AddWorker(1, 1, {0});
+  AddWorker(2, 1, {1});
+  // A function's pickle on host (input 0) and its data on GPU 1 (input 1).
+  const ObjectId function = store_.Put(4096);
+  const ObjectId data = store_.Put(64 * kMiB, 1);
+  TaskSpec t = Task({function, data}, kGpuOnly);
+  t.host_inputs = {0};
+  Submit(t);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].device, 1);
+  EXPECT_EQ(scheduler_.counters().moved_bytes, 0u);  // the pickle is read where it is
+  EXPECT_EQ(scheduler_.counters().local_bytes, 64 * kMiB + 4096);
+
+  // Queued behind a busy GPU, only what it reads on the GPU is prefetched there.
+  const ObjectId on_host = store_.Put(kMiB);
+  TaskSpec queued = Task({function, on_host}, kGpuOnly);
+  queued.host_inputs = {0};
+  queued.affinity = Affinity::kNone;
+  Submit(queued);
+  Submit(queued);
+  Submit(queued);
+  ASSERT_FALSE(store_.prefetched.empty());
+  for (const auto& [id, device] : store_.prefetched) EXPECT_NE(id, function);
+
+  TaskSpec bad = Task({function});
+  bad.host_inputs = {1};
+  Status s = SubmitStatus({bad});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("host input 1 is not the index of an input"), std::string::npos)
+      << s.ToString();
+}
+
 TEST_F(SchedulerTest, HardAffinityWaitsForTheDeviceHoldingTheInput) {
   AddWorker(1, 0, {0});
   AddWorker(2, 0, {1});

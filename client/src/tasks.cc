@@ -44,6 +44,8 @@ void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
   out.setRetries(t.retries);
   out.setOutputBytes(t.output_bytes);
   out.setDetach(t.detach);
+  auto host_inputs = out.initHostInputs(static_cast<unsigned>(t.host_inputs.size()));
+  for (unsigned i = 0; i < host_inputs.size(); ++i) host_inputs.set(i, t.host_inputs[i]);
   out.setVariant(t.variant == Variant::kCpu   ? wire::Variant::CPU
                  : t.variant == Variant::kGpu ? wire::Variant::GPU
                                               : wire::Variant::AUTO);

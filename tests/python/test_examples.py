@@ -14,6 +14,9 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
     [
         ("map_chunks.py", ["--chunks", "8", "--chunk-mib", "2"], "0 bytes moved"),
         ("tree_reduction.py", ["--leaves", "32", "--leaf-mib", "2"], "every element is 496"),
+        # Simulated GPUs here (the example uses CuPy on real ones when it finds them).
+        ("gpu_pipeline.py", ["--chains", "6", "--mib", "4", "--simulate"],
+         "every sum right; 0 bytes moved, 0 replicas made"),
     ],
 )
 def test_example_runs(script, args, expect):

@@ -55,6 +55,9 @@ struct TaskRequest {
   // then, unless another client's task reads its outputs.
   bool detach = false;
   Variant variant = Variant::kAuto;
+  // Indices of inputs the function reads in host memory wherever it runs (a Python
+  // function's pickle, say): not copied to its GPU, nor counted as copies there.
+  std::vector<uint32_t> host_inputs;
 };
 
 enum class CancelOutcome : uint8_t {

@@ -37,7 +37,7 @@ from ._errors import (
     Timeout,
 )
 from ._ref import ObjectRef
-from ._worker import Worker, get_client, task
+from ._worker import Worker, get_client, task, task_device
 
 _depot._register_errors(_BY_CODE)
 
@@ -93,4 +93,5 @@ __all__ = [
     "get_client",
     "start_daemon",
     "task",
+    "task_device",
 ]

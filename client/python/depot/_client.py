@@ -177,11 +177,12 @@ class Client:
         self._put_encoded(ref, value, _codec.encode(value), pin, device)
 
     def _put_encoded(
-        self, ref: ObjectRef, value: Any, encoded: Any, pin: bool, device: Optional[int] = None
+        self, ref: ObjectRef, value: Any, encoded: Any, pin: bool, device: Optional[int] = None,
+        default_device: Optional[int] = None,
     ) -> None:
         name = ref.name or ""
         if isinstance(encoded, (_device.DLPackSource, _device.InterfaceSource)):
-            _device.put_device(self._conn, ref, encoded, device, pin)
+            _device.put_device(self._conn, ref, encoded, device, pin, default_device)
             return
         if device is not None:
             raise InvalidArgument(
@@ -434,8 +435,10 @@ class Client:
     ) -> Dict[str, Any]:
         """The fields of the task running ``fn(*args)``, as _depot.Connection.submit takes."""
         inputs: List[ObjectRef] = []
+        host_inputs: List[int] = []  # read on host wherever the task runs
         function = _tasks.function_name(fn)
         if function is None:
+            host_inputs.append(len(inputs))
             inputs.append(self._stored_function(fn))
             function = _tasks.CALL
         data, pickled = _tasks.encode_args(args)
@@ -450,6 +453,7 @@ class Client:
         else:
             inline, store = _tasks.inline_args(pickled)
             if store:
+                host_inputs.append(len(inputs))
                 inputs.append(self.put(pickled))
         r = dict(resources or {})
         task: Dict[str, Any] = {
@@ -465,6 +469,7 @@ class Client:
             "retries": retries,
             "detach": detach,
             "variant": variant or "auto",
+            "host_inputs": host_inputs,
         }
         if name is not None:
             names = [name] if num_outputs == 1 else [f"{name}/{k}" for k in range(num_outputs)]

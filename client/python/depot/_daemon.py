@@ -81,15 +81,14 @@ class Daemon:
         """The process ids of the worker processes started with it (``workers=N``)."""
         return [w.pid for w in self._workers]
 
-    def _start_workers(self, count: int, timeout: float) -> None:
+    def _start_workers(self, count: int, gpus: Sequence[int], timeout: float) -> None:
         with open(self.log_path, "ab") as log:
-            for _ in range(count):
+            for i in range(count):
+                argv = [sys.executable, "-m", "depot.worker", "--socket", self.socket, "--cpus", "1"]
+                if i < len(gpus):
+                    argv += ["--gpus", str(int(gpus[i]))]
                 self._workers.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "depot.worker", "--socket", self.socket,
-                         "--cpus", "1"],
-                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    )
+                    subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
                 )
         deadline = time.monotonic() + timeout
         with self.client(name="start_daemon") as client:
@@ -154,6 +153,7 @@ def start_daemon(
     timeout: float = 10.0,
     simulate_gpus: Union[int, str, None] = None,
     workers: int = 0,
+    worker_gpus: Sequence[int] = (),
 ) -> Daemon:
     """Starts a private depotd and waits until it accepts connections.
 
@@ -169,7 +169,8 @@ def start_daemon(
 
     ``workers`` starts that many Python worker processes attached to it (``depot-worker
     --cpus 1`` each), which run the functions clients submit by value: tasks with no other
-    set-up. They stop with the daemon.
+    set-up; worker i also offers GPU ``worker_gpus[i]`` (this process's ordinal), if the
+    list has that many. They stop with the daemon.
 
     Returns a :class:`Daemon`; use it as a context manager, or call ``close()``. It is
     stopped at interpreter exit in any case. Raises DepotError with the daemon's log if it
@@ -202,7 +203,7 @@ def start_daemon(
         time.sleep(0.005)
     if workers > 0:
         try:
-            daemon._start_workers(workers, timeout)
+            daemon._start_workers(workers, worker_gpus, timeout)
         except BaseException:
             daemon.close()
             raise

@@ -200,8 +200,14 @@ def _capsule(value: Any) -> Any:
         return value.__dlpack__(stream=_LEGACY_STREAM)
 
 
-def put_device(conn: Any, ref: ObjectRef, source: Any, device: Optional[int], pin: bool) -> None:
-    """Stores a GPU array (classify's result) as a new object on its GPU."""
+def put_device(
+    conn: Any, ref: ObjectRef, source: Any, device: Optional[int], pin: bool,
+    default_device: Optional[int] = None,
+) -> None:
+    """Stores a GPU array (classify's result) as a new object on its GPU. ``device`` is
+    what the caller says it is on (an error if the array says otherwise);
+    ``default_device`` where a ``__cuda_array_interface__`` array whose pointer the driver
+    does not know (a simulated GPU's) is taken to be, when ``device`` is None (else 0)."""
     name = ref.name or ""
     if isinstance(source, DLPackSource):
         value = source.value
@@ -255,7 +261,12 @@ def put_device(conn: Any, ref: ObjectRef, source: Any, device: Optional[int], pi
             f"this {type(value).__name__} is on GPU {on}, not {device}: a GPU array is stored "
             "on its own GPU (get(..., device=k) copies it elsewhere)"
         )
-    target = on if on is not None else (0 if device is None else int(device))
+    if on is not None:
+        target = on
+    elif device is not None:
+        target = int(device)
+    else:
+        target = 0 if default_device is None else int(default_device)
     stream = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
     conn.put_device(
         ref.id, pointer, _product(shape) * itemsize, target,

@@ -49,6 +49,13 @@ def get_client() -> Client:
     return client
 
 
+def task_device() -> Optional[int]:
+    """In a task's function: the GPU it runs on (this process's CUDA ordinal), or None for a
+    task on host memory. Raises RuntimeError anywhere else."""
+    get_client()  # only in a task
+    return getattr(_running, "device", None)
+
+
 # What a task's completion carries of one output, data and metadata together; larger
 # outputs are put into the store while the task runs (as TaskContext::Put in C++).
 _INLINE_OUTPUT = 64 << 10
@@ -231,6 +238,7 @@ class Worker:
                 values = [self._client._task_value(r, task.device) for r in data]
                 values += self._client.get_many(refs[len(data):])
             _running.client = self._client
+            _running.device = task.device if task.device >= 0 else None
             try:
                 result = fn(*_tasks.decode_args(args, values))
             finally:
@@ -266,7 +274,12 @@ class Worker:
                 if data is not None:
                     task.put(k, data, encoded.metadata)
                     continue
-            self._client._put_encoded(ObjectRef(outputs[k]), value, encoded, False)
+            # A GPU array goes to its own GPU; one whose GPU its pointer does not tell (a
+            # simulated GPU's) to the task's.
+            device = task.device if task.device >= 0 else None
+            self._client._put_encoded(
+                ObjectRef(outputs[k]), value, encoded, False, default_device=device
+            )
 
 
 def _one_buffer(encoded: "_codec.Encoded") -> Optional[Any]:

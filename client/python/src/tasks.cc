@@ -76,6 +76,8 @@ TaskRequest RequestOf(nb::dict d) {
       r.output_bytes = nb::cast<uint64_t>(value);
     } else if (k == "detach") {
       r.detach = nb::cast<bool>(value);
+    } else if (k == "host_inputs") {
+      r.host_inputs = nb::cast<std::vector<uint32_t>>(value);
     } else if (k == "variant") {
       r.variant = VariantOf(nb::cast<std::string>(value));
     } else {
