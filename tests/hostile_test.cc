@@ -376,6 +376,19 @@ TEST_F(HostileTest, TaskRequestsThatLieOrOverreachAreRefusedSayingWhy) {
     res[0].setAmount(std::numeric_limits<double>::infinity());
   });
   EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  // GPU variants: names as bounded as the others, and no more of them.
+  reply = register_with(16, [](auto reg) { reg.initGpuFunctions(1).set(0, ""); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  const std::string long_name(300, 'f');
+  reply = register_with(17, [&](auto reg) { reg.initGpuFunctions(1).set(0, long_name); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  reply = register_with(18, [](auto reg) {
+    auto names = reg.initGpuFunctions(2000);
+    for (unsigned i = 0; i < names.size(); ++i) names.set(i, "f" + std::to_string(i));
+  });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(ErrorOf(reply).second.find("at most 1024 functions"), std::string::npos)
+      << ErrorOf(reply).second;
 
   // Now a worker: it is sent the victim's task, and claims success without sealing its
   // output, after completing a task it was never given. The task fails; nothing else does.
@@ -401,6 +414,20 @@ TEST_F(HostileTest, TaskRequestsThatLieOrOverreachAreRefusedSayingWhy) {
   EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
   reply = submit_with(11, [&](auto t) { ipc::ToWire(victim_id_, t.initOutputs(1)[0]); });
   EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::ALREADY_EXISTS);
+  // Host inputs that are not inputs, or more of them than inputs.
+  reply = submit_with(19, [&](auto t) {
+    ipc::ToWire(victim_id_, t.initInputs(1)[0]);
+    t.initHostInputs(1).set(0, 1);
+  });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(ErrorOf(reply).second.find("host input 1 is not the index of an input"),
+            std::string::npos)
+      << ErrorOf(reply).second;
+  reply = submit_with(20, [&](auto t) {
+    ipc::ToWire(victim_id_, t.initInputs(1)[0]);
+    t.initHostInputs(100000);
+  });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
 
   ASSERT_OK_AND_ASSIGN(auto outputs, victim_->Submit({.function = "noop"}));
   auto assign = attacker->Receive();
