@@ -68,6 +68,10 @@ uint32_t DurationModel::PassedOver(std::string_view function, bool on_gpu,
   return size == it->second.end() ? 0 : size->second.of(on_gpu).passed_over;
 }
 
+void DurationModel::Forget(std::string_view function) {
+  if (auto it = functions_.find(function); it != functions_.end()) functions_.erase(it);
+}
+
 void DurationModel::Chose(std::string_view function, bool on_gpu, uint64_t input_bytes) {
   Size& size = At(function, input_bytes);
   size.of(on_gpu).passed_over = 0;

@@ -1,6 +1,6 @@
 // How long each function takes: a running estimate per function, kind of device and size of
 // input, from the durations workers' tasks took (StarPU's history-based model, its footprint
-// being the input bytes to within a factor of 4).
+// the input bytes, in classes a factor of 4 wide).
 //
 // It also keeps what the choice between a function's two variants (CPU and GPU) needs: which
 // variants are measured at a size, and how many placements in a row passed a variant over,
@@ -35,8 +35,8 @@ class DurationModel {
   };
 
   // The expected seconds of `function` on a CPU and on a GPU for `input_bytes` of input: as
-  // measured at sizes within a factor of 4 of it; else from the nearest size measured (in
-  // proportion to the bytes when they are more); else kUnmeasured.
+  // measured at sizes of its class (classes a factor of 4 wide); else from the nearest size
+  // measured (in proportion to the bytes when they are more); else kUnmeasured.
   Estimates Expected(std::string_view function, uint64_t input_bytes) const;
   Durations ExpectedDurations(std::string_view function, uint64_t input_bytes) const {
     const Estimates e = Expected(function, input_bytes);
@@ -50,6 +50,8 @@ class DurationModel {
   uint32_t PassedOver(std::string_view function, bool on_gpu, uint64_t input_bytes) const;
   // A placement of `function` at about `input_bytes` chose the variant `on_gpu`.
   void Chose(std::string_view function, bool on_gpu, uint64_t input_bytes);
+  // Forgets what it knows of `function` (no worker runs it any more).
+  void Forget(std::string_view function);
 
  private:
   // Each new duration weighs this much against the history.
@@ -66,7 +68,7 @@ class DurationModel {
     Variant& of(bool on_gpu) { return on_gpu ? gpu : cpu; }
     const Variant& of(bool on_gpu) const { return on_gpu ? gpu : cpu; }
   };
-  // Sizes within a factor of 4 share a class.
+  // Sizes whose bit widths halve to the same number share a class (a factor of 4 wide).
   static int SizeClass(uint64_t bytes);
   static Estimate Estimated(const std::map<int, Size>& sizes, bool on_gpu, uint64_t bytes);
   Size& At(std::string_view function, uint64_t bytes);

@@ -432,6 +432,9 @@ Result<std::vector<size_t>> Scheduler::Validate(
     if (Status s = CheckResources(spec.resources); !s.ok()) {
       return Status::InvalidArgument(name + s.message());
     }
+    if (spec.variant == Variant::kCpu && spec.resources.gpu > 0) {
+      return Status::InvalidArgument(name + "the CPU variant asks for no GPU");
+    }
     if (!SomeWorkerCouldRun(spec)) {
       return Status::InvalidArgument(name + "no worker attached can run '" + spec.function +
                                      "' with the resources it asks for");
@@ -508,22 +511,33 @@ Result<std::vector<size_t>> Scheduler::Validate(
 }
 
 bool Scheduler::CouldEverPlace(const Task& task) const {
-  if (!SomeWorkerCouldRun(task.spec)) return false;
-  if (task.spec.affinity != Affinity::kHard || !task.asks_gpu()) return true;
-  // Hard affinity: some worker must offer the GPU holding most of its input.
-  std::vector<StoreAccess::Object> found(task.spec.inputs.size());
-  store_.Locate(task.spec.inputs, found);
-  std::vector<InputView> inputs;
-  for (const auto& f : found) inputs.push_back(f.where);
-  for (uint32_t k : task.spec.host_inputs) inputs[k].host = true;
-  const auto favourite = DeviceWithMostInput(inputs, /*gpus_only=*/true);
-  if (!favourite) return true;
-  const auto& runners = runners_.at(task.spec.function);
-  return std::any_of(runners.begin(), runners.end(), [&](SessionId id) {
-    const Worker& w = *workers_.at(id);
-    return !w.draining && std::find(w.capacity.gpus.begin(), w.capacity.gpus.end(), *favourite) !=
-                              w.capacity.gpus.end();
-  });
+  auto it = runners_.find(task.spec.function);
+  if (it == runners_.end()) return false;
+  // Hard affinity: a way on a GPU needs a worker offering the GPU holding most of its input.
+  std::optional<int32_t> favourite;
+  if (task.spec.affinity == Affinity::kHard) {
+    std::vector<StoreAccess::Object> found(task.spec.inputs.size());
+    store_.Locate(task.spec.inputs, found);
+    std::vector<InputView> inputs;
+    for (const auto& f : found) inputs.push_back(f.where);
+    for (uint32_t k : task.spec.host_inputs) inputs[k].host = true;
+    favourite = DeviceWithMostInput(inputs, /*gpus_only=*/true);
+  }
+  for (const Way& way : Ways(task.spec)) {
+    const bool needs_favourite = favourite && way.request.gpu > 0;
+    for (SessionId id : it->second) {
+      const Worker& w = *workers_.at(id);
+      if (w.draining || !way.eligible(w, task.spec.function) ||
+          !w.resources.CouldEverFit(way.request)) {
+        continue;
+      }
+      if (!needs_favourite || std::find(w.capacity.gpus.begin(), w.capacity.gpus.end(),
+                                        *favourite) != w.capacity.gpus.end()) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 bool Scheduler::SomeWorkerCouldRun(const TaskSpec& spec) const {
@@ -546,14 +560,16 @@ std::vector<Scheduler::Way> Scheduler::Ways(const TaskSpec& spec) const {
   // A GPU variant runs on one GPU, with no CPU slot, unless the task asks a share itself.
   const ResourceRequest on_gpu =
       asked.gpu > 0 ? asked : ResourceRequest{.cpu = 0, .gpu = 1, .custom = asked.custom};
+  const bool has_gpu_variant = gpu_variants_.contains(spec.function);
   switch (spec.variant) {
-    case Variant::kCpu:
-      if (asked.gpu > 0) break;  // a CPU variant that holds a GPU: run as asked
+    case Variant::kCpu:  // asks no GPU (Validate)
       return {{.request = asked, .runs = Way::Runs::kCpuVariant}};
     case Variant::kGpu:
-      return {{.request = on_gpu, .runs = Way::Runs::kAsIs}};
+      // Where a worker has a GPU variant, only that; else a function run as is, on a GPU.
+      return {
+          {.request = on_gpu, .runs = has_gpu_variant ? Way::Runs::kGpuVariant : Way::Runs::kAsIs}};
     case Variant::kAuto:
-      if (asked.gpu > 0 || !gpu_variants_.contains(spec.function)) break;
+      if (asked.gpu > 0 || !has_gpu_variant) break;
       return {{.request = asked, .runs = Way::Runs::kCpuVariant},
               {.request = on_gpu, .runs = Way::Runs::kGpuVariant}};
   }
@@ -621,6 +637,8 @@ void Scheduler::MakeReady(Task& task) {
 void Scheduler::Requeue(Task& task) {
   Unplace(task);
   task.device = kHostMemory;
+  task.variant.clear();
+  task.variant_reason.clear();
   MakeReady(task);
 }
 
@@ -739,7 +757,7 @@ bool Scheduler::TryPlace(Task& task) {
       const bool gpu = plan->way->runs == Way::Runs::kGpuVariant;
       task.variant = gpu ? "gpu" : "cpu";
       task.variant_reason =
-          std::string("the ") + (gpu ? "CPU" : "GPU") + " variant found no worker with room";
+          std::string("the ") + (gpu ? "CPU" : "GPU") + " variant found no place now";
       durations_.Chose(task.spec.function, gpu, task.input_bytes);
     }
   }
@@ -770,13 +788,16 @@ bool Scheduler::TryPlace(Task& task) {
   StartQueued(w);  // it may fit beside what runs there (a CPU task beside a GPU one)
   if (task.state == TaskState::kRunning && task.after == 0) return true;
   if (choice.moved_bytes > 0) {
-    std::vector<ObjectId> missing;
-    const uint64_t bit = uint64_t{1} << (task.device + 1);
+    // Each input to where the task reads it: its device, or host memory for host inputs.
+    std::vector<ObjectId> missing, to_host;
     for (size_t k = 0; k < inputs.size(); ++k) {
-      if ((inputs[k].tiers & bit) == 0 && !inputs[k].host) missing.push_back(task.spec.inputs[k]);
+      const int32_t where = inputs[k].host ? kHostMemory : task.device;
+      if ((inputs[k].tiers & (uint64_t{1} << (where + 1))) != 0) continue;
+      (where == task.device ? missing : to_host).push_back(task.spec.inputs[k]);
     }
-    counters_.prefetches += missing.size();
-    store_.Prefetch(missing, task.device);
+    counters_.prefetches += missing.size() + to_host.size();
+    if (!missing.empty()) store_.Prefetch(missing, task.device);
+    if (!to_host.empty()) store_.Prefetch(to_host, kHostMemory);
   }
   return true;
 }
@@ -863,6 +884,12 @@ std::optional<Scheduler::Plan> Scheduler::PlanWay(const Task& task, const Way& w
 
 const Scheduler::Plan& Scheduler::ChooseVariant(Task& task, const Plan& cpu, const Plan& gpu) {
   const std::string& f = task.spec.function;
+  if (options_.random_placement) {
+    const bool on_gpu = (random_() & 1) != 0;
+    task.variant = on_gpu ? "gpu" : "cpu";
+    task.variant_reason = "random placement";
+    return on_gpu ? gpu : cpu;
+  }
   const DurationModel::Estimates estimates = durations_.Expected(f, task.input_bytes);
   const bool gpu_faster = gpu.choice.finish_s < cpu.choice.finish_s;
   const Plan& best = gpu_faster ? gpu : cpu;
@@ -1056,8 +1083,10 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
     }
     Task& task = *it->second;
     // One sent ahead and reported before the task it followed: its start is not known.
-    if (task.after == 0)
+    // Only runs that succeeded are measured: a variant that fails fast must not look fast.
+    if (task.after == 0 && c.ok) {
       durations_.Record(task.spec.function, task.on_gpu(), task.input_bytes, now - task.started_at);
+    }
     if (!c.ok) {
       ++w.failed;
       store_.AbortCreating(worker, task.outputs);
@@ -1210,10 +1239,15 @@ void Scheduler::Settle() {
 }
 
 void Scheduler::ForgetWorker(Worker& worker) {
+  // A function no worker runs any more takes its measurements with it: what the daemon
+  // keeps is bounded by what the workers attached register.
   auto forget = [&](const std::string& f) {
     auto it = runners_.find(f);
     std::erase(it->second, worker.id);
-    if (it->second.empty()) runners_.erase(it);
+    if (it->second.empty()) {
+      runners_.erase(it);
+      durations_.Forget(f);
+    }
   };
   for (const std::string& f : worker.functions) forget(f);
   for (const std::string& f : worker.gpu_functions) {

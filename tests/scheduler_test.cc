@@ -1066,7 +1066,15 @@ class VariantTest : public SchedulerTest {
     Run(sent[0]);
     return sent[0].device;
   }
+  // The task finished last.
   TaskInfo Last() { return scheduler_.Tasks().back(); }
+  TaskInfo Of(TaskId id) {
+    for (const TaskInfo& t : scheduler_.Tasks()) {
+      if (t.id == id) return t;
+    }
+    ADD_FAILURE() << "no task " << id;
+    return {};
+  }
 };
 
 TEST_F(VariantTest, PinnedVariantsRunWhereTheySay) {
@@ -1155,6 +1163,84 @@ TEST_F(VariantTest, OnlyWorkersWithAVariantRunIt) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   // Unpinned, it runs on the GPU variant.
   EXPECT_EQ(RunTimed(input, Variant::kAuto, 0.001), 0);
+}
+
+TEST_F(VariantTest, ATaskNoWayOfWhichCouldEverBePlacedWaitsAsideSayingWhy) {
+  // "f" has only a GPU variant, on GPU 0; its input is on GPU 1, which a worker offers
+  // without running "f": with hard affinity, no way of the task can ever be placed.
+  WorkerSpec on_gpu0{.capacity = {.cpu = 1, .gpus = {0}}, .gpu_functions = {"f"}};
+  ASSERT_TRUE(scheduler_.AddWorker(1, std::move(on_gpu0)).ok());
+  AddWorker(2, 1, {1}, {"g"});
+  const ObjectId input = store_.Put(kMiB, 1);
+  TaskSpec t = Task({input});
+  t.affinity = Affinity::kHard;
+  Submit(t);
+  EXPECT_TRUE(link_.Take().empty());
+  const std::string reason = scheduler_.Tasks().front().reason;
+  EXPECT_NE(reason.find("hard affinity"), std::string::npos) << reason;
+  // Others are not held back by it.
+  TaskSpec other = Task({store_.Put(kMiB)});
+  Submit(other);
+  ASSERT_EQ(link_.Take().size(), 1u);
+  // A worker with the GPU variant on GPU 1 takes it.
+  WorkerSpec on_gpu1{.capacity = {.cpu = 1, .gpus = {1}}, .gpu_functions = {"f"}};
+  ASSERT_TRUE(scheduler_.AddWorker(3, std::move(on_gpu1)).ok());
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].worker, 3u);
+  EXPECT_EQ(sent[0].device, 1);
+}
+
+TEST_F(VariantTest, PinningTheGpuVariantTakesOnlyWorkersWithOne) {
+  AddWorker(1, 1, {0});  // runs "f" as registered, GPU 0
+  WorkerSpec both{.capacity = {.cpu = 1, .gpus = {1}}, .functions = {"f"}, .gpu_functions = {"f"}};
+  ASSERT_TRUE(scheduler_.AddWorker(2, std::move(both)).ok());
+  const ObjectId on_gpu0 = store_.Put(kMiB, 0);  // where worker 1 is
+  for (int i = 0; i < 3; ++i) {
+    TaskSpec t = Task({on_gpu0});
+    t.variant = Variant::kGpu;
+    Submit(t);
+    auto sent = link_.Take();
+    ASSERT_EQ(sent.size(), 1u);
+    EXPECT_EQ(sent[0].worker, 2u) << i;
+    Run(sent[0]);
+  }
+  TaskSpec contradiction = Task({on_gpu0}, kGpuOnly);
+  contradiction.variant = Variant::kCpu;
+  Status s = SubmitStatus({contradiction});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the CPU variant asks for no GPU"), std::string::npos) << s.ToString();
+}
+
+TEST_F(VariantTest, OnlySuccessfulRunsAreMeasuredAndAFunctionNoWorkerRunsIsForgotten) {
+  AddBothWays(1);
+  const ObjectId input = store_.Put(kMiB);
+  TaskSpec gpu = Task({input});
+  gpu.variant = Variant::kGpu;
+  // A GPU variant that fails at once does not look fast.
+  Submit(gpu);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  now_ += 1e-5;
+  Fail(sent[0], "no CUDA here");
+  Submit(gpu);
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(Of(sent[0].task).duration_s, DurationModel::kUnmeasured);
+  now_ += 0.5;
+  Run(sent[0]);
+  Submit(gpu);
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_NEAR(Of(sent[0].task).duration_s, 0.5, 1e-9);
+  Run(sent[0]);
+  // Its last worker gone, "f" is forgotten: a worker that attaches later starts afresh.
+  scheduler_.RemoveSession(1);
+  AddBothWays(2);
+  Submit(gpu);
+  sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(Of(sent[0].task).duration_s, DurationModel::kUnmeasured);
 }
 
 TEST_F(VariantTest, WorkersListTheirGpuVariants) {

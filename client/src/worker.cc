@@ -201,6 +201,7 @@ void Worker::Register(std::string name, Function cpu, Function gpu) {
   entry.function = std::move(cpu);
   entry.gpu_function = std::move(gpu);
   entry.ns.store(-1);
+  entry.gpu_ns.store(-1);
 }
 
 void Worker::Stop() {
@@ -325,13 +326,19 @@ void Worker::Serve() {
     context.sealed_ = std::move(job.sealed);
     Status status;
     auto it = functions_.find(job.function);
-    // On a GPU, the GPU variant where there is one; else the function as registered.
+    // On a GPU, the GPU variant where there is one; else the function as registered. Each
+    // has its own measure of how long it runs.
     const Function* function = nullptr;
+    std::atomic<int64_t>* measured = nullptr;
     if (it != functions_.end()) {
-      const Registered& r = it->second;
-      function = job.device != Client::kHostMemory && r.gpu_function ? &r.gpu_function
-                 : r.function                                        ? &r.function
-                                                                     : nullptr;
+      Registered& r = it->second;
+      if (job.device != Client::kHostMemory && r.gpu_function) {
+        function = &r.gpu_function;
+        measured = &r.gpu_ns;
+      } else if (r.function) {
+        function = &r.function;
+        measured = &r.ns;
+      }
     }
     if (function == nullptr) {
       status = Status::InvalidArgument(
@@ -347,8 +354,8 @@ void Worker::Serve() {
         status = Status::Internal("the function threw something that is not a std::exception");
       }
       const int64_t ns = std::chrono::nanoseconds(Clock::now() - start).count();
-      const int64_t before = it->second.ns.load(std::memory_order_relaxed);
-      it->second.ns.store(before < 0 ? ns : (3 * before + ns) / 4, std::memory_order_relaxed);
+      const int64_t before = measured->load(std::memory_order_relaxed);
+      measured->store(before < 0 ? ns : (3 * before + ns) / 4, std::memory_order_relaxed);
     }
     Pool::Done done{.task = job.task, .status = std::move(status)};
     if (done.status.ok()) {
@@ -363,10 +370,12 @@ void Worker::Serve() {
     }
     return done;
   };
-  auto is_short = [&](const std::string& function) {
-    auto it = functions_.find(function);
+  auto is_short = [&](const Pool::Job& job) {
+    auto it = functions_.find(job.function);
     if (it == functions_.end()) return true;  // it fails at once
-    const int64_t ns = it->second.ns.load(std::memory_order_relaxed);
+    const Registered& r = it->second;
+    const bool gpu = job.device != Client::kHostMemory && r.gpu_function;
+    const int64_t ns = (gpu ? r.gpu_ns : r.ns).load(std::memory_order_relaxed);
     return ns >= 0 && ns < kShortTaskNs;
   };
 
@@ -418,7 +427,7 @@ void Worker::Serve() {
       if (!pool.jobs.empty() || (!pool.reading && !pool.ended)) pool.WakeOne(*this);
       lock.unlock();
       // A completion held back waits for no task that may be long.
-      if (!held.empty() && !is_short(job.function)) report(held);
+      if (!held.empty() && !is_short(job)) report(held);
       if (held.empty()) held_since = Clock::now();
       const uint64_t task = job.task;
       held.push_back(execute(job));

@@ -74,4 +74,5 @@ def run_variant_worker(socket):
     """A worker with one CPU slot and GPU 0, and a function with a variant for each."""
     with depot.Worker(socket, cpus=1, gpus=[0], name="variant worker") as worker:
         worker.register("describe", cpu=describe_on_cpu, gpu=describe_on_gpu)
+        worker.register("kinds", lambda *values: [type(v).__name__ for v in values])
         worker.run()

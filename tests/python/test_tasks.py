@@ -317,7 +317,9 @@ def test_a_function_with_two_variants_runs_where_its_input_already_is():
             try:
                 assert wait_for(lambda: client.status().scheduler.workers == 1, timeout=60)
                 [w] = client.workers()
-                assert (w.functions, w.gpu_functions) == (["depot.call", "describe"], ["describe"])
+                assert (w.functions, w.gpu_functions) == (
+                    ["depot.call", "describe", "kinds"], ["describe"]
+                )
                 big = np.arange(2 << 20, dtype=np.float64)
                 on_gpu = client.put(FakeInterfaceArray(big), device=0)
                 placed = client.locate([on_gpu])[0]
@@ -342,6 +344,13 @@ def test_a_function_with_two_variants_runs_where_its_input_already_is():
                 assert "expected to finish first: gpu" in chosen.variant_reason
                 with pytest.raises(ValueError, match="variant"):
                     client.submit("describe", small, variant="fpga")
+
+                # A task on a GPU gets arrays there, other values from host memory, which
+                # are not copied to the GPU.
+                settings = client.put({"k": 3})
+                kinds = client.submit("kinds", small, settings, resources={"GPU": 1, "CPU": 0})
+                assert client.get(kinds, timeout=60) == ["DeviceArray", "dict"]
+                assert client.locate([settings])[0].gpus == []
             finally:
                 worker.kill()
                 worker.join(10)

@@ -145,8 +145,9 @@ class Worker {
   struct Registered {
     Function function;      // as is, or the CPU variant
     Function gpu_function;  // the GPU variant, if any
-    // How long it ran lately, a moving average; -1 until it has run.
+    // How long each ran lately, a moving average; -1 until it has run.
     std::atomic<int64_t> ns{-1};
+    std::atomic<int64_t> gpu_ns{-1};
   };
   // The loop each of the pool's threads runs (Run's own too): take a job, read the daemon's
   // pushes, or wait; until the daemon has drained the worker or the connection ends.

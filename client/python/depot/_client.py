@@ -305,8 +305,17 @@ class Client:
 
     def _task_value(self, ref: ObjectRef, device: int) -> Any:
         """An input of a task that runs on GPU ``device``: an array as a DeviceArray there
-        (the daemon copies it there if it is not yet), any other value from host memory."""
-        buffer = self._conn.get_on_device(ref.id, device, _codec.parse_timeout(None))
+        (the daemon copies it there if it is not yet), any other value from host memory.
+        Only arrays are copied to the GPU: an object in host memory is looked at there
+        first."""
+        forever = _codec.parse_timeout(None)
+        placed = self.locate([ref])[0]
+        if placed.on_host and device not in placed.gpus:
+            buffer = self._conn.get(ref.id, forever)
+            if not _device.is_array_metadata(buffer.metadata):
+                return _codec.decode(buffer)
+            del buffer
+        buffer = self._conn.get_on_device(ref.id, device, forever)
         if _device.is_array_metadata(buffer.metadata):
             return DeviceArray._of(buffer)
         del buffer
