@@ -11,7 +11,9 @@ last result, best of --repeat runs, with the arrays dropped between runs. Baseli
 same run: np.copyto of one array (memcpy of --mb megabytes) in this process.
 
 depot: `client.submit` of functions sent by value on `start_daemon(workers=W)`; an array a
-task returns is stored in the host arena, and the next stage maps it with no copy. Ray:
+task returns is stored in the host arena, and the next stage maps it with no copy.
+`depot*`: the same, with stage 1 filling its output where it is stored
+(`depot.output_array`) instead of returning a private array the worker copies in. Ray:
 `@ray.remote` tasks on `ray.init(num_cpus=W)`, arrays in its plasma store. Dask:
 `client.submit` on a `LocalCluster` of W single-threaded worker processes (arrays stay in
 the worker that made them and travel to another over its comms).
@@ -29,6 +31,14 @@ import depot
 
 def make(seed, n):
     return np.full(n, float(seed))
+
+
+def make_in_place(seed, n):
+    """make, filling its output where it is stored (depot.output_array): no private array
+    to copy into the store afterwards."""
+    out = depot.output_array(n, "float64")
+    out.fill(float(seed))
+    return out
 
 
 def combine(a, b):
@@ -53,14 +63,14 @@ def check(results, chains: int, n: int) -> None:
         assert nbytes == 16 * n
 
 
-def bench_depot(workers: int, chains: int, n: int, repeat: int) -> float:
+def bench_depot(workers: int, chains: int, n: int, repeat: int, maker=make) -> float:
     memory = f"{max(2048, 3 * chains * n * 8 >> 20)}MiB"
     with depot.start_daemon(memory=memory, workers=workers) as daemon, daemon.client() as c:
         c.get_many([c.submit(make, 0, 1), c.submit(combine, np.ones(1), np.ones(1))], timeout=60)
         best = float("inf")
         for _ in range(repeat):
             start = time.perf_counter()
-            arrays = [c.submit(make, i, n) for i in range(chains)]
+            arrays = [c.submit(maker, i, n) for i in range(chains)]
             outs = [c.submit(combine, arrays[j], arrays[(j + 1) % chains]) for j in range(chains)]
             results = c.get_many(outs, timeout=600)
             best = min(best, time.perf_counter() - start)
@@ -131,7 +141,11 @@ def main() -> None:
     print(f"baseline memcpy of {args.mb} MB: {copy * 1e3:.2f} ms")
     print(f"{'system':8} {'workers':>7} {'chains':>6} {'total':>10} {'per array':>10} "
           f"{'x memcpy':>9}")
-    runs = [("depot", bench_depot)]
+    totals = {}
+    runs = [
+        ("depot", bench_depot),
+        ("depot*", lambda *a: bench_depot(*a, maker=make_in_place)),
+    ]
     if not args.no_ray:
         runs.append(("ray", bench_ray))
     if not args.no_dask:
@@ -141,9 +155,15 @@ def main() -> None:
         if total is None:
             print(f"{system:8} {args.workers:7d}  (not installed)")
             continue
+        totals[system] = total
         per = total / args.chains
         print(f"{system:8} {args.workers:7d} {args.chains:6d} {total * 1e3:8.1f} ms "
               f"{per * 1e3:7.1f} ms {per / copy:9.2f}")
+    others = [totals[s] for s in ("ray", "dask") if s in totals]
+    if others:
+        fastest = min(others)
+        print(f"fastest of Ray and Dask / depot: {fastest / totals['depot']:.2f}x, "
+              f"/ depot*: {fastest / totals['depot*']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,46 @@ def test_refs_nested_in_arguments_arrive_as_refs_and_are_read_with_get_client(cl
         depot.get_client()
 
 
+def test_an_output_filled_in_place_is_sealed_as_it_is(client, workers):
+    workers(1)
+
+    def fill(n):
+        out = depot.output_array(n, "float64")
+        out[:] = 7.0
+        return out
+
+    np.testing.assert_array_equal(client.get(client.submit(fill, 1000), timeout=60),
+                                  np.full(1000, 7.0))
+
+    def second(n):
+        out = depot.output_array((2, n), "int32", index=1)
+        out[:] = 1
+        return "first", out
+
+    first, other = client.submit(second, 3, num_outputs=2)
+    assert client.get(first, timeout=60) == "first"
+    np.testing.assert_array_equal(client.get(other, timeout=60), np.ones((2, 3), np.int32))
+
+    # Returning something else stores that, and a failure drops what was made.
+    def returns_else(n):
+        depot.output_array(n)
+        return "else"
+
+    assert client.get(client.submit(returns_else, 10), timeout=60) == "else"
+    for body, message in [
+        ("depot.output_array(4)\n    raise ValueError('no luck')", "no luck"),
+        ("depot.output_array(4)\n    depot.output_array(4)", "made already"),
+        ("depot.output_array(4, index=3)", "no output 3"),
+    ]:
+        namespace = {"depot": depot}
+        exec(f"def task():\n    {body}", namespace)
+        with pytest.raises(depot.TaskFailed, match=message):
+            client.get(client.submit(namespace["task"]), timeout=60)
+    assert client.status().objects_creating == 0
+    with pytest.raises(RuntimeError, match="task's function"):
+        depot.output_array(4)
+
+
 def test_closures_and_lambdas_run_by_value(client, workers):
     workers(1)
     offset = 7

@@ -37,7 +37,7 @@ from ._errors import (
     Timeout,
 )
 from ._ref import ObjectRef
-from ._worker import Worker, get_client, task, task_device
+from ._worker import Worker, get_client, output_array, task, task_device
 
 _depot._register_errors(_BY_CODE)
 
@@ -91,6 +91,7 @@ __all__ = [
     "WorkerInfo",
     "find_depotd",
     "get_client",
+    "output_array",
     "start_daemon",
     "task",
     "task_device",

@@ -218,6 +218,12 @@ class Client:
     ) -> Any:
         """Creates an object holding a C-order numpy array to fill in place; returns it
         (writable). Seal it with :meth:`seal`; ``get`` then returns a read-only array."""
+        ref = ObjectRef.from_name(name) if name is not None else ObjectRef(_depot.random_id())
+        return self._create_array(ref, shape, dtype, pin)
+
+    def _create_array(
+        self, ref: ObjectRef, shape: Union[int, Sequence[int]], dtype: Any, pin: bool
+    ) -> Any:
         import numpy as np
 
         dtype = np.dtype(dtype)
@@ -225,7 +231,6 @@ class Client:
         if not _codec._plain_dtype(dtype):
             raise InvalidArgument(f"create_array needs a plain dtype, not {dtype}")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        ref = ObjectRef.from_name(name) if name is not None else ObjectRef(_depot.random_id())
         metadata = _codec.array_metadata(dtype, "C", shape)
         writable = self._conn.create(ref.id, nbytes, metadata, ref.name or "", pin)
         return np.frombuffer(writable, dtype=dtype).reshape(shape)

@@ -49,6 +49,31 @@ def get_client() -> Client:
     return client
 
 
+def output_array(shape: Any, dtype: Any = "float64", *, index: int = 0) -> Any:
+    """In a task's function: the task's output ``index`` as a writable numpy array (C order)
+    in the store, to fill in place and then return as that output. The worker seals it
+    instead of copying a private array into the store: the array is made where its readers
+    will map it. Returning anything else as that output drops it (and stores what was
+    returned); so does an exception. Raises RuntimeError outside a task, IndexError for an
+    output the task does not have, ValueError when called twice for one output."""
+    get_client()  # only in a task
+    task = _running.task
+    if not 0 <= index < len(task.outputs):
+        raise IndexError(f"the task has {len(task.outputs)} outputs; there is no output {index}")
+    created = _running.created
+    if index in created:
+        raise ValueError(f"output {index} was made already")
+    if task.sealed(index):
+        # An earlier attempt stored it before its worker died; it is kept, and what this
+        # one computes for it is not used.
+        import numpy as np
+
+        return np.empty(shape, dtype=dtype)
+    array = _running.client._create_array(ObjectRef(task.outputs[index]), shape, dtype, False)
+    created[index] = array
+    return array
+
+
 def task_device() -> Optional[int]:
     """In a task's function: the GPU it runs on (this process's CUDA ordinal), or None for a
     task on host memory. Raises RuntimeError anywhere else."""
@@ -239,16 +264,22 @@ class Worker:
                 values += self._client.get_many(refs[len(data):])
             _running.client = self._client
             _running.device = task.device if task.device >= 0 else None
+            _running.task = task
+            _running.created = created = {}  # outputs made in place (output_array)
             try:
                 result = fn(*_tasks.decode_args(args, values))
+                self._store(task, result, created)
             finally:
                 _running.client = None
-            self._store(task, result)
+                _running.task = None
+                _running.created = None
+                for array in created.values():  # not returned, or a failure: dropped
+                    self._client.abort(array)
         except Exception:
             return traceback.format_exc()
         return None
 
-    def _store(self, task: Any, result: Any) -> None:
+    def _store(self, task: Any, result: Any, created: Dict[int, Any]) -> None:
         outputs = task.outputs
         if len(outputs) == 1:
             results: Sequence[Any] = (result,)
@@ -268,6 +299,12 @@ class Worker:
         for k, value in enumerate(results):
             if task.sealed(k):
                 continue  # an earlier attempt stored it before its worker died
+            made = created.pop(k, None)
+            if made is not None:
+                if value is made:
+                    self._client.seal(made)  # filled in place: no copy
+                    continue
+                self._client.abort(made)  # something else was returned: that is stored
             encoded = _codec.encode(value)
             if isinstance(encoded, _codec.Encoded):
                 data = _one_buffer(encoded)
