@@ -516,12 +516,7 @@ bool Scheduler::CouldEverPlace(const Task& task) const {
   // Hard affinity: a way on a GPU needs a worker offering the GPU holding most of its input.
   std::optional<int32_t> favourite;
   if (task.spec.affinity == Affinity::kHard) {
-    std::vector<StoreAccess::Object> found(task.spec.inputs.size());
-    store_.Locate(task.spec.inputs, found);
-    std::vector<InputView> inputs;
-    for (const auto& f : found) inputs.push_back(f.where);
-    for (uint32_t k : task.spec.host_inputs) inputs[k].host = true;
-    favourite = DeviceWithMostInput(inputs, /*gpus_only=*/true);
+    favourite = DeviceWithMostInput(InputsOf(task.spec), /*gpus_only=*/true);
   }
   for (const Way& way : Ways(task.spec)) {
     const bool needs_favourite = favourite && way.request.gpu > 0;
@@ -538,6 +533,15 @@ bool Scheduler::CouldEverPlace(const Task& task) const {
     }
   }
   return false;
+}
+
+std::vector<InputView> Scheduler::InputsOf(const TaskSpec& spec) const {
+  std::vector<StoreAccess::Object> found(spec.inputs.size());
+  store_.Locate(spec.inputs, found);
+  std::vector<InputView> inputs(found.size());
+  for (size_t k = 0; k < found.size(); ++k) inputs[k] = found[k].where;
+  for (uint32_t k : spec.host_inputs) inputs[k].host = true;
+  return inputs;
 }
 
 bool Scheduler::SomeWorkerCouldRun(const TaskSpec& spec) const {
@@ -724,13 +728,7 @@ bool Scheduler::TryPlace(Task& task) {
   auto runners = runners_.find(task.spec.function);
   if (runners == runners_.end()) return false;
 
-  std::vector<InputView> inputs(task.spec.inputs.size());
-  {
-    std::vector<StoreAccess::Object> found(task.spec.inputs.size());
-    store_.Locate(task.spec.inputs, found);
-    for (size_t k = 0; k < found.size(); ++k) inputs[k] = found[k].where;
-    for (uint32_t k : task.spec.host_inputs) inputs[k].host = true;
-  }
+  const std::vector<InputView> inputs = InputsOf(task.spec);
   task.input_bytes = 0;
   for (const InputView& in : inputs) task.input_bytes += in.bytes;
   // Devices without room for the outputs are left out of every view.

@@ -251,6 +251,8 @@ class Scheduler final : public ObjectEvents {
   Result<std::vector<size_t>> Validate(std::span<const TaskSpec> tasks,
                                        const std::vector<std::vector<ObjectId>>& outputs) const;
   bool SomeWorkerCouldRun(const TaskSpec& spec) const;
+  // Where a task's inputs are now, those it reads on host marked (InputView::host).
+  std::vector<InputView> InputsOf(const TaskSpec& spec) const;
   // Whether some worker attached could ever take the task (for hard affinity: offers the GPU
   // holding most of its input).
   bool CouldEverPlace(const Task& task) const;
