@@ -182,15 +182,19 @@ struct Location {
   metadata @6 :Data;
 }
 
-# A segment of the host arena the session has not been sent yet, or not yet for writing. Its
-# file descriptor is attached to the frame, in the order of Reply.newSegments. Every segment
-# comes first read-only (`writable` false: a descriptor that cannot be mapped writable); the
-# reply to a session's first create in a segment also carries it writable (after the
-# read-only entry when both are new).
+# A segment of the host arena that a reply names and the session has not been sent yet, or
+# not yet for writing. Its file descriptor is attached to the frame, in the order of
+# Reply.newSegments. Every segment comes first read-only (`writable` false: a descriptor that
+# cannot be mapped writable); the reply to a session's first create in a segment also
+# carries it writable (after the read-only entry when both are new). A shared segment is sent
+# once per session and mapped for the session's life. A `dedicated` segment holds one object
+# larger than a shared segment: it comes with every reply that names it (the client maps it
+# while it holds the object, and unmaps it after), and its index is never reused.
 struct Segment {
   index @0 :UInt32;
   size @1 :UInt64;
   writable @2 :Bool;
+  dedicated @3 :Bool;
 }
 
 # How a client reaches a chunk of a GPU pool (depot::ipc::ChunkHandle).

@@ -1,13 +1,25 @@
 // The host arena: tmpfs-backed segments of shared memory that hold object bytes.
 //
 // Segments are memfds by default (nothing is left behind if the daemon dies) or files in a
-// directory (a tmpfs or hugetlbfs mount). They are added on demand up to the capacity and
-// never removed, so a client maps each one once and keeps it. A new segment is usable at
-// once; its pages are allocated ("pre-faulted") by fallocate on a worker thread, and the
-// arena keeps one empty segment ready ahead of demand, so a put into a warm arena does not
-// pay for page allocation (about 2.4 µs per 4 KiB page on tmpfs, several times memcpy).
-// With CUDA GPUs, that worker then page-locks the segment (ArenaOptions::lock_pages), so copies
-// between the arena and GPUs run at full PCIe speed, not through the driver's staging buffers.
+// directory (a tmpfs or hugetlbfs mount). There are two kinds:
+// - Shared segments, of --segment-size bytes, hold every object that fits one, carved by an
+//   OffsetAllocator. They are added on demand up to the capacity and keep their index, file
+//   and size for the daemon's life, so a client maps each one once and keeps it. A new
+//   segment is usable at once; its pages are allocated ("pre-faulted") by fallocate on a
+//   worker thread, and the arena keeps one empty segment ready ahead of demand, so a put into
+//   a warm arena does not pay for page allocation (about 2.4 µs per 4 KiB page on tmpfs,
+//   several times memcpy). With CUDA GPUs, that worker then page-locks the segment
+//   (ArenaOptions::lock_pages), so copies between the arena and GPUs run at full PCIe speed,
+//   not through the driver's staging buffers.
+// - A dedicated segment holds one object larger than a shared segment, sized to fit. It
+//   exists while the object does; its index (from kFirstDedicated up) is never given to
+//   another, so a client mapping can never show one object's bytes for another's. Its pages
+//   are allocated by its writer as it writes; it is not page-locked.
+// Both count against the capacity. When a dedicated segment needs capacity that empty shared
+// segments hold, they are retired: their pages are given back (a hole punched in the file,
+// which also empties every client's mapping of it) and their capacity goes to the dedicated
+// segment. A retired segment keeps its index and file, and is revived (its pages allocated
+// again) before any new shared segment is added, so clients' mappings of it stay valid.
 #pragma once
 
 #include <boost/asio/thread_pool.hpp>
@@ -20,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "depot/ipc/framing.h"
@@ -31,7 +44,7 @@ namespace depot::store {
 
 struct ArenaOptions {
   uint64_t capacity = 0;      // bytes, over all segments
-  uint64_t segment_size = 0;  // bytes per segment: also the largest object
+  uint64_t segment_size = 0;  // bytes per shared segment; larger objects get their own
   std::string dir;            // empty: memfd segments
   // Page-locks ("pins", as CUDA says) a segment for copies to and from GPUs: the CUDA
   // backend's RegisterHostMemory. It runs on a worker thread once the segment's pages are
@@ -44,6 +57,14 @@ struct ArenaOptions {
 
 class Arena final : public TierPool {
  public:
+  // The first index of a dedicated segment; shared segments are numbered from 0.
+  static constexpr uint32_t kFirstDedicated = 0x8000'0000u;
+  // At most this many shared segments: a reply carries one descriptor per segment it names
+  // that the client has not mapped, and a frame carries at most 253. Create raises the
+  // segment size to keep the count under it.
+  static constexpr uint64_t kMaxSharedSegments = 200;
+  static bool IsDedicated(uint32_t segment) { return segment >= kFirstDedicated; }
+
   // Objects are placed at multiples of this (a cache line)...
   static constexpr uint64_t kAlignment = 64;
   // ...and objects of kPageAlignFrom bytes or more at page boundaries: memcpy into a
@@ -60,21 +81,24 @@ class Arena final : public TierPool {
                                                boost::asio::thread_pool& prefault_pool);
   ~Arena() override;
 
-  // TierPool: regions are segments. Allocate adds a segment when none has room and the
-  // capacity allows.
+  // TierPool: regions are segments. Allocate adds a shared segment when none has room and
+  // the capacity allows, or a dedicated one for an object larger than a shared segment
+  // (retiring empty shared segments for its capacity if it must).
   std::optional<Block> Allocate(uint64_t size) override;
   std::optional<Block> AllocateIn(uint32_t segment, uint64_t size) override;
+  // Freeing a dedicated segment's object removes the segment; its pages are given back on a
+  // worker thread.
   void Free(uint32_t segment, uint32_t handle) override;
   uint64_t OffsetOf(uint32_t segment, uint32_t handle) const override {
-    return segments_[segment]->allocator.OffsetOf(handle);
+    return at(segment).allocator.OffsetOf(handle);
   }
   uint64_t address(uint32_t segment, uint64_t offset) const override {
     return reinterpret_cast<uint64_t>(base(segment) + offset);
   }
   uint64_t BlockSize(uint64_t bytes) const override { return ReservedSize(bytes); }
-  bool CouldFit(uint64_t bytes) const override { return bytes <= options_.segment_size; }
+  bool CouldFit(uint64_t bytes) const override { return ReservedSize(bytes) <= options_.capacity; }
   uint64_t free_bytes(uint32_t segment) const override {
-    return segments_[segment]->allocator.free_bytes();
+    return at(segment).allocator.free_bytes();
   }
   uint64_t used_bytes() const override;
   uint64_t capacity() const override { return options_.capacity; }
@@ -82,15 +106,21 @@ class Arena final : public TierPool {
   std::string name() const override { return "host memory"; }
 
   // Where the daemon sees a segment's bytes.
-  std::byte* base(uint32_t segment) const { return segments_[segment]->base; }
+  std::byte* base(uint32_t segment) const { return at(segment).base; }
   // The descriptors clients receive: read-write for the clients that create objects in the
   // segment, read-only (and impossible to re-open read-write, but for root) for the others.
-  int fd(uint32_t segment) const { return segments_[segment]->fd.get(); }
-  int read_fd(uint32_t segment) const { return segments_[segment]->read_fd.get(); }
-  uint64_t segment_bytes(uint32_t segment) const { return segments_[segment]->size; }
-  uint32_t segment_count() const { return static_cast<uint32_t>(segments_.size()); }
+  int fd(uint32_t segment) const { return at(segment).fd.get(); }
+  int read_fd(uint32_t segment) const { return at(segment).read_fd.get(); }
+  uint64_t segment_bytes(uint32_t segment) const { return at(segment).size; }
+  // Segments in use: shared ones not retired, and dedicated ones.
+  uint32_t segment_count() const {
+    return static_cast<uint32_t>(shared_.size() - retired_ + dedicated_.size());
+  }
+  uint32_t dedicated_count() const { return static_cast<uint32_t>(dedicated_.size()); }
 
-  uint64_t max_object_size() const { return options_.segment_size; }
+  // The largest object a shared segment holds; larger ones get a segment of their own.
+  uint64_t segment_size() const { return options_.segment_size; }
+  // Bytes of segments in use (not retired), against the capacity.
   uint64_t mapped_bytes() const { return mapped_; }
   // Bytes of segments page-locked for GPU copies so far (see ArenaOptions::lock_pages).
   uint64_t page_locked_bytes() const { return page_locked_.load(std::memory_order_relaxed); }
@@ -105,26 +135,49 @@ class Arena final : public TierPool {
  private:
   struct Segment {
     uint32_t index = 0;
+    bool retired = false;  // a shared segment whose pages were given back
     ipc::UniqueFd fd;
     ipc::UniqueFd read_fd;  // the same file, opened read-only
     uint64_t size = 0;
     std::byte* base = nullptr;
     std::atomic<bool> page_locked{false};  // set by the worker that locked it
+    std::atomic<bool> preparing{false};    // while PrepareSegment runs or is queued
     OffsetAllocator allocator;
     Segment(uint64_t bytes) : size(bytes), allocator(bytes, kAlignment) {}
   };
 
   Arena(const ArenaOptions& options, boost::asio::thread_pool& pool)
       : options_(options), prefault_pool_(pool) {}
+  const Segment& at(uint32_t segment) const {
+    return IsDedicated(segment) ? *dedicated_.at(segment) : *shared_[segment];
+  }
+  Segment& at(uint32_t segment) {
+    return IsDedicated(segment) ? *dedicated_.at(segment) : *shared_[segment];
+  }
+  // A new file of `size` bytes named `name`, shared read-only, and the daemon's mapping of it.
+  Result<std::unique_ptr<Segment>> MakeSegment(uint64_t size, const std::string& name);
+  // Adds a shared segment, reviving a retired one if there is one.
   Status AddSegment();
-  // Adds a segment when the last one has started to fill, so the next one is warm in time.
+  Status Revive(Segment& segment);
+  // Reserves a file's pages in --arena-dir, so a write never meets a missing page (SIGBUS).
+  Status Reserve(Segment& segment);
+  // Whether no shared segment after `segment` is in use (not retired).
+  bool LastInUse(uint32_t segment) const;
+  // Adds a shared segment when the last one has started to fill, so the next one is warm in
+  // time.
   void GrowAhead();
   // On a worker: allocates the pages of a memfd segment, then page-locks it if asked to.
   void PrepareSegment(Segment& segment);
+  std::optional<Block> AllocateDedicated(uint64_t size);
+  // Retires empty shared segments until `bytes` of capacity are free; false if it cannot.
+  bool FreeCapacity(uint64_t bytes);
 
   ArenaOptions options_;
   boost::asio::thread_pool& prefault_pool_;
-  std::vector<std::unique_ptr<Segment>> segments_;
+  std::vector<std::unique_ptr<Segment>> shared_;
+  uint32_t retired_ = 0;
+  std::unordered_map<uint32_t, std::unique_ptr<Segment>> dedicated_;
+  uint32_t next_dedicated_ = kFirstDedicated;
   uint64_t mapped_ = 0;
   std::atomic<uint64_t> page_locked_{0};
 };

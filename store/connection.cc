@@ -172,25 +172,35 @@ void Connection::Send(capnp::MessageBuilder& message, wire::Reply::Builder reply
 
 void Connection::AttachSegments(wire::Reply::Builder reply, const ReplyAttachments& attach,
                                 std::vector<int>& fds) {
-  const uint32_t first = segments_sent_;
-  const uint32_t readable =
-      attach.max_segment >= first ? static_cast<uint32_t>(attach.max_segment) + 1 - first : 0;
-  const auto writable = static_cast<uint32_t>(attach.writable_segment);
-  const bool new_writable = attach.writable_segment >= 0 && !writable_sent_.contains(writable);
-  if (readable == 0 && !new_writable) return;
-  auto segs = reply.initNewSegments(readable + (new_writable ? 1 : 0));
-  for (uint32_t i = 0; i < readable; ++i) {
-    segs[i].setIndex(first + i);
-    segs[i].setSize(arena_.segment_bytes(first + i));
-    fds.push_back(arena_.read_fd(first + i));
+  std::vector<uint32_t> fresh;
+  for (const uint32_t segment : attach.segments) {
+    if (Arena::IsDedicated(segment)) {
+      if (std::find(fresh.begin(), fresh.end(), segment) == fresh.end()) fresh.push_back(segment);
+      continue;
+    }
+    if (segments_sent_.size() <= segment) segments_sent_.resize(segment + 1, false);
+    if (!segments_sent_[segment]) {
+      segments_sent_[segment] = true;
+      fresh.push_back(segment);
+    }
   }
-  segments_sent_ += readable;
+  const auto writable = static_cast<uint32_t>(attach.writable_segment);
+  const bool new_writable = attach.writable_segment >= 0 &&
+                            (Arena::IsDedicated(writable) || !writable_sent_.contains(writable));
+  if (fresh.empty() && !new_writable) return;
+  const auto readable = static_cast<unsigned>(fresh.size());
+  auto segs = reply.initNewSegments(readable + (new_writable ? 1 : 0));
+  const auto describe = [&](uint32_t segment, bool rw, wire::Segment::Builder out) {
+    out.setIndex(segment);
+    out.setSize(arena_.segment_bytes(segment));
+    out.setWritable(rw);
+    out.setDedicated(Arena::IsDedicated(segment));
+    fds.push_back(rw ? arena_.fd(segment) : arena_.read_fd(segment));
+  };
+  for (unsigned i = 0; i < readable; ++i) describe(fresh[i], false, segs[i]);
   if (new_writable) {
-    segs[readable].setIndex(writable);
-    segs[readable].setSize(arena_.segment_bytes(writable));
-    segs[readable].setWritable(true);
-    fds.push_back(arena_.fd(writable));
-    writable_sent_.insert(writable);
+    describe(writable, true, segs[readable]);
+    if (!Arena::IsDedicated(writable)) writable_sent_.insert(writable);
   }
 }
 

@@ -32,12 +32,13 @@
 
 namespace depot::store {
 
-// What a reply carries besides its message: the segments up to `max_segment` (-1: none) that
-// the client has not been sent, read-only; `writable_segment` (-1: none) writable, unless
-// it was sent so before; likewise the chunks up to `max_chunk` of GPU `chunk_device`'s pool
-// (-1: none) and its `writable_chunk`; and one more descriptor of the reply's own.
+// What a reply carries besides its message: of the arena `segments` it names (repeats
+// allowed), those the client lacks, read-only: a shared segment it has not been sent, and a
+// dedicated segment always; `writable_segment` (-1: none) writable, unless it is a shared
+// one sent so before; the chunks up to `max_chunk` of GPU `chunk_device`'s pool (-1: none)
+// and its `writable_chunk`; and one more descriptor of the reply's own.
 struct ReplyAttachments {
-  int64_t max_segment = -1;
+  std::span<const uint32_t> segments;
   int64_t writable_segment = -1;
   int32_t chunk_device = -1;
   int64_t max_chunk = -1;
@@ -108,9 +109,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool paused_ = false;  // not reading until queued replies drain
   bool closed_ = false;
   uint64_t buffer_charge_ = 0;  // of the read buffer, counted by Handler::Charge
-  // What the client has been sent: segments 0 .. segments_sent_ - 1 read-only, some
-  // writable, and likewise the chunks of each GPU's pool.
-  uint32_t segments_sent_ = 0;
+  // What the client has been sent: some shared segments read-only (indexed by segment),
+  // some writable, and the chunks of each GPU's pool up to a count.
+  std::vector<bool> segments_sent_;
   std::unordered_set<uint32_t> writable_sent_;
   std::vector<uint32_t> chunks_sent_;                            // by GPU
   std::set<std::pair<int32_t, uint32_t>> writable_chunks_sent_;  // (GPU, chunk)

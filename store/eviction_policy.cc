@@ -26,9 +26,7 @@ uint64_t EvictionPolicy::BlockBytes(uint32_t slot, int32_t tier) const {
 }
 
 void EvictionPolicy::Add(uint32_t slot, const Replica& replica) {
-  std::vector<uint64_t>& bytes = region_bytes_[Index(replica.tier)];
-  if (replica.region >= bytes.size()) bytes.resize(replica.region + 1, 0);
-  bytes[replica.region] += BlockBytes(slot, replica.tier);
+  region_bytes_[Index(replica.tier)][replica.region] += BlockBytes(slot, replica.tier);
   lists_[Index(replica.tier)].PushBack(slot);
 }
 
@@ -36,7 +34,11 @@ void EvictionPolicy::Withdraw(uint32_t slot, int32_t tier) {
   LruList& list = lists_[Index(tier)];
   if (!list.contains(slot)) return;
   list.Remove(slot);
-  region_bytes_[Index(tier)][table_.FindReplica(slot, tier)->region] -= BlockBytes(slot, tier);
+  // Regions with no candidates are forgotten: dedicated segments come and go.
+  auto& bytes = region_bytes_[Index(tier)];
+  auto it = bytes.find(table_.FindReplica(slot, tier)->region);
+  it->second -= BlockBytes(slot, tier);
+  if (it->second == 0) bytes.erase(it);
 }
 
 void EvictionPolicy::Reconsider(uint32_t slot) {
@@ -52,8 +54,9 @@ void EvictionPolicy::Reconsider(uint32_t slot) {
 }
 
 uint64_t EvictionPolicy::candidate_bytes(int32_t tier, uint32_t region) const {
-  const std::vector<uint64_t>& bytes = region_bytes_[Index(tier)];
-  return region < bytes.size() ? bytes[region] : 0;
+  const auto& bytes = region_bytes_[Index(tier)];
+  auto it = bytes.find(region);
+  return it == bytes.end() ? 0 : it->second;
 }
 
 bool EvictionPolicy::WorthFreeing(uint32_t slot, int32_t tier, uint64_t bytes) const {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "store/lru_list.h"
@@ -56,8 +57,9 @@ class EvictionPolicy {
 
   const ObjectTable& table_;
   std::vector<TierPool*> pools_;
-  std::vector<LruList> lists_;                       // by tier
-  std::vector<std::vector<uint64_t>> region_bytes_;  // by tier, by region: of candidates
+  std::vector<LruList> lists_;  // by tier
+  // By tier, by region: bytes of candidates, for regions that have any.
+  std::vector<std::unordered_map<uint32_t, uint64_t>> region_bytes_;
 };
 
 }  // namespace depot::store

@@ -132,7 +132,9 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--memory", memory, "host arena capacity: a size (4GiB) or a share of RAM (25%)")
       ->capture_default_str();
-  app.add_option("--segment-size", segment_size, "arena segment size, also the largest object")
+  app.add_option("--segment-size", segment_size,
+                 "arena segment size: objects up to this size share segments, larger ones get one "
+                 "of their own")
       ->capture_default_str();
   app.add_option("--arena-dir", arena_dir,
                  "put segments in this directory (a tmpfs or hugetlbfs mount) instead of memfds");
@@ -332,7 +334,7 @@ int main(int argc, char** argv) {
     spdlog::info("depotd {} listening on {} (arena {} {}, segments of {}, eviction {})",
                  depot::store::kDepotVersion, socket_path,
                  depot::ipc::FormatSize((*arena)->capacity()), (*arena)->backend(),
-                 depot::ipc::FormatSize((*arena)->max_object_size()), no_evict ? "off" : "on");
+                 depot::ipc::FormatSize((*arena)->segment_size()), no_evict ? "off" : "on");
     loop.run();
     pool.join();
   }

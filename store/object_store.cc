@@ -257,9 +257,11 @@ void ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t slot)
 Result<Location> ObjectStore::CreateOnHost(ClientId client, const CreateParams& p) {
   const uint64_t total = p.data_size + p.metadata.size();
   if (!arena_.CouldFit(total)) {
-    return Status::InvalidArgument(
-        Mention(p.id) + " of " + ipc::FormatSize(total) + " is larger than the largest object (" +
-        ipc::FormatSize(arena_.max_object_size()) + "); start depotd with a larger --segment-size");
+    return Status::InvalidArgument(Mention(p.id) + " of " + ipc::FormatExactSize(total) +
+                                   " (data and metadata) is larger than the host arena's capacity "
+                                   "of " +
+                                   ipc::FormatExactSize(arena_.capacity()) +
+                                   "; start depotd with more --memory");
   }
   Account& account = accounts_.at(client);
   if (Status st = accounts_.CheckHolding(client, account, arena_.BlockSize(total)); !st.ok()) {

@@ -559,7 +559,8 @@ void Session::SendLocation(uint64_t rid, const Location& loc, bool writable) {
                       .writable_chunk = int64_t{loc.segment}});
   }
   SendReply(message, reply,
-            {.max_segment = loc.segment, .writable_segment = writable ? int64_t{loc.segment} : -1});
+            {.segments = std::span(&loc.segment, 1),
+             .writable_segment = writable ? int64_t{loc.segment} : -1});
 }
 
 std::optional<std::vector<ObjectId>> Session::GetIds(uint64_t rid,
@@ -594,13 +595,18 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
         auto reply = message.initRoot<wire::Reply>();
         reply.setId(rid);
         auto out = reply.initGet(static_cast<unsigned>(results.size()));
-        int64_t max_segment = -1;
+        std::vector<uint32_t> segments;  // of the objects found, for the host's
+        int64_t max_chunk = -1;          // and a GPU's
         size_t failure_bytes = 0;
         for (unsigned i = 0; i < results.size(); ++i) {
           out[i].setError(ipc::ToWire(results[i].code));
           if (results[i].code == StatusCode::kOk) {
             ToWire(results[i].location, out[i].initLocation());
-            max_segment = std::max<int64_t>(max_segment, results[i].location.segment);
+            if (device == kHost) {
+              segments.push_back(results[i].location.segment);
+            } else {
+              max_chunk = std::max<int64_t>(max_chunk, results[i].location.segment);
+            }
           } else if (results[i].failure) {
             const std::string& why = *results[i].failure;
             failure_bytes += why.size();
@@ -614,9 +620,9 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
           }
         }
         if (device == kHost) {
-          self->SendReply(message, reply, {.max_segment = max_segment});
+          self->SendReply(message, reply, {.segments = segments});
         } else {
-          self->SendReply(message, reply, {.chunk_device = device, .max_chunk = max_segment});
+          self->SendReply(message, reply, {.chunk_device = device, .max_chunk = max_chunk});
         }
         self->Observe(RequestType::kGet, start);
       });

@@ -79,14 +79,18 @@ std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes) {
   auto block = arena_.Allocate(bytes);
   if (block || !eviction_) return block;
   // Evict in LRU order, but only from segments where evicting everything evictable would
-  // make enough room. (Fragmentation can still defeat a segment that has the bytes.)
+  // make enough room. (Fragmentation can still defeat a segment that has the bytes.) An
+  // object larger than a shared segment needs capacity, not room in a segment: segments
+  // that eviction can empty whole (dedicated ones, and shared ones that are then retired).
+  const bool dedicated = arena_.BlockSize(bytes) > arena_.segment_size();
   const LruList& candidates = policy_.candidates(kHost);
   for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
     const uint32_t next = candidates.next(victim);
-    if (policy_.WorthFreeing(victim, kHost, bytes)) {
-      const uint32_t segment = table_.FindReplica(victim, kHost)->region;
+    const uint32_t segment = table_.FindReplica(victim, kHost)->region;
+    if (policy_.WorthFreeing(victim, kHost, dedicated ? arena_.segment_bytes(segment) : bytes)) {
       FreeHostBlock(victim);
-      block = arena_.AllocateIn(segment, bytes);  // only the victim's segment gained room
+      // Only the victim's segment gained room, or the arena capacity.
+      block = dedicated ? arena_.Allocate(bytes) : arena_.AllocateIn(segment, bytes);
     }
     victim = next;
   }

@@ -41,6 +41,14 @@ struct Recorder final : Connection::Handler {
   bool violation = false;
 };
 
+// A segment a reply carried.
+struct SentSegment {
+  uint32_t index;
+  bool writable;
+  bool dedicated;
+  bool operator==(const SentSegment&) const = default;
+};
+
 class ConnectionTest : public ::testing::Test {
  protected:
   ConnectionTest() {
@@ -53,6 +61,10 @@ class ConnectionTest : public ::testing::Test {
     connection_->Start();
   }
   ~ConnectionTest() override { connection_->Close("test over"); }
+
+  // Sends a reply with `attach` and reads it back: the segments it carried (each with one
+  // descriptor, checked here).
+  std::vector<SentSegment> SendAndRead(const ReplyAttachments& attach);
 
   // Sends a request frame with id `id` (and `fds`) from the client's end.
   void SendRequest(uint64_t id, std::vector<int> fds = {}) {
@@ -126,28 +138,60 @@ TEST_F(ConnectionTest, AClientThatHangsUpClosesIt) {
   EXPECT_EQ(*recorder_.reason, "client disconnected");
 }
 
-TEST_F(ConnectionTest, ASegmentGoesToTheClientOnceReadOnlyAndOnceWritable) {
-  auto send = [&](const ReplyAttachments& attach) {
-    capnp::MallocMessageBuilder message;
-    auto reply = message.initRoot<wire::Reply>();
-    reply.setId(9);
-    connection_->Send(message, reply, attach);
-  };
-  send({.max_segment = 0});
-  send({.max_segment = 0});                         // sent already: nothing
-  send({.max_segment = 0, .writable_segment = 0});  // the writable one, once
-  send({.max_segment = 0, .writable_segment = 0});
-  const int sizes[] = {1, 0, 1, 0};
-  for (int i = 0; i < 4; ++i) {
-    ipc::FrameReader::Frame frame = ReadReply();
-    capnp::FlatArrayMessageReader message(frame.payload);
-    auto segments = message.getRoot<wire::Reply>().getNewSegments();
-    ASSERT_EQ(segments.size(), static_cast<unsigned>(sizes[i])) << "reply " << i;
-    EXPECT_EQ(frame.fds.size(), static_cast<size_t>(sizes[i]));
-    if (sizes[i] == 1) {
-      EXPECT_EQ(segments[0].getWritable(), i == 2);
-    }
+std::vector<SentSegment> ConnectionTest::SendAndRead(const ReplyAttachments& attach) {
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(9);
+  connection_->Send(message, reply, attach);
+  ipc::FrameReader::Frame frame = ReadReply();
+  capnp::FlatArrayMessageReader read(frame.payload);
+  std::vector<SentSegment> sent;
+  for (auto s : read.getRoot<wire::Reply>().getNewSegments()) {
+    sent.push_back({s.getIndex(), s.getWritable(), s.getDedicated()});
   }
+  EXPECT_EQ(frame.fds.size(), sent.size());
+  return sent;
+}
+
+TEST_F(ConnectionTest, ASharedSegmentGoesToTheClientOnceReadOnlyAndOnceWritable) {
+  const uint32_t zero = 0;
+  const std::vector<ReplyAttachments> replies = {
+      {.segments = std::span(&zero, 1)},
+      {.segments = std::span(&zero, 1)},                         // sent already: nothing
+      {.segments = std::span(&zero, 1), .writable_segment = 0},  // the writable one, once
+      {.segments = std::span(&zero, 1), .writable_segment = 0},
+  };
+  const std::vector<std::vector<SentSegment>> expected = {
+      {{0, false, false}}, {}, {{0, true, false}}, {}};
+  for (size_t i = 0; i < replies.size(); ++i) {
+    EXPECT_EQ(SendAndRead(replies[i]), expected[i]) << "reply " << i;
+  }
+}
+
+TEST_F(ConnectionTest, OnlyTheSegmentsAReplyNamesGoWithIt) {
+  // Two segments in use: the arena adds them as objects fill it.
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(tiers_.arena->Allocate(4 * Tiers::kMiB).has_value());
+  ASSERT_EQ(tiers_.arena->segment_count(), 2u);
+  const std::vector<uint32_t> named = {1, 1};
+  EXPECT_EQ(SendAndRead({.segments = named}), (std::vector<SentSegment>{{1, false, false}}))
+      << "segment 0 is not named, so not sent; 1 is sent once";
+  const std::vector<uint32_t> both = {0, 1};
+  EXPECT_EQ(SendAndRead({.segments = both}), (std::vector<SentSegment>{{0, false, false}}));
+}
+
+TEST_F(ConnectionTest, ADedicatedSegmentGoesWithEveryReplyThatNamesIt) {
+  // Larger than a segment (4 MiB): a segment of its own.
+  auto block = tiers_.arena->Allocate(5 * Tiers::kMiB);
+  ASSERT_TRUE(block.has_value());
+  ASSERT_TRUE(Arena::IsDedicated(block->region));
+  const uint32_t segment = block->region;
+  const std::vector<uint32_t> twice = {segment, segment};
+  const SentSegment read{segment, false, true};
+  EXPECT_EQ(SendAndRead({.segments = twice, .writable_segment = segment}),
+            (std::vector<SentSegment>{read, {segment, true, true}}));
+  EXPECT_EQ(SendAndRead({.segments = twice}), std::vector<SentSegment>{read});
+  EXPECT_EQ(SendAndRead({.segments = twice}), std::vector<SentSegment>{read});
+  tiers_.arena->Free(block->region, block->handle);
 }
 
 TEST_F(ConnectionTest, AClosedConnectionSendsNothingAndTellsItsHandlerOnce) {

@@ -56,6 +56,11 @@ TEST(FormatSize, WritesHumanSizes) {
   EXPECT_EQ(FormatSize(300ull << 20), "300 MiB");
 }
 
+TEST(FormatExactSize, GivesTheBytesBesideTheRoundedSize) {
+  EXPECT_EQ(FormatExactSize(1023), "1023 B");
+  EXPECT_EQ(FormatExactSize((1ull << 30) + 64), "1073741888 bytes (1.00 GiB)");
+}
+
 TEST(ObjectId, FromNameIsXxh3Of128BitsInCanonicalHex) {
   // Reference values from the xxhash Python package (xxh3_128_hexdigest).
   EXPECT_EQ(ObjectId::FromName("weights/layer1").Hex(), "c34000baa444de958ae09f46b5c618e2");

@@ -1,5 +1,8 @@
 #include "depot/client.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -55,6 +58,24 @@ wire::Request::Create::Builder InitCreate(RequestMessage& request, const ObjectI
   return create;
 }
 
+// Objects this large have their pages mapped writable ahead of the writes that fill them:
+// one system call instead of a page fault per 4 KiB (bench_put's put/256MiB/fresh).
+constexpr uint64_t kPrefaultFrom = 1 << 20;
+
+// Maps the pages of [data, data + size) for writing. Best effort: without
+// MADV_POPULATE_WRITE (Linux before 5.14) the writes fault the pages in as they go.
+void Prefault(std::byte* data, uint64_t size) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + size;
+#ifdef MADV_POPULATE_WRITE
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+#else
+  (void)begin;
+  (void)end;
+#endif
+}
+
 // A Holding for the reference the daemon just granted to `id` at `location`: read-only, or
 // also writable for the object's creator. If the location is unusable, the reference is
 // given back.
@@ -63,18 +84,20 @@ Result<std::shared_ptr<Holding>> MakeHolding(const std::shared_ptr<Connection>& 
                                              bool sealed) {
   const uint64_t data_size = location.getDataSize();
   const uint64_t metadata_size = location.getMetadataSize();
-  auto resolved = [&]() -> Result<std::pair<const std::byte*, std::byte*>> {
+  using Segments = internal::Segments;
+  auto resolved =
+      [&]() -> Result<std::pair<Segments::View<const std::byte>, Segments::View<std::byte>>> {
     if (metadata_size > UINT64_MAX - data_size) return Status::Internal("object sizes overflow");
     const uint64_t size = data_size + metadata_size;
-    internal::Segments& segments = conn->segments();
-    DEPOT_ASSIGN_OR_RETURN(const std::byte* data,
+    Segments& segments = conn->segments();
+    DEPOT_ASSIGN_OR_RETURN(auto data,
                            segments.Resolve(location.getSegment(), location.getOffset(), size));
-    std::byte* writable = nullptr;
+    Segments::View<std::byte> writable;
     if (!sealed) {
       DEPOT_ASSIGN_OR_RETURN(
           writable, segments.ResolveWritable(location.getSegment(), location.getOffset(), size));
     }
-    return std::pair(data, writable);
+    return std::pair(std::move(data), std::move(writable));
   }();
   if (!resolved.ok()) {
     conn->Release(id);
@@ -82,8 +105,9 @@ Result<std::shared_ptr<Holding>> MakeHolding(const std::shared_ptr<Connection>& 
                   "object " + id.Hex() + " is unreadable: " + resolved.status().message());
   }
   const BufferLocation where{location.getSegment(), location.getOffset(), location.getSlot()};
-  return std::make_shared<Holding>(conn, id, resolved->first, resolved->second, data_size,
-                                   metadata_size, where, sealed);
+  return std::make_shared<Holding>(conn, id, std::move(resolved->first),
+                                   std::move(resolved->second), data_size, metadata_size, where,
+                                   sealed);
 }
 
 // The live Holding of `id` if it may answer a Get without asking the daemon: sealed, not
@@ -281,6 +305,7 @@ Result<MutableBuffer> Client::Create(const ObjectId& id, uint64_t data_size,
     auto r = reply.get();
     if (!r.isCreate()) return UnexpectedReply("create");
     DEPOT_ASSIGN_OR_RETURN(auto holding, MakeHolding(conn_, id, r.getCreate(), /*sealed=*/false));
+    if (data_size >= kPrefaultFrom) Prefault(holding->writable, data_size);
     conn_->holdings().Replace(holding);
     return MutableBuffer(std::move(holding));
   });

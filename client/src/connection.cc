@@ -646,6 +646,7 @@ void Connection::ReadUntilDone(Waiter& me) {
 
 Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
   uint64_t id = 0;
+  std::vector<std::shared_ptr<const Mapping>> mappings;
   try {
     capnp::FlatArrayMessageReader message(frame.payload, ReaderOptionsFor(frame.payload.size()));
     auto reply = message.getRoot<wire::Reply>();
@@ -661,8 +662,12 @@ Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
     // The segments' descriptors come first, in order; any after them are the reply's own
     // (hello's header table).
     for (unsigned i = 0; i < segments.size(); ++i) {
-      segments_.Add(segments[i].getIndex(), segments[i].getSize(), segments[i].getWritable(),
-                    std::move(frame.fds[i]));
+      DEPOT_ASSIGN_OR_RETURN(
+          auto mapping,
+          segments_.Add(segments[i].getIndex(), segments[i].getSize(), segments[i].getWritable(),
+                        segments[i].getDedicated(), std::move(frame.fds[i])));
+      // A dedicated segment stays mapped while the reply waits to be read.
+      if (mapping) mappings.push_back(std::move(mapping));
     }
     frame.fds.erase(frame.fds.begin(), frame.fds.begin() + segments.size());
     if (reply.hasNewChunks()) DEPOT_RETURN_NOT_OK(ImportChunks(reply.getNewChunks(), frame.fds));
@@ -697,6 +702,7 @@ Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
   waiters_.erase(it);
   w->reply->words_ = std::move(words);
   w->reply->fds_ = std::move(frame.fds);
+  w->reply->mappings_ = std::move(mappings);
   w->done = true;
   // Notified under the lock: once it sees `done` the waiter may return and destroy its cv.
   if (w != &me) w->cv.notify_one();

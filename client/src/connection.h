@@ -66,6 +66,9 @@ class Reply {
   friend class Connection;
   std::vector<capnp::word> words_;
   std::vector<ipc::UniqueFd> fds_;
+  // The dedicated segments the reply carried, mapped until the objects' Holdings take them.
+  // (Pushes carry none.)
+  std::vector<std::shared_ptr<const Mapping>> mappings_;
   std::optional<capnp::FlatArrayMessageReader> message_;
 };
 

@@ -15,19 +15,22 @@
 
 #include "depot/buffer.h"
 #include "depot/object_id.h"
+#include "segments.h"
 
 namespace depot::internal {
 
 class Connection;
 
 struct Holding {
-  Holding(std::shared_ptr<Connection> conn, const ObjectId& id, const std::byte* data,
-          std::byte* writable, uint64_t data_size, uint64_t metadata_size,
-          const BufferLocation& location, bool sealed)
+  Holding(std::shared_ptr<Connection> conn, const ObjectId& id,
+          Segments::View<const std::byte> data, Segments::View<std::byte> writable,
+          uint64_t data_size, uint64_t metadata_size, const BufferLocation& location, bool sealed)
       : conn(std::move(conn)),
         id(id),
-        data(data),
-        writable(writable),
+        data(data.data),
+        writable(writable.data),
+        readable_mapping(std::move(data.keep)),
+        writable_mapping(std::move(writable.keep)),
         data_size(data_size),
         metadata_size(metadata_size),
         location(location),
@@ -49,6 +52,11 @@ struct Holding {
   // The same bytes in the writable view, for the MutableBuffers of the object's creator;
   // null in a Holding from a get.
   std::byte* const writable;
+  // For an object in a dedicated segment, what keeps the segment mapped (null otherwise).
+  // Members are destroyed after the destructor's body: the mapping goes after the release
+  // is queued, which is safe as the daemon never reuses a dedicated segment's index.
+  const std::shared_ptr<const Mapping> readable_mapping;
+  const std::shared_ptr<const Mapping> writable_mapping;
   const uint64_t data_size;
   const uint64_t metadata_size;
   const BufferLocation location;

@@ -6,34 +6,62 @@
 
 namespace depot::internal {
 
-void Segments::Add(uint32_t index, uint64_t size, bool writable, ipc::UniqueFd fd) {
-  {
-    std::lock_guard lock(mu_);
-    if (index < table_.size()) {
-      const Entry& entry = table_[index];
-      if (writable ? entry.writable.data() != nullptr || !entry.writable_error.ok()
-                   : entry.announced) {
-        return;
-      }
-    }
+namespace {
+
+constexpr uint32_t kFirstDedicated = 0x8000'0000u;  // Arena::kFirstDedicated
+
+std::string Describe(uint32_t index, bool writable) {
+  return index >= kFirstDedicated
+             ? "the arena segment of object " + std::to_string(index - kFirstDedicated) +
+                   (writable ? " (writable)" : "")
+             : "arena segment " + std::to_string(index) + (writable ? " (writable)" : "");
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t size, bool writable,
+                                                     bool dedicated, ipc::UniqueFd fd) {
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  if (dedicated != (index >= kFirstDedicated)) {
+    return Status::Internal("the daemon sent " + Describe(index, writable) + " as " +
+                            (dedicated ? "dedicated" : "shared"));
   }
-  // Mapped outside the lock: populating a large segment takes a while and other threads
-  // may resolve objects in segments mapped earlier meanwhile. Only the connection's reader
-  // calls Add, so no other Add of this view can slip in.
-  const std::string what =
-      "arena segment " + std::to_string(index) + (writable ? " (writable)" : "");
-  auto mapped = Mapping::Map(fd.get(), size, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                             MAP_POPULATE, what.c_str());
+  if (dedicated) {
+    std::lock_guard lock(mu_);
+    Dedicated& entry = dedicated_[index];
+    std::weak_ptr<const Mapping>& view = writable ? entry.writable : entry.readable;
+    if (auto live = view.lock()) return live;
+    // Mapped under the lock: with no populate this is one system call, and a second thread
+    // must not map the same view beside it.
+    auto mapped = Mapping::Map(fd.get(), size, prot, 0, Describe(index, writable).c_str());
+    if (!mapped.ok()) {
+      entry.error = mapped.status();  // for the Resolve that will not find it
+      return std::shared_ptr<const Mapping>();
+    }
+    auto live = std::make_shared<const Mapping>(std::move(mapped).value());
+    view = live;
+    if (dedicated_.size() >= prune_at_) {
+      std::erase_if(dedicated_, [](const auto& e) {
+        return e.second.readable.expired() && e.second.writable.expired();
+      });
+      prune_at_ = std::max<size_t>(64, 2 * dedicated_.size());
+    }
+    return live;
+  }
   std::lock_guard lock(mu_);
-  if (index >= table_.size()) table_.resize(index + 1);
-  Entry& entry = table_[index];
+  if (index >= shared_.size()) shared_.resize(index + 1);
+  Shared& entry = shared_[index];
+  if (writable ? entry.writable.data() != nullptr || !entry.writable_error.ok() : entry.announced) {
+    return std::shared_ptr<const Mapping>();
+  }
+  auto mapped = Mapping::Map(fd.get(), size, prot, 0, Describe(index, writable).c_str());
   if (writable) {
     if (mapped.ok()) {
       entry.writable = std::move(mapped).value();
     } else {
       entry.writable_error = mapped.status();
     }
-    return;
+    return std::shared_ptr<const Mapping>();
   }
   entry.announced = true;
   if (mapped.ok()) {
@@ -41,40 +69,60 @@ void Segments::Add(uint32_t index, uint64_t size, bool writable, ipc::UniqueFd f
   } else {
     entry.error = mapped.status();
   }
+  return std::shared_ptr<const Mapping>();
 }
 
-Result<const Segments::Entry*> Segments::Check(uint32_t index, uint64_t offset,
-                                               uint64_t size) const {
-  if (index >= table_.size() || !table_[index].announced) {
-    return Status::Internal("the daemon referred to arena segment " + std::to_string(index) +
-                            ", which it never sent to this client");
+Result<Segments::View<std::byte>> Segments::Find(uint32_t index, uint64_t offset, uint64_t size,
+                                                 bool writable) const {
+  View<std::byte> view;
+  const Mapping* mapping = nullptr;
+  if (index >= kFirstDedicated) {
+    auto it = dedicated_.find(index);
+    if (it != dedicated_.end())
+      view.keep = (writable ? it->second.writable : it->second.readable).lock();
+    if (!view.keep) {
+      if (it != dedicated_.end() && !it->second.error.ok()) return it->second.error;
+      return Status::Internal("the daemon referred to " + Describe(index, writable) +
+                              ", which this client does not map");
+    }
+    mapping = view.keep.get();
+  } else {
+    if (index >= shared_.size() || !shared_[index].announced) {
+      return Status::Internal("the daemon referred to arena segment " + std::to_string(index) +
+                              ", which it never sent to this client");
+    }
+    const Shared& entry = shared_[index];
+    if (!entry.error.ok()) return entry.error;
+    if (writable) {
+      if (!entry.writable_error.ok()) return entry.writable_error;
+      if (entry.writable.data() == nullptr) {
+        return Status::Internal("the daemon placed a new object in arena segment " +
+                                std::to_string(index) + " without sending it writable");
+      }
+    }
+    mapping = writable ? &entry.writable : &entry.readable;
   }
-  const Entry& entry = table_[index];
-  if (!entry.error.ok()) return entry.error;
-  const uint64_t limit = entry.readable.size();
+  const uint64_t limit = mapping->size();
   if (offset > limit || size > limit - offset) {
     return Status::Internal("the daemon placed an object at [" + std::to_string(offset) + ", +" +
-                            std::to_string(size) + ") in arena segment " + std::to_string(index) +
+                            std::to_string(size) + ") in " + Describe(index, false) +
                             ", which has only " + std::to_string(limit) + " bytes");
   }
-  return &entry;
+  view.data = mapping->data() + offset;
+  return view;
 }
 
-Result<const std::byte*> Segments::Resolve(uint32_t index, uint64_t offset, uint64_t size) const {
+Result<Segments::View<const std::byte>> Segments::Resolve(uint32_t index, uint64_t offset,
+                                                          uint64_t size) const {
   std::lock_guard lock(mu_);
-  DEPOT_ASSIGN_OR_RETURN(const Entry* entry, Check(index, offset, size));
-  return static_cast<const std::byte*>(entry->readable.data() + offset);
+  DEPOT_ASSIGN_OR_RETURN(View<std::byte> view, Find(index, offset, size, false));
+  return View<const std::byte>{view.data, std::move(view.keep)};
 }
 
-Result<std::byte*> Segments::ResolveWritable(uint32_t index, uint64_t offset, uint64_t size) const {
+Result<Segments::View<std::byte>> Segments::ResolveWritable(uint32_t index, uint64_t offset,
+                                                            uint64_t size) const {
   std::lock_guard lock(mu_);
-  DEPOT_ASSIGN_OR_RETURN(const Entry* entry, Check(index, offset, size));
-  if (!entry->writable_error.ok()) return entry->writable_error;
-  if (entry->writable.size() != entry->readable.size()) {
-    return Status::Internal("the daemon placed a new object in arena segment " +
-                            std::to_string(index) + " without sending it writable");
-  }
-  return entry->writable.data() + offset;
+  return Find(index, offset, size, true);
 }
 
 }  // namespace depot::internal

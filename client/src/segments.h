@@ -1,16 +1,26 @@
 // Segments: this connection's mappings of the daemon's arena segments.
 //
-// The daemon announces each segment once per session, with its descriptor (Reply.newSegments).
-// The connection maps it read-only on arrival and keeps it mapped for as long as any Buffer may
-// point into it, so a warm Get costs no system call. Every object a Get returns is read
-// through that view, from a descriptor that cannot be mapped writable: a write through a
-// Buffer faults in the writer and never reaches the store. The daemon sends a segment's
-// read-write descriptor with the reply to this session's first create in it; only then is a
-// writable view mapped, and only MutableBuffers point into it.
+// The daemon sends a segment's descriptor with the first reply that names an object in it
+// (Reply.newSegments), and the connection maps it on arrival. Nothing is populated ahead: a
+// page is mapped when it is first touched, so a client's resident memory grows with the
+// bytes it reads or writes, not with the arena. There are two kinds:
+// - A shared segment is sent once per session and stays mapped for the session's life, so a
+//   warm Get costs no system call.
+// - A dedicated segment holds one object larger than a shared segment. Its mapping lives as
+//   long as something holds it (the Holdings of that object, and the reply that carried it
+//   until then), and is unmapped after: the daemon sends it again with every reply that
+//   names it, and never reuses its index.
+// Every object a Get returns is read through the segment's read-only view, from a
+// descriptor that cannot be mapped writable: a write through a Buffer faults in the writer
+// and never reaches the store. The daemon sends a segment's read-write descriptor with the
+// reply to this session's first create in it; only then is a writable view mapped, and only
+// MutableBuffers point into it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "depot/ipc/framing.h"
@@ -21,33 +31,53 @@ namespace depot::internal {
 
 class Segments {
  public:
-  // Maps segment `index` of `size` bytes read-only (`writable` false) or writable, populating
-  // its page tables now so that reads and writes into a warm arena take no page faults.
-  // Closes `fd`. A failure to map is kept and reported by every Resolve of that view; a view
-  // announced twice keeps the first. A segment's read-only view is announced first.
-  void Add(uint32_t index, uint64_t size, bool writable, ipc::UniqueFd fd);
+  // Bytes of a segment, and what keeps them mapped: null for a shared segment (mapped for
+  // the session's life).
+  template <typename Byte>
+  struct View {
+    Byte* data = nullptr;
+    std::shared_ptr<const Mapping> keep;
+  };
+
+  // Maps segment `index` of `size` bytes read-only (`writable` false) or writable, and closes
+  // `fd`. A failure to map is kept and reported by the Resolves of that view; a shared view
+  // announced twice keeps the first. A dedicated segment's mapping is returned (null if it
+  // failed), and lives as long as that or any View of it; while it lives, a second
+  // announcement shares it. A segment's read-only view is announced first. Fails only when
+  // the daemon breaks the protocol (a dedicated index sent as shared, or the reverse).
+  Result<std::shared_ptr<const Mapping>> Add(uint32_t index, uint64_t size, bool writable,
+                                             bool dedicated, ipc::UniqueFd fd);
 
   // The address of bytes [offset, offset + size) of segment `index` in its read-only view.
-  // Fails with Internal if the daemon never announced the segment or the range lies outside
-  // it, and with the mapping's error if mapping the segment failed. Thread-safe.
-  Result<const std::byte*> Resolve(uint32_t index, uint64_t offset, uint64_t size) const;
+  // Fails with Internal if the daemon never announced the segment (or a dedicated one is no
+  // longer mapped) or the range lies outside it, and with the mapping's error if mapping the
+  // segment failed. Thread-safe.
+  Result<View<const std::byte>> Resolve(uint32_t index, uint64_t offset, uint64_t size) const;
   // The same bytes in the segment's writable view. Fails with Internal if the daemon sent
   // none. Thread-safe.
-  Result<std::byte*> ResolveWritable(uint32_t index, uint64_t offset, uint64_t size) const;
+  Result<View<std::byte>> ResolveWritable(uint32_t index, uint64_t offset, uint64_t size) const;
 
  private:
-  struct Entry {
+  struct Shared {
     bool announced = false;
     Mapping readable;
     Mapping writable;  // empty until the daemon sends the segment writable
     Status error;      // why mapping the read-only view failed, if it did
     Status writable_error;
   };
-  // The entry of `index` if the range is inside it; mu_ held.
-  Result<const Entry*> Check(uint32_t index, uint64_t offset, uint64_t size) const;
+  struct Dedicated {
+    std::weak_ptr<const Mapping> readable;
+    std::weak_ptr<const Mapping> writable;
+    Status error;  // why mapping it last failed, if it did
+  };
+
+  // The mapping of a view, checked to hold the range; mu_ held.
+  Result<View<std::byte>> Find(uint32_t index, uint64_t offset, uint64_t size, bool writable) const;
 
   mutable std::mutex mu_;
-  std::vector<Entry> table_;  // indexed by segment index
+  std::vector<Shared> shared_;  // indexed by segment index
+  std::unordered_map<uint32_t, Dedicated> dedicated_;
+  size_t prune_at_ = 64;  // dedicated_'s size at which forgotten entries are dropped
 };
 
 }  // namespace depot::internal

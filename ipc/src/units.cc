@@ -64,6 +64,11 @@ std::string FormatSize(uint64_t bytes) {
   return buf;
 }
 
+std::string FormatExactSize(uint64_t bytes) {
+  if (bytes < 1024) return FormatSize(bytes);
+  return std::to_string(bytes) + " bytes (" + FormatSize(bytes) + ")";
+}
+
 std::string FormatSeconds(double seconds) {
   char buf[32];
   if (seconds < 1e-3) {

@@ -14,7 +14,7 @@
 namespace depot::ipc {
 
 // Bumped on every incompatible change to protocol.capnp or to ObjectHeader.
-inline constexpr uint32_t kProtocolVersion = 10;
+inline constexpr uint32_t kProtocolVersion = 11;
 
 // The daemon's default bound on one frame. A session that sends a larger one is closed.
 inline constexpr uint32_t kDefaultMaxFrameBytes = 16u << 20;

@@ -16,6 +16,10 @@ Result<uint64_t> ParseSize(std::string_view text);
 // Formats a size for people: "0 B", "1023 B", "1.5 KiB", "4.0 GiB".
 std::string FormatSize(uint64_t bytes);
 
+// A size exactly and for people, for messages where rounding would hide the difference
+// between two sizes: "1073741888 bytes (1.00 GiB)"; under 1 KiB just "1023 B".
+std::string FormatExactSize(uint64_t bytes);
+
 // Formats a duration for people, to 3 digits: "20us", "1.5ms", "2.1s".
 std::string FormatSeconds(double seconds);
 

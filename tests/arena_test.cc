@@ -1,0 +1,212 @@
+// What a client maps, and objects larger than a segment (docs/architecture.md, "The host
+// arena"): a client maps only the segments it reads from and populates nothing ahead; an
+// object larger than --segment-size gets a segment of its own, mapped by a client only while
+// it holds the object, and its capacity comes back when it goes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon.h"
+#include "depot/client.h"
+#include "store_checks.h"
+#include "test_support.h"
+
+namespace depot::testing {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+ObjectId Id(const std::string& name) { return ObjectId::FromName("arena/" + name); }
+
+// This process's mappings whose path contains `name` (memfds show as "/memfd:NAME (deleted)").
+int MappingsNamed(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(name) != std::string::npos) ++count;
+  }
+  return count;
+}
+
+// This process's resident memory, in bytes (/proc/self/statm).
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+class ArenaTest : public ::testing::Test {
+ protected:
+  // 64 MiB in segments of 8 MiB.
+  void Start(std::vector<std::string> flags = {"--memory", "64MiB", "--segment-size", "8MiB"}) {
+    daemon_.emplace(std::move(flags));
+    ASSERT_TRUE(daemon_->ok()) << daemon_->error();
+    ASSERT_OK_AND_ASSIGN(client_, Client::Connect(daemon_->socket_path()));
+  }
+  void TearDown() override {
+    if (client_ && !HasFatalFailure()) ExpectObjectsOnHostMatchTheList(*client_);
+  }
+
+  Status Put(const std::string& name, uint64_t bytes) {
+    return client_->Put(Id(name), SeededBytes(bytes, Xxh3(AsBytes(name))));
+  }
+  // Whether `reader` reads `name` (of `bytes`) byte for byte.
+  void ExpectReads(Client& reader, const std::string& name, uint64_t bytes) {
+    ASSERT_OK_AND_ASSIGN(Buffer buffer, reader.Get(Id(name)));
+    ASSERT_EQ(buffer.size(), bytes);
+    EXPECT_EQ(Xxh3(buffer.data()), Xxh3(SeededBytes(bytes, Xxh3(AsBytes(name))))) << name;
+  }
+  StoreStatus Stats() {
+    auto status = client_->GetStatus();
+    EXPECT_TRUE(status.ok()) << status.status().ToString();
+    return status.ok() ? *status : StoreStatus{};
+  }
+
+  std::optional<TestDaemon> daemon_;
+  std::optional<Client> client_;
+};
+
+TEST_F(ArenaTest, AFreshClientMapsOnlyTheSegmentItReadsAndPopulatesNothingAhead) {
+  Start({"--memory", "256MiB", "--segment-size", "16MiB"});
+  {
+    // 192 MiB of objects filling twelve segments, then the small one in the thirteenth,
+    // from a client that is gone before the reader comes (its mappings with it).
+    ASSERT_OK_AND_ASSIGN(Client writer, Client::Connect(daemon_->socket_path()));
+    for (int i = 0; i < 12; ++i) {
+      ASSERT_OK(writer.Put(Id("filler" + std::to_string(i)), SeededBytes(16 * kMiB, i)));
+    }
+    ASSERT_OK(writer.Put(Id("small"), AsBytes("eighty bytes, or about that: the object a fresh "
+                                              "process wants from a full arena")));
+  }
+  client_.reset();
+  ASSERT_EQ(MappingsNamed("depot-segment-"), 0) << "no client of this process is left";
+  ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(daemon_->socket_path()));
+  const uint64_t before = ResidentBytes();
+  {
+    ASSERT_OK_AND_ASSIGN(Buffer small, reader.Get(Id("small")));
+    EXPECT_EQ(small.data()[0], std::byte{'e'});
+    EXPECT_EQ(MappingsNamed("depot-segment-"), 1) << "only the segment that holds it";
+  }
+  const uint64_t grown = ResidentBytes() - std::min(before, ResidentBytes());
+  EXPECT_LT(grown, 4 * kMiB) << "a get of one small object populated " << grown / kMiB
+                             << " MiB (the arena holds 192 MiB)";
+  client_.emplace(std::move(reader));
+}
+
+TEST_F(ArenaTest, AnObjectLargerThanASegmentGetsOneOfItsOwn) {
+  Start();
+  ASSERT_OK(Put("large", 20 * kMiB));
+  ASSERT_OK(Put("small", 1000));
+  ASSERT_OK_AND_ASSIGN(Client other, Client::Connect(daemon_->socket_path()));
+  ExpectReads(other, "large", 20 * kMiB);
+  ExpectReads(other, "small", 1000);
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> list, client_->List());
+  EXPECT_EQ(list.size(), 2u);
+}
+
+TEST_F(ArenaTest, ADedicatedSegmentIsMappedOnlyWhileItsObjectIsHeld) {
+  Start();
+  {
+    ASSERT_OK_AND_ASSIGN(MutableBuffer created, client_->Create(Id("large"), 20 * kMiB));
+    EXPECT_EQ(MappingsNamed("depot-object-"), 2) << "the creator maps it read-only and writable";
+    std::memset(created.ptr(), 7, created.size());
+    ASSERT_OK(client_->Seal(Id("large")));
+  }
+  EXPECT_EQ(MappingsNamed("depot-object-"), 0) << "dropped with the creator's buffer";
+  ASSERT_OK_AND_ASSIGN(Client other, Client::Connect(daemon_->socket_path()));
+  for (int round = 0; round < 3; ++round) {
+    {
+      ASSERT_OK_AND_ASSIGN(Buffer a, other.Get(Id("large")));
+      ASSERT_OK_AND_ASSIGN(Buffer b, other.Get(Id("large")));
+      EXPECT_EQ(a.ptr(), b.ptr());
+      EXPECT_EQ(MappingsNamed("depot-object-"), 1) << "round " << round;
+      EXPECT_EQ(a.data()[20 * kMiB - 1], std::byte{7});
+    }
+    EXPECT_EQ(MappingsNamed("depot-object-"), 0) << "round " << round;
+  }
+}
+
+TEST_F(ArenaTest, ADedicatedSegmentGivesItsCapacityBackWhenItsObjectGoes) {
+  Start();
+  // 40 MiB of a 64 MiB arena each time: without the capacity back, the second would fail.
+  for (int i = 0; i < 5; ++i) {
+    const std::string name = "large" + std::to_string(i);
+    ASSERT_OK(Put(name, 40 * kMiB));
+    ExpectReads(*client_, name, 40 * kMiB);
+    ASSERT_OK(client_->Delete(Id(name)));
+  }
+  EXPECT_EQ(Stats().used_bytes, 0u);
+  EXPECT_EQ(Stats().evictions, 0u);
+}
+
+TEST_F(ArenaTest, EmptySharedSegmentsAreRetiredForALargeObjectAndRevivedAfter) {
+  Start({"--memory", "32MiB", "--segment-size", "8MiB"});
+  // The arena grows to all four segments, then they are emptied.
+  for (int i = 0; i < 4; ++i) ASSERT_OK(Put("fill" + std::to_string(i), 6 * kMiB));
+  for (int i = 0; i < 4; ++i) ASSERT_OK(client_->Delete(Id("fill" + std::to_string(i))));
+  EXPECT_EQ(Stats().mapped_bytes, 32 * kMiB);
+  ASSERT_OK(Put("large", 24 * kMiB));
+  EXPECT_EQ(Stats().evictions, 0u) << "empty segments were enough";
+  ASSERT_OK(Put("small", 4 * kMiB));  // in the one shared segment left
+  ExpectReads(*client_, "large", 24 * kMiB);
+  ASSERT_OK(client_->Delete(Id("large")));
+  // Shared segments come back as objects need them, at their old places.
+  for (int i = 0; i < 3; ++i) ASSERT_OK(Put("again" + std::to_string(i), 6 * kMiB));
+  ASSERT_OK_AND_ASSIGN(Client other, Client::Connect(daemon_->socket_path()));
+  for (int i = 0; i < 3; ++i) ExpectReads(other, "again" + std::to_string(i), 6 * kMiB);
+  ExpectReads(*client_, "small", 4 * kMiB);
+}
+
+TEST_F(ArenaTest, ALargeObjectEvictsWholeSegmentsOfUnheldObjects) {
+  Start({"--memory", "32MiB", "--segment-size", "8MiB"});
+  for (int i = 0; i < 4; ++i) ASSERT_OK(Put("old" + std::to_string(i), 6 * kMiB));
+  ASSERT_OK(Put("large", 20 * kMiB));
+  ExpectReads(*client_, "large", 20 * kMiB);
+  const StoreStatus status = Stats();
+  EXPECT_GE(status.evictions, 3u);
+  EXPECT_LE(status.mapped_bytes, 32 * kMiB);
+}
+
+TEST_F(ArenaTest, ALargeObjectThatHeldObjectsLeaveNoRoomForIsOutOfMemory) {
+  Start({"--memory", "32MiB", "--segment-size", "8MiB"});
+  std::vector<Buffer> held;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(Put("held" + std::to_string(i), 6 * kMiB));
+    ASSERT_OK_AND_ASSIGN(Buffer b, client_->Get(Id("held" + std::to_string(i))));
+    held.push_back(std::move(b));
+  }
+  Status put = Put("large", 20 * kMiB);
+  EXPECT_EQ(put.code(), StatusCode::kOutOfMemory) << put.ToString();
+  EXPECT_NE(put.message().find("cannot fit"), std::string::npos) << put.ToString();
+  for (int i = 0; i < 3; ++i) ExpectReads(*client_, "held" + std::to_string(i), 6 * kMiB);
+  held.clear();
+  ASSERT_OK(Put("large", 20 * kMiB));  // fits once they are released
+}
+
+TEST_F(ArenaTest, ManyLargeObjectsInOneGet) {
+  Start({"--memory", "128MiB", "--segment-size", "4MiB"});
+  std::vector<ObjectId> ids;
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_OK(Put("big" + std::to_string(i), 5 * kMiB));
+    ids.push_back(Id("big" + std::to_string(i)));
+  }
+  ASSERT_OK_AND_ASSIGN(Client other, Client::Connect(daemon_->socket_path()));
+  ASSERT_OK_AND_ASSIGN(std::vector<Buffer> got, other.Get(ids));
+  ASSERT_EQ(got.size(), ids.size());
+  EXPECT_EQ(MappingsNamed("depot-object-"), 12);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(Xxh3(got[i].data()),
+              Xxh3(SeededBytes(5 * kMiB, Xxh3(AsBytes("big" + std::to_string(i))))));
+  }
+  got.clear();
+  EXPECT_EQ(MappingsNamed("depot-object-"), 0);
+}
+
+}  // namespace
+}  // namespace depot::testing
