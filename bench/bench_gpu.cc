@@ -22,6 +22,12 @@
 //                      device memory to pinned memory. Goal: >= 80%.
 //   d2d/256MiB         Get on GPU 1 of an object that is on GPU 0 only (needs two GPUs).
 //                      Baseline: a peer copy between the two devices.
+//   first_put/1GiB/growing   CreateOnDevice + Seal of a 1 GiB object on GPU 0, the first
+//                      object of a fresh daemon (one per iteration): the pool makes and
+//                      exports a chunk for it, and the client imports it.
+//   first_put/1GiB/reserved  the same into a daemon started with --gpu-reserve 0:1GiB+64MiB:
+//                      the chunk exists at start-up; the client still imports it. Baseline:
+//                      the growing case.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
@@ -224,6 +230,31 @@ void FirstImport(benchmark::State& state, const Setup* s) {
   Record(state, "first_import/1KiB", run);
 }
 
+// The first put of 1 GiB on GPU 0 of a fresh daemon started with `flags` (and `reserve`).
+void FirstPut(benchmark::State& state, const std::vector<std::string>* flags, bool reserve) {
+  const std::string name = reserve ? "first_put/1GiB/reserved" : "first_put/1GiB/growing";
+  Latencies run;
+  for (auto _ : state) {
+    std::vector<std::string> argv = *flags;
+    if (reserve) argv.insert(argv.end(), {"--gpu-reserve", "0:1088MiB"});
+    depot::bench::Daemon daemon(argv);
+    auto client = depot::Client::Connect(daemon.socket_path());
+    if (!client.ok()) return Fail(state, client.status());
+    const auto id = depot::ObjectId::FromName("bench_gpu/first_put");
+    const auto start = Clock::now();
+    auto created = client->CreateOnDevice(id, size_t{1} << 30, 0);
+    if (!created.ok()) return Fail(state, created.status());
+    if (Status st = client->Seal(id); !st.ok()) return Fail(state, st);
+    const double ns = static_cast<double>((Clock::now() - start).count());
+    state.SetIterationTime(ns / 1e9);
+    run.Add(ns);
+  }
+  Record(state, name, run);
+  if (reserve && MedianOf("first_put/1GiB/growing") > 0) {
+    state.counters["ratio_to_growing"] = run.Median() / MedianOf("first_put/1GiB/growing");
+  }
+}
+
 void WarmGet(benchmark::State& state, const Setup* s, bool on_gpu) {
   const std::string name = on_gpu ? "warm_get/1KiB" : "host_get/1KiB";
   // Maps the chunk (or segment) first: what is measured is the warm path.
@@ -350,6 +381,13 @@ void PrintSummary(const Setup& s, const std::string& kind) {
                 kBig / store, kBig / base, s.copier->what().c_str(), 100 * base / store);
   }
   if (s.gpus < 2) std::printf("  d2d/256MiB: skipped, needs two GPUs (this host has one)\n");
+  const double growing = MedianOf("first_put/1GiB/growing");
+  const double reserved = MedianOf("first_put/1GiB/reserved");
+  if (growing > 0 && reserved > 0) {
+    std::printf("  %-22s %10.3f ms   into a fresh pool\n", "first_put/1GiB/growing", growing / 1e6);
+    std::printf("  %-22s %10.3f ms   %5.2fx the growing pool's\n", "first_put/1GiB/reserved",
+                reserved / 1e6, reserved / growing);
+  }
 }
 
 }  // namespace
@@ -459,6 +497,13 @@ int main(int argc, char** argv) {
             ->UseManualTime()
             ->Iterations(10));
     add(benchmark::RegisterBenchmark(NameOf(d), StoreCopy, s, d)->UseManualTime()->Iterations(10));
+  }
+  for (bool reserve : {false, true}) {
+    add(benchmark::RegisterBenchmark(reserve ? "first_put/1GiB/reserved" : "first_put/1GiB/growing",
+                                     FirstPut, &flags, reserve)
+            ->UseManualTime()
+            ->Iterations(3)
+            ->Unit(benchmark::kMillisecond));
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -178,6 +178,9 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-chunk-size", gpu_options.chunk_size,
                  "size of the chunks GPU pools grow by (objects larger get their own)")
       ->capture_default_str();
+  app.add_option("--gpu-reserve", gpu_options.reserve,
+                 "GPU pool memory to make at start-up (not on the first puts): 8GiB, 50%, or "
+                 "per GPU 0:8GiB,1:50%");
   app.add_option("--simulate-gpus", gpu_options.simulate,
                  "serve N simulated GPUs of SIZE (N or N:SIZE, default size 1GiB), backed by "
                  "host memory, instead of real ones: for tests and demos");

@@ -632,6 +632,25 @@ TEST(NoGpuTest, DefaultDaemonOnAHostWithoutADriverReportsZeroGpus) {
   ASSERT_OK(client.Put(ObjectId::FromName("gpu/driverless"), AsBytes("ok")));
 }
 
+TEST(GpuFlagsTest, AReservedPoolIsMadeAtStartUpAndObjectsGoIntoIt) {
+  TestDaemon daemon({"--simulate-gpus", "2:256MiB", "--gpu-memory", "200MiB", "--gpu-chunk-size",
+                     "16MiB", "--gpu-reserve", "1:128MiB"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.socket_path()));
+  ASSERT_OK_AND_ASSIGN(StoreStatus before, client.GetStatus());
+  ASSERT_EQ(before.gpus.size(), 2u);
+  EXPECT_EQ(before.gpus[0].reserved_bytes, 0u) << "GPU 0 reserves nothing";
+  EXPECT_EQ(before.gpus[1].chunks, 1u);
+  EXPECT_EQ(before.gpus[1].reserved_bytes, 128u << 20);
+  // 100 MiB, larger than a chunk (16 MiB): it goes into the reserved one, no chunk is added.
+  ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer put,
+                       client.CreateOnDevice(ObjectId::FromName("gpu/reserved"), 100u << 20, 1));
+  ASSERT_OK(client.Seal(ObjectId::FromName("gpu/reserved")));
+  ASSERT_OK_AND_ASSIGN(StoreStatus after, client.GetStatus());
+  EXPECT_EQ(after.gpus[1].chunks, 1u);
+  EXPECT_EQ(after.gpus[1].reserved_bytes, 128u << 20);
+}
+
 TEST(GpuFlagsTest, BadGpuFlagsAreClearErrorsAtStartup) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty()) << dir.error();
@@ -645,6 +664,9 @@ TEST(GpuFlagsTest, BadGpuFlagsAreClearErrorsAtStartup) {
       {{"--simulate-gpus", "2", "--gpu-memory", "0:150%"}, "percentage"},
       {{"--simulate-gpus", "2", "--gpu-memory", "x:1GiB"}, "DEVICE:SIZE"},
       {{"--simulate-gpus", "2", "--gpu-chunk-size", "big"}, "--gpu-chunk-size"},
+      {{"--simulate-gpus", "2:64MiB", "--gpu-reserve", "1:63MiB"}, "more than its pool"},
+      {{"--simulate-gpus", "2", "--gpu-reserve", "2:1GiB"}, "there is no GPU 2"},
+      {{"--simulate-gpus", "2", "--gpu-reserve", "0:many"}, "--gpu-reserve"},
   };
   for (const auto& [flags, expected] : cases) {
     std::vector<std::string> argv = {DEPOT_DAEMON_PATH, "--socket", socket, "--memory", "16MiB"};

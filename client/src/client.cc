@@ -58,11 +58,8 @@ wire::Request::Create::Builder InitCreate(RequestMessage& request, const ObjectI
   return create;
 }
 
-// Objects this large have their pages mapped writable ahead of the writes that fill them:
-// one system call instead of a page fault per 4 KiB (bench_put's put/256MiB/fresh).
-constexpr uint64_t kPrefaultFrom = 1 << 20;
-
-// Maps the pages of [data, data + size) for writing. Best effort: without
+// Allocates and maps the pages of [data, data + size) for writing, in one system call rather
+// than a page fault per 4 KiB (CreateOptions::prefault). Best effort: without
 // MADV_POPULATE_WRITE (Linux before 5.14) the writes fault the pages in as they go.
 void Prefault(std::byte* data, uint64_t size) {
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
@@ -305,7 +302,7 @@ Result<MutableBuffer> Client::Create(const ObjectId& id, uint64_t data_size,
     auto r = reply.get();
     if (!r.isCreate()) return UnexpectedReply("create");
     DEPOT_ASSIGN_OR_RETURN(auto holding, MakeHolding(conn_, id, r.getCreate(), /*sealed=*/false));
-    if (data_size >= kPrefaultFrom) Prefault(holding->writable, data_size);
+    if (options.prefault && holding->writable_mapping) Prefault(holding->writable, data_size);
     conn_->holdings().Replace(holding);
     return MutableBuffer(std::move(holding));
   });

@@ -45,6 +45,20 @@ bool DevicePool::AddChunk(uint64_t bytes) {
   return true;
 }
 
+Status DevicePool::Reserve(uint64_t bytes) {
+  if (reserved_ >= bytes) return Status::OK();
+  const uint64_t size = std::min(RoundToGranule(bytes - reserved_), limit_ - reserved_);
+  auto chunk = backend_.AllocateChunk(device_, size);
+  if (!chunk.ok()) {
+    return Status(chunk.status().code(), info().name + ": cannot reserve " + ipc::FormatSize(size) +
+                                             ": " + chunk.status().message());
+  }
+  spdlog::info("{}: reserved chunk {} ({})", info().name, chunks_.size(), ipc::FormatSize(size));
+  reserved_ += size;
+  chunks_.push_back(std::make_unique<Entry>(std::move(chunk).value()));
+  return Status::OK();
+}
+
 std::optional<DevicePool::Block> DevicePool::AllocateIn(uint32_t index, uint64_t bytes) {
   auto a = chunks_[index]->allocator.Allocate(bytes);
   if (!a) return std::nullopt;

@@ -65,6 +65,11 @@ class DevicePool final : public TierPool {
     return chunks_[index]->chunk.address + offset;
   }
 
+  // Makes one chunk of `bytes` (rounded up to the device's granularity) now, at start-up,
+  // unless chunks already hold that much: objects up to its size then go into a chunk that
+  // exists and is exported. Fails with the backend's error.
+  Status Reserve(uint64_t bytes);
+
   uint64_t limit() const { return limit_; }
   uint64_t reserved_bytes() const { return reserved_; }
 

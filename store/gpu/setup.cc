@@ -37,9 +37,15 @@ Result<uint64_t> ParseLimit(std::string_view text, uint64_t total) {
 
 Result<std::vector<uint64_t>> ParsePoolLimits(const std::string& spec,
                                               const std::vector<uint64_t>& device_bytes) {
+  return ParsePerDevice(spec, device_bytes, kDefaultShare);
+}
+
+Result<std::vector<uint64_t>> ParsePerDevice(const std::string& spec,
+                                             const std::vector<uint64_t>& device_bytes,
+                                             double default_share) {
   std::vector<uint64_t> limits;
   for (uint64_t total : device_bytes) {
-    limits.push_back(static_cast<uint64_t>(static_cast<double>(total) * kDefaultShare));
+    limits.push_back(static_cast<uint64_t>(static_cast<double>(total) * default_share));
   }
   if (spec.empty()) return limits;
   if (spec.find(':') == std::string::npos) {  // one value for every device
@@ -112,12 +118,22 @@ Result<std::unique_ptr<Gpus>> SetUpGpus(const GpuOptions& options) {
   for (const DeviceInfo& info : gpus->backend->devices()) totals.push_back(info.total_bytes);
   auto limits = ParsePoolLimits(options.memory, totals);
   if (!limits.ok()) return Status::InvalidArgument("--gpu-memory: " + limits.status().message());
+  auto reserves = ParsePerDevice(options.reserve, totals, 0);
+  if (!reserves.ok())
+    return Status::InvalidArgument("--gpu-reserve: " + reserves.status().message());
   for (uint32_t d = 0; d < totals.size(); ++d) {
     gpus->pools.push_back(std::make_unique<DevicePool>(*gpus->backend, d, (*limits)[d], *chunk));
+    DevicePool& pool = *gpus->pools.back();
     const DeviceInfo& info = gpus->backend->devices()[d];
     spdlog::info("GPU {}: {} ({}, {} of memory), pool of up to {}", d, info.name,
                  ipc::FormatUuid(info.uuid), ipc::FormatSize(info.total_bytes),
-                 ipc::FormatSize(gpus->pools.back()->limit()));
+                 ipc::FormatSize(pool.limit()));
+    if ((*reserves)[d] > pool.limit()) {
+      return Status::InvalidArgument("--gpu-reserve: " + ipc::FormatSize((*reserves)[d]) +
+                                     " on GPU " + std::to_string(d) + " is more than its pool (" +
+                                     ipc::FormatSize(pool.limit()) + ", --gpu-memory)");
+    }
+    if ((*reserves)[d] > 0) DEPOT_RETURN_NOT_OK(pool.Reserve((*reserves)[d]));
   }
   if (totals.empty()) spdlog::info("no GPUs: {}", gpus->description);
   return gpus;

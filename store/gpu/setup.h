@@ -19,7 +19,10 @@ struct GpuOptions {
   // (devices not named get the default, 75% of their memory).
   std::string memory;
   std::string chunk_size = "256MiB";  // the usual size of a pool's chunks
-  bool disabled = false;              // serve no GPUs (do not even load the driver)
+  // Pool memory made at start-up, as --gpu-memory is written (devices not named: none), so
+  // that puts into a fresh daemon do not pay for making and exporting chunks.
+  std::string reserve;
+  bool disabled = false;  // serve no GPUs (do not even load the driver)
 };
 
 struct Gpus {
@@ -38,5 +41,10 @@ Result<std::unique_ptr<Gpus>> SetUpGpus(const GpuOptions& options);
 // Parses a --gpu-memory value for `devices` devices of the given sizes.
 Result<std::vector<uint64_t>> ParsePoolLimits(const std::string& spec,
                                               const std::vector<uint64_t>& device_bytes);
+// Parses a per-device size ("8GiB", "50%", or "0:8GiB,1:50%"); devices not named get
+// `default_share` of their memory.
+Result<std::vector<uint64_t>> ParsePerDevice(const std::string& spec,
+                                             const std::vector<uint64_t>& device_bytes,
+                                             double default_share);
 
 }  // namespace depot::store::gpu

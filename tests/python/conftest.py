@@ -30,12 +30,13 @@ def wait_for(predicate, timeout=5.0, interval=0.005):
 
 
 def store_mappings(pid="self"):
-    """(start, end) of each mapping of an arena segment in a process (/proc/<pid>/maps)."""
+    """(start, end) of each mapping of an arena segment in a process (/proc/<pid>/maps):
+    shared segments (depot-segment-N) and an object's own (depot-object-N)."""
     ranges = []
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             fields = line.split(maxsplit=5)
-            if len(fields) == 6 and "depot-segment-" in fields[5]:
+            if len(fields) == 6 and ("depot-segment-" in fields[5] or "depot-object-" in fields[5]):
                 start, end = (int(x, 16) for x in fields[0].split("-"))
                 ranges.append((start, end))
     return ranges

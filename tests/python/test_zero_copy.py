@@ -8,7 +8,7 @@ import pytest
 
 import depot
 from children import read_shared_array
-from conftest import address_of, in_store, memory_kib
+from conftest import address_of, in_store, memory_kib, store_mappings
 
 
 def test_array_views_a_mapping_of_an_arena_segment(client):
@@ -46,11 +46,14 @@ def _available_bytes():
 
 
 def test_large_array_is_not_copied_on_get():
-    """1 GiB when the machine has room for it three times over; else 256 MiB (noted)."""
+    """1 GiB when the machine has room for it three times over; else 256 MiB (noted). The
+    daemon has its default segments of 1 GiB, so the array (1 GiB and its metadata) is larger
+    than a segment and gets one of its own."""
     size = 1 << 30 if _available_bytes() > 6 << 30 else 256 << 20
     if size != 1 << 30:
         print(f"not enough memory for 1 GiB: testing with {size >> 20} MiB")
-    with depot.start_daemon(memory=size + (64 << 20), segment_size=size + (64 << 20)) as d:
+    segment = None if size == 1 << 30 else size  # the default: 1 GiB
+    with depot.start_daemon(memory=size + (256 << 20), segment_size=segment) as d:
         with d.client() as client:
             ref = client.put(np.ones(size // 8))
             gc.collect()  # the source array is gone: only the store's copy remains
@@ -61,6 +64,27 @@ def test_large_array_is_not_copied_on_get():
             assert in_store(address_of(array), size)
             growth = (memory_kib("RssAnon") - anon_before) * 1024
             assert growth < 32 << 20, f"private memory grew by {growth >> 20} MiB on get"
+            mapped = len(store_mappings())
+            del array
+            gc.collect()
+            # Its own segment is unmapped with the last view of it.
+            assert len(store_mappings()) == mapped - 1
+            client.delete(ref)
+            assert client.status().used_bytes == 0
+
+
+def test_a_gibibyte_array_on_a_daemon_with_depotds_default_memory_and_segments():
+    """The array of issue 14: np.random.rand(2**27), put and read back on a daemon started
+    as depotd starts by default (a quarter of the machine's memory, segments of 1 GiB)."""
+    if _available_bytes() < 8 << 30 or _available_bytes() // 4 < (1 << 30) + (64 << 20):
+        pytest.skip("needs a quarter of the machine's memory to exceed 1 GiB, and room for it")
+    with depot.start_daemon(memory="25%") as d:
+        with d.client() as client:
+            source = np.random.default_rng(14).random(134217728)
+            ref = client.put(source)
+            back = client.get(ref)
+            assert back.shape == source.shape and back.dtype == source.dtype
+            assert np.array_equal(back, source)
 
 
 def test_spawned_process_reads_the_array_without_copying(client):

@@ -158,8 +158,8 @@ def start_daemon(
     """Starts a private depotd and waits until it accepts connections.
 
     ``memory`` is the arena's capacity (``"4GiB"``, a byte count, or a share of RAM such as
-    ``"25%"``); ``segment_size`` the size of its segments, which is also the largest object
-    (default: 1 GiB, or the capacity if smaller). The socket is in a new temporary directory
+    ``"25%"``); ``segment_size`` the size of its shared segments (default: 1 GiB, or the
+    capacity if smaller): larger objects get a segment of their own. The socket is in a new temporary directory
     unless ``socket`` is given; ``args`` are further depotd flags (``depotd --help``). The
     daemon is the one installed with this package (see :func:`find_depotd`) unless
     ``executable`` names another. ``simulate_gpus`` serves simulated GPUs backed by host
