@@ -166,8 +166,8 @@ def test_put_many_stores_the_rest_and_raises_the_first_failure(client):
 
 
 def test_put_many_without_names_tells_which_random_ids_were_stored(client):
-    too_big = np.zeros(100 << 20, dtype=np.uint8)  # more than a 64 MiB segment holds
-    with pytest.raises(depot.InvalidArgument, match="larger than the largest object") as e:
+    too_big = np.zeros(300 << 20, dtype=np.uint8)  # more than the 256 MiB arena holds
+    with pytest.raises(depot.InvalidArgument, match="larger than the host arena's capacity") as e:
         client.put_many([b"kept", too_big, b"kept too"])
     assert list(e.value.failed) == [1]
     stored = [r for i, r in enumerate(e.value.refs) if i not in e.value.failed]
