@@ -233,6 +233,44 @@ TEST_F(HostileTest, AWriterCannotResizeTheSegmentUnderTheDaemon) {
   ASSERT_TRUE(attacker->Call(4, ListOf(IdList::kRelease, {id})));
 }
 
+TEST_F(HostileTest, AnObjectsOwnSegmentCannotBeResizedNorMadeWritableByItsReaders) {
+  // Larger than the test daemon's 16 MiB segments: a segment of its own.
+  constexpr uint64_t kBytes = 20 << 20;
+  auto attacker = OpenSession();
+  const ObjectId id = ObjectId::FromName("hostile/dedicated");
+  auto created = attacker->Call(2, CreateOf(id, kBytes));
+  ASSERT_TRUE(created);
+  ASSERT_TRUE(created->get().isCreate()) << created->get().getMessage().cStr();
+  auto segments = created->get().getNewSegments();
+  ASSERT_EQ(segments.size(), 2u);
+  ASSERT_EQ(created->fds.size(), 2u);
+  ASSERT_TRUE(segments[0].getDedicated() && segments[1].getDedicated());
+  ASSERT_TRUE(segments[1].getWritable());
+  const int writable = created->fds[1].get();
+  // Shrinking or growing its file would make the daemon's next touch of it SIGBUS, or
+  // take memory past the capacity.
+  EXPECT_NE(::ftruncate(writable, 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(writable, 1ll << 40), 0);
+  EXPECT_EQ(errno, EPERM);
+  ASSERT_TRUE(attacker->Call(3, SealOf(id)));
+  ASSERT_TRUE(attacker->Call(4, ListOf(IdList::kRelease, {id})));
+  // A reader's descriptor, sent with every get of it, allows no writes.
+  for (uint64_t rid : {5, 6}) {
+    auto got = attacker->Call(rid, GetOf({id}));
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->get().getNewSegments().size(), 1u) << "sent again with each get";
+    ASSERT_FALSE(got->get().getNewSegments()[0].getWritable());
+    ASSERT_EQ(got->fds.size(), 1u);
+    EXPECT_EQ(WaysToWrite(got->fds[0].get(), kBytes), "") << "a reader's descriptor allows writes";
+    EXPECT_EQ(ReopenReadWriteInChild(got->fds[0].get()), 0) << "it re-opens read-write";
+  }
+  ASSERT_TRUE(attacker->Call(7, ListOf(IdList::kRelease, {id, id})));
+  // The daemon serves the object on, whole.
+  ASSERT_OK_AND_ASSIGN(Buffer buffer, victim_->Get(id));
+  EXPECT_EQ(buffer.size(), kBytes);
+}
+
 TEST_F(HostileTest, AWriteThroughABufferFaultsAndLeavesTheObjectIntact) {
   ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(daemon_->socket_path()));
   ASSERT_OK_AND_ASSIGN(Buffer buffer, reader.Get(victim_id_));
