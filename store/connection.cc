@@ -207,12 +207,18 @@ void Connection::AttachSegments(wire::Reply::Builder reply, const ReplyAttachmen
 void Connection::AttachChunks(wire::Reply::Builder reply, const ReplyAttachments& attach,
                               std::vector<int>& fds) {
   const int32_t device = attach.chunk_device;
-  if (chunks_sent_.size() <= static_cast<size_t>(device)) chunks_sent_.resize(device + 1, 0);
+  if (chunks_sent_.size() <= static_cast<size_t>(device)) chunks_sent_.resize(device + 1);
   const gpu::DevicePool& pool = *gpus_[device];
-  const uint32_t first = chunks_sent_[device];
-  const uint32_t readable = attach.max_chunk >= static_cast<int64_t>(first)
-                                ? static_cast<uint32_t>(attach.max_chunk) + 1 - first
-                                : 0;
+  std::vector<bool>& sent = chunks_sent_[device];
+  std::vector<uint32_t> fresh;
+  for (const uint32_t c : attach.chunks) {
+    if (sent.size() <= c) sent.resize(c + 1, false);
+    if (!sent[c]) {
+      sent[c] = true;
+      fresh.push_back(c);
+    }
+  }
+  const auto readable = static_cast<unsigned>(fresh.size());
   // Chunks go read-only where the backend can share them so (simulated devices); a writer
   // gets the chunk it creates in writable besides. CUDA chunks have one, read-write, form.
   const auto writable = static_cast<uint32_t>(attach.writable_chunk);
@@ -236,8 +242,7 @@ void Connection::AttachChunks(wire::Reply::Builder reply, const ReplyAttachments
       out.setWritable(!read_only);
     }
   };
-  for (uint32_t i = 0; i < readable; ++i) describe(first + i, false, chunks[i]);
-  chunks_sent_[device] = first + readable;
+  for (unsigned i = 0; i < readable; ++i) describe(fresh[i], false, chunks[i]);
   if (new_writable) {
     describe(writable, true, chunks[readable]);
     writable_chunks_sent_.insert({device, writable});

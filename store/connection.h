@@ -35,13 +35,13 @@ namespace depot::store {
 // What a reply carries besides its message: of the arena `segments` it names (repeats
 // allowed), those the client lacks, read-only: a shared segment it has not been sent, and a
 // dedicated segment always; `writable_segment` (-1: none) writable, unless it is a shared
-// one sent so before; the chunks up to `max_chunk` of GPU `chunk_device`'s pool (-1: none)
-// and its `writable_chunk`; and one more descriptor of the reply's own.
+// one sent so before; likewise of the `chunks` of GPU `chunk_device`'s pool (-1: none) those
+// not sent before, and its `writable_chunk`; and one more descriptor of the reply's own.
 struct ReplyAttachments {
   std::span<const uint32_t> segments;
   int64_t writable_segment = -1;
   int32_t chunk_device = -1;
-  int64_t max_chunk = -1;
+  std::span<const uint32_t> chunks;
   int64_t writable_chunk = -1;
   int extra_fd = -1;
 };
@@ -110,10 +110,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed_ = false;
   uint64_t buffer_charge_ = 0;  // of the read buffer, counted by Handler::Charge
   // What the client has been sent: some shared segments read-only (indexed by segment),
-  // some writable, and the chunks of each GPU's pool up to a count.
+  // some writable, and likewise some chunks of each GPU's pool.
   std::vector<bool> segments_sent_;
   std::unordered_set<uint32_t> writable_sent_;
-  std::vector<uint32_t> chunks_sent_;                            // by GPU
+  std::vector<std::vector<bool>> chunks_sent_;                   // by GPU, by chunk
   std::set<std::pair<int32_t, uint32_t>> writable_chunks_sent_;  // (GPU, chunk)
 };
 

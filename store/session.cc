@@ -555,7 +555,7 @@ void Session::SendLocation(uint64_t rid, const Location& loc, bool writable) {
     // A GPU object is always written by its creator, through its device pointer.
     return SendReply(message, reply,
                      {.chunk_device = loc.device,
-                      .max_chunk = loc.segment,
+                      .chunks = std::span(&loc.segment, 1),
                       .writable_chunk = int64_t{loc.segment}});
   }
   SendReply(message, reply,
@@ -586,46 +586,41 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
   int64_t timeout = std::max<int64_t>(get.getTimeoutMs(), -1);
   if (timeout > kForeverMs) timeout = -1;
   const int32_t device = get.getDevice();
-  Status st = store_.Get(
-      id_, std::move(ids), device, timeout,
-      [weak = weak_from_this(), rid, start, device](std::vector<GetResult> results) {
-        auto self = weak.lock();
-        if (!self || self->closed()) return;
-        capnp::MallocMessageBuilder message;
-        auto reply = message.initRoot<wire::Reply>();
-        reply.setId(rid);
-        auto out = reply.initGet(static_cast<unsigned>(results.size()));
-        std::vector<uint32_t> segments;  // of the objects found, for the host's
-        int64_t max_chunk = -1;          // and a GPU's
-        size_t failure_bytes = 0;
-        for (unsigned i = 0; i < results.size(); ++i) {
-          out[i].setError(ipc::ToWire(results[i].code));
-          if (results[i].code == StatusCode::kOk) {
-            ToWire(results[i].location, out[i].initLocation());
-            if (device == kHost) {
-              segments.push_back(results[i].location.segment);
-            } else {
-              max_chunk = std::max<int64_t>(max_chunk, results[i].location.segment);
-            }
-          } else if (results[i].failure) {
-            const std::string& why = *results[i].failure;
-            failure_bytes += why.size();
-            if (failure_bytes <= kMaxFailureReplyBytes) {
-              out[i].setMessage(why);
-            } else {
-              out[i].setMessage(
-                  "(the task's message is left out: this reply carries 1 MiB of failure "
-                  "messages already; get this object alone)");
-            }
-          }
-        }
-        if (device == kHost) {
-          self->SendReply(message, reply, {.segments = segments});
-        } else {
-          self->SendReply(message, reply, {.chunk_device = device, .max_chunk = max_chunk});
-        }
-        self->Observe(RequestType::kGet, start);
-      });
+  Status st =
+      store_.Get(id_, std::move(ids), device, timeout,
+                 [weak = weak_from_this(), rid, start, device](std::vector<GetResult> results) {
+                   auto self = weak.lock();
+                   if (!self || self->closed()) return;
+                   capnp::MallocMessageBuilder message;
+                   auto reply = message.initRoot<wire::Reply>();
+                   reply.setId(rid);
+                   auto out = reply.initGet(static_cast<unsigned>(results.size()));
+                   std::vector<uint32_t> regions;  // segments or chunks of the objects found
+                   size_t failure_bytes = 0;
+                   for (unsigned i = 0; i < results.size(); ++i) {
+                     out[i].setError(ipc::ToWire(results[i].code));
+                     if (results[i].code == StatusCode::kOk) {
+                       ToWire(results[i].location, out[i].initLocation());
+                       regions.push_back(results[i].location.segment);
+                     } else if (results[i].failure) {
+                       const std::string& why = *results[i].failure;
+                       failure_bytes += why.size();
+                       if (failure_bytes <= kMaxFailureReplyBytes) {
+                         out[i].setMessage(why);
+                       } else {
+                         out[i].setMessage(
+                             "(the task's message is left out: this reply carries 1 MiB of failure "
+                             "messages already; get this object alone)");
+                       }
+                     }
+                   }
+                   if (device == kHost) {
+                     self->SendReply(message, reply, {.segments = regions});
+                   } else {
+                     self->SendReply(message, reply, {.chunk_device = device, .chunks = regions});
+                   }
+                   self->Observe(RequestType::kGet, start);
+                 });
   if (!st.ok()) {
     SendError(rid, st);
     Observe(RequestType::kGet, start);

@@ -309,6 +309,34 @@ class GpuReaderTest : public HostileTest {
   GpuReaderTest() : HostileTest({"--simulate-gpus", "1:64MiB", "--gpu-chunk-size", "8MiB"}) {}
 };
 
+TEST_F(GpuReaderTest, AGetCarriesOnlyTheChunkItsObjectIsIn) {
+  // Two objects that fill a chunk (8 MiB) each: the second is in chunk 1.
+  for (const char* name : {"hostile/chunk0", "hostile/chunk1"}) {
+    ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer created,
+                         victim_->CreateOnDevice(ObjectId::FromName(name), 8 << 20, 0));
+    ASSERT_OK(victim_->Seal(ObjectId::FromName(name), /*stream=*/0));
+  }
+  auto reader = OpenSession();
+  for (uint64_t rid : {2, 3}) {
+    auto got = reader->Call(rid, [&](wire::Request::Builder r) {
+      GetOf({ObjectId::FromName("hostile/chunk1")})(r);
+      r.getGet().setDevice(0);
+    });
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->get().getError(), wire::ErrorCode::OK) << got->get().getMessage().cStr();
+    auto chunks = got->get().getNewChunks();
+    if (rid == 2) {
+      ASSERT_EQ(chunks.size(), 1u) << "chunk 0 holds nothing this client asked for";
+      EXPECT_EQ(chunks[0].getIndex(), 1u);
+    } else {
+      EXPECT_EQ(chunks.size(), 0u) << "sent once";
+    }
+  }
+  ASSERT_TRUE(reader->Call(
+      4, ReleaseOf(
+             {{0, {ObjectId::FromName("hostile/chunk1"), ObjectId::FromName("hostile/chunk1")}}})));
+}
+
 TEST_F(GpuReaderTest, AWriteThroughADeviceBufferFaultsAndLeavesTheObjectIntact) {
   const ObjectId id = ObjectId::FromName("hostile/gpu");
   const auto data = SeededBytes(100'000, 11);
