@@ -271,6 +271,33 @@ TEST_F(HostileTest, AnObjectsOwnSegmentCannotBeResizedNorMadeWritableByItsReader
   EXPECT_EQ(buffer.size(), kBytes);
 }
 
+TEST_F(HostileTest, AReaderThatKeepsAnObjectsOwnSegmentMappedKeepsNoneOfItsMemory) {
+  constexpr uint64_t kBytes = 20 << 20;  // a segment of its own (the test daemon's are 16 MiB)
+  const ObjectId id = ObjectId::FromName("hostile/kept-mapping");
+  ASSERT_OK(victim_->Put(id, SeededBytes(kBytes, 3)));
+  auto attacker = OpenSession();
+  auto got = attacker->Call(2, GetOf({id}));
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->fds.size(), 1u);
+  const auto* mapped = static_cast<const volatile uint64_t*>(
+      ::mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, got->fds[0].get(), 0));
+  ASSERT_NE(mapped, MAP_FAILED);
+  ASSERT_NE(mapped[0], 0u);
+  // The attacker lets go of the object but keeps its mapping; the object is deleted.
+  ASSERT_TRUE(attacker->Call(3, ListOf(IdList::kRelease, {id})));
+  ASSERT_OK(victim_->Delete(id));
+  // Its pages are given back all the same: the mapping left behind reads zeros.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (mapped[0] != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(mapped[0], 0u) << "the freed object's pages are still there";
+  EXPECT_EQ(mapped[kBytes / 8 - 1], 0u);
+  ::munmap(const_cast<uint64_t*>(mapped), kBytes);
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, victim_->GetStatus());
+  EXPECT_LT(status.used_bytes, kBytes);
+}
+
 TEST_F(HostileTest, AWriteThroughABufferFaultsAndLeavesTheObjectIntact) {
   ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(daemon_->socket_path()));
   ASSERT_OK_AND_ASSIGN(Buffer buffer, reader.Get(victim_id_));
