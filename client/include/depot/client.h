@@ -275,7 +275,8 @@ class Client {
   // Returns its writable bytes. Fails with AlreadyExists if the id is taken (sealed or being
   // created), OutOfMemory if it cannot fit even after evicting unreferenced objects (the
   // message says how much was asked, free and held), InvalidArgument for the nil id or a
-  // size over the daemon's largest object, LimitExceeded past this client's quotas.
+  // size (with the metadata) over the host arena's capacity, LimitExceeded past this
+  // client's quotas.
   Result<MutableBuffer> Create(const ObjectId& id, uint64_t data_size,
                                const CreateOptions& options = {});
 
