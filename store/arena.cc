@@ -70,6 +70,7 @@ Result<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options,
     o.segment_size = raised;
   }
   std::unique_ptr<Arena> arena(new Arena(o, prefault_pool));
+  arena->page_ = page;
   DEPOT_RETURN_NOT_OK(arena->AddSegment());
   return arena;
 }
@@ -121,10 +122,14 @@ Status Arena::Reserve(Segment& segment) {
 
 Status Arena::AddSegment() {
   for (auto& s : shared_) {
-    if (s->retired) return Revive(*s);
+    if (s->retired && s->size <= options_.capacity - mapped_) return Revive(*s);
   }
   const uint64_t size = std::min(options_.segment_size, options_.capacity - mapped_);
-  if (size == 0) return Status::OutOfMemory("the arena is at its capacity");
+  // A new segment beside retired ones too large for the capacity left, up to the bound on
+  // shared segments (each may go with a reply as a descriptor).
+  if (size == 0 || shared_.size() >= kMaxSharedSegments) {
+    return Status::OutOfMemory("the arena is at its capacity");
+  }
   const auto index = static_cast<uint32_t>(shared_.size());
   DEPOT_ASSIGN_OR_RETURN(auto seg, MakeSegment(size, "depot-segment-" + std::to_string(index)));
   seg->index = index;
@@ -157,6 +162,12 @@ Status Arena::Revive(Segment& segment) {
 }
 
 bool Arena::FreeCapacity(uint64_t bytes) {
+  // Nothing is retired unless the empty segments are enough.
+  uint64_t could = options_.capacity - mapped_;
+  for (const auto& s : shared_) {
+    if (!s->retired && s->allocator.live_allocations() == 0) could += s->size;
+  }
+  if (could < bytes) return false;
   for (auto& s : shared_) {
     if (options_.capacity - mapped_ >= bytes) break;
     if (s->retired || s->allocator.live_allocations() != 0) continue;
@@ -187,7 +198,8 @@ bool Arena::FreeCapacity(uint64_t bytes) {
 }
 
 std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size) {
-  const uint64_t bytes = (ReservedSize(size) + kPage - 1) / kPage * kPage;
+  // Whole pages of the backing store (huge pages on hugetlbfs, which refuses other sizes).
+  const uint64_t bytes = (ReservedSize(size) + page_ - 1) / page_ * page_;
   if (bytes > options_.capacity || !FreeCapacity(bytes)) return std::nullopt;
   uint32_t index = next_dedicated_;
   while (dedicated_.contains(index)) index = index == UINT32_MAX ? kFirstDedicated : index + 1;
@@ -201,7 +213,10 @@ std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size) {
   std::unique_ptr<Segment> seg = std::move(made).value();
   seg->index = index;
   auto a = seg->allocator.Allocate(size, kPage);
-  if (!a) return std::nullopt;  // cannot happen: the segment is the object's size
+  if (!a) {  // cannot happen: the segment is the object's size
+    ::munmap(seg->base, seg->size);
+    return std::nullopt;
+  }
   mapped_ += bytes;
   spdlog::debug("arena: added segment {} ({}) for one object", index, ipc::FormatSize(bytes));
   dedicated_.emplace(index, std::move(seg));
@@ -302,6 +317,15 @@ void Arena::Free(uint32_t segment, uint32_t handle) {
     }
     ::munmap(gone->base, gone->size);
   });
+}
+
+std::vector<uint32_t> Arena::segments_in_use() const {
+  std::vector<uint32_t> in_use;
+  for (const auto& s : shared_) {
+    if (!s->retired) in_use.push_back(s->index);
+  }
+  for (const auto& [index, s] : dedicated_) in_use.push_back(index);
+  return in_use;
 }
 
 uint64_t Arena::used_bytes() const {

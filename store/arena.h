@@ -117,6 +117,8 @@ class Arena final : public TierPool {
     return static_cast<uint32_t>(shared_.size() - retired_ + dedicated_.size());
   }
   uint32_t dedicated_count() const { return static_cast<uint32_t>(dedicated_.size()); }
+  // The indices of the segments in use, shared then dedicated.
+  std::vector<uint32_t> segments_in_use() const;
 
   // The largest object a shared segment holds; larger ones get a segment of their own.
   uint64_t segment_size() const { return options_.segment_size; }
@@ -179,6 +181,7 @@ class Arena final : public TierPool {
   std::unordered_map<uint32_t, std::unique_ptr<Segment>> dedicated_;
   uint32_t next_dedicated_ = kFirstDedicated;
   uint64_t mapped_ = 0;
+  uint64_t page_ = kPage;  // of the backing store: segments are whole pages
   std::atomic<uint64_t> page_locked_{0};
 };
 

@@ -78,21 +78,62 @@ void Tiers::DropReplica(uint32_t slot, int32_t tier) {
 std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes) {
   auto block = arena_.Allocate(bytes);
   if (block || !eviction_) return block;
+  if (arena_.BlockSize(bytes) > arena_.segment_size()) return EvictSegmentsFor(bytes);
   // Evict in LRU order, but only from segments where evicting everything evictable would
-  // make enough room. (Fragmentation can still defeat a segment that has the bytes.) An
-  // object larger than a shared segment needs capacity, not room in a segment: segments
-  // that eviction can empty whole (dedicated ones, and shared ones that are then retired).
-  const bool dedicated = arena_.BlockSize(bytes) > arena_.segment_size();
+  // make enough room. (Fragmentation can still defeat a segment that has the bytes.)
   const LruList& candidates = policy_.candidates(kHost);
   for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
     const uint32_t next = candidates.next(victim);
-    const uint32_t segment = table_.FindReplica(victim, kHost)->region;
-    if (policy_.WorthFreeing(victim, kHost, dedicated ? arena_.segment_bytes(segment) : bytes)) {
+    if (policy_.WorthFreeing(victim, kHost, bytes)) {
+      const uint32_t segment = table_.FindReplica(victim, kHost)->region;
       FreeHostBlock(victim);
-      // Only the victim's segment gained room, or the arena capacity.
-      block = dedicated ? arena_.Allocate(bytes) : arena_.AllocateIn(segment, bytes);
+      // Only the victim's segment gained room; an object's own segment is gone, and its
+      // capacity is free.
+      block =
+          Arena::IsDedicated(segment) ? arena_.Allocate(bytes) : arena_.AllocateIn(segment, bytes);
     }
     victim = next;
+  }
+  return block;
+}
+
+std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes) {
+  // An object larger than a shared segment needs capacity, not room in a segment: segments
+  // that eviction can empty whole (dedicated ones, and shared ones that are then retired).
+  // First whether that could ever be enough, so that nothing is evicted for a create that
+  // fails anyway.
+  const auto emptiable = [&](uint32_t segment) {
+    return arena_.free_bytes(segment) + policy_.candidate_bytes(kHost, segment) >=
+           arena_.segment_bytes(segment);
+  };
+  uint64_t could = arena_.capacity() - arena_.mapped_bytes();
+  for (const uint32_t segment : arena_.segments_in_use()) {
+    if (emptiable(segment)) could += arena_.segment_bytes(segment);
+  }
+  if (could < arena_.BlockSize(bytes)) return std::nullopt;
+  // Then one segment at a time, the least recently used candidate's first, all of it.
+  const LruList& candidates = policy_.candidates(kHost);
+  std::optional<TierPool::Block> block;
+  while (!block) {
+    uint32_t target = 0;
+    bool found = false;
+    for (uint32_t victim = candidates.front(); !found && victim != LruList::kNil;
+         victim = candidates.next(victim)) {
+      target = table_.FindReplica(victim, kHost)->region;
+      found = emptiable(target);
+    }
+    if (!found) break;
+    bool evicted = false;
+    for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
+      const uint32_t next = candidates.next(victim);
+      if (table_.FindReplica(victim, kHost)->region == target) {
+        FreeHostBlock(victim);
+        evicted = true;
+      }
+      victim = next;
+    }
+    if (!evicted) break;
+    block = arena_.Allocate(bytes);
   }
   return block;
 }

@@ -108,6 +108,9 @@ class Tiers {
 
   // Host room: allocates, evicting in LRU order from segments where that can make room.
   std::optional<TierPool::Block> AllocateOrEvict(uint64_t bytes);
+  // For an object larger than a shared segment: evicts whole segments, the least recently
+  // used first, when that could free the capacity it needs (else evicts nothing).
+  std::optional<TierPool::Block> EvictSegmentsFor(uint64_t bytes);
   // Makes room in host memory by taking the object in `slot` out of it: drops its host
   // replica if it has another (a replica dropped, not an eviction), else evicts it. Returns
   // whether the object itself went.

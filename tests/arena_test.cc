@@ -173,6 +173,29 @@ TEST_F(ArenaTest, ALargeObjectEvictsWholeSegmentsOfUnheldObjects) {
   EXPECT_LE(status.mapped_bytes, 32 * kMiB);
 }
 
+TEST_F(ArenaTest, ASmallObjectMayEvictALargeOneInItsOwnSegment) {
+  Start({"--memory", "32MiB", "--segment-size", "8MiB"});
+  ASSERT_OK(Put("large", 24 * kMiB));  // the least recently used, in a segment of its own
+  ASSERT_OK(Put("a", 4 * kMiB));       // the one shared segment the capacity leaves
+  ASSERT_OK(Put("b", 4 * kMiB));
+  ASSERT_OK(Put("c", 4 * kMiB));  // evicts "large", then goes into a new shared segment
+  EXPECT_FALSE(*client_->Contains(Id("large")));
+  for (const char* name : {"a", "b", "c"}) ExpectReads(*client_, name, 4 * kMiB);
+  EXPECT_EQ(Stats().evictions, 1u);
+}
+
+TEST_F(ArenaTest, ALargeObjectThatCannotFitEvenAfterEvictionEvictsNothing) {
+  Start({"--memory", "32MiB", "--segment-size", "8MiB"});
+  ASSERT_OK(Put("old", 6 * kMiB));
+  ASSERT_OK_AND_ASSIGN(MutableBuffer held, client_->Create(Id("held"), 7 * kMiB));
+  ASSERT_OK(Put("other", 6 * kMiB));
+  // 32 MiB less the segment "held" is in leaves 24 MiB at most.
+  EXPECT_EQ(Put("large", 25 * kMiB).code(), StatusCode::kOutOfMemory);
+  EXPECT_EQ(Stats().evictions, 0u) << "evicted for a create that failed anyway";
+  ExpectReads(*client_, "old", 6 * kMiB);
+  ASSERT_OK(client_->Abort(Id("held")));
+}
+
 TEST_F(ArenaTest, ALargeObjectThatHeldObjectsLeaveNoRoomForIsOutOfMemory) {
   Start({"--memory", "32MiB", "--segment-size", "8MiB"});
   std::vector<Buffer> held;
