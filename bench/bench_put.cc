@@ -222,17 +222,23 @@ void MemcpyLarge(benchmark::State& state, const PageBuffer* src, size_t dst_offs
   g_latencies[name].AddRun(run);
 }
 
-// Puts of fresh 256 MiB objects, each deleted afterwards (not timed). With `pad`, a 64-byte
-// object stays in the arena meanwhile, in front of them.
-void PutLarge(benchmark::State& state, depot::Client* client, const PageBuffer* src, bool pad,
+// How PutLarge puts.
+struct LargePut {
+  size_t bytes = kLargeBytes;
+  bool warm = true;      // a first put (deleted) allocates the pages the timed ones reuse
+  bool pad = false;      // a 64-byte object stays in the arena meanwhile, in front of them
+  bool prefault = true;  // CreateOptions::prefault
+};
+
+// Puts of fresh objects, each deleted afterwards (not timed).
+void PutLarge(benchmark::State& state, depot::Client* client, const PageBuffer* src, LargePut how,
               const std::string& name, const std::string& baseline) {
-  const std::span<const std::byte> data(src->data(), kLargeBytes);
+  const std::span<const std::byte> data(src->data(), how.bytes);
   const auto pad_id = depot::ObjectId::FromWords(g_next_id++, 0x9ad);
-  depot::Status st = pad ? client->Put(pad_id, data.first(64)) : depot::Status::OK();
-  // Warm the arena: the first put allocates the pages the later ones reuse.
+  depot::Status st = how.pad ? client->Put(pad_id, data.first(64)) : depot::Status::OK();
   const auto warm = depot::ObjectId::FromWords(g_next_id++, 0x1a29e);
-  if (st.ok()) st = client->Put(warm, data);
-  if (st.ok()) st = client->Delete(warm);
+  if (st.ok() && how.warm) st = client->Put(warm, data);
+  if (st.ok() && how.warm) st = client->Delete(warm);
   if (!st.ok()) {
     state.SkipWithError(st.ToString().c_str());
     return;
@@ -244,14 +250,14 @@ void PutLarge(benchmark::State& state, depot::Client* client, const PageBuffer* 
     const auto id = depot::ObjectId::FromWords(g_next_id++, 0x1a29e);
     // Client::Put's steps, timed one by one.
     const auto t0 = Latencies::Clock::now();
-    auto buffer = client->Create(id, kLargeBytes);
+    auto buffer = client->Create(id, how.bytes, {.prefault = how.prefault});
     if (!buffer.ok()) {
       state.SkipWithError(buffer.status().ToString().c_str());
       break;
     }
     const auto t1 = Latencies::Clock::now();
     const uint64_t faults0 = MinorFaults();
-    std::memcpy(buffer->ptr(), data.data(), kLargeBytes);
+    std::memcpy(buffer->ptr(), data.data(), how.bytes);
     faults += MinorFaults() - faults0;
     const auto t2 = Latencies::Clock::now();
     offset = buffer->location().offset;
@@ -270,13 +276,13 @@ void PutLarge(benchmark::State& state, depot::Client* client, const PageBuffer* 
     copy.Add(static_cast<double>((t2 - t1).count()));
     seal.Add(static_cast<double>((t3 - t2).count()));
   }
-  if (pad && !(st = client->Delete(pad_id)).ok()) state.SkipWithError(st.ToString().c_str());
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kLargeBytes));
-  state.counters["GB_per_s"] = GBPerSecond(run.Median());
+  if (how.pad && !(st = client->Delete(pad_id)).ok()) state.SkipWithError(st.ToString().c_str());
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(how.bytes));
+  state.counters["GB_per_s"] = static_cast<double>(how.bytes) / run.Median();
   state.counters["create_ms"] = create.Median() / 1e6;
   state.counters["copy_ms"] = copy.Median() / 1e6;
   state.counters["seal_ms"] = seal.Median() / 1e6;
-  // Nonzero means the copy took page faults: the arena was not warm for this client.
+  // Nonzero on a warm arena means the copy took page faults: it was not warm for this client.
   state.counters["faults_per_put"] =
       static_cast<double>(faults) / static_cast<double>(state.iterations());
   state.counters["offset_in_page"] = static_cast<double>(offset % kPage);
@@ -305,45 +311,6 @@ void MemcpyFresh(benchmark::State& state, const PageBuffer* src, size_t bytes,
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
   state.counters["GB_per_s"] = static_cast<double>(bytes) / run.Median();
-  g_latencies[name].AddRun(run);
-}
-
-// Puts of fresh objects of `bytes`, each in a segment of its own (larger than the daemon's
-// segments), deleted afterwards (untimed).
-void PutDedicated(benchmark::State& state, depot::Client* client, const PageBuffer* src,
-                  size_t bytes, bool prefault, const std::string& name,
-                  const std::string& baseline) {
-  Latencies run, create, copy;
-  for (auto _ : state) {
-    const auto id = depot::ObjectId::FromWords(g_next_id++, 0xded);
-    const auto t0 = Latencies::Clock::now();
-    auto buffer = client->Create(id, bytes, {.prefault = prefault});
-    if (!buffer.ok()) {
-      state.SkipWithError(buffer.status().ToString().c_str());
-      break;
-    }
-    const auto t1 = Latencies::Clock::now();
-    std::memcpy(buffer->ptr(), src->data(), bytes);
-    const auto t2 = Latencies::Clock::now();
-    depot::Status st = client->Seal(id);
-    buffer = depot::MutableBuffer{};
-    const auto t3 = Latencies::Clock::now();
-    if (st.ok()) st = client->Delete(id);
-    if (!st.ok()) {
-      state.SkipWithError(st.ToString().c_str());
-      break;
-    }
-    const double ns = static_cast<double>((t3 - t0).count());
-    state.SetIterationTime(ns / 1e9);
-    run.Add(ns);
-    create.Add(static_cast<double>((t1 - t0).count()));
-    copy.Add(static_cast<double>((t2 - t1).count()));
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
-  state.counters["GB_per_s"] = static_cast<double>(bytes) / run.Median();
-  state.counters["create_ms"] = create.Median() / 1e6;
-  state.counters["copy_ms"] = copy.Median() / 1e6;
-  if (MedianNs(baseline) > 0) state.counters["ratio_to_memcpy"] = MedianNs(baseline) / run.Median();
   g_latencies[name].AddRun(run);
 }
 
@@ -447,7 +414,8 @@ int main(int argc, char** argv) {
         ->DisplayAggregatesOnly(true)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(put.c_str(), PutLarge, &*client, &src, pad != 0, put, copy)
+    benchmark::RegisterBenchmark(put.c_str(), PutLarge, &*client, &src, LargePut{.pad = pad != 0},
+                                 put, copy)
         ->Repetitions(3)
         ->DisplayAggregatesOnly(true)
         ->UseManualTime()
@@ -469,8 +437,9 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMillisecond);
   for (bool prefault : {true, false}) {
     const std::string name = prefault ? "put/1GiB/dedicated" : "put/1GiB/dedicated/no_prefault";
-    benchmark::RegisterBenchmark(name.c_str(), PutDedicated, &*large_client, &huge, kHugeBytes,
-                                 prefault, name, std::string("memcpy/1GiB/fresh"))
+    benchmark::RegisterBenchmark(name.c_str(), PutLarge, &*large_client, &huge,
+                                 LargePut{.bytes = kHugeBytes, .warm = false, .prefault = prefault},
+                                 name, std::string("memcpy/1GiB/fresh"))
         ->Repetitions(3)
         ->DisplayAggregatesOnly(true)
         ->UseManualTime()

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "depot/ipc/framing.h"
+#include "depot/ipc/protocol.h"
 #include "depot/status.h"
 #include "store/allocator.h"
 #include "store/tier_pool.h"
@@ -58,12 +59,12 @@ struct ArenaOptions {
 class Arena final : public TierPool {
  public:
   // The first index of a dedicated segment; shared segments are numbered from 0.
-  static constexpr uint32_t kFirstDedicated = 0x8000'0000u;
+  static constexpr uint32_t kFirstDedicated = ipc::kFirstDedicatedSegment;
   // At most this many shared segments: a reply carries one descriptor per segment it names
   // that the client has not mapped, and a frame carries at most 253. Create raises the
   // segment size to keep the count under it.
   static constexpr uint64_t kMaxSharedSegments = 200;
-  static bool IsDedicated(uint32_t segment) { return segment >= kFirstDedicated; }
+  static bool IsDedicated(uint32_t segment) { return ipc::IsDedicatedSegment(segment); }
 
   // Objects are placed at multiples of this (a cache line)...
   static constexpr uint64_t kAlignment = 64;

@@ -170,17 +170,26 @@ void Connection::Send(capnp::MessageBuilder& message, wire::Reply::Builder reply
   if (!writing_) Flush();
 }
 
+namespace {
+
+// Whether `index` is marked in `sent`; marks it.
+bool MarkSent(std::vector<bool>& sent, uint32_t index) {
+  if (sent.size() <= index) sent.resize(index + 1, false);
+  if (sent[index]) return true;
+  sent[index] = true;
+  return false;
+}
+
+}  // namespace
+
 void Connection::AttachSegments(wire::Reply::Builder reply, const ReplyAttachments& attach,
                                 std::vector<int>& fds) {
   std::vector<uint32_t> fresh;
   for (const uint32_t segment : attach.segments) {
     if (Arena::IsDedicated(segment)) {
+      // Sent with every reply, once in each.
       if (std::find(fresh.begin(), fresh.end(), segment) == fresh.end()) fresh.push_back(segment);
-      continue;
-    }
-    if (segments_sent_.size() <= segment) segments_sent_.resize(segment + 1, false);
-    if (!segments_sent_[segment]) {
-      segments_sent_[segment] = true;
+    } else if (!MarkSent(segments_sent_, segment)) {
       fresh.push_back(segment);
     }
   }
@@ -209,14 +218,9 @@ void Connection::AttachChunks(wire::Reply::Builder reply, const ReplyAttachments
   const int32_t device = attach.chunk_device;
   if (chunks_sent_.size() <= static_cast<size_t>(device)) chunks_sent_.resize(device + 1);
   const gpu::DevicePool& pool = *gpus_[device];
-  std::vector<bool>& sent = chunks_sent_[device];
   std::vector<uint32_t> fresh;
   for (const uint32_t c : attach.chunks) {
-    if (sent.size() <= c) sent.resize(c + 1, false);
-    if (!sent[c]) {
-      sent[c] = true;
-      fresh.push_back(c);
-    }
+    if (!MarkSent(chunks_sent_[device], c)) fresh.push_back(c);
   }
   const auto readable = static_cast<unsigned>(fresh.size());
   // Chunks go read-only where the backend can share them so (simulated devices); a writer

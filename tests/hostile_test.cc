@@ -76,6 +76,15 @@ std::string WaysToWrite(int fd, size_t size) {
   return opened;
 }
 
+// A segment's writable descriptor cannot resize its file: shrinking it would make the
+// daemon's next touch of those pages SIGBUS, growing it would take memory past the capacity.
+void ExpectCannotResize(int fd) {
+  EXPECT_NE(::ftruncate(fd, 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(fd, 1ll << 40), 0);
+  EXPECT_EQ(errno, EPERM);
+}
+
 // Waits until the daemon has read everything sent on `fd` (nothing left in the socket's
 // queue), for up to 10 s.
 // Tries, in a child that keeps root's uid but not its permission bypass, to re-open `fd`'s
@@ -224,11 +233,7 @@ TEST_F(HostileTest, AWriterCannotResizeTheSegmentUnderTheDaemon) {
     if (segments[i].getWritable()) writable = created->fds[i].get();
   }
   ASSERT_GE(writable, 0) << "the creator was sent no writable segment";
-  // Shrinking the file would make the daemon's next touch of those pages SIGBUS.
-  EXPECT_NE(::ftruncate(writable, 0), 0);
-  EXPECT_EQ(errno, EPERM);
-  EXPECT_NE(::ftruncate(writable, 1ll << 40), 0);
-  EXPECT_EQ(errno, EPERM);
+  ExpectCannotResize(writable);
   ASSERT_TRUE(attacker->Call(3, SealOf(id)));
   ASSERT_TRUE(attacker->Call(4, ListOf(IdList::kRelease, {id})));
 }
@@ -246,13 +251,7 @@ TEST_F(HostileTest, AnObjectsOwnSegmentCannotBeResizedNorMadeWritableByItsReader
   ASSERT_EQ(created->fds.size(), 2u);
   ASSERT_TRUE(segments[0].getDedicated() && segments[1].getDedicated());
   ASSERT_TRUE(segments[1].getWritable());
-  const int writable = created->fds[1].get();
-  // Shrinking or growing its file would make the daemon's next touch of it SIGBUS, or
-  // take memory past the capacity.
-  EXPECT_NE(::ftruncate(writable, 0), 0);
-  EXPECT_EQ(errno, EPERM);
-  EXPECT_NE(::ftruncate(writable, 1ll << 40), 0);
-  EXPECT_EQ(errno, EPERM);
+  ExpectCannotResize(created->fds[1].get());
   ASSERT_TRUE(attacker->Call(3, SealOf(id)));
   ASSERT_TRUE(attacker->Call(4, ListOf(IdList::kRelease, {id})));
   // A reader's descriptor, sent with every get of it, allows no writes.

@@ -1,5 +1,7 @@
 #include "segments.h"
 
+#include "depot/ipc/protocol.h"
+
 #include <sys/mman.h>
 
 #include <string>
@@ -8,11 +10,10 @@ namespace depot::internal {
 
 namespace {
 
-constexpr uint32_t kFirstDedicated = 0x8000'0000u;  // Arena::kFirstDedicated
-
 std::string Describe(uint32_t index, bool writable) {
-  return index >= kFirstDedicated
-             ? "the arena segment of object " + std::to_string(index - kFirstDedicated) +
+  return ipc::IsDedicatedSegment(index)
+             ? "the arena segment of object " +
+                   std::to_string(index - ipc::kFirstDedicatedSegment) +
                    (writable ? " (writable)" : "")
              : "arena segment " + std::to_string(index) + (writable ? " (writable)" : "");
 }
@@ -22,7 +23,7 @@ std::string Describe(uint32_t index, bool writable) {
 Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t size, bool writable,
                                                      bool dedicated, ipc::UniqueFd fd) {
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-  if (dedicated != (index >= kFirstDedicated)) {
+  if (dedicated != ipc::IsDedicatedSegment(index)) {
     return Status::Internal("the daemon sent " + Describe(index, writable) + " as " +
                             (dedicated ? "dedicated" : "shared"));
   }
@@ -76,7 +77,7 @@ Result<Segments::View<std::byte>> Segments::Find(uint32_t index, uint64_t offset
                                                  bool writable) const {
   View<std::byte> view;
   const Mapping* mapping = nullptr;
-  if (index >= kFirstDedicated) {
+  if (ipc::IsDedicatedSegment(index)) {
     auto it = dedicated_.find(index);
     if (it != dedicated_.end())
       view.keep = (writable ? it->second.writable : it->second.readable).lock();

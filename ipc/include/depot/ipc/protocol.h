@@ -16,6 +16,13 @@ namespace depot::ipc {
 // Bumped on every incompatible change to protocol.capnp or to ObjectHeader.
 inline constexpr uint32_t kProtocolVersion = 11;
 
+// Arena segments from this index up are dedicated: each holds one object larger than a
+// shared segment, and its index is never reused (wire::Segment.dedicated).
+inline constexpr uint32_t kFirstDedicatedSegment = 0x8000'0000u;
+inline constexpr bool IsDedicatedSegment(uint32_t segment) {
+  return segment >= kFirstDedicatedSegment;
+}
+
 // The daemon's default bound on one frame. A session that sends a larger one is closed.
 inline constexpr uint32_t kDefaultMaxFrameBytes = 16u << 20;
 // Most ids one batched request may name.
