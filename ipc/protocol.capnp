@@ -147,6 +147,10 @@ struct Request {
   # v5's host-only release, where a List of {id :Id, device :Int32} costs 32 per id (each
   # Id a struct of its own behind a pointer) and one with the id's words inlined 24. A group
   # costs 24 bytes, and a client sends one per tier it releases on.
+  # A group whose device is -2 (ipc::kLeasedReads) holds no references: it names objects
+  # the client read through its lease table (depot/ipc/lease.h) and has let go of since its
+  # last frame. The daemon counts them as gets (LRU order, access time, counters), and looks
+  # at the lease tables again now, not at its next round, if such an object waits for that.
   struct TierRefs {
     device @0 :Int32 = -1;
     ids @1 :List(Id);
@@ -433,6 +437,9 @@ struct Reply {
     maxBatch @6 :UInt32;     # most ids in one get/release/delete/contains
     devices @7 :List(Device);  # the GPUs, in the order requests number them
     deviceBackend @8 :Text;  # "cuda", "simulated", or why there are no GPUs
+    # Entries of the session's lease table (depot/ipc/lease.h), whose descriptor follows the
+    # header table's; 0: the daemon gives no leases, and sends no second descriptor.
+    leaseEntries @9 :UInt32;
   }
 
   struct GetResult {

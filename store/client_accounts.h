@@ -79,6 +79,9 @@ class ClientAccounts {
   // Forgets the account. Its references must have been dropped (the store drops them).
   void Close(ClientId client);
   Account* Find(ClientId client);
+  const Account* Find(ClientId client) const {
+    return const_cast<ClientAccounts*>(this)->Find(client);
+  }
   Account& at(ClientId client) { return accounts_.at(client); }
 
   // Counts one more reference of `client` to the object in `slot` on `tier`, whose replica

@@ -162,7 +162,7 @@ void Connection::Send(capnp::MessageBuilder& message, wire::Reply::Builder reply
   std::vector<int> fds;
   AttachSegments(reply, attach, fds);
   if (attach.chunk_device >= 0) AttachChunks(reply, attach, fds);
-  if (attach.extra_fd >= 0) fds.push_back(attach.extra_fd);
+  fds.insert(fds.end(), attach.extra_fds.begin(), attach.extra_fds.end());
   auto frame = ipc::EncodeFrame(message, std::move(fds));
   if (!frame.ok()) return Close("cannot encode a reply: " + frame.status().message());
   out_bytes_ += frame->bytes.size() * sizeof(capnp::word);

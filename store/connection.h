@@ -36,14 +36,14 @@ namespace depot::store {
 // allowed), those the client lacks, read-only: a shared segment it has not been sent, and a
 // dedicated segment always; `writable_segment` (-1: none) writable, unless it is a shared
 // one sent so before; likewise of the `chunks` of GPU `chunk_device`'s pool (-1: none) those
-// not sent before, and its `writable_chunk`; and one more descriptor of the reply's own.
+// not sent before, and its `writable_chunk`; and descriptors of the reply's own, after those.
 struct ReplyAttachments {
   std::span<const uint32_t> segments;
   int64_t writable_segment = -1;
   int32_t chunk_device = -1;
   std::span<const uint32_t> chunks;
   int64_t writable_chunk = -1;
-  int extra_fd = -1;
+  std::span<const int> extra_fds;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {

@@ -12,7 +12,7 @@ EvictionPolicy::Action EvictionPolicy::ActionFor(uint32_t slot, int32_t tier) co
   const Object& o = table_.at(slot);
   const Replica* r = o.replicas.Find(tier);
   if (r == nullptr || !table_.IsUsable(slot) || o.sealing || !r->ready || r->spilling ||
-      r->refs != 0) {
+      r->refs != 0 || (tier == kHost && o.leased)) {
     return Action::kNone;
   }
   if (table_.HasOtherCopy(slot, tier)) return Action::kDrop;
@@ -51,6 +51,12 @@ void EvictionPolicy::Reconsider(uint32_t slot) {
       Add(slot, r);
     }
   });
+}
+
+void EvictionPolicy::Touch(uint32_t slot, int32_t tier) {
+  if (!lists_[Index(tier)].contains(slot)) return;
+  Withdraw(slot, tier);
+  Add(slot, *table_.FindReplica(slot, tier));
 }
 
 uint64_t EvictionPolicy::candidate_bytes(int32_t tier, uint32_t region) const {

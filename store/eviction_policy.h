@@ -2,10 +2,10 @@
 // of the replicas that nobody holds.
 //
 // A replica is a candidate on its tier when its object is sealed and not deleted, its bytes
-// are ready and nobody holds a reference to it there. What going means depends on the rest
-// of the object: a replica with a ready copy elsewhere is dropped (the object stays); the
-// last copy of an object in host memory is evicted with the object, unless the object is
-// pinned or held on some tier; the last copy on a GPU spills to host memory. The policy
+// are ready and nobody holds a reference to it there (nor, in host memory, a lease). What going
+// means depends on the rest of the object: a replica with a ready copy elsewhere is dropped (the
+// object stays); the last copy of an object in host memory is evicted with the object, unless the
+// object is pinned or held on some tier; the last copy on a GPU spills to host memory. The policy
 // decides; the store carries it out and tells the policy of every change (Reconsider).
 #pragma once
 
@@ -40,6 +40,8 @@ class EvictionPolicy {
   // Takes the replica on `tier` out of the candidates (before it goes, while the table still
   // has it).
   void Withdraw(uint32_t slot, int32_t tier);
+  // Makes the replica on `tier`, if a candidate, the most recently used one.
+  void Touch(uint32_t slot, int32_t tier);
 
   // The candidates on `tier`, least recently used first.
   const LruList& candidates(int32_t tier) const { return lists_[Index(tier)]; }

@@ -53,13 +53,13 @@ uint32_t HeaderTable::Acquire() {
     return kNoSlot;
   }
   ipc::ObjectHeader& h = private_[slot];
-  const uint32_t generation = h.generation + 1;
+  const uint32_t generation = h.generation.load(std::memory_order_relaxed) + 1;
   h.id_lo = h.id_hi = 0;
   h.data_size = h.metadata_size = h.offset = h.checksum = 0;
   h.segment = 0;
   h.flags.store(0, std::memory_order_relaxed);
   h.create_time_ns = h.access_time_ns = 0;
-  h.generation = generation;
+  h.generation.store(generation, std::memory_order_relaxed);
   h.tiers.store(0, std::memory_order_relaxed);
   return slot;
 }
@@ -78,12 +78,13 @@ void HeaderTable::Publish(uint32_t slot) {
   to.metadata_size = from.metadata_size;
   to.offset = from.offset;
   to.segment = from.segment;
-  to.flags.store(from.flags.load(std::memory_order_relaxed), std::memory_order_release);
   to.checksum = from.checksum;
   to.create_time_ns = from.create_time_ns;
   to.access_time_ns = from.access_time_ns;
-  to.generation = from.generation;
+  to.generation.store(from.generation.load(std::memory_order_relaxed), std::memory_order_relaxed);
   to.tiers.store(from.tiers.load(std::memory_order_relaxed), std::memory_order_release);
+  // Sequentially consistent: a lease scan's reads (LeaseTableView::Holds) come after it.
+  to.flags.store(from.flags.load(std::memory_order_relaxed), std::memory_order_seq_cst);
   to.state_refs.store(from.state_refs.load(std::memory_order_relaxed), std::memory_order_release);
 }
 

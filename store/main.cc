@@ -161,6 +161,19 @@ int main(int argc, char** argv) {
   app.add_option("--client-max-metadata", client_max_metadata,
                  "the same for one client; 0: no limit")
       ->capture_default_str();
+  uint32_t lease_entries = depot::store::Leases::kDefaultEntries;
+  app.add_option("--lease-entries", lease_entries,
+                 "entries of each client's lease table, through which it gets objects it has "
+                 "seen before with no round trip and holds at most that many of them more than "
+                 "--client-max-objects counts; a power of two, 0: no leases")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 1u << 20))
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            const unsigned long n = std::stoul(value);
+            return (n & (n - 1)) == 0 ? std::string() : "not a power of two: " + value;
+          },
+          "POWER OF TWO"));
   app.add_option("--client-max-pending", client_max_pending,
                  "gets one client may have waiting; 0: no limit")
       ->capture_default_str();
@@ -305,7 +318,7 @@ int main(int argc, char** argv) {
                                       *client_metadata, *budget};
     depot::store::WorkerPoolExecutor executor(loop, pool);
     depot::store::ObjectStore store(loop, executor, **arena, **headers, limits, !no_evict,
-                                    (*gpus)->pool_pointers());
+                                    (*gpus)->pool_pointers(), lease_entries);
     // Off the loop: placement assumes the flags' bandwidths until it is done.
     if (scheduler_options.measure_bandwidths && *probe_bytes > 0) {
       store.ProbeCopyRates(*probe_bytes);

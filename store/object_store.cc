@@ -21,16 +21,19 @@ std::string Mention(const ObjectId& id) { return "object " + id.Hex(); }
 
 ObjectStore::ObjectStore(boost::asio::io_context& loop, Executor& executor, Arena& arena,
                          HeaderTable& headers, ClientLimits limits, bool eviction,
-                         std::vector<gpu::DevicePool*> gpus)
+                         std::vector<gpu::DevicePool*> gpus, uint32_t lease_entries)
     : executor_(executor),
       arena_(arena),
       eviction_(eviction),
       gpus_(std::move(gpus)),
       table_(headers),
+      leases_(loop, table_, lease_entries),
       accounts_(limits, static_cast<int32_t>(gpus_.size() + 1)),
       waiting_(loop, accounts_),
       tiers_(table_, policy_, executor, arena, gpus_, eviction, *this),
-      policy_(table_, tiers_.pools()) {}
+      policy_(table_, tiers_.pools()) {
+  leases_.OnEnded([this](uint32_t slot) { LeaseEnded(slot); });
+}
 
 ObjectStore::~ObjectStore() = default;
 
@@ -99,6 +102,7 @@ void ObjectStore::RemoveClient(ClientId client) {
     }
   }
   accounts_.Close(client);
+  leases_.Close(client);
 }
 
 void ObjectStore::ChargeObject(uint32_t slot, uint64_t bytes) {
@@ -130,6 +134,39 @@ void ObjectStore::CopyDone(uint32_t slot, int32_t tier, StatusCode code,
 
 void ObjectStore::Evict(uint32_t slot) { FreeObject(slot); }
 
+bool ObjectStore::Reclaim(uint32_t slot) {
+  const bool free = leases_.Reclaim(slot);
+  if (free == table_.at(slot).leased) tiers_.SetLeased(slot, !free);
+  return free;
+}
+
+void ObjectStore::FreeDeleted(uint32_t slot) {
+  // Failed objects have no bytes to lease.
+  if (table_.IsFailed(slot) || Reclaim(slot)) FreeObject(slot);
+}
+
+void ObjectStore::LeasedReads(std::span<const ObjectId> ids) {
+  const uint64_t now = ipc::WallNanos();
+  bool recheck = false;
+  for (const ObjectId& id : ids) {
+    const uint32_t slot = table_.Find(id);
+    if (slot == HeaderTable::kNoSlot || !table_.IsReady(slot, kHost)) continue;
+    recheck |= table_.at(slot).leased;
+    if (!table_.IsUsable(slot)) continue;
+    table_.header(slot).access_time_ns = now;
+    table_.headers().Publish(slot);
+    policy_.Touch(slot, kHost);
+    counters_.get_hits++;
+    tiers_.usage(kHost).bytes_out += table_.BytesOn(slot, kHost);
+  }
+  if (recheck) leases_.RecheckSoon();
+}
+
+void ObjectStore::LeaseEnded(uint32_t slot) {
+  tiers_.SetLeased(slot, false);  // a candidate again, if nothing else holds it
+  if (table_.IsDeletePending(slot) && table_.headers().refs(slot) == 0) FreeDeleted(slot);
+}
+
 void ObjectStore::FreeObject(uint32_t slot) {
   const ObjectId id = table_.IdAt(slot);
   if (table_.IsSealed(slot)) {
@@ -138,6 +175,7 @@ void ObjectStore::FreeObject(uint32_t slot) {
     counters_.objects_creating--;
   }
   Object& o = table_.at(slot);
+  tiers_.SetLeased(slot, false);
   while (!o.replicas.empty()) tiers_.FreeReplica(slot, o.replicas[0].tier);
   accounts_.CountMetadata(o.creator, -static_cast<int64_t>(o.metadata_cost));
   table_.Remove(slot);
@@ -146,7 +184,9 @@ void ObjectStore::FreeObject(uint32_t slot) {
 
 void ObjectStore::AddRef(Account& account, uint32_t slot, int32_t tier) {
   const uint64_t bytes = tiers_.ReplicaBytes(slot, tier);
-  if (table_.FindReplica(slot, tier)->refs++ == 0) tiers_.usage(tier).held_bytes += bytes;
+  if (table_.FindReplica(slot, tier)->refs++ == 0 && !tiers_.IsLeased(slot, tier)) {
+    tiers_.usage(tier).held_bytes += bytes;
+  }
   HeaderTable& headers = table_.headers();
   headers.SetStateRefs(slot, headers.state(slot), headers.refs(slot) + 1);
   accounts_.AddRef(account, slot, tier, bytes);
@@ -156,7 +196,9 @@ void ObjectStore::AddRef(Account& account, uint32_t slot, int32_t tier) {
 void ObjectStore::DropRef(Account& account, uint32_t slot, int32_t tier) {
   const uint64_t bytes = tiers_.ReplicaBytes(slot, tier);
   accounts_.DropRef(account, slot, tier, bytes);
-  if (--table_.FindReplica(slot, tier)->refs == 0) tiers_.usage(tier).held_bytes -= bytes;
+  if (--table_.FindReplica(slot, tier)->refs == 0 && !tiers_.IsLeased(slot, tier)) {
+    tiers_.usage(tier).held_bytes -= bytes;
+  }
   HeaderTable& headers = table_.headers();
   const uint64_t refs = headers.refs(slot) - 1;
   const auto state = headers.state(slot);
@@ -167,7 +209,7 @@ void ObjectStore::DropRef(Account& account, uint32_t slot, int32_t tier) {
     if (!table_.at(slot).sealing) FreeObject(slot);
     return;
   }
-  if (refs == 0 && table_.IsDeletePending(slot)) return FreeObject(slot);
+  if (refs == 0 && table_.IsDeletePending(slot)) return FreeDeleted(slot);
   policy_.Reconsider(slot);
 }
 
@@ -185,12 +227,13 @@ uint32_t ObjectStore::AcquireSlot() {
   if (slot != HeaderTable::kNoSlot || !eviction_) return slot;
   // Only evicting a whole object gives a slot back: skip host replicas that have copies.
   const LruList& candidates = policy_.candidates(kHost);
-  for (uint32_t victim = candidates.front(); victim != LruList::kNil;
-       victim = candidates.next(victim)) {
-    if (policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kEvict) {
-      tiers_.FreeHostBlock(victim);
+  for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
+    const uint32_t next = candidates.next(victim);
+    if (policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kEvict &&
+        tiers_.FreeHostBlock(victim) == Tiers::Freed::kObject) {
       return headers.Acquire();
     }
+    victim = next;
   }
   return slot;
 }
@@ -589,11 +632,11 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
       out.push_back(StatusCode::kNotSealed);
     } else {
       out.push_back(StatusCode::kOk);
+      headers.at(slot).flags |= ipc::kFlagDeletePending;
+      headers.Publish(slot);
       if (headers.refs(slot) == 0) {
-        FreeObject(slot);
+        FreeDeleted(slot);
       } else {
-        headers.at(slot).flags |= ipc::kFlagDeletePending;
-        headers.Publish(slot);
         policy_.Reconsider(slot);  // no replica of it is a candidate any more
       }
     }
@@ -732,7 +775,7 @@ ObjectView ObjectStore::Describe(uint32_t slot) const {
                     .failed = table_.IsFailed(slot),
                     .data_size = h.data_size,
                     .metadata_size = h.metadata_size,
-                    .references = table_.headers().refs(slot),
+                    .references = table_.headers().refs(slot) + leases_.Count(slot),
                     .pinned = (flags & ipc::kFlagPinned) != 0,
                     .delete_pending = (flags & ipc::kFlagDeletePending) != 0,
                     .has_checksum = (flags & ipc::kFlagHasChecksum) != 0,
@@ -743,6 +786,43 @@ ObjectView ObjectStore::Describe(uint32_t slot) const {
                     .offset = h.offset,
                     .tiers = table_.TiersOf(slot),
                     .owner_uid = table_.at(slot).owner};
+}
+
+ClientUsage ObjectStore::UsageOf(ClientId client) const {
+  ClientUsage usage = accounts_.UsageOf(client);
+  const Account* account = accounts_.Find(client);
+  if (account == nullptr) return usage;
+  for (const auto& [slot, count] : leases_.LeasedBy(client)) {
+    usage.references += count;
+    bool counted = false;
+    for (int32_t tier = kHost; tiers_.Has(tier) && !counted; ++tier) {
+      counted = accounts_.RefsOf(*account, slot, tier) != 0;
+    }
+    if (counted || !table_.IsReady(slot, kHost)) continue;
+    usage.objects++;
+    usage.bytes += tiers_.ReplicaBytes(slot, kHost);
+  }
+  return usage;
+}
+
+std::vector<HolderInfo> ObjectStore::HoldersOf(uint32_t slot) const {
+  std::vector<HolderInfo> holders = accounts_.HoldersOf(slot);
+  for (const auto& [client, count] : leases_.HoldersOf(slot)) {
+    auto it = std::find_if(holders.begin(), holders.end(),
+                           [client](const HolderInfo& h) { return h.client == client; });
+    if (it == holders.end()) {
+      it = holders.insert(holders.end(), HolderInfo{.client = client});
+    }
+    it->references += count;
+    if (!it->tiers.empty() && it->tiers.front().first == kHost) {
+      it->tiers.front().second += count;
+    } else {
+      it->tiers.insert(it->tiers.begin(), {kHost, count});
+    }
+  }
+  std::sort(holders.begin(), holders.end(),
+            [](const HolderInfo& a, const HolderInfo& b) { return a.client < b.client; });
+  return holders;
 }
 
 std::vector<ReplicaInfo> ObjectStore::ReplicasOf(uint32_t slot) const {
@@ -839,8 +919,10 @@ EvictOutcome ObjectStore::EvictUnreferenced(uint64_t bytes, bool all) {
   const LruList& candidates = policy_.candidates(kHost);
   while (!candidates.empty() && (all || outcome.bytes < bytes)) {
     const uint32_t slot = candidates.front();
-    outcome.bytes += tiers_.ReplicaBytes(slot, kHost);
-    if (tiers_.FreeHostBlock(slot)) outcome.objects++;
+    const uint64_t block = tiers_.ReplicaBytes(slot, kHost);
+    const Tiers::Freed freed = tiers_.FreeHostBlock(slot);  // a leased one leaves the list
+    if (freed != Tiers::Freed::kNothing) outcome.bytes += block;
+    if (freed == Tiers::Freed::kObject) outcome.objects++;
   }
   return outcome;
 }

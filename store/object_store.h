@@ -49,6 +49,7 @@
 #include "store/executor.h"
 #include "store/gpu/pool.h"
 #include "store/header_table.h"
+#include "store/leases.h"
 #include "store/log_limiter.h"
 #include "store/object_table.h"
 #include "store/store_events.h"
@@ -154,9 +155,11 @@ struct EvictOutcome {
 class ObjectStore final : private Tiers::Owner {
  public:
   // `gpus`: one pool per GPU, in device order (empty: no GPUs). They must outlive the store.
-  // Waits time out on `loop`; checksums and copies run on `executor`.
+  // Waits time out on `loop`; checksums and copies run on `executor`. `lease_entries`: the
+  // size of each client's lease table (Leases; 0: no leases).
   ObjectStore(boost::asio::io_context& loop, Executor& executor, Arena& arena, HeaderTable& headers,
-              ClientLimits limits, bool eviction, std::vector<gpu::DevicePool*> gpus = {});
+              ClientLimits limits, bool eviction, std::vector<gpu::DevicePool*> gpus = {},
+              uint32_t lease_entries = Leases::kDefaultEntries);
   ~ObjectStore();
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;
@@ -173,8 +176,18 @@ class ObjectStore final : private Tiers::Owner {
   // `uid`: its session's (SO_PEERCRED); the objects it creates are that uid's.
   void AddClient(ClientId client, uint32_t uid) { accounts_.Open(client, uid); }
   // Gives back everything the client held: references released, objects it was creating
-  // aborted, its waiting gets dropped (their callbacks are never called).
+  // aborted, its waiting gets dropped (their callbacks are never called), its lease table
+  // forgotten.
   void RemoveClient(ClientId client);
+  // Makes `client`'s lease table (Leases::Open): the descriptor to send it, open until the
+  // client is removed; -1 when leases are off.
+  Result<int> OpenLeases(ClientId client) { return leases_.Open(client); }
+  uint32_t lease_entries() const { return leases_.entries(); }
+  // A client read `ids` through leases (and has dropped them): counted as gets (the LRU
+  // order, access times, counters); objects that leases kept from being freed are looked at
+  // again soon. Ids that name nothing are passed over.
+  void LeasedReads(std::span<const ObjectId> ids);
+  LeaseCounters lease_counters() const { return leases_.counters(); }
 
   // Reserves and publishes (as creating) a new object; the creator holds one reference.
   // Evicts least-recently-used unreferenced objects when it must; on a GPU, may first wait
@@ -272,11 +285,12 @@ class ObjectStore final : private Tiers::Owner {
 
   // The live slot of `id`, or HeaderTable::kNoSlot.
   uint32_t SlotOf(const ObjectId& id) const { return table_.Find(id); }
-  // What `client` holds; all zero for an unknown client.
-  ClientUsage UsageOf(ClientId client) const { return accounts_.UsageOf(client); }
+  // What `client` holds, its leases included; all zero for an unknown client.
+  ClientUsage UsageOf(ClientId client) const;
   // The clients holding references to the object in `slot`, with how many each, in all and
-  // by tier, in client id order (kDaemonClient first, while a verify or a copy reads it).
-  std::vector<HolderInfo> HoldersOf(uint32_t slot) const { return accounts_.HoldersOf(slot); }
+  // by tier (leases counting as references in host memory), in client id order
+  // (kDaemonClient first, while a verify or a copy reads it).
+  std::vector<HolderInfo> HoldersOf(uint32_t slot) const;
   // Objects with a copy in host memory, ready or being made.
   uint64_t ObjectsOnHost() const { return tiers_.usage(kHost).replicas; }
   // The object in `slot`, as the admin views show it.
@@ -322,6 +336,7 @@ class ObjectStore final : private Tiers::Owner {
   void CopyDone(uint32_t slot, int32_t tier, StatusCode code,
                 std::span<const WaitingGets::Id> waiters) override;
   void Evict(uint32_t slot) override;
+  bool Reclaim(uint32_t slot) override;
   void ChargeObject(uint32_t slot, uint64_t bytes) override;
 
   Location LocationOf(uint32_t slot, int32_t tier) const;
@@ -335,6 +350,11 @@ class ObjectStore final : private Tiers::Owner {
   // What creating `params` costs the daemon's memory before any GPU metadata.
   static uint64_t CreateCost(const CreateParams& params);
   void FreeObject(uint32_t slot);
+  // Frees the deleted, unreferenced object in `slot` unless a lease still holds it (then it
+  // is freed when no lease does: LeaseEnded).
+  void FreeDeleted(uint32_t slot);
+  // No lease holds the host copy of the object in `slot` any more.
+  void LeaseEnded(uint32_t slot);
   // One more reference of `account` to the replica on `tier`.
   void AddRef(Account& account, uint32_t slot, int32_t tier);
   // Drops one of the client's references; frees or aborts the object when it was the last.
@@ -367,6 +387,7 @@ class ObjectStore final : private Tiers::Owner {
   std::vector<gpu::DevicePool*> gpus_;
 
   ObjectTable table_;
+  Leases leases_;
   ClientAccounts accounts_;
   WaitingGets waiting_;
   Tiers tiers_;

@@ -99,6 +99,9 @@ struct Object {
   // that gets answer with TaskFailed, and one empty host block that references, eviction and
   // deletes treat as any object's.
   bool failed = false;
+  // A client's lease table held its host copy when the daemon last looked (Leases): the copy
+  // counts as referenced until a look finds no lease.
+  bool leased = false;
   ReplicaSet replicas;
 };
 

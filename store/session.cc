@@ -330,6 +330,10 @@ void Session::HandleRelease(uint64_t rid, capnp::List<wire::Request::TierRefs>::
     ids.clear();
     ids.reserve(tier.getIds().size());
     for (auto id : tier.getIds()) ids.push_back(ipc::FromWire(id));
+    if (tier.getDevice() == ipc::kLeasedReads) {
+      store_.LeasedReads(ids);
+      continue;
+    }
     Status st = store_.Release(id_, ids, tier.getDevice());
     if (first.ok()) first = std::move(st);
   }
@@ -470,7 +474,14 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello, uint
   auto devices = h.initDevices(static_cast<unsigned>(store_.pools().size()));
   for (unsigned d = 0; d < devices.size(); ++d) ToWire(store_, d, devices[d]);
   h.setDeviceBackend(server_.options().device_backend);
-  SendReply(message, reply, {.extra_fd = store_.headers().fd()});
+  auto leases = store_.OpenLeases(id_);
+  if (!leases.ok()) {
+    spdlog::warn("session {}: no lease table: {}", id_, leases.status().message());
+  }
+  const bool leasing = leases.ok() && *leases >= 0;
+  h.setLeaseEntries(leasing ? store_.lease_entries() : 0);
+  const int fds[] = {store_.headers().fd(), leasing ? *leases : -1};
+  SendReply(message, reply, {.extra_fds = std::span(fds, leasing ? 2 : 1)});
   Observe(RequestType::kHello, start);
 }
 

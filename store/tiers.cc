@@ -59,6 +59,18 @@ Replica& Tiers::PlaceReplica(uint32_t slot, int32_t tier, const TierPool::Block&
   return table_.AddReplica(slot, tier, block);
 }
 
+void Tiers::SetLeased(uint32_t slot, bool leased) {
+  Object& o = table_.at(slot);
+  if (o.leased == leased) return;
+  o.leased = leased;
+  const Replica* host = table_.FindReplica(slot, kHost);
+  if (host != nullptr && host->refs == 0) {
+    const uint64_t bytes = ReplicaBytes(slot, kHost);
+    usage_[Index(kHost)].held_bytes += leased ? bytes : -bytes;
+  }
+  policy_.Reconsider(slot);
+}
+
 void Tiers::FreeReplica(uint32_t slot, int32_t tier) {
   const Replica& r = *table_.FindReplica(slot, tier);
   policy_.Withdraw(slot, tier);
@@ -126,8 +138,8 @@ std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes) {
     bool evicted = false;
     for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
       const uint32_t next = candidates.next(victim);
-      if (table_.FindReplica(victim, kHost)->region == target) {
-        FreeHostBlock(victim);
+      if (table_.FindReplica(victim, kHost)->region == target &&
+          FreeHostBlock(victim) != Freed::kNothing) {
         evicted = true;
       }
       victim = next;
@@ -138,19 +150,23 @@ std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes) {
   return block;
 }
 
-bool Tiers::FreeHostBlock(uint32_t slot) {
+Tiers::Freed Tiers::FreeHostBlock(uint32_t slot) {
   const ObjectId id = table_.IdAt(slot);
+  if (!table_.IsFailed(slot) && !owner_.Reclaim(slot)) {
+    spdlog::debug("not freeing {}: a client's lease holds it", id.Hex());
+    return Freed::kNothing;
+  }
   if (table_.HasOtherCopy(slot, kHost)) {
     spdlog::debug("dropping the host copy of {}", id.Hex());
     counters_.replicas_dropped++;
     DropReplica(slot, kHost);
-    return false;
+    return Freed::kReplica;
   }
   spdlog::debug("evicting {} ({})", id.Hex(), ipc::FormatSize(table_.BytesOn(slot, kHost)));
   counters_.evictions++;
   counters_.evicted_bytes += ReplicaBytes(slot, kHost);
   owner_.Evict(slot);
-  return true;
+  return Freed::kObject;
 }
 
 void Tiers::StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::Id waiter) {
@@ -249,7 +265,7 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
     rate = rate == 0 ? measured : rate + 0.2 * (measured - rate);
   }
   const ObjectId id = table_.IdAt(slot);
-  const uint32_t generation = h.generation;
+  const uint32_t generation = h.generation.load(std::memory_order_relaxed);
   if (status.ok()) {
     if (tier == kHost) {
       // Host replicas carry the metadata after the data.
@@ -282,8 +298,8 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
     if (Replica* r = table_.FindReplica(slot, t.source)) r->spilling = false;
   }
   owner_.LetGoOfSource(slot, t.source);
-  const bool alive =
-      table_.headers().state(slot) != ipc::ObjectState::kFree && h.generation == generation;
+  const bool alive = table_.headers().state(slot) != ipc::ObjectState::kFree &&
+                     h.generation.load(std::memory_order_relaxed) == generation;
   if (alive && t.spill && status.ok()) {
     // Spilled: the GPU copy goes unless someone took a reference to it meanwhile.
     if (const Replica* r = table_.FindReplica(slot, t.source); r != nullptr && r->refs == 0) {

@@ -73,6 +73,9 @@ class Tiers {
                           std::span<const WaitingGets::Id> waiters) = 0;
     // Evicts the object in `slot`, whose last copy is in host memory, to make room.
     virtual void Evict(uint32_t slot) = 0;
+    // Before the host copy of the object in `slot` goes: whether no client's lease holds it
+    // (Leases::Reclaim). If one does, the copy stays and is no longer a candidate.
+    virtual bool Reclaim(uint32_t slot) = 0;
     // Counts `bytes` more of daemon memory for the object in `slot` (its kept metadata).
     virtual void ChargeObject(uint32_t slot, uint64_t bytes) = 0;
   };
@@ -99,6 +102,13 @@ class Tiers {
     return pool(tier).BlockSize(table_.BytesOn(slot, tier));
   }
 
+  // Whether a client's lease holds the replica on `tier` (only ever a host one). Such a
+  // replica counts as held, as one referenced does, and is not a candidate.
+  bool IsLeased(uint32_t slot, int32_t tier) const {
+    return tier == kHost && table_.at(slot).leased;
+  }
+  void SetLeased(uint32_t slot, bool leased);
+
   // A new replica of the object in `slot` in `block` of `tier`, not ready yet.
   Replica& PlaceReplica(uint32_t slot, int32_t tier, const TierPool::Block& block);
   // Frees the replica on `tier` and forgets it; the header's tiers are not published.
@@ -112,9 +122,10 @@ class Tiers {
   // used first, when that could free the capacity it needs (else evicts nothing).
   std::optional<TierPool::Block> EvictSegmentsFor(uint64_t bytes);
   // Makes room in host memory by taking the object in `slot` out of it: drops its host
-  // replica if it has another (a replica dropped, not an eviction), else evicts it. Returns
-  // whether the object itself went.
-  bool FreeHostBlock(uint32_t slot);
+  // replica if it has another (a replica dropped, not an eviction), else evicts it; unless a
+  // client's lease holds it, when nothing goes. Says which.
+  enum class Freed : uint8_t { kNothing, kReplica, kObject };
+  Freed FreeHostBlock(uint32_t slot);
   // Room on `tier` for `bytes`: on the host at once (evicting), on a GPU at once if it can
   // (dropping extra replicas), else after spills, or nullopt when nothing can make room.
   using RoomDone = std::function<void(std::optional<TierPool::Block>)>;

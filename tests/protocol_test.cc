@@ -94,7 +94,9 @@ TEST_F(ProtocolTest, HelloReplyCarriesVersionSessionAndTheHeaderTable) {
   EXPECT_EQ(hello.getMaxBatch(), ipc::kDefaultMaxBatch);
   EXPECT_STRNE(hello.getDaemonVersion().cStr(), "");
 
-  ASSERT_EQ(reply->fds.size(), 1u) << "the hello reply carries exactly the header table";
+  ASSERT_EQ(reply->fds.size(), 2u)
+      << "the hello reply carries exactly the header table and the lease table";
+  EXPECT_GT(hello.getLeaseEntries(), 0u);
   const size_t bytes = size_t{hello.getHeaderSlots()} * sizeof(ipc::ObjectHeader);
   struct stat st {};
   ASSERT_EQ(::fstat(reply->fds[0].get(), &st), 0);
@@ -364,7 +366,7 @@ TEST_F(ProtocolTest, HeaderTableShowsStateAndReferenceCount) {
   auto s = Open();
   auto hello = s->Call(1, [](auto r) { FillHello(r); });
   ASSERT_TRUE(hello);
-  ASSERT_EQ(hello->fds.size(), 1u);
+  ASSERT_EQ(hello->fds.size(), 2u);  // the header table, then the lease table
   const size_t bytes = size_t{hello->get().getHello().getHeaderSlots()} * sizeof(ipc::ObjectHeader);
   void* mapped = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, hello->fds[0].get(), 0);
   ASSERT_NE(mapped, MAP_FAILED);
@@ -1022,7 +1024,7 @@ TEST_F(GpuProtocolTest, ReleaseOnATierWhereNothingIsHeldIsNotHeld) {
             std::string::npos)
       << reply->get().getMessage().cStr();
   // A tier the daemon does not serve (255 would alias the host tier in an 8-bit key).
-  for (int32_t device : {1, 255, -2}) {
+  for (int32_t device : {1, 255, -3}) {
     auto bad = s->Call(5, ReleaseOf({{device, {id}}}));
     ASSERT_TRUE(bad) << "the daemon closed the session over device " << device;
     EXPECT_EQ(bad->get().getError(), wire::ErrorCode::INVALID_ARGUMENT) << device;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "store_parts.h"
@@ -38,8 +39,15 @@ struct RecordingOwner final : store::Tiers::Owner {
     table->Remove(slot);
   }
   void ChargeObject(uint32_t, uint64_t bytes) override { charged += bytes; }
+  // No client leases anything here but the slots in `leased`.
+  bool Reclaim(uint32_t slot) override {
+    if (!leased.contains(slot)) return true;
+    tiers->SetLeased(slot, true);
+    return false;
+  }
 
   ObjectTable* table = nullptr;
+  std::set<uint32_t> leased;
   store::Tiers* tiers = nullptr;
   std::vector<std::pair<uint32_t, int32_t>> held, let_go;
   std::vector<std::tuple<uint32_t, int32_t, StatusCode, std::vector<WaitingGets::Id>>> done;

@@ -122,6 +122,43 @@ std::shared_ptr<Holding> FindSealed(Connection& conn, const ObjectId& id) {
   return holding;
 }
 
+// Remembers where the sealed object `id` of `holding`, which holds a reference to it, lies,
+// for leases (leases.h): objects in shared segments only.
+void RememberPlace(Connection& conn, const ObjectId& id, const Holding& holding) {
+  const BufferLocation& where = holding.location;
+  const ipc::ObjectHeader* header = conn.header(where.slot);
+  if (!conn.leases().enabled() || header == nullptr || ipc::IsDedicatedSegment(where.segment)) {
+    return;
+  }
+  // The reference keeps the object, so the slot's generation cannot change meanwhile.
+  conn.leases().Remember(id, {.slot = where.slot,
+                              .generation = header->generation.load(std::memory_order_acquire),
+                              .segment = where.segment,
+                              .offset = where.offset,
+                              .data_size = holding.data_size,
+                              .metadata_size = holding.metadata_size});
+}
+
+// A Holding of `id` on a lease, with no message, if this client has seen where it lies and
+// it is still there (leases.h); null otherwise.
+std::shared_ptr<Holding> Lease(const std::shared_ptr<Connection>& conn, const ObjectId& id) {
+  if (conn->broken() || conn->forked()) return nullptr;
+  auto seen = conn->leases().Take(id, conn->headers());
+  if (!seen) return nullptr;
+  auto data =
+      conn->segments().Resolve(seen->segment, seen->offset, seen->data_size + seen->metadata_size);
+  if (!data.ok()) {
+    conn->leases().Drop(seen->slot);
+    return nullptr;
+  }
+  const BufferLocation where{seen->segment, seen->offset, seen->slot};
+  // Another thread's Holding of the same object may have come first: then this one, dropped
+  // here, drops its lease.
+  return conn->holdings().Adopt(std::make_shared<Holding>(
+      conn, id, std::move(data).value(), internal::Segments::View<std::byte>{}, seen->data_size,
+      seen->metadata_size, where, /*sealed=*/true, /*leased=*/true));
+}
+
 // A DeviceHolding for the reference the daemon just granted on GPU `device`. If the
 // location is unusable, the reference is given back.
 // `writable`: the creator's holding, whose bytes it writes; readers' point into read-only
@@ -233,9 +270,13 @@ Result<Got<Holding>> GetOnHost(const std::shared_ptr<Connection>& conn,
                                std::span<const ObjectId> ids, std::chrono::milliseconds timeout) {
   return GetOnTier<Holding>(
       conn, ids, ipc::kHostDevice, Client::kHostMemory, timeout,
-      [&](const ObjectId& id) { return FindSealed(*conn, id); },
+      [&](const ObjectId& id) {
+        auto held = FindSealed(*conn, id);
+        return held ? held : Lease(conn, id);
+      },
       [&](const ObjectId& id, wire::Location::Reader location) -> Result<std::shared_ptr<Holding>> {
         DEPOT_ASSIGN_OR_RETURN(auto fresh, MakeHolding(conn, id, location, /*sealed=*/true));
+        RememberPlace(*conn, id, *fresh);
         // A second reference to an object already held (another thread's Get, or this
         // client's own Create) is dropped here, which gives it back.
         auto holding = conn->holdings().Adopt(std::move(fresh));
@@ -313,9 +354,10 @@ Status Client::Seal(const ObjectId& id) {
   ipc::ToWire(id, request.root().initSeal());
   Reply reply;
   DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
-  // From now on Gets of it are answered from the creator's Holding.
+  // From now on Gets of it are answered from the creator's Holding, and after it from leases.
   if (auto holding = conn_->holdings().Find(id)) {
     holding->sealed.store(true, std::memory_order_release);
+    RememberPlace(*conn_, id, *holding);
   }
   return Status::OK();
 }

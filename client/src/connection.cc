@@ -298,6 +298,12 @@ Status Connection::Handshake(const ConnectOptions& options) {
         header_table_,
         Mapping::Map(reply.fds()[0].get(), size_t{header_slots_} * sizeof(ipc::ObjectHeader),
                      PROT_READ, 0, "the shared header table"));
+    if (h.getLeaseEntries() != 0) {
+      if (reply.fds().size() < 2) {
+        return Status::Internal("the daemon's hello reply carried no lease table descriptor");
+      }
+      DEPOT_RETURN_NOT_OK(leases_.Map(reply.fds()[1].get(), h.getLeaseEntries()));
+    }
     epoch_ = h.getEpoch();
     session_id_ = h.getSessionId();
     if (h.getMaxBatch() != 0) max_batch_ = h.getMaxBatch();
@@ -315,6 +321,11 @@ Status Connection::Handshake(const ConnectOptions& options) {
     release_batch_ = std::min(kReleaseBatch, ReleaseIdsPerFrame());
     return Status::OK();
   });
+}
+
+void Connection::DropLease(const ObjectId& id, uint32_t slot) {
+  leases_.Drop(slot);
+  Release(id, ipc::kLeasedReads);
 }
 
 const ipc::ObjectHeader* Connection::header(uint32_t slot) const {

@@ -44,6 +44,7 @@
 #include "depot/ipc/protocol.h"
 #include "device_import.h"
 #include "holding.h"
+#include "leases.h"
 #include "mapping.h"
 #include "segments.h"
 
@@ -183,6 +184,15 @@ class Connection {
 
   // The header of `slot` in the shared header table; null if the slot is out of range.
   const ipc::ObjectHeader* header(uint32_t slot) const;
+  std::span<const ipc::ObjectHeader> headers() const {
+    return {reinterpret_cast<const ipc::ObjectHeader*>(header_table_.data()), header_slots_};
+  }
+
+  // Leases (leases.h): off when the daemon gave no table.
+  Leases& leases() { return leases_; }
+  // Drops the lease a Holding of `id` in `slot` had, and tells the daemon of the read with
+  // the next releases (ipc::kLeasedReads). Thread-safe.
+  void DropLease(const ObjectId& id, uint32_t slot);
 
   Segments& segments() { return segments_; }
   HoldingTable& holdings() { return holdings_; }
@@ -292,6 +302,7 @@ class Connection {
 
   Segments segments_;
   HoldingTable holdings_;
+  Leases leases_;
 
   // GPUs, from the handshake, and their chunks, imported as the daemon announces them.
   std::vector<DaemonGpu> gpus_;

@@ -8,8 +8,12 @@ Holding::~Holding() {
   // In a forked child, leave the parent's table and socket alone (see Connection::forked).
   if (conn->forked()) return;
   conn->holdings().Forget(id, this);
-  // Queued: it goes with the connection's next request, or within about 1 ms.
-  if (!aborted.load(std::memory_order_acquire)) conn->Release(id);
+  if (leased) {
+    conn->DropLease(id, location.slot);
+  } else if (!aborted.load(std::memory_order_acquire)) {
+    // Queued: it goes with the connection's next request, or within about 1 ms.
+    conn->Release(id);
+  }
 }
 
 std::shared_ptr<Holding> HoldingTable::Find(const ObjectId& id) const {

@@ -24,7 +24,8 @@ class Connection;
 struct Holding {
   Holding(std::shared_ptr<Connection> conn, const ObjectId& id,
           Segments::View<const std::byte> data, Segments::View<std::byte> writable,
-          uint64_t data_size, uint64_t metadata_size, const BufferLocation& location, bool sealed)
+          uint64_t data_size, uint64_t metadata_size, const BufferLocation& location, bool sealed,
+          bool leased = false)
       : conn(std::move(conn)),
         id(id),
         data(data.data),
@@ -34,12 +35,14 @@ struct Holding {
         data_size(data_size),
         metadata_size(metadata_size),
         location(location),
+        leased(leased),
         sealed(sealed) {}
   Holding(const Holding&) = delete;
   Holding& operator=(const Holding&) = delete;
   // Gives the reference back unless the object was aborted or the connection is gone:
   // queues it on the connection, which sends it ahead of its next request, or within about
-  // 1 ms (Connection::Release). For an object never sealed, that aborts it.
+  // 1 ms (Connection::Release). For an object never sealed, that aborts it. A lease is
+  // dropped in the lease table instead.
   ~Holding();
 
   // Keeps the socket, and with it the daemon's reference and the segment mappings, alive
@@ -60,6 +63,8 @@ struct Holding {
   const uint64_t data_size;
   const uint64_t metadata_size;
   const BufferLocation location;
+  // The reference is a lease in the connection's lease table (leases.h), not the daemon's.
+  const bool leased;
   std::atomic<bool> sealed;
   // Set by a successful Abort: the daemon dropped the object and the reference with it.
   std::atomic<bool> aborted{false};

@@ -2,9 +2,10 @@
 // and every client maps read-only. It lets any process see an object's state, reference
 // count and location without asking the daemon.
 //
-// Only the daemon writes. It fills the other fields first and publishes them by storing
-// the state word with release order; readers load the state word with acquire order and
-// check `id` afterwards, since a slot is reused once its object is gone.
+// Only the daemon writes. It fills the other fields first, then the atomic ones, and
+// publishes them by storing the state word with release order; readers load the state word
+// with acquire order and check `id` afterwards, since a slot is reused once its object is
+// gone. A lease (ipc/lease.h) reads `flags` first instead, then the other atomic fields.
 #pragma once
 
 #include <atomic>
@@ -22,6 +23,8 @@ enum ObjectFlags : uint32_t {
   kFlagPinned = 1u << 0,         // never evicted
   kFlagHasChecksum = 1u << 1,    // `checksum` is valid
   kFlagDeletePending = 1u << 2,  // deleted; freed when the last reference goes
+  // The daemon is about to free the host copy, or has (ipc/lease.h): no new lease on it.
+  kFlagReclaiming = 1u << 3,
 };
 
 // State (top 8 bits) and total reference count (low 56 bits) in one word, so a reader
@@ -40,13 +43,13 @@ struct ObjectHeader {
   uint64_t id_hi;
   uint64_t data_size;
   uint64_t metadata_size;
-  uint64_t offset;              // within the segment
-  uint32_t segment;             // arena segment index
-  std::atomic<uint32_t> flags;  // ObjectFlags; changes while clients read (delete pending)
-  uint64_t checksum;            // XXH3-64 of data then metadata, when kFlagHasChecksum
-  uint64_t create_time_ns;      // CLOCK_REALTIME
-  uint64_t access_time_ns;      // CLOCK_REALTIME, updated on get
-  uint32_t generation;          // bumped each time the slot is reused
+  uint64_t offset;                   // within the segment
+  uint32_t segment;                  // arena segment index
+  std::atomic<uint32_t> flags;       // ObjectFlags; changes while clients read (delete pending)
+  uint64_t checksum;                 // XXH3-64 of data then metadata, when kFlagHasChecksum
+  uint64_t create_time_ns;           // CLOCK_REALTIME
+  uint64_t access_time_ns;           // CLOCK_REALTIME, updated on get
+  std::atomic<uint32_t> generation;  // bumped each time the slot is reused
   uint32_t reserved0;
   // Where the bytes are: bit 0 = host memory (segment and offset are valid), bit k + 1 =
   // GPU k of the daemon's device list. Changes while clients read (replicas, spills).

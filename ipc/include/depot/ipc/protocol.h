@@ -14,7 +14,7 @@
 namespace depot::ipc {
 
 // Bumped on every incompatible change to protocol.capnp or to ObjectHeader.
-inline constexpr uint32_t kProtocolVersion = 11;
+inline constexpr uint32_t kProtocolVersion = 12;
 
 // Arena segments from this index up are dedicated: each holds one object larger than a
 // shared segment, and its index is never reused (wire::Segment.dedicated).
@@ -34,6 +34,8 @@ inline uint64_t TraversalLimitWords(uint32_t frame_bytes) { return frame_bytes /
 
 // Tier numbers on the wire (Create.device, Get.device, TierRefs.device, Location.device).
 inline constexpr int32_t kHostDevice = -1;
+// TierRefs.device of a group that names objects read through leases (protocol.capnp).
+inline constexpr int32_t kLeasedReads = -2;
 
 inline ObjectId FromWire(wire::Id::Reader id) {
   return ObjectId::FromWords(id.getLo(), id.getHi());
