@@ -1,7 +1,8 @@
 // A seeded fuzzer against a real depotd: a client that writes random words into every mapping
-// it can get (the segments it may write, private copies of the header table) while it sends
-// random requests (valid, half-valid and garbage) in random order. The daemon must never
-// crash, and once the fuzzer is gone it must hold nothing for it and still serve others.
+// it can get (the segments it may write, its lease table, private copies of the header table)
+// while it sends random requests (valid, half-valid and garbage) in random order. The daemon
+// must never crash, and once the fuzzer is gone it must hold nothing for it and still serve
+// others.
 //
 // The run is fixed by its seed and length, so a failure replays: DEPOT_FUZZ_SEED picks the
 // seed (default: a fixed one) and DEPOT_FUZZ_STEPS the number of steps (default: a few

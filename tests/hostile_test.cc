@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/falloc.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -39,6 +40,7 @@
 #include "child_process.h"
 #include "daemon.h"
 #include "depot/client.h"
+#include "depot/ipc/lease.h"
 #include "depot/ipc/object_header.h"
 #include "depot/worker.h"
 #include "raw_session.h"
@@ -205,6 +207,62 @@ TEST_F(HostileTest, TheHeaderTableCannotBeMadeWritableByAnyMeans) {
   EXPECT_EQ(header.data_size, victim_data_.size());
   ::munmap(shared, bytes);
   ::munmap(copy, bytes);
+}
+
+TEST_F(HostileTest, ALeaseTableOfLiesHoldsOnlyWhatItNamesAndOnlyWhileItsSessionLasts) {
+  // Two objects nobody holds, of one 4 KiB block each.
+  const ObjectId named = ObjectId::FromName("hostile/leased"),
+                 other = ObjectId::FromName("hostile/not-leased");
+  for (const ObjectId& id : {named, other}) ASSERT_OK(victim_->Put(id, SeededBytes(4096, 3)));
+  std::optional<RawReply> hello;
+  auto attacker = OpenSession(&hello);
+  ASSERT_TRUE(hello);
+  ASSERT_EQ(hello->fds.size(), 2u);
+  const uint32_t entries = hello->get().getHello().getLeaseEntries();
+  const uint32_t slots = hello->get().getHello().getHeaderSlots();
+  const int fd = hello->fds[1].get();
+  const size_t bytes = ipc::LeaseTableBytes(entries);
+  // The table cannot be resized under the daemon's mapping, nor its seals changed.
+  EXPECT_NE(::ftruncate(fd, 0), 0);
+  EXPECT_NE(::ftruncate(fd, static_cast<off_t>(bytes * 2)), 0);
+  EXPECT_NE(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), 0);
+  void* table = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(table, MAP_FAILED);
+  void* headers = ::mmap(nullptr, size_t{slots} * sizeof(ipc::ObjectHeader), PROT_READ, MAP_SHARED,
+                         hello->fds[0].get(), 0);
+  ASSERT_NE(headers, MAP_FAILED);
+  const auto* header = static_cast<const ipc::ObjectHeader*>(headers);
+  uint32_t slot = slots;
+  for (uint32_t s = 0; s < slots && slot == slots; ++s) {
+    if (header[s].id_lo == named.lo() && header[s].id_hi == named.hi()) slot = s;
+  }
+  ASSERT_LT(slot, slots);
+  // Every word a lie, the count of leases held too, then one entry naming `named` exactly;
+  // and a hole punched, which reads as zeros.
+  std::memset(table, 0xff, bytes);
+  const ipc::LeaseTableView view(table, entries);
+  view.entry(slot).store(ipc::PackLease(header[slot].generation.load(), view.tag(slot), 1));
+  (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(bytes - 4096), 4096);
+
+  ASSERT_OK_AND_ASSIGN(StoreStatus before, victim_->GetStatus());
+  ASSERT_OK(victim_->Delete(std::vector<ObjectId>{named, other}));
+  // The one not named goes at once; the named one stays, as if the attacker held a
+  // reference, and neither can be got.
+  ASSERT_OK_AND_ASSIGN(StoreStatus after, victim_->GetStatus());
+  EXPECT_EQ(after.used_bytes, before.used_bytes - 4096);
+  EXPECT_STATUS(victim_->Get(named, std::chrono::milliseconds(0)), StatusCode::kNotFound);
+  // The attacker's session ends: its table, and what it held, go with it.
+  attacker.reset();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (after.used_bytes != before.used_bytes - 8192 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_OK_AND_ASSIGN(after, victim_->GetStatus());
+  }
+  EXPECT_EQ(after.used_bytes, before.used_bytes - 8192) << "a closed session's lease held on";
+  ::munmap(table, bytes);
+  ::munmap(headers, size_t{slots} * sizeof(ipc::ObjectHeader));
 }
 
 TEST_F(HostileTest, AReadersSegmentDescriptorCannotBeMadeWritable) {
