@@ -61,8 +61,9 @@ class Arena final : public TierPool {
   // The first index of a dedicated segment; shared segments are numbered from 0.
   static constexpr uint32_t kFirstDedicated = ipc::kFirstDedicatedSegment;
   // At most this many shared segments: a reply carries one descriptor per segment it names
-  // that the client has not mapped, and a frame carries at most 253. Create raises the
-  // segment size to keep the count under it.
+  // that the client has not mapped, so this bounds a client's descriptors and mappings (and
+  // keeps a reply within one write's 253 descriptors). Create raises the segment size to
+  // keep the count under it.
   static constexpr uint64_t kMaxSharedSegments = 200;
   static bool IsDedicated(uint32_t segment) { return ipc::IsDedicatedSegment(segment); }
 

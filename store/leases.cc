@@ -60,13 +60,21 @@ bool Leases::Reclaim(uint32_t slot) {
   ipc::ObjectHeader& h = headers.at(slot);
   const uint32_t generation = h.generation.load(std::memory_order_relaxed);
   // The mark, published with a sequentially consistent store, then the look (lease.h).
-  h.flags.fetch_or(ipc::kFlagReclaiming, std::memory_order_relaxed);
+  const uint32_t before = h.flags.fetch_or(ipc::kFlagReclaiming, std::memory_order_relaxed);
+  if (before & ipc::kFlagReclaiming) {
+    // An earlier reclaim of this object freed a host copy and left the mark: no lease has
+    // been taken on the object since, so none can hold this copy (a table that claims one
+    // lies). Lifting the mark would let a client lease the old copy's place.
+    leased_.erase(slot);
+    return true;
+  }
   headers.Publish(slot);
   if (!AnyHolds(slot, generation)) {
     leased_.erase(slot);
     return true;
   }
-  // Kept: leases may be taken on it again, since it stays where it is.
+  // Kept: the mark was set by this look alone, and the copy stays where it is, so leases
+  // may be taken on it again.
   h.flags.fetch_and(~uint32_t{ipc::kFlagReclaiming}, std::memory_order_relaxed);
   headers.Publish(slot);
   ++blocked_reclaims_;
@@ -78,7 +86,10 @@ bool Leases::Reclaim(uint32_t slot) {
 void Leases::RecheckSoon() {
   if (leased_.empty() || soon_) return;
   soon_ = true;
-  timer_.expires_after(std::chrono::milliseconds(0));  // cancels a longer wait
+  // At most one look per kMinRecheckGap however often clients ask (each reads every
+  // table for every kept copy).
+  const auto earliest = last_recheck_ + kMinRecheckGap;
+  timer_.expires_at(std::max(earliest, std::chrono::steady_clock::now()));  // cancels a wait
   timer_armed_ = false;
   ArmTimer();
 }
@@ -97,6 +108,7 @@ void Leases::ArmTimer() {
 }
 
 void Leases::Recheck() {
+  last_recheck_ = std::chrono::steady_clock::now();
   std::vector<uint32_t> ended;
   for (auto it = leased_.begin(); it != leased_.end();) {
     const auto [slot, generation] = *it;

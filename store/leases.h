@@ -46,6 +46,8 @@ struct LeaseCounters {
 class Leases {
  public:
   static constexpr std::chrono::milliseconds kRecheckInterval{20};
+  // The shortest time between two looks that clients asked for (RecheckSoon).
+  static constexpr std::chrono::milliseconds kMinRecheckGap{1};
   // Default entries per table: 64 KiB of shared memory per session at most, touched as used.
   static constexpr uint32_t kDefaultEntries = 8192;
 
@@ -66,8 +68,9 @@ class Leases {
   void Close(ClientId client);
 
   // Before the host copy of the object in `slot` is freed: true if no lease holds it, and
-  // then no lease will be taken on it again. False if one does: the copy must stay, and is
-  // looked at again until a look finds none (OnEnded).
+  // then no lease will be taken on the object again (in this slot generation, whatever host
+  // copy it has later). False if one does: the copy must stay, and is looked at again until
+  // a look finds none (OnEnded).
   bool Reclaim(uint32_t slot);
   // Looks again at the leased copies on the next turn of the loop.
   void RecheckSoon();
@@ -104,6 +107,7 @@ class Leases {
   boost::asio::steady_timer timer_;
   bool timer_armed_ = false;
   bool soon_ = false;  // a recheck is posted
+  std::chrono::steady_clock::time_point last_recheck_;
   std::function<void(uint32_t)> ended_;
   uint64_t blocked_reclaims_ = 0;
 };

@@ -135,6 +135,19 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Line("depot_get_objects_total{result=\"hit\"} %" PRIu64 "\n", c.get_hits);
   w.Line("depot_get_objects_total{result=\"wait\"} %" PRIu64 "\n", c.get_waits);
   w.Line("depot_get_objects_total{result=\"timeout\"} %" PRIu64 "\n", c.get_timeouts);
+  const LeaseCounters leases = store.lease_counters();
+  w.Help("depot_leased_reads_total", "counter",
+         "Objects read through clients' lease tables, with no round trip (also hits above), as "
+         "clients report them.");
+  w.Value("depot_leased_reads_total", c.leased_reads);
+  w.Help("depot_lease_tables", "gauge", "Sessions with a lease table.");
+  w.Value("depot_lease_tables", leases.tables);
+  w.Help("depot_leased_objects", "gauge",
+         "Host copies kept because a lease held them when the daemon last looked.");
+  w.Value("depot_leased_objects", leases.leased_objects);
+  w.Help("depot_lease_blocked_frees_total", "counter",
+         "Frees of host copies put off because a client's lease held them.");
+  w.Value("depot_lease_blocked_frees_total", leases.blocked_reclaims);
   w.Help("depot_sessions_total", "counter",
          "Client sessions: opened, closed, and closed for breaking the protocol.");
   w.Line("depot_sessions_total{event=\"opened\"} %" PRIu64 "\n", sessions_opened_);

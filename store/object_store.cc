@@ -141,8 +141,9 @@ bool ObjectStore::Reclaim(uint32_t slot) {
 }
 
 void ObjectStore::FreeDeleted(uint32_t slot) {
-  // Failed objects have no bytes to lease.
-  if (table_.IsFailed(slot) || Reclaim(slot)) FreeObject(slot);
+  // Failed objects have no bytes to lease, and nothing can lease an object with no host
+  // copy now: it never had one, or the free of the last went through Reclaim.
+  if (table_.IsFailed(slot) || !table_.IsReady(slot, kHost) || Reclaim(slot)) FreeObject(slot);
 }
 
 void ObjectStore::LeasedReads(std::span<const ObjectId> ids) {
@@ -157,6 +158,7 @@ void ObjectStore::LeasedReads(std::span<const ObjectId> ids) {
     table_.headers().Publish(slot);
     policy_.Touch(slot, kHost);
     counters_.get_hits++;
+    counters_.leased_reads++;
     tiers_.usage(kHost).bytes_out += table_.BytesOn(slot, kHost);
   }
   if (recheck) leases_.RecheckSoon();

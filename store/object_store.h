@@ -87,6 +87,7 @@ struct StoreCounters {
   uint64_t get_hits = 0;          // ids a get found sealed at once
   uint64_t get_waits = 0;         // ids a get had to wait for
   uint64_t get_timeouts = 0;      // ids still missing when a wait ran out
+  uint64_t leased_reads = 0;      // hits read through leases, as clients report them
   uint64_t replicas_made = 0;     // copies made for gets on another tier
   uint64_t replicas_dropped = 0;  // extra copies dropped to make room
   uint64_t spills = 0;            // objects moved from a full GPU to host memory

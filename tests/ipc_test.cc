@@ -193,6 +193,37 @@ TEST_F(FramingTest, DescriptorsTravelWithTheirFrame) {
   ::close(pipe_fds[1]);
 }
 
+TEST_F(FramingTest, AFrameCarriesMoreDescriptorsThanOneWriteCan) {
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  // Linux attaches at most 253 to one sendmsg: these go in two writes.
+  constexpr size_t kCount = 300;
+  auto many = StatusRequest(1, std::vector<int>(kCount, pipe_fds[1]));
+  auto after = StatusRequest(2);
+  ASSERT_TRUE(WriteFrameFully(fds_[0], many).ok());
+  ASSERT_TRUE(WriteFrameFully(fds_[0], after).ok());
+  FrameReader reader(1 << 20);
+  auto first = ReadFrame(reader);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->fds.size(), kCount);
+  for (const UniqueFd& fd : first->fds) ASSERT_EQ(::write(fd.get(), "x", 1), 1);
+  char drained[kCount];
+  EXPECT_EQ(::read(pipe_fds[0], drained, kCount), static_cast<ssize_t>(kCount));
+  auto second = ReadFrame(reader);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_TRUE(second->fds.empty());
+  capnp::FlatArrayMessageReader msg(second->payload);
+  EXPECT_EQ(msg.getRoot<wire::Request>().getId(), 2u);
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+
+  // Past the frame's limit, encoding refuses.
+  capnp::MallocMessageBuilder message;
+  message.initRoot<wire::Request>().setStatus();
+  EXPECT_EQ(EncodeFrame(message, std::vector<int>(kMaxFdsPerFrame + 1, 0)).status().code(),
+            StatusCode::kLimitExceeded);
+}
+
 TEST_F(FramingTest, OversizedFrameIsRefusedBeforeItIsRead) {
   const FrameHeader header{64u << 20, 0};
   ASSERT_EQ(::write(fds_[0], &header, sizeof(header)), static_cast<ssize_t>(sizeof(header)));

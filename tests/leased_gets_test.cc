@@ -3,6 +3,7 @@
 // lease goes, however the lease goes (dropped, or the client killed); and the daemon still
 // counts leased reads.
 #include <signal.h>
+#include <sys/mman.h>
 
 #include <gtest/gtest.h>
 
@@ -15,6 +16,9 @@
 #include "child_process.h"
 #include "daemon.h"
 #include "depot/client.h"
+#include "depot/ipc/lease.h"
+#include "depot/ipc/object_header.h"
+#include "raw_session.h"
 #include "store_checks.h"
 #include "test_support.h"
 
@@ -83,8 +87,9 @@ class LeasedGetsTest : public ::testing::Test {
 };
 
 TEST_F(LeasedGetsTest, AGetOfAnObjectSeenBeforeIsAnsweredWhileTheDaemonIsStopped) {
+  // A put of 2 MiB creates, writes and seals: the client has seen where the object lies.
   ASSERT_OK(PutObject("a"));
-  { ASSERT_OK_AND_ASSIGN(Buffer first, client_->Get(Id("a"))); }  // over the socket
+  { ASSERT_OK_AND_ASSIGN(Buffer first, client_->Get(Id("a"))); }
   const auto access_time = [&]() -> uint64_t {
     auto listed = client_->List();
     EXPECT_TRUE(listed.ok() && listed->size() == 1);
@@ -101,6 +106,8 @@ TEST_F(LeasedGetsTest, AGetOfAnObjectSeenBeforeIsAnsweredWhileTheDaemonIsStopped
   // The daemon still learns of the read: the object's access time moves.
   EXPECT_TRUE(Until([&](const StoreStatus&) { return access_time() > accessed; }))
       << "the leased read was not reported";
+  ASSERT_OK_AND_ASSIGN(std::string metrics, client_->Metrics());
+  EXPECT_NE(metrics.find("\ndepot_leased_reads_total 2\n"), std::string::npos) << metrics;
 }
 
 TEST_F(LeasedGetsTest, ADeletedObjectALeaseHoldsIsFreedWhenTheLeaseGoes) {
@@ -188,6 +195,57 @@ TEST_F(LeasedGetsTest, TheAdminViewsCountLeasesAsReferences) {
     EXPECT_EQ(c.bytes_held, kObjectBytes);
   }
   EXPECT_TRUE(seen);
+}
+
+// A client that remembers where an object lay must never lease that place again once the
+// host copy there was freed, even after the object comes back to host memory elsewhere and
+// a lying lease table keeps the new copy from being dropped.
+TEST(StaleLeaseTest, AnObjectsOldPlaceIsNeverLeasedAfterItsHostCopyWasFreed) {
+  TestDaemon daemon({"--memory", "8MiB", "--segment-size", "8MiB", "--simulate-gpus", "1:64MiB"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  ASSERT_OK_AND_ASSIGN(Client writer, Client::Connect(daemon.socket_path()));
+  ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(daemon.socket_path()));
+  const auto id = [](const std::string& name) { return ObjectId::FromName("stale/" + name); };
+  const auto contents = [](const std::string& name) {
+    return SeededBytes(kObjectBytes, Xxh3(AsBytes(name)));
+  };
+  ASSERT_OK(writer.Put(id("x"), contents("x")));
+  // The reader learns where "x" lies, at place A.
+  { ASSERT_OK_AND_ASSIGN(Buffer x, reader.Get(id("x"))); }
+  ASSERT_OK(reader.Contains(id("x")).status());  // sends the release
+  // "x" gets a GPU copy; then host pressure drops its host copy, and "d" takes place A.
+  { ASSERT_OK_AND_ASSIGN(DeviceBuffer x, writer.GetOnDevice(id("x"), 0)); }
+  for (const char* name : {"a", "b", "c", "d"}) ASSERT_OK(writer.Put(id(name), contents(name)));
+  // "x" comes back to host memory, somewhere else.
+  { ASSERT_OK_AND_ASSIGN(Buffer x, writer.Get(id("x"))); }
+  ASSERT_OK(writer.Contains(id("x")).status());
+  // A lying table names "x" as it is (its slot and generation are in the header table).
+  RawSession liar(daemon.socket_path());
+  auto hello = liar.Call(1, [](auto r) { FillHello(r); });
+  ASSERT_TRUE(hello && hello->fds.size() == 2);
+  const uint32_t entries = hello->get().getHello().getLeaseEntries();
+  const uint32_t slots = hello->get().getHello().getHeaderSlots();
+  void* table = ::mmap(nullptr, ipc::LeaseTableBytes(entries), PROT_READ | PROT_WRITE, MAP_SHARED,
+                       hello->fds[1].get(), 0);
+  void* headers = ::mmap(nullptr, size_t{slots} * sizeof(ipc::ObjectHeader), PROT_READ, MAP_SHARED,
+                         hello->fds[0].get(), 0);
+  ASSERT_NE(table, MAP_FAILED);
+  ASSERT_NE(headers, MAP_FAILED);
+  const auto* header = static_cast<const ipc::ObjectHeader*>(headers);
+  uint32_t slot = 0;
+  while (slot < slots &&
+         !(header[slot].id_lo == id("x").lo() && header[slot].id_hi == id("x").hi()))
+    ++slot;
+  ASSERT_LT(slot, slots);
+  const ipc::LeaseTableView view(table, entries);
+  view.held().store(1);
+  view.entry(slot).store(ipc::PackLease(header[slot].generation.load(), view.tag(slot), 1));
+  // Evicting now may keep or drop the new host copy, but the reader's get must read "x".
+  ASSERT_OK(writer.Evict(0, /*all_unreferenced=*/true).status());
+  ASSERT_OK_AND_ASSIGN(Buffer again, reader.Get(id("x")));
+  EXPECT_TRUE(SameBytes(again.data(), contents("x"))) << "a stale place was leased";
+  ::munmap(table, ipc::LeaseTableBytes(entries));
+  ::munmap(headers, size_t{slots} * sizeof(ipc::ObjectHeader));
 }
 
 }  // namespace

@@ -122,6 +122,19 @@ TEST_F(LeasesTest, ALeaseKeepsTheCopyUntilItIsDroppedAndTheReclaimMarkStaysAfter
   EXPECT_EQ(client_.held().load(), 0u) << "a refused lease was left counted";
 }
 
+TEST_F(LeasesTest, OnceAHostCopyWasFreedNoTableKeepsTheObjectsNextOne) {
+  const uint32_t slot = Sealed(1);
+  ASSERT_TRUE(leases_.Reclaim(slot));  // its host copy goes; the object stays (on a GPU, say)
+  // The object comes back to host memory elsewhere. A table claims a lease on it: none can
+  // have been taken since the mark, so the claim is a lie, and lifting the mark would let
+  // clients lease the old place.
+  client_.held().store(1);
+  client_.entry(slot).store(ipc::PackLease(Generation(slot), client_.tag(slot), 1));
+  EXPECT_TRUE(leases_.Reclaim(slot));
+  EXPECT_NE(shared_headers_[slot].flags.load() & ipc::kFlagReclaiming, 0u);
+  EXPECT_EQ(leases_.counters().blocked_reclaims, 0u);
+}
+
 TEST_F(LeasesTest, ALeaseIsRefusedOnAnObjectThatIsNotThatOneSealedInHostMemory) {
   const uint32_t slot = Sealed(1);
   const uint32_t generation = Generation(slot);

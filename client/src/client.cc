@@ -145,18 +145,27 @@ std::shared_ptr<Holding> Lease(const std::shared_ptr<Connection>& conn, const Ob
   if (conn->broken() || conn->forked()) return nullptr;
   auto seen = conn->leases().Take(id, conn->headers());
   if (!seen) return nullptr;
+  // Until a Holding owns the lease, it is dropped on every way out (a throwing allocation
+  // included).
+  struct Unowned {
+    internal::Leases& leases;
+    uint32_t slot;
+    bool owned = false;
+    ~Unowned() {
+      if (!owned) leases.Drop(slot);
+    }
+  } lease{conn->leases(), seen->slot};
   auto data =
       conn->segments().Resolve(seen->segment, seen->offset, seen->data_size + seen->metadata_size);
-  if (!data.ok()) {
-    conn->leases().Drop(seen->slot);
-    return nullptr;
-  }
+  if (!data.ok()) return nullptr;
   const BufferLocation where{seen->segment, seen->offset, seen->slot};
+  auto holding = std::make_shared<Holding>(
+      conn, id, std::move(data).value(), internal::Segments::View<std::byte>{}, seen->data_size,
+      seen->metadata_size, where, /*sealed=*/true, /*leased=*/true);
+  lease.owned = true;
   // Another thread's Holding of the same object may have come first: then this one, dropped
   // here, drops its lease.
-  return conn->holdings().Adopt(std::make_shared<Holding>(
-      conn, id, std::move(data).value(), internal::Segments::View<std::byte>{}, seen->data_size,
-      seen->metadata_size, where, /*sealed=*/true, /*leased=*/true));
+  return conn->holdings().Adopt(std::move(holding));
 }
 
 // A DeviceHolding for the reference the daemon just granted on GPU `device`. If the

@@ -14,10 +14,11 @@
 namespace depot::ipc {
 
 namespace {
-// Linux refuses more than SCM_MAX_FD (253) descriptors in one message.
-constexpr size_t kMaxFdsPerFrame = 253;
+// Linux refuses more than SCM_MAX_FD (253) descriptors in one sendmsg, and a recvmsg on a
+// stream socket stops at each message that carries some.
+constexpr size_t kMaxFdsPerWrite = 253;
 // Room for the descriptors one recvmsg can bring.
-constexpr size_t kControlBytes = CMSG_SPACE(kMaxFdsPerFrame * sizeof(int));
+constexpr size_t kControlBytes = CMSG_SPACE(kMaxFdsPerWrite * sizeof(int));
 constexpr size_t kInitialBuffer = 64 * 1024;
 // An empty buffer larger than this shrinks back to kInitialBuffer.
 constexpr size_t kShrinkAbove = 1024 * 1024;
@@ -38,7 +39,8 @@ void UniqueFd::reset(int fd) {
 Result<OutFrame> EncodeFrame(capnp::MessageBuilder& message, std::vector<int> fds,
                              uint32_t max_bytes) {
   if (fds.size() > kMaxFdsPerFrame) {
-    return Status::LimitExceeded("a frame can carry at most 253 file descriptors");
+    return Status::LimitExceeded("a frame can carry at most " + std::to_string(kMaxFdsPerFrame) +
+                                 " file descriptors, not " + std::to_string(fds.size()));
   }
   size_t words = capnp::computeSerializedSizeInWords(message);
   if (words * sizeof(capnp::word) > max_bytes) {
@@ -61,20 +63,26 @@ Result<OutFrame> EncodeFrame(capnp::MessageBuilder& message, std::vector<int> fd
 Result<bool> WriteFrame(int socket, OutFrame& frame) {
   const size_t total = frame.bytes.size() * sizeof(capnp::word);
   while (frame.sent < total) {
-    iovec iov{reinterpret_cast<char*>(frame.bytes.data()) + frame.sent, total - frame.sent};
+    // The next batch of descriptors goes with this write; while more batches follow, the
+    // write is one byte, so that each batch travels with bytes of its own frame (a frame
+    // has far more bytes than batches: each descriptor is named in its payload).
+    const size_t batch = std::min(kMaxFdsPerWrite, frame.fds.size() - frame.fds_sent);
+    const bool more = frame.fds_sent + batch < frame.fds.size();
+    iovec iov{reinterpret_cast<char*>(frame.bytes.data()) + frame.sent,
+              more ? size_t{1} : total - frame.sent};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     alignas(cmsghdr) char control[kControlBytes];
-    if (frame.sent == 0 && !frame.fds.empty()) {
-      const size_t len = frame.fds.size() * sizeof(int);
+    if (batch != 0) {
+      const size_t len = batch * sizeof(int);
       msg.msg_control = control;
       msg.msg_controllen = CMSG_SPACE(len);
       cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
       cmsg->cmsg_level = SOL_SOCKET;
       cmsg->cmsg_type = SCM_RIGHTS;
       cmsg->cmsg_len = CMSG_LEN(len);
-      std::memcpy(CMSG_DATA(cmsg), frame.fds.data(), len);
+      std::memcpy(CMSG_DATA(cmsg), frame.fds.data() + frame.fds_sent, len);
     }
     ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
     if (n < 0) {
@@ -86,6 +94,7 @@ Result<bool> WriteFrame(int socket, OutFrame& frame) {
       return Status::FromErrno("sendmsg", errno);
     }
     frame.sent += static_cast<size_t>(n);
+    frame.fds_sent += batch;
   }
   return true;
 }

@@ -48,12 +48,19 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// Most descriptors one frame carries. Linux attaches at most 253 (SCM_MAX_FD) to one
+// sendmsg, so a frame with more goes out in several writes of at most that many each (the
+// first ones a byte long); the reader gathers them until the frame is complete. A reply
+// naming objects in more than 253 GPU chunks its client has not imported needs that.
+inline constexpr size_t kMaxFdsPerFrame = 4096;
+
 // A frame ready to send: header and payload in one buffer, plus the descriptors to attach.
 // The descriptors are borrowed: the sender does not close them.
 struct OutFrame {
   std::vector<capnp::word> bytes;  // FrameHeader, then the payload
   std::vector<int> fds;
-  size_t sent = 0;  // bytes of `bytes` already written
+  size_t sent = 0;      // bytes of `bytes` already written
+  size_t fds_sent = 0;  // of `fds` already attached to a write
 };
 
 // Serialises `message` into a frame. Fails with LimitExceeded if it exceeds `max_bytes`.
