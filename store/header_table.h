@@ -39,6 +39,9 @@ class HeaderTable {
   // Copies the header of `slot` to the shared table: the other fields first, then the state
   // word with release order, so a reader that sees the new word sees the fields before it.
   void Publish(uint32_t slot);
+  // The header of `slot` as published, in the daemon's own mapping of the shared table (for
+  // tests that play a client in the daemon's process: see Leases).
+  const ipc::ObjectHeader& published(uint32_t slot) const { return shared_[slot]; }
 
   uint32_t slots() const { return slots_; }
   // Slots ever used: every live slot is below this.

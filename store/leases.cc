@@ -11,8 +11,12 @@
 
 namespace depot::store {
 
-Leases::Leases(boost::asio::io_context& loop, ObjectTable& table, uint32_t entries)
-    : table_(table), entries_(entries), timer_(loop) {}
+Leases::Leases(boost::asio::io_context& loop, ObjectTable& table, uint32_t entries,
+               bool writable_for_tests)
+    : table_(table),
+      entries_(entries),
+      prot_(writable_for_tests ? PROT_READ | PROT_WRITE : PROT_READ),
+      timer_(loop) {}
 
 Leases::~Leases() {
   for (const Table& t : tables_) ::munmap(t.base, ipc::LeaseTableBytes(entries_));
@@ -31,7 +35,7 @@ Result<int> Leases::Open(ClientId client) {
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return Status::FromErrno("sealing a lease table", errno);
   }
-  void* base = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
+  void* base = ::mmap(nullptr, bytes, prot_, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) return Status::FromErrno("mmap of a lease table", errno);
   const int raw = fd.get();
   tables_.push_back(Table{client, std::move(fd), base, ipc::LeaseTableView(base, entries_)});
@@ -46,6 +50,13 @@ void Leases::Close(ClientId client) {
   *it = std::move(tables_.back());
   tables_.pop_back();
   RecheckSoon();
+}
+
+void* Leases::MappingOf(ClientId client) const {
+  for (const Table& t : tables_) {
+    if (t.client == client) return t.base;
+  }
+  return nullptr;
 }
 
 bool Leases::AnyHolds(uint32_t slot, uint32_t generation) const {

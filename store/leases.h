@@ -52,7 +52,11 @@ class Leases {
   static constexpr uint32_t kDefaultEntries = 8192;
 
   // `entries`: per table, a power of two; 0 turns leases off (Open makes no table).
-  Leases(boost::asio::io_context& loop, ObjectTable& table, uint32_t entries);
+  // `writable_for_tests`: the daemon maps tables read-only; tests map them writable and
+  // take leases through that same mapping (MappingOf), since ThreadSanitizer tracks memory
+  // by address and would not see the synchronisation through a second mapping.
+  Leases(boost::asio::io_context& loop, ObjectTable& table, uint32_t entries,
+         bool writable_for_tests = false);
   ~Leases();
   Leases(const Leases&) = delete;
   Leases& operator=(const Leases&) = delete;
@@ -66,6 +70,8 @@ class Leases {
   Result<int> Open(ClientId client);
   // Forgets `client`'s table, and looks again at every leased copy soon.
   void Close(ClientId client);
+  // The daemon's mapping of `client`'s table; null if it has none.
+  void* MappingOf(ClientId client) const;
 
   // Before the host copy of the object in `slot` is freed: true if no lease holds it, and
   // then no lease will be taken on the object again (in this slot generation, whatever host
@@ -101,6 +107,7 @@ class Leases {
 
   ObjectTable& table_;
   const uint32_t entries_;
+  const int prot_;  // of the daemon's mappings of tables
   std::vector<Table> tables_;
   // Leased copies: slot -> generation of the object found leased.
   std::unordered_map<uint32_t, uint32_t> leased_;

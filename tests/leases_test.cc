@@ -1,11 +1,11 @@
 // The lease protocol on its own (depot/ipc/lease.h, store/leases.h): a client's side taking
-// and dropping leases in a table the daemon's side made, through the same memfds and
-// mappings a session uses, with no daemon. The stress case races readers against a
-// reclaimer that frees, poisons and reuses slots; under ThreadSanitizer it also checks that
-// every read of an object's bytes happens before the write that frees them.
+// and dropping leases in a table the daemon's side made, with no daemon. Both sides use the
+// daemon's mappings of the lease table and the header table: ThreadSanitizer tracks memory
+// by address, so a client's own mappings would hide the synchronisation from it (the
+// integration tests use a client's). The stress case races readers against a reclaimer that
+// frees, poisons and reuses slots; under ThreadSanitizer it also checks that every read of an
+// object's bytes happens before the write that frees them.
 #include "store/leases.h"
-
-#include <sys/mman.h>
 
 #include <gtest/gtest.h>
 
@@ -30,28 +30,8 @@ using Taken = LeaseTableView::Taken;
 
 constexpr ClientId kClient = 1;
 
-// A mapping of `bytes` of `fd`, unmapped on destruction.
-class Mapped {
- public:
-  Mapped(int fd, size_t bytes, int prot) : bytes_(bytes) {
-    void* p = ::mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
-    EXPECT_NE(p, MAP_FAILED);
-    base_ = p == MAP_FAILED ? nullptr : p;
-  }
-  ~Mapped() {
-    if (base_ != nullptr) ::munmap(base_, bytes_);
-  }
-  Mapped(const Mapped&) = delete;
-  Mapped& operator=(const Mapped&) = delete;
-  void* base() const { return base_; }
-
- private:
-  void* base_ = nullptr;
-  size_t bytes_;
-};
-
 // The daemon's side (a header table, an object table and the Leases) and one client's view
-// of it: the header table mapped read-only and its lease table mapped writable.
+// of it, through the same mappings.
 class LeasesTest : public ::testing::Test {
  protected:
   static constexpr uint32_t kSlots = 8;
@@ -61,10 +41,8 @@ class LeasesTest : public ::testing::Test {
     leases_.OnEnded([this](uint32_t slot) { ended_.push_back(slot); });
     auto fd = leases_.Open(kClient);
     EXPECT_TRUE(fd.ok()) << fd.status().ToString();
-    table_map_ =
-        std::make_unique<Mapped>(*fd, ipc::LeaseTableBytes(kEntries), PROT_READ | PROT_WRITE);
-    client_ = LeaseTableView(table_map_->base(), kEntries);
-    shared_headers_ = static_cast<const ipc::ObjectHeader*>(headers_map_.base());
+    client_ = LeaseTableView(leases_.MappingOf(kClient), kEntries);
+    shared_headers_ = &headers_->published(0);
   }
 
   // A sealed object in host memory, published; returns its slot.
@@ -94,9 +72,7 @@ class LeasesTest : public ::testing::Test {
   boost::asio::io_context loop_;
   std::unique_ptr<HeaderTable> headers_ = std::move(HeaderTable::Create(kSlots)).value();
   ObjectTable objects_{*headers_};
-  Leases leases_{loop_, objects_, kEntries};
-  Mapped headers_map_{headers_->fd(), kSlots * sizeof(ipc::ObjectHeader), PROT_READ};
-  std::unique_ptr<Mapped> table_map_;
+  Leases leases_{loop_, objects_, kEntries, /*writable_for_tests=*/true};
   LeaseTableView client_;
   const ipc::ObjectHeader* shared_headers_ = nullptr;
   std::vector<uint32_t> ended_;
