@@ -149,8 +149,8 @@ void GetBatch(benchmark::State& state, depot::Client* client,
   state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(ids->size()));
   state.counters["get_ms"] = get_phase.Median() / 1e6;
   state.counters["drop_ms"] = drop_phase.Median() / 1e6;
-  auto single = g_latencies.find(name == "get_batch/1000" ? "get_release/1KiB"
-                                                          : "get_release/1KiB/leased");
+  auto single =
+      g_latencies.find(name == "get_batch/1000" ? "get_release/1KiB" : "get_release/1KiB/leased");
   if (single != g_latencies.end()) {
     state.counters["speedup_vs_single_gets"] = single->second.Median() *
                                                static_cast<double>(ids->size()) /
@@ -166,9 +166,9 @@ void PrintSummary() {
   // per_second is 1 / median; throughput is 1 / mean, i.e. with the slow tail.
   std::printf("  %-26s %10s %12s %14s %12s\n", "benchmark", "median_us", "per_second",
               "ratio_to_rtt", "throughput");
-  for (const char* name : {kBaseline, "get_release/1KiB", "get_release/1KiB/no_metrics",
-                           "get_release/1KiB/no_spin", "get_release/1KiB/leased",
-                           "get_cached/1KiB"}) {
+  for (const char* name :
+       {kBaseline, "get_release/1KiB", "get_release/1KiB/no_metrics", "get_release/1KiB/no_spin",
+        "get_release/1KiB/leased", "get_cached/1KiB"}) {
     auto it = g_latencies.find(name);
     if (it == g_latencies.end()) continue;
     const double ns = it->second.Median();
@@ -216,8 +216,8 @@ int main(int argc, char** argv) {
   // it moved the difference between 3% and 17% from run to run).
   const int daemon_cpu = std::thread::hardware_concurrency() >= 2 ? 1 : -1;
   depot::bench::Daemon daemon({"--memory", "256MiB", "--lease-entries", "0"}, daemon_cpu);
-  depot::bench::Daemon quiet_daemon(
-      {"--memory", "64MiB", "--no-metrics", "--lease-entries", "0"}, daemon_cpu);
+  depot::bench::Daemon quiet_daemon({"--memory", "64MiB", "--no-metrics", "--lease-entries", "0"},
+                                    daemon_cpu);
   depot::bench::Daemon lease_daemon({"--memory", "64MiB"}, daemon_cpu);
   auto client = depot::Client::Connect(daemon.socket_path());
   auto quiet = depot::Client::Connect(quiet_daemon.socket_path());
@@ -276,8 +276,7 @@ int main(int argc, char** argv) {
       ->Repetitions(kRepetitions)
       ->UseRealTime()
       ->DisplayAggregatesOnly(true);
-  benchmark::RegisterBenchmark("get_batch/1000", GetBatch, c, &batch,
-                               std::string("get_batch/1000"))
+  benchmark::RegisterBenchmark("get_batch/1000", GetBatch, c, &batch, std::string("get_batch/1000"))
       ->Repetitions(kRepetitions)
       ->UseRealTime()
       ->DisplayAggregatesOnly(true);
