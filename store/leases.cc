@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 
-#include <spdlog/spdlog.h>
-
 namespace depot::store {
 
 Leases::Leases(boost::asio::io_context& loop, ObjectTable& table, uint32_t entries,
