@@ -144,6 +144,19 @@ TEST(DaemonTest, BadSharingSizeAndProbeFlagsAreClearErrorsAtStartup) {
   }
 }
 
+TEST(DaemonTest, BadLeaseEntriesAreClearErrorsAtStartup) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << dir.error();
+  for (const char* value : {"3", "2000000", "-1", "many", "99999999999999999999999"}) {
+    ProgramRun run = RunProgram(
+        {DEPOT_DAEMON_PATH, "--socket", dir.path() + "/depot.sock", "--lease-entries", value}, {},
+        milliseconds(10'000));
+    EXPECT_NE(run.exit_code, 0) << run.Explain();
+    EXPECT_NE(run.err.find("--lease-entries"), std::string::npos) << run.Explain();
+    EXPECT_NE(run.err.find(value), std::string::npos) << run.Explain();
+  }
+}
+
 TEST(DaemonTest, StatusDescribesTheDaemon) {
   TestDaemon daemon({"--memory", "32MiB", "--segment-size", "8MiB", "--max-objects", "1000"});
   ASSERT_TRUE(daemon.ok()) << daemon.error();
