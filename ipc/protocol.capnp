@@ -489,6 +489,7 @@ struct ObjectInfo {
   devices @15 :List(UInt32); # the GPUs it has bytes on (a replica each)
   ownerUid @16 :UInt32;      # the uid of the session that created it
   failed @17 :Bool;          # sealed as failed by the scheduler: no bytes; a get answers taskFailed
+  onDisk @18 :Bool;          # has a copy in the daemon's spill directory (a get restores it)
 }
 
 struct StoreStatus {
@@ -527,6 +528,29 @@ struct StoreStatus {
   requestBytes @30 :UInt64;  # daemon memory kept for requests in progress (large frames
                              # being read, list and verify work), within the same budget
   scheduler @31 :SchedulerStatus;
+  disk @32 :DiskStatus;      # the disk tier; `enabled` false without --spill-dir
+}
+
+# The disk tier (depotd --spill-dir): host objects spilled when the arena needs room, and
+# read back by gets.
+struct DiskStatus {
+  enabled @0 :Bool;
+  dir @1 :Text;
+  limitBytes @2 :UInt64;      # --spill-limit
+  usedBytes @3 :UInt64;       # allocated to objects in spill files
+  fileBytes @4 :UInt64;       # of the spill files open (what they may take on disk)
+  files @5 :UInt32;
+  objects @6 :UInt64;         # objects with a copy on disk
+  spills @7 :UInt64;          # objects written to disk to make room in host memory
+  spilledBytes @8 :UInt64;
+  spillSeconds @9 :Float64;   # the writes' time, together (throughput: bytes / seconds)
+  restores @10 :UInt64;       # objects read back for gets
+  restoredBytes @11 :UInt64;
+  restoreSeconds @12 :Float64;
+  drops @13 :UInt64;          # objects dropped from disk for good: the spill limit was reached
+  droppedBytes @14 :UInt64;
+  spillFailures @15 :UInt64;  # writes that failed: those objects stayed in host memory
+  restoreFailures @16 :UInt64;  # reads that failed (I/O error, checksum mismatch): objects lost
 }
 
 # A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED
@@ -570,7 +594,7 @@ struct ObjectDetails {
 
 # One copy of an object's bytes (the `objectInfo` request).
 struct Replica {
-  device @0 :Int32;          # -1: host memory
+  device @0 :Int32;          # -1: host memory; -2: the daemon's spill directory
   segment @1 :UInt32;        # arena segment, or chunk of the GPU's pool
   offset @2 :UInt64;
   references @3 :UInt32;     # references to this copy

@@ -2,9 +2,11 @@
 
 namespace depot::store {
 
-EvictionPolicy::EvictionPolicy(const ObjectTable& table, std::span<TierPool* const> pools)
+EvictionPolicy::EvictionPolicy(const ObjectTable& table, std::span<TierPool* const> pools,
+                               bool host_spills)
     : table_(table),
       pools_(pools.begin(), pools.end()),
+      host_spills_(host_spills),
       lists_(pools.size()),
       region_bytes_(pools.size()) {}
 
@@ -16,9 +18,10 @@ EvictionPolicy::Action EvictionPolicy::ActionFor(uint32_t slot, int32_t tier) co
     return Action::kNone;
   }
   if (table_.HasOtherCopy(slot, tier)) return Action::kDrop;
-  if (tier != kHost) return Action::kSpill;
+  if (tier != kHost && tier != kDisk) return Action::kSpill;
   const bool held = table_.headers().refs(slot) != 0;
-  return held || table_.IsPinned(slot) ? Action::kNone : Action::kEvict;
+  if (held || table_.IsPinned(slot)) return Action::kNone;
+  return tier == kHost && host_spills_ && !o.failed ? Action::kSpill : Action::kEvict;
 }
 
 uint64_t EvictionPolicy::BlockBytes(uint32_t slot, int32_t tier) const {

@@ -4,9 +4,11 @@
 // A replica is a candidate on its tier when its object is sealed and not deleted, its bytes
 // are ready and nobody holds a reference to it there (nor, in host memory, a lease). What going
 // means depends on the rest of the object: a replica with a ready copy elsewhere is dropped (the
-// object stays); the last copy of an object in host memory is evicted with the object, unless the
-// object is pinned or held on some tier; the last copy on a GPU spills to host memory. The policy
-// decides; the store carries it out and tells the policy of every change (Reconsider).
+// object stays); the last copy of an object in host memory spills to disk when there is a spill
+// directory, else is evicted with the object, unless the object is pinned or held on some tier;
+// the last copy on a GPU spills to host memory; the last copy on disk is dropped for good (the
+// spill limit is reached). A failed object (no bytes) is never spilled. The policy decides; the
+// store carries it out and tells the policy of every change (Reconsider).
 #pragma once
 
 #include <cstdint>
@@ -22,14 +24,16 @@ namespace depot::store {
 
 class EvictionPolicy {
  public:
-  // `pools`: by tier, host first (tier t at index t + 1); they size the candidates' blocks.
-  EvictionPolicy(const ObjectTable& table, std::span<TierPool* const> pools);
+  // `pools`: by tier, host first (tier t at index t + 1), the disk last if there is one
+  // (Tiers::Pools); they size the candidates' blocks. `host_spills`: the last copy in host
+  // memory spills to disk rather than going.
+  EvictionPolicy(const ObjectTable& table, std::span<TierPool* const> pools, bool host_spills);
 
   enum class Action : uint8_t {
     kNone,   // not a candidate
     kDrop,   // drop this copy: the object has another
-    kEvict,  // the object goes with its last copy (host memory)
-    kSpill,  // copy it to host memory first (a GPU)
+    kEvict,  // the object goes with its last copy (host memory, or disk)
+    kSpill,  // copy it to the tier below first (a GPU's to host memory, host memory's to disk)
   };
   // What making room with the replica of `slot` on `tier` would do, as the table is now.
   Action ActionFor(uint32_t slot, int32_t tier) const;
@@ -53,12 +57,15 @@ class EvictionPolicy {
   bool WorthFreeing(uint32_t slot, int32_t tier, uint64_t bytes) const;
 
  private:
-  static size_t Index(int32_t tier) { return static_cast<size_t>(tier + 1); }
+  size_t Index(int32_t tier) const {
+    return tier == kDisk ? pools_.size() - 1 : static_cast<size_t>(tier + 1);
+  }
   uint64_t BlockBytes(uint32_t slot, int32_t tier) const;
   void Add(uint32_t slot, const Replica& replica);
 
   const ObjectTable& table_;
   std::vector<TierPool*> pools_;
+  const bool host_spills_;
   std::vector<LruList> lists_;  // by tier
   // By tier, by region: bytes of candidates, for regions that have any.
   std::vector<std::unordered_map<uint32_t, uint64_t>> region_bytes_;

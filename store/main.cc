@@ -22,6 +22,7 @@
 #include "depot/ipc/protocol.h"
 #include "depot/ipc/units.h"
 #include "store/arena.h"
+#include "store/disk_pool.h"
 #include "store/gpu/setup.h"
 #include "store/header_table.h"
 #include "store/metrics_http.h"
@@ -103,6 +104,9 @@ int main(int argc, char** argv) {
   std::string segment_size = "1GiB";
   std::string arena_dir;
   bool no_evict = false;
+  std::string spill_dir;
+  std::string spill_limit = "0";
+  std::string spill_file_size = "1GiB";
   uint32_t max_objects = 4u << 20;
   std::string max_frame = "16MiB";
   std::string bandwidth_probe = "64MiB";
@@ -139,6 +143,15 @@ int main(int argc, char** argv) {
   app.add_option("--arena-dir", arena_dir,
                  "put segments in this directory (a tmpfs or hugetlbfs mount) instead of memfds");
   app.add_flag("--no-evict", no_evict, "never evict objects; a create that does not fit fails");
+  app.add_option("--spill-dir", spill_dir,
+                 "directory (created 0700) where objects that do not fit in host memory are "
+                 "spilled, and read back from on get; default: none, they are evicted");
+  app.add_option("--spill-limit", spill_limit,
+                 "most bytes of spill files (0: the directory's free space at start)")
+      ->capture_default_str();
+  app.add_option("--spill-file-size", spill_file_size,
+                 "spill files that pack objects up to this size; larger ones get their own")
+      ->capture_default_str();
   app.add_option("--max-objects", max_objects, "most objects the store holds at once")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1u << 30));
@@ -242,6 +255,8 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [depotd] [%^%l%$] %v");
   std::signal(SIGPIPE, SIG_IGN);
+  // A file size limit makes a spill fail with EFBIG (the object stays in memory), not the daemon.
+  std::signal(SIGXFSZ, SIG_IGN);
 
   auto capacity = ParseMemory(memory);
   if (!capacity.ok())
@@ -267,6 +282,18 @@ int main(int argc, char** argv) {
   if (!client_metadata.ok()) {
     return Fail(
         Status::InvalidArgument("--client-max-metadata: " + client_metadata.status().message()));
+  }
+  auto spill_bytes = depot::ipc::ParseSize(spill_limit);
+  if (!spill_bytes.ok())
+    return Fail(Status::InvalidArgument("--spill-limit: " + spill_bytes.status().message()));
+  auto spill_file_bytes = depot::ipc::ParseSize(spill_file_size);
+  if (!spill_file_bytes.ok() || *spill_file_bytes < depot::store::DiskPool::kAlignment) {
+    return Fail(Status::InvalidArgument("--spill-file-size must be a size of at least 4KiB"));
+  }
+  if (!spill_dir.empty() && no_evict) {
+    return Fail(Status::InvalidArgument(
+        "--spill-dir and --no-evict do not go together: spilling takes objects out of host "
+        "memory, which --no-evict forbids"));
   }
   mode_t mode = 0;
   try {
@@ -314,11 +341,21 @@ int main(int argc, char** argv) {
     if (!arena.ok()) return Fail(arena.status());
     auto headers = depot::store::HeaderTable::Create(max_objects);
     if (!headers.ok()) return Fail(headers.status());
+    std::unique_ptr<depot::store::DiskPool> disk;
+    if (!spill_dir.empty()) {
+      auto opened =
+          depot::store::DiskPool::Open({spill_dir, *spill_bytes, *spill_file_bytes}, pool);
+      if (!opened.ok()) return Fail(opened.status());
+      disk = std::move(opened).value();
+      spdlog::info("spilling to {} (up to {}, files of {})", disk->dir(),
+                   depot::ipc::FormatSize(disk->capacity()),
+                   depot::ipc::FormatSize(disk->file_size()));
+    }
     depot::store::ClientLimits limits{*client_bytes, client_max_objects, client_max_pending,
                                       *client_metadata, *budget};
     depot::store::WorkerPoolExecutor executor(loop, pool);
     depot::store::ObjectStore store(loop, executor, **arena, **headers, limits, !no_evict,
-                                    (*gpus)->pool_pointers(), lease_entries);
+                                    (*gpus)->pool_pointers(), lease_entries, disk.get());
     // Off the loop: placement assumes the flags' bandwidths until it is done.
     if (scheduler_options.measure_bandwidths && *probe_bytes > 0) {
       store.ProbeCopyRates(*probe_bytes);

@@ -129,6 +129,33 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Value("depot_spills_total", c.spills);
   w.Help("depot_spilled_bytes_total", "counter", "Bytes moved from full GPU pools to host memory.");
   w.Value("depot_spilled_bytes_total", c.spilled_bytes);
+  if (const DiskPool* disk = store.disk()) {
+    const TierCounters& t = store.tier_counters();
+    w.Help("depot_disk_bytes", "gauge",
+           "The spill directory: bytes allocated to objects (used), of its files (files), and "
+           "its limit (limit).");
+    w.Line("depot_disk_bytes{kind=\"used\"} %" PRIu64 "\n", disk->used_bytes());
+    w.Line("depot_disk_bytes{kind=\"files\"} %" PRIu64 "\n", disk->file_bytes());
+    w.Line("depot_disk_bytes{kind=\"limit\"} %" PRIu64 "\n", disk->capacity());
+    w.Help("depot_disk_objects", "gauge", "Objects with a copy in the spill directory.");
+    w.Value("depot_disk_objects", store.ObjectsOnDisk());
+    w.Help("depot_disk_objects_total", "counter",
+           "Objects spilled to disk, restored from it, dropped from it for good (the spill "
+           "limit reached), and spills and restores that failed.");
+    w.Line("depot_disk_objects_total{event=\"spilled\"} %" PRIu64 "\n", t.disk_spills);
+    w.Line("depot_disk_objects_total{event=\"restored\"} %" PRIu64 "\n", t.disk_restores);
+    w.Line("depot_disk_objects_total{event=\"dropped\"} %" PRIu64 "\n", t.disk_drops);
+    w.Line("depot_disk_objects_total{event=\"spill_failed\"} %" PRIu64 "\n", t.disk_spill_failures);
+    w.Line("depot_disk_objects_total{event=\"restore_failed\"} %" PRIu64 "\n",
+           t.disk_restore_failures);
+    w.Help("depot_disk_io_bytes_total", "counter", "Bytes written by spills and read by restores.");
+    w.Line("depot_disk_io_bytes_total{op=\"write\"} %" PRIu64 "\n", t.disk_spilled_bytes);
+    w.Line("depot_disk_io_bytes_total{op=\"read\"} %" PRIu64 "\n", t.disk_restored_bytes);
+    w.Help("depot_disk_io_seconds_total", "counter",
+           "Seconds spent in spill writes and restore reads (bytes / seconds: throughput).");
+    w.Line("depot_disk_io_seconds_total{op=\"write\"} %.6f\n", t.disk_spill_seconds);
+    w.Line("depot_disk_io_seconds_total{op=\"read\"} %.6f\n", t.disk_restore_seconds);
+  }
   w.Help("depot_get_objects_total", "counter",
          "Objects asked for by gets: found at once (hit), waited for (wait), never sealed in time "
          "(timeout).");

@@ -21,7 +21,7 @@ std::string Mention(const ObjectId& id) { return "object " + id.Hex(); }
 
 ObjectStore::ObjectStore(boost::asio::io_context& loop, Executor& executor, Arena& arena,
                          HeaderTable& headers, ClientLimits limits, bool eviction,
-                         std::vector<gpu::DevicePool*> gpus, uint32_t lease_entries)
+                         std::vector<gpu::DevicePool*> gpus, uint32_t lease_entries, DiskPool* disk)
     : executor_(executor),
       arena_(arena),
       eviction_(eviction),
@@ -30,8 +30,8 @@ ObjectStore::ObjectStore(boost::asio::io_context& loop, Executor& executor, Aren
       leases_(loop, table_, lease_entries),
       accounts_(limits, static_cast<int32_t>(gpus_.size() + 1)),
       waiting_(loop, accounts_),
-      tiers_(table_, policy_, executor, arena, gpus_, eviction, *this),
-      policy_(table_, tiers_.pools()) {
+      tiers_(table_, policy_, executor, arena, gpus_, disk, eviction, *this),
+      policy_(table_, tiers_.pools(), disk != nullptr && eviction) {
   leases_.OnEnded([this](uint32_t slot) { LeaseEnded(slot); });
 }
 
@@ -124,12 +124,15 @@ void ObjectStore::LetGoOfSource(uint32_t slot, int32_t tier) {
   DropRef(accounts_.at(kDaemonClient), slot, tier);
 }
 
-void ObjectStore::CopyDone(uint32_t slot, int32_t tier, StatusCode code,
+void ObjectStore::CopyDone(uint32_t slot, int32_t tier, const Status& status,
                            std::span<const WaitingGets::Id> waiters) {
   const ObjectId id = table_.IdAt(slot);
-  if (code == StatusCode::kOk) Notify([id, tier](StoreListener& l) { l.OnReplicaReady(id, tier); });
+  // The scheduler places by where bytes are for clients: the disk is not such a place.
+  if (status.ok() && tier != kDisk) {
+    Notify([id, tier](StoreListener& l) { l.OnReplicaReady(id, tier); });
+  }
   // The waiting gets take their references before the copy lets go of its source.
-  for (WaitingGets::Id waiter : waiters) Answer(waiter, slot, id, code);
+  for (WaitingGets::Id waiter : waiters) Answer(waiter, slot, id, status);
 }
 
 void ObjectStore::Evict(uint32_t slot) { FreeObject(slot); }
@@ -266,8 +269,15 @@ Status ObjectStore::CheckNew(const CreateParams& p) const {
 
 void ObjectStore::Create(ClientId client, const CreateParams& p, CreateDone done) {
   if (Status st = CheckNew(p); !st.ok()) return done(st);
-  if (p.device == kHost) return done(CreateOnHost(client, p));
-  CreateOnDevice(client, p, std::move(done));
+  if (p.device == kHost) {
+    Result<Location> made = CreateOnHost(client, p);
+    // With a spill directory, room that is not there now may come once objects spill.
+    if (made.ok() || made.status().code() != StatusCode::kOutOfMemory || tiers_.disk() == nullptr ||
+        !eviction_) {
+      return done(std::move(made));
+    }
+  }
+  CreateAfterRoom(client, p, std::move(done));
 }
 
 Status ObjectStore::Put(ClientId client, const CreateParams& p) {
@@ -337,70 +347,88 @@ Result<Location> ObjectStore::CreateOnHost(ClientId client, const CreateParams& 
   return LocationOf(slot, kHost);
 }
 
-void ObjectStore::CreateOnDevice(ClientId client, const CreateParams& p, CreateDone done) {
-  TierPool& gpu = tiers_.pool(p.device);
-  if (!p.data.empty()) {
-    return done(Status::InvalidArgument(
-        "inline data is for host objects; write a GPU object through its device pointer"));
-  }
-  if (p.checksum) {
-    return done(Status::InvalidArgument("checksums are taken of host objects only; " +
-                                        Mention(p.id) + " is created on " + gpu.name()));
-  }
-  if (!gpu.CouldFit(p.data_size)) {
-    return done(Status::InvalidArgument(Mention(p.id) + " of " + ipc::FormatSize(p.data_size) +
-                                        " is larger than the pool of " + gpu.name() + " (" +
-                                        ipc::FormatSize(gpu.capacity()) + ", --gpu-memory)"));
+Status ObjectStore::CheckRoom(ClientId client, const CreateParams& p) {
+  TierPool& pool = tiers_.pool(p.device);
+  const uint64_t bytes = p.data_size + (p.device == kHost ? p.metadata.size() : 0);
+  if (p.device != kHost) {
+    if (!p.data.empty()) {
+      return Status::InvalidArgument(
+          "inline data is for host objects; write a GPU object through its device pointer");
+    }
+    if (p.checksum) {
+      return Status::InvalidArgument("checksums are taken of host objects only; " + Mention(p.id) +
+                                     " is created on " + pool.name());
+    }
+    if (!pool.CouldFit(bytes)) {
+      return Status::InvalidArgument(Mention(p.id) + " of " + ipc::FormatSize(bytes) +
+                                     " is larger than the pool of " + pool.name() + " (" +
+                                     ipc::FormatSize(pool.capacity()) + ", --gpu-memory)");
+    }
   }
   Account& account = accounts_.at(client);
-  if (Status st = accounts_.CheckHolding(client, account, gpu.BlockSize(p.data_size)); !st.ok()) {
-    return done(st);
-  }
-  if (Status st = accounts_.CheckMetadata(client, account, CreateCost(p)); !st.ok()) {
-    return done(st);
-  }
+  DEPOT_RETURN_NOT_OK(accounts_.CheckHolding(client, account, pool.BlockSize(bytes)));
+  return accounts_.CheckMetadata(client, account, CreateCost(p));
+}
+
+void ObjectStore::CreateAfterRoom(ClientId client, const CreateParams& p, CreateDone done) {
+  if (Status st = CheckRoom(client, p); !st.ok()) return done(st);
   // The parameters outlive the request: room may come only after spills.
   struct Owned {
     CreateParams params;
     std::vector<std::byte> metadata;
+    std::vector<std::byte> data;  // a host object's bytes sent with the request
     std::string name;
   };
   auto owned = std::make_shared<Owned>();
   owned->params = p;
   owned->metadata.assign(p.metadata.begin(), p.metadata.end());
+  owned->data.assign(p.data.begin(), p.data.end());
   owned->name = std::string(p.name);
   owned->params.metadata = owned->metadata;
+  owned->params.data = owned->data;
   owned->params.name = owned->name;
   creating_.insert(p.id);
-  // While it waits for room, the daemon keeps the name and metadata for it: counted too.
-  const uint64_t waiting_cost = CreateCost(p);
+  // While it waits for room, the daemon keeps the name, metadata and bytes for it: counted.
+  const uint64_t waiting_cost =
+      CreateCost(p) + owned->data.size() + (p.device == kHost ? owned->metadata.size() : 0);
   accounts_.CountMetadata(client, static_cast<int64_t>(waiting_cost));
+  const uint64_t bytes = p.data_size + (p.device == kHost ? p.metadata.size() : 0);
   tiers_.AllocateOn(
-      p.device, p.data_size,
-      [this, client, owned, waiting_cost,
+      p.device, bytes,
+      [this, client, owned, waiting_cost, bytes,
        done = std::move(done)](std::optional<TierPool::Block> block) mutable {
         const CreateParams& p = owned->params;
         creating_.erase(p.id);
         accounts_.CountMetadata(client, -static_cast<int64_t>(waiting_cost));
-        TierPool& gpu = tiers_.pool(p.device);
+        TierPool& pool = tiers_.pool(p.device);
         Account* account = accounts_.Find(client);
         if (account == nullptr) {  // gone while waiting for room
-          if (block) gpu.Free(block->region, block->handle);
+          if (block) pool.Free(block->region, block->handle);
           return;
         }
         if (!block) {
-          return done(Status::OutOfMemory(tiers_.OutOfMemoryMessage(p.device, p.id, p.data_size)));
+          return done(Status::OutOfMemory(tiers_.OutOfMemoryMessage(p.device, p.id, bytes)));
         }
         const uint32_t slot = AcquireSlot();
         if (slot == HeaderTable::kNoSlot) {
-          gpu.Free(block->region, block->handle);
+          pool.Free(block->region, block->handle);
           return done(Status::LimitExceeded(
               "the store holds " + std::to_string(table_.headers().slots()) +
               " objects, its limit; start depotd with a larger --max-objects"));
         }
         Publish(client, p, slot);
-        table_.at(slot).replicas.kept_metadata() = std::move(owned->metadata);
-        tiers_.PlaceReplica(slot, p.device, *block);  // ready once sealed
+        if (p.device == kHost) {
+          std::byte* to = arena_.base(block->region) + block->offset;
+          if (!p.data.empty()) std::memcpy(to, p.data.data(), p.data.size());
+          if (!p.metadata.empty())
+            std::memcpy(to + p.data_size, p.metadata.data(), p.metadata.size());
+          // The creator writes into its host replica: it counts as there from the start.
+          tiers_.PlaceReplica(slot, kHost, *block).ready = true;
+          table_.PublishTiers(slot);
+        } else {
+          table_.at(slot).replicas.kept_metadata() = std::move(owned->metadata);
+          tiers_.PlaceReplica(slot, p.device, *block);  // ready once sealed
+        }
         AddRef(*account, slot, p.device);
         done(LocationOf(slot, p.device));
       });
@@ -580,11 +608,16 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
 }
 
 void ObjectStore::Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& id,
-                         StatusCode failure) {
+                         const Status& failure) {
   WaitingGets::Get* get = waiting_.Find(waiter);
   if (get == nullptr) return;
-  const bool usable = failure == StatusCode::kOk && table_.Find(id) == slot &&
-                      table_.IsUsable(slot) && table_.IsReady(slot, get->tier);
+  const bool usable = failure.ok() && table_.Find(id) == slot && table_.IsUsable(slot) &&
+                      table_.IsReady(slot, get->tier);
+  // Why the copy failed, for the client (one copy of the message, shared by its ids).
+  std::shared_ptr<const std::string> why;
+  if (!failure.ok() && !failure.message().empty()) {
+    why = std::make_shared<const std::string>(failure.message());
+  }
   const uint64_t now = ipc::WallNanos();
   Account* holder = get->hold ? &accounts_.at(get->client) : nullptr;
   for (size_t i = 0; i < get->ids.size(); ++i) {
@@ -592,7 +625,8 @@ void ObjectStore::Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& 
     if (usable) {
       get->Resolve(i, Grant(holder, slot, get->tier, now));
     } else {
-      get->Resolve(i, GetResult{failure == StatusCode::kOk ? StatusCode::kNotFound : failure, {}});
+      get->Resolve(i, failure.ok() ? GetResult{StatusCode::kNotFound, {}}
+                                   : GetResult{failure.code(), {}, why});
     }
   }
   waiting_.FinishIfDone(waiter);

@@ -155,12 +155,13 @@ struct EvictOutcome {
 
 class ObjectStore final : private Tiers::Owner {
  public:
-  // `gpus`: one pool per GPU, in device order (empty: no GPUs). They must outlive the store.
-  // Waits time out on `loop`; checksums and copies run on `executor`. `lease_entries`: the
-  // size of each client's lease table (Leases; 0: no leases).
+  // `gpus`: one pool per GPU, in device order (empty: no GPUs); `disk`: the spill
+  // directory's pool, or null (objects that leave host memory are gone). They must outlive
+  // the store. Waits time out on `loop`; checksums and copies run on `executor`.
+  // `lease_entries`: the size of each client's lease table (Leases; 0: no leases).
   ObjectStore(boost::asio::io_context& loop, Executor& executor, Arena& arena, HeaderTable& headers,
               ClientLimits limits, bool eviction, std::vector<gpu::DevicePool*> gpus = {},
-              uint32_t lease_entries = Leases::kDefaultEntries);
+              uint32_t lease_entries = Leases::kDefaultEntries, DiskPool* disk = nullptr);
   ~ObjectStore();
   ObjectStore(const ObjectStore&) = delete;
   ObjectStore& operator=(const ObjectStore&) = delete;
@@ -192,8 +193,9 @@ class ObjectStore final : private Tiers::Owner {
 
   // Reserves and publishes (as creating) a new object; the creator holds one reference.
   // Evicts least-recently-used unreferenced objects when it must; on a GPU, may first wait
-  // for objects to spill to host memory. `done` runs on the loop thread, at once for host
-  // objects. It is dropped uncalled if the client goes away meanwhile.
+  // for objects to spill to host memory, and in host memory, with a spill directory, for
+  // objects to spill to disk. `done` runs on the loop thread, at once for host objects that
+  // find room without a spill. It is dropped uncalled if the client goes away meanwhile.
   using CreateDone = std::function<void(Result<Location>)>;
   void Create(ClientId client, const CreateParams& params, CreateDone done);
 
@@ -313,6 +315,12 @@ class ObjectStore final : private Tiers::Owner {
   EvictOutcome EvictUnreferenced(uint64_t bytes, bool all);
 
   StoreCounters counters() const;
+  // What the tiers count: the disk's spills, restores and drops among them.
+  const TierCounters& tier_counters() const { return tiers_.counters(); }
+  // The spill directory's pool, or null.
+  const DiskPool* disk() const { return tiers_.disk(); }
+  // Objects with a copy on disk.
+  uint64_t ObjectsOnDisk() const { return tiers_.disk() ? tiers_.usage(kDisk).replicas : 0; }
   // The copies between tiers as measured so far (Tiers).
   const CopyRates& copy_rates() const { return tiers_.copy_rates(); }
   // Times copies of `bytes` between host memory and the GPUs off the loop (copy_probe.h),
@@ -334,7 +342,7 @@ class ObjectStore final : private Tiers::Owner {
   // Tiers::Owner: what the copies between tiers need of the store.
   void HoldSource(uint32_t slot, int32_t tier) override;
   void LetGoOfSource(uint32_t slot, int32_t tier) override;
-  void CopyDone(uint32_t slot, int32_t tier, StatusCode code,
+  void CopyDone(uint32_t slot, int32_t tier, const Status& status,
                 std::span<const WaitingGets::Id> waiters) override;
   void Evict(uint32_t slot) override;
   bool Reclaim(uint32_t slot) override;
@@ -344,8 +352,13 @@ class ObjectStore final : private Tiers::Owner {
   Status CheckTier(int32_t tier) const;
   // Why `params` cannot be created (a bad id or size, an id taken), or OK.
   Status CheckNew(const CreateParams& params) const;
+  // Creates a host object if it finds room at once; OutOfMemory if it does not.
   Result<Location> CreateOnHost(ClientId client, const CreateParams& params);
-  void CreateOnDevice(ClientId client, const CreateParams& params, CreateDone done);
+  // Creates once room is made on the tier (after spills), as Create says.
+  void CreateAfterRoom(ClientId client, const CreateParams& params, CreateDone done);
+  // Why `params` cannot be created on its tier, whatever room is made (its size, the
+  // client's limits), or OK.
+  Status CheckRoom(ClientId client, const CreateParams& params);
   // Publishes a new object, being created, in `slot`, and counts it.
   void Publish(ClientId client, const CreateParams& params, uint32_t slot);
   // What creating `params` costs the daemon's memory before any GPU metadata.
@@ -370,7 +383,7 @@ class ObjectStore final : private Tiers::Owner {
   // A free header slot, evicting the least recently used object if the table is full.
   uint32_t AcquireSlot();
   // Grants a get waiting for a copy the replica on its tier, or tells it why not.
-  void Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& id, StatusCode failure);
+  void Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& id, const Status& failure);
   void FinishSeal(uint32_t slot, std::optional<uint64_t> checksum);
   // Answers the gets that waited for the object in `slot` to be sealed.
   void CompleteWaiters(uint32_t slot);

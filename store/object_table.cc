@@ -115,7 +115,7 @@ bool ObjectTable::HasOtherCopy(uint32_t slot, int32_t tier) const {
 uint64_t ObjectTable::TiersOf(uint32_t slot) const {
   uint64_t tiers = 0;
   objects_[slot].replicas.ForEach([&](const Replica& r) {
-    if (r.ready) tiers |= ipc::TierBit(r.tier);
+    if (r.ready) tiers |= BitOf(r.tier);
   });
   return tiers;
 }

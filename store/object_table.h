@@ -156,10 +156,14 @@ class ObjectTable {
   // Sealed and not deleted: what a get may hand out.
   bool IsUsable(uint32_t slot) const { return IsSealed(slot) && !IsDeletePending(slot); }
 
-  // Bytes a replica on a tier holds: data, and on the host the metadata after it.
+  // Bytes a replica on a tier holds: data, and on the host and disk the metadata after it.
   uint64_t BytesOn(uint32_t slot, int32_t tier) const {
     const auto& h = headers_.at(slot);
-    return h.data_size + (tier == kHost ? h.metadata_size : 0);
+    return h.data_size + (tier == kHost || tier == kDisk ? h.metadata_size : 0);
+  }
+  // A tier's bit in ObjectHeader::tiers.
+  static uint64_t BitOf(int32_t tier) {
+    return tier == kDisk ? ipc::kTierDisk : ipc::TierBit(tier);
   }
   // Adds a replica of the object in `slot` in `block` of `tier`; the host one's place goes
   // into the header. Not ready, so not published in the header's tiers yet.

@@ -29,6 +29,8 @@ constexpr size_t kListEntryBytes = 192;
 // Most bytes of failed objects' messages in one get reply (each is at most 4 KiB): enough
 // for the first failure of any get, which is the one the client library reports.
 constexpr size_t kMaxFailureReplyBytes = 1u << 20;
+// The disk tier in a `show` reply's replicas (protocol.capnp Replica.device).
+constexpr int32_t kWireDisk = -2;
 // A slice of a job (SliceQueue) looks at this many header slots, or writes this many list
 // entries, or starts verifying this many objects: each a few microseconds (bench_fairness),
 // since a request arriving meanwhile waits for about two slices.
@@ -93,7 +95,8 @@ void ToWire(const ObjectView& v, wire::ObjectInfo::Builder o) {
   o.setDeletePending(v.delete_pending);
   o.setOwnerUid(v.owner_uid);
   o.setOnHost(v.tiers & ipc::kTierHost);
-  const auto devices = static_cast<unsigned>(std::popcount(v.tiers >> 1));
+  o.setOnDisk(v.tiers & ipc::kTierDisk);
+  const auto devices = static_cast<unsigned>(std::popcount(v.tiers & ipc::kTierGpus));
   auto out = o.initDevices(devices);
   unsigned i = 0;
   for (uint32_t d = 0; i < devices; ++d) {
@@ -620,7 +623,7 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
                          out[i].setMessage(why);
                        } else {
                          out[i].setMessage(
-                             "(the task's message is left out: this reply carries 1 MiB of failure "
+                             "(the message is left out: this reply carries 1 MiB of failure "
                              "messages already; get this object alone)");
                        }
                      }
@@ -787,6 +790,27 @@ void Session::HandleStatus(uint64_t rid, uint64_t start) {
   s.setRequestBytes(c.request_bytes);
   s.setRequests(server_.requests());
   server_.tasks().FillStatus(s.initScheduler());
+  if (const DiskPool* pool = store.disk()) {
+    const TierCounters& t = store.tier_counters();
+    auto d = s.initDisk();
+    d.setEnabled(true);
+    d.setDir(pool->dir());
+    d.setLimitBytes(pool->capacity());
+    d.setUsedBytes(pool->used_bytes());
+    d.setFileBytes(pool->file_bytes());
+    d.setFiles(pool->file_count());
+    d.setObjects(store.ObjectsOnDisk());
+    d.setSpills(t.disk_spills);
+    d.setSpilledBytes(t.disk_spilled_bytes);
+    d.setSpillSeconds(t.disk_spill_seconds);
+    d.setRestores(t.disk_restores);
+    d.setRestoredBytes(t.disk_restored_bytes);
+    d.setRestoreSeconds(t.disk_restore_seconds);
+    d.setDrops(t.disk_drops);
+    d.setDroppedBytes(t.disk_dropped_bytes);
+    d.setSpillFailures(t.disk_spill_failures);
+    d.setRestoreFailures(t.disk_restore_failures);
+  }
   SendReply(message, reply);
   Observe(RequestType::kStatus, start);
 }
@@ -859,7 +883,7 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id, uint64_t start)
   const auto replicas = store.ReplicasOf(slot);
   auto copies = details.initReplicas(static_cast<unsigned>(replicas.size()));
   for (unsigned i = 0; i < replicas.size(); ++i) {
-    copies[i].setDevice(replicas[i].device);
+    copies[i].setDevice(replicas[i].device == kDisk ? kWireDisk : replicas[i].device);
     copies[i].setSegment(replicas[i].segment);
     copies[i].setOffset(replicas[i].offset);
     copies[i].setReferences(replicas[i].references);

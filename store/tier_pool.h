@@ -15,6 +15,10 @@ namespace depot::store {
 
 // A tier: host memory (kHost), or GPU pool k (k >= 0), numbered as on the wire.
 inline constexpr int32_t kHost = -1;
+// The disk tier (--spill-dir, DiskPool): host objects the arena has no room for. Never named
+// on the wire: no client creates, gets or holds a copy there; the daemon spills to it and
+// restores from it.
+inline constexpr int32_t kDisk = 100;
 
 class TierPool {
  public:

@@ -2,8 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 
 #include "depot/ipc/units.h"
 
@@ -12,21 +18,58 @@ namespace depot::store {
 namespace {
 std::string Mention(const ObjectId& id) { return "object " + id.Hex(); }
 
-std::vector<TierPool*> TierPools(Arena& arena, std::span<gpu::DevicePool* const> gpus) {
-  std::vector<TierPool*> pools{&arena};
-  pools.insert(pools.end(), gpus.begin(), gpus.end());
-  return pools;
+// Disk copies go through buffers of this size: a GPU's through a staging buffer, and large
+// host ones in pieces, so a checksum runs as the bytes arrive.
+constexpr uint64_t kDiskChunk = 8u << 20;
+
+// All of `bytes` at `offset` of `fd`, or why not.
+Status WriteAll(int fd, const std::byte* from, uint64_t bytes, uint64_t offset) {
+  while (bytes > 0) {
+    const ssize_t n =
+        pwrite(fd, from, std::min(bytes, uint64_t{1} << 30), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::FromErrno("writing to the spill file", n < 0 ? errno : EIO);
+    from += n;
+    bytes -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return Status::OK();
+}
+
+Status ReadAll(int fd, std::byte* to, uint64_t bytes, uint64_t offset) {
+  while (bytes > 0) {
+    const ssize_t n = pread(fd, to, std::min(bytes, uint64_t{1} << 30), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno("reading the spill file", errno);
+    if (n == 0) {
+      return Status::IoError("the spill file ends at byte " + std::to_string(offset) +
+                             ", before the object's end: it was truncated");
+    }
+    to += n;
+    bytes -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return Status::OK();
 }
 }  // namespace
 
+std::vector<TierPool*> Tiers::Pools(Arena& arena, std::span<gpu::DevicePool* const> gpus,
+                                    DiskPool* disk) {
+  std::vector<TierPool*> pools{&arena};
+  pools.insert(pools.end(), gpus.begin(), gpus.end());
+  if (disk != nullptr) pools.push_back(disk);
+  return pools;
+}
+
 Tiers::Tiers(ObjectTable& table, EvictionPolicy& policy, Executor& executor, Arena& arena,
-             std::span<gpu::DevicePool* const> gpus, bool eviction, Owner& owner)
+             std::span<gpu::DevicePool* const> gpus, DiskPool* disk, bool eviction, Owner& owner)
     : table_(table),
       policy_(policy),
       executor_(executor),
       arena_(arena),
       gpus_(gpus.begin(), gpus.end()),
-      pools_(TierPools(arena, gpus)),
+      disk_(disk),
+      pools_(Pools(arena, gpus, disk)),
       eviction_(eviction),
       owner_(owner),
       usage_(pools_.size()),
@@ -39,12 +82,23 @@ std::string Tiers::OutOfMemoryMessage(int32_t tier, const ObjectId& id, uint64_t
   const std::string held = ipc::FormatSize(usage_[Index(tier)].held_bytes) +
                            " is held by references or objects being created";
   if (tier == kHost) {
+    std::string disk;
+    if (disk_ != nullptr && !spill_failure_.ok()) {
+      disk = ", and spilling to disk failed: " + spill_failure_.message();
+    } else if (disk_ != nullptr) {
+      disk = ", and nothing more can spill to " + disk_->name();
+    }
     return what + ": " + ipc::FormatSize(p.capacity() - p.used_bytes()) + " of " +
            ipc::FormatSize(p.capacity()) + " is free (largest free block " +
            ipc::FormatSize(p.largest_free_block()) + "), " + held + ", " +
            ipc::FormatSize(counters_.pinned_bytes) + " is pinned" +
-           (eviction_ ? "" : ", and eviction is off (--no-evict)") +
+           (eviction_ ? "" : ", and eviction is off (--no-evict)") + disk +
            "; release or delete objects, or start depotd with more --memory";
+  }
+  if (tier == kDisk) {
+    return what + " in " + p.name() + ": its files use " + ipc::FormatSize(p.used_bytes()) +
+           " of " + ipc::FormatSize(p.capacity()) + " (--spill-limit; largest free block " +
+           ipc::FormatSize(p.largest_free_block()) + ")";
   }
   return what + " on " + p.name() + ": its pool uses " + ipc::FormatSize(p.used_bytes()) + " of " +
          ipc::FormatSize(p.capacity()) + " (largest free block " +
@@ -96,7 +150,9 @@ std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes) {
   const LruList& candidates = policy_.candidates(kHost);
   for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
     const uint32_t next = candidates.next(victim);
-    if (policy_.WorthFreeing(victim, kHost, bytes)) {
+    // A copy that must spill first cannot make room now (AllocateOn waits for spills).
+    if (policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill &&
+        policy_.WorthFreeing(victim, kHost, bytes)) {
       const uint32_t segment = table_.FindReplica(victim, kHost)->region;
       FreeHostBlock(victim);
       // Only the victim's segment gained room; an object's own segment is gone, and its
@@ -139,6 +195,7 @@ std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes) {
     for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
       const uint32_t next = candidates.next(victim);
       if (table_.FindReplica(victim, kHost)->region == target &&
+          policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill &&
           FreeHostBlock(victim) != Freed::kNothing) {
         evicted = true;
       }
@@ -176,19 +233,22 @@ void Tiers::StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::
     return;
   }
   // The source: for a spill, the copy that leaves; else a GPU's copy if there is one (a peer
-  // copy is the fastest way onto a GPU), else the host's.
-  constexpr int32_t kNoSource = kHost - 1;
-  int32_t source = kNoSource;
+  // copy is the fastest way onto a GPU), else the host's, else the disk's.
+  const auto rank = [](int32_t t) { return t == kDisk ? 2 : t == kHost ? 1 : 0; };
+  int32_t source = kNoTier;
   const ReplicaSet& replicas = table_.at(slot).replicas;
   for (size_t i = 0; i < replicas.size(); ++i) {
     const Replica& r = replicas[i];
     const bool usable = spill ? r.spilling : (r.ready && r.tier != tier);
-    if (usable && (source == kNoSource || source == kHost)) source = r.tier;
+    if (usable && (source == kNoTier || rank(r.tier) < rank(source))) source = r.tier;
   }
   const ObjectId id = table_.IdAt(slot);
-  if (source == kNoSource) {
+  if (source == kNoTier) {
     spdlog::error("{} has no copy to make a replica from", Mention(id));
-    if (waiter != 0) owner_.CopyDone(slot, tier, StatusCode::kInternal, std::span(&waiter, 1));
+    if (waiter != 0) {
+      owner_.CopyDone(slot, tier, Status::Internal(Mention(id) + " has no copy to copy from"),
+                      std::span(&waiter, 1));
+    }
     return;
   }
   Transfer& t = transfers_[key];
@@ -199,8 +259,8 @@ void Tiers::StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::
   owner_.HoldSource(slot, source);
   const auto& h = table_.header(slot);
   std::vector<std::byte>& metadata = table_.at(slot).replicas.kept_metadata();
-  if (h.metadata_size != 0 && source == kHost && metadata.empty()) {
-    // The destination holds data only: the metadata stays in daemon memory from now on.
+  if (h.metadata_size != 0 && source == kHost && tier != kDisk && metadata.empty()) {
+    // A GPU holds data only: the metadata stays in daemon memory from now on.
     const std::byte* meta = arena_.base(h.segment) + h.offset + h.data_size;
     metadata.assign(meta, meta + h.metadata_size);
     owner_.ChargeObject(slot, h.metadata_size);
@@ -219,6 +279,7 @@ void Tiers::StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::
 
 void Tiers::RunCopy(uint32_t slot, int32_t tier) {
   const int32_t source = transfers_.at({slot, tier}).source;
+  if (source == kDisk || tier == kDisk) return RunDiskCopy(slot, tier, source);
   gpu::DeviceBackend& backend = gpus_.front()->backend();
   const uint64_t bytes = table_.header(slot).data_size;
   // Addresses stay valid until FinishTransfer: the store holds the source, and the
@@ -248,6 +309,111 @@ void Tiers::RunCopy(uint32_t slot, int32_t tier) {
   });
 }
 
+void Tiers::RunDiskCopy(uint32_t slot, int32_t tier, int32_t source) {
+  const auto& h = table_.header(slot);
+  const Replica& on_disk = *table_.FindReplica(slot, kDisk);
+  const int fd = disk_->fd(on_disk.region);
+  const uint64_t at = disk_->OffsetOf(on_disk.region, on_disk.handle);
+  const uint64_t data = h.data_size, metadata = h.metadata_size;
+  const std::optional<uint64_t> checksum =
+      (h.flags.load(std::memory_order_relaxed) & ipc::kFlagHasChecksum) != 0
+          ? std::optional<uint64_t>(h.checksum)
+          : std::nullopt;
+  // The other end: an address in host memory, or on a GPU. Valid until FinishTransfer (see
+  // RunCopy).
+  const int32_t other = source == kDisk ? tier : source;
+  const Replica& r = *table_.FindReplica(slot, other);
+  const uint64_t address = pool(other).address(r.region, pool(other).OffsetOf(r.region, r.handle));
+  gpu::DeviceBackend* backend = other == kHost ? nullptr : &gpus_.front()->backend();
+  executor_.Offload([this, slot, tier, source, other, fd, at, data, metadata, checksum, address,
+                     backend] {
+    const auto start = std::chrono::steady_clock::now();
+    DiskCopy done;
+    if (source != kDisk) {
+      // Host memory to disk: data and metadata as they lie.
+      done.status = WriteAll(fd, reinterpret_cast<const std::byte*>(address), data + metadata, at);
+    } else if (other == kHost) {
+      std::byte* to = reinterpret_cast<std::byte*>(address);
+      done.status = ReadAll(fd, to, data + metadata, at);
+      if (done.status.ok() && checksum && XXH3_64bits(to, data + metadata) != *checksum) {
+        done.status = Status::IoError("its bytes read back from disk do not match its checksum");
+      }
+    } else {
+      // To a GPU through a staging buffer, and the metadata into daemon memory.
+      auto buffer =
+          std::make_unique<std::byte[]>(std::min(kDiskChunk, std::max<uint64_t>(data, 1)));
+      XXH3_state_t* state = XXH3_createState();
+      XXH3_64bits_reset(state);
+      for (uint64_t off = 0; done.status.ok() && off < data; off += kDiskChunk) {
+        const uint64_t n = std::min(kDiskChunk, data - off);
+        done.status = ReadAll(fd, buffer.get(), n, at + off);
+        if (!done.status.ok()) break;
+        XXH3_64bits_update(state, buffer.get(), n);
+        done.status = backend->CopyFromHost(other, buffer.get(), address + off, n);
+      }
+      if (done.status.ok() && metadata != 0) {
+        done.metadata.resize(metadata);
+        done.status = ReadAll(fd, done.metadata.data(), metadata, at + data);
+        XXH3_64bits_update(state, done.metadata.data(), metadata);
+      }
+      if (done.status.ok() && checksum && XXH3_64bits_digest(state) != *checksum) {
+        done.status = Status::IoError("its bytes read back from disk do not match its checksum");
+      }
+      XXH3_freeState(state);
+    }
+    done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return std::function<void()>(
+        [this, slot, tier, done = std::make_shared<DiskCopy>(std::move(done))]() mutable {
+          FinishDiskCopy(slot, tier, std::move(*done));
+        });
+  });
+}
+
+void Tiers::FinishDiskCopy(uint32_t slot, int32_t tier, DiskCopy done) {
+  const uint64_t bytes = table_.BytesOn(slot, kDisk);
+  const ObjectId id = table_.IdAt(slot);
+  if (tier == kDisk) {
+    if (done.status.ok()) {
+      counters_.disk_spills++;
+      counters_.disk_spilled_bytes += bytes;
+      counters_.disk_spill_seconds += done.seconds;
+    }
+    return FinishTransfer(slot, tier, std::move(done.status), 0);
+  }
+  if (!done.status.ok()) {
+    counters_.disk_restore_failures++;
+    spdlog::error("{} is lost: reading it back from {} failed: {}", Mention(id), disk_->name(),
+                  done.status.message());
+    const uint32_t generation = table_.header(slot).generation.load(std::memory_order_relaxed);
+    FinishTransfer(slot, tier,
+                   Status::IoError(Mention(id) + " is lost: reading it back from disk failed: " +
+                                   done.status.message()));
+    // Lost: its disk copy goes, and the object with it unless it has another copy.
+    const bool alive = table_.headers().state(slot) != ipc::ObjectState::kFree &&
+                       table_.header(slot).generation.load(std::memory_order_relaxed) == generation;
+    if (alive && table_.FindReplica(slot, kDisk) != nullptr) {
+      const Replica& r = *table_.FindReplica(slot, kDisk);
+      if (r.refs == 0 && table_.HasOtherCopy(slot, kDisk)) {
+        DropReplica(slot, kDisk);
+      } else if (r.refs == 0 && table_.headers().refs(slot) == 0) {
+        owner_.Evict(slot);
+      }
+    }
+    return;
+  }
+  counters_.disk_restores++;
+  counters_.disk_restored_bytes += bytes;
+  counters_.disk_restore_seconds += done.seconds;
+  if (tier != kHost && !done.metadata.empty()) {
+    std::vector<std::byte>& kept = table_.at(slot).replicas.kept_metadata();
+    if (kept.empty()) {
+      kept = std::move(done.metadata);
+      owner_.ChargeObject(slot, kept.size());
+    }
+  }
+  FinishTransfer(slot, tier, Status::OK(), 0);
+}
+
 void Tiers::StartCopyRatesFrom(const CopyRates& probed) {
   for (auto rate : {&CopyRates::host_to_gpu, &CopyRates::gpu_to_host, &CopyRates::gpu_to_gpu}) {
     if (copy_rates_.*rate == 0) copy_rates_.*rate = probed.*rate;
@@ -257,7 +423,8 @@ void Tiers::StartCopyRatesFrom(const CopyRates& probed) {
 void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double seconds) {
   Transfer t = std::move(transfers_.extract({slot, tier}).mapped());
   auto& h = table_.header(slot);
-  if (status.ok() && h.data_size >= CopyRates::kMinBytes && seconds > 0) {
+  if (status.ok() && h.data_size >= CopyRates::kMinBytes && seconds > 0 && t.source != kDisk &&
+      tier != kDisk) {
     double& rate = t.source == kHost ? copy_rates_.host_to_gpu
                    : tier == kHost   ? copy_rates_.gpu_to_host
                                      : copy_rates_.gpu_to_gpu;
@@ -277,13 +444,19 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
     }
     table_.FindReplica(slot, tier)->ready = true;
     table_.PublishTiers(slot);
-    if (t.spill) {
+    if (t.spill && tier == kHost) {
       counters_.spills++;
       counters_.spilled_bytes += h.data_size;
-    } else {
+    } else if (!t.spill && t.source != kDisk) {
       counters_.replicas_made++;
     }
   } else {
+    if (tier == kDisk) {
+      // The object stays in host memory; spills wait a while before they try again.
+      counters_.disk_spill_failures++;
+      spill_failure_ = status;
+      spill_failed_at_ = std::chrono::steady_clock::now();
+    }
     if (uint64_t held_back = 0; copy_failure_log_.Allow(&held_back)) {
       spdlog::warn("cannot copy {} to {}: {}{}", Mention(id), pool(tier).name(), status.message(),
                    held_back == 0 ? "" : fmt::format(" ({} more failed copies before)", held_back));
@@ -293,7 +466,7 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
     }
   }
   // The waiting gets take their references before the store lets go of the source.
-  owner_.CopyDone(slot, tier, status.code(), t.waiters);
+  owner_.CopyDone(slot, tier, status, t.waiters);
   if (t.spill) {
     if (Replica* r = table_.FindReplica(slot, t.source)) r->spilling = false;
   }
@@ -301,8 +474,10 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
   const bool alive = table_.headers().state(slot) != ipc::ObjectState::kFree &&
                      h.generation.load(std::memory_order_relaxed) == generation;
   if (alive && t.spill && status.ok()) {
-    // Spilled: the GPU copy goes unless someone took a reference to it meanwhile.
-    if (const Replica* r = table_.FindReplica(slot, t.source); r != nullptr && r->refs == 0) {
+    // Spilled: the source copy goes unless someone took a reference to it meanwhile (or, in
+    // host memory, a lease holds it).
+    if (const Replica* r = table_.FindReplica(slot, t.source);
+        r != nullptr && r->refs == 0 && (t.source != kHost || owner_.Reclaim(slot))) {
       DropReplica(slot, t.source);
     }
   }
@@ -318,10 +493,19 @@ std::optional<TierPool::Block> Tiers::AllocateDroppingReplicas(int32_t tier, uin
   const LruList& candidates = policy_.candidates(tier);
   for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
     const uint32_t next = candidates.next(victim);
-    if (policy_.ActionFor(victim, tier) == EvictionPolicy::Action::kDrop) {
+    const EvictionPolicy::Action action = policy_.ActionFor(victim, tier);
+    if (action == EvictionPolicy::Action::kDrop) {
       const uint32_t region = table_.FindReplica(victim, tier)->region;
       DropReplica(victim, tier);
       counters_.replicas_dropped++;
+      block = p.AllocateIn(region, bytes);
+    } else if (action == EvictionPolicy::Action::kEvict) {
+      // The disk's last copies: the spill limit is reached, the object goes for good.
+      const uint32_t region = table_.FindReplica(victim, tier)->region;
+      spdlog::debug("dropping {} from disk for good", Mention(table_.IdAt(victim)));
+      counters_.disk_drops++;
+      counters_.disk_dropped_bytes += table_.BytesOn(victim, tier);
+      owner_.Evict(victim);
       block = p.AllocateIn(region, bytes);
     }
     victim = next;
@@ -329,19 +513,36 @@ std::optional<TierPool::Block> Tiers::AllocateDroppingReplicas(int32_t tier, uin
   return block;
 }
 
+int32_t Tiers::Below(int32_t tier) const {
+  if (tier == kHost) return disk_ != nullptr && eviction_ ? kDisk : kNoTier;
+  return tier == kDisk ? kNoTier : kHost;
+}
+
+std::optional<TierPool::Block> Tiers::TryAllocate(int32_t tier, uint64_t bytes) {
+  return tier == kHost ? AllocateOrEvict(bytes) : AllocateDroppingReplicas(tier, bytes);
+}
+
 bool Tiers::StartSpills(int32_t tier, uint64_t bytes) {
+  const int32_t below = Below(tier);
+  if (below == kNoTier) return false;
+  if (below == kDisk && !spill_failure_.ok()) {
+    if (std::chrono::steady_clock::now() - spill_failed_at_ < kSpillRetry) {
+      return spills_in_flight_[Index(tier)] > 0;
+    }
+    spill_failure_ = Status::OK();  // time to try again
+  }
   const uint64_t need = pool(tier).BlockSize(bytes);
   uint64_t started = 0;
   const LruList& candidates = policy_.candidates(tier);
   for (uint32_t victim = candidates.front(); victim != LruList::kNil && started < need;) {
     const uint32_t next = candidates.next(victim);
     if (policy_.ActionFor(victim, tier) == EvictionPolicy::Action::kSpill &&
-        !transfers_.contains({victim, kHost})) {
+        !transfers_.contains({victim, below})) {
       table_.FindReplica(victim, tier)->spilling = true;
       spills_in_flight_[Index(tier)]++;
       policy_.Reconsider(victim);  // no candidate while it spills
       started += ReplicaBytes(victim, tier);
-      StartTransfer(victim, kHost, /*spill=*/true, 0);
+      StartTransfer(victim, below, /*spill=*/true, 0);
     }
     victim = next;
   }
@@ -349,8 +550,7 @@ bool Tiers::StartSpills(int32_t tier, uint64_t bytes) {
 }
 
 void Tiers::AllocateOn(int32_t tier, uint64_t bytes, RoomDone then) {
-  if (tier == kHost) return then(AllocateOrEvict(bytes));
-  if (auto block = AllocateDroppingReplicas(tier, bytes)) return then(block);
+  if (auto block = TryAllocate(tier, bytes)) return then(block);
   if (StartSpills(tier, bytes)) {
     room_waits_[Index(tier)].push_back(RoomWait{bytes, std::move(then)});
     return;
@@ -367,7 +567,7 @@ void Tiers::ScheduleRoomWaits(int32_t tier) {
 void Tiers::ServeRoomWaits(int32_t tier) {
   auto& waits = room_waits_[Index(tier)];
   while (!waits.empty()) {
-    std::optional<TierPool::Block> block = AllocateDroppingReplicas(tier, waits.front().bytes);
+    std::optional<TierPool::Block> block = TryAllocate(tier, waits.front().bytes);
     if (!block && (spills_in_flight_[Index(tier)] > 0 || StartSpills(tier, waits.front().bytes))) {
       return;  // more room is on its way
     }

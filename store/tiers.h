@@ -1,12 +1,15 @@
 // The tiers and the copies between them: each tier's pool and use, placing and freeing
-// replicas, making room (evicting in host memory; dropping extra copies, then spilling to
-// host memory, on a GPU), and the copies themselves, for gets, prefetches and spills.
+// replicas, making room (in host memory, evicting, or with a spill directory spilling to
+// disk; on a GPU, dropping extra copies, then spilling to host memory; on disk, dropping the
+// least recently used objects for good), and the copies themselves, for gets, prefetches,
+// spills and restores.
 //
 // Which copy may go is the EvictionPolicy's decision; the tiers carry it out. What a copy
 // needs of the rest of the store (a reference to its source while it runs, its waiting gets
 // answered, an object evicted) it asks of its Owner, the ObjectStore.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -19,6 +22,7 @@
 #include "depot/object_id.h"
 #include "depot/status.h"
 #include "store/arena.h"
+#include "store/disk_pool.h"
 #include "store/eviction_policy.h"
 #include "store/executor.h"
 #include "store/gpu/pool.h"
@@ -45,6 +49,19 @@ struct TierCounters {
   uint64_t replicas_dropped = 0;  // extra copies dropped to make room
   uint64_t spills = 0;            // objects moved from a full GPU to host memory
   uint64_t spilled_bytes = 0;
+  // The disk tier (--spill-dir): objects written to disk to make room in host memory, read
+  // back by gets, dropped from disk for good (the spill limit reached), and the I/O that
+  // failed; seconds of the copies, for throughput.
+  uint64_t disk_spills = 0;
+  uint64_t disk_spilled_bytes = 0;
+  double disk_spill_seconds = 0;
+  uint64_t disk_restores = 0;
+  uint64_t disk_restored_bytes = 0;
+  double disk_restore_seconds = 0;
+  uint64_t disk_drops = 0;
+  uint64_t disk_dropped_bytes = 0;
+  uint64_t disk_spill_failures = 0;
+  uint64_t disk_restore_failures = 0;  // objects lost: I/O error or checksum mismatch
 };
 
 // Bytes per second of the copies between tiers: as the start-up probe timed them
@@ -69,9 +86,10 @@ class Tiers {
     virtual void LetGoOfSource(uint32_t slot, int32_t tier) = 0;
     // The copy of the object in `slot` to `tier` ended (kOk: its replica there is ready);
     // `waiters` are the gets that wait for it.
-    virtual void CopyDone(uint32_t slot, int32_t tier, StatusCode code,
+    virtual void CopyDone(uint32_t slot, int32_t tier, const Status& status,
                           std::span<const WaitingGets::Id> waiters) = 0;
-    // Evicts the object in `slot`, whose last copy is in host memory, to make room.
+    // Evicts the object in `slot`, whose last copy is in host memory or on disk, to make
+    // room (or because reading it back from disk failed).
     virtual void Evict(uint32_t slot) = 0;
     // Before the host copy of the object in `slot` goes: whether no client's lease holds it
     // (Leases::Reclaim). If one does, the copy stays and is no longer a candidate.
@@ -80,16 +98,21 @@ class Tiers {
     virtual void ChargeObject(uint32_t slot, uint64_t bytes) = 0;
   };
 
-  // `gpus`: one pool per GPU, in device order. All of it must outlive the tiers.
+  // `gpus`: one pool per GPU, in device order; `disk`: the spill directory's, or null. All of
+  // it must outlive the tiers.
   Tiers(ObjectTable& table, EvictionPolicy& policy, Executor& executor, Arena& arena,
-        std::span<gpu::DevicePool* const> gpus, bool eviction, Owner& owner);
+        std::span<gpu::DevicePool* const> gpus, DiskPool* disk, bool eviction, Owner& owner);
 
-  // By tier: host memory (kHost), then the GPUs.
-  static size_t Index(int32_t tier) { return static_cast<size_t>(tier + 1); }
+  // The pools, by tier: host memory (kHost), then the GPUs, then the disk if there is one.
+  static std::vector<TierPool*> Pools(Arena& arena, std::span<gpu::DevicePool* const> gpus,
+                                      DiskPool* disk);
   std::span<TierPool* const> pools() const { return pools_; }
   TierPool& pool(int32_t tier) const { return *pools_[Index(tier)]; }
-  // Whether `tier` is host memory or one of the GPUs.
-  bool Has(int32_t tier) const { return tier >= kHost && Index(tier) < pools_.size(); }
+  // Whether `tier` is host memory or one of the GPUs: a tier clients may name.
+  bool Has(int32_t tier) const {
+    return tier >= kHost && tier < static_cast<int32_t>(gpus_.size());
+  }
+  DiskPool* disk() const { return disk_; }
   TierUsage& usage(int32_t tier) { return usage_[Index(tier)]; }
   const TierUsage& usage(int32_t tier) const { return usage_[Index(tier)]; }
   const TierCounters& counters() const { return counters_; }
@@ -126,8 +149,8 @@ class Tiers {
   // client's lease holds it, when nothing goes. Says which.
   enum class Freed : uint8_t { kNothing, kReplica, kObject };
   Freed FreeHostBlock(uint32_t slot);
-  // Room on `tier` for `bytes`: on the host at once (evicting), on a GPU at once if it can
-  // (dropping extra replicas), else after spills, or nullopt when nothing can make room.
+  // Room on `tier` for `bytes`: at once if it can (evicting or dropping what may go at once:
+  // TryAllocate), else after spills to the tier below, or nullopt when nothing can make room.
   using RoomDone = std::function<void(std::optional<TierPool::Block>)>;
   void AllocateOn(int32_t tier, uint64_t bytes, RoomDone then);
 
@@ -147,16 +170,41 @@ class Tiers {
     bool spill = false;  // drop the source replica after, if nobody holds it
     std::vector<WaitingGets::Id> waiters;
   };
+  // What a copy from or to disk did, for FinishTransfer.
+  struct DiskCopy {
+    Status status;
+    double seconds = 0;
+    std::vector<std::byte> metadata;  // read from disk for a GPU copy, which holds data only
+  };
   struct RoomWait {
     uint64_t bytes = 0;
     RoomDone then;
   };
 
+  static size_t Index(int32_t tier, size_t tiers) {
+    return tier == kDisk ? tiers - 1 : static_cast<size_t>(tier + 1);
+  }
+  size_t Index(int32_t tier) const { return Index(tier, pools_.size()); }
+  // Where the last copy of an object on `tier` spills to make room: a GPU's to host memory,
+  // host memory's to disk (with a spill directory); kNoTier for none.
+  static constexpr int32_t kNoTier = kHost - 1;
+  int32_t Below(int32_t tier) const;
+  // Room on `tier` at once: host memory evicts (or drops copies that have another), a GPU
+  // and the disk drop copies that have another, and the disk drops objects for good.
+  std::optional<TierPool::Block> TryAllocate(int32_t tier, uint64_t bytes);
+
   void StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::Id waiter);
   // Runs the copy of a transfer whose destination is placed, on the executor.
   void RunCopy(uint32_t slot, int32_t tier);
+  // The same for a copy from or to disk: pread and pwrite on the spill file, through a
+  // staging buffer for a GPU.
+  void RunDiskCopy(uint32_t slot, int32_t tier, int32_t source);
+  // After a disk copy, on the loop.
+  void FinishDiskCopy(uint32_t slot, int32_t tier, DiskCopy done);
   // `seconds`: how long the copy itself took (0 when none ran).
   void FinishTransfer(uint32_t slot, int32_t tier, Status status, double seconds = 0);
+  // Drops copies that have another (and, on disk, whole objects) in LRU order until `bytes`
+  // fit.
   std::optional<TierPool::Block> AllocateDroppingReplicas(int32_t tier, uint64_t bytes);
   // Starts spilling LRU objects off `tier` until enough bytes are on their way out;
   // returns whether any spill is in flight.
@@ -170,6 +218,7 @@ class Tiers {
   Executor& executor_;
   Arena& arena_;
   std::vector<gpu::DevicePool*> gpus_;
+  DiskPool* disk_;
   std::vector<TierPool*> pools_;  // by tier
   const bool eviction_;
   Owner& owner_;
@@ -180,6 +229,11 @@ class Tiers {
   std::map<std::pair<uint32_t, int32_t>, Transfer> transfers_;  // (slot, destination tier)
   TierCounters counters_;
   CopyRates copy_rates_;
+  // The last spill to disk that failed, and when (steady clock): spills to disk wait
+  // kSpillRetry after one, so a full disk is not tried again and again.
+  static constexpr std::chrono::seconds kSpillRetry{1};
+  Status spill_failure_;
+  std::chrono::steady_clock::time_point spill_failed_at_{};
   LogLimiter copy_failure_log_;
 };
 

@@ -511,12 +511,13 @@ TEST_F(AdminGpuTest, LsSelectsObjectsByTierAndShowsWhereEachIs) {
   ASSERT_EQ(json.exit_code, 0) << json.Explain();
   EXPECT_TRUE(Has(json.out,
                   "\"segment\": null, \"offset\": null, \"tiers\": [\"gpu0\", \"gpu1\"], "
-                  "\"on_host\": false, \"gpus\": [0, 1]}"))
+                  "\"on_host\": false, \"gpus\": [0, 1], \"on_disk\": false}"))
       << json.out;
   ProgramRun host_json = Depotctl({"ls", "--json", "--name", "tier/host+gpu1"});
   ASSERT_EQ(host_json.exit_code, 0) << host_json.Explain();
   EXPECT_TRUE(
-      Has(host_json.out, "\"tiers\": [\"host\", \"gpu1\"], \"on_host\": true, \"gpus\": [1]}"))
+      Has(host_json.out,
+          "\"tiers\": [\"host\", \"gpu1\"], \"on_host\": true, \"gpus\": [1], \"on_disk\": false}"))
       << host_json.out;
 }
 

@@ -1,8 +1,10 @@
 #include "daemon.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -134,6 +136,15 @@ void TestDaemon::Stop() {
                    log_path_.c_str(), Log().c_str());
     }
   }
+}
+
+void TestDaemon::Kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
 }
 
 uint64_t PrivateResidentKiB(pid_t pid) {

@@ -59,6 +59,9 @@ class TestDaemon {
   // daemon exited with status 0 and removed its socket file. Prints the daemon's log if the
   // current test has failed. Idempotent; the destructor calls it.
   void Stop();
+  // Kills the daemon with SIGKILL, as a crash would, and reaps it: nothing is checked of how
+  // it ended, and its socket file stays. Idempotent.
+  void Kill();
 
  private:
   TempDir dir_;

@@ -43,7 +43,7 @@ class EvictionPolicyTest : public ::testing::Test {
   Tiers tiers_{8 * Tiers::kMiB, 4 * Tiers::kMiB, 1, 4 * Tiers::kMiB};
   std::vector<TierPool*> pools_ = tiers_.tier_pools();
   ObjectTable table_{*tiers_.headers};
-  EvictionPolicy policy_{table_, pools_};
+  EvictionPolicy policy_{table_, pools_, /*host_spills=*/false};
   uint64_t next_ = 0;
 };
 

@@ -151,6 +151,7 @@ TEST(InfoFieldsTest, EveryWireFieldReachesTheMemberOfItsName) {
   ExpectEachWireFieldReachesItsMember<ObjectInfo>();
   ExpectEachWireFieldReachesItsMember<SchedulerStatus>();
   ExpectEachWireFieldReachesItsMember<StoreStatus>();
+  ExpectEachWireFieldReachesItsMember<DiskStatus>();
   ExpectEachWireFieldReachesItsMember<ClientInfo>();
   ExpectEachWireFieldReachesItsMember<TierReferences>();
   ExpectEachWireFieldReachesItsMember<Holder>();

@@ -27,9 +27,9 @@ struct RecordingOwner final : store::Tiers::Owner {
     table->FindReplica(slot, tier)->refs--;
     let_go.emplace_back(slot, tier);
   }
-  void CopyDone(uint32_t slot, int32_t tier, StatusCode code,
+  void CopyDone(uint32_t slot, int32_t tier, const Status& status,
                 std::span<const WaitingGets::Id> waiters) override {
-    done.emplace_back(slot, tier, code,
+    done.emplace_back(slot, tier, status.code(),
                       std::vector<WaitingGets::Id>(waiters.begin(), waiters.end()));
   }
   void Evict(uint32_t slot) override {
@@ -88,8 +88,8 @@ class TiersTest : public ::testing::Test {
   ManualExecutor executor_;
   ObjectTable table_{*parts_.headers};
   RecordingOwner owner_;
-  store::Tiers tiers_{table_, policy_, executor_, *parts_.arena, gpus_, true, owner_};
-  EvictionPolicy policy_{table_, tiers_.pools()};
+  store::Tiers tiers_{table_, policy_, executor_, *parts_.arena, gpus_, nullptr, true, owner_};
+  EvictionPolicy policy_{table_, tiers_.pools(), /*host_spills=*/false};
   uint64_t next_ = 0;
 };
 

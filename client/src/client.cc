@@ -254,9 +254,13 @@ Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<c
         const auto why = results[k].getMessage();
         st = Status::TaskFailed(std::string(why.begin(), why.size()));
       } else if (code != StatusCode::kOk) {
+        // The daemon may say why (a copy between tiers that failed).
+        const auto why = results[k].getMessage();
         st = Status(code, "cannot get object " + ids[i].Hex() +
                               (ordinal == Client::kHostMemory ? " in " : " on ") +
-                              TierName(ordinal) + ": " + std::string(StatusCodeName(code)));
+                              TierName(ordinal) + ": " +
+                              (why.size() == 0 ? std::string(StatusCodeName(code))
+                                               : std::string(why.begin(), why.size())));
       }
       if (st.ok()) {
         auto made = make(ids[i], results[k].getLocation());

@@ -91,6 +91,7 @@ struct InfoFields<ObjectInfo> {
       Field{"gpus", &ObjectInfo::gpus, &R::getDevices},
       Field{"owner_uid", &ObjectInfo::owner_uid, &R::getOwnerUid},
       Field{"failed", &ObjectInfo::failed, &R::getFailed},
+      Field{"on_disk", &ObjectInfo::on_disk, &R::getOnDisk},
   };
 };
 
@@ -116,6 +117,32 @@ struct InfoFields<SchedulerStatus> {
       Field{"gpu_to_gpu", &SchedulerStatus::gpu_to_gpu, &R::getGpuToGpu},
       Field{"bandwidths_measured", &SchedulerStatus::bandwidths_measured,
             &R::getBandwidthsMeasured},
+  };
+};
+
+template <>
+struct InfoFields<DiskStatus> {
+  static constexpr const char* kName = "DiskStatus";
+  using Wire = wire::DiskStatus;
+  using R = Wire::Reader;
+  static constexpr std::tuple kFields{
+      Field{"enabled", &DiskStatus::enabled, &R::getEnabled},
+      Field{"dir", &DiskStatus::dir, &R::getDir},
+      Field{"limit_bytes", &DiskStatus::limit_bytes, &R::getLimitBytes},
+      Field{"used_bytes", &DiskStatus::used_bytes, &R::getUsedBytes},
+      Field{"file_bytes", &DiskStatus::file_bytes, &R::getFileBytes},
+      Field{"files", &DiskStatus::files, &R::getFiles},
+      Field{"objects", &DiskStatus::objects, &R::getObjects},
+      Field{"spills", &DiskStatus::spills, &R::getSpills},
+      Field{"spilled_bytes", &DiskStatus::spilled_bytes, &R::getSpilledBytes},
+      Field{"spill_seconds", &DiskStatus::spill_seconds, &R::getSpillSeconds},
+      Field{"restores", &DiskStatus::restores, &R::getRestores},
+      Field{"restored_bytes", &DiskStatus::restored_bytes, &R::getRestoredBytes},
+      Field{"restore_seconds", &DiskStatus::restore_seconds, &R::getRestoreSeconds},
+      Field{"drops", &DiskStatus::drops, &R::getDrops},
+      Field{"dropped_bytes", &DiskStatus::dropped_bytes, &R::getDroppedBytes},
+      Field{"spill_failures", &DiskStatus::spill_failures, &R::getSpillFailures},
+      Field{"restore_failures", &DiskStatus::restore_failures, &R::getRestoreFailures},
   };
 };
 
@@ -159,6 +186,7 @@ struct InfoFields<StoreStatus> {
             &R::getMetadataBudgetBytes},
       Field{"request_bytes", &StoreStatus::request_bytes, &R::getRequestBytes},
       Field{"scheduler", &StoreStatus::scheduler, &R::getScheduler},
+      Field{"disk", &StoreStatus::disk, &R::getDisk},
   };
 };
 

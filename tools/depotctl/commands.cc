@@ -134,7 +134,11 @@ JsonObject ObjectJson(const ObjectInfo& o) {
     tiers.push_back(JsonString(TierName(static_cast<int>(gpu))));
     gpus.push_back(std::to_string(gpu));
   }
-  json.Json("tiers", JsonArray(tiers)).Bool("on_host", o.on_host).Json("gpus", JsonArray(gpus));
+  if (o.on_disk) tiers.push_back(JsonString("disk"));
+  json.Json("tiers", JsonArray(tiers))
+      .Bool("on_host", o.on_host)
+      .Json("gpus", JsonArray(gpus))
+      .Bool("on_disk", o.on_disk);
   return json;
 }
 
@@ -207,6 +211,25 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
       .Number("replicas_made", s.replicas_made)
       .Number("replicas_dropped", s.replicas_dropped)
       .Json("objects_by_tier", by_tier.str())
+      .Json("disk", JsonObject()
+                        .Bool("enabled", s.disk.enabled)
+                        .String("dir", s.disk.dir)
+                        .Number("limit_bytes", s.disk.limit_bytes)
+                        .Number("used_bytes", s.disk.used_bytes)
+                        .Number("file_bytes", s.disk.file_bytes)
+                        .Number("files", s.disk.files)
+                        .Number("objects", s.disk.objects)
+                        .Number("spills", s.disk.spills)
+                        .Number("spilled_bytes", s.disk.spilled_bytes)
+                        .Real("spill_seconds", s.disk.spill_seconds)
+                        .Number("restores", s.disk.restores)
+                        .Number("restored_bytes", s.disk.restored_bytes)
+                        .Real("restore_seconds", s.disk.restore_seconds)
+                        .Number("drops", s.disk.drops)
+                        .Number("dropped_bytes", s.disk.dropped_bytes)
+                        .Number("spill_failures", s.disk.spill_failures)
+                        .Number("restore_failures", s.disk.restore_failures)
+                        .str())
       .Json("scheduler", JsonObject()
                              .Number("workers", s.scheduler.workers)
                              .Number("tasks_pending", s.scheduler.tasks_pending)
@@ -253,6 +276,33 @@ void AddGpuFields(std::vector<std::pair<std::string, std::string>>& fields, cons
                                      std::to_string(s.replicas_dropped) + " dropped; " +
                                      Count(s.spills, "spill") + " to host (" +
                                      FormatSize(s.spilled_bytes) + ")");
+}
+
+// Bytes per second of `bytes` moved in `seconds`, for a person; "-" before any.
+std::string Rate(uint64_t bytes, double seconds) {
+  if (seconds <= 0) return "-";
+  return ipc::FormatSize(static_cast<uint64_t>(static_cast<double>(bytes) / seconds)) + "/s";
+}
+
+// The status lines about the disk tier, when there is one.
+void AddDiskFields(std::vector<std::pair<std::string, std::string>>& fields, const StoreStatus& s) {
+  using ipc::FormatSize;
+  const DiskStatus& d = s.disk;
+  if (!d.enabled) {
+    fields.emplace_back("disk", "none (no --spill-dir): objects that leave host memory are gone");
+    return;
+  }
+  fields.emplace_back("disk", d.dir + ", " + FormatSize(d.used_bytes) + " used of " +
+                                  FormatSize(d.limit_bytes) + " (" + Count(d.files, "file") +
+                                  " of " + FormatSize(d.file_bytes) + "), " +
+                                  Count(d.objects, "object"));
+  fields.emplace_back("", Count(d.spills, "spill") + " (" + FormatSize(d.spilled_bytes) + ", " +
+                              Rate(d.spilled_bytes, d.spill_seconds) + "), " +
+                              Count(d.restores, "restore") + " (" + FormatSize(d.restored_bytes) +
+                              ", " + Rate(d.restored_bytes, d.restore_seconds) + "), " +
+                              Count(d.drops, "drop") + " for good (" + FormatSize(d.dropped_bytes) +
+                              "); failed: " + std::to_string(d.spill_failures) + " spills, " +
+                              std::to_string(d.restore_failures) + " restores (objects lost)");
 }
 
 // The status lines about tasks: the scheduler's totals and what placement assumes.
@@ -325,6 +375,7 @@ Status ShowStatus(const std::string& socket, bool json) {
                        ")"},
   };
   AddGpuFields(fields, s);
+  AddDiskFields(fields, s);
   AddTaskFields(fields, s);
   fields.emplace_back("header", std::to_string(s.header_slots) + " slots");
   fields.emplace_back("requests", std::to_string(s.requests));

@@ -119,13 +119,18 @@ std::string FitWidth(std::string_view text, size_t columns) {
   return std::string(text);
 }
 
-std::string TierName(int device) { return device < 0 ? "host" : "gpu" + std::to_string(device); }
+std::string TierName(int device) {
+  // -2: the daemon's spill directory (protocol.capnp Replica.device).
+  if (device == -2) return "disk";
+  return device < 0 ? "host" : "gpu" + std::to_string(device);
+}
 
 std::string TiersText(const ObjectInfo& o) {
   std::string tiers = o.on_host ? "host" : "";
   for (uint32_t gpu : o.gpus) {
     tiers += (tiers.empty() ? "" : "+") + TierName(static_cast<int>(gpu));
   }
+  if (o.on_disk) tiers += tiers.empty() ? "disk" : "+disk";
   return tiers.empty() ? "-" : tiers;
 }
 

@@ -92,6 +92,22 @@ std::string TieringLine(const StoreStatus& s) {
          FormatSize(s.spilled_bytes) + ")";
 }
 
+// The disk tier, when there is one: what it holds and its I/O so far.
+std::string DiskLine(const StoreStatus& s) {
+  const DiskStatus& d = s.disk;
+  const auto rate = [](uint64_t bytes, double seconds) {
+    return seconds <= 0
+               ? std::string("-")
+               : FormatSize(static_cast<uint64_t>(static_cast<double>(bytes) / seconds)) + "/s";
+  };
+  return Label("disk") + FormatSize(d.used_bytes) + " of " + FormatSize(d.limit_bytes) + ", " +
+         std::to_string(d.objects) + " objects   spills " + std::to_string(d.spills) + " (" +
+         rate(d.spilled_bytes, d.spill_seconds) + ")   restores " + std::to_string(d.restores) +
+         " (" + rate(d.restored_bytes, d.restore_seconds) + ")   dropped " +
+         std::to_string(d.drops) + "   failed " +
+         std::to_string(d.spill_failures + d.restore_failures);
+}
+
 std::string CountsLine(const StoreStatus& s) {
   return Label("objects") + std::to_string(s.objects_sealed) + " sealed, " +
          std::to_string(s.objects_creating) + " being created   clients " +
@@ -305,6 +321,7 @@ std::vector<std::string> RenderFrame(const Sample& now, const Sample* before, Sc
     lines.push_back(GpuDetail(g));
   }
   if (!s.gpus.empty()) lines.push_back(TieringLine(s));
+  if (s.disk.enabled) lines.push_back(DiskLine(s));
   lines.push_back(CountsLine(s));
   lines.push_back(RatesLine(now, before));
   // The scheduler's line and workers' table, once workers have attached.

@@ -128,6 +128,29 @@ struct ObjectInfo {
   std::vector<uint32_t> gpus;  // the daemon's GPUs (StoreStatus::gpus) it has bytes on
   uint32_t owner_uid = 0;      // the uid of the client that created it
   bool failed = false;         // the output of a failed task: no bytes (Get: TaskFailed)
+  bool on_disk = false;        // has a copy in the daemon's spill directory (Get restores it)
+};
+
+// The disk tier (depotd --spill-dir): host objects spilled when host memory is full, read
+// back by gets (StoreStatus::disk).
+struct DiskStatus {
+  bool enabled = false;  // false: no --spill-dir, the rest is zero
+  std::string dir;
+  uint64_t limit_bytes = 0;  // --spill-limit
+  uint64_t used_bytes = 0;   // allocated to objects in spill files
+  uint64_t file_bytes = 0;   // of the spill files open
+  uint32_t files = 0;
+  uint64_t objects = 0;  // with a copy on disk
+  uint64_t spills = 0;   // objects written to disk to make room in host memory
+  uint64_t spilled_bytes = 0;
+  double spill_seconds = 0;  // the writes' time together: bytes / seconds is their throughput
+  uint64_t restores = 0;     // objects read back for gets
+  uint64_t restored_bytes = 0;
+  double restore_seconds = 0;
+  uint64_t drops = 0;  // objects dropped from disk for good (the spill limit reached)
+  uint64_t dropped_bytes = 0;
+  uint64_t spill_failures = 0;    // writes that failed: the objects stayed in memory
+  uint64_t restore_failures = 0;  // reads that failed (I/O error, checksum): objects lost
 };
 
 // The daemon's state (Client::GetStatus).
@@ -171,6 +194,7 @@ struct StoreStatus {
   // counted apart within the same budget.
   uint64_t request_bytes = 0;
   SchedulerStatus scheduler;
+  DiskStatus disk;
 };
 
 // A client connected to the daemon (Client::Clients). pid, uid and command are the

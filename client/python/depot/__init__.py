@@ -46,6 +46,7 @@ GpuInfo = _depot.GpuInfo
 ObjectInfo = _depot.ObjectInfo
 ObjectPlacement = _depot.ObjectPlacement
 SchedulerStatus = _depot.SchedulerStatus
+DiskStatus = _depot.DiskStatus
 StoreBuffer = _depot.StoreBuffer
 StoreStatus = _depot.StoreStatus
 TaskContext = _depot.TaskContext
@@ -80,6 +81,7 @@ __all__ = [
     "ProtocolMismatch",
     "RefLike",
     "SchedulerStatus",
+    "DiskStatus",
     "StoreBuffer",
     "StoreFull",
     "StoreStatus",

@@ -52,12 +52,17 @@ struct ObjectHeader {
   std::atomic<uint32_t> generation;  // bumped each time the slot is reused
   uint32_t reserved0;
   // Where the bytes are: bit 0 = host memory (segment and offset are valid), bit k + 1 =
-  // GPU k of the daemon's device list. Changes while clients read (replicas, spills).
+  // GPU k of the daemon's device list, bit 63 = the daemon's spill directory (kTierDisk).
+  // Changes while clients read (replicas, spills).
   std::atomic<uint64_t> tiers;
 };
 
 inline constexpr uint64_t kTierHost = 1;
 inline constexpr uint64_t TierBit(int32_t device) { return uint64_t{1} << (device + 1); }
+// A copy in the daemon's spill directory: no client reads it there; a get restores it.
+inline constexpr uint64_t kTierDisk = uint64_t{1} << 63;
+// The GPUs' bits of a tiers word.
+inline constexpr uint64_t kTierGpus = ~(kTierHost | kTierDisk);
 
 static_assert(sizeof(ObjectHeader) == 96, "ObjectHeader is part of the protocol");
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
