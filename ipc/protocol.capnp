@@ -130,6 +130,9 @@ struct Request {
     # Where the object is made: -1 = host memory; k >= 0 = the k-th GPU of Reply.Hello.devices.
     # A GPU object takes no inline data; its writer fills it through its own mapping.
     device @9 :Int32 = -1;
+    # Never spilled to disk (depotd --spill-dir): under memory pressure the object is evicted
+    # for good, as without a spill directory (a cache cheaper to recompute than to read back).
+    noSpill @10 :Bool;
   }
 
   struct Get {
@@ -551,6 +554,7 @@ struct DiskStatus {
   droppedBytes @14 :UInt64;
   spillFailures @15 :UInt64;  # writes that failed: those objects stayed in host memory
   restoreFailures @16 :UInt64;  # reads that failed (I/O error, checksum mismatch): objects lost
+  copiesInFlight @17 :UInt32;   # spills (ahead of need too) and restores under way
 }
 
 # A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED

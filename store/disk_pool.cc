@@ -205,6 +205,16 @@ void DiskPool::Free(uint32_t file, uint32_t handle) {
   files_[file].reset();
 }
 
+bool DiskPool::HasRoomFor(uint64_t bytes) const {
+  const uint64_t size = BlockSize(bytes);
+  const uint64_t left = (limit_ - file_bytes_) / kAlignment * kAlignment;
+  if (size > file_size_ || left >= size) return left >= size;
+  for (const auto& f : files_) {
+    if (f != nullptr && !f->dedicated && f->allocator.largest_free_block() >= size) return true;
+  }
+  return false;
+}
+
 uint64_t DiskPool::largest_free_block() const {
   uint64_t largest = (limit_ - file_bytes_) / kAlignment * kAlignment;
   for (const auto& f : files_) {

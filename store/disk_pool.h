@@ -75,6 +75,8 @@ class DiskPool final : public TierPool {
   uint64_t used_bytes() const override { return used_; }
   uint64_t capacity() const override { return limit_; }
   uint64_t largest_free_block() const override;
+  // Whether Allocate(bytes) would succeed now, with nothing dropped first.
+  bool HasRoomFor(uint64_t bytes) const;
   std::string name() const override { return "the spill directory " + dir_; }
 
   // The descriptor of a live file, for the copies' pread and pwrite.

@@ -21,7 +21,8 @@ EvictionPolicy::Action EvictionPolicy::ActionFor(uint32_t slot, int32_t tier) co
   if (tier != kHost && tier != kDisk) return Action::kSpill;
   const bool held = table_.headers().refs(slot) != 0;
   if (held || table_.IsPinned(slot)) return Action::kNone;
-  return tier == kHost && host_spills_ && !o.failed ? Action::kSpill : Action::kEvict;
+  const bool spills = host_spills_ && !o.failed && !table_.IsNoSpill(slot);
+  return tier == kHost && spills ? Action::kSpill : Action::kEvict;
 }
 
 uint64_t EvictionPolicy::BlockBytes(uint32_t slot, int32_t tier) const {

@@ -302,6 +302,7 @@ void ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t slot)
                                 .name = p.name,
                                 .pin = p.pin,
                                 .checksum = p.checksum,
+                                .spill = p.spill,
                                 .creator = client,
                                 .owner = accounts_.at(client).uid});
   ChargeObject(slot, CreateCost(p));

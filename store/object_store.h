@@ -66,6 +66,7 @@ struct CreateParams {
   std::string_view name;
   bool pin = false;
   bool checksum = false;
+  bool spill = true;  // may spill to disk (--spill-dir); false: evicted for good instead
   int32_t device = kHost;
 };
 
@@ -319,6 +320,7 @@ class ObjectStore final : private Tiers::Owner {
   const TierCounters& tier_counters() const { return tiers_.counters(); }
   // The spill directory's pool, or null.
   const DiskPool* disk() const { return tiers_.disk(); }
+  uint32_t DiskCopiesInFlight() const { return tiers_.disk_copies_running(); }
   // Objects with a copy on disk.
   uint64_t ObjectsOnDisk() const { return tiers_.disk() ? tiers_.usage(kDisk).replicas : 0; }
   // The copies between tiers as measured so far (Tiers).

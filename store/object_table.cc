@@ -52,7 +52,9 @@ void ObjectTable::Insert(uint32_t slot, const NewObject& n) {
   h.id_hi = n.id.hi();
   h.data_size = n.data_size;
   h.metadata_size = n.metadata_size;
-  h.flags.store(n.pin ? uint32_t{ipc::kFlagPinned} : 0u, std::memory_order_relaxed);
+  h.flags.store(
+      (n.pin ? uint32_t{ipc::kFlagPinned} : 0u) | (n.spill ? 0u : uint32_t{ipc::kFlagNoSpill}),
+      std::memory_order_relaxed);
   h.checksum = 0;
   h.create_time_ns = h.access_time_ns = ipc::WallNanos();
   h.tiers.store(0, std::memory_order_relaxed);

@@ -113,6 +113,7 @@ struct NewObject {
   std::string_view name;
   bool pin = false;
   bool checksum = false;
+  bool spill = true;
   ClientId creator = 0;
   uint32_t owner = 0;
 };
@@ -152,6 +153,10 @@ class ObjectTable {
   }
   bool IsPinned(uint32_t slot) const {
     return (headers_.at(slot).flags.load(std::memory_order_relaxed) & ipc::kFlagPinned) != 0;
+  }
+  // Its creator opted out of spilling to disk: it is evicted for good instead.
+  bool IsNoSpill(uint32_t slot) const {
+    return (headers_.at(slot).flags.load(std::memory_order_relaxed) & ipc::kFlagNoSpill) != 0;
   }
   // Sealed and not deleted: what a get may hand out.
   bool IsUsable(uint32_t slot) const { return IsSealed(slot) && !IsDeletePending(slot); }

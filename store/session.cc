@@ -518,6 +518,7 @@ void Session::HandleCreate(uint64_t rid, wire::Request::Create::Reader create, u
   params.name = std::string_view(name.cStr(), name.size());
   params.pin = create.getPin();
   params.checksum = create.getChecksum();
+  params.spill = !create.getNoSpill();
   params.device = create.getDevice();
   if (params.device != kHost && seal) {
     return SendError(rid, Status::InvalidArgument(
@@ -810,6 +811,7 @@ void Session::HandleStatus(uint64_t rid, uint64_t start) {
     d.setDroppedBytes(t.disk_dropped_bytes);
     d.setSpillFailures(t.disk_spill_failures);
     d.setRestoreFailures(t.disk_restore_failures);
+    d.setCopiesInFlight(store.DiskCopiesInFlight());
   }
   SendReply(message, reply);
   Observe(RequestType::kStatus, start);

@@ -110,7 +110,53 @@ std::string Tiers::OutOfMemoryMessage(int32_t tier, const ObjectId& id, uint64_t
 Replica& Tiers::PlaceReplica(uint32_t slot, int32_t tier, const TierPool::Block& block) {
   usage_[Index(tier)].replicas++;
   if (tier == kHost && table_.IsPinned(slot)) counters_.pinned_bytes += ReplicaBytes(slot, tier);
+  if (tier == kHost) ScheduleSpillAhead();
   return table_.AddReplica(slot, tier, block);
+}
+
+void Tiers::ScheduleSpillAhead() {
+  if (disk_ == nullptr || !eviction_ || spill_ahead_scheduled_) return;
+  const uint64_t headroom = std::min(arena_.capacity() / kHeadroomShare, kMaxHeadroom);
+  if (arena_.used_bytes() + headroom <= arena_.capacity()) return;
+  spill_ahead_scheduled_ = true;
+  executor_.Defer([this] { SpillAhead(); });
+}
+
+void Tiers::SpillAhead() {
+  spill_ahead_scheduled_ = false;
+  if (!spill_failure_.ok() && std::chrono::steady_clock::now() - spill_failed_at_ < kSpillRetry) {
+    return;
+  }
+  const uint64_t headroom = std::min(arena_.capacity() / kHeadroomShare, kMaxHeadroom);
+  const uint64_t used = arena_.used_bytes();
+  if (used + headroom <= arena_.capacity()) return;
+  // Bytes that room can be made of at once: copies that may go (they have another), and
+  // those being written ahead, from the least recently used on.
+  const uint64_t want = used + headroom - arena_.capacity();
+  uint64_t ready = ahead_in_flight_;
+  constexpr int kMostLooks = 4096;  // a slice of the list per turn of the loop
+  const LruList& candidates = policy_.candidates(kHost);
+  uint32_t victim = candidates.front();
+  for (int looks = 0; victim != LruList::kNil && ready < want && looks < kMostLooks; ++looks) {
+    const uint32_t next = candidates.next(victim);
+    const uint64_t bytes = ReplicaBytes(victim, kHost);
+    const EvictionPolicy::Action action = policy_.ActionFor(victim, kHost);
+    if (action == EvictionPolicy::Action::kDrop) {
+      ready += bytes;
+    } else if (action == EvictionPolicy::Action::kSpill && !transfers_.contains({victim, kDisk})) {
+      // Ahead of need, nothing on disk is dropped for room: only what fits now is written.
+      if (ahead_in_flight_ >= kAheadInFlight || !disk_->HasRoomFor(table_.BytesOn(victim, kDisk))) {
+        break;
+      }
+      ready += bytes;
+      StartTransfer(victim, kDisk, /*spill=*/false, 0);
+      if (auto it = transfers_.find({victim, kDisk}); it != transfers_.end()) {
+        it->second.ahead_bytes = bytes;
+        ahead_in_flight_ += bytes;
+      }
+    }
+    victim = next;
+  }
 }
 
 void Tiers::SetLeased(uint32_t slot, bool leased) {
@@ -187,6 +233,8 @@ std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes) {
     bool found = false;
     for (uint32_t victim = candidates.front(); !found && victim != LruList::kNil;
          victim = candidates.next(victim)) {
+      // A copy that must spill first cannot make room now (AllocateOn waits for spills).
+      if (policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kSpill) continue;
       target = table_.FindReplica(victim, kHost)->region;
       found = emptiable(target);
     }
@@ -278,8 +326,13 @@ void Tiers::StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::
 }
 
 void Tiers::RunCopy(uint32_t slot, int32_t tier) {
-  const int32_t source = transfers_.at({slot, tier}).source;
-  if (source == kDisk || tier == kDisk) return RunDiskCopy(slot, tier, source);
+  Transfer& transfer = transfers_.at({slot, tier});
+  const int32_t source = transfer.source;
+  if (source == kDisk || tier == kDisk) {
+    transfer.running = true;
+    disk_copies_running_++;
+    return RunDiskCopy(slot, tier, source);
+  }
   gpu::DeviceBackend& backend = gpus_.front()->backend();
   const uint64_t bytes = table_.header(slot).data_size;
   // Addresses stay valid until FinishTransfer: the store holds the source, and the
@@ -447,7 +500,7 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
     if (t.spill && tier == kHost) {
       counters_.spills++;
       counters_.spilled_bytes += h.data_size;
-    } else if (!t.spill && t.source != kDisk) {
+    } else if (!t.spill && t.source != kDisk && tier != kDisk) {
       counters_.replicas_made++;
     }
   } else {
@@ -484,6 +537,16 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
   if (t.spill) {
     spills_in_flight_[Index(t.source)]--;
     ScheduleRoomWaits(t.source);
+  }
+  if (t.running) {
+    disk_copies_running_--;
+    ScheduleRoomWaits(kDisk);
+  }
+  if (t.ahead_bytes != 0) {
+    // Its host copy may go at once now: what waits for room may have it.
+    ahead_in_flight_ -= t.ahead_bytes;
+    ScheduleRoomWaits(kHost);
+    ScheduleSpillAhead();
   }
 }
 
@@ -524,10 +587,10 @@ std::optional<TierPool::Block> Tiers::TryAllocate(int32_t tier, uint64_t bytes) 
 
 bool Tiers::StartSpills(int32_t tier, uint64_t bytes) {
   const int32_t below = Below(tier);
-  if (below == kNoTier) return false;
+  if (below == kNoTier) return SpillsInFlight(tier);
   if (below == kDisk && !spill_failure_.ok()) {
     if (std::chrono::steady_clock::now() - spill_failed_at_ < kSpillRetry) {
-      return spills_in_flight_[Index(tier)] > 0;
+      return SpillsInFlight(tier);
     }
     spill_failure_ = Status::OK();  // time to try again
   }
@@ -546,7 +609,7 @@ bool Tiers::StartSpills(int32_t tier, uint64_t bytes) {
     }
     victim = next;
   }
-  return spills_in_flight_[Index(tier)] > 0;
+  return SpillsInFlight(tier);
 }
 
 void Tiers::AllocateOn(int32_t tier, uint64_t bytes, RoomDone then) {
@@ -568,7 +631,7 @@ void Tiers::ServeRoomWaits(int32_t tier) {
   auto& waits = room_waits_[Index(tier)];
   while (!waits.empty()) {
     std::optional<TierPool::Block> block = TryAllocate(tier, waits.front().bytes);
-    if (!block && (spills_in_flight_[Index(tier)] > 0 || StartSpills(tier, waits.front().bytes))) {
+    if (!block && (SpillsInFlight(tier) || StartSpills(tier, waits.front().bytes))) {
       return;  // more room is on its way
     }
     RoomWait wait = std::move(waits.front());

@@ -113,6 +113,8 @@ class Tiers {
     return tier >= kHost && tier < static_cast<int32_t>(gpus_.size());
   }
   DiskPool* disk() const { return disk_; }
+  // Copies from or to disk running on the executor.
+  uint32_t disk_copies_running() const { return disk_copies_running_; }
   TierUsage& usage(int32_t tier) { return usage_[Index(tier)]; }
   const TierUsage& usage(int32_t tier) const { return usage_[Index(tier)]; }
   const TierCounters& counters() const { return counters_; }
@@ -167,7 +169,9 @@ class Tiers {
   // A copy of an object to another tier, in flight or waiting for room there.
   struct Transfer {
     int32_t source = kHost;
-    bool spill = false;  // drop the source replica after, if nobody holds it
+    bool spill = false;        // drop the source replica after, if nobody holds it
+    uint64_t ahead_bytes = 0;  // a copy to disk ahead of need (SpillAhead): its bytes
+    bool running = false;      // placed, its copy on the executor
     std::vector<WaitingGets::Id> waiters;
   };
   // What a copy from or to disk did, for FinishTransfer.
@@ -210,6 +214,24 @@ class Tiers {
   // returns whether any spill is in flight.
   bool StartSpills(int32_t tier, uint64_t bytes);
   void ServeRoomWaits(int32_t tier);
+  // Whether copies that will make room on `tier` are under way: spills from it, and in host
+  // memory copies to disk ahead of need.
+  // On disk, copies that hold disk blocks (spills being written, restores being read): room
+  // comes when they end, as their source copies go or their disk blocks may be dropped.
+  bool SpillsInFlight(int32_t tier) const {
+    if (tier == kDisk) return disk_copies_running_ > 0;
+    return spills_in_flight_[Index(tier)] > 0 || (tier == kHost && ahead_in_flight_ > 0);
+  }
+  // Writes ahead: once host memory is fuller than its capacity less kHeadroomShare of it,
+  // copies the least recently used objects to disk while they stay in memory, so that room
+  // is then made at once by dropping their host copies, with no create waiting for a write.
+  // At most kAheadInFlight bytes are being written ahead at a time.
+  static constexpr uint64_t kHeadroomShare = 8;                // an eighth of the arena...
+  static constexpr uint64_t kMaxHeadroom = uint64_t{1} << 30;  // ...up to 1 GiB
+  static constexpr uint64_t kAheadInFlight = uint64_t{256} << 20;
+  void SpillAhead();
+  // SpillAhead soon, from the loop, once however often it is asked for meanwhile.
+  void ScheduleSpillAhead();
   // ServeRoomWaits soon, from the loop, if anything waits for room on `tier`.
   void ScheduleRoomWaits(int32_t tier);
 
@@ -223,9 +245,12 @@ class Tiers {
   const bool eviction_;
   Owner& owner_;
 
-  std::vector<TierUsage> usage_;                                // by tier
-  std::vector<std::vector<RoomWait>> room_waits_;               // by tier, oldest first
-  std::vector<uint32_t> spills_in_flight_;                      // by tier (of their source)
+  std::vector<TierUsage> usage_;                   // by tier
+  std::vector<std::vector<RoomWait>> room_waits_;  // by tier, oldest first
+  std::vector<uint32_t> spills_in_flight_;         // by tier (of their source)
+  uint64_t ahead_in_flight_ = 0;                   // bytes being written to disk ahead (SpillAhead)
+  uint32_t disk_copies_running_ = 0;               // copies from or to disk on the executor
+  bool spill_ahead_scheduled_ = false;
   std::map<std::pair<uint32_t, int32_t>, Transfer> transfers_;  // (slot, destination tier)
   TierCounters counters_;
   CopyRates copy_rates_;

@@ -55,6 +55,7 @@ wire::Request::Create::Builder InitCreate(RequestMessage& request, const ObjectI
   create.setName(capnp::Text::Reader(options.name.c_str(), options.name.size()));
   create.setPin(options.pin);
   create.setChecksum(options.checksum);
+  create.setNoSpill(!options.spill);
   return create;
 }
 

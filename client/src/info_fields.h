@@ -143,6 +143,7 @@ struct InfoFields<DiskStatus> {
       Field{"dropped_bytes", &DiskStatus::dropped_bytes, &R::getDroppedBytes},
       Field{"spill_failures", &DiskStatus::spill_failures, &R::getSpillFailures},
       Field{"restore_failures", &DiskStatus::restore_failures, &R::getRestoreFailures},
+      Field{"copies_in_flight", &DiskStatus::copies_in_flight, &R::getCopiesInFlight},
   };
 };
 

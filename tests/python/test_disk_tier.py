@@ -55,3 +55,15 @@ def test_a_spilled_object_restores_onto_a_gpu(spilling):
         back = host_view(on_gpu.ptr, on_gpu.nbytes, np.uint8, (8 * MiB,))
         assert np.array_equal(back, array(1, 8 * MiB))
         assert c.status().disk.restores >= 1
+
+
+def test_spill_false_evicts_for_good_instead(spilling):
+    with spilling.client() as c:
+        cache = c.put(array(7, 4 * MiB), name="spill/cache", spill=False)
+        kept = c.put(array(8, 4 * MiB), name="spill/kept")
+        for i in range(20):
+            c.put(array(200 + i, 4 * MiB))
+        with pytest.raises(depot.ObjectNotFound):
+            c.get(cache, timeout=0)
+        assert np.array_equal(c.get(kept), array(8, 4 * MiB))
+        assert c.status().evictions == 1

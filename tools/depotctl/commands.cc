@@ -229,6 +229,7 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
                         .Number("dropped_bytes", s.disk.dropped_bytes)
                         .Number("spill_failures", s.disk.spill_failures)
                         .Number("restore_failures", s.disk.restore_failures)
+                        .Number("copies_in_flight", s.disk.copies_in_flight)
                         .str())
       .Json("scheduler", JsonObject()
                              .Number("workers", s.scheduler.workers)

@@ -73,6 +73,10 @@ struct CreateOptions {
   bool pin = false;
   // Compute an XXH3-64 checksum of data and metadata at Seal, for `depotctl verify`.
   bool checksum = false;
+  // With a daemon that spills to disk (depotd --spill-dir): false evicts this object for good
+  // under memory pressure instead of writing it to disk, for values cheaper to recompute than
+  // to read back. Without a spill directory every unpinned object is evicted anyway.
+  bool spill = true;
   // For an object larger than the daemon's --segment-size (a segment of its own, mapped
   // afresh): allocate and map all its pages for writing at Create, in one system call,
   // rather than fault them in 4 KiB at a time as they are first written (about 10% faster
@@ -151,6 +155,7 @@ struct DiskStatus {
   uint64_t dropped_bytes = 0;
   uint64_t spill_failures = 0;    // writes that failed: the objects stayed in memory
   uint64_t restore_failures = 0;  // reads that failed (I/O error, checksum): objects lost
+  uint32_t copies_in_flight = 0;  // spills (ahead of need too) and restores under way
 };
 
 // The daemon's state (Client::GetStatus).

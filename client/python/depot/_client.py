@@ -97,7 +97,7 @@ class Client:
 
     def put(
         self, value: Any, *, name: Optional[str] = None, pin: bool = False,
-        device: Optional[int] = None,
+        device: Optional[int] = None, spill: bool = True,
     ) -> ObjectRef:
         """Stores ``value`` as a new immutable object and returns its reference.
 
@@ -105,7 +105,9 @@ class Client:
         anything else is pickled (protocol 5), with the data of arrays and other buffers
         inside it stored out of band, so they come back without copies. ``name`` gives the
         object a fixed id (the same in every process); without it the id is random.
-        ``pin`` keeps the store from evicting the object.
+        ``pin`` keeps the store from evicting the object. ``spill=False``, with a daemon that
+        spills to disk (``depotd --spill-dir``), evicts the object for good under memory
+        pressure instead of writing it to disk: for values cheaper to recompute than to read.
 
         A CUDA GPU array (any DLPack producer on a CUDA device: CuPy, PyTorch, JAX; or a
         ``__cuda_array_interface__`` producer) is copied into the store's pool on its own
@@ -119,7 +121,7 @@ class Client:
         neither host memory nor a CUDA GPU.
         """
         ref = ObjectRef.from_name(name) if name is not None else ObjectRef(_depot.random_id())
-        self._put(ref, value, pin, None if device is None else _device_ordinal(device))
+        self._put(ref, value, pin, None if device is None else _device_ordinal(device), spill)
         return ref
 
     def put_many(
@@ -173,12 +175,15 @@ class Client:
             raise first
         return refs
 
-    def _put(self, ref: ObjectRef, value: Any, pin: bool, device: Optional[int] = None) -> None:
-        self._put_encoded(ref, value, _codec.encode(value), pin, device)
+    def _put(
+        self, ref: ObjectRef, value: Any, pin: bool, device: Optional[int] = None,
+        spill: bool = True,
+    ) -> None:
+        self._put_encoded(ref, value, _codec.encode(value), pin, device, spill=spill)
 
     def _put_encoded(
         self, ref: ObjectRef, value: Any, encoded: Any, pin: bool, device: Optional[int] = None,
-        default_device: Optional[int] = None,
+        default_device: Optional[int] = None, spill: bool = True,
     ) -> None:
         name = ref.name or ""
         if isinstance(encoded, (_device.DLPackSource, _device.InterfaceSource)):
@@ -191,14 +196,15 @@ class Client:
             )
         if isinstance(encoded, _codec.StridedArray):
             array = encoded.array
-            writable = self._conn.create(ref.id, array.nbytes, encoded.metadata, name, pin)
+            writable = self._conn.create(ref.id, array.nbytes, encoded.metadata, name, pin, spill)
             import numpy as np
 
             np.copyto(np.frombuffer(writable, dtype=array.dtype).reshape(array.shape), array)
             self._conn.seal(ref.id)
             return
         self._conn.put(
-            ref.id, encoded.parts, encoded.offsets, encoded.size, encoded.metadata, name, pin
+            ref.id, encoded.parts, encoded.offsets, encoded.size, encoded.metadata, name, pin,
+            spill,
         )
 
     def create(self, size: int, *, name: Optional[str] = None, pin: bool = False) -> memoryview:

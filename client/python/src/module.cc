@@ -33,11 +33,13 @@ using std::chrono::milliseconds;
 constexpr milliseconds kWaitSlice{200};
 
 // CreateOptions over the caller's `metadata` (which must outlive them) and `name`.
-CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& name, bool pin) {
+CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& name, bool pin,
+                                bool spill = true) {
   CreateOptions options;
   options.metadata = {reinterpret_cast<const std::byte*>(metadata.c_str()), metadata.size()};
   options.name = name;
   options.pin = pin;
+  options.spill = spill;
   return options;
 }
 
@@ -88,10 +90,10 @@ class Connection {
   // parts are zeroed. Small objects travel in one request (Client::Put); larger ones are
   // created, copied into shared memory and sealed.
   void Put(nb::bytes id_bytes, nb::list parts, const std::vector<uint64_t>& offsets, uint64_t size,
-           nb::bytes metadata, const std::string& name, bool pin) {
+           nb::bytes metadata, const std::string& name, bool pin, bool spill) {
     const ObjectId id = ToId(id_bytes);
     const std::vector<std::unique_ptr<ReadView>> views = ViewParts(parts, offsets, size);
-    const CreateOptions options = MakeCreateOptions(metadata, name, pin);
+    const CreateOptions options = MakeCreateOptions(metadata, name, pin, spill);
     Client& c = client();
     Status st;
     {
@@ -157,9 +159,9 @@ class Connection {
   }
 
   WritableBuffer Create(nb::bytes id_bytes, uint64_t size, nb::bytes metadata,
-                        const std::string& name, bool pin) {
+                        const std::string& name, bool pin, bool spill) {
     const ObjectId id = ToId(id_bytes);
-    const CreateOptions options = MakeCreateOptions(metadata, name, pin);
+    const CreateOptions options = MakeCreateOptions(metadata, name, pin, spill);
     Client& c = client();
     Result<MutableBuffer> r = [&] {
       nb::gil_scoped_release release;
@@ -498,9 +500,10 @@ NB_MODULE(_depot, m) {
       .def_prop_ro("socket_path", &Connection::socket_path)
       .def_prop_ro("session_id", &Connection::session_id)
       .def("put", &Connection::Put, "id"_a, "parts"_a, "offsets"_a, "size"_a, "metadata"_a,
-           "name"_a, "pin"_a)
+           "name"_a, "pin"_a, "spill"_a = true)
       .def("put_many", &Connection::PutMany, "items"_a, "pin"_a)
-      .def("create", &Connection::Create, "id"_a, "size"_a, "metadata"_a, "name"_a, "pin"_a)
+      .def("create", &Connection::Create, "id"_a, "size"_a, "metadata"_a, "name"_a, "pin"_a,
+           "spill"_a = true)
       .def("put_device", &Connection::PutDevice, "id"_a, "source"_a, "size"_a, "device"_a,
            "wait_stream"_a.none(), "metadata"_a, "name"_a, "pin"_a)
       .def("gpus", &Connection::Gpus)

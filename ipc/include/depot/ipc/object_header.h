@@ -25,6 +25,7 @@ enum ObjectFlags : uint32_t {
   kFlagDeletePending = 1u << 2,  // deleted; freed when the last reference goes
   // The daemon is about to free the host copy, or has (ipc/lease.h): no new lease on it.
   kFlagReclaiming = 1u << 3,
+  kFlagNoSpill = 1u << 4,  // evicted for good under pressure, never spilled to disk
 };
 
 // State (top 8 bits) and total reference count (low 56 bits) in one word, so a reader
