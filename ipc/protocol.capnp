@@ -555,6 +555,7 @@ struct DiskStatus {
   spillFailures @15 :UInt64;  # writes that failed: those objects stayed in host memory
   restoreFailures @16 :UInt64;  # reads that failed (I/O error, checksum mismatch): objects lost
   copiesInFlight @17 :UInt32;   # spills (ahead of need too) and restores under way
+  directIo @18 :Bool;           # the bulk of each copy bypasses the page cache (O_DIRECT)
 }
 
 # A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED

@@ -118,25 +118,45 @@ Result<std::unique_ptr<DiskPool>> DiskPool::Open(const DiskOptions& options,
   }
   uint64_t file_size = options.file_size == 0 ? kDefaultFileSize : options.file_size;
   file_size = std::max(kAlignment, std::min(file_size, limit) / kAlignment * kAlignment);
+  bool direct_io = options.direct_io;
+  if (direct_io) {
+    // Whether the file system takes O_DIRECT (tmpfs does not): tried on a file of its own.
+    const ipc::UniqueFd probe = MakeFile(dir_fd.get());
+    if (!probe || !OpenDirect(probe.get())) {
+      spdlog::info("{} has no direct I/O ({}): spills go through the page cache", dir,
+                   Errno(errno));
+      direct_io = false;
+    }
+  }
   return std::unique_ptr<DiskPool>(
-      new DiskPool(dir, std::move(dir_fd), std::move(lock), limit, file_size, closer));
+      new DiskPool(dir, std::move(dir_fd), std::move(lock), limit, file_size, direct_io, closer));
 }
 
-DiskPool::~DiskPool() = default;
-
-std::optional<uint32_t> DiskPool::AddFile(uint64_t bytes, bool dedicated) {
-  if (file_bytes_ + bytes > limit_) return std::nullopt;
-  ipc::UniqueFd fd(openat(dir_fd_.get(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+ipc::UniqueFd DiskPool::MakeFile(int dir_fd) {
+  ipc::UniqueFd fd(openat(dir_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
   if (!fd && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
     // No O_TMPFILE on this file system: a named file, unlinked at once (a daemon killed in
     // between leaves it to RemoveLeftovers).
     static std::atomic<uint64_t> counter{0};
     const std::string name =
         kLeftoverPrefix + std::to_string(getpid()) + "-" + std::to_string(counter++);
-    fd = ipc::UniqueFd(openat(dir_fd_.get(), name.c_str(),
-                              O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (fd) unlinkat(dir_fd_.get(), name.c_str(), 0);
+    fd = ipc::UniqueFd(
+        openat(dir_fd, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (fd) unlinkat(dir_fd, name.c_str(), 0);
   }
+  return fd;
+}
+
+ipc::UniqueFd DiskPool::OpenDirect(int fd) {
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  return ipc::UniqueFd(open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC));
+}
+
+DiskPool::~DiskPool() = default;
+
+std::optional<uint32_t> DiskPool::AddFile(uint64_t bytes, bool dedicated) {
+  if (file_bytes_ + bytes > limit_) return std::nullopt;
+  ipc::UniqueFd fd = MakeFile(dir_fd_.get());
   if (!fd) {
     spdlog::warn("cannot create a spill file in {}: {}", dir_, Errno(errno));
     return std::nullopt;
@@ -146,7 +166,13 @@ std::optional<uint32_t> DiskPool::AddFile(uint64_t bytes, bool dedicated) {
                  Errno(errno));
     return std::nullopt;
   }
+  ipc::UniqueFd direct;
+  if (direct_io_) {
+    direct = OpenDirect(fd.get());
+    if (!direct) spdlog::warn("cannot open a spill file for direct I/O: {}", Errno(errno));
+  }
   auto file = std::make_unique<File>(std::move(fd), bytes, dedicated);
+  file->direct_fd = std::move(direct);
   file_bytes_ += bytes;
   open_files_++;
   for (uint32_t i = 0; i < files_.size(); ++i) {
@@ -201,7 +227,8 @@ void DiskPool::Free(uint32_t file, uint32_t handle) {
   // Empty: closing the file gives its space back, which may take the file system a while.
   file_bytes_ -= f.size;
   open_files_--;
-  boost::asio::post(closer_, [fd = std::make_shared<ipc::UniqueFd>(std::move(f.fd))] {});
+  boost::asio::post(closer_, [fd = std::make_shared<ipc::UniqueFd>(std::move(f.fd)),
+                              direct = std::make_shared<ipc::UniqueFd>(std::move(f.direct_fd))] {});
   files_[file].reset();
 }
 

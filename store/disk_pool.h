@@ -39,6 +39,9 @@ struct DiskOptions {
   std::string dir;
   uint64_t limit = 0;      // bytes of spill files; 0: the file system's free space at start
   uint64_t file_size = 0;  // of a shared spill file; 0: kDefaultFileSize (or the limit)
+  // Copies move the page-aligned bulk of an object with O_DIRECT where the file system has
+  // it, so spilled bytes do not stay in the page cache (spilling is for freeing memory).
+  bool direct_io = true;
 };
 
 class DiskPool final : public TierPool {
@@ -79,8 +82,12 @@ class DiskPool final : public TierPool {
   bool HasRoomFor(uint64_t bytes) const;
   std::string name() const override { return "the spill directory " + dir_; }
 
-  // The descriptor of a live file, for the copies' pread and pwrite.
+  // The descriptors of a live file, for the copies' pread and pwrite: buffered, and opened
+  // with O_DIRECT (-1 without direct I/O).
   int fd(uint32_t file) const { return files_[file]->fd.get(); }
+  int direct_fd(uint32_t file) const { return files_[file]->direct_fd.get(); }
+  // Whether copies use direct I/O: asked for, and the file system has it.
+  bool direct_io() const { return direct_io_; }
   const std::string& dir() const { return dir_; }
   // Bytes of the spill files open now (what the directory may take on disk), and how many.
   uint64_t file_bytes() const { return file_bytes_; }
@@ -90,6 +97,7 @@ class DiskPool final : public TierPool {
  private:
   struct File {
     ipc::UniqueFd fd;
+    ipc::UniqueFd direct_fd;  // the same file, opened with O_DIRECT; -1 without
     uint64_t size = 0;
     bool dedicated = false;  // one object's, larger than a shared file
     OffsetAllocator allocator;
@@ -98,18 +106,24 @@ class DiskPool final : public TierPool {
   };
 
   DiskPool(std::string dir, ipc::UniqueFd dir_fd, ipc::UniqueFd lock, uint64_t limit,
-           uint64_t file_size, boost::asio::thread_pool& closer)
-      : closer_(closer),
+           uint64_t file_size, bool direct_io, boost::asio::thread_pool& closer)
+      : direct_io_(direct_io),
+        closer_(closer),
         dir_(std::move(dir)),
         dir_fd_(std::move(dir_fd)),
         lock_(std::move(lock)),
         limit_(limit),
         file_size_(file_size) {}
+  // A new anonymous file in the directory, unsized; -1 (errno set) if the file system refuses.
+  static ipc::UniqueFd MakeFile(int dir_fd);
+  // The same file opened again with O_DIRECT, or -1 (errno set).
+  static ipc::UniqueFd OpenDirect(int fd);
   // A new anonymous file of `bytes` in the directory, as region `file` (reusing a closed
   // one's index); nullopt if the limit or the file system refuses.
   std::optional<uint32_t> AddFile(uint64_t bytes, bool dedicated);
   std::optional<Block> AllocateInFile(uint32_t file, uint64_t bytes);
 
+  bool direct_io_;
   boost::asio::thread_pool& closer_;
   std::string dir_;
   ipc::UniqueFd dir_fd_;

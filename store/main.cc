@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
   std::string spill_dir;
   std::string spill_limit = "0";
   std::string spill_file_size = "1GiB";
+  std::string spill_io = "direct";
   uint32_t max_objects = 4u << 20;
   std::string max_frame = "16MiB";
   std::string bandwidth_probe = "64MiB";
@@ -152,6 +153,11 @@ int main(int argc, char** argv) {
   app.add_option("--spill-file-size", spill_file_size,
                  "spill files that pack objects up to this size; larger ones get their own")
       ->capture_default_str();
+  app.add_option("--spill-io", spill_io,
+                 "how spills and restores move the bulk of an object: direct (O_DIRECT, past the "
+                 "page cache, where the file system has it) or buffered")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"direct", "buffered"}));
   app.add_option("--max-objects", max_objects, "most objects the store holds at once")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1u << 30));
@@ -343,13 +349,14 @@ int main(int argc, char** argv) {
     if (!headers.ok()) return Fail(headers.status());
     std::unique_ptr<depot::store::DiskPool> disk;
     if (!spill_dir.empty()) {
-      auto opened =
-          depot::store::DiskPool::Open({spill_dir, *spill_bytes, *spill_file_bytes}, pool);
+      auto opened = depot::store::DiskPool::Open(
+          {spill_dir, *spill_bytes, *spill_file_bytes, spill_io == "direct"}, pool);
       if (!opened.ok()) return Fail(opened.status());
       disk = std::move(opened).value();
-      spdlog::info("spilling to {} (up to {}, files of {})", disk->dir(),
+      spdlog::info("spilling to {} (up to {}, files of {}, {} I/O)", disk->dir(),
                    depot::ipc::FormatSize(disk->capacity()),
-                   depot::ipc::FormatSize(disk->file_size()));
+                   depot::ipc::FormatSize(disk->file_size()),
+                   disk->direct_io() ? "direct" : "buffered");
     }
     depot::store::ClientLimits limits{*client_bytes, client_max_objects, client_max_pending,
                                       *client_metadata, *budget};

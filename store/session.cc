@@ -812,6 +812,7 @@ void Session::HandleStatus(uint64_t rid, uint64_t start) {
     d.setSpillFailures(t.disk_spill_failures);
     d.setRestoreFailures(t.disk_restore_failures);
     d.setCopiesInFlight(store.DiskCopiesInFlight());
+    d.setDirectIo(pool->direct_io());
   }
   SendReply(message, reply);
   Observe(RequestType::kStatus, start);

@@ -36,6 +36,28 @@ Status WriteAll(int fd, const std::byte* from, uint64_t bytes, uint64_t offset) 
   return Status::OK();
 }
 
+// The page-aligned bulk of a copy between `memory` and a spill file goes through `direct`
+// (O_DIRECT: the offset is aligned by DiskPool) when there is one and `memory` is page-aligned
+// (objects of Arena::kPageAlignFrom bytes or more, staging buffers); the rest is buffered.
+uint64_t DirectBulk(int direct, const std::byte* memory, uint64_t bytes) {
+  if (direct < 0 || reinterpret_cast<uintptr_t>(memory) % DiskPool::kAlignment != 0) return 0;
+  return bytes / DiskPool::kAlignment * DiskPool::kAlignment;
+}
+
+Status ReadAll(int fd, std::byte* to, uint64_t bytes, uint64_t offset);
+
+Status DiskWrite(int fd, int direct, const std::byte* from, uint64_t bytes, uint64_t offset) {
+  const uint64_t bulk = DirectBulk(direct, from, bytes);
+  if (bulk != 0) DEPOT_RETURN_NOT_OK(WriteAll(direct, from, bulk, offset));
+  return WriteAll(fd, from + bulk, bytes - bulk, offset + bulk);
+}
+
+Status DiskRead(int fd, int direct, std::byte* to, uint64_t bytes, uint64_t offset) {
+  const uint64_t bulk = DirectBulk(direct, to, bytes);
+  if (bulk != 0) DEPOT_RETURN_NOT_OK(ReadAll(direct, to, bulk, offset));
+  return ReadAll(fd, to + bulk, bytes - bulk, offset + bulk);
+}
+
 Status ReadAll(int fd, std::byte* to, uint64_t bytes, uint64_t offset) {
   while (bytes > 0) {
     const ssize_t n = pread(fd, to, std::min(bytes, uint64_t{1} << 30), static_cast<off_t>(offset));
@@ -366,6 +388,7 @@ void Tiers::RunDiskCopy(uint32_t slot, int32_t tier, int32_t source) {
   const auto& h = table_.header(slot);
   const Replica& on_disk = *table_.FindReplica(slot, kDisk);
   const int fd = disk_->fd(on_disk.region);
+  const int direct = disk_->direct_fd(on_disk.region);
   const uint64_t at = disk_->OffsetOf(on_disk.region, on_disk.handle);
   const uint64_t data = h.data_size, metadata = h.metadata_size;
   const std::optional<uint64_t> checksum =
@@ -378,28 +401,32 @@ void Tiers::RunDiskCopy(uint32_t slot, int32_t tier, int32_t source) {
   const Replica& r = *table_.FindReplica(slot, other);
   const uint64_t address = pool(other).address(r.region, pool(other).OffsetOf(r.region, r.handle));
   gpu::DeviceBackend* backend = other == kHost ? nullptr : &gpus_.front()->backend();
-  executor_.Offload([this, slot, tier, source, other, fd, at, data, metadata, checksum, address,
-                     backend] {
+  executor_.Offload([this, slot, tier, source, other, fd, direct, at, data, metadata, checksum,
+                     address, backend] {
     const auto start = std::chrono::steady_clock::now();
     DiskCopy done;
     if (source != kDisk) {
       // Host memory to disk: data and metadata as they lie.
-      done.status = WriteAll(fd, reinterpret_cast<const std::byte*>(address), data + metadata, at);
+      done.status =
+          DiskWrite(fd, direct, reinterpret_cast<const std::byte*>(address), data + metadata, at);
     } else if (other == kHost) {
       std::byte* to = reinterpret_cast<std::byte*>(address);
-      done.status = ReadAll(fd, to, data + metadata, at);
+      done.status = DiskRead(fd, direct, to, data + metadata, at);
       if (done.status.ok() && checksum && XXH3_64bits(to, data + metadata) != *checksum) {
         done.status = Status::IoError("its bytes read back from disk do not match its checksum");
       }
     } else {
       // To a GPU through a staging buffer, and the metadata into daemon memory.
-      auto buffer =
-          std::make_unique<std::byte[]>(std::min(kDiskChunk, std::max<uint64_t>(data, 1)));
+      // Page-aligned, so that the reads into it can be direct.
+      void* raw = nullptr;
+      if (posix_memalign(&raw, DiskPool::kAlignment, kDiskChunk) != 0) std::abort();
+      const std::unique_ptr<std::byte, decltype(&std::free)> buffer(static_cast<std::byte*>(raw),
+                                                                    &std::free);
       XXH3_state_t* state = XXH3_createState();
       XXH3_64bits_reset(state);
       for (uint64_t off = 0; done.status.ok() && off < data; off += kDiskChunk) {
         const uint64_t n = std::min(kDiskChunk, data - off);
-        done.status = ReadAll(fd, buffer.get(), n, at + off);
+        done.status = DiskRead(fd, direct, buffer.get(), n, at + off);
         if (!done.status.ok()) break;
         XXH3_64bits_update(state, buffer.get(), n);
         done.status = backend->CopyFromHost(other, buffer.get(), address + off, n);

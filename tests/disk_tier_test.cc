@@ -373,6 +373,50 @@ TEST_F(DiskTierTest, ATruncatedSpillFileFailsThatGetAndTheOthersStillWork) {
   for (int i = 1; i < 24; ++i) ExpectIntact(i);
 }
 
+TEST_F(DiskTierTest, ASpilledObjectWhoseBytesChangedOnDiskFailsItsChecksumAndIsLost) {
+  Start();
+  for (int i = 0; i < 24; ++i) ASSERT_OK(PutObject(i, /*checksum=*/true));
+  Settle();
+  ASSERT_TRUE(Info(1).on_disk && !Info(1).on_host);
+  // Object 1 (4 MiB) shares a spill file with others: find its first page among the daemon's
+  // spill files and change one byte of it.
+  std::vector<std::byte> head = DataOf(1, SizeOf(1));
+  head.resize(4096);
+  bool changed = false;
+  const std::string fds = "/proc/" + std::to_string(daemon_->pid()) + "/fd";
+  for (const auto& e : std::filesystem::directory_iterator(fds)) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (ec || !target.starts_with(spill_dir()) || changed) continue;
+    const int fd = ::open(e.path().c_str(), O_RDWR);
+    if (fd < 0) continue;
+    std::vector<std::byte> page(4096);
+    for (off_t at = 0; !changed && ::pread(fd, page.data(), page.size(), at) == 4096; at += 4096) {
+      if (page != head) continue;
+      const std::byte flipped = page[100] ^ std::byte{1};
+      ASSERT_EQ(::pwrite(fd, &flipped, 1, at + 100), 1) << std::strerror(errno);
+      changed = true;
+    }
+    ::close(fd);
+  }
+  ASSERT_TRUE(changed) << "object 1's bytes are in none of the daemon's spill files";
+  const auto lost = client_->Get(IdOf(1));
+  EXPECT_EQ(lost.status().code(), StatusCode::kIoError) << lost.status().ToString();
+  EXPECT_NE(lost.status().message().find("checksum"), std::string::npos)
+      << lost.status().ToString();
+  EXPECT_EQ(client_->Get(IdOf(1)).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Disk().restore_failures, 1u);
+  for (int i : {0, 2, 3, 23}) ExpectIntact(i);
+}
+
+TEST_F(DiskTierTest, BufferedIoWorksAsWell) {
+  Start({"--spill-io", "buffered"});
+  for (int i = 0; i < 40; ++i) ASSERT_OK(PutObject(i, /*checksum=*/i % 2 == 0));
+  EXPECT_FALSE(Disk().direct_io);
+  for (int i = 0; i < 40; ++i) ExpectIntact(i);
+  EXPECT_GT(Disk().restores, 0u);
+}
+
 TEST(DiskTierDirTest, TheSpillDirectoryIsMadePrivateAndOneOpenToOthersIsRefused) {
   TempDir root;
   ASSERT_FALSE(root.path().empty()) << root.error();

@@ -144,6 +144,7 @@ struct InfoFields<DiskStatus> {
       Field{"spill_failures", &DiskStatus::spill_failures, &R::getSpillFailures},
       Field{"restore_failures", &DiskStatus::restore_failures, &R::getRestoreFailures},
       Field{"copies_in_flight", &DiskStatus::copies_in_flight, &R::getCopiesInFlight},
+      Field{"direct_io", &DiskStatus::direct_io, &R::getDirectIo},
   };
 };
 

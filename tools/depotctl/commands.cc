@@ -230,6 +230,7 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
                         .Number("spill_failures", s.disk.spill_failures)
                         .Number("restore_failures", s.disk.restore_failures)
                         .Number("copies_in_flight", s.disk.copies_in_flight)
+                        .Bool("direct_io", s.disk.direct_io)
                         .str())
       .Json("scheduler", JsonObject()
                              .Number("workers", s.scheduler.workers)
@@ -296,7 +297,8 @@ void AddDiskFields(std::vector<std::pair<std::string, std::string>>& fields, con
   fields.emplace_back("disk", d.dir + ", " + FormatSize(d.used_bytes) + " used of " +
                                   FormatSize(d.limit_bytes) + " (" + Count(d.files, "file") +
                                   " of " + FormatSize(d.file_bytes) + "), " +
-                                  Count(d.objects, "object"));
+                                  Count(d.objects, "object") + ", " +
+                                  (d.direct_io ? "direct" : "buffered") + " I/O");
   fields.emplace_back("", Count(d.spills, "spill") + " (" + FormatSize(d.spilled_bytes) + ", " +
                               Rate(d.spilled_bytes, d.spill_seconds) + "), " +
                               Count(d.restores, "restore") + " (" + FormatSize(d.restored_bytes) +

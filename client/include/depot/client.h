@@ -156,6 +156,7 @@ struct DiskStatus {
   uint64_t spill_failures = 0;    // writes that failed: the objects stayed in memory
   uint64_t restore_failures = 0;  // reads that failed (I/O error, checksum): objects lost
   uint32_t copies_in_flight = 0;  // spills (ahead of need too) and restores under way
+  bool direct_io = false;         // the bulk of each copy bypasses the page cache (O_DIRECT)
 };
 
 // The daemon's state (Client::GetStatus).
