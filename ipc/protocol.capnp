@@ -546,7 +546,7 @@ struct DiskStatus {
   objects @6 :UInt64;         # objects with a copy on disk
   spills @7 :UInt64;          # objects written to disk to make room in host memory
   spilledBytes @8 :UInt64;
-  spillSeconds @9 :Float64;   # the writes' time, together (throughput: bytes / seconds)
+  spillSeconds @9 :Float64;   # while writes were under way (throughput: bytes / seconds)
   restores @10 :UInt64;       # objects read back for gets
   restoredBytes @11 :UInt64;
   restoreSeconds @12 :Float64;

@@ -152,7 +152,8 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
     w.Line("depot_disk_io_bytes_total{op=\"write\"} %" PRIu64 "\n", t.disk_spilled_bytes);
     w.Line("depot_disk_io_bytes_total{op=\"read\"} %" PRIu64 "\n", t.disk_restored_bytes);
     w.Help("depot_disk_io_seconds_total", "counter",
-           "Seconds spent in spill writes and restore reads (bytes / seconds: throughput).");
+           "Seconds during which spill writes (restore reads) were under way (bytes / seconds: "
+           "throughput).");
     w.Line("depot_disk_io_seconds_total{op=\"write\"} %.6f\n", t.disk_spill_seconds);
     w.Line("depot_disk_io_seconds_total{op=\"read\"} %.6f\n", t.disk_restore_seconds);
   }

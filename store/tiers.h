@@ -49,9 +49,10 @@ struct TierCounters {
   uint64_t replicas_dropped = 0;  // extra copies dropped to make room
   uint64_t spills = 0;            // objects moved from a full GPU to host memory
   uint64_t spilled_bytes = 0;
-  // The disk tier (--spill-dir): objects written to disk to make room in host memory, read
-  // back by gets, dropped from disk for good (the spill limit reached), and the I/O that
-  // failed; seconds of the copies, for throughput.
+  // The disk tier (--spill-dir): objects written to disk (to make room in host memory, or
+  // ahead of need), read back by gets, dropped from disk for good (the spill limit reached),
+  // and the I/O that failed; the seconds during which writes (reads) were under way, for
+  // throughput.
   uint64_t disk_spills = 0;
   uint64_t disk_spilled_bytes = 0;
   double disk_spill_seconds = 0;
@@ -177,8 +178,12 @@ class Tiers {
   // What a copy from or to disk did, for FinishTransfer.
   struct DiskCopy {
     Status status;
-    double seconds = 0;
     std::vector<std::byte> metadata;  // read from disk for a GPU copy, which holds data only
+  };
+  // Copies to (or from) disk under way, and since when there have been some.
+  struct DiskBusy {
+    uint32_t running = 0;
+    std::chrono::steady_clock::time_point since{};
   };
   struct RoomWait {
     uint64_t bytes = 0;
@@ -249,7 +254,8 @@ class Tiers {
   std::vector<std::vector<RoomWait>> room_waits_;  // by tier, oldest first
   std::vector<uint32_t> spills_in_flight_;         // by tier (of their source)
   uint64_t ahead_in_flight_ = 0;                   // bytes being written to disk ahead (SpillAhead)
-  uint32_t disk_copies_running_ = 0;               // copies from or to disk on the executor
+  DiskBusy disk_writes_, disk_reads_;
+  uint32_t disk_copies_running_ = 0;  // copies from or to disk on the executor
   bool spill_ahead_scheduled_ = false;
   std::map<std::pair<uint32_t, int32_t>, Transfer> transfers_;  // (slot, destination tier)
   TierCounters counters_;

@@ -147,7 +147,7 @@ struct DiskStatus {
   uint64_t objects = 0;  // with a copy on disk
   uint64_t spills = 0;   // objects written to disk to make room in host memory
   uint64_t spilled_bytes = 0;
-  double spill_seconds = 0;  // the writes' time together: bytes / seconds is their throughput
+  double spill_seconds = 0;  // while writes were under way: bytes / seconds is the throughput
   uint64_t restores = 0;     // objects read back for gets
   uint64_t restored_bytes = 0;
   double restore_seconds = 0;
