@@ -20,6 +20,7 @@
 #include "child_process.h"
 #include "daemon.h"
 #include "depot/client.h"
+#include "raw_session.h"
 #include "test_support.h"
 
 namespace depot::testing {
@@ -415,6 +416,43 @@ TEST_F(DiskTierTest, BufferedIoWorksAsWell) {
   EXPECT_FALSE(Disk().direct_io);
   for (int i = 0; i < 40; ++i) ExpectIntact(i);
   EXPECT_GT(Disk().restores, 0u);
+}
+
+TEST_F(DiskTierTest, AClientNamingTheDiskTierIsRefusedAndHarmsNothing) {
+  Start();
+  for (int i = 0; i < 24; ++i) ASSERT_OK(PutObject(i));
+  ASSERT_TRUE(Info(0).on_disk);
+  // The disk is the daemon's own tier: no request may create, get, prefetch or release a
+  // copy there, whatever number a client tries for it.
+  RawSession raw(daemon_->socket_path());
+  ASSERT_TRUE(raw.Call(1, [](auto r) { FillHello(r); }));
+  uint64_t rid = 2;
+  const auto refused = [&](const std::function<void(wire::Request::Builder)>& fill) {
+    auto reply = raw.Call(rid++, fill);
+    ASSERT_TRUE(reply);
+    EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT)
+        << reply->get().getMessage().cStr();
+  };
+  for (const int32_t device : {100, -3, 99, 1 << 30}) {
+    SCOPED_TRACE("device " + std::to_string(device));
+    refused([&](wire::Request::Builder r) {
+      GetOf({IdOf(0)})(r);
+      r.getGet().setDevice(device);
+    });
+    refused([&](wire::Request::Builder r) {
+      auto prefetch = r.initPrefetch();
+      ipc::ToWire(IdOf(0), prefetch.initIds(1)[0]);
+      prefetch.setDevice(device);
+    });
+    refused([&](wire::Request::Builder r) {
+      CreateOf(ObjectId::FromName("disk/raw"), 4096)(r);
+      r.getCreate().setDevice(device);
+    });
+    refused(ReleaseOf({{device, {IdOf(0)}}}));
+  }
+  EXPECT_FALSE(raw.closed());
+  ExpectIntact(0);
+  EXPECT_EQ(Disk().restore_failures, 0u);
 }
 
 TEST(DiskTierDirTest, TheSpillDirectoryIsMadePrivateAndOneOpenToOthersIsRefused) {
