@@ -158,12 +158,14 @@ std::optional<uint32_t> DiskPool::AddFile(uint64_t bytes, bool dedicated) {
   if (file_bytes_ + bytes > limit_) return std::nullopt;
   ipc::UniqueFd fd = MakeFile(dir_fd_.get());
   if (!fd) {
-    spdlog::warn("cannot create a spill file in {}: {}", dir_, Errno(errno));
+    file_error_ = Status::IoError("cannot create a spill file in " + dir_ + ": " + Errno(errno));
+    spdlog::warn("{}", file_error_.message());
     return std::nullopt;
   }
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    spdlog::warn("cannot size a spill file in {} to {}: {}", dir_, ipc::FormatSize(bytes),
-                 Errno(errno));
+    file_error_ = Status::IoError("cannot size a spill file in " + dir_ + " to " +
+                                  ipc::FormatSize(bytes) + ": " + Errno(errno));
+    spdlog::warn("{}", file_error_.message());
     return std::nullopt;
   }
   ipc::UniqueFd direct;
@@ -200,6 +202,7 @@ std::optional<TierPool::Block> DiskPool::AllocateIn(uint32_t file, uint64_t byte
 }
 
 std::optional<TierPool::Block> DiskPool::Allocate(uint64_t bytes) {
+  file_error_ = Status::OK();
   const uint64_t size = BlockSize(bytes);
   if (size > file_size_) {
     const auto file = AddFile(size, /*dedicated=*/true);

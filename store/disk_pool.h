@@ -80,6 +80,10 @@ class DiskPool final : public TierPool {
   uint64_t largest_free_block() const override;
   // Whether Allocate(bytes) would succeed now, with nothing dropped first.
   bool HasRoomFor(uint64_t bytes) const;
+  // Why the last Allocate failed when the file system refused a new file (cannot create or
+  // size it: full, a file size limit, out of descriptors); OK when it failed for want of room
+  // under the limit, which dropping objects can make.
+  const Status& file_error() const { return file_error_; }
   std::string name() const override { return "the spill directory " + dir_; }
 
   // The descriptors of a live file, for the copies' pread and pwrite: buffered, and opened
@@ -134,6 +138,7 @@ class DiskPool final : public TierPool {
   uint32_t open_files_ = 0;
   uint64_t file_bytes_ = 0;
   uint64_t used_ = 0;
+  Status file_error_;
 };
 
 }  // namespace depot::store

@@ -21,7 +21,10 @@ EvictionPolicy::Action EvictionPolicy::ActionFor(uint32_t slot, int32_t tier) co
   if (tier != kHost && tier != kDisk) return Action::kSpill;
   const bool held = table_.headers().refs(slot) != 0;
   if (held || table_.IsPinned(slot)) return Action::kNone;
-  const bool spills = host_spills_ && !o.failed && !table_.IsNoSpill(slot);
+  // The disk is the last pool (Tiers::Pools): an object larger than the spill limit is
+  // evicted, since no spill of it can ever succeed.
+  const bool spills = host_spills_ && !o.failed && !table_.IsNoSpill(slot) &&
+                      pools_.back()->CouldFit(table_.BytesOn(slot, kDisk));
   return tier == kHost && spills ? Action::kSpill : Action::kEvict;
 }
 

@@ -7,8 +7,8 @@
 // object stays); the last copy of an object in host memory spills to disk when there is a spill
 // directory, else is evicted with the object, unless the object is pinned or held on some tier;
 // the last copy on a GPU spills to host memory; the last copy on disk is dropped for good (the
-// spill limit is reached). A failed object (no bytes), and one created with spill=false, is
-// never spilled: it is evicted. The policy decides; the
+// spill limit is reached). A failed object (no bytes), one created with spill=false, and one
+// larger than the spill limit are never spilled: they are evicted. The policy decides; the
 // store carries it out and tells the policy of every change (Reconsider).
 #pragma once
 

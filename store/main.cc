@@ -2,6 +2,7 @@
 #include <grp.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/sysinfo.h>
 
@@ -263,6 +264,12 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   // A file size limit makes a spill fail with EFBIG (the object stays in memory), not the daemon.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Every session, segment and spill file (two each) takes a descriptor: take all that this
+  // process may have, not the usual soft limit of 1,024.
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   auto capacity = ParseMemory(memory);
   if (!capacity.ok())

@@ -240,6 +240,18 @@ uint32_t ObjectStore::AcquireSlot() {
     }
     victim = next;
   }
+  // With a spill directory, the least recently used object whose only copy is on disk.
+  if (tiers_.disk() != nullptr) {
+    const LruList& on_disk = policy_.candidates(kDisk);
+    for (uint32_t victim = on_disk.front(); victim != LruList::kNil;
+         victim = on_disk.next(victim)) {
+      if (policy_.ActionFor(victim, kDisk) == EvictionPolicy::Action::kEvict) {
+        tiers_.CountDiskDrop(victim);
+        FreeObject(victim);
+        return headers.Acquire();
+      }
+    }
+  }
   return slot;
 }
 
@@ -409,6 +421,11 @@ void ObjectStore::CreateAfterRoom(ClientId client, const CreateParams& p, Create
         }
         if (!block) {
           return done(Status::OutOfMemory(tiers_.OutOfMemoryMessage(p.device, p.id, bytes)));
+        }
+        // Checked again: the client's other creates may have been given room meanwhile.
+        if (Status st = accounts_.CheckHolding(client, *account, block->size); !st.ok()) {
+          pool.Free(block->region, block->handle);
+          return done(st);
         }
         const uint32_t slot = AcquireSlot();
         if (slot == HeaderTable::kNoSlot) {
@@ -726,6 +743,8 @@ std::vector<Placement> ObjectStore::Locate(std::span<const ObjectId> ids) const 
     p.metadata_size = table_.header(slot).metadata_size;
     const ReplicaSet& replicas = table_.at(slot).replicas;
     for (size_t r = 0; r < replicas.size(); ++r) {
+      // A disk copy is no place to read from: a get restores it.
+      if (replicas[r].tier == kDisk) continue;
       (replicas[r].ready ? p.tiers : p.arriving) |= ipc::TierBit(replicas[r].tier);
     }
   }

@@ -159,10 +159,10 @@ void Tiers::SpillAhead() {
   const uint64_t headroom = std::min(arena_.capacity() / kHeadroomShare, kMaxHeadroom);
   const uint64_t used = arena_.used_bytes();
   if (used + headroom <= arena_.capacity()) return;
-  // Bytes that room can be made of at once: copies that may go (they have another), and
-  // those being written ahead, from the least recently used on.
+  // Bytes that room can be made of at once: host copies that have a disk copy, and those
+  // being written ahead. (Host copies that also have a GPU copy may go at once too: left out.)
   const uint64_t want = used + headroom - arena_.capacity();
-  uint64_t ready = ahead_in_flight_;
+  uint64_t ready = host_bytes_on_disk_ + ahead_in_flight_;
   constexpr int kMostLooks = 4096;  // a slice of the list per turn of the loop
   const LruList& candidates = policy_.candidates(kHost);
   uint32_t victim = candidates.front();
@@ -170,12 +170,12 @@ void Tiers::SpillAhead() {
     const uint32_t next = candidates.next(victim);
     const uint64_t bytes = ReplicaBytes(victim, kHost);
     const EvictionPolicy::Action action = policy_.ActionFor(victim, kHost);
-    if (action == EvictionPolicy::Action::kDrop) {
-      ready += bytes;
-    } else if (action == EvictionPolicy::Action::kSpill && !transfers_.contains({victim, kDisk})) {
+    if (action == EvictionPolicy::Action::kSpill && !transfers_.contains({victim, kDisk})) {
+      if (ahead_in_flight_ >= kAheadInFlight) break;
       // Ahead of need, nothing on disk is dropped for room: only what fits now is written.
-      if (ahead_in_flight_ >= kAheadInFlight || !disk_->HasRoomFor(table_.BytesOn(victim, kDisk))) {
-        break;
+      if (!disk_->HasRoomFor(table_.BytesOn(victim, kDisk))) {
+        victim = next;
+        continue;
       }
       ready += bytes;
       StartTransfer(victim, kDisk, /*spill=*/false, 0);
@@ -202,6 +202,9 @@ void Tiers::SetLeased(uint32_t slot, bool leased) {
 
 void Tiers::FreeReplica(uint32_t slot, int32_t tier) {
   const Replica& r = *table_.FindReplica(slot, tier);
+  if ((tier == kHost || tier == kDisk) && r.ready && OnHostAndDisk(slot)) {
+    host_bytes_on_disk_ -= ReplicaBytes(slot, kHost);
+  }
   policy_.Withdraw(slot, tier);
   if (tier == kHost && table_.IsPinned(slot)) counters_.pinned_bytes -= ReplicaBytes(slot, tier);
   pool(tier).Free(r.region, r.handle);
@@ -345,9 +348,12 @@ void Tiers::StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::
   AllocateOn(tier, table_.BytesOn(slot, tier),
              [this, slot, tier, id](std::optional<TierPool::Block> block) {
                if (!block) {
-                 return FinishTransfer(
-                     slot, tier,
-                     Status::OutOfMemory(OutOfMemoryMessage(tier, id, table_.BytesOn(slot, tier))));
+                 // On disk, the file system's refusal is the reason if there was one.
+                 return FinishTransfer(slot, tier,
+                                       tier == kDisk && !disk_->file_error().ok()
+                                           ? disk_->file_error()
+                                           : Status::OutOfMemory(OutOfMemoryMessage(
+                                                 tier, id, table_.BytesOn(slot, tier))));
                }
                PlaceReplica(slot, tier, *block);
                RunCopy(slot, tier);
@@ -439,6 +445,8 @@ void Tiers::RunDiskCopy(uint32_t slot, int32_t tier, int32_t source) {
         if (!done.status.ok()) break;
         XXH3_64bits_update(state, buffer.get(), n);
         done.status = backend->CopyFromHost(other, buffer.get(), address + off, n);
+        // The disk read was fine: a GPU copy that fails loses nothing.
+        if (!done.status.ok()) done.lost = false;
       }
       if (done.status.ok() && metadata != 0) {
         done.metadata.resize(metadata);
@@ -465,6 +473,9 @@ void Tiers::FinishDiskCopy(uint32_t slot, int32_t tier, DiskCopy done) {
       counters_.disk_spills++;
       counters_.disk_spilled_bytes += bytes;
     }
+    return FinishTransfer(slot, tier, std::move(done.status), 0);
+  }
+  if (!done.status.ok() && !done.lost) {
     return FinishTransfer(slot, tier, std::move(done.status), 0);
   }
   if (!done.status.ok()) {
@@ -529,6 +540,9 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
       }
     }
     table_.FindReplica(slot, tier)->ready = true;
+    if ((tier == kHost || tier == kDisk) && OnHostAndDisk(slot)) {
+      host_bytes_on_disk_ += ReplicaBytes(slot, kHost);
+    }
     table_.PublishTiers(slot);
     if (t.spill && tier == kHost) {
       counters_.spills++;
@@ -591,8 +605,11 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
 std::optional<TierPool::Block> Tiers::AllocateDroppingReplicas(int32_t tier, uint64_t bytes) {
   TierPool& p = pool(tier);
   auto block = p.Allocate(bytes);
+  // Dropping objects frees room under the spill limit; it does not mend a file system that
+  // refuses files (full, a size limit, no descriptors left).
+  const auto refused = [&] { return tier == kDisk && !disk_->file_error().ok(); };
   const LruList& candidates = policy_.candidates(tier);
-  for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
+  for (uint32_t victim = candidates.front(); !block && !refused() && victim != LruList::kNil;) {
     const uint32_t next = candidates.next(victim);
     const EvictionPolicy::Action action = policy_.ActionFor(victim, tier);
     if (action == EvictionPolicy::Action::kDrop) {
@@ -603,15 +620,19 @@ std::optional<TierPool::Block> Tiers::AllocateDroppingReplicas(int32_t tier, uin
     } else if (action == EvictionPolicy::Action::kEvict) {
       // The disk's last copies: the spill limit is reached, the object goes for good.
       const uint32_t region = table_.FindReplica(victim, tier)->region;
-      spdlog::debug("dropping {} from disk for good", Mention(table_.IdAt(victim)));
-      counters_.disk_drops++;
-      counters_.disk_dropped_bytes += table_.BytesOn(victim, tier);
+      CountDiskDrop(victim);
       owner_.Evict(victim);
       block = p.AllocateIn(region, bytes);
     }
     victim = next;
   }
   return block;
+}
+
+void Tiers::CountDiskDrop(uint32_t slot) {
+  spdlog::debug("dropping {} from disk for good", Mention(table_.IdAt(slot)));
+  counters_.disk_drops++;
+  counters_.disk_dropped_bytes += table_.BytesOn(slot, kDisk);
 }
 
 int32_t Tiers::Below(int32_t tier) const {

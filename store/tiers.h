@@ -114,6 +114,8 @@ class Tiers {
     return tier >= kHost && tier < static_cast<int32_t>(gpus_.size());
   }
   DiskPool* disk() const { return disk_; }
+  // Counts the object in `slot`, whose last copy is on disk, as dropped for good.
+  void CountDiskDrop(uint32_t slot);
   // Copies from or to disk running on the executor.
   uint32_t disk_copies_running() const { return disk_copies_running_; }
   TierUsage& usage(int32_t tier) { return usage_[Index(tier)]; }
@@ -178,6 +180,7 @@ class Tiers {
   // What a copy from or to disk did, for FinishTransfer.
   struct DiskCopy {
     Status status;
+    bool lost = true;  // a failure is the disk's (read, short read, checksum): the object is lost
     std::vector<std::byte> metadata;  // read from disk for a GPU copy, which holds data only
   };
   // Copies to (or from) disk under way, and since when there have been some.
@@ -254,6 +257,11 @@ class Tiers {
   std::vector<std::vector<RoomWait>> room_waits_;  // by tier, oldest first
   std::vector<uint32_t> spills_in_flight_;         // by tier (of their source)
   uint64_t ahead_in_flight_ = 0;                   // bytes being written to disk ahead (SpillAhead)
+  // Bytes of ready host copies of objects with a ready disk copy: room made at once.
+  uint64_t host_bytes_on_disk_ = 0;
+  bool OnHostAndDisk(uint32_t slot) const {
+    return table_.IsReady(slot, kHost) && table_.IsReady(slot, kDisk);
+  }
   DiskBusy disk_writes_, disk_reads_;
   uint32_t disk_copies_running_ = 0;  // copies from or to disk on the executor
   bool spill_ahead_scheduled_ = false;

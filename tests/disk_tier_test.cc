@@ -4,6 +4,7 @@
 // silent loss.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -284,18 +285,56 @@ TEST_F(DiskTierTest, AFullSpillLimitDropsTheLeastRecentlyUsedSpilledObjects) {
   ExpectIntact(39);
 }
 
-TEST_F(DiskTierTest, AnObjectTheDiskCannotTakeStaysInMemoryAndTheCreateSaysWhy) {
-  // 20 MiB objects do not fit a 16 MiB spill limit: they stay in host memory, and a create
-  // that needs their room fails, naming the spill that failed.
+TEST_F(DiskTierTest, AnObjectLargerThanTheSpillLimitIsEvictedAndDropsNothingFromDisk) {
+  // 20 MiB objects can never fit a 16 MiB spill limit: they are evicted as without a spill
+  // directory (first, since that makes room at once), and nothing on disk is dropped for them.
   Start({"--spill-limit", "16MiB"});
-  for (int i : {0, 8, 16}) ASSERT_OK(PutObject(i));  // 60 MiB of 20 MiB objects
-  const Status st = PutObject(24);
-  EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << st.ToString();
-  EXPECT_NE(st.message().find("spill"), std::string::npos) << st.ToString();
-  EXPECT_GT(Disk().spill_failures, 0u);
-  for (int i : {0, 8, 16}) ExpectIntact(i);
+  for (int i = 1; i < 8; ++i) ASSERT_OK(PutObject(i));  // 9 MiB that may spill
+  for (int i : {0, 8, 16, 24}) ASSERT_OK(PutObject(i));
+  const DiskStatus disk = Disk();
+  EXPECT_EQ(disk.drops, 0u);
+  EXPECT_EQ(disk.spill_failures, 0u);
   ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
+  EXPECT_GE(status.evictions, 1u);
+  EXPECT_EQ(client_->Get(IdOf(0)).status().code(), StatusCode::kNotFound);
+  for (int i = 1; i < 8; ++i) ExpectIntact(i);
+  ExpectIntact(24);
+}
+
+TEST(DiskTierFullTest, AFileSystemThatRefusesSpillFilesKeepsObjectsInMemoryAndSaysWhy) {
+  // A file size limit of 6 MiB on the daemon: its arena segments (4 MiB) and header table
+  // (1,000 slots) fit, but it cannot
+  // size a spill file (8 MiB), as on a full disk. Nothing is dropped or lost: the objects stay
+  // in memory, and the create that needed their room fails with the file system's reason.
+  TempDir root;
+  ASSERT_FALSE(root.path().empty()) << root.error();
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  rlimit small = before;
+  small.rlim_cur = 6 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::optional<TestDaemon> daemon;
+  daemon.emplace(std::vector<std::string>{"--memory", "16MiB", "--segment-size", "4MiB",
+                                          "--max-objects", "1000", "--spill-dir",
+                                          root.path() + "/spill", "--spill-file-size", "8MiB"});
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &before), 0);
+  ASSERT_TRUE(daemon->ok()) << daemon->error();
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon->socket_path()));
+  // 1 MiB objects: the arena holds 16.
+  const auto put = [&](int i) { return client.Put(IdOf(i), DataOf(i, kMiB)); };
+  for (int i = 0; i < 16; ++i) ASSERT_OK(put(i));
+  const Status st = put(16);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << st.ToString();
+  EXPECT_NE(st.message().find("cannot size a spill file"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("File too large"), std::string::npos) << st.ToString();
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client.GetStatus());
+  EXPECT_GT(status.disk.spill_failures, 0u);
   EXPECT_EQ(status.evictions, 0u);
+  EXPECT_EQ(status.disk.drops, 0u);
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_OK_AND_ASSIGN(Buffer got, client.Get(IdOf(i)));
+    EXPECT_TRUE(SameBytes(got.data(), DataOf(i, kMiB)));
+  }
 }
 
 TEST_F(DiskTierTest, TheLeastRecentlyUsedObjectsAreWrittenAheadWhileTheyStayInMemory) {

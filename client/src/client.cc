@@ -538,6 +538,7 @@ ObjectPlacement PlacementOf(Connection& conn, const ObjectId& id, uint64_t tiers
                     .on_host = (tiers & ipc::kTierHost) != 0,
                     .data_size = data_size,
                     .metadata_size = metadata_size};
+  tiers &= ~ipc::kTierDisk;  // the daemon's spill directory: no place to read from
   for (int32_t device = 0; (tiers >> (device + 1)) != 0; ++device) {
     if (!(tiers & ipc::TierBit(device))) continue;
     if (const int ordinal = conn.LocalOrdinal(device); ordinal >= 0) p.gpus.push_back(ordinal);
