@@ -234,7 +234,7 @@ class Tiers {
   // copies the least recently used objects to disk while they stay in memory, so that room
   // is then made at once by dropping their host copies, with no create waiting for a write.
   // At most kAheadInFlight bytes are being written ahead at a time.
-  static constexpr uint64_t kHeadroomShare = 8;                // an eighth of the arena...
+  static constexpr uint64_t kHeadroomShare = 4;                // a quarter of the arena...
   static constexpr uint64_t kMaxHeadroom = uint64_t{1} << 30;  // ...up to 1 GiB
   static constexpr uint64_t kAheadInFlight = uint64_t{256} << 20;
   void SpillAhead();

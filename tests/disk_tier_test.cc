@@ -339,7 +339,7 @@ TEST(DiskTierFullTest, AFileSystemThatRefusesSpillFilesKeepsObjectsInMemoryAndSa
 
 TEST_F(DiskTierTest, TheLeastRecentlyUsedObjectsAreWrittenAheadWhileTheyStayInMemory) {
   Start();
-  // 58 MiB of 64: past the watermark (an eighth of the arena kept ready to free at once), so
+  // 58 MiB of 64: past the watermark (a quarter of the arena kept ready to free at once), so
   // the least recently used object is written to disk ahead of need and stays in memory.
   for (int i = 0; i < 12; ++i) ASSERT_OK(PutObject(i));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
