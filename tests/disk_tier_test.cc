@@ -105,6 +105,17 @@ class DiskTierTest : public ::testing::Test {
       if (idle == 0) std::this_thread::sleep_for(milliseconds(2));
     }
   }
+  // The daemon's descriptors of its spill files, as /proc/<pid>/fd paths a test may open.
+  std::vector<std::string> SpillFiles() const {
+    std::vector<std::string> out;
+    const std::string fds = "/proc/" + std::to_string(daemon_->pid()) + "/fd";
+    for (const auto& e : std::filesystem::directory_iterator(fds)) {
+      std::error_code ec;
+      const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+      if (!ec && target.starts_with(spill_dir())) out.push_back(e.path());
+    }
+    return out;
+  }
   ObjectInfo Info(int i) {
     auto listed = client_->List();
     EXPECT_TRUE(listed.ok()) << listed.status().ToString();
@@ -384,16 +395,12 @@ TEST_F(DiskTierTest, ATruncatedSpillFileFailsThatGetAndTheOthersStillWork) {
   std::vector<std::byte> head = DataOf(0, SizeOf(0));
   head.resize(4096);
   bool truncated = false;
-  const std::string fds = "/proc/" + std::to_string(daemon_->pid()) + "/fd";
-  for (const auto& e : std::filesystem::directory_iterator(fds)) {
-    std::error_code ec;
-    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+  for (const std::string& path : SpillFiles()) {
     struct stat st {};
-    if (ec || !target.starts_with(spill_dir()) || ::stat(e.path().c_str(), &st) != 0 ||
-        static_cast<uint64_t>(st.st_size) != 20 * kMiB + 4096) {
+    if (::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != 20 * kMiB + 4096) {
       continue;
     }
-    const int fd = ::open(e.path().c_str(), O_RDWR);
+    const int fd = ::open(path.c_str(), O_RDWR);
     ASSERT_GE(fd, 0) << std::strerror(errno);
     std::vector<std::byte> first(4096);
     if (::pread(fd, first.data(), first.size(), 0) == 4096 && first == head) {
@@ -423,12 +430,9 @@ TEST_F(DiskTierTest, ASpilledObjectWhoseBytesChangedOnDiskFailsItsChecksumAndIsL
   std::vector<std::byte> head = DataOf(1, SizeOf(1));
   head.resize(4096);
   bool changed = false;
-  const std::string fds = "/proc/" + std::to_string(daemon_->pid()) + "/fd";
-  for (const auto& e : std::filesystem::directory_iterator(fds)) {
-    std::error_code ec;
-    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
-    if (ec || !target.starts_with(spill_dir()) || changed) continue;
-    const int fd = ::open(e.path().c_str(), O_RDWR);
+  for (const std::string& path : SpillFiles()) {
+    if (changed) break;
+    const int fd = ::open(path.c_str(), O_RDWR);
     if (fd < 0) continue;
     std::vector<std::byte> page(4096);
     for (off_t at = 0; !changed && ::pread(fd, page.data(), page.size(), at) == 4096; at += 4096) {
