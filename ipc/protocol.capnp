@@ -87,6 +87,17 @@ struct Request {
     drainWorker @24 :Void;
     workers @25 :Void;       # the workers attached (depotctl workers)
     tasks @26 :Void;         # pending tasks and the last finished ones (depotctl tasks)
+
+    # Hands objects to this session's group (Hello.group) for other members to claim (a get
+    # with `claim`): the group takes one reference per id on `device`, and the object is
+    # deleted, so that it goes once the group and its claimers have let go. The session must
+    # hold a reference there, or the group one already (the same value sent again).
+    handoff @27 :Handoff;
+  }
+
+  struct Handoff {
+    ids @0 :List(Id);
+    device @1 :Int32 = -1;
   }
 
   struct RegisterWorker {
@@ -112,6 +123,10 @@ struct Request {
   struct Hello {
     protocolVersion @0 :UInt32;
     clientName @1 :Text;     # for logs and `depotctl clients`
+    # 16 random bytes naming a group of sessions of one uid (depot.multiprocessing's process
+    # tree), or empty. References handed off in a group (`handoff`) live until claimed or
+    # until every session of the group has gone.
+    group @2 :Data;
   }
 
   struct Create {
@@ -142,6 +157,9 @@ struct Request {
     # Where the caller wants the bytes (as Create.device). The daemon makes a replica there
     # when the object lives elsewhere, and answers when it is ready.
     device @2 :Int32 = -1;
+    # Take references the session's group holds (`handoff`) instead of new ones: each id is
+    # answered as a get, or notHeld if the group holds none on `device`. Never waits.
+    claim @3 :Bool;
   }
 
   # References on one tier (Create.device numbering), for `release`. The ids are grouped
@@ -423,6 +441,7 @@ struct Reply {
     tasks @24 :List(TaskInfo);      # pending in task order, then finished ones
     # Pushed to a draining worker (id 0) once it has nothing left to run: it may close.
     drained @25 :Void;
+    handoff @26 :List(ErrorCode);  # in request order: ok, notFound, notSealed, notHeld, ...
   }
 
   struct TaskOutputs {

@@ -44,6 +44,7 @@ enum class RequestType : uint8_t {
   kDrainWorker,
   kWorkers,
   kTasks,
+  kHandoff,
   kCount
 };
 

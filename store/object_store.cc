@@ -698,6 +698,68 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
   return out;
 }
 
+Result<std::vector<StatusCode>> ObjectStore::Handoff(ClientId client, ClientId group,
+                                                     std::span<const ObjectId> ids, int32_t tier) {
+  // Checked first: a reference key keeps 8 bits of the tier.
+  DEPOT_RETURN_NOT_OK(CheckTier(tier));
+  Account& sender = accounts_.at(client);
+  Account& holder = accounts_.at(group);
+  std::vector<StatusCode> out;
+  out.reserve(ids.size());
+  for (const ObjectId& id : ids) {
+    const uint32_t slot = table_.Find(id);
+    const uint32_t held = slot == HeaderTable::kNoSlot ? 0 : accounts_.RefsOf(holder, slot, tier);
+    if (slot == HeaderTable::kNoSlot) {
+      out.push_back(StatusCode::kNotFound);
+    } else if (!table_.IsSealed(slot)) {
+      out.push_back(StatusCode::kNotSealed);
+    } else if (held >= kMaxHandoffs) {
+      out.push_back(StatusCode::kLimitExceeded);
+    } else if (held == 0 && accounts_.RefsOf(sender, slot, tier) == 0) {
+      // Neither the sender nor the group holds it there: not the sender's to hand over.
+      out.push_back(StatusCode::kNotHeld);
+    } else {
+      out.push_back(StatusCode::kOk);
+      AddRef(holder, slot, tier);
+      if (!table_.IsDeletePending(slot)) {
+        HeaderTable& headers = table_.headers();
+        headers.at(slot).flags |= ipc::kFlagDeletePending;
+        headers.Publish(slot);
+        policy_.Reconsider(slot);  // no replica of it is a candidate any more
+      }
+    }
+  }
+  return out;
+}
+
+Result<std::vector<GetResult>> ObjectStore::Claim(ClientId client, ClientId group,
+                                                  std::span<const ObjectId> ids, int32_t tier) {
+  DEPOT_RETURN_NOT_OK(CheckTier(tier));
+  Account& claimer = accounts_.at(client);
+  Account& holder = accounts_.at(group);
+  const uint64_t now = ipc::WallNanos();
+  std::vector<GetResult> out;
+  out.reserve(ids.size());
+  for (const ObjectId& id : ids) {
+    const uint32_t slot = table_.Find(id);
+    if (slot == HeaderTable::kNoSlot || accounts_.RefsOf(holder, slot, tier) == 0) {
+      out.push_back(
+          GetResult{.code = StatusCode::kNotHeld,
+                    .location = {},
+                    .failure = std::make_shared<const std::string>(
+                        "nothing handed off in this group is waiting to be claimed as object " +
+                        id.Hex() + (tier == kHost ? "" : " on " + tiers_.pool(tier).name()) +
+                        " (claimed already, or its group ended)")});
+      continue;
+    }
+    // The group's reference keeps the replica ready there, so a get is granted at once.
+    out.push_back(Grant(&claimer, slot, tier, now));
+    DropRef(holder, slot, tier);
+    counters_.get_hits++;
+  }
+  return out;
+}
+
 bool ObjectStore::Contains(const ObjectId& id) const {
   const uint32_t slot = table_.Find(id);
   return slot != HeaderTable::kNoSlot && table_.IsUsable(slot);

@@ -233,6 +233,22 @@ class ObjectStore final : private Tiers::Owner {
   Status Release(ClientId client, std::span<const ObjectId> ids, int32_t device = kHost);
 
   std::vector<StatusCode> Delete(std::span<const ObjectId> ids);
+
+  // Objects handed from one client to another through a group (Groups): `group` is the
+  // account of `client`'s group. For each id, the group takes one more reference to the
+  // object's replica on `tier`, and the object is deleted (it goes once the group and those
+  // who claim it let go). The client must hold a reference there, or the group one already
+  // (a value sent again). Per id: kOk, kNotFound, kNotSealed (being created), kNotHeld,
+  // kLimitExceeded (the group holds kMaxHandoffs of it). Fails as a whole for a bad tier.
+  static constexpr uint32_t kMaxHandoffs = 1u << 20;
+  Result<std::vector<StatusCode>> Handoff(ClientId client, ClientId group,
+                                          std::span<const ObjectId> ids, int32_t tier);
+  // Moves one of `group`'s references to each of `ids` on `tier` to `client`, answered as a
+  // get there (a location granting the reference), or kNotHeld, with a message, where the
+  // group holds none. Never waits. Fails as a whole for a bad tier.
+  Result<std::vector<GetResult>> Claim(ClientId client, ClientId group,
+                                       std::span<const ObjectId> ids, int32_t tier);
+
   bool Contains(const ObjectId& id) const;
   // Where each of `ids` is, in order; holds nothing. Clients read the same from the header
   // table (ObjectHeader::tiers) without asking.

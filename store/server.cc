@@ -163,6 +163,22 @@ void Server::Accept() {
 
 void Server::Forget(ClientId id) { sessions_.erase(id); }
 
+Result<ClientId> Server::JoinGroup(std::string_view key, uint32_t uid) {
+  DEPOT_ASSIGN_OR_RETURN(const Groups::Joined joined, groups_.Join(key, uid, next_id_));
+  if (joined.created) {
+    ++next_id_;
+    store_.AddClient(joined.account, uid);
+  }
+  return joined.account;
+}
+
+void Server::LeaveGroup(std::string_view key) {
+  if (const std::optional<ClientId> account = groups_.Leave(key)) {
+    store_.RemoveClient(*account);
+    spdlog::debug("group account {} ended with its last session", *account);
+  }
+}
+
 Session* Server::FindSession(ClientId id) {
   auto it = sessions_.find(id);
   return it == sessions_.end() ? nullptr : it->second.get();

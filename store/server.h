@@ -15,6 +15,7 @@
 
 #include "depot/status.h"
 #include "store/accept_retry.h"
+#include "store/groups.h"
 #include "store/metrics.h"
 #include "store/object_store.h"
 #include "store/peer.h"
@@ -83,6 +84,13 @@ class Server {
   // The session `id`, null if it has gone.
   Session* FindSession(ClientId id);
   TaskService& tasks() { return tasks_; }
+  // Adds a session of `uid` to the group `key` (Groups::Join); returns the group's account,
+  // opened in the store with the group's first member.
+  Result<ClientId> JoinGroup(std::string_view key, uint32_t uid);
+  // Takes a session out of the group `key`; with the last, the group's account is closed,
+  // which gives back the references nobody claimed.
+  void LeaveGroup(std::string_view key);
+  size_t group_count() const { return groups_.size(); }
 
  private:
   void Accept();
@@ -96,7 +104,8 @@ class Server {
   AcceptRetry accept_retry_;
   std::unordered_map<ClientId, std::shared_ptr<Session>> sessions_;
   TaskService tasks_;
-  ClientId next_id_ = 1;
+  Groups groups_;
+  ClientId next_id_ = 1;  // sessions' and groups' accounts alike
   uint64_t epoch_ = 0;
   uint64_t start_ns_ = 0;
   uint64_t requests_ = 0;

@@ -151,6 +151,7 @@ void Session::OnClosed(const std::string& reason, bool protocol_error) {
   (void)store_.ChargeRequests(id_, -static_cast<int64_t>(jobs_charge_));
   jobs_charge_ = 0;
   store_.RemoveClient(id_);
+  if (group_) server_.LeaveGroup(group_key_);
   server_.tasks().SessionClosed(id_);
   // The server owns the last reference; let pending handlers finish with a live object.
   boost::asio::post(server_.loop(),
@@ -300,6 +301,8 @@ void Session::Dispatch(wire::Request::Reader request) {
     case wire::Request::TASKS:
       server_.tasks().Tasks(*this, rid);
       return Observe(RequestType::kTasks, start);
+    case wire::Request::HANDOFF:
+      return HandleHandoff(rid, request.getHandoff(), start);
   }
   SendError(rid, Status::InvalidArgument(
                      "unknown request type " + std::to_string(static_cast<int>(which)) +
@@ -459,6 +462,19 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello, uint
     Observe(RequestType::kHello, start);
     return CloseSoon("client speaks another protocol version");
   }
+  if (hello.getGroup().size() > 0) {
+    const auto key = hello.getGroup();
+    Result<ClientId> group = server_.JoinGroup(
+        std::string_view(reinterpret_cast<const char*>(key.begin()), key.size()), peer_.uid);
+    if (!group.ok()) {
+      SendError(rid, Status(group.status().code(),
+                            "cannot join the group of this hello: " + group.status().message()));
+      Observe(RequestType::kHello, start);
+      return CloseSoon("refused its group");
+    }
+    group_key_.assign(reinterpret_cast<const char*>(key.begin()), key.size());
+    group_ = *group;
+  }
   said_hello_ = true;
   client_name_ = hello.getClientName().cStr();
   spdlog::info("session {}: hello from {} (pid {}, uid {})", id_,
@@ -594,6 +610,7 @@ std::optional<std::vector<ObjectId>> Session::GetIds(uint64_t rid,
 }
 
 void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start) {
+  if (get.getClaim()) return HandleClaim(rid, get, start);
   auto wanted = GetIds(rid, get.getIds());
   if (!wanted) return Observe(RequestType::kGet, start);
   std::vector<ObjectId>& ids = *wanted;
@@ -606,40 +623,87 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
                  [weak = weak_from_this(), rid, start, device](std::vector<GetResult> results) {
                    auto self = weak.lock();
                    if (!self || self->closed()) return;
-                   capnp::MallocMessageBuilder message;
-                   auto reply = message.initRoot<wire::Reply>();
-                   reply.setId(rid);
-                   auto out = reply.initGet(static_cast<unsigned>(results.size()));
-                   std::vector<uint32_t> regions;  // segments or chunks of the objects found
-                   size_t failure_bytes = 0;
-                   for (unsigned i = 0; i < results.size(); ++i) {
-                     out[i].setError(ipc::ToWire(results[i].code));
-                     if (results[i].code == StatusCode::kOk) {
-                       ToWire(results[i].location, out[i].initLocation());
-                       regions.push_back(results[i].location.segment);
-                     } else if (results[i].failure) {
-                       const std::string& why = *results[i].failure;
-                       failure_bytes += why.size();
-                       if (failure_bytes <= kMaxFailureReplyBytes) {
-                         out[i].setMessage(why);
-                       } else {
-                         out[i].setMessage(
-                             "(the message is left out: this reply carries 1 MiB of failure "
-                             "messages already; get this object alone)");
-                       }
-                     }
-                   }
-                   if (device == kHost) {
-                     self->SendReply(message, reply, {.segments = regions});
-                   } else {
-                     self->SendReply(message, reply, {.chunk_device = device, .chunks = regions});
-                   }
+                   self->SendGetReply(rid, device, results);
                    self->Observe(RequestType::kGet, start);
                  });
   if (!st.ok()) {
     SendError(rid, st);
     Observe(RequestType::kGet, start);
   }
+}
+
+void Session::HandleClaim(uint64_t rid, wire::Request::Get::Reader get, uint64_t start) {
+  auto wanted = GetIds(rid, get.getIds());
+  if (!wanted) return Observe(RequestType::kGet, start);
+  if (!group_) {
+    SendError(rid, Status::InvalidArgument(
+                       "this session belongs to no group (Hello.group), so it has nothing to "
+                       "claim"));
+    return Observe(RequestType::kGet, start);
+  }
+  const int32_t device = get.getDevice();
+  Result<std::vector<GetResult>> results = store_.Claim(id_, *group_, *wanted, device);
+  if (results.ok()) {
+    SendGetReply(rid, device, *results);
+  } else {
+    SendError(rid, results.status());
+  }
+  Observe(RequestType::kGet, start);
+}
+
+void Session::SendGetReply(uint64_t rid, int32_t device, const std::vector<GetResult>& results) {
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initGet(static_cast<unsigned>(results.size()));
+  std::vector<uint32_t> regions;  // segments or chunks of the objects found
+  size_t failure_bytes = 0;
+  for (unsigned i = 0; i < results.size(); ++i) {
+    out[i].setError(ipc::ToWire(results[i].code));
+    if (results[i].code == StatusCode::kOk) {
+      ToWire(results[i].location, out[i].initLocation());
+      regions.push_back(results[i].location.segment);
+    } else if (results[i].failure) {
+      const std::string& why = *results[i].failure;
+      failure_bytes += why.size();
+      if (failure_bytes <= kMaxFailureReplyBytes) {
+        out[i].setMessage(why);
+      } else {
+        out[i].setMessage(
+            "(the message is left out: this reply carries 1 MiB of failure messages already; "
+            "get this object alone)");
+      }
+    }
+  }
+  if (device == kHost) {
+    SendReply(message, reply, {.segments = regions});
+  } else {
+    SendReply(message, reply, {.chunk_device = device, .chunks = regions});
+  }
+}
+
+void Session::HandleHandoff(uint64_t rid, wire::Request::Handoff::Reader handoff, uint64_t start) {
+  auto wanted = GetIds(rid, handoff.getIds());
+  if (!wanted) return Observe(RequestType::kHandoff, start);
+  if (!group_) {
+    SendError(rid, Status::InvalidArgument(
+                       "this session belongs to no group (Hello.group): there is nobody to hand "
+                       "objects to"));
+    return Observe(RequestType::kHandoff, start);
+  }
+  Result<std::vector<StatusCode>> codes =
+      store_.Handoff(id_, *group_, *wanted, handoff.getDevice());
+  if (!codes.ok()) {
+    SendError(rid, codes.status());
+    return Observe(RequestType::kHandoff, start);
+  }
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  auto out = reply.initHandoff(static_cast<unsigned>(codes->size()));
+  for (unsigned i = 0; i < codes->size(); ++i) out.set(i, ipc::ToWire((*codes)[i]));
+  SendReply(message, reply);
+  Observe(RequestType::kHandoff, start);
 }
 
 struct Session::ListJob {

@@ -74,6 +74,10 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void HandleSeal(uint64_t rid, const ObjectId& id, uint64_t start);
   void HandleAbort(uint64_t rid, const ObjectId& id, uint64_t start);
   void HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
+  // A get with `claim`: references the session's group holds (ObjectStore::Claim).
+  void HandleClaim(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
+  void HandleHandoff(uint64_t rid, wire::Request::Handoff::Reader handoff, uint64_t start);
+  void SendGetReply(uint64_t rid, int32_t device, const std::vector<GetResult>& results);
   void HandlePrefetch(uint64_t rid, wire::Request::Get::Reader prefetch, uint64_t start);
   // Gives back one reference per id on each group's tier; the first error (NotHeld, or a
   // tier the daemon does not serve) is the answer, the other ids are still released.
@@ -142,6 +146,9 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   const uint64_t connected_time_ns_;
   std::string client_name_;
   bool said_hello_ = false;
+  // The group this session joined at hello (Groups): its key, and its account in the store.
+  std::string group_key_;
+  std::optional<ClientId> group_;
   int jobs_ = 0;  // jobs running (BeginJob)
   uint64_t requests_ = 0;
   uint64_t jobs_charge_ = 0;  // of the jobs running, counted by ChargeRequests

@@ -215,10 +215,11 @@ struct Got {
 // call with the first such error in the order of `ids`: TaskFailed with the task's message
 // as it is, the others naming the object; the holdings made meanwhile are dropped, which
 // gives their references back.
+// With `claim`, the references are those the session's group holds (Client::Claim).
 template <typename Held, typename Local, typename Make>
 Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<const ObjectId> ids,
                             int32_t tier, int ordinal, std::chrono::milliseconds timeout,
-                            Local local, Make make) {
+                            Local local, Make make, bool claim = false) {
   DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn, "a get"));
   Got<Held> got;
   got.holdings.resize(ids.size());
@@ -236,6 +237,7 @@ Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<c
   for (size_t k = 0; k < remote.size(); ++k) ipc::ToWire(ids[remote[k]], list[k]);
   get.setTimeoutMs(WireTimeout(timeout));
   get.setDevice(tier);
+  get.setClaim(claim);
   Reply reply;
   DEPOT_RETURN_NOT_OK(conn->Call(request, &reply));
   return Decode([&]() -> Result<Got<Held>> {
@@ -257,8 +259,8 @@ Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<c
       } else if (code != StatusCode::kOk) {
         // The daemon may say why (a copy between tiers that failed).
         const auto why = results[k].getMessage();
-        st = Status(code, "cannot get object " + ids[i].Hex() +
-                              (ordinal == Client::kHostMemory ? " in " : " on ") +
+        st = Status(code, std::string(claim ? "cannot claim object " : "cannot get object ") +
+                              ids[i].Hex() + (ordinal == Client::kHostMemory ? " in " : " on ") +
                               TierName(ordinal) + ": " +
                               (why.size() == 0 ? std::string(StatusCodeName(code))
                                                : std::string(why.begin(), why.size())));
@@ -279,12 +281,15 @@ Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<c
   });
 }
 
-// GetOnTier in host memory. Objects this client holds are answered from its table.
+// GetOnTier in host memory. Objects this client holds are answered from its table, but
+// for a claim, which always takes the group's reference.
 Result<Got<Holding>> GetOnHost(const std::shared_ptr<Connection>& conn,
-                               std::span<const ObjectId> ids, std::chrono::milliseconds timeout) {
+                               std::span<const ObjectId> ids, std::chrono::milliseconds timeout,
+                               bool claim = false) {
   return GetOnTier<Holding>(
       conn, ids, ipc::kHostDevice, Client::kHostMemory, timeout,
-      [&](const ObjectId& id) {
+      [&](const ObjectId& id) -> std::shared_ptr<Holding> {
+        if (claim) return nullptr;
         auto held = FindSealed(*conn, id);
         return held ? held : Lease(conn, id);
       },
@@ -296,21 +301,24 @@ Result<Got<Holding>> GetOnHost(const std::shared_ptr<Connection>& conn,
         auto holding = conn->holdings().Adopt(std::move(fresh));
         holding->sealed.store(true, std::memory_order_release);
         return holding;
-      });
+      },
+      claim);
 }
 
 // GetOnTier on GPU `ordinal` (this process's). Each get takes a reference of its own:
 // nothing is answered locally (see DeviceHolding).
 Result<Got<internal::DeviceHolding>> GetOnGpu(const std::shared_ptr<Connection>& conn,
                                               std::span<const ObjectId> ids, int ordinal,
-                                              std::chrono::milliseconds timeout) {
+                                              std::chrono::milliseconds timeout,
+                                              bool claim = false) {
   DEPOT_ASSIGN_OR_RETURN(const int32_t tier, conn->DaemonDevice(ordinal));
   return GetOnTier<internal::DeviceHolding>(
       conn, ids, tier, ordinal, timeout,
       [](const ObjectId&) { return std::shared_ptr<internal::DeviceHolding>(); },
       [&](const ObjectId& id, wire::Location::Reader location) {
         return MakeDeviceHolding(conn, id, location, /*writable=*/false);
-      });
+      },
+      claim);
 }
 
 // A one-object get's error for an object that was not there (`code`: as Got's).
@@ -514,6 +522,75 @@ Status Client::Delete(std::span<const ObjectId> ids) {
     }
     return first_error;
   });
+}
+
+Status Client::Handoff(std::span<const ObjectId> ids, int device) {
+  if (ids.empty()) return Status::OK();
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a handoff"));
+  int32_t tier = ipc::kHostDevice;
+  if (device != kHostMemory) {
+    DEPOT_ASSIGN_OR_RETURN(tier, conn_->DaemonDevice(device));
+  }
+  RequestMessage request;
+  auto handoff = request.root().initHandoff();
+  handoff.setDevice(tier);
+  auto list = handoff.initIds(static_cast<unsigned>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Decode([&]() -> Status {
+    auto r = reply.get();
+    if (!r.isHandoff() || r.getHandoff().size() != ids.size()) return UnexpectedReply("handoff");
+    auto codes = r.getHandoff();
+    Status first_error;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const StatusCode code = ipc::FromWire(codes[i]);
+      if (code == StatusCode::kOk) {
+        // Handed off objects are deleted: new Gets do not find them, only claims.
+        conn_->holdings().Forget(ids[i]);
+        continue;
+      }
+      if (!first_error.ok()) continue;
+      std::string why;
+      switch (code) {
+        case StatusCode::kNotFound:
+          why = "no such object";
+          break;
+        case StatusCode::kNotSealed:
+          why = "it is still being created (seal it first)";
+          break;
+        case StatusCode::kNotHeld:
+          why = "this client holds no reference to it on " + TierName(device) +
+                ", nor does its group";
+          break;
+        case StatusCode::kLimitExceeded:
+          why = "the group holds too many handoffs of it already";
+          break;
+        default:
+          why = std::string(StatusCodeName(code));
+      }
+      first_error = Status(code, "cannot hand off object " + ids[i].Hex() + ": " + why);
+    }
+    return first_error;
+  });
+}
+
+Result<std::vector<Buffer>> Client::Claim(std::span<const ObjectId> ids) {
+  DEPOT_ASSIGN_OR_RETURN(auto got, GetOnHost(conn_, ids, std::chrono::milliseconds(0),
+                                             /*claim=*/true));
+  std::vector<Buffer> buffers;
+  buffers.reserve(got.holdings.size());
+  for (auto& holding : got.holdings) buffers.push_back(Buffer(std::move(holding)));
+  return buffers;
+}
+
+Result<std::vector<DeviceBuffer>> Client::ClaimOnDevice(std::span<const ObjectId> ids, int device) {
+  DEPOT_ASSIGN_OR_RETURN(auto got, GetOnGpu(conn_, ids, device, std::chrono::milliseconds(0),
+                                            /*claim=*/true));
+  std::vector<DeviceBuffer> buffers;
+  buffers.reserve(got.holdings.size());
+  for (auto& holding : got.holdings) buffers.push_back(DeviceBuffer(std::move(holding)));
+  return buffers;
 }
 
 Result<bool> Client::Contains(const ObjectId& id) {

@@ -270,6 +270,10 @@ Status Connection::Handshake(const ConnectOptions& options) {
   hello.setProtocolVersion(ipc::kProtocolVersion);
   hello.setClientName(options.client_name.empty() ? program_invocation_short_name
                                                   : options.client_name.c_str());
+  if (!options.group.empty()) {
+    hello.setGroup(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(options.group.data()),
+                                       options.group.size()));
+  }
   Reply reply;
   Status st = Call(request, &reply);
   if (st.Is(StatusCode::kProtocolMismatch)) return st;

@@ -61,6 +61,10 @@ struct ConnectOptions {
   // see their replies in time again, polling resumes. This costs no clock reads beyond the
   // polling's own.
   std::chrono::microseconds spin{20};
+  // Joins a group of sessions that hand objects to one another (Handoff, Claim): 16 bytes,
+  // random, the same in every process of the group (depot.multiprocessing passes them to its
+  // children), or empty for none. A group belongs to the uid of its first session.
+  std::string group;
 };
 
 struct CreateOptions {
@@ -400,6 +404,23 @@ class Client {
   // (the others are still deleted) and NotSealed for an object still being created.
   Status Delete(const ObjectId& id);
   Status Delete(std::span<const ObjectId> ids);
+
+  // Hands objects to this client's group (ConnectOptions::group) for another of its
+  // processes to Claim, as a sender does who may exit before the receiver takes them: the
+  // group holds one reference to each object (on GPU `device`, this process's ordinal, or
+  // in host memory) until a member claims it, or until every session of the group has
+  // gone. The objects are deleted, so that they go as soon as the group and their claimers
+  // have let go; Get no longer finds them. This client must hold each one (it created it,
+  // or got it), or the group one already (the same value sent twice). Fails with the first
+  // object's error: NotFound, NotSealed, NotHeld; InvalidArgument without a group.
+  Status Handoff(std::span<const ObjectId> ids, int device = kHostMemory);
+  // Takes over one of the group's references to each object that was handed off: read-only
+  // handles, in the order of `ids`, as Get returns them. Never waits. Fails with NotHeld,
+  // naming the object, when the group holds none (claimed already, never handed off, or the
+  // group ended); InvalidArgument without a group.
+  Result<std::vector<Buffer>> Claim(std::span<const ObjectId> ids);
+  // The same for objects handed off on GPU `device`.
+  Result<std::vector<DeviceBuffer>> ClaimOnDevice(std::span<const ObjectId> ids, int device);
 
   // Whether a sealed object with this id exists (and is not pending deletion).
   Result<bool> Contains(const ObjectId& id);

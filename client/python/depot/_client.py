@@ -67,10 +67,19 @@ class Client:
     memory and keep their object alive (and unevictable) until they, and every view of them,
     are garbage collected, even after the Client is closed. After ``fork()``, a child must
     connect its own Client.
+
+    ``group`` (16 random bytes, the same in each process) joins a group of clients that hand
+    values to one another: see :meth:`handoff`. A group belongs to the uid of its first
+    client.
     """
 
-    def __init__(self, socket: Union[str, "os.PathLike[str]", None] = None, *, name: str = "") -> None:
-        self._conn = _depot.Connection("" if socket is None else os.fspath(socket), name)
+    def __init__(
+        self, socket: Union[str, "os.PathLike[str]", None] = None, *, name: str = "",
+        group: Optional[bytes] = None,
+    ) -> None:
+        self._conn = _depot.Connection(
+            "" if socket is None else os.fspath(socket), name, b"" if group is None else bytes(group)
+        )
         # Functions sent by value, and the refs they are stored under.
         self._functions: "weakref.WeakKeyDictionary[Any, ObjectRef]" = weakref.WeakKeyDictionary()
 
@@ -183,12 +192,14 @@ class Client:
 
     def _put_encoded(
         self, ref: ObjectRef, value: Any, encoded: Any, pin: bool, device: Optional[int] = None,
-        default_device: Optional[int] = None, spill: bool = True,
-    ) -> None:
+        default_device: Optional[int] = None, spill: bool = True, handoff: bool = False,
+    ) -> Optional[int]:
+        """Stores an encoded value; returns the GPU it went to, None for host memory."""
         name = ref.name or ""
         if isinstance(encoded, (_device.DLPackSource, _device.InterfaceSource)):
-            _device.put_device(self._conn, ref, encoded, device, pin, default_device)
-            return
+            return _device.put_device(
+                self._conn, ref, encoded, device, pin, default_device, handoff=handoff
+            )
         if device is not None:
             raise InvalidArgument(
                 f"device= is for GPU arrays; a {type(value).__name__} is stored in host memory "
@@ -201,11 +212,47 @@ class Client:
 
             np.copyto(np.frombuffer(writable, dtype=array.dtype).reshape(array.shape), array)
             self._conn.seal(ref.id)
-            return
+            if handoff:  # while `writable` holds the creator's reference
+                self._conn.handoff([ref.id], -1)
+            return None
         self._conn.put(
             ref.id, encoded.parts, encoded.offsets, encoded.size, encoded.metadata, name, pin,
-            spill,
+            spill, handoff,
         )
+        return None
+
+    # Handing values to another process of the group.
+
+    def handoff(self, value: Any, *, device: Optional[int] = None) -> Tuple[ObjectRef, Optional[int]]:
+        """Stores ``value`` as :meth:`put` does and hands it to this client's group, for
+        another of its processes to take with :meth:`claim`, even after this one has exited.
+
+        The group holds the object until it is claimed, or until every client of the group
+        has closed; once claimed, it goes when the claimer lets go of it. It is deleted at
+        once: :meth:`get` no longer finds it, only a claim does. Returns the object's ref and
+        the GPU it is on (a GPU array stays on its GPU; None: host memory), which the
+        receiver passes to :meth:`claim`. Raises InvalidArgument if this client joined no
+        group, and fails as put does.
+        """
+        ref = ObjectRef(_depot.random_id())
+        gpu = self._put_encoded(ref, value, _codec.encode(value), False, device, handoff=True)
+        return ref, gpu
+
+    def handoff_again(self, ref: RefLike, *, device: Optional[int] = None) -> None:
+        """Hands an object this client's group still holds (handed off and not yet claimed)
+        to the group once more: one more claim of it, with no copy. Raises NotHeld if the
+        group holds it no more (claimed, or the group ended)."""
+        self._conn.handoff([_ref(ref).id], -1 if device is None else _device_ordinal(device))
+
+    def claim(self, ref: RefLike, *, device: Optional[int] = None) -> Any:
+        """Takes a value handed off in this client's group: as :meth:`get` returns it, or
+        with ``device=k`` (the GPU it was handed off on) a DeviceArray. Each handoff is
+        claimed once. Never waits. Raises NotHeld if nothing handed off waits under this
+        ref (claimed already, or its group ended), InvalidArgument without a group."""
+        if device is not None:
+            buffer = self._conn.claim_on_device([_ref(ref).id], _device_ordinal(device))[0]
+            return DeviceArray._of(buffer)
+        return _codec.decode(self._conn.claim([_ref(ref).id])[0])
 
     def create(self, size: int, *, name: Optional[str] = None, pin: bool = False) -> memoryview:
         """Creates an object of ``size`` bytes for writing in place; returns its writable bytes.

@@ -202,12 +202,13 @@ def _capsule(value: Any) -> Any:
 
 def put_device(
     conn: Any, ref: ObjectRef, source: Any, device: Optional[int], pin: bool,
-    default_device: Optional[int] = None,
-) -> None:
-    """Stores a GPU array (classify's result) as a new object on its GPU. ``device`` is
-    what the caller says it is on (an error if the array says otherwise);
-    ``default_device`` where a ``__cuda_array_interface__`` array whose pointer the driver
-    does not know (a simulated GPU's) is taken to be, when ``device`` is None (else 0)."""
+    default_device: Optional[int] = None, handoff: bool = False,
+) -> int:
+    """Stores a GPU array (classify's result) as a new object on its GPU, and returns that
+    GPU's ordinal. ``device`` is what the caller says it is on (an error if the array says
+    otherwise); ``default_device`` where a ``__cuda_array_interface__`` array whose pointer
+    the driver does not know (a simulated GPU's) is taken to be, when ``device`` is None
+    (else 0). ``handoff``: hands the object to the connection's group (Client.handoff)."""
     name = ref.name or ""
     if isinstance(source, DLPackSource):
         value = source.value
@@ -235,13 +236,14 @@ def put_device(
                 )
             typestr = typestr_of_dlpack(tensor.code, tensor.bits, tensor.lanes)
             nbytes = _product(shape) * (bits // 8)
+            target = source.device if device is None else int(device)
             conn.put_device(
-                ref.id, tensor.data, nbytes, source.device if device is None else int(device),
-                None, devarray_metadata(typestr, shape), name, pin,
+                ref.id, tensor.data, nbytes, target, None, devarray_metadata(typestr, shape),
+                name, pin, handoff,
             )
         finally:
             tensor.close()  # the producer's deleter: the copy is complete
-        return
+        return target
     value, cai = source.value, source.interface
     if cai.get("mask") is not None:
         raise InvalidArgument("cannot put a masked array (__cuda_array_interface__ mask)")
@@ -271,7 +273,9 @@ def put_device(
     conn.put_device(
         ref.id, pointer, _product(shape) * itemsize, target,
         None if stream is None else int(stream), devarray_metadata(typestr, shape), name, pin,
+        handoff,
     )
+    return target
 
 
 # Reading.

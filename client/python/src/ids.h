@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstring>
+#include <vector>
 
 #include "depot/object_id.h"
 
@@ -15,6 +16,13 @@ inline ObjectId ToId(nanobind::bytes b) {
   std::array<std::byte, ObjectId::kSize> bytes{};
   std::memcpy(bytes.data(), b.c_str(), bytes.size());
   return ObjectId::FromBytes(bytes);
+}
+
+inline std::vector<ObjectId> ToIds(const std::vector<nanobind::bytes>& list) {
+  std::vector<ObjectId> ids;
+  ids.reserve(list.size());
+  for (const auto& b : list) ids.push_back(ToId(b));
+  return ids;
 }
 
 inline nanobind::bytes IdBytes(const ObjectId& id) {

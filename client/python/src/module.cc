@@ -63,9 +63,10 @@ auto Blocking(Client& client, F&& f) {
 // A connection to depotd (depot::Client). Thread-safe; Python's Client wraps it.
 class Connection {
  public:
-  Connection(const std::string& socket_path, const std::string& client_name) {
+  Connection(const std::string& socket_path, const std::string& client_name, nb::bytes group) {
     ConnectOptions options;
     options.client_name = client_name;
+    options.group.assign(group.c_str(), group.size());
     Result<Client> client = [&] {
       nb::gil_scoped_release release;
       return Client::Connect(socket_path, options);
@@ -89,8 +90,10 @@ class Connection {
   // Stores `parts` at `offsets` in a new object of `size` bytes and seals it. Gaps between
   // parts are zeroed. Small objects travel in one request (Client::Put); larger ones are
   // created, copied into shared memory and sealed.
+  // With `handoff`, the object is handed to the connection's group (Client::Handoff) before
+  // the creator's reference goes.
   void Put(nb::bytes id_bytes, nb::list parts, const std::vector<uint64_t>& offsets, uint64_t size,
-           nb::bytes metadata, const std::string& name, bool pin, bool spill) {
+           nb::bytes metadata, const std::string& name, bool pin, bool spill, bool handoff) {
     const ObjectId id = ToId(id_bytes);
     const std::vector<std::unique_ptr<ReadView>> views = ViewParts(parts, offsets, size);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin, spill);
@@ -98,9 +101,39 @@ class Connection {
     Status st;
     {
       nb::gil_scoped_release release;
-      st = PutParts(c, id, views, offsets, size, options);
+      st = handoff ? PutAndHandOff(c, id, views, offsets, size, options)
+                   : PutParts(c, id, views, offsets, size, options);
     }
     RaiseIfError(st);
+  }
+
+  // Hands `ids` (held by this connection, or by its group) to its group, in host memory or on
+  // GPU `device`.
+  void Handoff(const std::vector<nb::bytes>& id_bytes, int device) {
+    std::vector<ObjectId> ids = ToIds(id_bytes);
+    RaiseIfError([&] {
+      nb::gil_scoped_release release;
+      return client().Handoff(ids, device);
+    }());
+  }
+
+  // Takes over the group's references to `ids` (Client::Claim): StoreBuffers, in order.
+  nb::list Claim(const std::vector<nb::bytes>& id_bytes) {
+    std::vector<ObjectId> ids = ToIds(id_bytes);
+    std::vector<Buffer> buffers =
+        Blocking(client(), [&](Client& c) { return c.Claim(ids); });
+    nb::list out;
+    for (auto& b : buffers) out.append(nb::cast(StoreBuffer{std::move(b)}));
+    return out;
+  }
+
+  nb::list ClaimOnDevice(const std::vector<nb::bytes>& id_bytes, int device) {
+    std::vector<ObjectId> ids = ToIds(id_bytes);
+    std::vector<DeviceBuffer> buffers =
+        Blocking(client(), [&](Client& c) { return c.ClaimOnDevice(ids, device); });
+    nb::list out;
+    for (auto& b : buffers) out.append(nb::cast(DeviceStoreBuffer{std::move(b)}));
+    return out;
   }
 
   // Puts each of `items`, tuples (id, parts, offsets, size, metadata, name) as Put takes
@@ -175,7 +208,7 @@ class Connection {
   // The creator's reference goes with the handle; a failed copy aborts the object.
   void PutDevice(nb::bytes id_bytes, uint64_t source, uint64_t size, int device,
                  std::optional<uintptr_t> wait_stream, nb::bytes metadata, const std::string& name,
-                 bool pin) {
+                 bool pin, bool handoff) {
     const ObjectId id = ToId(id_bytes);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin);
     Client& c = client();
@@ -186,7 +219,9 @@ class Connection {
         DEPOT_ASSIGN_OR_RETURN(MutableDeviceBuffer target,
                                c.CreateOnDevice(id, size, device, options));
         DEPOT_RETURN_NOT_OK(CopyIntoDevice(target, source, size, wait_stream));
-        return c.Seal(id);
+        DEPOT_RETURN_NOT_OK(c.Seal(id));
+        // Before `target`, the creator's reference, goes.
+        return handoff ? c.Handoff(std::span(&id, 1), device) : Status::OK();
       }();
     }
     RaiseIfError(st);
@@ -389,6 +424,18 @@ class Connection {
     return c.Seal(id);
   }
 
+  // PutParts for a handoff: created, filled and sealed, then handed off while the creator's
+  // reference (`buffer`) still holds it. Never inline: that put lets go at once.
+  static Status PutAndHandOff(Client& c, const ObjectId& id,
+                              const std::vector<std::unique_ptr<ReadView>>& views,
+                              const std::vector<uint64_t>& offsets, uint64_t size,
+                              const CreateOptions& options) {
+    DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
+    FillParts(buffer.ptr(), views, offsets, size);
+    DEPOT_RETURN_NOT_OK(c.Seal(id));
+    return c.Handoff(std::span(&id, 1));
+  }
+
   // Gets `ids`, waiting up to `timeout_ms` (-1: for ever) in slices, with the GIL released
   // during each and signals checked between them.
   static std::vector<Buffer> GetSliced(Client& c, const std::vector<ObjectId>& ids,
@@ -482,6 +529,21 @@ NB_MODULE(_depot, m) {
   m.def(
       "random_id", [] { return depot::python::IdBytes(ObjectId::Random()); }, "A fresh random id.");
   m.def(
+      "digest",
+      [](nb::handle buffer) {
+        const depot::python::ReadView view(buffer);
+        const auto bytes = view.bytes();
+        ObjectId digest;
+        {
+          nb::gil_scoped_release release;
+          digest = ObjectId::FromName(
+              std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+        }
+        return depot::python::IdBytes(digest);
+      },
+      "buffer"_a,
+      "XXH3-128 of a contiguous buffer's bytes (16 bytes), computed with the GIL released.");
+  m.def(
       "id_hex", [](nb::bytes id) { return depot::python::ToId(id).Hex(); }, "id"_a,
       "The 32-character hex form depotctl shows.");
   m.def(
@@ -494,18 +556,22 @@ NB_MODULE(_depot, m) {
       "hex"_a);
 
   nb::class_<Connection>(m, "Connection", "One connection to depotd (thread-safe).")
-      .def(nb::init<const std::string&, const std::string&>(), "socket_path"_a, "client_name"_a)
+      .def(nb::init<const std::string&, const std::string&, nb::bytes>(), "socket_path"_a,
+           "client_name"_a, "group"_a = nb::bytes(""))
       .def("close", &Connection::Close)
       .def_prop_ro("closed", &Connection::closed)
       .def_prop_ro("socket_path", &Connection::socket_path)
       .def_prop_ro("session_id", &Connection::session_id)
       .def("put", &Connection::Put, "id"_a, "parts"_a, "offsets"_a, "size"_a, "metadata"_a,
-           "name"_a, "pin"_a, "spill"_a = true)
+           "name"_a, "pin"_a, "spill"_a = true, "handoff"_a = false)
+      .def("handoff", &Connection::Handoff, "ids"_a, "device"_a)
+      .def("claim", &Connection::Claim, "ids"_a)
+      .def("claim_on_device", &Connection::ClaimOnDevice, "ids"_a, "device"_a)
       .def("put_many", &Connection::PutMany, "items"_a, "pin"_a)
       .def("create", &Connection::Create, "id"_a, "size"_a, "metadata"_a, "name"_a, "pin"_a,
            "spill"_a = true)
       .def("put_device", &Connection::PutDevice, "id"_a, "source"_a, "size"_a, "device"_a,
-           "wait_stream"_a.none(), "metadata"_a, "name"_a, "pin"_a)
+           "wait_stream"_a.none(), "metadata"_a, "name"_a, "pin"_a, "handoff"_a = false)
       .def("gpus", &Connection::Gpus)
       .def("get_on_device", &Connection::GetOnDevice, "id"_a, "device"_a, "timeout_ms"_a)
       .def("get_many_on_device", &Connection::GetManyOnDevice, "ids"_a, "device"_a, "timeout_ms"_a)
