@@ -120,8 +120,7 @@ class Connection {
   // Takes over the group's references to `ids` (Client::Claim): StoreBuffers, in order.
   nb::list Claim(const std::vector<nb::bytes>& id_bytes) {
     std::vector<ObjectId> ids = ToIds(id_bytes);
-    std::vector<Buffer> buffers =
-        Blocking(client(), [&](Client& c) { return c.Claim(ids); });
+    std::vector<Buffer> buffers = Blocking(client(), [&](Client& c) { return c.Claim(ids); });
     nb::list out;
     for (auto& b : buffers) out.append(nb::cast(StoreBuffer{std::move(b)}));
     return out;
