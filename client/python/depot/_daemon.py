@@ -131,6 +131,14 @@ class Daemon:
         return f"<depot.Daemon pid={self.pid} {state} on {self.socket!r}>"
 
 
+def _stop_with_parent() -> None:
+    """In the daemon's process, before exec: SIGTERM when its parent thread ends."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
 def _accepts(path: str) -> bool:
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
@@ -154,6 +162,7 @@ def start_daemon(
     simulate_gpus: Union[int, str, None] = None,
     workers: int = 0,
     worker_gpus: Sequence[int] = (),
+    stop_with_parent: bool = False,
 ) -> Daemon:
     """Starts a private depotd and waits until it accepts connections.
 
@@ -172,6 +181,10 @@ def start_daemon(
     set-up; worker i also offers GPU ``worker_gpus[i]`` (this process's ordinal), if the
     list has that many. They stop with the daemon.
 
+    ``stop_with_parent`` has the kernel send the daemon SIGTERM when the thread that
+    started it ends (``PR_SET_PDEATHSIG``), so that it stops even if this process is killed;
+    start it from the main thread (or one that lives as long as the process).
+
     Returns a :class:`Daemon`; use it as a context manager, or call ``close()``. It is
     stopped at interpreter exit in any case. Raises DepotError with the daemon's log if it
     (or its workers) does not start within ``timeout`` seconds.
@@ -187,7 +200,10 @@ def start_daemon(
         argv += ["--simulate-gpus", str(simulate_gpus)]
     argv += list(args)
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            preexec_fn=_stop_with_parent if stop_with_parent else None,
+        )
     daemon = Daemon(process, path, directory, log_path)
     deadline = time.monotonic() + timeout
     while not _accepts(path):

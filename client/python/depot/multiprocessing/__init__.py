@@ -1,0 +1,174 @@
+"""depot.multiprocessing: the standard multiprocessing, passing arrays through the store.
+
+A drop-in for ``multiprocessing``: it exports everything the standard module does
+(``Process``, ``Queue``, ``SimpleQueue``, ``Pipe``, ``Pool``, ``get_context``, ...). Numpy
+arrays, PyTorch tensors (CPU and CUDA) and CuPy arrays of at least the threshold
+(:func:`set_threshold`, 64 KiB by default), alone or inside anything else sent, go through
+the host's depotd instead of through a pipe: the sender copies the value into shared memory
+once (a GPU value into the store's pool on its GPU), and the receiver maps the same memory,
+with no copy and no pickling of the bytes.
+
+    import depot.multiprocessing as mp
+    import numpy as np
+
+    def work(q):
+        q.put(np.ones((4096, 4096)))       # 128 MiB: into the store once
+
+    if __name__ == "__main__":
+        q = mp.Queue()
+        p = mp.Process(target=work, args=(q,))
+        p.start()
+        a = q.get()                        # read-only, viewing the store: no copy
+        p.join()
+
+How long a value lives:
+
+- The sender may drop the value, or exit, once it has sent it: the tree's group (see
+  depot.Client.handoff) holds it until a receiver unpickles it.
+- A received value is read-only (numpy ``writeable=False``; a tensor on the store's memory,
+  which faults if written: ``.clone()`` it to change it). The object goes from the store when
+  the receiver's last view of it is gone.
+- Values sent but never received (a queue dropped with items in it, a receiver killed before
+  taking them) go when the last process of the tree has exited. A killed process gives back
+  everything it held.
+- The same value sent again, unchanged, while a send of it is still unclaimed, is not copied
+  again: a Pool broadcasting an argument stores it once.
+
+The store is the depotd at ``$DEPOT_SOCKET``, or one this module starts for the process tree
+(``$DEPOT_MP_MEMORY`` big, default half of RAM, used only as objects need it), stopped when
+the process that started it exits. Without a store, or when it is full, values are pickled
+as by the standard module, with one warning (:class:`StoreUnavailableWarning`).
+
+Every start method works (fork, spawn, forkserver), through the contexts of this module:
+``get_context("spawn")``, or ``torch.utils.data.DataLoader(...,
+multiprocessing_context=depot.multiprocessing.get_context("spawn"))``. The pickling applies
+to anything multiprocessing sends once this module is imported, also through the standard
+module's own contexts, as torch.multiprocessing's does; processes started through this
+module's contexts join the store's group before they start.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as _mp
+import multiprocessing.context as _context
+import multiprocessing.process as _process
+
+from . import _reductions, _store
+from ._reductions import get_threshold, set_threshold
+from ._store import StoreUnavailableWarning
+
+_reductions.install()
+
+
+def store():
+    """This process's depot.Client of the tree's store (connected on first use), or None
+    if the store cannot be reached. Objects it sees include values in flight."""
+    return _store.client()
+
+
+# Processes join the group before they start: what a child sends then outlives it even if
+# nothing else of the tree has used the store yet.
+
+
+class Process(_process.BaseProcess):
+    _start_method = None
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _default_context.get_context().Process._Popen(process_obj)
+
+    @staticmethod
+    def _after_fork():
+        return _default_context.get_context().Process._after_fork()
+
+    def start(self):
+        _store.prepare_children()
+        super().start()
+
+
+class ForkProcess(_context.ForkProcess):
+    def start(self):
+        _store.prepare_children()
+        super().start()
+
+
+class SpawnProcess(_context.SpawnProcess):
+    def start(self):
+        _store.prepare_children()
+        super().start()
+
+
+class ForkServerProcess(_context.ForkServerProcess):
+    def start(self):
+        _store.prepare_children()
+        super().start()
+
+
+class _Concrete:
+    """get_context(method) of a concrete context: this module's contexts, too."""
+
+    def get_context(self, method=None):
+        return self if method is None else _concrete(method)
+
+
+class ForkContext(_Concrete, _context.ForkContext):
+    Process = ForkProcess
+
+
+class SpawnContext(_Concrete, _context.SpawnContext):
+    Process = SpawnProcess
+
+
+class ForkServerContext(_Concrete, _context.ForkServerContext):
+    Process = ForkServerProcess
+
+
+_concrete_contexts = {
+    "fork": ForkContext(),
+    "spawn": SpawnContext(),
+    "forkserver": ForkServerContext(),
+}
+
+
+def _concrete(method):
+    try:
+        ctx = _concrete_contexts[method]
+    except KeyError:
+        raise ValueError(f"cannot find context for {method!r}") from None
+    ctx._check_available()
+    return ctx
+
+
+class DefaultContext(_context.DefaultContext):
+    Process = Process
+
+    def get_context(self, method=None):
+        if method is None:
+            if self._actual_context is None:
+                self._actual_context = self._default_context
+            return self._actual_context
+        return _concrete(method)
+
+
+# The standard module's start method: the one set already, else its default (fork on Linux
+# up to Python 3.13). Read without fixing it, so that set_start_method still works there.
+_standard = _context._default_context
+_default_context = DefaultContext(
+    _concrete_contexts[(_standard._actual_context or _standard._default_context)._name]
+)
+
+__all__ = [x for x in dir(_default_context) if not x.startswith("_")]
+globals().update((name, getattr(_default_context, name)) for name in __all__)
+__all__ += [
+    "Process",
+    "StoreUnavailableWarning",
+    "get_threshold",
+    "set_threshold",
+    "store",
+]
+# The standard module's other names (SUBDEBUG, SUBWARNING, ...), and its submodules.
+for _name in dir(_mp):
+    if not _name.startswith("_") and _name not in globals():
+        globals()[_name] = getattr(_mp, _name)
+        __all__.append(_name)
+del _name

@@ -1,0 +1,335 @@
+"""How depot.multiprocessing pickles arrays and tensors: as store references.
+
+multiprocessing pickles everything it sends (queues, pipes, pools, a spawned child's
+arguments) with ``multiprocessing.reduction.ForkingPickler``. Importing depot.multiprocessing
+gives that class a ``reducer_override`` (consulted before any other reducer, torch's
+included) which sends these values, when they are at least the threshold in bytes, through
+the store instead of through the pipe:
+
+- numpy arrays of plain dtypes (and their subclasses are left to pickle);
+- PyTorch tensors (``torch.Tensor`` and ``torch.nn.Parameter``), on the CPU or a CUDA GPU;
+- CuPy arrays, and any other DLPack producer on a CUDA GPU.
+
+The sender hands the value off to the tree's group (depot.Client.handoff): one copy into
+shared memory (or, for a GPU array, into the store's pool on its GPU). The pickle carries
+only the reference; the receiver claims it and gets a read-only view of the same memory.
+A value sent again, unchanged (its bytes hash the same, XXH3-128), while an earlier send
+of it is still unclaimed, is handed off again with no copy: a Pool broadcasting an argument
+to its tasks stores it once.
+
+Anything else pickles as before. So does a value the store cannot take (full, or not
+reachable), with one warning.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+import weakref
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Optional, Tuple
+
+from .. import _depot
+from .._errors import DepotError
+from .._ref import ObjectRef
+from . import _store
+
+THRESHOLD_ENV = "DEPOT_MP_THRESHOLD"
+DEFAULT_THRESHOLD = 64 * 1024
+
+
+def _initial_threshold() -> int:
+    text = os.environ.get(THRESHOLD_ENV)
+    if text is None:
+        return DEFAULT_THRESHOLD
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(
+            f"{THRESHOLD_ENV}={text!r}: expected a byte count, such as 65536"
+        ) from None
+    if value < 0:
+        raise ValueError(f"{THRESHOLD_ENV}={text!r}: expected a byte count of 0 or more")
+    return value
+
+
+_threshold = _initial_threshold()
+
+
+def set_threshold(nbytes: int) -> None:
+    """Values of at least ``nbytes`` go through the store; smaller ones are pickled.
+    Applies to this process; children inherit it through ``DEPOT_MP_THRESHOLD``."""
+    global _threshold
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"the threshold is a byte count of 0 or more, not {nbytes!r}")
+    _threshold = nbytes
+    os.environ[THRESHOLD_ENV] = str(nbytes)
+
+
+def get_threshold() -> int:
+    return _threshold
+
+
+# What this process sent and the group may still hold: id(value) -> (a weak reference to
+# the value, its ref, the GPU it is on or None, the digest of its bytes).
+_sent: dict = {}
+_sent_lock = threading.Lock()
+
+
+def _forget(key: int, _: Any = None) -> None:
+    with _sent_lock:
+        _sent.pop(key, None)
+
+
+def _remember(value: Any, ref: ObjectRef, gpu: Optional[int], digest: bytes) -> None:
+    key = id(value)
+    try:
+        alive = weakref.ref(value, lambda _, key=key: _forget(key))
+    except TypeError:  # not weakly referenceable: not remembered
+        return
+    with _sent_lock:
+        _sent[key] = (alive, ref, gpu, digest)
+
+
+def _send_again(value: Any, digest: bytes) -> Optional[Tuple[ObjectRef, Optional[int]]]:
+    """The ref of an earlier send of this very value with these bytes, handed off once
+    more, if the group still holds it; else None."""
+    with _sent_lock:
+        entry = _sent.get(id(value))
+    if entry is None or entry[0]() is not value or entry[3] != digest:
+        return None
+    client = _store.client()
+    if client is None:
+        return None
+    try:
+        client.handoff_again(entry[1], device=entry[2])
+    except DepotError:  # claimed and gone (NotHeld, ObjectNotFound): store it anew
+        _forget(id(value))
+        return None
+    return entry[1], entry[2]
+
+
+def _hand_off(
+    value: Any, payload: Any = None, raw: Any = None
+) -> Optional[Tuple[ObjectRef, Optional[int]]]:
+    """Hands ``payload`` (default: ``value``) to the group, as what was sent of ``value``;
+    ``raw``, the bytes as a contiguous buffer, tells the same value sent again. None, having
+    warned once, if the store cannot take it."""
+    if payload is None:
+        payload = value
+    client = _store.client()
+    if client is None:
+        return None
+    digest = _depot.digest(raw) if raw is not None else None
+    if digest is not None:
+        again = _send_again(value, digest)
+        if again is not None:
+            return again
+    try:
+        ref, gpu = client.handoff(payload)
+    except DepotError as e:  # full, too large, or the daemon gone: never a deadlock
+        _store.warn_once(
+            type(e).__name__,
+            f"depot.multiprocessing: the store cannot take a {type(value).__name__} of "
+            f"{_nbytes(value)} bytes ({e}); it, and others the store refuses so, are pickled "
+            "and copied instead",
+        )
+        return None
+    if digest is not None:
+        _remember(value, ref, gpu, digest)
+    return ref, gpu
+
+
+def _nbytes(value: Any) -> int:
+    n = getattr(value, "nbytes", None)
+    if n is None and hasattr(value, "element_size"):
+        n = value.element_size() * value.numel()
+    return int(n or 0)
+
+
+def _gpu_uuid(gpu: Optional[int]) -> Optional[bytes]:
+    if gpu is None:
+        return None
+    client = _store.client()
+    for info in client.gpus():
+        if info.ordinal == gpu:
+            return bytes(info.uuid)
+    return None
+
+
+def _claim(ref_id: bytes, uuid: Optional[bytes]) -> Any:
+    """The value handed off as ``ref_id`` (on the GPU of ``uuid``, None: host memory)."""
+    client = _store.client()
+    if client is None:
+        raise DepotError(
+            "depot.multiprocessing received a value sent through the depot store, but this "
+            f"process cannot reach the store: {_store._unavailable}"
+        )
+    if uuid is None:
+        return client.claim(ObjectRef(ref_id))
+    for info in client.gpus():
+        if bytes(info.uuid) == uuid:
+            return client.claim(ObjectRef(ref_id), device=info.ordinal)
+    raise DepotError(
+        "depot.multiprocessing received a GPU array on a GPU this process cannot see "
+        f"(uuid {uuid.hex()}); make it visible (CUDA_VISIBLE_DEVICES) or send it from the host"
+    )
+
+
+# numpy.
+
+
+def _reduce_ndarray(array: Any) -> Any:
+    from .._codec import _plain_dtype
+
+    if array.nbytes < _threshold or not _plain_dtype(array.dtype):
+        return NotImplemented
+    contiguous = array.flags.c_contiguous or array.flags.f_contiguous
+    raw = array.ravel(order="K").view("u1") if contiguous else None
+    sent = _hand_off(array, raw=raw)
+    if sent is None:
+        return NotImplemented
+    return _rebuild_ndarray, (sent[0].id,)
+
+
+def _rebuild_ndarray(ref_id: bytes) -> Any:
+    return _claim(ref_id, None)
+
+
+# PyTorch.
+
+
+def _reduce_tensor(tensor: Any) -> Any:
+    import torch
+
+    if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
+        return NotImplemented
+    if tensor.requires_grad and not tensor.is_leaf:
+        # Cannot be sent detached: pickled as before (which raises, as torch's does).
+        return NotImplemented
+    data = tensor.detach()
+    if data.device.type not in ("cpu", "cuda"):
+        return NotImplemented
+    sent = None
+    if data.element_size() * data.numel() >= _threshold:
+        if data.is_cuda:
+            sent = _hand_off(tensor, data.contiguous())
+        else:
+            # As bytes: every dtype (bfloat16 too) goes, and comes back viewed as itself.
+            flat = data.contiguous().reshape(-1).view(torch.uint8).numpy()
+            sent = _hand_off(tensor, flat, flat)
+    layout = (
+        str(data.dtype).removeprefix("torch."),
+        tuple(data.shape),
+        bool(tensor.requires_grad),
+        type(tensor) is torch.nn.Parameter,
+    )
+    if sent is None:
+        # Small, or refused by the store: its bytes in the pickle, as plain pickling does
+        # (not torch's reducer, which needs the sender alive until the receiver takes it).
+        raw = data.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+        return _rebuild_inline_tensor, (raw, str(data.device)) + layout
+    ref, gpu = sent
+    kind = "cuda" if data.is_cuda else "cpu"
+    return _rebuild_tensor, (ref.id, _gpu_uuid(gpu), kind) + layout
+
+
+def _as_sent(tensor: Any, requires_grad: bool, parameter: bool) -> Any:
+    import torch
+
+    if parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    return tensor
+
+
+def _rebuild_inline_tensor(
+    raw: bytes, device: str, dtype: str, shape: Tuple[int, ...], requires_grad: bool,
+    parameter: bool,
+) -> Any:
+    import torch
+
+    tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    tensor = tensor.view(getattr(torch, dtype)).reshape(shape).to(device)
+    return _as_sent(tensor, requires_grad, parameter)
+
+
+def _rebuild_tensor(
+    ref_id: bytes, uuid: Optional[bytes], kind: str, dtype: str, shape: Tuple[int, ...],
+    requires_grad: bool, parameter: bool,
+) -> Any:
+    import torch
+
+    value = _claim(ref_id, uuid)
+    if kind == "cuda":
+        tensor = torch.from_dlpack(value)
+    else:
+        with warnings.catch_warnings():
+            # The array is read-only (the store's memory): so is the tensor, which torch
+            # cannot mark; writing it faults.
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(value)
+        tensor = tensor.view(getattr(torch, dtype)).reshape(shape)
+    return _as_sent(tensor, requires_grad, parameter)
+
+
+# CuPy and other CUDA arrays (DLPack producers).
+
+
+def _reduce_gpu_array(value: Any) -> Any:
+    nbytes = getattr(value, "nbytes", None)  # unknown: sent through the store
+    if nbytes is not None and int(nbytes) < _threshold:
+        return NotImplemented
+    sent = _hand_off(value)
+    if sent is None:
+        return NotImplemented
+    ref, gpu = sent
+    module = type(value).__module__.split(".")[0]
+    return _rebuild_gpu_array, (ref.id, _gpu_uuid(gpu), module)
+
+
+def _rebuild_gpu_array(ref_id: bytes, uuid: Optional[bytes], module: str) -> Any:
+    array = _claim(ref_id, uuid)
+    if module == "cupy":
+        import cupy
+
+        return cupy.from_dlpack(array)
+    return array  # a depot.DeviceArray: DLPack and __cuda_array_interface__
+
+
+_CUDA_DLPACK_DEVICES = (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+
+def _on_cuda(value: Any) -> bool:
+    device_of = getattr(value, "__dlpack_device__", None)
+    if device_of is None or not hasattr(value, "__dlpack__"):
+        return False
+    try:
+        return int(device_of()[0]) in _CUDA_DLPACK_DEVICES
+    except Exception:
+        return False
+
+
+def reducer_override(self: Any, obj: Any) -> Any:
+    """ForkingPickler's hook: a store reference for the values above, NotImplemented
+    (pickle as usual) for anything else."""
+    cls = type(obj)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and cls is numpy.ndarray:
+        return _reduce_ndarray(obj)
+    torch = sys.modules.get("torch")
+    if torch is not None and (cls is torch.Tensor or cls is torch.nn.Parameter):
+        return _reduce_tensor(obj)
+    if cls.__module__.split(".")[0] in ("builtins", "numpy"):
+        return NotImplemented
+    if _on_cuda(obj):
+        return _reduce_gpu_array(obj)
+    return NotImplemented
+
+
+def install() -> None:
+    """Gives ForkingPickler the hook (once)."""
+    ForkingPickler.reducer_override = reducer_override

@@ -1,0 +1,147 @@
+"""The store a process tree of depot.multiprocessing shares, and this process's client of it.
+
+Every process of the tree joins one group (depot.Client's ``group``): a value one process
+sends is handed off to the group, so that it outlives its sender, and the process that
+unpickles it claims it. The group's key (16 random bytes) and the daemon's socket pass from
+parent to child in the environment, which every start method hands down:
+
+- ``DEPOT_MP_GROUP``: the key, in hex. The first process of the tree makes it.
+- ``DEPOT_SOCKET``: the daemon. If it is not set, the first process starts a private depotd
+  (of ``DEPOT_MP_MEMORY``, default half of RAM, claimed only as objects need it), which
+  stops when that process exits.
+
+A process that cannot reach the daemon sends its values pickled, as the standard module
+does, and says why once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Optional
+
+from .._client import Client
+from .._daemon import Daemon, start_daemon
+from .._errors import DepotError
+
+GROUP_ENV = "DEPOT_MP_GROUP"
+SOCKET_ENV = "DEPOT_SOCKET"
+MEMORY_ENV = "DEPOT_MP_MEMORY"
+
+
+class StoreUnavailableWarning(RuntimeWarning):
+    """depot.multiprocessing could not use the store: values are pickled instead."""
+
+
+_lock = threading.RLock()
+_client: Optional[Client] = None
+_daemon: Optional[Daemon] = None  # the private daemon this process started, if any
+_unavailable: Optional[str] = None  # why this process cannot use the store
+_warned: set = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """A StoreUnavailableWarning, once per process for each ``key``."""
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, StoreUnavailableWarning, stacklevel=3)
+
+
+def group_key() -> bytes:
+    """This tree's group key, made (and put in the environment for children) if need be."""
+    with _lock:
+        text = os.environ.get(GROUP_ENV, "")
+        try:
+            key = bytes.fromhex(text)
+        except ValueError:
+            key = b""
+        if len(key) != 16:
+            key = os.urandom(16)
+            os.environ[GROUP_ENV] = key.hex()
+        return key
+
+
+def _start_private() -> str:
+    """Starts this tree's private daemon; returns its socket."""
+    global _daemon
+    from multiprocessing import util
+
+    memory = os.environ.get(MEMORY_ENV, "50%")
+    # Killed with this process even if it dies by SIGKILL, when started from the main thread:
+    # the signal follows the thread that started the daemon.
+    main = threading.current_thread() is threading.main_thread()
+    daemon = start_daemon(memory=memory, log_level="warn", stop_with_parent=main)
+    # Stopped after multiprocessing has joined the children at exit (finalizers of negative
+    # priority run after that), not by the Daemon's own exit hook, which could run first.
+    daemon._finalizer.atexit = False
+    util.Finalize(None, _stop_private, args=(daemon, os.getpid()), exitpriority=-100)
+    _daemon = daemon
+    os.environ[SOCKET_ENV] = daemon.socket
+    return daemon.socket
+
+
+def _stop_private(daemon: Daemon, owner: int) -> None:
+    if os.getpid() != owner:  # a child forked without multiprocessing's clean-up
+        return
+    # The Daemon's own finalizer, taken over: at interpreter exit, weakref.finalize no longer
+    # runs one that is called.
+    detached = daemon._finalizer.detach()
+    if detached is not None:
+        _, stop, args, kwargs = detached
+        stop(*args, **kwargs)
+
+
+def client() -> Optional[Client]:
+    """This process's client of the tree's store, connected on first use; None (having
+    warned once) if the store cannot be reached."""
+    global _client, _unavailable
+    current = _client
+    if current is not None:
+        return current
+    with _lock:
+        if _client is not None:
+            return _client
+        if _unavailable is not None:
+            return None
+        try:
+            socket = os.environ.get(SOCKET_ENV) or _start_private()
+            _client = Client(socket, name="depot.multiprocessing", group=group_key())
+        except DepotError as e:
+            _unavailable = str(e)
+            warn_once(
+                "unavailable",
+                f"depot.multiprocessing cannot use the depot store ({e}); values are pickled "
+                "and copied as by the standard multiprocessing module",
+            )
+            return None
+        return _client
+
+
+def prepare_children() -> None:
+    """Before a child process starts: the group key and the daemon are in the environment,
+    and this process has joined the group, so that whatever the child sends outlives it."""
+    group_key()
+    client()
+
+
+_inherited: list = []
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's client and daemon are not this process's. The
+    parent's client is kept, never used nor closed here (its socket is the parent's
+    session)."""
+    global _client, _daemon, _lock
+    _lock = threading.RLock()
+    if _client is not None:
+        _inherited.append(_client)
+    if _daemon is not None:
+        _daemon._finalizer.detach()  # the parent's to stop
+    _client = None
+    _daemon = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

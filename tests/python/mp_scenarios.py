@@ -1,0 +1,346 @@
+"""Programs for test_multiprocessing.py: each scenario runs as a process tree of its own
+(`python mp_scenarios.py <scenario> <start method>`), as a user's program would, and prints
+what it saw as one line of JSON. The store is the daemon at DEPOT_SOCKET (the test's, so
+that it can look at the store once the tree has gone), or the module's private one."""
+
+import gc
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+
+import numpy as np
+
+import depot
+import depot.multiprocessing as mp
+from conftest import address_of, in_store
+
+MiB = 1 << 20
+
+
+def arrays(seed):
+    """Arrays of several dtypes, layouts and sizes, the same for a given seed."""
+    rng = np.random.default_rng(seed)
+    return {
+        "f8_2d": rng.random((512, 300)),
+        "f4_fortran": np.asfortranarray(rng.random((300, 400), dtype=np.float32)),
+        "i1": rng.integers(-128, 127, size=3 * MiB + 7, dtype=np.int8),
+        "bool": rng.random(MiB) > 0.5,
+        "datetime": np.arange(100_000).astype("datetime64[ns]"),
+        "strided": rng.random((1024, 256))[::2, ::3],
+        "small": np.arange(10),
+    }
+
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+
+def describe(value):
+    """Where a received array lies, and whether it can be written."""
+    return {"in_store": in_store(address_of(value), max(value.nbytes, 1)),
+            "writeable": bool(value.flags.writeable)}
+
+
+# Children (module-level: spawn and forkserver import them).
+
+
+def send_arrays(q, seed):
+    q.put(arrays(seed))
+    q.put({"nested": [arrays(seed)["i1"], {"deep": arrays(seed)["f8_2d"]}]})
+
+
+def echo(q_in, q_out):
+    while True:
+        item = q_in.get()
+        if item is None:
+            return
+        q_out.put(("sum", float(np.asarray(item, dtype=np.float64).sum()), describe(item)))
+
+
+def pipe_child(conn):
+    value = conn.recv()
+    conn.send((describe(value), value * 2))
+    conn.close()
+
+
+def simple_child(q_in, q_out):
+    value = q_in.get()
+    q_out.put((describe(value), float(value.sum())))
+
+
+def total_plus(args):
+    array, i = args
+    return float(array.sum()) + i
+
+
+def put_and_die(q, ready):
+    q.put(np.full(4 * MiB, 3.0))
+    ready.set()
+    time.sleep(60)  # killed before it ends
+
+
+def take_and_hold(q, holding):
+    value = q.get()
+    holding.put(describe(value))
+    time.sleep(60)  # killed holding the value
+
+
+def put_many(q, n):
+    for i in range(n):
+        q.put(np.full(MiB, float(i)))
+
+
+def send_tensors(q):
+    import torch
+
+    torch.manual_seed(0)
+    q.put({
+        "f32": torch.rand(512, 512),
+        "bf16": torch.rand(1024, 300).to(torch.bfloat16),
+        "i64": torch.arange(200_000),
+        "grad": torch.rand(300, 300, requires_grad=True),
+        "param": torch.nn.Parameter(torch.rand(256, 256)),
+        "small": torch.arange(5),
+        "strided": torch.rand(512, 512).t(),
+    })
+
+
+class Squares:
+    """A dataset of 1 MiB tensors."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import torch
+
+        return torch.full((MiB // 4,), float(i), dtype=torch.float32)
+
+
+def send_gpu(q):
+    from dlpack_util import FakeCudaArray
+
+    array = np.arange(MiB, dtype=np.float32)
+    q.put(FakeCudaArray(array, 0))
+
+
+# Scenarios (in the tree's first process).
+
+
+def scenario_queue(method):
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=send_arrays, args=(q, 7))
+    p.start()
+    first, second = q.get(timeout=60), q.get(timeout=60)
+    p.join(60)
+    expected = arrays(7)
+    out = {
+        "exact": all(same(first[k], expected[k]) for k in expected)
+        and same(second["nested"][0], expected["i1"])
+        and same(second["nested"][1]["deep"], expected["f8_2d"]),
+        "received": {k: describe(v) for k, v in first.items()},
+        "exitcode": p.exitcode,
+    }
+    # The other way: parent to child, and back.
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=echo, args=(q_in, q_out))
+    p.start()
+    for k in ("f8_2d", "i1"):
+        q_in.put(expected[k])
+    echoed = [q_out.get(timeout=60) for _ in range(2)]
+    q_in.put(None)
+    p.join(60)
+    out["echoed"] = [e[1] for e in echoed]
+    out["echo_expected"] = [float(expected[k].astype(np.float64).sum()) for k in ("f8_2d", "i1")]
+    out["child_in_store"] = [e[2]["in_store"] for e in echoed]
+    del first, second, echoed
+    return out
+
+
+def scenario_pipe(method):
+    ctx = mp.get_context(method)
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=pipe_child, args=(child,))
+    p.start()
+    value = np.arange(MiB, dtype=np.float64)
+    parent.send(value)
+    seen, doubled = parent.recv()
+    p.join(60)
+    q_in, q_out = ctx.SimpleQueue(), ctx.SimpleQueue()
+    p = ctx.Process(target=simple_child, args=(q_in, q_out))
+    p.start()
+    q_in.put(value)
+    simple_seen, total = q_out.get()
+    p.join(60)
+    return {"child": seen, "doubled": same(doubled, value * 2), "returned": describe(doubled),
+            "simple_child": simple_seen, "simple_total": total == float(value.sum())}
+
+
+def scenario_pool(method):
+    ctx = mp.get_context(method)
+    big = np.random.default_rng(1).random(4 * MiB // 8)
+    calls = {"handoff": 0, "again": 0}
+    handoff, again = depot.Client.handoff, depot.Client.handoff_again
+
+    def counting_handoff(self, value, **kw):
+        calls["handoff"] += 1
+        return handoff(self, value, **kw)
+
+    def counting_again(self, ref, **kw):
+        calls["again"] += 1
+        return again(self, ref, **kw)
+
+    depot.Client.handoff, depot.Client.handoff_again = counting_handoff, counting_again
+    with ctx.Pool(2) as pool:
+        # chunksize 1: each task pickles the array anew (in the pool's task thread).
+        results = pool.map(total_plus, [(big, i) for i in range(8)], chunksize=1)
+    expected = [float(big.sum()) + i for i in range(8)]
+    return {"results": results == expected, "copies": calls["handoff"], "again": calls["again"]}
+
+
+def scenario_sender_killed(method):
+    ctx = mp.get_context(method)
+    q, ready = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=put_and_die, args=(q, ready))
+    p.start()
+    ready.wait(60)
+    # The feeder thread may still be writing: the value is whole once get returns it.
+    value = q.get(timeout=60)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(60)
+    ok = bool((value == 3.0).all()) and value.size == 4 * MiB
+    return {"value": ok, "received": describe(value), "exitcode": p.exitcode}
+
+
+def scenario_receiver_killed(method):
+    ctx = mp.get_context(method)
+    q, holding = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=take_and_hold, args=(q, holding))
+    p.start()
+    q.put(np.full(2 * MiB, 5.0))
+    seen = holding.get(timeout=60)
+    objects_while_held = mp.store().status().objects_sealed
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(60)
+    return {"child": seen, "objects_while_held": objects_while_held, "exitcode": p.exitcode}
+
+
+def scenario_unclaimed(method):
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=put_many, args=(q, 5))
+    p.start()
+    first = q.get(timeout=60)  # one claimed; four left in the pipe, never taken
+    p.join(60)
+    return {"first": float(first[0]), "objects_in_flight": mp.store().status().objects_sealed - 1}
+
+
+def scenario_full(method):
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        big = np.full(48 * MiB // 8, 2.0)  # larger than the test's 32 MiB store
+        q.put(big)
+        q.put(big)
+        a, b = q.get(timeout=60), q.get(timeout=60)  # the feeder thread has warned by now
+    messages = [str(w.message) for w in caught if issubclass(w.category, mp.StoreUnavailableWarning)]
+    return {"exact": same(a, big) and same(b, big), "received": describe(a), "warnings": messages}
+
+
+def scenario_threshold(method):
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    small, large = np.ones(1000), np.ones(MiB)
+    q.put(small)
+    q.put(large)
+    out = {"default": mp.get_threshold(), "small": describe(q.get(timeout=60)),
+           "large": describe(q.get(timeout=60))}
+    mp.set_threshold(0)
+    q.put(small)
+    out["small_at_0"] = describe(q.get(timeout=60))
+    return out
+
+
+def scenario_torch(method):
+    import torch
+
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=send_tensors, args=(q,))
+    p.start()
+    got = q.get(timeout=120)
+    p.join(60)
+    torch.manual_seed(0)
+    expected = {
+        "f32": torch.rand(512, 512),
+        "bf16": torch.rand(1024, 300).to(torch.bfloat16),
+        "i64": torch.arange(200_000),
+        "grad": torch.rand(300, 300, requires_grad=True),
+        "param": torch.nn.Parameter(torch.rand(256, 256)),
+        "small": torch.arange(5),
+        "strided": torch.rand(512, 512).t(),
+    }
+    out = {}
+    for k, e in expected.items():
+        g = got[k]
+        out[k] = {
+            "exact": g.dtype == e.dtype and g.shape == e.shape and bool(torch.equal(g.detach(), e.detach())),
+            "in_store": in_store(g.data_ptr(), g.element_size() * g.numel()),
+            "type": type(g).__name__,
+            "requires_grad": g.requires_grad,
+        }
+    return out
+
+
+def scenario_dataloader(method):
+    import torch
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(Squares(), batch_size=2, num_workers=2,
+                        multiprocessing_context=mp.get_context(method))
+    batches = []
+    for batch in loader:
+        batches.append({
+            "values": sorted(set(batch[:, 0].tolist())),
+            "in_store": in_store(batch.data_ptr(), batch.element_size() * batch.numel()),
+        })
+    return {"batches": batches}
+
+
+def scenario_gpu(method):
+    from dlpack_util import host_view
+
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=send_gpu, args=(q,))
+    p.start()
+    got = q.get(timeout=60)
+    p.join(60)
+    view = host_view(got.ptr, got.nbytes, np.float32, got.shape)
+    return {"type": type(got).__name__, "device": got.device, "simulated": got.simulated,
+            "exact": same(view, np.arange(MiB, dtype=np.float32))}
+
+
+def scenario_private(method):
+    """No DEPOT_SOCKET: the module starts a daemon of its own, and says where."""
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=send_arrays, args=(q, 3))
+    p.start()
+    first, _ = q.get(timeout=60), q.get(timeout=60)
+    p.join(60)
+    daemon = mp._store._daemon
+    return {"exact": same(first["i1"], arrays(3)["i1"]), "received": describe(first["i1"]),
+            "daemon_pid": daemon.pid, "socket": daemon.socket}
+
+
+if __name__ == "__main__":
+    name, method = sys.argv[1], sys.argv[2]
+    result = globals()["scenario_" + name](method)
+    gc.collect()
+    print(json.dumps(result), flush=True)

@@ -1,0 +1,175 @@
+"""depot.multiprocessing: arrays and tensors between processes through the store.
+
+Each scenario (mp_scenarios.py) runs as a process tree of its own against the test's daemon,
+so that the test can check the store once the whole tree has gone: empty, whatever was
+killed or left unclaimed."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import depot
+from conftest import wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+METHODS = ["fork", "spawn", "forkserver"]
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def run(scenario, method, socket=None, timeout=240, **env):
+    environ = dict(os.environ)
+    environ.pop("DEPOT_SOCKET", None)
+    environ.pop("DEPOT_MP_GROUP", None)
+    environ.pop("DEPOT_MP_THRESHOLD", None)
+    if socket is not None:
+        environ["DEPOT_SOCKET"] = socket
+    environ["PYTHONPATH"] = HERE + os.pathsep + environ.get("PYTHONPATH", "")
+    environ.update(env)
+    done = subprocess.run(
+        [sys.executable, os.path.join(HERE, "mp_scenarios.py"), scenario, method],
+        env=environ, capture_output=True, text=True, timeout=timeout,
+    )
+    assert done.returncode == 0, f"{scenario}/{method} failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def store_empties(daemon):
+    """The store ends empty once the tree has gone (the daemon ends sessions asynchronously)."""
+    with daemon.client() as client:
+        return wait_for(lambda: client.status().objects_sealed == 0, timeout=20)
+
+
+@pytest.fixture
+def mp_daemon():
+    with depot.start_daemon(memory="512MiB", segment_size="64MiB") as d:
+        yield d
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_arrays_through_a_queue_arrive_exact_read_only_and_in_the_store(mp_daemon, method):
+    out, _ = run("queue", method, mp_daemon.socket)
+    assert out["exact"] and out["exitcode"] == 0
+    received = out["received"]
+    for name in ("f8_2d", "f4_fortran", "i1", "bool", "datetime"):
+        assert received[name] == {"in_store": True, "writeable": False}, name
+    # Non-contiguous arrays are copied into the store in C order; small ones stay inline.
+    assert received["strided"] == {"in_store": True, "writeable": False}
+    assert received["small"] == {"in_store": False, "writeable": True}
+    # Parent to child as well.
+    assert out["echoed"] == pytest.approx(out["echo_expected"])
+    assert out["child_in_store"] == [True, True]
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_pipes_and_simple_queues_carry_store_references(mp_daemon, method):
+    out, _ = run("pipe", method, mp_daemon.socket)
+    assert out["child"] == {"in_store": True, "writeable": False}
+    assert out["doubled"] and out["returned"] == {"in_store": True, "writeable": False}
+    assert out["simple_child"] == {"in_store": True, "writeable": False} and out["simple_total"]
+    assert store_empties(mp_daemon)
+
+
+def test_a_pool_broadcasting_an_argument_stores_it_once(mp_daemon):
+    out, _ = run("pool", "fork", mp_daemon.socket)
+    assert out["results"]
+    # 8 tasks pickle the same array: copied once while earlier sends wait unclaimed (at most
+    # a few more when every earlier send was claimed already), handed off again otherwise.
+    assert out["copies"] + out["again"] == 8
+    assert out["copies"] <= 3, out
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_sender_killed_after_sending_loses_nothing_and_leaks_nothing(mp_daemon, method):
+    out, _ = run("sender_killed", method, mp_daemon.socket)
+    assert out["value"] and out["received"]["in_store"]
+    assert out["exitcode"] == -9
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_receiver_killed_holding_a_value_leaks_nothing(mp_daemon, method):
+    out, _ = run("receiver_killed", method, mp_daemon.socket)
+    assert out["child"] == {"in_store": True, "writeable": False}
+    assert out["objects_while_held"] == 1 and out["exitcode"] == -9
+    assert store_empties(mp_daemon)
+
+
+def test_values_never_received_go_with_the_tree(mp_daemon):
+    out, _ = run("unclaimed", "spawn", mp_daemon.socket)
+    assert out["first"] == 0.0
+    assert out["objects_in_flight"] == 4  # held by the group while the tree lives
+    assert store_empties(mp_daemon)
+
+
+def test_a_full_store_falls_back_to_pickling_with_one_warning():
+    with depot.start_daemon(memory="32MiB", segment_size="16MiB") as small:
+        out, _ = run("full", "fork", small.socket)
+        assert out["exact"]
+        assert out["received"] == {"in_store": False, "writeable": True}
+        assert len(out["warnings"]) == 1, out["warnings"]
+        assert "pickled and copied instead" in out["warnings"][0]
+        assert store_empties(small)
+
+
+def test_no_store_falls_back_to_pickling_with_one_warning(tmp_path):
+    out, err = run("queue", "fork", str(tmp_path / "nobody.sock"))
+    assert out["exact"]
+    assert out["received"]["i1"] == {"in_store": False, "writeable": True}
+    assert err.count("StoreUnavailableWarning") == 1, err
+    assert "no depot daemon is listening" in err
+
+
+def test_small_values_stay_inline_and_the_threshold_is_settable(mp_daemon):
+    out, _ = run("threshold", "fork", mp_daemon.socket)
+    assert out["default"] == 64 * 1024
+    assert out["small"]["in_store"] is False and out["large"]["in_store"] is True
+    assert out["small_at_0"]["in_store"] is True
+    out, _ = run("threshold", "fork", mp_daemon.socket, DEPOT_MP_THRESHOLD="16")
+    assert out["default"] == 16 and out["small"]["in_store"] is True
+
+
+def test_a_bad_threshold_is_refused_naming_it(mp_daemon):
+    with pytest.raises(AssertionError, match="DEPOT_MP_THRESHOLD='lots'"):
+        run("threshold", "fork", mp_daemon.socket, DEPOT_MP_THRESHOLD="lots")
+
+
+def test_without_a_socket_the_tree_gets_a_private_daemon_that_stops_with_it():
+    out, _ = run("private", "spawn")
+    assert out["exact"] and out["received"] == {"in_store": True, "writeable": False}
+    assert wait_for(lambda: not os.path.exists(f"/proc/{out['daemon_pid']}"), timeout=20)
+    assert not os.path.exists(os.path.dirname(out["socket"]))
+
+
+def test_gpu_arrays_travel_as_handles_on_simulated_gpus():
+    with depot.start_daemon(memory="64MiB", simulate_gpus="1:64MiB") as gpu_daemon:
+        out, _ = run("gpu", "spawn", gpu_daemon.socket)
+        assert out == {"type": "DeviceArray", "device": 0, "simulated": True, "exact": True}
+        assert store_empties(gpu_daemon)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch (pip install torch)")
+@pytest.mark.parametrize("method", METHODS)
+def test_torch_cpu_tensors_arrive_exact_in_the_store(mp_daemon, method):
+    out, _ = run("torch", method, mp_daemon.socket)
+    for name, seen in out.items():
+        assert seen["exact"], name
+    for name in ("f32", "bf16", "i64", "grad", "param", "strided"):
+        assert out[name]["in_store"], name
+    assert out["small"]["in_store"] is False
+    assert out["grad"]["requires_grad"] and out["param"]["type"] == "Parameter"
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch (pip install torch)")
+def test_a_dataloader_with_two_workers_delivers_batches_in_the_store(mp_daemon):
+    out, _ = run("dataloader", "spawn", mp_daemon.socket)
+    batches = out["batches"]
+    assert [b["values"] for b in batches] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+    assert all(b["in_store"] for b in batches)
+    assert store_empties(mp_daemon)
