@@ -29,4 +29,11 @@ std::optional<ClientId> Groups::Leave(std::string_view key) {
   return account;
 }
 
+std::optional<uint32_t> Groups::UidOf(ClientId account) const {
+  for (const auto& [key, group] : groups_) {
+    if (group.account == account) return group.uid;
+  }
+  return std::nullopt;
+}
+
 }  // namespace depot::store

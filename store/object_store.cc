@@ -747,9 +747,9 @@ Result<std::vector<GetResult>> ObjectStore::Claim(ClientId client, ClientId grou
           GetResult{.code = StatusCode::kNotHeld,
                     .location = {},
                     .failure = std::make_shared<const std::string>(
-                        "nothing handed off in this group is waiting to be claimed as object " +
-                        id.Hex() + (tier == kHost ? "" : " on " + tiers_.pool(tier).name()) +
-                        " (claimed already, or its group ended)")});
+                        "no handoff of it in this group waits to be claimed" +
+                        (tier == kHost ? std::string() : " on " + tiers_.pool(tier).name()) +
+                        " (claimed already, never handed off, or its group ended)")});
       continue;
     }
     // The group's reference keeps the replica ready there, so a get is granted at once.

@@ -91,6 +91,8 @@ class Server {
   // which gives back the references nobody claimed.
   void LeaveGroup(std::string_view key);
   size_t group_count() const { return groups_.size(); }
+  // The uid of the group whose account is `account`, if it is a group's.
+  std::optional<uint32_t> GroupUid(ClientId account) const { return groups_.UidOf(account); }
 
  private:
   void Accept();

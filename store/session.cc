@@ -940,6 +940,11 @@ void Session::HandleObjectInfo(uint64_t rid, const ObjectId& id, uint64_t start)
       h.setUid(::getuid());
       h.setCommand("depotd");
       h.setClientName("depotd (task graph)");
+    } else if (const std::optional<uint32_t> uid = server_.GroupUid(client)) {
+      h.setPid(static_cast<uint32_t>(::getpid()));
+      h.setUid(*uid);
+      h.setCommand("depotd");
+      h.setClientName("group (handed off, not yet claimed)");
     } else if (const std::optional<ClientView> holder = server_.FindClient(client)) {
       h.setPid(static_cast<uint32_t>(holder->peer.pid));
       h.setUid(holder->peer.uid);

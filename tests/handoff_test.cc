@@ -93,6 +93,12 @@ TEST_F(HandoffTest, AnObjectOutlivesItsSenderAndGoesWhenItsClaimerLetsGo) {
             0);
   Client observer = Observer();
   EXPECT_EQ(SealedObjects(observer, 1), 1u);
+  // Operators see who holds it: the group.
+  auto details = observer.Describe(id);
+  ASSERT_TRUE(details.ok()) << details.status().ToString();
+  ASSERT_EQ(details->holders.size(), 1u);
+  EXPECT_EQ(details->holders[0].client_name, "group (handed off, not yet claimed)");
+  EXPECT_EQ(details->holders[0].uid, ::geteuid());
   // Handed off objects are deleted: a get finds nothing, only a claim does.
   EXPECT_EQ(receiver->Get(id).status().code(), StatusCode::kNotFound);
   {
