@@ -294,18 +294,29 @@ TEST_F(HandoffTest, AHostileMemberHarmsNothing) {
     ASSERT_TRUE(reply.has_value()) << "tier " << tier;
     EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT) << "tier " << tier;
   }
-  // A handoff of an object it does not hold (the member's, which the group holds, is fine:
-  // it only adds a claim), and of objects that do not exist, many times over.
+  // Handoffs of objects that do not exist, many times over: refused per id, and the nil id
+  // refuses the request.
   ASSERT_TRUE(raw.Send(rid++,
                        [&](wire::Request::Builder r) {
-                         auto ids = r.initHandoff().initIds(3);
+                         auto ids = r.initHandoff().initIds(2);
                          ipc::ToWire(ObjectId::Random(), ids[0]);
-                         ipc::ToWire(ObjectId(), ids[1]);
-                         ipc::ToWire(ObjectId::Random(), ids[2]);
+                         ipc::ToWire(ObjectId::Random(), ids[1]);
                        })
                   .ok());
   auto reply = raw.Receive();
   ASSERT_TRUE(reply.has_value());
+  ASSERT_TRUE(reply->get().isHandoff());
+  ASSERT_EQ(reply->get().getHandoff().size(), 2u);
+  EXPECT_EQ(reply->get().getHandoff()[0], wire::ErrorCode::NOT_FOUND);
+  EXPECT_EQ(reply->get().getHandoff()[1], wire::ErrorCode::NOT_FOUND);
+  ASSERT_TRUE(raw.Send(rid++,
+                       [&](wire::Request::Builder r) {
+                         ipc::ToWire(ObjectId(), r.initHandoff().initIds(1)[0]);
+                       })
+                  .ok());
+  reply = raw.Receive();
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
   EXPECT_FALSE(raw.closed());
   // It claims the member's object (a member may), twice: the second finds nothing.
   for (int i = 0; i < 2; ++i) {

@@ -2,7 +2,7 @@
 """Arrays and tensors through a multiprocessing Queue (issue 17): depot.multiprocessing
 against the standard multiprocessing and torch.multiprocessing, in the same run.
 
-  python bench/python/bench_multiprocessing.py [--mb 100,1000] [--repeat 5] [--method fork]
+  python bench/python/bench_multiprocessing.py [--mb 1,100,1000] [--repeat 5] [--method fork]
 
 Each implementation runs in a process of its own (importing depot.multiprocessing or
 torch.multiprocessing changes how every multiprocessing pickler sends arrays, so they must
@@ -52,7 +52,7 @@ def _echo(q, answers):
         answers.put(first)
 
 
-def _measure(impl: str, kind: str, mb: int, repeat: int, method: str) -> dict:
+def _measure(impl: str, kind: str, mb: float, repeat: int, method: str) -> dict:
     import numpy as np
 
     if impl == "depot":
@@ -65,7 +65,7 @@ def _measure(impl: str, kind: str, mb: int, repeat: int, method: str) -> dict:
         import torch
 
         torch.set_num_threads(1)
-    n = mb * MB // 8
+    n = int(mb * MB) // 8
     ctx = mp.get_context(method)
     q, answers = ctx.Queue(), ctx.Queue()
     child = ctx.Process(target=_echo, args=(q, answers), daemon=True)
@@ -151,7 +151,7 @@ def _torch_shm_files() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mb", default="100,1000", help="value sizes, MB (10^6 bytes)")
+    parser.add_argument("--mb", default="1,100,1000", help="value sizes, MB (10^6 bytes)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--method", default="fork", choices=["fork", "spawn", "forkserver"])
     args = parser.parse_args()
@@ -166,20 +166,20 @@ def main() -> None:
           "standard module send tensors as torch.multiprocessing does), and time as a multiple "
           "of one memcpy of the value")
     print(f"{'value':>14} {'impl':>6} {'ms':>9} {'speed-up':>8} {'x memcpy':>9}")
-    for mb in (int(x) for x in args.mb.split(",")):
-        repeat = args.repeat if mb < 1000 else max(2, args.repeat // 2)
+    for mb in (float(x) for x in args.mb.split(",")):
+        repeat = args.repeat * 10 if mb < 10 else args.repeat if mb < 1000 else max(2, args.repeat // 2)
         for kind in ("ndarray", "tensor") if have_torch else ("ndarray",):
             # Importing torch registers torch.multiprocessing's reducers with the standard
             # module too: for tensors, "std" would be torch again.
             impls = ["std", "depot"] if kind == "ndarray" else ["torch", "depot"]
             results = {}
             for impl in impls:
-                out = _run("--measure", impl, kind, str(mb), str(repeat), args.method)
+                out = _run("--measure", impl, kind, repr(mb), str(repeat), args.method)
                 results[impl] = json.loads(out.strip().splitlines()[-1])
             base = results[impls[0]]["median_s"]
             for impl in impls:
                 r = results[impl]
-                print(f"{f'{mb} MB {kind}':>14} {impl:>6} {r['median_s'] * 1e3:9.1f} "
+                print(f"{f'{mb:g} MB {kind}':>14} {impl:>6} {r['median_s'] * 1e3:9.2f} "
                       f"{base / r['median_s']:8.2f} {r['median_s'] / r['memcpy_s']:9.2f}")
     print("\n# leaks after SIGKILL of sender and receiver")
     if have_torch:
@@ -204,7 +204,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--measure":
         impl, kind, mb, repeat, method = sys.argv[2:7]
-        print(json.dumps(_measure(impl, kind, int(mb), int(repeat), method)))
+        print(json.dumps(_measure(impl, kind, float(mb), int(repeat), method)))
     elif len(sys.argv) > 1 and sys.argv[1] == "--leak":
         _leak(*sys.argv[2:5])
     else:
