@@ -11,16 +11,19 @@ few bytes; timed: from `q.put(value)` in the parent to the child's answer, for a
 value each time (made before the clock starts), median of --repeat after one warm-up. The
 child reads one element of what it got, then drops it.
 
-- std: `multiprocessing`, which pickles the bytes through a pipe.
+- std: `multiprocessing`, which pickles the bytes through a pipe. (Importing torch gives the
+  standard module torch.multiprocessing's reducers; for tensors they are removed again, so
+  that std pickles tensors by value as it does anything else.)
 - depot: `depot.multiprocessing` (its private daemon): one copy into the store, the child
   maps it.
 - torch: `torch.multiprocessing` (tensors only: it sends numpy arrays as std does), which
-  moves a tensor's storage into shared memory and sends a file descriptor. Importing torch
-  makes the standard module do the same with tensors, so tensors are compared with torch.
+  moves a tensor's storage into shared memory and sends a file descriptor.
 
 Baseline in the same run: np.copyto of one value into a preallocated array (memcpy).
 
-Then the leak check: a child sends a tensor (or array), the parent receives it, and both
+Then two faults. A child sends a tensor and exits before the parent takes it: with
+torch.multiprocessing the receiver must fetch the storage's descriptor from the (gone)
+sender. And the leak check: a child sends a tensor (or array), the parent receives it, and both
 are killed with SIGKILL; counted afterwards: torch's shared-memory files left in /dev/shm
 with its `file_system` sharing strategy, and the objects left in the store with depot.
 """
@@ -65,6 +68,13 @@ def _measure(impl: str, kind: str, mb: float, repeat: int, method: str) -> dict:
         import torch
 
         torch.set_num_threads(1)
+        if impl == "std":
+            # Importing torch registered torch.multiprocessing's reducers with the standard
+            # module's pickler: without them it pickles tensors by value, as it would
+            # anything else.
+            from multiprocessing.reduction import ForkingPickler
+
+            ForkingPickler._extra_reducers.clear()
     n = int(mb * MB) // 8
     ctx = mp.get_context(method)
     q, answers = ctx.Queue(), ctx.Queue()
@@ -120,6 +130,37 @@ def _leak(impl: str, kind: str, method: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _send_and_exit(q, kind):
+    import numpy as np
+
+    array = np.full(8 * MB // 8, 1.0)
+    if kind == "tensor":
+        import torch
+
+        array = torch.from_numpy(array)
+    q.put(array)
+    q.close()
+    q.join_thread()  # sent: the process then exits
+
+
+def _sender_gone(impl: str, method: str) -> str:
+    """A child sends a tensor and exits; the parent takes it only then."""
+    if impl == "depot":
+        import depot.multiprocessing as mp
+    else:
+        import torch.multiprocessing as mp
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    child = ctx.Process(target=_send_and_exit, args=(q, "tensor"))
+    child.start()
+    child.join(120)
+    try:
+        value = q.get(timeout=120)
+        return "received intact" if float(value.reshape(-1)[0]) == 1.0 else "received wrong"
+    except Exception as e:  # what the receiver sees
+        return f"lost: {type(e).__name__}: {e}"
+
+
 def _send_and_wait(q, ready, kind):
     import numpy as np
 
@@ -161,26 +202,27 @@ def main() -> None:
         have_torch = True
     except ImportError:
         have_torch = False
-    print(f"# {args.method}, median of {args.repeat} sends of a fresh value; speed-up over the "
-          "first line of each value (std for arrays, torch for tensors: importing torch makes the "
-          "standard module send tensors as torch.multiprocessing does), and time as a multiple "
-          "of one memcpy of the value")
+    print(f"# {args.method}, median of {args.repeat} sends of a fresh value (10x more below 10 MB, "
+          "half at 1000 MB); speed-up over std, and time as a multiple of one memcpy of the value")
     print(f"{'value':>14} {'impl':>6} {'ms':>9} {'speed-up':>8} {'x memcpy':>9}")
     for mb in (float(x) for x in args.mb.split(",")):
         repeat = args.repeat * 10 if mb < 10 else args.repeat if mb < 1000 else max(2, args.repeat // 2)
         for kind in ("ndarray", "tensor") if have_torch else ("ndarray",):
-            # Importing torch registers torch.multiprocessing's reducers with the standard
-            # module too: for tensors, "std" would be torch again.
-            impls = ["std", "depot"] if kind == "ndarray" else ["torch", "depot"]
+            impls = ["std", "depot"] + (["torch"] if kind == "tensor" else [])
             results = {}
             for impl in impls:
                 out = _run("--measure", impl, kind, repr(mb), str(repeat), args.method)
                 results[impl] = json.loads(out.strip().splitlines()[-1])
-            base = results[impls[0]]["median_s"]
+            base = results["std"]["median_s"]
             for impl in impls:
                 r = results[impl]
                 print(f"{f'{mb:g} MB {kind}':>14} {impl:>6} {r['median_s'] * 1e3:9.2f} "
                       f"{base / r['median_s']:8.2f} {r['median_s'] / r['memcpy_s']:9.2f}")
+    if have_torch:
+        print("\n# a sender that exits as soon as it has sent a tensor")
+        for impl in ("torch", "depot"):
+            out = _run("--sender-gone", impl, args.method).strip().splitlines()
+            print(f"{impl}: {out[-1] if out else 'no answer'}")
     print("\n# leaks after SIGKILL of sender and receiver")
     if have_torch:
         before = _torch_shm_files()
@@ -205,6 +247,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--measure":
         impl, kind, mb, repeat, method = sys.argv[2:7]
         print(json.dumps(_measure(impl, kind, float(mb), int(repeat), method)))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--sender-gone":
+        print(_sender_gone(*sys.argv[2:4]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--leak":
         _leak(*sys.argv[2:5])
     else:

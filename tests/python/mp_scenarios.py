@@ -339,6 +339,22 @@ def scenario_private(method):
             "daemon_pid": daemon.pid, "socket": daemon.socket}
 
 
+def scenario_exports(method):
+    """Everything the standard module exports, and contexts whose processes are this
+    module's."""
+    import multiprocessing
+
+    ctx = mp.get_context(method)
+    return {
+        "missing": sorted(set(multiprocessing.__all__) - set(mp.__all__)),
+        "process": ctx.Process.__module__,
+        "nested_context": type(ctx.get_context("spawn")).__module__,
+        "default_process": mp.Process.__module__,
+        "start_method": mp.get_start_method(),
+        "standard_start_method": multiprocessing.get_start_method(),
+    }
+
+
 if __name__ == "__main__":
     name, method = sys.argv[1], sys.argv[2]
     result = globals()["scenario_" + name](method)

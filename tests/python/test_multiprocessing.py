@@ -49,6 +49,13 @@ def mp_daemon():
         yield d
 
 
+def test_everything_the_standard_module_exports_is_there(mp_daemon):
+    out, _ = run("exports", "forkserver", mp_daemon.socket)
+    assert out["missing"] == []
+    assert out["process"] == out["nested_context"] == out["default_process"] == "depot.multiprocessing"
+    assert out["start_method"] == out["standard_start_method"]
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_arrays_through_a_queue_arrive_exact_read_only_and_in_the_store(mp_daemon, method):
     out, _ = run("queue", method, mp_daemon.socket)
