@@ -184,17 +184,17 @@ def scenario_pool(method):
     ctx = mp.get_context(method)
     big = np.random.default_rng(1).random(4 * MiB // 8)
     calls = {"handoff": 0, "again": 0}
-    handoff, again = depot.Client.handoff, depot.Client.handoff_again
+    handoff, again = depot.Client._handoff, depot.Client.handoff_again
 
-    def counting_handoff(self, value, **kw):
+    def counting_handoff(self, value, *args, **kw):
         calls["handoff"] += 1
-        return handoff(self, value, **kw)
+        return handoff(self, value, *args, **kw)
 
     def counting_again(self, ref, **kw):
         calls["again"] += 1
         return again(self, ref, **kw)
 
-    depot.Client.handoff, depot.Client.handoff_again = counting_handoff, counting_again
+    depot.Client._handoff, depot.Client.handoff_again = counting_handoff, counting_again
     with ctx.Pool(2) as pool:
         # chunksize 1: each task pickles the array anew (in the pool's task thread).
         results = pool.map(total_plus, [(big, i) for i in range(8)], chunksize=1)

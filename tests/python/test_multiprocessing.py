@@ -84,10 +84,9 @@ def test_pipes_and_simple_queues_carry_store_references(mp_daemon, method):
 def test_a_pool_broadcasting_an_argument_stores_it_once(mp_daemon):
     out, _ = run("pool", "fork", mp_daemon.socket)
     assert out["results"]
-    # 8 tasks pickle the same array: copied once while earlier sends wait unclaimed (at most
-    # a few more when every earlier send was claimed already), handed off again otherwise.
-    assert out["copies"] + out["again"] == 8
-    assert out["copies"] <= 3, out
+    # 8 tasks pickle the same array: copied once, and handed off again 7 times (the sender
+    # keeps its copy while the array lives, however fast the workers claim).
+    assert (out["copies"], out["again"]) == (1, 7), out
     assert store_empties(mp_daemon)
 
 

@@ -193,13 +193,15 @@ class Client:
     def _put_encoded(
         self, ref: ObjectRef, value: Any, encoded: Any, pin: bool, device: Optional[int] = None,
         default_device: Optional[int] = None, spill: bool = True, handoff: bool = False,
-    ) -> Optional[int]:
-        """Stores an encoded value; returns the GPU it went to, None for host memory."""
+    ) -> Tuple[Optional[int], Any]:
+        """Stores an encoded value; returns the GPU it went to (None: host memory) and, for a
+        handoff to host memory, the creator's reference (kept until dropped), else None."""
         name = ref.name or ""
         if isinstance(encoded, (_device.DLPackSource, _device.InterfaceSource)):
-            return _device.put_device(
+            gpu = _device.put_device(
                 self._conn, ref, encoded, device, pin, default_device, handoff=handoff
             )
+            return gpu, None
         if device is not None:
             raise InvalidArgument(
                 f"device= is for GPU arrays; a {type(value).__name__} is stored in host memory "
@@ -214,12 +216,13 @@ class Client:
             self._conn.seal(ref.id)
             if handoff:  # while `writable` holds the creator's reference
                 self._conn.handoff([ref.id], -1)
-            return None
-        self._conn.put(
+                return None, writable
+            return None, None
+        held = self._conn.put(
             ref.id, encoded.parts, encoded.offsets, encoded.size, encoded.metadata, name, pin,
             spill, handoff,
         )
-        return None
+        return None, held
 
     # Handing values to another process of the group.
 
@@ -234,14 +237,22 @@ class Client:
         receiver passes to :meth:`claim`. Raises InvalidArgument if this client joined no
         group, and fails as put does.
         """
-        ref = ObjectRef(_depot.random_id())
-        gpu = self._put_encoded(ref, value, _codec.encode(value), False, device, handoff=True)
+        ref, gpu, _ = self._handoff(value, device)
         return ref, gpu
 
+    def _handoff(self, value: Any, device: Optional[int] = None) -> Tuple[ObjectRef, Optional[int], Any]:
+        """handoff, also returning what keeps the object for this client (None for a GPU
+        array): while it lives, handoff_again works even after every claim."""
+        ref = ObjectRef(_depot.random_id())
+        gpu, held = self._put_encoded(
+            ref, value, _codec.encode(value), False, device, handoff=True
+        )
+        return ref, gpu, held
+
     def handoff_again(self, ref: RefLike, *, device: Optional[int] = None) -> None:
-        """Hands an object this client's group still holds (handed off and not yet claimed)
-        to the group once more: one more claim of it, with no copy. Raises NotHeld if the
-        group holds it no more (claimed, or the group ended)."""
+        """Hands an object this client's group still holds (handed off and not yet claimed),
+        or this client holds, to the group once more: one more claim of it, with no copy.
+        Raises NotHeld if neither holds it (ObjectNotFound once it is gone)."""
         self._conn.handoff([_ref(ref).id], -1 if device is None else _device_ordinal(device))
 
     def claim(self, ref: RefLike, *, device: Optional[int] = None) -> Any:

@@ -60,6 +60,13 @@ auto Blocking(Client& client, F&& f) {
   return ValueOrRaise(std::move(r));
 }
 
+// A reference this client keeps to an object it handed off (Connection::Put with `handoff`),
+// so that it may hand it off again after every claim; given back when dropped. It offers no
+// bytes: they are sealed.
+struct Held {
+  std::shared_ptr<void> reference;
+};
+
 // A connection to depotd (depot::Client). Thread-safe; Python's Client wraps it.
 class Connection {
  public:
@@ -92,19 +99,30 @@ class Connection {
   // created, copied into shared memory and sealed.
   // With `handoff`, the object is handed to the connection's group (Client::Handoff) before
   // the creator's reference goes.
-  void Put(nb::bytes id_bytes, nb::list parts, const std::vector<uint64_t>& offsets, uint64_t size,
-           nb::bytes metadata, const std::string& name, bool pin, bool spill, bool handoff) {
+  // Returns None, or with `handoff` the creator's reference as a Held, which keeps the object
+  // (so that this client may hand it off again) until it is dropped.
+  nb::object Put(nb::bytes id_bytes, nb::list parts, const std::vector<uint64_t>& offsets,
+                 uint64_t size, nb::bytes metadata, const std::string& name, bool pin, bool spill,
+                 bool handoff) {
     const ObjectId id = ToId(id_bytes);
     const std::vector<std::unique_ptr<ReadView>> views = ViewParts(parts, offsets, size);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin, spill);
     Client& c = client();
     Status st;
+    std::optional<MutableBuffer> held;
     {
       nb::gil_scoped_release release;
-      st = handoff ? PutAndHandOff(c, id, views, offsets, size, options)
-                   : PutParts(c, id, views, offsets, size, options);
+      if (handoff) {
+        Result<MutableBuffer> r = PutAndHandOff(c, id, views, offsets, size, options);
+        st = r.status();
+        if (r.ok()) held.emplace(std::move(r).value());
+      } else {
+        st = PutParts(c, id, views, offsets, size, options);
+      }
     }
     RaiseIfError(st);
+    if (!held) return nb::none();
+    return nb::cast(Held{std::make_shared<MutableBuffer>(std::move(*held))});
   }
 
   // Hands `ids` (held by this connection, or by its group) to its group, in host memory or on
@@ -425,14 +443,15 @@ class Connection {
 
   // PutParts for a handoff: created, filled and sealed, then handed off while the creator's
   // reference (`buffer`) still holds it. Never inline: that put lets go at once.
-  static Status PutAndHandOff(Client& c, const ObjectId& id,
-                              const std::vector<std::unique_ptr<ReadView>>& views,
-                              const std::vector<uint64_t>& offsets, uint64_t size,
-                              const CreateOptions& options) {
+  static Result<MutableBuffer> PutAndHandOff(Client& c, const ObjectId& id,
+                                             const std::vector<std::unique_ptr<ReadView>>& views,
+                                             const std::vector<uint64_t>& offsets, uint64_t size,
+                                             const CreateOptions& options) {
     DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
     FillParts(buffer.ptr(), views, offsets, size);
     DEPOT_RETURN_NOT_OK(c.Seal(id));
-    return c.Handoff(std::span(&id, 1));
+    DEPOT_RETURN_NOT_OK(c.Handoff(std::span(&id, 1)));
+    return buffer;
   }
 
   // Gets `ids`, waiting up to `timeout_ms` (-1: for ever) in slices, with the GIL released
@@ -513,6 +532,7 @@ class Connection {
 NB_MODULE(_depot, m) {
   using depot::ObjectId;
   using depot::python::Connection;
+  using depot::python::Held;
   m.doc() = "depot's C++ client, the low-level layer of the depot package (use depot.Client).";
 
   depot::python::BindBuffers(m);
@@ -553,6 +573,10 @@ NB_MODULE(_depot, m) {
         return depot::python::IdBytes(*id);
       },
       "hex"_a);
+
+  nb::class_<Held>(m, "Held",
+                   "A reference to an object this client handed off: it stays in the store, and "
+                   "may be handed off again, until this is dropped.");
 
   nb::class_<Connection>(m, "Connection", "One connection to depotd (thread-safe).")
       .def(nb::init<const std::string&, const std::string&, nb::bytes>(), "socket_path"_a,

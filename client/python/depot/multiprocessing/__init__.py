@@ -31,8 +31,8 @@ How long a value lives:
 - Values sent but never received (a queue dropped with items in it, a receiver killed before
   taking them) go when the last process of the tree has exited. A killed process gives back
   everything it held.
-- The same value sent again, unchanged, while a send of it is still unclaimed, is not copied
-  again: a Pool broadcasting an argument stores it once.
+- The sender's stored copy stays while the sender's own value lives: the same value sent
+  again, unchanged, is not copied again (a Pool broadcasting an argument stores it once).
 
 The store is the depotd at ``$DEPOT_SOCKET``, or one this module starts for the process tree
 (``$DEPOT_MP_MEMORY`` big, default half of RAM, used only as objects need it), stopped when

@@ -13,9 +13,9 @@ the store instead of through the pipe:
 The sender hands the value off to the tree's group (depot.Client.handoff): one copy into
 shared memory (or, for a GPU array, into the store's pool on its GPU). The pickle carries
 only the reference; the receiver claims it and gets a read-only view of the same memory.
-A value sent again, unchanged (its bytes hash the same, XXH3-128), while an earlier send
-of it is still unclaimed, is handed off again with no copy: a Pool broadcasting an argument
-to its tasks stores it once.
+The sender keeps its stored copy while its own value lives: the same value sent again,
+unchanged (its bytes hash the same, XXH3-128), is handed off again with no copy, so a Pool
+broadcasting an argument to its tasks stores it once.
 
 Anything else pickles as before. So does a value the store cannot take (full, or not
 reachable), with one warning.
@@ -72,10 +72,25 @@ def get_threshold() -> int:
     return _threshold
 
 
-# What this process sent and the group may still hold: id(value) -> (a weak reference to
-# the value, its ref, the GPU it is on or None, the digest of its bytes).
+# What this process sent, while the value lives: id(value) -> (a weak reference to the
+# value, its ref, the GPU it is on or None, the digest of its bytes, this client's reference
+# to the object). The reference keeps the stored copy while the sender's value lives, so that
+# the same value sent again is handed off again however fast the earlier sends were claimed.
 _sent: dict = {}
-_sent_lock = threading.Lock()
+# Reentrant: a weakref callback (_forget) may run in a garbage collection inside a section.
+_sent_lock = threading.RLock()
+_inherited: list = []
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's references are its own (never dropped here)."""
+    global _sent_lock
+    _sent_lock = threading.RLock()
+    _inherited.append(dict(_sent))
+    _sent.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _forget(key: int, _: Any = None) -> None:
@@ -83,14 +98,14 @@ def _forget(key: int, _: Any = None) -> None:
         _sent.pop(key, None)
 
 
-def _remember(value: Any, ref: ObjectRef, gpu: Optional[int], digest: bytes) -> None:
+def _remember(value: Any, ref: ObjectRef, gpu: Optional[int], digest: bytes, held: Any) -> None:
     key = id(value)
     try:
         alive = weakref.ref(value, lambda _, key=key: _forget(key))
     except TypeError:  # not weakly referenceable: not remembered
         return
     with _sent_lock:
-        _sent[key] = (alive, ref, gpu, digest)
+        _sent[key] = (alive, ref, gpu, digest, held)
 
 
 def _send_again(value: Any, digest: bytes) -> Optional[Tuple[ObjectRef, Optional[int]]]:
@@ -105,7 +120,7 @@ def _send_again(value: Any, digest: bytes) -> Optional[Tuple[ObjectRef, Optional
         return None
     try:
         client.handoff_again(entry[1], device=entry[2])
-    except DepotError:  # claimed and gone (NotHeld, ObjectNotFound): store it anew
+    except DepotError:  # the store lost it (the daemon restarted, say): store it anew
         _forget(id(value))
         return None
     return entry[1], entry[2]
@@ -128,7 +143,7 @@ def _hand_off(
         if again is not None:
             return again
     try:
-        ref, gpu = client.handoff(payload)
+        ref, gpu, held = client._handoff(payload)
     except DepotError as e:  # full, too large, or the daemon gone: never a deadlock
         _store.warn_once(
             type(e).__name__,
@@ -137,8 +152,8 @@ def _hand_off(
             "and copied instead",
         )
         return None
-    if digest is not None:
-        _remember(value, ref, gpu, digest)
+    if digest is not None and held is not None:
+        _remember(value, ref, gpu, digest, held)
     return ref, gpu
 
 
