@@ -34,7 +34,7 @@ constexpr auto kSettle = std::chrono::seconds(10);
 
 std::string GroupKey(char fill) { return std::string(16, fill); }
 
-Result<Client> Join(const TestDaemon &daemon, const std::string &group) {
+Result<Client> Join(const TestDaemon& daemon, const std::string& group) {
   ConnectOptions options;
   options.group = group;
   return Client::Connect(daemon.socket_path(), options);
@@ -44,29 +44,24 @@ Result<Client> Join(const TestDaemon &daemon, const std::string &group) {
 // thread): keeps the group alive across a fork, for ThreadSanitizer (see
 // TSAN_SKIP in the Makefile: a Client's thread in the parent and another in a
 // forked child collide there).
-std::unique_ptr<RawSession> RawMember(const TestDaemon &daemon,
-                                      const std::string &group) {
+std::unique_ptr<RawSession> RawMember(const TestDaemon& daemon, const std::string& group) {
   auto raw = std::make_unique<RawSession>(daemon.socket_path());
-  EXPECT_TRUE(
-      raw->Send(1,
-                [&](wire::Request::Builder r) {
-                  auto hello = r.initHello();
-                  hello.setProtocolVersion(ipc::kProtocolVersion);
-                  hello.setGroup(capnp::Data::Reader(
-                      reinterpret_cast<const capnp::byte *>(group.data()),
-                      group.size()));
-                })
-          .ok());
+  EXPECT_TRUE(raw->Send(1,
+                        [&](wire::Request::Builder r) {
+                          auto hello = r.initHello();
+                          hello.setProtocolVersion(ipc::kProtocolVersion);
+                          hello.setGroup(capnp::Data::Reader(
+                              reinterpret_cast<const capnp::byte*>(group.data()), group.size()));
+                        })
+                  .ok());
   auto reply = raw->Receive();
-  EXPECT_TRUE(reply.has_value() &&
-              reply->get().getError() == wire::ErrorCode::OK);
+  EXPECT_TRUE(reply.has_value() && reply->get().getError() == wire::ErrorCode::OK);
   return raw;
 }
 
 // Puts `bytes` as `id` and hands it off, holding the creator's reference
 // meanwhile.
-Status PutAndHandOff(Client &client, const ObjectId &id,
-                     std::span<const std::byte> bytes) {
+Status PutAndHandOff(Client& client, const ObjectId& id, std::span<const std::byte> bytes) {
   DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, client.Create(id, bytes.size()));
   std::memcpy(buffer.ptr(), bytes.data(), bytes.size());
   DEPOT_RETURN_NOT_OK(client.Seal(id));
@@ -76,7 +71,7 @@ Status PutAndHandOff(Client &client, const ObjectId &id,
 // Sealed objects in the store, once the daemon has settled: it ends sessions
 // asynchronously, so this waits (up to kSettle) for the count to reach
 // `expected`, and returns the last seen.
-uint64_t SealedObjects(Client &client, uint64_t expected) {
+uint64_t SealedObjects(Client& client, uint64_t expected) {
   const auto deadline = std::chrono::steady_clock::now() + kSettle;
   for (;;) {
     auto status = client.GetStatus();
@@ -84,8 +79,7 @@ uint64_t SealedObjects(Client &client, uint64_t expected) {
       ADD_FAILURE() << status.status().ToString();
       return UINT64_MAX;
     }
-    if (status->objects_sealed == expected ||
-        std::chrono::steady_clock::now() >= deadline) {
+    if (status->objects_sealed == expected || std::chrono::steady_clock::now() >= deadline) {
       return status->objects_sealed;
     }
     std::this_thread::yield();
@@ -93,9 +87,8 @@ uint64_t SealedObjects(Client &client, uint64_t expected) {
 }
 
 class HandoffTest : public ::testing::Test {
-protected:
-  HandoffTest()
-      : daemon_({"--memory", "64MiB", "--simulate-gpus", "1:32MiB"}) {}
+ protected:
+  HandoffTest() : daemon_({"--memory", "64MiB", "--simulate-gpus", "1:32MiB"}) {}
   void SetUp() override { ASSERT_TRUE(daemon_.ok()) << daemon_.error(); }
 
   TestDaemon daemon_;
@@ -116,8 +109,7 @@ TEST_F(HandoffTest, AnObjectOutlivesItsSenderAndGoesWhenItsClaimerLetsGo) {
   // object off.
   EXPECT_EQ(RunInChild([&] {
               auto sender = Join(daemon_, group);
-              if (!sender.ok())
-                return ChildFailed(2, sender.status().ToString());
+              if (!sender.ok()) return ChildFailed(2, sender.status().ToString());
               Status st = PutAndHandOff(*sender, id, bytes);
               return st.ok() ? 0 : ChildFailed(3, st.ToString());
             }),
@@ -130,23 +122,21 @@ TEST_F(HandoffTest, AnObjectOutlivesItsSenderAndGoesWhenItsClaimerLetsGo) {
   auto details = observer.Describe(id);
   ASSERT_TRUE(details.ok()) << details.status().ToString();
   ASSERT_EQ(details->holders.size(), 1u);
-  EXPECT_EQ(details->holders[0].client_name,
-            "group (handed off, not yet claimed)");
+  EXPECT_EQ(details->holders[0].client_name, "group (handed off, not yet claimed)");
   EXPECT_EQ(details->holders[0].uid, ::geteuid());
   // Handed off objects are deleted: a get finds nothing, only a claim does.
   EXPECT_EQ(receiver->Get(id).status().code(), StatusCode::kNotFound);
   {
     auto claimed = receiver->Claim(std::span(&id, 1));
     ASSERT_TRUE(claimed.ok()) << claimed.status().ToString();
-    const Buffer &buffer = (*claimed)[0];
+    const Buffer& buffer = (*claimed)[0];
     ASSERT_EQ(buffer.size(), bytes.size());
     EXPECT_EQ(std::memcmp(buffer.ptr(), bytes.data(), bytes.size()), 0);
     // Claimed once: a second claim finds nothing more, and says so.
     auto again = receiver->Claim(std::span(&id, 1));
     ASSERT_FALSE(again.ok());
     EXPECT_EQ(again.status().code(), StatusCode::kNotHeld);
-    EXPECT_NE(again.status().message().find("cannot claim object " + id.Hex()),
-              std::string::npos)
+    EXPECT_NE(again.status().message().find("cannot claim object " + id.Hex()), std::string::npos)
         << again.status().ToString();
     EXPECT_EQ(SealedObjects(observer, 1), 1u);
   }
@@ -168,15 +158,14 @@ TEST_F(HandoffTest, AValueSentTwiceIsStoredOnceAndClaimedTwice) {
   Client observer = Observer();
   EXPECT_EQ(SealedObjects(observer, 1), 1u);
   auto first = receiver->Claim(std::span(&id, 1));
-  auto second = sender->Claim(std::span(&id, 1)); // any member may claim
+  auto second = sender->Claim(std::span(&id, 1));  // any member may claim
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(std::memcmp((*second)[0].ptr(), bytes.data(), bytes.size()), 0);
-  EXPECT_EQ(receiver->Claim(std::span(&id, 1)).status().code(),
-            StatusCode::kNotHeld);
+  EXPECT_EQ(receiver->Claim(std::span(&id, 1)).status().code(), StatusCode::kNotHeld);
   first->clear();
   EXPECT_EQ(SealedObjects(observer, 1),
-            1u); // the second claimer still reads it
+            1u);  // the second claimer still reads it
   second->clear();
   EXPECT_EQ(SealedObjects(observer, 0), 0u);
 }
@@ -190,8 +179,7 @@ TEST_F(HandoffTest, WhatNobodyClaimedGoesWithTheGroupsLastSession) {
   ReadyPipe handed;
   ChildProcess sender = ChildProcess::Start([&] {
     auto client = Join(daemon_, group);
-    if (!client.ok())
-      return ChildFailed(2, client.status().ToString());
+    if (!client.ok()) return ChildFailed(2, client.status().ToString());
     const std::vector<std::byte> bytes = SeededBytes(kMiB, 3);
     if (Status st = PutAndHandOff(*client, id, bytes); !st.ok())
       return ChildFailed(3, st.ToString());
@@ -207,8 +195,7 @@ TEST_F(HandoffTest, WhatNobodyClaimedGoesWithTheGroupsLastSession) {
   // Another group cannot claim it.
   auto stranger = Join(daemon_, GroupKey('z'));
   ASSERT_TRUE(stranger.ok());
-  EXPECT_EQ(stranger->Claim(std::span(&id, 1)).status().code(),
-            StatusCode::kNotHeld);
+  EXPECT_EQ(stranger->Claim(std::span(&id, 1)).status().code(), StatusCode::kNotHeld);
   // The last member goes without claiming it: the object goes too.
   member.reset();
   EXPECT_EQ(SealedObjects(observer, 0), 0u);
@@ -225,21 +212,18 @@ TEST_F(HandoffTest, GpuObjectsAreHandedOffAndClaimedOnTheirGpu) {
     auto target = sender->CreateOnDevice(id, bytes.size(), 0);
     ASSERT_TRUE(target.ok()) << target.status().ToString();
     ASSERT_TRUE(target->simulated());
-    std::memcpy(reinterpret_cast<void *>(target->device_ptr()), bytes.data(),
-                bytes.size());
+    std::memcpy(reinterpret_cast<void*>(target->device_ptr()), bytes.data(), bytes.size());
     ASSERT_TRUE(sender->Seal(id).ok());
     // Not held in host memory: handed off on GPU 0 only.
     EXPECT_EQ(sender->Handoff(std::span(&id, 1)).code(), StatusCode::kNotHeld);
     ASSERT_TRUE(sender->Handoff(std::span(&id, 1), 0).ok());
   }
-  EXPECT_EQ(receiver->Claim(std::span(&id, 1)).status().code(),
-            StatusCode::kNotHeld);
+  EXPECT_EQ(receiver->Claim(std::span(&id, 1)).status().code(), StatusCode::kNotHeld);
   auto claimed = receiver->ClaimOnDevice(std::span(&id, 1), 0);
   ASSERT_TRUE(claimed.ok()) << claimed.status().ToString();
-  EXPECT_EQ(
-      std::memcmp(reinterpret_cast<const void *>((*claimed)[0].device_ptr()),
-                  bytes.data(), bytes.size()),
-      0);
+  EXPECT_EQ(std::memcmp(reinterpret_cast<const void*>((*claimed)[0].device_ptr()), bytes.data(),
+                        bytes.size()),
+            0);
   claimed->clear();
   Client observer = Observer();
   EXPECT_EQ(SealedObjects(observer, 0), 0u);
@@ -255,8 +239,7 @@ TEST_F(HandoffTest, RefusalsNameWhatIsWrong) {
   Status st = loner->Handoff(std::span(&id, 1));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("no group"), std::string::npos) << st.ToString();
-  EXPECT_EQ(loner->Claim(std::span(&id, 1)).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(loner->Claim(std::span(&id, 1)).status().code(), StatusCode::kInvalidArgument);
 
   auto member = Join(daemon_, GroupKey('e'));
   ASSERT_TRUE(member.ok());
@@ -264,32 +247,26 @@ TEST_F(HandoffTest, RefusalsNameWhatIsWrong) {
   // not deleted.
   st = member->Handoff(std::span(&id, 1));
   EXPECT_EQ(st.code(), StatusCode::kNotHeld);
-  EXPECT_NE(st.message().find("holds no reference"), std::string::npos)
-      << st.ToString();
+  EXPECT_NE(st.message().find("holds no reference"), std::string::npos) << st.ToString();
   EXPECT_TRUE(*loner->Contains(id));
   const ObjectId unknown = ObjectId::Random();
-  EXPECT_EQ(member->Handoff(std::span(&unknown, 1)).code(),
-            StatusCode::kNotFound);
+  EXPECT_EQ(member->Handoff(std::span(&unknown, 1)).code(), StatusCode::kNotFound);
   // Being created: not yet.
   const ObjectId creating = ObjectId::Random();
   auto buffer = member->Create(creating, kKiB);
   ASSERT_TRUE(buffer.ok());
-  EXPECT_EQ(member->Handoff(std::span(&creating, 1)).code(),
-            StatusCode::kNotSealed);
+  EXPECT_EQ(member->Handoff(std::span(&creating, 1)).code(), StatusCode::kNotSealed);
   // A GPU the daemon does not serve.
-  EXPECT_EQ(member->Handoff(std::span(&id, 1), 3).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(member->Handoff(std::span(&id, 1), 3).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(HandoffTest, AGroupKeyOfTheWrongSizeIsRefused) {
   auto client = Join(daemon_, "short");
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(client.status().message().find("a group key is 16 bytes, not 5"),
-            std::string::npos)
+  EXPECT_NE(client.status().message().find("a group key is 16 bytes, not 5"), std::string::npos)
       << client.status().ToString();
-  EXPECT_TRUE(
-      Client::Connect(daemon_.socket_path()).ok()); // the daemon is fine
+  EXPECT_TRUE(Client::Connect(daemon_.socket_path()).ok());  // the daemon is fine
 }
 
 // A raw client: tiers and batches the library would never send, and claims of
@@ -305,17 +282,15 @@ TEST_F(HandoffTest, AHostileMemberHarmsNothing) {
 
   std::optional<RawSession> session;
   session.emplace(daemon_.socket_path());
-  RawSession &raw = *session;
-  ASSERT_TRUE(
-      raw.Send(1,
-               [&](wire::Request::Builder r) {
-                 auto hello = r.initHello();
-                 hello.setProtocolVersion(ipc::kProtocolVersion);
-                 hello.setGroup(capnp::Data::Reader(
-                     reinterpret_cast<const capnp::byte *>(group.data()),
-                     group.size()));
-               })
-          .ok());
+  RawSession& raw = *session;
+  ASSERT_TRUE(raw.Send(1,
+                       [&](wire::Request::Builder r) {
+                         auto hello = r.initHello();
+                         hello.setProtocolVersion(ipc::kProtocolVersion);
+                         hello.setGroup(capnp::Data::Reader(
+                             reinterpret_cast<const capnp::byte*>(group.data()), group.size()));
+                       })
+                  .ok());
   auto hello = raw.Receive();
   ASSERT_TRUE(hello.has_value());
   ASSERT_EQ(hello->get().getError(), wire::ErrorCode::OK);
@@ -331,8 +306,7 @@ TEST_F(HandoffTest, AHostileMemberHarmsNothing) {
                     .ok());
     auto reply = raw.Receive();
     ASSERT_TRUE(reply.has_value()) << "tier " << tier;
-    EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT)
-        << "tier " << tier;
+    EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT) << "tier " << tier;
     ASSERT_TRUE(raw.Send(rid++,
                          [&](wire::Request::Builder r) {
                            auto g = r.initGet();
@@ -343,8 +317,7 @@ TEST_F(HandoffTest, AHostileMemberHarmsNothing) {
                     .ok());
     reply = raw.Receive();
     ASSERT_TRUE(reply.has_value()) << "tier " << tier;
-    EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT)
-        << "tier " << tier;
+    EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT) << "tier " << tier;
   }
   // Handoffs of objects that do not exist, many times over: refused per id, and
   // the nil id refuses the request.
@@ -398,11 +371,9 @@ TEST_F(HandoffTest, AHostileMemberHarmsNothing) {
 // A group belongs to the uid of its first session: another user who learns its
 // key cannot join it, so cannot claim what it hands off.
 TEST(HandoffUidTest, AnotherUidCannotJoinAGroup) {
-  if (::geteuid() != 0)
-    GTEST_SKIP() << "needs root, to act as another user";
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as another user";
   constexpr uid_t kNobody = 65534;
-  TestDaemon daemon(
-      {"--share-with-uid", std::to_string(kNobody), "--socket-mode", "0666"});
+  TestDaemon daemon({"--share-with-uid", std::to_string(kNobody), "--socket-mode", "0666"});
   ASSERT_TRUE(daemon.ok()) << daemon.error();
   ASSERT_EQ(::chmod(daemon.dir().c_str(), 0755), 0);
   ConnectOptions options;
@@ -410,22 +381,18 @@ TEST(HandoffUidTest, AnotherUidCannotJoinAGroup) {
   auto owner = RawMember(daemon, options.group);
   EXPECT_EQ(RunInChild([&] {
               if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) {
-                return ChildFailed(2,
-                                   "setuid: " + std::string(strerror(errno)));
+                return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
               }
               auto client = Client::Connect(daemon.socket_path(), options);
-              if (client.ok())
-                return ChildFailed(3, "joined another uid's group");
+              if (client.ok()) return ChildFailed(3, "joined another uid's group");
               if (client.status().code() != StatusCode::kPermissionDenied ||
-                  client.status().message().find("belongs to uid 0") ==
-                      std::string::npos) {
-                return ChildFailed(4, "unclear refusal: " +
-                                          client.status().ToString());
+                  client.status().message().find("belongs to uid 0") == std::string::npos) {
+                return ChildFailed(4, "unclear refusal: " + client.status().ToString());
               }
               return 0;
             }),
             0);
 }
 
-} // namespace
-} // namespace depot::testing
+}  // namespace
+}  // namespace depot::testing
