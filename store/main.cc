@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <sys/sysinfo.h>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
@@ -127,6 +129,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--socket-mode", socket_mode, "permissions of the socket file, in octal")
       ->capture_default_str();
+  int exit_with_pid = 0;
+  app.add_option("--exit-with-pid", exit_with_pid,
+                 "shut down, as on SIGTERM, when the process of this pid exits (a daemon private "
+                 "to a program: depot.start_daemon(stop_with_parent=True))");
   std::vector<std::string> share_users, share_groups;
   app.add_option("--share-with-uid", share_users,
                  "users (uids or names; besides root and the daemon's own) that may read objects; "
@@ -338,6 +344,17 @@ int main(int argc, char** argv) {
   if (!signal_fd.ok()) return Fail(signal_fd.status());
   boost::asio::io_context loop(1);
   boost::asio::posix::stream_descriptor signals(loop, *signal_fd);
+  // A pidfd of --exit-with-pid's process: readable once that process has exited.
+  boost::asio::posix::stream_descriptor lifeline(loop);
+  if (exit_with_pid != 0) {
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, exit_with_pid, 0));
+    if (pidfd < 0) {
+      return Fail(
+          depot::Status::InvalidArgument("--exit-with-pid " + std::to_string(exit_with_pid) +
+                                         ": cannot watch that process: " + std::strerror(errno)));
+    }
+    lifeline.assign(pidfd);
+  }
   boost::asio::thread_pool pool(workers);
   {
     auto gpus = depot::store::gpu::SetUpGpus(gpu_options);
@@ -393,6 +410,17 @@ int main(int argc, char** argv) {
                               metrics_http.Close();
                               loop.stop();
                             });
+    if (lifeline.is_open()) {
+      lifeline.async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                          [&](const boost::system::error_code& ec) {
+                            if (ec) return;
+                            spdlog::info("process {} exited (--exit-with-pid), shutting down",
+                                         exit_with_pid);
+                            server.Shutdown();
+                            metrics_http.Close();
+                            loop.stop();
+                          });
+    }
     if (Status st = server.Listen(); !st.ok()) return Fail(st);
     if (metrics_port != 0) {
       if (Status st = metrics_http.Listen(metrics_address, metrics_port); !st.ok()) return Fail(st);

@@ -1,5 +1,6 @@
 // depotd as a process: starting where another daemon listens or a dead one left its socket,
 // the socket's permissions, bad flags, and shutting down with clients still connected.
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -99,6 +100,44 @@ TEST(DaemonTest, SocketModeFlagSetsThePermissions) {
   struct stat st {};
   ASSERT_EQ(::stat(daemon.socket_path().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
+}
+
+// --exit-with-pid: a daemon private to a program (depot.start_daemon(stop_with_parent=True))
+// shuts down as on SIGTERM when that program's process exits, even killed.
+TEST(DaemonTest, ExitWithPidShutsDownCleanlyWhenThatProcessExits) {
+  ChildProcess watched = ChildProcess::Start([] {
+    ::pause();
+    return 0;
+  });
+  TestDaemon daemon({"--exit-with-pid", std::to_string(watched.pid())});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  {
+    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.socket_path()));
+    EXPECT_OK(client.Put(ObjectId::FromName("daemon/lifeline"), AsBytes("ok")));
+  }
+  watched.Kill(SIGKILL);
+  EXPECT_EQ(watched.Wait(), kSignalExitBase + SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  struct stat st {};
+  while (::stat(daemon.socket_path().c_str(), &st) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_NE(::stat(daemon.socket_path().c_str(), &st), 0) << "the daemon is still listening";
+  EXPECT_NE(daemon.Log().find("exited (--exit-with-pid), shutting down"), std::string::npos)
+      << daemon.Log();
+  daemon.Stop();  // it exited with status 0, having removed its socket
+}
+
+TEST(DaemonTest, ExitWithPidOfNoProcessIsAClearErrorAtStartup) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << dir.error();
+  ProgramRun run = RunProgram(
+      {DEPOT_DAEMON_PATH, "--socket", dir.path() + "/depot.sock", "--exit-with-pid", "999999999"},
+      {}, milliseconds(10'000));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.err.find("--exit-with-pid 999999999: cannot watch that process"), std::string::npos)
+      << run.Explain();
 }
 
 TEST(DaemonTest, BadFlagIsAClearErrorAtStartup) {

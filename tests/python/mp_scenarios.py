@@ -120,6 +120,15 @@ class Squares:
         return torch.full((MiB // 4,), float(i), dtype=torch.float32)
 
 
+def array_sum(array):
+    return float(array.sum()), describe(array)
+
+
+def add_one_in_place(tensor, done):
+    tensor.add_(1)
+    done.set()
+
+
 def send_gpu(q):
     from dlpack_util import FakeCudaArray
 
@@ -339,15 +348,71 @@ def scenario_private(method):
             "daemon_pid": daemon.pid, "socket": daemon.socket}
 
 
+def scenario_standard(method):
+    """The standard module's own contexts, and concurrent.futures, once depot.multiprocessing
+    is imported: their children join the group too."""
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=send_arrays, args=(q, 5))
+    p.start()
+    first, _ = q.get(timeout=60), q.get(timeout=60)
+    p.join(60)
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        total, seen = pool.submit(array_sum, np.full(MiB, 2.0)).result(timeout=120)
+    return {"exact": same(first["i1"], arrays(5)["i1"]), "received": describe(first["i1"]),
+            "pool_total": total, "pool_child": seen}
+
+
+def scenario_relayout(method):
+    """The same array object sent with another shape, then another dtype, bytes unchanged."""
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    a = np.arange(4 * 16384, dtype=np.float64).reshape(4, 16384)
+    q.put(a)
+    first = q.get(timeout=60)
+    a.shape = (16384, 4)
+    q.put(a)
+    second = q.get(timeout=60)
+    a.dtype = np.int64
+    q.put(a)
+    third = q.get(timeout=60)
+    return {"shapes": [list(first.shape), list(second.shape), list(third.shape)],
+            "dtypes": [first.dtype.str, second.dtype.str, third.dtype.str],
+            "exact": same(third, a)}
+
+
+def scenario_torch_odd(method):
+    """Tensors the store path must not break: a conjugate view, and a tensor in torch's
+    shared memory, which must stay shared (Hogwild)."""
+    import torch
+
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    z = torch.randn(1 << 16, dtype=torch.complex64)
+    q.put(z.conj())
+    conj = q.get(timeout=60)
+    shared = torch.zeros(1 << 16)
+    shared.share_memory_()
+    done = ctx.Event()
+    p = ctx.Process(target=add_one_in_place, args=(shared, done))
+    p.start()
+    done.wait(60)
+    p.join(60)
+    return {"conj_exact": bool(torch.equal(conj, z.conj())),
+            "shared_updated": float(shared.sum()) == float(1 << 16)}
+
+
 def scenario_exports(method):
-    """Everything the standard module exports, and contexts whose processes are this
-    module's."""
+    """Everything the standard module exports, and contexts of this module's own."""
     import multiprocessing
 
     ctx = mp.get_context(method)
     return {
         "missing": sorted(set(multiprocessing.__all__) - set(mp.__all__)),
-        "process": ctx.Process.__module__,
+        "context": type(ctx).__module__,
         "nested_context": type(ctx.get_context("spawn")).__module__,
         "default_process": mp.Process.__module__,
         "start_method": mp.get_start_method(),

@@ -52,7 +52,7 @@ def mp_daemon():
 def test_everything_the_standard_module_exports_is_there(mp_daemon):
     out, _ = run("exports", "forkserver", mp_daemon.socket)
     assert out["missing"] == []
-    assert out["process"] == out["nested_context"] == out["default_process"] == "depot.multiprocessing"
+    assert out["context"] == out["nested_context"] == out["default_process"] == "depot.multiprocessing"
     assert out["start_method"] == out["standard_start_method"]
 
 
@@ -79,6 +79,31 @@ def test_pipes_and_simple_queues_carry_store_references(mp_daemon, method):
     assert out["doubled"] and out["returned"] == {"in_store": True, "writeable": False}
     assert out["simple_child"] == {"in_store": True, "writeable": False} and out["simple_total"]
     assert store_empties(mp_daemon)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_standard_contexts_and_concurrent_futures_use_the_store_too(mp_daemon, method):
+    out, _ = run("standard", method, mp_daemon.socket)
+    assert out["exact"] and out["received"] == {"in_store": True, "writeable": False}
+    assert out["pool_total"] == 2.0 * (1 << 20)
+    assert out["pool_child"] == {"in_store": True, "writeable": False}
+    assert store_empties(mp_daemon)
+
+
+def test_an_array_sent_again_with_another_shape_or_dtype_arrives_as_it_is_now(mp_daemon):
+    out, _ = run("relayout", "fork", mp_daemon.socket)
+    assert out["shapes"] == [[4, 16384], [16384, 4], [16384, 4]]
+    assert out["dtypes"] == ["<f8", "<f8", "<i8"]
+    assert out["exact"]
+    assert store_empties(mp_daemon)
+
+
+def test_a_client_without_a_group_cannot_hand_off_and_leaves_nothing(client):
+    import numpy as np
+
+    with pytest.raises(depot.InvalidArgument, match="joined no group"):
+        client.handoff(np.ones(1 << 16))
+    assert client.status().objects_sealed == 0
 
 
 def test_a_pool_broadcasting_an_argument_stores_it_once(mp_daemon):
@@ -170,6 +195,12 @@ def test_torch_cpu_tensors_arrive_exact_in_the_store(mp_daemon, method):
     assert out["small"]["in_store"] is False
     assert out["grad"]["requires_grad"] and out["param"]["type"] == "Parameter"
     assert store_empties(mp_daemon)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch (pip install torch)")
+def test_conjugate_views_arrive_and_torch_shared_tensors_stay_shared(mp_daemon):
+    out, _ = run("torch_odd", "spawn", mp_daemon.socket)
+    assert out == {"conj_exact": True, "shared_updated": True}
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch (pip install torch)")

@@ -410,14 +410,16 @@ class Client {
   // group holds one reference to each object (on GPU `device`, this process's ordinal, or
   // in host memory) until a member claims it, or until every session of the group has
   // gone. The objects are deleted, so that they go as soon as the group and their claimers
-  // have let go; Get no longer finds them. This client must hold each one (it created it,
-  // or got it), or the group one already (the same value sent twice). Fails with the first
-  // object's error: NotFound, NotSealed, NotHeld; InvalidArgument without a group.
+  // have let go; Get no longer finds them. This client must hold a reference to each one
+  // from the daemon (its creator's, or a Get's: not one answered through a lease), or the
+  // group one already (the same value sent twice). Fails with the first object's error:
+  // NotFound, NotSealed, NotHeld; InvalidArgument without a group.
   Status Handoff(std::span<const ObjectId> ids, int device = kHostMemory);
   // Takes over one of the group's references to each object that was handed off: read-only
   // handles, in the order of `ids`, as Get returns them. Never waits. Fails with NotHeld,
   // naming the object, when the group holds none (claimed already, never handed off, or the
-  // group ended); InvalidArgument without a group.
+  // group ended); InvalidArgument without a group. A batch that fails gives back what it
+  // claimed: those handoffs are used up, so claim one id per call where that matters.
   Result<std::vector<Buffer>> Claim(std::span<const ObjectId> ids);
   // The same for objects handed off on GPU `device`.
   Result<std::vector<DeviceBuffer>> ClaimOnDevice(std::span<const ObjectId> ids, int device);

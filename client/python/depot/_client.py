@@ -77,8 +77,9 @@ class Client:
         self, socket: Union[str, "os.PathLike[str]", None] = None, *, name: str = "",
         group: Optional[bytes] = None,
     ) -> None:
+        self._group = None if group is None else bytes(group)
         self._conn = _depot.Connection(
-            "" if socket is None else os.fspath(socket), name, b"" if group is None else bytes(group)
+            "" if socket is None else os.fspath(socket), name, self._group or b""
         )
         # Functions sent by value, and the refs they are stored under.
         self._functions: "weakref.WeakKeyDictionary[Any, ObjectRef]" = weakref.WeakKeyDictionary()
@@ -215,7 +216,11 @@ class Client:
             np.copyto(np.frombuffer(writable, dtype=array.dtype).reshape(array.shape), array)
             self._conn.seal(ref.id)
             if handoff:  # while `writable` holds the creator's reference
-                self._conn.handoff([ref.id], -1)
+                try:
+                    self._conn.handoff([ref.id], -1)
+                except DepotError:
+                    self._conn.delete([ref.id])  # unreachable otherwise
+                    raise
                 return None, writable
             return None, None
         held = self._conn.put(
@@ -243,6 +248,11 @@ class Client:
     def _handoff(self, value: Any, device: Optional[int] = None) -> Tuple[ObjectRef, Optional[int], Any]:
         """handoff, also returning what keeps the object for this client (None for a GPU
         array): while it lives, handoff_again works even after every claim."""
+        if not self._group:
+            raise InvalidArgument(
+                "this client joined no group (depot.Client(..., group=key)): there is nobody "
+                "to hand values to"
+            )
         ref = ObjectRef(_depot.random_id())
         gpu, held = self._put_encoded(
             ref, value, _codec.encode(value), False, device, handoff=True
@@ -251,8 +261,9 @@ class Client:
 
     def handoff_again(self, ref: RefLike, *, device: Optional[int] = None) -> None:
         """Hands an object this client's group still holds (handed off and not yet claimed),
-        or this client holds, to the group once more: one more claim of it, with no copy.
-        Raises NotHeld if neither holds it (ObjectNotFound once it is gone)."""
+        or this client holds a reference to from the daemon (not through a lease: see
+        docs/leases.md), to the group once more: one more claim of it, with no copy. Raises
+        NotHeld if neither holds it (ObjectNotFound once it is gone)."""
         self._conn.handoff([_ref(ref).id], -1 if device is None else _device_ordinal(device))
 
     def claim(self, ref: RefLike, *, device: Optional[int] = None) -> Any:

@@ -131,14 +131,6 @@ class Daemon:
         return f"<depot.Daemon pid={self.pid} {state} on {self.socket!r}>"
 
 
-def _stop_with_parent() -> None:
-    """In the daemon's process, before exec: SIGTERM when its parent thread ends."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-
 def _accepts(path: str) -> bool:
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
@@ -181,9 +173,8 @@ def start_daemon(
     set-up; worker i also offers GPU ``worker_gpus[i]`` (this process's ordinal), if the
     list has that many. They stop with the daemon.
 
-    ``stop_with_parent`` has the kernel send the daemon SIGTERM when the thread that
-    started it ends (``PR_SET_PDEATHSIG``), so that it stops even if this process is killed;
-    start it from the main thread (or one that lives as long as the process).
+    ``stop_with_parent`` has the daemon shut down when this process exits, even if it is
+    killed (``depotd --exit-with-pid``; its temporary directory then stays behind).
 
     Returns a :class:`Daemon`; use it as a context manager, or call ``close()``. It is
     stopped at interpreter exit in any case. Raises DepotError with the daemon's log if it
@@ -198,12 +189,11 @@ def start_daemon(
         argv += ["--segment-size", str(segment_size)]
     if simulate_gpus is not None:
         argv += ["--simulate-gpus", str(simulate_gpus)]
+    if stop_with_parent:
+        argv += ["--exit-with-pid", str(os.getpid())]
     argv += list(args)
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            preexec_fn=_stop_with_parent if stop_with_parent else None,
-        )
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     daemon = Daemon(process, path, directory, log_path)
     deadline = time.monotonic() + timeout
     while not _accepts(path):

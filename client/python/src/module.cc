@@ -238,7 +238,7 @@ class Connection {
         DEPOT_RETURN_NOT_OK(CopyIntoDevice(target, source, size, wait_stream));
         DEPOT_RETURN_NOT_OK(c.Seal(id));
         // Before `target`, the creator's reference, goes.
-        return handoff ? c.Handoff(std::span(&id, 1), device) : Status::OK();
+        return handoff ? HandOffOrDelete(c, id, device) : Status::OK();
       }();
     }
     RaiseIfError(st);
@@ -450,8 +450,16 @@ class Connection {
     DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
     FillParts(buffer.ptr(), views, offsets, size);
     DEPOT_RETURN_NOT_OK(c.Seal(id));
-    DEPOT_RETURN_NOT_OK(c.Handoff(std::span(&id, 1)));
+    DEPOT_RETURN_NOT_OK(HandOffOrDelete(c, id, Client::kHostMemory));
     return buffer;
+  }
+
+  // Hands off the object just sealed, or deletes it if that fails (nobody else knows its
+  // id: it would stay in the store, unreachable).
+  static Status HandOffOrDelete(Client& c, const ObjectId& id, int device) {
+    Status st = c.Handoff(std::span(&id, 1), device);
+    if (!st.ok()) (void)c.Delete(id);
+    return st;
   }
 
   // Gets `ids`, waiting up to `timeout_ms` (-1: for ever) in slices, with the GIL released

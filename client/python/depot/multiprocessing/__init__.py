@@ -36,15 +36,18 @@ How long a value lives:
 
 The store is the depotd at ``$DEPOT_SOCKET``, or one this module starts for the process tree
 (``$DEPOT_MP_MEMORY`` big, default half of RAM, used only as objects need it), stopped when
-the process that started it exits. Without a store, or when it is full, values are pickled
-as by the standard module, with one warning (:class:`StoreUnavailableWarning`).
+the process that started it exits, even if killed. Without a store, or when it is full,
+values are pickled as by the standard module, with one warning
+(:class:`StoreUnavailableWarning`).
 
-Every start method works (fork, spawn, forkserver), through the contexts of this module:
-``get_context("spawn")``, or ``torch.utils.data.DataLoader(...,
-multiprocessing_context=depot.multiprocessing.get_context("spawn"))``. The pickling applies
-to anything multiprocessing sends once this module is imported, also through the standard
-module's own contexts, as torch.multiprocessing's does; processes started through this
-module's contexts join the store's group before they start.
+Every start method works (fork, spawn, forkserver): ``get_context("spawn")``, or
+``torch.utils.data.DataLoader(...,
+multiprocessing_context=depot.multiprocessing.get_context("spawn"))``. Once this module is
+imported, the same applies to everything multiprocessing sends, through the standard
+module's own contexts and concurrent.futures too (as with torch.multiprocessing): its
+pickling hook is the standard pickler's, and every process joins the store's group before
+it starts a child. CPU tensors in torch's shared memory (``share_memory_()``, as for Hogwild
+training) are left to torch, so that they stay shared.
 """
 
 from __future__ import annotations
@@ -66,8 +69,9 @@ def store():
     return _store.client()
 
 
-# Processes join the group before they start: what a child sends then outlives it even if
-# nothing else of the tree has used the store yet.
+# This module's contexts, so that its get_context and set_start_method are its own; their
+# processes are the standard ones (every process joins the group before it starts a child:
+# _store wraps BaseProcess.start).
 
 
 class Process(_process.BaseProcess):
@@ -81,28 +85,6 @@ class Process(_process.BaseProcess):
     def _after_fork():
         return _default_context.get_context().Process._after_fork()
 
-    def start(self):
-        _store.prepare_children()
-        super().start()
-
-
-class ForkProcess(_context.ForkProcess):
-    def start(self):
-        _store.prepare_children()
-        super().start()
-
-
-class SpawnProcess(_context.SpawnProcess):
-    def start(self):
-        _store.prepare_children()
-        super().start()
-
-
-class ForkServerProcess(_context.ForkServerProcess):
-    def start(self):
-        _store.prepare_children()
-        super().start()
-
 
 class _Concrete:
     """get_context(method) of a concrete context: this module's contexts, too."""
@@ -112,15 +94,15 @@ class _Concrete:
 
 
 class ForkContext(_Concrete, _context.ForkContext):
-    Process = ForkProcess
+    pass
 
 
 class SpawnContext(_Concrete, _context.SpawnContext):
-    Process = SpawnProcess
+    pass
 
 
 class ForkServerContext(_Concrete, _context.ForkServerContext):
-    Process = ForkServerProcess
+    pass
 
 
 _concrete_contexts = {

@@ -98,7 +98,7 @@ def _forget(key: int, _: Any = None) -> None:
         _sent.pop(key, None)
 
 
-def _remember(value: Any, ref: ObjectRef, gpu: Optional[int], digest: bytes, held: Any) -> None:
+def _remember(value: Any, ref: ObjectRef, gpu: Optional[int], digest: Any, held: Any) -> None:
     key = id(value)
     try:
         alive = weakref.ref(value, lambda _, key=key: _forget(key))
@@ -108,9 +108,9 @@ def _remember(value: Any, ref: ObjectRef, gpu: Optional[int], digest: bytes, hel
         _sent[key] = (alive, ref, gpu, digest, held)
 
 
-def _send_again(value: Any, digest: bytes) -> Optional[Tuple[ObjectRef, Optional[int]]]:
-    """The ref of an earlier send of this very value with these bytes, handed off once
-    more, if the group still holds it; else None."""
+def _send_again(value: Any, digest: Any) -> Optional[Tuple[ObjectRef, Optional[int]]]:
+    """The ref of an earlier send of this very value with these bytes and layout, handed off
+    once more; else None."""
     with _sent_lock:
         entry = _sent.get(id(value))
     if entry is None or entry[0]() is not value or entry[3] != digest:
@@ -127,17 +127,18 @@ def _send_again(value: Any, digest: bytes) -> Optional[Tuple[ObjectRef, Optional
 
 
 def _hand_off(
-    value: Any, payload: Any = None, raw: Any = None
+    value: Any, payload: Any = None, raw: Any = None, layout: Any = None
 ) -> Optional[Tuple[ObjectRef, Optional[int]]]:
     """Hands ``payload`` (default: ``value``) to the group, as what was sent of ``value``;
-    ``raw``, the bytes as a contiguous buffer, tells the same value sent again. None, having
-    warned once, if the store cannot take it."""
+    ``raw``, the bytes as a contiguous buffer, and ``layout`` (dtype, shape, ...: what the
+    bytes mean) tell the same value sent again. None, having warned once, if the store
+    cannot take it."""
     if payload is None:
         payload = value
     client = _store.client()
     if client is None:
         return None
-    digest = _depot.digest(raw) if raw is not None else None
+    digest = (_depot.digest(raw), layout) if raw is not None else None
     if digest is not None:
         again = _send_again(value, digest)
         if again is not None:
@@ -180,7 +181,7 @@ def _claim(ref_id: bytes, uuid: Optional[bytes]) -> Any:
     if client is None:
         raise DepotError(
             "depot.multiprocessing received a value sent through the depot store, but this "
-            f"process cannot reach the store: {_store._unavailable}"
+            f"process cannot reach the store: {_store.unavailable()}"
         )
     if uuid is None:
         return client.claim(ObjectRef(ref_id))
@@ -203,7 +204,8 @@ def _reduce_ndarray(array: Any) -> Any:
         return NotImplemented
     contiguous = array.flags.c_contiguous or array.flags.f_contiguous
     raw = array.ravel(order="K").view("u1") if contiguous else None
-    sent = _hand_off(array, raw=raw)
+    layout = (array.dtype.str, array.shape, array.strides)
+    sent = _hand_off(array, raw=raw, layout=layout)
     if sent is None:
         return NotImplemented
     return _rebuild_ndarray, (sent[0].id,)
@@ -224,9 +226,14 @@ def _reduce_tensor(tensor: Any) -> Any:
     if tensor.requires_grad and not tensor.is_leaf:
         # Cannot be sent detached: pickled as before (which raises, as torch's does).
         return NotImplemented
-    data = tensor.detach()
-    if data.device.type not in ("cpu", "cuda"):
+    if tensor.device.type not in ("cpu", "cuda"):
         return NotImplemented
+    if tensor.device.type == "cpu" and tensor.is_shared() and not _in_dataloader_worker():
+        # In torch's shared memory (share_memory_(), Hogwild training): torch's reducer keeps
+        # it shared, writable by every process. (A DataLoader worker's batches are there too,
+        # put there by its collate to save a copy: those go through the store.)
+        return NotImplemented
+    data = tensor.detach().resolve_conj().resolve_neg()
     sent = None
     if data.element_size() * data.numel() >= _threshold:
         if data.is_cuda:
@@ -234,7 +241,7 @@ def _reduce_tensor(tensor: Any) -> Any:
         else:
             # As bytes: every dtype (bfloat16 too) goes, and comes back viewed as itself.
             flat = data.contiguous().reshape(-1).view(torch.uint8).numpy()
-            sent = _hand_off(tensor, flat, flat)
+            sent = _hand_off(tensor, flat, flat, (str(data.dtype), tuple(data.shape)))
     layout = (
         str(data.dtype).removeprefix("torch."),
         tuple(data.shape),
@@ -249,6 +256,11 @@ def _reduce_tensor(tensor: Any) -> Any:
     ref, gpu = sent
     kind = "cuda" if data.is_cuda else "cpu"
     return _rebuild_tensor, (ref.id, _gpu_uuid(gpu), kind) + layout
+
+
+def _in_dataloader_worker() -> bool:
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
 
 
 def _as_sent(tensor: Any, requires_grad: bool, parameter: bool) -> Any:
@@ -330,7 +342,21 @@ def _on_cuda(value: Any) -> bool:
 
 def reducer_override(self: Any, obj: Any) -> Any:
     """ForkingPickler's hook: a store reference for the values above, NotImplemented
-    (pickle as usual) for anything else."""
+    (pickle as usual) for anything else, and for a value this module fails on (once warned:
+    raising here would drop the item in a Queue's feeder thread, and its receiver would wait
+    for ever)."""
+    try:
+        return _reduce(obj)
+    except Exception as e:
+        _store.warn_once(
+            "error:" + type(e).__name__,
+            f"depot.multiprocessing could not send a {type(obj).__name__} through the store "
+            f"({type(e).__name__}: {e}); it, and others failing so, are pickled instead",
+        )
+        return NotImplemented
+
+
+def _reduce(obj: Any) -> Any:
     cls = type(obj)
     numpy = sys.modules.get("numpy")
     if numpy is not None and cls is numpy.ndarray:

@@ -5,20 +5,26 @@ sends is handed off to the group, so that it outlives its sender, and the proces
 unpickles it claims it. The group's key (16 random bytes) and the daemon's socket pass from
 parent to child in the environment, which every start method hands down:
 
-- ``DEPOT_MP_GROUP``: the key, in hex. The first process of the tree makes it.
-- ``DEPOT_SOCKET``: the daemon. If it is not set, the first process starts a private depotd
-  (of ``DEPOT_MP_MEMORY``, default half of RAM, claimed only as objects need it), which
-  stops when that process exits.
+- ``DEPOT_MP_GROUP``: the key, in hex, made when the tree's first process imports
+  depot.multiprocessing.
+- ``DEPOT_MP_SOCKET``: the daemon, if the first process started a private one; else the
+  daemon is ``DEPOT_SOCKET``'s. Only the first process starts a private daemon (of
+  ``DEPOT_MP_MEMORY``, default half of RAM, claimed only as objects need it), which stops
+  when that process exits, even if it is killed (``depotd --exit-with-pid``).
 
-A process that cannot reach the daemon sends its values pickled, as the standard module
-does, and says why once.
+Before any process starts a child (through any multiprocessing context, concurrent.futures
+included: ``BaseProcess.start`` is wrapped), it joins the group, so that what the child sends
+outlives the child. A process that cannot reach the daemon sends its values pickled, as the
+standard module does, and says why once.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import warnings
+from multiprocessing import process, util
 from typing import Optional
 
 from .._client import Client
@@ -26,6 +32,7 @@ from .._daemon import Daemon, start_daemon
 from .._errors import DepotError
 
 GROUP_ENV = "DEPOT_MP_GROUP"
+PRIVATE_SOCKET_ENV = "DEPOT_MP_SOCKET"
 SOCKET_ENV = "DEPOT_SOCKET"
 MEMORY_ENV = "DEPOT_MP_MEMORY"
 
@@ -50,36 +57,40 @@ def warn_once(key: str, message: str) -> None:
     warnings.warn(message, StoreUnavailableWarning, stacklevel=3)
 
 
+def _inherited_key() -> Optional[bytes]:
+    try:
+        key = bytes.fromhex(os.environ.get(GROUP_ENV, ""))
+    except ValueError:
+        return None
+    return key if len(key) == 16 else None
+
+
+# The tree's group key: inherited, or made here by the tree's first process, which alone may
+# start a private daemon.
+_key = _inherited_key()
+_first = _key is None
+if _key is None:
+    _key = os.urandom(16)
+    os.environ[GROUP_ENV] = _key.hex()
+
+
 def group_key() -> bytes:
-    """This tree's group key, made (and put in the environment for children) if need be."""
-    with _lock:
-        text = os.environ.get(GROUP_ENV, "")
-        try:
-            key = bytes.fromhex(text)
-        except ValueError:
-            key = b""
-        if len(key) != 16:
-            key = os.urandom(16)
-            os.environ[GROUP_ENV] = key.hex()
-        return key
+    return _key
 
 
 def _start_private() -> str:
     """Starts this tree's private daemon; returns its socket."""
     global _daemon
-    from multiprocessing import util
-
+    if util._exiting:
+        raise DepotError("the process is exiting: no private depot daemon is started now")
     memory = os.environ.get(MEMORY_ENV, "50%")
-    # Killed with this process even if it dies by SIGKILL, when started from the main thread:
-    # the signal follows the thread that started the daemon.
-    main = threading.current_thread() is threading.main_thread()
-    daemon = start_daemon(memory=memory, log_level="warn", stop_with_parent=main)
+    daemon = start_daemon(memory=memory, log_level="warn", stop_with_parent=True)
     # Stopped after multiprocessing has joined the children at exit (finalizers of negative
     # priority run after that), not by the Daemon's own exit hook, which could run first.
     daemon._finalizer.atexit = False
     util.Finalize(None, _stop_private, args=(daemon, os.getpid()), exitpriority=-100)
     _daemon = daemon
-    os.environ[SOCKET_ENV] = daemon.socket
+    os.environ[PRIVATE_SOCKET_ENV] = daemon.socket
     return daemon.socket
 
 
@@ -92,6 +103,18 @@ def _stop_private(daemon: Daemon, owner: int) -> None:
     if detached is not None:
         _, stop, args, kwargs = detached
         stop(*args, **kwargs)
+
+
+def _socket() -> str:
+    socket = os.environ.get(PRIVATE_SOCKET_ENV) or os.environ.get(SOCKET_ENV)
+    if socket:
+        return socket
+    if not _first:
+        raise DepotError(
+            "this process's tree has no depot daemon: its first process could not start one, "
+            f"and {SOCKET_ENV} is not set"
+        )
+    return _start_private()
 
 
 def client() -> Optional[Client]:
@@ -107,9 +130,8 @@ def client() -> Optional[Client]:
         if _unavailable is not None:
             return None
         try:
-            socket = os.environ.get(SOCKET_ENV) or _start_private()
-            _client = Client(socket, name="depot.multiprocessing", group=group_key())
-        except DepotError as e:
+            _client = Client(_socket(), name="depot.multiprocessing", group=_key)
+        except (DepotError, OSError) as e:
             _unavailable = str(e)
             warn_once(
                 "unavailable",
@@ -120,11 +142,28 @@ def client() -> Optional[Client]:
         return _client
 
 
+def unavailable() -> Optional[str]:
+    return _unavailable
+
+
 def prepare_children() -> None:
-    """Before a child process starts: the group key and the daemon are in the environment,
-    and this process has joined the group, so that whatever the child sends outlives it."""
-    group_key()
+    """Before a child process starts: this process has joined the group (and the daemon is
+    in the environment), so that whatever the child sends outlives it."""
     client()
+
+
+def _wrap_start(start):
+    @functools.wraps(start)
+    def wrapped(self, *args, **kwargs):
+        prepare_children()
+        return start(self, *args, **kwargs)
+
+    wrapped._depot_prepares = True
+    return wrapped
+
+
+if not getattr(process.BaseProcess.start, "_depot_prepares", False):
+    process.BaseProcess.start = _wrap_start(process.BaseProcess.start)
 
 
 _inherited: list = []
@@ -134,8 +173,9 @@ def _forget_after_fork() -> None:
     """In a forked child: the parent's client and daemon are not this process's. The
     parent's client is kept, never used nor closed here (its socket is the parent's
     session)."""
-    global _client, _daemon, _lock
+    global _client, _daemon, _lock, _first
     _lock = threading.RLock()
+    _first = False
     if _client is not None:
         _inherited.append(_client)
     if _daemon is not None:
