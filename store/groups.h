@@ -37,7 +37,6 @@ class Groups {
   // nothing.
   std::optional<ClientId> Leave(std::string_view key);
 
-  size_t size() const { return groups_.size(); }
   // The uid of the group whose account is `account`, if one is (for the admin views: a walk).
   std::optional<uint32_t> UidOf(ClientId account) const;
 

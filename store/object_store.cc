@@ -674,10 +674,20 @@ Status ObjectStore::Release(ClientId client, std::span<const ObjectId> ids, int3
   return first_error;
 }
 
+void ObjectStore::MarkDeleted(uint32_t slot) {
+  HeaderTable& headers = table_.headers();
+  headers.at(slot).flags |= ipc::kFlagDeletePending;
+  headers.Publish(slot);
+  if (headers.refs(slot) == 0) {
+    FreeDeleted(slot);
+  } else {
+    policy_.Reconsider(slot);  // no replica of it is a candidate any more
+  }
+}
+
 std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
   std::vector<StatusCode> out;
   out.reserve(ids.size());
-  HeaderTable& headers = table_.headers();
   for (const ObjectId& id : ids) {
     const uint32_t slot = table_.Find(id);
     if (slot == HeaderTable::kNoSlot || table_.IsDeletePending(slot)) {
@@ -686,13 +696,7 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
       out.push_back(StatusCode::kNotSealed);
     } else {
       out.push_back(StatusCode::kOk);
-      headers.at(slot).flags |= ipc::kFlagDeletePending;
-      headers.Publish(slot);
-      if (headers.refs(slot) == 0) {
-        FreeDeleted(slot);
-      } else {
-        policy_.Reconsider(slot);  // no replica of it is a candidate any more
-      }
+      MarkDeleted(slot);
     }
   }
   return out;
@@ -721,12 +725,7 @@ Result<std::vector<StatusCode>> ObjectStore::Handoff(ClientId client, ClientId g
     } else {
       out.push_back(StatusCode::kOk);
       AddRef(holder, slot, tier);
-      if (!table_.IsDeletePending(slot)) {
-        HeaderTable& headers = table_.headers();
-        headers.at(slot).flags |= ipc::kFlagDeletePending;
-        headers.Publish(slot);
-        policy_.Reconsider(slot);  // no replica of it is a candidate any more
-      }
+      if (!table_.IsDeletePending(slot)) MarkDeleted(slot);
     }
   }
   return out;

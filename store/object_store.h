@@ -385,6 +385,9 @@ class ObjectStore final : private Tiers::Owner {
   // Frees the deleted, unreferenced object in `slot` unless a lease still holds it (then it
   // is freed when no lease does: LeaseEnded).
   void FreeDeleted(uint32_t slot);
+  // Marks the sealed object in `slot` delete pending (new gets do not find it), and frees it
+  // at once if nobody references it.
+  void MarkDeleted(uint32_t slot);
   // No lease holds the host copy of the object in `slot` any more.
   void LeaseEnded(uint32_t slot);
   // One more reference of `account` to the replica on `tier`.

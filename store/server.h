@@ -90,7 +90,6 @@ class Server {
   // Takes a session out of the group `key`; with the last, the group's account is closed,
   // which gives back the references nobody claimed.
   void LeaveGroup(std::string_view key);
-  size_t group_count() const { return groups_.size(); }
   // The uid of the group whose account is `account`, if it is a group's.
   std::optional<uint32_t> GroupUid(ClientId account) const { return groups_.UidOf(account); }
 

@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -280,20 +279,8 @@ TEST_F(HandoffTest, AHostileMemberHarmsNothing) {
   const std::vector<std::byte> bytes = SeededBytes(256 * kKiB, 6);
   ASSERT_TRUE(PutAndHandOff(*sender, id, bytes).ok());
 
-  std::optional<RawSession> session;
-  session.emplace(daemon_.socket_path());
+  std::unique_ptr<RawSession> session = RawMember(daemon_, group);
   RawSession& raw = *session;
-  ASSERT_TRUE(raw.Send(1,
-                       [&](wire::Request::Builder r) {
-                         auto hello = r.initHello();
-                         hello.setProtocolVersion(ipc::kProtocolVersion);
-                         hello.setGroup(capnp::Data::Reader(
-                             reinterpret_cast<const capnp::byte*>(group.data()), group.size()));
-                       })
-                  .ok());
-  auto hello = raw.Receive();
-  ASSERT_TRUE(hello.has_value());
-  ASSERT_EQ(hello->get().getError(), wire::ErrorCode::OK);
   uint64_t rid = 2;
   // Handoffs and claims on tiers that are not there (the disk's among them).
   for (int32_t tier : {100, -3, 99, 1 << 30, -2}) {
