@@ -111,8 +111,6 @@ def _measure(impl: str, kind: str, mb: float, repeat: int, method: str) -> dict:
 
 def _leak(impl: str, kind: str, method: str) -> None:
     """Child sends, parent receives, then this process kills the child and itself."""
-    import numpy as np
-
     if impl == "depot":
         import depot.multiprocessing as mp
     else:

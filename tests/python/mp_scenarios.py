@@ -44,6 +44,33 @@ def describe(value):
             "writeable": bool(value.flags.writeable)}
 
 
+def from_child(ctx, target, *args, count=1, timeout=60):
+    """Runs ``target(q, *args)`` in a child of ``ctx`` and takes ``count`` items from its
+    queue ``q``; returns them and the joined child."""
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(q, *args))
+    p.start()
+    items = [q.get(timeout=timeout) for _ in range(count)]
+    p.join(60)
+    return items, p
+
+
+def tensors():
+    """Tensors of several dtypes, layouts and kinds, the same on every call."""
+    import torch
+
+    torch.manual_seed(0)
+    return {
+        "f32": torch.rand(512, 512),
+        "bf16": torch.rand(1024, 300).to(torch.bfloat16),
+        "i64": torch.arange(200_000),
+        "grad": torch.rand(300, 300, requires_grad=True),
+        "param": torch.nn.Parameter(torch.rand(256, 256)),
+        "small": torch.arange(5),
+        "strided": torch.rand(512, 512).t(),
+    }
+
+
 # Children (module-level: spawn and forkserver import them).
 
 
@@ -94,18 +121,7 @@ def put_many(q, n):
 
 
 def send_tensors(q):
-    import torch
-
-    torch.manual_seed(0)
-    q.put({
-        "f32": torch.rand(512, 512),
-        "bf16": torch.rand(1024, 300).to(torch.bfloat16),
-        "i64": torch.arange(200_000),
-        "grad": torch.rand(300, 300, requires_grad=True),
-        "param": torch.nn.Parameter(torch.rand(256, 256)),
-        "small": torch.arange(5),
-        "strided": torch.rand(512, 512).t(),
-    })
+    q.put(tensors())
 
 
 class Squares:
@@ -141,11 +157,7 @@ def send_gpu(q):
 
 def scenario_queue(method):
     ctx = mp.get_context(method)
-    q = ctx.Queue()
-    p = ctx.Process(target=send_arrays, args=(q, 7))
-    p.start()
-    first, second = q.get(timeout=60), q.get(timeout=60)
-    p.join(60)
+    (first, second), p = from_child(ctx, send_arrays, 7, count=2)
     expected = arrays(7)
     out = {
         "exact": all(same(first[k], expected[k]) for k in expected)
@@ -239,12 +251,8 @@ def scenario_receiver_killed(method):
 
 
 def scenario_unclaimed(method):
-    ctx = mp.get_context(method)
-    q = ctx.Queue()
-    p = ctx.Process(target=put_many, args=(q, 5))
-    p.start()
-    first = q.get(timeout=60)  # one claimed; four left in the pipe, never taken
-    p.join(60)
+    # One claimed; four left in the pipe, never taken.
+    (first,), _ = from_child(mp.get_context(method), put_many, 5)
     return {"first": float(first[0]), "objects_in_flight": mp.store().status().objects_sealed - 1}
 
 
@@ -278,24 +286,9 @@ def scenario_threshold(method):
 def scenario_torch(method):
     import torch
 
-    ctx = mp.get_context(method)
-    q = ctx.Queue()
-    p = ctx.Process(target=send_tensors, args=(q,))
-    p.start()
-    got = q.get(timeout=120)
-    p.join(60)
-    torch.manual_seed(0)
-    expected = {
-        "f32": torch.rand(512, 512),
-        "bf16": torch.rand(1024, 300).to(torch.bfloat16),
-        "i64": torch.arange(200_000),
-        "grad": torch.rand(300, 300, requires_grad=True),
-        "param": torch.nn.Parameter(torch.rand(256, 256)),
-        "small": torch.arange(5),
-        "strided": torch.rand(512, 512).t(),
-    }
+    (got,), _ = from_child(mp.get_context(method), send_tensors, timeout=120)
     out = {}
-    for k, e in expected.items():
+    for k, e in tensors().items():
         g = got[k]
         out[k] = {
             "exact": g.dtype == e.dtype and g.shape == e.shape and bool(torch.equal(g.detach(), e.detach())),
@@ -307,7 +300,6 @@ def scenario_torch(method):
 
 
 def scenario_dataloader(method):
-    import torch
     from torch.utils.data import DataLoader
 
     loader = DataLoader(Squares(), batch_size=2, num_workers=2,
@@ -324,12 +316,7 @@ def scenario_dataloader(method):
 def scenario_gpu(method):
     from dlpack_util import host_view
 
-    ctx = mp.get_context(method)
-    q = ctx.Queue()
-    p = ctx.Process(target=send_gpu, args=(q,))
-    p.start()
-    got = q.get(timeout=60)
-    p.join(60)
+    (got,), _ = from_child(mp.get_context(method), send_gpu)
     view = host_view(got.ptr, got.nbytes, np.float32, got.shape)
     return {"type": type(got).__name__, "device": got.device, "simulated": got.simulated,
             "exact": same(view, np.arange(MiB, dtype=np.float32))}
@@ -337,12 +324,7 @@ def scenario_gpu(method):
 
 def scenario_private(method):
     """No DEPOT_SOCKET: the module starts a daemon of its own, and says where."""
-    ctx = mp.get_context(method)
-    q = ctx.Queue()
-    p = ctx.Process(target=send_arrays, args=(q, 3))
-    p.start()
-    first, _ = q.get(timeout=60), q.get(timeout=60)
-    p.join(60)
+    (first, _), _ = from_child(mp.get_context(method), send_arrays, 3, count=2)
     daemon = mp._store._daemon
     return {"exact": same(first["i1"], arrays(3)["i1"]), "received": describe(first["i1"]),
             "daemon_pid": daemon.pid, "socket": daemon.socket}
@@ -355,11 +337,7 @@ def scenario_standard(method):
     import multiprocessing
 
     ctx = multiprocessing.get_context(method)
-    q = ctx.Queue()
-    p = ctx.Process(target=send_arrays, args=(q, 5))
-    p.start()
-    first, _ = q.get(timeout=60), q.get(timeout=60)
-    p.join(60)
+    (first, _), _ = from_child(ctx, send_arrays, 5, count=2)
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
         total, seen = pool.submit(array_sum, np.full(MiB, 2.0)).result(timeout=120)
     return {"exact": same(first["i1"], arrays(5)["i1"]), "received": describe(first["i1"]),

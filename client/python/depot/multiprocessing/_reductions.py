@@ -165,13 +165,26 @@ def _nbytes(value: Any) -> int:
     return int(n or 0)
 
 
+# The daemon's GPUs as this process sees them, (ordinal, uuid) each, and the client they were
+# asked of: asked once (a status round trip), since a daemon's GPUs do not change.
+_gpus: Tuple[Any, list] = (None, [])
+
+
+def _gpu_table(client: Any) -> list:
+    global _gpus
+    asked, table = _gpus
+    if asked is not client:
+        table = [(info.ordinal, bytes(info.uuid)) for info in client.gpus()]
+        _gpus = (client, table)
+    return table
+
+
 def _gpu_uuid(gpu: Optional[int]) -> Optional[bytes]:
     if gpu is None:
         return None
-    client = _store.client()
-    for info in client.gpus():
-        if info.ordinal == gpu:
-            return bytes(info.uuid)
+    for ordinal, uuid in _gpu_table(_store.client()):
+        if ordinal == gpu:
+            return uuid
     return None
 
 
@@ -185,9 +198,9 @@ def _claim(ref_id: bytes, uuid: Optional[bytes]) -> Any:
         )
     if uuid is None:
         return client.claim(ObjectRef(ref_id))
-    for info in client.gpus():
-        if bytes(info.uuid) == uuid:
-            return client.claim(ObjectRef(ref_id), device=info.ordinal)
+    for ordinal, known in _gpu_table(client):
+        if known == uuid:
+            return client.claim(ObjectRef(ref_id), device=ordinal)
     raise DepotError(
         "depot.multiprocessing received a GPU array on a GPU this process cannot see "
         f"(uuid {uuid.hex()}); make it visible (CUDA_VISIBLE_DEVICES) or send it from the host"
