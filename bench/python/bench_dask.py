@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""depot.dask against plain Dask distributed, in the same run (issue 15).
+
+  python bench/python/bench_dask.py [--n 16000] [--chunk 2000] [--workers 4] [--repeat 2]
+
+Each workload runs on a LocalCluster of --workers worker processes (one thread each, Dask's
+default memory limit: RAM / workers), once with plain Dask and once with every worker
+attached to a depotd through depot.dask.DepotPlugin (threshold 1 MiB), a fresh cluster (and
+daemon) for each run, runs alternating.
+
+- product: `a = da.random.random((n, n), chunks=chunk)` (seeded); (a * a.T).sum().compute()`. Chunk
+  (j, i) of a must meet chunk (i, j), so most chunks cross to another worker.
+- rechunk: `da.random.random((n, n), chunks=(chunk, n)).rechunk((n, chunk), method="tasks")
+  .sum().compute()`: rows to columns, every output chunk takes a piece of every input chunk.
+
+Measured, median over --repeat:
+- wall time of compute();
+- peak memory, sampled every 20 ms: the sum of PSS (/proc/PID/smaps_rollup) over the worker
+  processes and the daemon, which counts each physical page once, shared or not. A page of
+  the store that no process maps at that moment counts in no PSS, so the second figure,
+  "private + store", adds the store's allocated bytes (depotd's used_bytes) to the workers'
+  PSS without their shared-memory part: the larger is the honest one.
+- bytes moved between workers: the sizes of the values workers sent one another, and the
+  bytes they wrote to the comms for them (Worker.transfer_outgoing_log).
+Baseline in the same run: one np.copyto of the whole array into a preallocated one (memcpy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+MB = 1_000_000
+
+
+def _pss(pid: int) -> tuple:
+    """(Pss, Pss_Shmem) of a process, in bytes; (0, 0) once it is gone."""
+    pss = shmem = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1]) * 1024
+                elif line.startswith("Pss_Shmem:"):
+                    shmem = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return pss, shmem
+
+
+class _Sampler(threading.Thread):
+    def __init__(self, pids, store_client=None, interval=0.02):
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.store = store_client
+        self.interval = interval
+        self.peak_pss = 0
+        self.peak_private_plus_store = 0
+        self._stop = threading.Event()
+
+    def run(self):
+        while not self._stop.is_set():
+            samples = [_pss(p) for p in self.pids]
+            pss = sum(s for s, _ in samples)
+            private = pss - sum(m for _, m in samples)
+            if self.store is not None:
+                private += self.store.status().used_bytes
+            self.peak_pss = max(self.peak_pss, pss)
+            self.peak_private_plus_store = max(self.peak_private_plus_store, private)
+            self._stop.wait(self.interval)
+
+    def stop(self):
+        self._stop.set()
+        self.join()
+
+
+def _transfers(peers, dask_worker=None):
+    log = [t for t in dask_worker.transfer_outgoing_log if t["who"] in peers]
+    return sum(t["total"] for t in log), sum(t["compressed"] or 0 for t in log)
+
+
+def _workload(kind: str, n: int, chunk: int):
+    import dask.array as da
+
+    if kind == "product":
+        a = da.random.RandomState(0).random_sample((n, n), chunks=chunk)
+        return (a * a.T).sum()
+    a = da.random.RandomState(0).random_sample((n, n), chunks=(chunk, n))
+    return a.rechunk((n, chunk), method="tasks").sum()
+
+
+def _run(kind: str, with_depot: bool, args) -> dict:
+    import depot
+    import depot.dask
+    from distributed import LocalCluster
+
+    daemon = store = None
+    if with_depot:
+        daemon = depot.start_daemon(memory=args.store_memory)
+        store = daemon.client()
+    try:
+        with LocalCluster(
+            n_workers=args.workers, threads_per_worker=1, processes=True,
+            dashboard_address=":0",
+        ) as cluster, cluster.get_client() as client:
+            if with_depot:
+                client.register_plugin(depot.dask.DepotPlugin(socket=daemon.socket))
+                client.register_plugin(depot.dask.DepotNannyPlugin())
+            pids = list(client.run(os.getpid).values()) + ([daemon.pid] if daemon else [])
+            sampler = _Sampler(pids, store)
+            sampler.start()
+            start = time.perf_counter()
+            result = client.compute(_workload(kind, args.n, args.chunk)).result()
+            seconds = time.perf_counter() - start
+            sampler.stop()
+            moved = client.run(_transfers, set(client.scheduler_info()["workers"]))
+            if store is not None:
+                leftover = store.status().objects_sealed
+    finally:
+        if store is not None:
+            store.close()
+        if daemon is not None:
+            daemon.close()
+    out = {
+        "seconds": seconds,
+        "peak_pss": sampler.peak_pss,
+        "peak_private_plus_store": sampler.peak_private_plus_store,
+        "values_moved": sum(t for t, _ in moved.values()),
+        "bytes_written": sum(w for _, w in moved.values()),
+        "result": float(result),
+    }
+    if with_depot:
+        out["objects_left"] = leftover
+    return out
+
+
+def _memcpy_seconds(n: int) -> float:
+    import numpy as np
+
+    src = np.random.random((n, n))
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    start = time.perf_counter()
+    np.copyto(dst, src)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=16000)
+    parser.add_argument("--chunk", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--store-memory", default="12GiB")
+    parser.add_argument("--workloads", default="product,rechunk")
+    parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    args = parser.parse_args()
+
+    memcpy = _memcpy_seconds(args.n)
+    array_mb = args.n * args.n * 8 / MB
+    print(
+        f"array {args.n}x{args.n} float64 = {array_mb:.0f} MB in chunks of {args.chunk}; "
+        f"{args.workers} workers; memcpy of the array {memcpy * 1e3:.0f} ms"
+    )
+    figures = {}
+    for kind in args.workloads.split(","):
+        runs = {"plain": [], "depot": []}
+        for _ in range(args.repeat):
+            for mode in ("plain", "depot"):
+                runs[mode].append(_run(kind, mode == "depot", args))
+        figures[kind] = runs
+        med = {
+            mode: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "result"}
+            for mode, rs in runs.items()
+        }
+        plain, dep = med["plain"], med["depot"]
+        print(f"\n{kind}:")
+        print(f"  {'':24}{'plain Dask':>14}{'depot.dask':>14}{'plain/depot':>13}")
+        rows = [
+            ("wall time (s)", "seconds", 1),
+            ("peak PSS (MB)", "peak_pss", MB),
+            ("peak private+store (MB)", "peak_private_plus_store", MB),
+            ("values moved (MB)", "values_moved", MB),
+            ("bytes written (MB)", "bytes_written", MB),
+        ]
+        for label, key, unit in rows:
+            ratio = plain[key] / dep[key] if dep[key] else float("inf")
+            print(f"  {label:24}{plain[key] / unit:14.2f}{dep[key] / unit:14.2f}{ratio:12.2f}x")
+        print(f"  wall time / memcpy: plain {plain['seconds'] / memcpy:.1f}, "
+              f"depot {dep['seconds'] / memcpy:.1f}; objects left in the store: "
+              f"{max(r['objects_left'] for r in runs['depot'])}")
+        results = {r["result"] for rs in runs.values() for r in rs}
+        print(f"  results: {sorted(results)}")
+    if args.json:
+        json.dump(figures, sys.stdout, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,537 @@
+"""depot.dask: Dask distributed workers that keep large results in the host's depotd.
+
+    import depot.dask
+    client.register_plugin(depot.dask.DepotPlugin())   # or: dask worker --preload depot.dask
+
+On each worker, a task result that is a numpy array of at least ``threshold`` bytes (1 MiB by
+default) is copied once into the store, and the worker keeps a read-only view of it. When a
+worker on the same host, attached to the same daemon, needs that result, only its handle
+crosses Dask's comm, and the receiver maps the same memory: nothing is pickled or copied.
+Between hosts, and to anything without the plugin (the scheduler, the Dask client), Dask's
+comms carry the bytes as before.
+
+How values are kept alive: every worker of a cluster on a host joins one group of the daemon
+(depot.Client's ``group``). A worker stores a result by handing it off to the group and
+claiming it back at once, so the daemon's object is deleted from the start and lives exactly
+as long as some worker holds a view of it: a worker that exits, even killed, gives its views
+back with its connection. To send a result, the sender hands the object off once more (no
+copy) and the receiver claims it while unpickling the message. A handoff that nobody claims
+(the receiver died in between) stays with the group until the last worker of the host leaves.
+
+Dask's memory monitor measures each worker's private memory (resident set less its shared
+memory mappings), so results in the store do not make workers spill, pause, or get
+restarted by their nanny (``DepotNannyPlugin``, or ``dask worker --preload-nanny
+depot.dask``). When the store is full, results stay in the worker and Dask spills them to
+disk as usual.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import MutableMapping
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
+
+import dask
+from distributed.comm.core import Comm
+from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
+from distributed.protocol.serialize import dask_deserialize, dask_serialize
+
+from . import _codec
+from ._client import Client
+from ._errors import ConnectionError, DepotError, PermissionDenied, ProtocolMismatch, StoreFull
+from ._ref import ObjectRef
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "DepotNannyPlugin",
+    "DepotPlugin",
+    "DepotUnavailableWarning",
+    "dask_setup",
+    "private_memory",
+]
+
+logger = logging.getLogger("depot.dask")
+
+DEFAULT_THRESHOLD = 1 << 20
+"""Results of this many bytes or more go to the store (``DEPOT_DASK_THRESHOLD``)."""
+
+SOCKET_ENV = "DEPOT_SOCKET"
+THRESHOLD_ENV = "DEPOT_DASK_THRESHOLD"
+EVENT_TOPIC = "depot"
+
+
+class DepotUnavailableWarning(RuntimeWarning):
+    """A worker could not use depotd: it keeps its data as plain Dask does."""
+
+
+def private_memory(pid: Union[int, str] = "self") -> int:
+    """The bytes of a process's resident memory that are its own: its resident set less the
+    shared memory it maps (``VmRSS - RssShmem`` in /proc/PID/status). What Dask's memory
+    monitors measure on a worker with the plugin, so that views of the store, which every
+    worker holding them maps, are not counted as each one's memory."""
+    rss = shmem = 0
+    with open(f"/proc/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith(b"RssShmem:"):
+                shmem = int(line.split()[1]) * 1024
+    return max(0, rss - shmem)
+
+
+def _parse_threshold(threshold: Union[int, str, None]) -> int:
+    if threshold is None:
+        threshold = os.environ.get(THRESHOLD_ENV) or DEFAULT_THRESHOLD
+    try:
+        value = dask.utils.parse_bytes(threshold) if isinstance(threshold, str) else int(threshold)
+    except (ValueError, TypeError):
+        value = -1
+    if isinstance(threshold, bool) or value < 0:
+        raise ValueError(
+            f"depot.dask threshold must be a size in bytes (an int >= 0 or a string such as "
+            f"'1MiB'), not {threshold!r}"
+        )
+    return value
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+# The process's store: one per worker process, whatever number of workers it runs.
+
+
+class _Store:
+    """This process's client of depotd, what it advertises to peers, and the values it holds
+    that view the store (by identity), with the ref each was claimed under."""
+
+    def __init__(self, client: Client, group: bytes, threshold: int) -> None:
+        self.client = client
+        self.threshold = threshold
+        st = os.stat(client.socket)
+        # Two processes reach the same daemon, in the same group, when these match.
+        self.identity = {
+            "daemon": f"{_boot_id()}:{st.st_dev}:{st.st_ino}",
+            "uid": os.getuid(),
+            "group": group.hex(),
+        }
+        self._lock = threading.RLock()
+        self._refs: Dict[int, Tuple[Any, ObjectRef]] = {}  # id(value) -> (weakref, ref)
+        self._warned_full = False
+
+    def ref_of(self, value: Any) -> Optional[ObjectRef]:
+        entry = self._refs.get(id(value))
+        if entry is None or entry[0]() is not value:
+            return None
+        return entry[1]
+
+    def remember(self, value: Any, ref: ObjectRef) -> None:
+        key = id(value)
+
+        def forget(_: Any) -> None:
+            with self._lock:
+                entry = self._refs.get(key)
+                if entry is not None and entry[0]() is None:
+                    del self._refs[key]
+
+        with self._lock:
+            self._refs[key] = (weakref.ref(value, forget), ref)
+
+    def keep(self, value: Any) -> Optional[Any]:
+        """``value`` as a view of the store: itself if it is one already, a stored copy if it
+        is a large plain numpy array, else None (Dask keeps it)."""
+        if self.ref_of(value) is not None:
+            return value
+        if not _storable(value, self.threshold):
+            return None
+        try:
+            ref, _ = self.client.handoff(value)
+            view = self.client.claim(ref)
+        except StoreFull as e:
+            if not self._warned_full:
+                self._warned_full = True
+                logger.warning(
+                    "depot.dask: the store is full (%s); results that do not fit stay in the "
+                    "worker, which spills them to disk as plain Dask does", e,
+                )
+            return None
+        except DepotError as e:
+            logger.warning("depot.dask: could not store a %d-byte result: %s", value.nbytes, e)
+            return None
+        self.remember(view, ref)
+        return view
+
+    def handle(self, value: Any, context: Optional[dict]) -> Optional[dict]:
+        """What to send instead of ``value``'s bytes to the comm's recipient: a handle if it
+        reaches this daemon in this group and ``value`` views the store, else None."""
+        if not context:
+            return None
+        recipient = context.get("recipient")
+        if not isinstance(recipient, dict) or recipient.get("depot") != self.identity:
+            return None
+        ref = self.ref_of(value)
+        if ref is None:
+            return None
+        try:
+            self.client.handoff_again(ref)
+        except DepotError as e:  # e.g. the daemon is gone: send the bytes
+            logger.warning("depot.dask: sending a result's bytes, not its handle: %s", e)
+            return None
+        return {"depot-ref": ref.id}
+
+    def claim(self, ref_id: bytes) -> Any:
+        ref = ObjectRef(ref_id)
+        try:
+            value = self.client.claim(ref)
+        except DepotError as e:
+            # An OSError, so that Dask treats it as a failed transfer and fetches the key
+            # again (from this peer or another), not as a failed task.
+            raise OSError(f"depot.dask: could not claim {ref} from the store: {e}") from e
+        self.remember(value, ref)
+        return value
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _storable(value: Any, threshold: int) -> bool:
+    np = _numpy()
+    return (
+        np is not None
+        and type(value) is np.ndarray
+        and value.nbytes >= max(threshold, 1)
+        and _codec._plain_dtype(value.dtype)
+    )
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - distributed needs numpy for arrays anyway
+        return None
+    return numpy
+
+
+_lock = threading.RLock()
+_store: Optional[_Store] = None
+_attached: "weakref.WeakSet[Any]" = weakref.WeakSet()  # the workers whose data is wrapped
+_installed = False
+_warned: set = set()
+
+
+def _current() -> Optional[_Store]:
+    return _store
+
+
+# What a worker keeps.
+
+
+class StoreBackedData(MutableMapping):
+    """A worker's data: results that view the store, and Dask's own mapping (a SpillBuffer,
+    or a dict without a memory limit) for everything else. The memory manager spills from
+    the latter only (``fast`` and ``evict`` are its)."""
+
+    def __init__(self, inner: MutableMapping, store: _Store) -> None:
+        self.inner = inner
+        self.stored: Dict[Any, Any] = {}
+        self._store = store
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        kept = self._store.keep(value)
+        if kept is None:
+            self.stored.pop(key, None)
+            self.inner[key] = value
+        else:
+            if key in self.inner:
+                del self.inner[key]
+            self.stored[key] = kept
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return self.stored[key]
+        except KeyError:
+            return self.inner[key]
+
+    def __delitem__(self, key: Any) -> None:
+        if self.stored.pop(key, _MISSING) is _MISSING:
+            del self.inner[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.stored or key in self.inner
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.stored
+        yield from self.inner
+
+    def __len__(self) -> int:
+        return len(self.stored) + len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        # SpillBuffer's fast, slow, evict, spilled_total: absent (AttributeError) on a dict,
+        # as Dask expects.
+        if name in ("inner", "stored", "_store"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"<StoreBackedData: {len(self.stored)} in depot, {len(self.inner)} in {self.inner!r}>"
+
+
+_MISSING = object()
+
+
+# Serialization: numpy arrays that view the store travel as handles to peers that share it.
+
+
+def _install_serialization() -> None:
+    global _installed
+    if _installed:
+        return
+    np = _numpy()
+    base_dumps = dask_serialize.dispatch(np.ndarray)
+    base_loads = dask_deserialize.dispatch(np.ndarray)
+
+    def dumps(x: Any, context: Optional[dict] = None) -> Tuple[dict, list]:
+        store = _current()
+        handle = store.handle(x, context) if store is not None else None
+        if handle is not None:
+            return handle, []
+        return base_dumps(x, context=context)
+
+    def loads(header: dict, frames: list) -> Any:
+        ref_id = header.get("depot-ref")
+        if ref_id is None:
+            return base_loads(header, frames)
+        store = _current()
+        if store is None:
+            raise OSError("depot.dask: a peer sent a depot handle, but this process has no store")
+        return store.claim(bytes(ref_id))
+
+    dask_serialize.register(np.ndarray)(dumps)
+    dask_deserialize.register(np.ndarray)(loads)
+
+    base_handshake = Comm.handshake_info
+
+    def handshake_info(self: Comm) -> dict:
+        info = base_handshake(self)
+        store = _current()
+        if store is not None:
+            info["depot"] = store.identity
+        return info
+
+    Comm.handshake_info = handshake_info  # type: ignore[method-assign]
+    _installed = True
+
+
+# Attaching a worker.
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(message)
+    warnings.warn(message, DepotUnavailableWarning, stacklevel=3)
+
+
+def _connect(
+    socket: Optional[str], group: bytes, name: str, required: bool
+) -> Tuple[Optional[Client], str]:
+    """A client of the daemon, or None and why not (after warning once)."""
+    try:
+        return Client(socket, name=name, group=group), ""
+    except (PermissionDenied, ProtocolMismatch):
+        raise  # a daemon is there but unusable: say so loudly
+    except ConnectionError as e:
+        if required:
+            raise
+        message = (
+            f"depot.dask: no depotd to attach to ({e}); this worker keeps its data as plain "
+            "Dask does. Start depotd on this host (see the README, 'depot with Dask')."
+        )
+        _warn_once("connect", message)
+        return None, message
+
+
+def attach(
+    worker: Any, *, socket: Optional[str] = None, threshold: Union[int, str, None] = None,
+    group: Optional[bytes] = None, required: bool = False,
+) -> bool:
+    """Attaches a running ``distributed.Worker`` to the host's depotd: what DepotPlugin and
+    ``--preload depot.dask`` do. Returns False (after one warning, and a ``depot`` event on
+    the worker) if no daemon listens at ``socket``, unless ``required``; raises if one does
+    but cannot be used (another user's, or another version)."""
+    global _store
+    limit = _parse_threshold(threshold)
+    if group is None:
+        group = hashlib.blake2b(
+            f"depot.dask {worker.scheduler.address}".encode(), digest_size=16
+        ).digest()
+    with _lock:
+        if worker in _attached:
+            return True
+        if _store is None:
+            client, why = _connect(socket, group, f"dask {worker.address}", required)
+            if client is None:
+                worker.log_event(
+                    EVENT_TOPIC, {"worker": worker.address, "attached": False, "message": why}
+                )
+                return False
+            _store = _Store(client, group, limit)
+        _install_serialization()
+        data = StoreBackedData(worker.memory_manager.data, _store)
+        worker.memory_manager.data = data
+        worker.state.data = data
+        worker.monitor.get_process_memory = private_memory
+        _attached.add(worker)
+    worker.log_event(
+        EVENT_TOPIC,
+        {"worker": worker.address, "attached": True, "socket": _store.client.socket,
+         "threshold": limit},
+    )
+    return True
+
+
+def detach(worker: Any) -> None:
+    """Undoes :func:`attach`: results already stored stay with the worker (as views of the
+    store), new ones stay in its memory."""
+    global _store
+    with _lock:
+        if worker not in _attached:
+            return
+        data = worker.memory_manager.data
+        if isinstance(data, StoreBackedData):
+            for key, value in data.stored.items():
+                data.inner[key] = value
+            worker.memory_manager.data = data.inner
+            worker.state.data = data.inner
+        worker.monitor.__dict__.pop("get_process_memory", None)
+        _attached.discard(worker)
+        if not _attached and _store is not None:
+            _store = None  # its client closes once no stored value needs it
+
+
+class DepotPlugin(WorkerPlugin):
+    """Attaches each worker to its host's depotd (``client.register_plugin(DepotPlugin())``).
+
+    ``socket``: the daemon's socket, by default as depot.Client finds it (``$DEPOT_SOCKET``,
+    ...). ``threshold``: the smallest result kept in the store, in bytes or as a string
+    ("1MiB"; default ``$DEPOT_DASK_THRESHOLD``, else 1 MiB). ``required``: fail the plugin's
+    setup, instead of warning, when no daemon listens there.
+    """
+
+    name = "depot"
+    idempotent = True
+
+    def __init__(
+        self, socket: Optional[str] = None, threshold: Union[int, str, None] = None,
+        required: bool = False,
+    ) -> None:
+        _parse_threshold(threshold)  # a bad value fails here, in the caller's process
+        self.socket = None if socket is None else os.fspath(socket)
+        self.threshold = threshold
+        self.required = required
+        # One group per cluster: the workers of a host that share it pass handles.
+        self.group = os.urandom(16)
+
+    def setup(self, worker: Any) -> None:
+        attach(
+            worker, socket=self.socket, threshold=self.threshold, group=self.group,
+            required=self.required,
+        )
+
+    def teardown(self, worker: Any) -> None:
+        detach(worker)
+
+
+class DepotNannyPlugin(NannyPlugin):
+    """Makes each nanny restart its worker on the worker's private memory (see
+    :func:`private_memory`), not its resident set, which counts the store's pages the
+    worker maps (``client.register_plugin(DepotNannyPlugin())``)."""
+
+    name = "depot-nanny"
+    idempotent = True
+
+    def setup(self, nanny: Any) -> None:
+        _measure_private_memory(nanny)
+
+    def teardown(self, nanny: Any) -> None:
+        monitor = nanny.periodic_callbacks.get("memory_monitor")
+        original = getattr(getattr(monitor, "callback", None), "_depot_original", None)
+        if original is not None:
+            monitor.callback = original
+
+
+def _measure_private_memory(nanny: Any) -> None:
+    """Wraps the nanny's memory monitor (a PeriodicCallback of NannyMemoryManager, which
+    reads ``psutil.Process(pid).memory_info().rss``) so that, while it runs, that module's
+    psutil answers the worker's private memory. Other nannies of the process (a
+    LocalCluster's share one) keep theirs: the callback is synchronous, on the event loop."""
+    monitor = nanny.periodic_callbacks.get("memory_monitor")
+    if monitor is None or hasattr(monitor.callback, "_depot_original"):
+        return  # no memory limit, or wrapped already
+    from distributed import worker_memory
+
+    original = monitor.callback
+
+    def measure_private_memory() -> Any:
+        measured_by = worker_memory.psutil
+        worker_memory.psutil = _PrivateMemoryPsutil(measured_by)
+        try:
+            return original()
+        finally:
+            worker_memory.psutil = measured_by
+
+    measure_private_memory._depot_original = original  # type: ignore[attr-defined]
+    monitor.callback = measure_private_memory
+
+
+class _PrivateMemoryPsutil:
+    def __init__(self, psutil: Any) -> None:
+        self._psutil = psutil
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._psutil, name)
+
+    def Process(self, pid: Optional[int] = None) -> Any:  # noqa: N802 - psutil's name
+        return _PrivateMemoryProcess(self._psutil.Process(pid))
+
+
+class _PrivateMemoryProcess:
+    def __init__(self, process: Any) -> None:
+        self._process = process
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._process, name)
+
+    def memory_info(self) -> Any:
+        info = self._process.memory_info()
+        try:
+            return info._replace(rss=private_memory(self._process.pid))
+        except OSError:
+            return info
+
+
+# `dask worker --preload depot.dask` and `dask worker --preload-nanny depot.dask`.
+
+
+def dask_setup(server: Any) -> None:
+    """Preload entry point: attaches a worker (``--preload depot.dask``), or makes a nanny
+    measure its worker's private memory (``--preload-nanny depot.dask``). Settings come from
+    ``$DEPOT_SOCKET`` and ``$DEPOT_DASK_THRESHOLD``."""
+    from distributed import Nanny
+
+    if isinstance(server, Nanny):
+        _measure_private_memory(server)
+    else:
+        attach(server, socket=os.environ.get(SOCKET_ENV) or None)

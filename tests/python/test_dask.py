@@ -1,0 +1,333 @@
+"""depot.dask on real distributed.LocalCluster workers (separate processes) and a real depotd.
+
+Each cluster's workers attach to the test's daemon through depot.dask.DepotPlugin; the test
+process holds its own depot.Client to look at the store.
+"""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from conftest import wait_for
+
+distributed = pytest.importorskip("distributed")
+da = pytest.importorskip("dask.array")
+
+import depot  # noqa: E402
+import depot.dask  # noqa: E402
+from distributed import LocalCluster  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _cluster(**kwargs):
+    options = dict(
+        n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0",
+        memory_limit="4GiB",
+    )
+    options.update(kwargs)
+    return LocalCluster(**options)
+
+
+@pytest.fixture(scope="module")
+def store():
+    with depot.start_daemon(memory="1GiB", segment_size="64MiB") as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="module")
+def cluster(store):
+    with _cluster(resources={"GPU": 1}) as c, c.get_client() as dask_client:
+        dask_client.register_plugin(depot.dask.DepotPlugin(socket=store.socket))
+        yield dask_client
+
+
+@pytest.fixture
+def dask_client(cluster, store):
+    yield cluster
+    # Every test leaves the store as it found it: empty once Dask forgets its keys.
+    assert _store_empties(store), "objects left in the store after the test"
+
+
+def _store_empties(store, timeout=30):
+    with store.client() as c:
+        return wait_for(lambda: c.status().objects_sealed == 0, timeout=timeout)
+
+
+def _objects(store):
+    with store.client() as c:
+        return c.status().objects_sealed
+
+
+def _in_depot(dask_worker):
+    """The keys a worker keeps in the store."""
+    return sorted(map(str, getattr(dask_worker.data, "stored", {})))
+
+
+def _transfers(peers, dask_worker=None):
+    """(bytes of the values this worker sent to other workers, bytes it wrote to the comms
+    for them). The values the Dask client gathers are left out: it has no store."""
+    log = [t for t in dask_worker.transfer_outgoing_log if t["who"] in peers]
+    return sum(t["total"] for t in log), sum(t["compressed"] or 0 for t in log)
+
+
+def _worker_transfers(dask_client):
+    return dask_client.run(_transfers, set(dask_client.scheduler_info()["workers"]))
+
+
+def _clear_transfer_logs(dask_worker):
+    dask_worker.transfer_outgoing_log.clear()
+
+
+def test_results_equal_plain_dask(dask_client):
+    rs = da.random.RandomState(0)
+    a = rs.random_sample((1500, 1500), chunks=500)  # 2 MB chunks: in the store
+    expected = (a * a.T).sum().compute(scheduler="sync")
+    assert dask_client.compute((a * a.T).sum()).result(timeout=120) == pytest.approx(
+        expected, rel=1e-12
+    )
+    # The array itself comes back to this process (which has no plugin) as bytes.
+    np.testing.assert_array_equal(
+        dask_client.compute(a.T + 1).result(timeout=120), a.T.compute(scheduler="sync") + 1
+    )
+
+
+def test_large_results_live_in_the_store_small_ones_in_the_worker(dask_client, store):
+    big = dask_client.submit(np.ones, (2 * MiB,), dtype=np.uint8, key="big")
+    small = dask_client.submit(np.ones, (1000,), key="small")
+    objects = dask_client.submit(np.array, [object(), 1] * (1 << 16), dtype=object, key="obj")
+    distributed.wait([big, small, objects], timeout=60)
+    kept = dask_client.run(_in_depot)
+    assert sorted(k for keys in kept.values() for k in keys) == ["big"]
+    assert _objects(store) == 1
+    # A task reading it gets the store's read-only view, with no copy.
+    flags = dask_client.submit(lambda x: (x.flags.writeable, x.sum()), big).result(timeout=60)
+    assert flags == (False, 2 * MiB)
+    del big, small, objects
+
+
+def _cross(n=4, chunk_mb=4):
+    side = int((chunk_mb * MiB / 8) ** 0.5)
+    a = da.random.RandomState(1).random_sample((side * n, side * n), chunks=side)
+    return a, (a + a.T)
+
+
+def test_same_host_transfers_move_handles_not_bytes(dask_client, store):
+    dask_client.run(_clear_transfer_logs)
+    a, b = _cross()
+    b = dask_client.persist(b)
+    distributed.wait(b, timeout=120)
+    moved = _worker_transfers(dask_client)
+    total = sum(t for t, _ in moved.values())
+    written = sum(w for _, w in moved.values())
+    # 16 chunks of 4 MB spread over 3 workers: most of a.T's chunks crossed workers.
+    assert total >= 16 * MiB, moved
+    assert written < total / 1000, f"{written} bytes written to move {total} bytes: {moved}"
+    # Every worker's chunks of b, received or computed, view the store.
+    kept = dask_client.run(_in_depot)
+    assert sum(len(keys) for keys in kept.values()) >= 16
+    np.testing.assert_array_equal(b.compute(), (a + a.T).compute(scheduler="sync"))
+    del b
+
+
+def test_released_keys_leave_the_store_empty(dask_client, store):
+    a, b = _cross(n=3)
+    b = dask_client.persist(b)
+    distributed.wait(b, timeout=120)
+    assert _objects(store) >= 9
+    del b
+    assert _store_empties(store)
+
+
+def _rss_and_private(dask_worker):
+    return depot.dask.private_memory(), dask_worker.monitor.get_process_memory()
+
+
+def test_memory_monitor_counts_the_store_as_shared(dask_client):
+    before = dask_client.run(_rss_and_private)
+    big = dask_client.submit(np.ones, (200 * MiB,), dtype=np.uint8)
+    held = dask_client.submit(lambda x: x.sum(), big).result(timeout=60)
+    assert held == 200 * MiB
+    address = dask_client.who_has(big)[big.key][0]
+
+    def measure(dask_worker):
+        from conftest import memory_kib
+
+        return memory_kib("RssShmem") * 1024, dask_worker.monitor.get_process_memory()
+
+    shmem, private = dask_client.run(measure, workers=[address])[address]
+    assert shmem >= 200 * MiB  # the worker maps the result ...
+    assert private < before[address][1] + 100 * MiB  # ... and Dask does not count it as its own
+    del big
+
+
+def test_resources_keep_working(dask_client):
+    def on_gpu_worker(n):
+        from distributed import get_worker
+
+        return get_worker().state.available_resources["GPU"], np.full(n, 7, dtype=np.uint8)
+
+    futures = [
+        dask_client.submit(on_gpu_worker, 2 * MiB, resources={"GPU": 1}, pure=False)
+        for _ in range(4)
+    ]
+    for available, value in dask_client.gather(futures):
+        assert available == 0  # it held the worker's one GPU while it ran
+        assert value.nbytes == 2 * MiB and (value == 7).all()
+    del futures
+
+
+def test_a_killed_worker_is_recomputed_and_leaves_nothing(store):
+    with _cluster(n_workers=2) as cluster, cluster.get_client() as dask_client:
+        dask_client.register_plugin(depot.dask.DepotPlugin(socket=store.socket))
+
+        def chunk(i):
+            time.sleep(0.2)
+            return np.full(MiB, i, dtype=np.float64)  # 8 MB: in the store
+
+        def add_all(xs):
+            return float(sum(x.sum() for x in xs))
+
+        chunks = dask_client.map(chunk, range(12))
+        total = dask_client.submit(add_all, chunks)
+        assert wait_for(lambda: sum(c.status == "finished" for c in chunks) >= 3, timeout=60)
+        victim = next(iter(dask_client.who_has(chunks[0]).values()))[0]
+        pid = dask_client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        assert total.result(timeout=120) == float(sum(i * MiB for i in range(12)))
+        chunks.clear()
+        del total
+        assert _store_empties(store)
+    assert _objects(store) == 0
+
+
+def test_no_daemon_falls_back_to_plain_dask_with_one_warning(tmp_path):
+    with _cluster(n_workers=2) as cluster, cluster.get_client() as dask_client:
+        dask_client.register_plugin(
+            depot.dask.DepotPlugin(socket=str(tmp_path / "no-such.sock"))
+        )
+        a, b = _cross(n=2, chunk_mb=2)
+        np.testing.assert_array_equal(
+            dask_client.compute(b).result(timeout=120), (a + a.T).compute(scheduler="sync")
+        )
+        events = [e for _, e in dask_client.get_events(depot.dask.EVENT_TOPIC)]
+        assert len(events) == 2 and not any(e["attached"] for e in events), events
+        assert all(e["message"].startswith("depot.dask: no depotd") for e in events), events
+        assert dask_client.run(_in_depot) == {w: [] for w in dask_client.run(lambda: 0)}
+
+
+def test_required_plugin_fails_setup_without_a_daemon(tmp_path):
+    with _cluster(n_workers=1) as cluster, cluster.get_client() as dask_client:
+        with pytest.raises(Exception, match="no-such.sock"):
+            dask_client.register_plugin(
+                depot.dask.DepotPlugin(socket=str(tmp_path / "no-such.sock"), required=True)
+            )
+
+
+def test_a_full_store_leaves_results_to_dask(tmp_path):
+    with depot.start_daemon(memory="16MiB", segment_size="16MiB") as small:
+        with _cluster(n_workers=1) as cluster, cluster.get_client() as dask_client:
+            dask_client.register_plugin(depot.dask.DepotPlugin(socket=small.socket))
+            futures = [
+                dask_client.submit(np.full, (MiB,), i, key=f"full-{i}") for i in range(4)
+            ]  # 8 MB each: one fits, the rest stay in the worker
+            values = dask_client.gather(futures)
+            assert [int(v[0]) for v in values] == [0, 1, 2, 3]
+            (kept,) = dask_client.run(_in_depot).values()
+            assert 1 <= len(kept) < 4
+            del futures, values
+        assert _store_empties(small)
+
+
+def test_bad_threshold_is_refused():
+    with pytest.raises(ValueError, match="threshold"):
+        depot.dask.DepotPlugin(threshold="lots")
+    with pytest.raises(ValueError, match="threshold"):
+        depot.dask.DepotPlugin(threshold=-1)
+
+
+def test_a_handle_that_cannot_be_claimed_is_a_failed_transfer(dask_client):
+    # What a peer would send: a handle to an object this worker's group never got.
+    def receive(dask_worker):
+        from distributed.protocol import deserialize, serialize
+
+        header, frames = serialize(np.zeros(4), serializers=["dask"])
+        header["sub-header"] = {"depot-ref": b"\x01" * 16}
+        try:
+            deserialize(header, [], deserializers=["dask"])
+        except OSError as e:
+            return str(e)
+        return "claimed"
+
+    answers = dask_client.run(receive)
+    assert all("could not claim" in a for a in answers.values()), answers
+
+
+def _store_300mb(seed):
+    return np.full(300 * MiB, seed, dtype=np.uint8)  # made in the worker, then kept in the store
+
+
+def _restarted_holding_two_results(store, nanny_plugin):
+    """Whether a nanny limited to 600 MiB restarts a worker that holds two 300 MB results
+    of the store (its resident set, shared pages included, passes the 95% limit)."""
+    with _cluster(n_workers=1, memory_limit="600MiB") as cluster, cluster.get_client() as c:
+        c.register_plugin(depot.dask.DepotPlugin(socket=store.socket))
+        if nanny_plugin:
+            c.register_plugin(depot.dask.DepotNannyPlugin())
+        (address,) = c.scheduler_info()["workers"]
+        pid = c.run(os.getpid)[address]
+        try:
+            first = c.submit(_store_300mb, 1)
+            first.result(timeout=60)
+            second = c.submit(_store_300mb, 2)
+            second.result(timeout=60)
+            # Reading both maps every page of them into the worker.
+            both = c.submit(lambda x, y: int(x.sum()) + int(y.sum()), first, second)
+            assert both.result(timeout=60) == 3 * 300 * MiB
+        except distributed.KilledWorker:
+            return True
+        pids = list(c.run(os.getpid).values())
+        del first, second, both
+        return pids != [pid]
+
+
+def test_nanny_measures_private_memory(store):
+    assert not _restarted_holding_two_results(store, nanny_plugin=True)
+    assert _store_empties(store)
+
+
+def test_without_the_nanny_plugin_the_store_counts_against_the_worker(store):
+    # The control for the test above: the same worker, with the nanny measuring its RSS.
+    assert _restarted_holding_two_results(store, nanny_plugin=False)
+    assert _store_empties(store)
+
+
+def test_preload_attaches_workers_and_nannies(store, monkeypatch):
+    monkeypatch.setenv("DEPOT_SOCKET", store.socket)
+    monkeypatch.setenv("DEPOT_DASK_THRESHOLD", "64KiB")
+    with _cluster(
+        n_workers=2, preload=["depot.dask"], preload_nanny=["depot.dask"]
+    ) as cluster, cluster.get_client() as dask_client:
+        dask_client.run(_clear_transfer_logs)
+        small = dask_client.submit(np.ones, (16 * 1024,), key="64k")  # 128 KiB
+        distributed.wait(small, timeout=60)
+        assert len(dask_client.run(_in_depot)[dask_client.who_has(small)["64k"][0]]) == 1
+        a, b = _cross(n=2, chunk_mb=2)
+        np.testing.assert_array_equal(
+            dask_client.compute(b).result(timeout=120), (a + a.T).compute(scheduler="sync")
+        )
+        moved = _worker_transfers(dask_client)
+        total = sum(t for t, _ in moved.values())
+        assert total >= 2 * MiB and sum(w for _, w in moved.values()) < total / 100, moved
+        wrapped = dask_client.run(
+            lambda dask_worker: hasattr(
+                dask_worker.periodic_callbacks["memory_monitor"].callback, "_depot_original"
+            ),
+            nanny=True,
+        )
+        assert list(wrapped.values()) == [True, True]
+        del small
+    assert _store_empties(store)
