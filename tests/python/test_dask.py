@@ -69,9 +69,11 @@ def _in_depot(dask_worker):
 
 def _transfers(peers, dask_worker=None):
     """(bytes of the values this worker sent to other workers, bytes it wrote to the comms
-    for them). The values the Dask client gathers are left out: it has no store."""
+    for them, their keys). The values the Dask client gathers are left out: it has no
+    store."""
     log = [t for t in dask_worker.transfer_outgoing_log if t["who"] in peers]
-    return sum(t["total"] for t in log), sum(t["compressed"] or 0 for t in log)
+    keys = sorted({str(k) for t in log for k in t["keys"]})
+    return sum(t["total"] for t in log), sum(t["compressed"] or 0 for t in log), keys
 
 
 def _worker_transfers(dask_client):
@@ -95,73 +97,106 @@ def test_results_equal_plain_dask(dask_client):
     )
 
 
-def test_large_results_live_in_the_store_small_ones_in_the_worker(dask_client, store):
-    big = dask_client.submit(np.ones, (2 * MiB,), dtype=np.uint8, key="big")
-    small = dask_client.submit(np.ones, (1000,), key="small")
-    objects = dask_client.submit(np.array, [object(), 1] * (1 << 16), dtype=object, key="obj")
+def test_a_large_result_goes_to_the_store_when_first_sent(dask_client, store):
+    first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
+    big = dask_client.submit(np.ones, (2 * MiB,), dtype=np.uint8, key="big", workers=[first])
+    small = dask_client.submit(np.ones, (1000,), key="small", workers=[first])
+    objects = dask_client.submit(
+        np.array, [object(), 1] * (1 << 16), dtype=object, key="obj", workers=[first]
+    )
     distributed.wait([big, small, objects], timeout=60)
-    kept = dask_client.run(_in_depot)
-    assert sorted(k for keys in kept.values() for k in keys) == ["big"]
+    assert dask_client.run(_in_depot)[first] == [] and _objects(store) == 0
+
+    def read(x, *rest):
+        return x.flags.writeable, int(x.sum())
+
+    # A task on another worker: the result is stored once, both workers view the store, and
+    # the reader gets the store's read-only view.
+    answer = dask_client.submit(read, big, small, objects, workers=[second], pure=False)
+    assert answer.result(timeout=60) == (False, 2 * MiB)
+    assert wait_for(lambda: dask_client.run(_in_depot)[first] == ["big"], timeout=30)
+    assert dask_client.run(_in_depot)[second] == ["big"]
     assert _objects(store) == 1
-    # A task reading it gets the store's read-only view, with no copy.
-    flags = dask_client.submit(lambda x: (x.flags.writeable, x.sum()), big).result(timeout=60)
-    assert flags == (False, 2 * MiB)
-    del big, small, objects
+    del big, small, objects, answer
 
 
-def _cross(n=4, chunk_mb=4):
-    side = int((chunk_mb * MiB / 8) ** 0.5)
-    a = da.random.RandomState(1).random_sample((side * n, side * n), chunks=side)
-    return a, (a + a.T)
-
-
-def test_same_host_transfers_move_handles_not_bytes(dask_client, store):
-    dask_client.run(_clear_transfer_logs)
-    a, b = _cross()
-    b = dask_client.persist(b)
-    distributed.wait(b, timeout=120)
-    moved = _worker_transfers(dask_client)
-    total = sum(t for t, _ in moved.values())
-    written = sum(w for _, w in moved.values())
-    # 16 chunks of 4 MB spread over 3 workers: most of a.T's chunks crossed workers.
-    assert total >= 16 * MiB, moved
-    assert written < total / 1000, f"{written} bytes written to move {total} bytes: {moved}"
-    # Every worker's chunks of b, received or computed, view the store.
-    kept = dask_client.run(_in_depot)
-    assert sum(len(keys) for keys in kept.values()) >= 16
-    np.testing.assert_array_equal(b.compute(), (a + a.T).compute(scheduler="sync"))
-    del b
-
-
-def test_released_keys_leave_the_store_empty(dask_client, store):
-    a, b = _cross(n=3)
-    b = dask_client.persist(b)
-    distributed.wait(b, timeout=120)
-    assert _objects(store) >= 9
-    del b
-    assert _store_empties(store)
+@pytest.fixture(scope="module")
+def eager(store):
+    """One worker that stores every large result as the task returns it (keep="always")."""
+    with _cluster(n_workers=1) as c, c.get_client() as dask_client:
+        dask_client.register_plugin(depot.dask.DepotPlugin(socket=store.socket, keep="always"))
+        yield dask_client
 
 
 def _rss_and_private(dask_worker):
     return depot.dask.private_memory(), dask_worker.monitor.get_process_memory()
 
 
-def test_memory_monitor_counts_the_store_as_shared(dask_client):
-    before = dask_client.run(_rss_and_private)
-    big = dask_client.submit(np.ones, (200 * MiB,), dtype=np.uint8)
-    held = dask_client.submit(lambda x: x.sum(), big).result(timeout=60)
-    assert held == 200 * MiB
-    address = dask_client.who_has(big)[big.key][0]
+def test_keep_always_stores_results_as_tasks_return_them(eager, store):
+    big = eager.submit(np.ones, (2 * MiB,), dtype=np.uint8, key="big")
+    small = eager.submit(np.ones, (1000,), key="small")
+    distributed.wait([big, small], timeout=60)
+    assert list(eager.run(_in_depot).values()) == [["big"]]
+    assert _objects(store) == 1
+    del big, small
+    assert _store_empties(store)
+
+
+def test_memory_monitor_counts_the_store_as_shared(eager, store):
+    (address,) = eager.scheduler_info()["workers"]
+    before = eager.run(_rss_and_private)[address]
+    big = eager.submit(np.ones, (200 * MiB,), dtype=np.uint8)
+    assert eager.submit(lambda x: int(x.sum()), big).result(timeout=60) == 200 * MiB
 
     def measure(dask_worker):
         from conftest import memory_kib
 
         return memory_kib("RssShmem") * 1024, dask_worker.monitor.get_process_memory()
 
-    shmem, private = dask_client.run(measure, workers=[address])[address]
+    shmem, private = eager.run(measure)[address]
     assert shmem >= 200 * MiB  # the worker maps the result ...
-    assert private < before[address][1] + 100 * MiB  # ... and Dask does not count it as its own
+    assert private < before[1] + 100 * MiB  # ... and Dask does not count it as its own
     del big
+    assert _store_empties(store)
+
+
+def _cross(n=4, chunk_mb=4, client=None):
+    """a random array of n x n chunks, and a + a.T; with ``client``, both persisted."""
+    side = int((chunk_mb * MiB / 8) ** 0.5)
+    a = da.random.RandomState(1).random_sample((side * n, side * n), chunks=side)
+    if client is None:
+        return a, (a + a.T)
+    a = client.persist(a)
+    b = client.persist(a + a.T)
+    distributed.wait([a, b], timeout=120)
+    return a, b
+
+
+def test_same_host_transfers_move_handles_not_bytes(dask_client, store):
+    dask_client.run(_clear_transfer_logs)
+    a, b = _cross(client=dask_client)
+    moved = _worker_transfers(dask_client)
+    total = sum(t for t, _, _ in moved.values())
+    written = sum(w for _, w, _ in moved.values())
+    # 16 chunks of 4 MB spread over 3 workers: most of a.T's chunks crossed workers.
+    assert total >= 8 * MiB, moved
+    assert written < total / 1000, f"{written} bytes written to move {total} bytes: {moved}"
+    # What a worker sent, it now keeps as a view of the store (its own copy is gone); the
+    # chunks of b, never sent, stay in the worker's memory.
+    kept = dask_client.run(_in_depot)
+    for address, (_, _, keys) in moved.items():
+        assert set(keys) <= set(kept[address]), (keys, kept[address])
+    assert not any("add" in key for keys in kept.values() for key in keys), kept
+    expected = _cross()[1].compute(scheduler="sync")
+    np.testing.assert_array_equal(dask_client.compute(b).result(timeout=120), expected)
+    del a, b
+
+
+def test_released_keys_leave_the_store_empty(dask_client, store):
+    a, b = _cross(n=3, client=dask_client)
+    assert _objects(store) > 0  # the chunks of a that crossed workers
+    del a, b
+    assert _store_empties(store)
 
 
 def test_resources_keep_working(dask_client):
@@ -230,7 +265,9 @@ def test_required_plugin_fails_setup_without_a_daemon(tmp_path):
 def test_a_full_store_leaves_results_to_dask(tmp_path):
     with depot.start_daemon(memory="16MiB", segment_size="16MiB") as small:
         with _cluster(n_workers=1) as cluster, cluster.get_client() as dask_client:
-            dask_client.register_plugin(depot.dask.DepotPlugin(socket=small.socket))
+            dask_client.register_plugin(
+                depot.dask.DepotPlugin(socket=small.socket, keep="always")
+            )
             futures = [
                 dask_client.submit(np.full, (MiB,), i, key=f"full-{i}") for i in range(4)
             ]  # 8 MB each: one fits, the rest stay in the worker
@@ -242,11 +279,13 @@ def test_a_full_store_leaves_results_to_dask(tmp_path):
         assert _store_empties(small)
 
 
-def test_bad_threshold_is_refused():
+def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="threshold"):
         depot.dask.DepotPlugin(threshold="lots")
     with pytest.raises(ValueError, match="threshold"):
         depot.dask.DepotPlugin(threshold=-1)
+    with pytest.raises(ValueError, match="keep must be one of 'on-send', 'always', not 'never'"):
+        depot.dask.DepotPlugin(keep="never")
 
 
 def test_a_handle_that_cannot_be_claimed_is_a_failed_transfer(dask_client):
@@ -274,7 +313,7 @@ def _restarted_holding_two_results(store, nanny_plugin):
     """Whether a nanny limited to 600 MiB restarts a worker that holds two 300 MB results
     of the store (its resident set, shared pages included, passes the 95% limit)."""
     with _cluster(n_workers=1, memory_limit="600MiB") as cluster, cluster.get_client() as c:
-        c.register_plugin(depot.dask.DepotPlugin(socket=store.socket))
+        c.register_plugin(depot.dask.DepotPlugin(socket=store.socket, keep="always"))
         if nanny_plugin:
             c.register_plugin(depot.dask.DepotNannyPlugin())
         (address,) = c.scheduler_info()["workers"]
@@ -308,6 +347,7 @@ def test_without_the_nanny_plugin_the_store_counts_against_the_worker(store):
 def test_preload_attaches_workers_and_nannies(store, monkeypatch):
     monkeypatch.setenv("DEPOT_SOCKET", store.socket)
     monkeypatch.setenv("DEPOT_DASK_THRESHOLD", "64KiB")
+    monkeypatch.setenv("DEPOT_DASK_KEEP", "always")
     with _cluster(
         n_workers=2, preload=["depot.dask"], preload_nanny=["depot.dask"]
     ) as cluster, cluster.get_client() as dask_client:
@@ -320,8 +360,8 @@ def test_preload_attaches_workers_and_nannies(store, monkeypatch):
             dask_client.compute(b).result(timeout=120), (a + a.T).compute(scheduler="sync")
         )
         moved = _worker_transfers(dask_client)
-        total = sum(t for t, _ in moved.values())
-        assert total >= 2 * MiB and sum(w for _, w in moved.values()) < total / 100, moved
+        total = sum(t for t, _, _ in moved.values())
+        assert total >= 2 * MiB and sum(w for _, w, _ in moved.values()) < total / 100, moved
         wrapped = dask_client.run(
             lambda dask_worker: hasattr(
                 dask_worker.periodic_callbacks["memory_monitor"].callback, "_depot_original"

@@ -3,12 +3,24 @@
     import depot.dask
     client.register_plugin(depot.dask.DepotPlugin())   # or: dask worker --preload depot.dask
 
-On each worker, a task result that is a numpy array of at least ``threshold`` bytes (1 MiB by
-default) is copied once into the store, and the worker keeps a read-only view of it. When a
-worker on the same host, attached to the same daemon, needs that result, only its handle
-crosses Dask's comm, and the receiver maps the same memory: nothing is pickled or copied.
+A task result that is a numpy array of at least ``threshold`` bytes (1 MiB by default) is
+copied once into the store, and its worker then keeps a read-only view of the store's copy
+instead. When a worker on the same host, attached to the same daemon, needs such a result,
+only its handle crosses Dask's comm, and the receiver maps the same memory: nothing is
+pickled or copied again, and the host holds the result once however many workers read it.
 Between hosts, and to anything without the plugin (the scheduler, the Dask client), Dask's
 comms carry the bytes as before.
+
+When a result is stored is the ``keep`` policy:
+
+- ``"on-send"`` (the default): when it is first sent to a worker that shares the store. A
+  result that never leaves its worker costs nothing more than with plain Dask, and one that
+  does is copied once (where plain Dask copies it through a socket into the receiver's own
+  memory).
+- ``"always"``: as soon as the task returns it, so that every large result is in the store
+  (shared, visible to ``depotctl``, not counted as the worker's memory), for one copy each.
+
+A view of a stored result (a slice a task returns) is kept as it is, and stored if it is sent.
 
 How values are kept alive: every worker of a cluster on a host joins one group of the daemon
 (depot.Client's ``group``). A worker stores a result by handing it off to the group and
@@ -62,6 +74,7 @@ DEFAULT_THRESHOLD = 1 << 20
 
 SOCKET_ENV = "DEPOT_SOCKET"
 THRESHOLD_ENV = "DEPOT_DASK_THRESHOLD"
+KEEP_ENV = "DEPOT_DASK_KEEP"
 EVENT_TOPIC = "depot"
 
 
@@ -99,6 +112,19 @@ def _parse_threshold(threshold: Union[int, str, None]) -> int:
     return value
 
 
+KEEP_POLICIES = ("on-send", "always")
+
+
+def _parse_keep(keep: Optional[str]) -> str:
+    if keep is None:
+        keep = os.environ.get(KEEP_ENV) or "on-send"
+    if keep not in KEEP_POLICIES:
+        raise ValueError(
+            f"depot.dask keep must be one of {', '.join(map(repr, KEEP_POLICIES))}, not {keep!r}"
+        )
+    return keep
+
+
 def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -114,9 +140,10 @@ class _Store:
     """This process's client of depotd, what it advertises to peers, and the values it holds
     that view the store (by identity), with the ref each was claimed under."""
 
-    def __init__(self, client: Client, group: bytes, threshold: int) -> None:
+    def __init__(self, client: Client, group: bytes, threshold: int, keep: str) -> None:
         self.client = client
         self.threshold = threshold
+        self.eager = keep == "always"
         st = os.stat(client.socket)
         # Two processes reach the same daemon, in the same group, when these match.
         self.identity = {
@@ -126,6 +153,9 @@ class _Store:
         }
         self._lock = threading.RLock()
         self._refs: Dict[int, Tuple[Any, ObjectRef]] = {}  # id(value) -> (weakref, ref)
+        # Large results a worker keeps in its own memory (keep="on-send"), by identity:
+        # id(value) -> [weakref, the worker's data, key, the store's copy once sent].
+        self._private: Dict[int, list] = {}
         self._warned_full = False
 
     def ref_of(self, value: Any) -> Optional[ObjectRef]:
@@ -146,11 +176,25 @@ class _Store:
         with self._lock:
             self._refs[key] = (weakref.ref(value, forget), ref)
 
-    def keep(self, value: Any) -> Optional[Any]:
-        """``value`` as a view of the store: itself if it is one already, a stored copy if it
-        is a large plain numpy array, else None (Dask keeps it)."""
-        if self.ref_of(value) is not None:
-            return value
+    def track(self, value: Any, data: "StoreBackedData", key: Any) -> None:
+        """Notes a large result a worker keeps in its own memory, so that its first send to
+        a peer of the store stores it (and the worker then keeps the store's copy)."""
+        if not _storable(value, self.threshold):
+            return
+        ident = id(value)
+
+        def forget(_: Any) -> None:
+            with self._lock:
+                entry = self._private.get(ident)
+                if entry is not None and entry[0]() is None:
+                    del self._private[ident]
+
+        with self._lock:
+            self._private[ident] = [weakref.ref(value, forget), data, key, None]
+
+    def copy(self, value: Any) -> Optional[Any]:
+        """Stores a large plain numpy array; returns the store's read-only view of it, or
+        None (not storable, or the store refused it: Dask keeps the value)."""
         if not _storable(value, self.threshold):
             return None
         try:
@@ -172,7 +216,8 @@ class _Store:
 
     def handle(self, value: Any, context: Optional[dict]) -> Optional[dict]:
         """What to send instead of ``value``'s bytes to the comm's recipient: a handle if it
-        reaches this daemon in this group and ``value`` views the store, else None."""
+        reaches this daemon in this group and ``value`` views the store, or is a large
+        result the worker keeps that can be stored now; else None."""
         if not context:
             return None
         recipient = context.get("recipient")
@@ -180,13 +225,28 @@ class _Store:
             return None
         ref = self.ref_of(value)
         if ref is None:
-            return None
+            ref = self._store_on_send(value)
+            if ref is None:
+                return None
         try:
             self.client.handoff_again(ref)
         except DepotError as e:  # e.g. the daemon is gone: send the bytes
             logger.warning("depot.dask: sending a result's bytes, not its handle: %s", e)
             return None
         return {"depot-ref": ref.id}
+
+    def _store_on_send(self, value: Any) -> Optional[ObjectRef]:
+        with self._lock:
+            entry = self._private.get(id(value))
+        if entry is None or entry[0]() is not value:
+            return None
+        view = entry[3]  # sent before, and the worker has not swapped it in yet
+        if view is None:
+            view = entry[3] = self.copy(value)
+            if view is None:
+                return None
+            entry[1].adopt_soon(entry[2], value, view)
+        return self.ref_of(view)
 
     def claim(self, ref_id: bytes) -> Any:
         ref = ObjectRef(ref_id)
@@ -240,20 +300,42 @@ class StoreBackedData(MutableMapping):
     or a dict without a memory limit) for everything else. The memory manager spills from
     the latter only (``fast`` and ``evict`` are its)."""
 
-    def __init__(self, inner: MutableMapping, store: _Store) -> None:
+    def __init__(self, inner: MutableMapping, store: _Store, loop: Any) -> None:
         self.inner = inner
         self.stored: Dict[Any, Any] = {}
         self._store = store
+        self._loop = loop
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        kept = self._store.keep(value)
+        store = self._store
+        kept = value if store.ref_of(value) is not None else None
+        if kept is None and store.eager:
+            kept = store.copy(value)
         if kept is None:
             self.stored.pop(key, None)
             self.inner[key] = value
+            if not store.eager:
+                store.track(value, self, key)
         else:
             if key in self.inner:
                 del self.inner[key]
             self.stored[key] = kept
+
+    def adopt_soon(self, key: Any, value: Any, view: Any) -> None:
+        """Keeps ``view`` (the store's copy of ``value``) for ``key`` instead of ``value``,
+        on the worker's event loop (sends are serialized on other threads too), so that the
+        worker's own copy goes."""
+        self._loop.add_callback(self._adopt, key, value, view)
+
+    def _adopt(self, key: Any, value: Any, view: Any) -> None:
+        fast = getattr(self.inner, "fast", self.inner)  # never unspill: a SpillBuffer's RAM
+        try:
+            current = fast[key]
+        except KeyError:
+            return  # released, or spilled to disk meanwhile
+        if current is value:
+            del self.inner[key]
+            self.stored[key] = view
 
     def __getitem__(self, key: Any) -> Any:
         try:
@@ -365,7 +447,7 @@ def _connect(
 
 def attach(
     worker: Any, *, socket: Optional[str] = None, threshold: Union[int, str, None] = None,
-    group: Optional[bytes] = None, required: bool = False,
+    keep: Optional[str] = None, group: Optional[bytes] = None, required: bool = False,
 ) -> bool:
     """Attaches a running ``distributed.Worker`` to the host's depotd: what DepotPlugin and
     ``--preload depot.dask`` do. Returns False (after one warning, and a ``depot`` event on
@@ -373,6 +455,7 @@ def attach(
     but cannot be used (another user's, or another version)."""
     global _store
     limit = _parse_threshold(threshold)
+    policy = _parse_keep(keep)
     if group is None:
         group = hashlib.blake2b(
             f"depot.dask {worker.scheduler.address}".encode(), digest_size=16
@@ -387,9 +470,9 @@ def attach(
                     EVENT_TOPIC, {"worker": worker.address, "attached": False, "message": why}
                 )
                 return False
-            _store = _Store(client, group, limit)
+            _store = _Store(client, group, limit, policy)
         _install_serialization()
-        data = StoreBackedData(worker.memory_manager.data, _store)
+        data = StoreBackedData(worker.memory_manager.data, _store, worker.loop)
         worker.memory_manager.data = data
         worker.state.data = data
         worker.monitor.get_process_memory = private_memory
@@ -397,7 +480,7 @@ def attach(
     worker.log_event(
         EVENT_TOPIC,
         {"worker": worker.address, "attached": True, "socket": _store.client.socket,
-         "threshold": limit},
+         "threshold": limit, "keep": policy},
     )
     return True
 
@@ -426,8 +509,10 @@ class DepotPlugin(WorkerPlugin):
 
     ``socket``: the daemon's socket, by default as depot.Client finds it (``$DEPOT_SOCKET``,
     ...). ``threshold``: the smallest result kept in the store, in bytes or as a string
-    ("1MiB"; default ``$DEPOT_DASK_THRESHOLD``, else 1 MiB). ``required``: fail the plugin's
-    setup, instead of warning, when no daemon listens there.
+    ("1MiB"; default ``$DEPOT_DASK_THRESHOLD``, else 1 MiB). ``keep``: when results go to the
+    store, "on-send" or "always" (default ``$DEPOT_DASK_KEEP``, else "on-send"; see the
+    module's documentation). ``required``: fail the plugin's setup, instead of warning, when
+    no daemon listens there.
     """
 
     name = "depot"
@@ -435,19 +520,22 @@ class DepotPlugin(WorkerPlugin):
 
     def __init__(
         self, socket: Optional[str] = None, threshold: Union[int, str, None] = None,
-        required: bool = False,
+        keep: Optional[str] = None, required: bool = False,
     ) -> None:
         _parse_threshold(threshold)  # a bad value fails here, in the caller's process
+        if keep is not None:
+            _parse_keep(keep)
         self.socket = None if socket is None else os.fspath(socket)
         self.threshold = threshold
+        self.keep = keep
         self.required = required
         # One group per cluster: the workers of a host that share it pass handles.
         self.group = os.urandom(16)
 
     def setup(self, worker: Any) -> None:
         attach(
-            worker, socket=self.socket, threshold=self.threshold, group=self.group,
-            required=self.required,
+            worker, socket=self.socket, threshold=self.threshold, keep=self.keep,
+            group=self.group, required=self.required,
         )
 
     def teardown(self, worker: Any) -> None:
@@ -528,7 +616,7 @@ class _PrivateMemoryProcess:
 def dask_setup(server: Any) -> None:
     """Preload entry point: attaches a worker (``--preload depot.dask``), or makes a nanny
     measure its worker's private memory (``--preload-nanny depot.dask``). Settings come from
-    ``$DEPOT_SOCKET`` and ``$DEPOT_DASK_THRESHOLD``."""
+    ``$DEPOT_SOCKET``, ``$DEPOT_DASK_THRESHOLD`` and ``$DEPOT_DASK_KEEP``."""
     from distributed import Nanny
 
     if isinstance(server, Nanny):
