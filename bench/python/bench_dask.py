@@ -15,6 +15,8 @@ daemon) for each run, runs alternating.
 
 Measured, median over --repeat:
 - wall time of compute();
+- idle PSS: the same sum before the computation (Python, numpy and distributed in each
+  worker), which both sides pay;
 - peak memory, sampled every 20 ms: the sum of PSS (/proc/PID/smaps_rollup) over the worker
   processes and the daemon, which counts each physical page once, shared or not. A page of
   the store that no process maps at that moment counts in no PSS, so the second figure,
@@ -61,10 +63,10 @@ class _Sampler(threading.Thread):
         self.interval = interval
         self.peak_pss = 0
         self.peak_private_plus_store = 0
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def run(self):
-        while not self._stop.is_set():
+        while not self._done.is_set():
             samples = [_pss(p) for p in self.pids]
             pss = sum(s for s, _ in samples)
             private = pss - sum(m for _, m in samples)
@@ -72,10 +74,10 @@ class _Sampler(threading.Thread):
                 private += self.store.status().used_bytes
             self.peak_pss = max(self.peak_pss, pss)
             self.peak_private_plus_store = max(self.peak_private_plus_store, private)
-            self._stop.wait(self.interval)
+            self._done.wait(self.interval)
 
     def stop(self):
-        self._stop.set()
+        self._done.set()
         self.join()
 
 
@@ -94,11 +96,15 @@ def _workload(kind: str, n: int, chunk: int):
     return a.rechunk((n, chunk), method="tasks").sum()
 
 
-def _run(kind: str, with_depot: bool, args) -> dict:
+MODES = ("plain", "on-send", "always")
+
+
+def _run(kind: str, mode: str, args) -> dict:
     import depot
     import depot.dask
     from distributed import LocalCluster
 
+    with_depot = mode != "plain"
     daemon = store = None
     if with_depot:
         daemon = depot.start_daemon(memory=args.store_memory)
@@ -109,9 +115,10 @@ def _run(kind: str, with_depot: bool, args) -> dict:
             dashboard_address=":0",
         ) as cluster, cluster.get_client() as client:
             if with_depot:
-                client.register_plugin(depot.dask.DepotPlugin(socket=daemon.socket))
+                client.register_plugin(depot.dask.DepotPlugin(socket=daemon.socket, keep=mode))
                 client.register_plugin(depot.dask.DepotNannyPlugin())
             pids = list(client.run(os.getpid).values()) + ([daemon.pid] if daemon else [])
+            idle = sum(_pss(p)[0] for p in pids)
             sampler = _Sampler(pids, store)
             sampler.start()
             start = time.perf_counter()
@@ -128,6 +135,7 @@ def _run(kind: str, with_depot: bool, args) -> dict:
             daemon.close()
     out = {
         "seconds": seconds,
+        "idle_pss": idle,
         "peak_pss": sampler.peak_pss,
         "peak_private_plus_store": sampler.peak_private_plus_store,
         "values_moved": sum(t for t, _ in moved.values()),
@@ -169,31 +177,38 @@ def main() -> None:
     )
     figures = {}
     for kind in args.workloads.split(","):
-        runs = {"plain": [], "depot": []}
+        runs = {mode: [] for mode in MODES}
         for _ in range(args.repeat):
-            for mode in ("plain", "depot"):
-                runs[mode].append(_run(kind, mode == "depot", args))
+            for mode in MODES:
+                runs[mode].append(_run(kind, mode, args))
         figures[kind] = runs
         med = {
             mode: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "result"}
             for mode, rs in runs.items()
         }
-        plain, dep = med["plain"], med["depot"]
-        print(f"\n{kind}:")
-        print(f"  {'':24}{'plain Dask':>14}{'depot.dask':>14}{'plain/depot':>13}")
+        plain = med["plain"]
+        print(f"\n{kind} (ratio: plain Dask's figure over depot.dask's):")
+        print(f"  {'':24}{'plain Dask':>11}" + "".join(f"{'keep=' + m:>15}{'ratio':>7}" for m in MODES[1:]))
         rows = [
             ("wall time (s)", "seconds", 1),
             ("peak PSS (MB)", "peak_pss", MB),
             ("peak private+store (MB)", "peak_private_plus_store", MB),
+            ("idle PSS (MB)", "idle_pss", MB),
             ("values moved (MB)", "values_moved", MB),
             ("bytes written (MB)", "bytes_written", MB),
         ]
         for label, key, unit in rows:
-            ratio = plain[key] / dep[key] if dep[key] else float("inf")
-            print(f"  {label:24}{plain[key] / unit:14.2f}{dep[key] / unit:14.2f}{ratio:12.2f}x")
-        print(f"  wall time / memcpy: plain {plain['seconds'] / memcpy:.1f}, "
-              f"depot {dep['seconds'] / memcpy:.1f}; objects left in the store: "
-              f"{max(r['objects_left'] for r in runs['depot'])}")
+            line = f"  {label:24}{plain[key] / unit:11.2f}"
+            for m in MODES[1:]:
+                dep = med[m][key]
+                ratio = plain[key] / dep if dep else float("inf")
+                line += f"{dep / unit:15.2f}{ratio:6.2f}x"
+            print(line)
+        print("  wall time / memcpy: " + ", ".join(
+            f"{m} {med[m]['seconds'] / memcpy:.1f}" for m in MODES
+        ) + "; objects left in the store: " + str(
+            max(r["objects_left"] for m in MODES[1:] for r in runs[m])
+        ))
         results = {r["result"] for rs in runs.values() for r in rs}
         print(f"  results: {sorted(results)}")
     if args.json:
