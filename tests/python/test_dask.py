@@ -178,8 +178,8 @@ def test_same_host_transfers_move_handles_not_bytes(dask_client, store):
     moved = _worker_transfers(dask_client)
     total = sum(t for t, _, _ in moved.values())
     written = sum(w for _, w, _ in moved.values())
-    # 16 chunks of 4 MB spread over 3 workers: most of a.T's chunks crossed workers.
-    assert total >= 8 * MiB, moved
+    # 16 chunks of 4 MB spread over 3 workers: some of a.T's chunks crossed workers.
+    assert total >= 2 * MiB, moved
     assert written < total / 1000, f"{written} bytes written to move {total} bytes: {moved}"
     # What a worker sent, it now keeps as a view of the store (its own copy is gone); the
     # chunks of b, never sent, stay in the worker's memory.
@@ -309,39 +309,50 @@ def _store_300mb(seed):
     return np.full(300 * MiB, seed, dtype=np.uint8)  # made in the worker, then kept in the store
 
 
-def _restarted_holding_two_results(store, nanny_plugin):
-    """Whether a nanny limited to 600 MiB restarts a worker that holds two 300 MB results
-    of the store (its resident set, shared pages included, passes the 95% limit)."""
+def test_nanny_measures_private_memory(store):
+    # A nanny limited to 600 MiB, whose worker holds two 300 MB results of the store and
+    # reads them (which maps every page of them into it): its resident set passes the 95%
+    # limit, its private memory does not, and the nanny with the plugin leaves it alone.
     with _cluster(n_workers=1, memory_limit="600MiB") as cluster, cluster.get_client() as c:
         c.register_plugin(depot.dask.DepotPlugin(socket=store.socket, keep="always"))
-        if nanny_plugin:
-            c.register_plugin(depot.dask.DepotNannyPlugin())
+        c.register_plugin(depot.dask.DepotNannyPlugin())
         (address,) = c.scheduler_info()["workers"]
         pid = c.run(os.getpid)[address]
-        try:
-            first = c.submit(_store_300mb, 1)
-            first.result(timeout=60)
-            second = c.submit(_store_300mb, 2)
-            second.result(timeout=60)
-            # Reading both maps every page of them into the worker.
-            both = c.submit(lambda x, y: int(x.sum()) + int(y.sum()), first, second)
-            assert both.result(timeout=60) == 3 * 300 * MiB
-        except distributed.KilledWorker:
-            return True
-        pids = list(c.run(os.getpid).values())
+        first = c.submit(_store_300mb, 1)
+        first.result(timeout=60)
+        second = c.submit(_store_300mb, 2)
+        second.result(timeout=60)
+        both = c.submit(lambda x, y: int(x.sum()) + int(y.sum()), first, second)
+        assert both.result(timeout=60) == 3 * 300 * MiB
+
+        def measured(dask_worker):  # in the nanny: as plain Dask's and as the plugin's
+            import psutil
+
+            from depot.dask import _PrivateMemoryPsutil
+
+            return (
+                psutil.Process(pid).memory_info().rss,
+                _PrivateMemoryPsutil(psutil).Process(pid).memory_info().rss,
+            )
+
+        rss, private = c.run(measured, nanny=True)[address]
+        assert rss > 0.95 * 600 * MiB  # plain Dask's nanny would restart this worker ...
+        assert private < 300 * MiB  # ... which holds nothing of its own
+        assert list(c.run(os.getpid).values()) == [pid]  # and it was not restarted
         del first, second, both
-        return pids != [pid]
-
-
-def test_nanny_measures_private_memory(store):
-    assert not _restarted_holding_two_results(store, nanny_plugin=True)
     assert _store_empties(store)
 
 
-def test_without_the_nanny_plugin_the_store_counts_against_the_worker(store):
-    # The control for the test above: the same worker, with the nanny measuring its RSS.
-    assert _restarted_holding_two_results(store, nanny_plugin=False)
-    assert _store_empties(store)
+def _one_transfer(dask_client, nbytes=2 * MiB):
+    """Sends one result of ``nbytes`` from one worker to another; returns what the workers
+    sent one another (see _transfers)."""
+    dask_client.run(_clear_transfer_logs)
+    first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
+    value = dask_client.submit(np.ones, (nbytes,), dtype=np.uint8, workers=[first])
+    total = dask_client.submit(lambda x: int(x.sum()), value, workers=[second])
+    assert total.result(timeout=60) == nbytes
+    del value, total
+    return _worker_transfers(dask_client)
 
 
 def test_preload_attaches_workers_and_nannies(store, monkeypatch):
@@ -355,11 +366,7 @@ def test_preload_attaches_workers_and_nannies(store, monkeypatch):
         small = dask_client.submit(np.ones, (16 * 1024,), key="64k")  # 128 KiB
         distributed.wait(small, timeout=60)
         assert len(dask_client.run(_in_depot)[dask_client.who_has(small)["64k"][0]]) == 1
-        a, b = _cross(n=2, chunk_mb=2)
-        np.testing.assert_array_equal(
-            dask_client.compute(b).result(timeout=120), (a + a.T).compute(scheduler="sync")
-        )
-        moved = _worker_transfers(dask_client)
+        moved = _one_transfer(dask_client)
         total = sum(t for t, _, _ in moved.values())
         assert total >= 2 * MiB and sum(w for _, w, _ in moved.values()) < total / 100, moved
         wrapped = dask_client.run(
@@ -371,3 +378,80 @@ def test_preload_attaches_workers_and_nannies(store, monkeypatch):
         assert list(wrapped.values()) == [True, True]
         del small
     assert _store_empties(store)
+
+
+def _depotd_processes(socket):
+    """The depotd processes listening on ``socket``, by their command lines."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) == b"depotd" and os.fsencode(socket) in argv:
+            found.append(int(pid))
+    return found
+
+
+def test_nanny_plugin_starts_one_daemon_per_host(tmp_path):
+    socket = str(tmp_path / "depot.sock")
+    with _cluster(n_workers=2) as cluster, cluster.get_client() as dask_client:
+        dask_client.register_plugin(
+            depot.dask.DepotNannyPlugin(start_daemon=True, memory="256MiB", socket=socket)
+        )
+        dask_client.register_plugin(depot.dask.DepotPlugin(socket=socket))
+        assert len(_depotd_processes(socket)) == 1
+        events = [e for _, e in dask_client.get_events(depot.dask.EVENT_TOPIC)]
+        assert [e["attached"] for e in events] == [True, True], events
+        moved = _one_transfer(dask_client)
+        total = sum(t for t, _, _ in moved.values())
+        assert total >= 2 * MiB and sum(w for _, w, _ in moved.values()) < total / 100, moved
+    # It stops with the last nanny that used it.
+    assert wait_for(lambda: not _depotd_processes(socket), timeout=30)
+
+
+def test_nanny_plugin_fails_loudly_without_a_working_depotd(tmp_path, monkeypatch):
+    socket = str(tmp_path / "depot.sock")
+    with _cluster(n_workers=1) as cluster, cluster.get_client() as dask_client:
+        misconfigured = depot.dask.DepotNannyPlugin(start_daemon=True, memory="lots", socket=socket)
+        with pytest.raises(Exception, match=r"could not start depotd(.|\n)*lots"):
+            dask_client.register_plugin(misconfigured)
+
+        monkeypatch.setenv("DEPOT_DAEMON", str(tmp_path / "no-depotd"))  # nannies run here
+        missing = depot.dask.DepotNannyPlugin(start_daemon=True, memory="64MiB", socket=socket)
+        missing.name = "depot-nanny-missing"
+        with pytest.raises(Exception, match="could not start depotd(.|\n)*no-depotd"):
+            dask_client.register_plugin(missing)
+    assert not _depotd_processes(socket)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts a depotd as another user (needs root)")
+def test_another_users_daemon_is_refused_loudly():
+    import subprocess
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="depot-nobody-")
+    os.chmod(directory, 0o777)
+    socket = os.path.join(directory, "depot.sock")
+    other = subprocess.Popen(
+        [depot.find_depotd(), "--socket", socket, "--memory", "64MiB", "--socket-mode", "0666"],
+        user="nobody", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        from depot._daemon import _accepts
+
+        assert wait_for(lambda: _accepts(socket), timeout=10)
+        with _cluster(n_workers=1) as cluster, cluster.get_client() as dask_client:
+            with pytest.raises(Exception, match="refusing to use .* runs as uid"):
+                dask_client.register_plugin(depot.dask.DepotPlugin(socket=socket))
+            with pytest.raises(Exception, match="refusing to use .* runs as uid"):
+                dask_client.register_plugin(
+                    depot.dask.DepotNannyPlugin(start_daemon=True, socket=socket)
+                )
+    finally:
+        other.terminate()
+        other.wait()
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)

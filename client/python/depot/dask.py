@@ -39,6 +39,7 @@ disk as usual.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -46,16 +47,17 @@ import threading
 import warnings
 import weakref
 from collections.abc import MutableMapping
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import dask
 from distributed.comm.core import Comm
 from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
-from . import _codec
+from . import _codec, _depot
 from ._client import Client
-from ._errors import ConnectionError, DepotError, PermissionDenied, ProtocolMismatch, StoreFull
+from ._daemon import Daemon, _accepts, start_daemon
+from ._errors import ConnectionError, DepotError, ProtocolMismatch, StoreFull
 from ._ref import ObjectRef
 
 __all__ = [
@@ -63,7 +65,10 @@ __all__ = [
     "DepotNannyPlugin",
     "DepotPlugin",
     "DepotUnavailableWarning",
+    "attach",
     "dask_setup",
+    "detach",
+    "ensure_daemon",
     "private_memory",
 ]
 
@@ -75,6 +80,7 @@ DEFAULT_THRESHOLD = 1 << 20
 SOCKET_ENV = "DEPOT_SOCKET"
 THRESHOLD_ENV = "DEPOT_DASK_THRESHOLD"
 KEEP_ENV = "DEPOT_DASK_KEEP"
+START_ENV = "DEPOT_DASK_START_DAEMON"  # with --preload-nanny: its memory, e.g. "50%"
 EVENT_TOPIC = "depot"
 
 
@@ -426,16 +432,20 @@ def _warn_once(key: str, message: str) -> None:
     warnings.warn(message, DepotUnavailableWarning, stacklevel=3)
 
 
+def _socket_path(socket: Optional[str]) -> str:
+    return os.fspath(socket) if socket else _depot.default_socket_path()
+
+
 def _connect(
     socket: Optional[str], group: bytes, name: str, required: bool
 ) -> Tuple[Optional[Client], str]:
-    """A client of the daemon, or None and why not (after warning once)."""
+    """A client of the daemon, or None and why not (after warning once) if no daemon listens
+    at the socket. A daemon that listens but cannot be used (another user's, another
+    version) is an error, as is a missing one if ``required``."""
     try:
         return Client(socket, name=name, group=group), ""
-    except (PermissionDenied, ProtocolMismatch):
-        raise  # a daemon is there but unusable: say so loudly
     except ConnectionError as e:
-        if required:
+        if required or isinstance(e, ProtocolMismatch) or _accepts(_socket_path(socket)):
             raise
         message = (
             f"depot.dask: no depotd to attach to ({e}); this worker keeps its data as plain "
@@ -545,19 +555,80 @@ class DepotPlugin(WorkerPlugin):
 class DepotNannyPlugin(NannyPlugin):
     """Makes each nanny restart its worker on the worker's private memory (see
     :func:`private_memory`), not its resident set, which counts the store's pages the
-    worker maps (``client.register_plugin(DepotNannyPlugin())``)."""
+    worker maps (``client.register_plugin(DepotNannyPlugin())``, before DepotPlugin).
+
+    With ``start_daemon=True``, it also makes sure a depotd listens at ``socket`` (as
+    depot.Client finds it by default) on each host: the first nanny of a host to find none
+    starts one, of ``memory`` (``args``: more depotd flags), which stops when the last nanny
+    of that process closes, or with the process. It fails the plugin's setup, saying why,
+    if depotd cannot be found or does not start (its log is in the message), or if the
+    daemon listening there cannot be used (another user's, another version).
+    """
 
     name = "depot-nanny"
     idempotent = True
 
+    def __init__(
+        self, start_daemon: bool = False, memory: Union[str, int] = "50%",
+        socket: Optional[str] = None, args: Sequence[str] = (),
+    ) -> None:
+        self.start_daemon = start_daemon
+        self.memory = memory
+        self.socket = None if socket is None else os.fspath(socket)
+        self.args = tuple(args)
+
     def setup(self, nanny: Any) -> None:
         _measure_private_memory(nanny)
+        if self.start_daemon:
+            ensure_daemon(nanny, socket=self.socket, memory=self.memory, args=self.args)
 
     def teardown(self, nanny: Any) -> None:
         monitor = nanny.periodic_callbacks.get("memory_monitor")
         original = getattr(getattr(monitor, "callback", None), "_depot_original", None)
         if original is not None:
             monitor.callback = original
+        _release_daemon(nanny)
+
+
+# Daemons this process started for its nannies: socket -> (daemon, the nannies using it).
+_daemons: Dict[str, Tuple[Daemon, "weakref.WeakSet[Any]"]] = {}
+
+
+def ensure_daemon(
+    nanny: Any, *, socket: Optional[str] = None, memory: Union[str, int] = "50%",
+    args: Sequence[str] = (),
+) -> str:
+    """Makes sure a usable depotd listens at ``socket``, starting one if none does (what
+    ``DepotNannyPlugin(start_daemon=True)`` does for each nanny); returns its socket.
+    Nannies of several processes on one host take turns through a lock file beside the
+    socket, so that one daemon starts."""
+    path = _socket_path(socket)
+    with _lock, open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = _daemons.get(path)
+        if started is not None and started[0].running:
+            started[1].add(nanny)
+            return path
+        if _accepts(path):
+            Client(path, name="depot.dask check").close()  # raises if it cannot be used
+            return path
+        try:
+            daemon = start_daemon(memory, socket=path, args=args, stop_with_parent=True)
+        except (DepotError, OSError) as e:
+            raise DepotError(f"depot.dask could not start depotd for this host's workers: {e}") from e
+        users: "weakref.WeakSet[Any]" = weakref.WeakSet([nanny])
+        _daemons[path] = (daemon, users)
+    logger.info("depot.dask: started depotd (pid %d) on %s", daemon.pid, path)
+    return path
+
+
+def _release_daemon(nanny: Any) -> None:
+    with _lock:
+        for path, (daemon, users) in list(_daemons.items()):
+            users.discard(nanny)
+            if not users:
+                del _daemons[path]
+                daemon.close()
 
 
 def _measure_private_memory(nanny: Any) -> None:
@@ -615,11 +686,17 @@ class _PrivateMemoryProcess:
 
 def dask_setup(server: Any) -> None:
     """Preload entry point: attaches a worker (``--preload depot.dask``), or makes a nanny
-    measure its worker's private memory (``--preload-nanny depot.dask``). Settings come from
-    ``$DEPOT_SOCKET``, ``$DEPOT_DASK_THRESHOLD`` and ``$DEPOT_DASK_KEEP``."""
+    measure its worker's private memory (``--preload-nanny depot.dask``), and, if
+    ``$DEPOT_DASK_START_DAEMON`` is set (to the daemon's memory, e.g. "50%"), start depotd
+    if none listens. Other settings come from ``$DEPOT_SOCKET``, ``$DEPOT_DASK_THRESHOLD``
+    and ``$DEPOT_DASK_KEEP``."""
     from distributed import Nanny
 
+    socket = os.environ.get(SOCKET_ENV) or None
     if isinstance(server, Nanny):
         _measure_private_memory(server)
+        memory = os.environ.get(START_ENV)
+        if memory:
+            ensure_daemon(server, socket=socket, memory=memory)
     else:
-        attach(server, socket=os.environ.get(SOCKET_ENV) or None)
+        attach(server, socket=socket)

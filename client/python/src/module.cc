@@ -15,6 +15,7 @@
 
 #include "buffers.h"
 #include "depot/client.h"
+#include "depot/ipc/protocol.h"
 #include "device.h"
 #include "errors.h"
 #include "ids.h"
@@ -555,6 +556,9 @@ NB_MODULE(_depot, m) {
       "name"_a, "The id of a name: XXH3-128 of its UTF-8 bytes, as in every depot client.");
   m.def(
       "random_id", [] { return depot::python::IdBytes(ObjectId::Random()); }, "A fresh random id.");
+  m.def("default_socket_path", &depot::ipc::DefaultSocketPath,
+        "The socket a Client connects to when given none: $DEPOT_SOCKET, else "
+        "$XDG_RUNTIME_DIR/depot.sock, else /tmp/depot-<uid>.sock.");
   m.def(
       "digest",
       [](nb::handle buffer) {
