@@ -288,21 +288,70 @@ def test_bad_settings_are_refused():
         depot.dask.DepotPlugin(keep="never")
 
 
-def test_a_handle_that_cannot_be_claimed_is_a_failed_transfer(dask_client):
-    # What a peer would send: a handle to an object this worker's group never got.
+def test_a_bad_handle_is_a_failed_transfer(dask_client):
+    # What a hostile or confused peer could send: handles to objects this worker's group
+    # never got, and handles that are not handles at all.
     def receive(dask_worker):
-        from distributed.protocol import deserialize, serialize
+        from distributed.protocol import deserialize
 
-        header, frames = serialize(np.zeros(4), serializers=["dask"])
-        header["sub-header"] = {"depot-ref": b"\x01" * 16}
-        try:
-            deserialize(header, [], deserializers=["dask"])
-        except OSError as e:
-            return str(e)
-        return "claimed"
+        answers = []
+        for handle in (
+            {"ref": b"\x01" * 16, "gpu": None, "module": ""},
+            {"ref": b"\x01" * 16, "gpu": b"\x02" * 16, "module": "torch"},
+            {"ref": b"short", "gpu": None, "module": ""},
+            {"gpu": None},
+            "not a dict",
+        ):
+            try:
+                deserialize({"depot": handle, "serializer": "dask"}, [], deserializers=["dask"])
+                answers.append("claimed")
+            except OSError as e:
+                answers.append(str(e))
+        return answers
 
-    answers = dask_client.run(receive)
-    assert all("could not claim" in a for a in answers.values()), answers
+    for answers in dask_client.run(receive).values():
+        assert "could not claim" in answers[0], answers
+        assert "cannot see (uuid 0202" in answers[1], answers
+        assert all("malformed handle" in a for a in answers[2:]), answers
+    # The workers still work.
+    assert dask_client.submit(lambda: 41 + 1).result(timeout=60) == 42
+
+
+def _fake_gpu_array(n, fill):
+    from dlpack_util import FakeCudaArray
+
+    return FakeCudaArray(np.full(n, fill, dtype=np.uint8))  # host memory, on "CUDA device 0"
+
+
+def _gpu_sum(x):
+    from dlpack_util import host_view
+
+    return type(x).__name__, x.simulated, int(host_view(x.ptr, x.nbytes, np.uint8, x.shape).sum())
+
+
+def test_gpu_results_travel_as_handles_in_the_gpu_pool():
+    # A CUDA DLPack array (simulated GPU: its device memory is host memory) made on one
+    # worker and read on another: stored in the GPU pool, received as a depot.DeviceArray on
+    # the same GPU, found by UUID; no bytes on the comm.
+    with depot.start_daemon(memory="256MiB", simulate_gpus="1:256MiB") as gpu_store:
+        with _cluster(n_workers=2) as cluster, cluster.get_client() as dask_client:
+            dask_client.register_plugin(depot.dask.DepotPlugin(socket=gpu_store.socket))
+            dask_client.run(_clear_transfer_logs)
+            first, second = sorted(dask_client.scheduler_info()["workers"])
+            value = dask_client.submit(_fake_gpu_array, 2 * MiB, 3, workers=[first])
+            answer = dask_client.submit(_gpu_sum, value, workers=[second])
+            assert answer.result(timeout=60) == ("DeviceArray", True, 3 * 2 * MiB)
+            moved = _worker_transfers(dask_client)
+            assert moved[first][2] == [value.key], moved  # sent, as a handle:
+            assert sum(w for _, w, _ in moved.values()) < 4096, moved
+            with gpu_store.client() as c:
+                (gpu,) = c.status().gpus
+                assert gpu.used_bytes >= 2 * MiB  # in the GPU pool, once
+            # The sender now keeps the pool's copy too.
+            kept = dask_client.run(_in_depot)
+            assert kept[first] == kept[second] == [value.key]
+            del value, answer
+        assert _store_empties(gpu_store)
 
 
 def _store_300mb(seed):

@@ -5,7 +5,10 @@
 
 A task result that is a numpy array of at least ``threshold`` bytes (1 MiB by default) is
 copied once into the store, and its worker then keeps a read-only view of the store's copy
-instead. When a worker on the same host, attached to the same daemon, needs such a result,
+instead. A CUDA array (CuPy, PyTorch, any DLPack producer on a CUDA GPU) is copied into the
+store's pool on its GPU, and comes back as the same library's array (a depot.DeviceArray for
+other producers), viewing the pool; it is sent as a handle to a peer that sees that GPU
+(by UUID: CUDA_VISIBLE_DEVICES may differ between workers). When a worker on the same host, attached to the same daemon, needs such a result,
 only its handle crosses Dask's comm, and the receiver maps the same memory: nothing is
 pickled or copied again, and the host holds the result once however many workers read it.
 Between hosts, and to anything without the plugin (the scheduler, the Dask client), Dask's
@@ -41,23 +44,24 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import logging
 import os
+import sys
 import threading
 import warnings
 import weakref
 from collections.abc import MutableMapping
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 import dask
 from distributed.comm.core import Comm
 from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
-from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
-from . import _codec, _depot
+from . import _codec, _depot, _gpus
 from ._client import Client
 from ._daemon import Daemon, _accepts, start_daemon
-from ._errors import ConnectionError, DepotError, ProtocolMismatch, StoreFull
+from ._errors import ConnectionError, DepotError, InvalidArgument, ProtocolMismatch, StoreFull
 from ._ref import ObjectRef
 
 __all__ = [
@@ -157,35 +161,39 @@ class _Store:
             "uid": os.getuid(),
             "group": group.hex(),
         }
+        # The GPUs of the daemon this process sees, for peers to know which GPU values
+        # they can send it as handles.
+        self.gpus = [uuid.hex() for _, uuid in _gpus.table(client)]
         self._lock = threading.RLock()
-        self._refs: Dict[int, Tuple[Any, ObjectRef]] = {}  # id(value) -> (weakref, ref)
+        # Values that view the store, by identity: id(value) -> (weakref, what it is).
+        self._stored: Dict[int, Tuple[Any, _Stored]] = {}
         # Large results a worker keeps in its own memory (keep="on-send"), by identity:
         # id(value) -> [weakref, the worker's data, key, the store's copy once sent].
         self._private: Dict[int, list] = {}
         self._warned_full = False
 
-    def ref_of(self, value: Any) -> Optional[ObjectRef]:
-        entry = self._refs.get(id(value))
+    def stored_of(self, value: Any) -> Optional["_Stored"]:
+        entry = self._stored.get(id(value))
         if entry is None or entry[0]() is not value:
             return None
         return entry[1]
 
-    def remember(self, value: Any, ref: ObjectRef) -> None:
+    def remember(self, value: Any, stored: "_Stored") -> None:
         key = id(value)
 
         def forget(_: Any) -> None:
             with self._lock:
-                entry = self._refs.get(key)
+                entry = self._stored.get(key)
                 if entry is not None and entry[0]() is None:
-                    del self._refs[key]
+                    del self._stored[key]
 
         with self._lock:
-            self._refs[key] = (weakref.ref(value, forget), ref)
+            self._stored[key] = (weakref.ref(value, forget), stored)
 
     def track(self, value: Any, data: "StoreBackedData", key: Any) -> None:
         """Notes a large result a worker keeps in its own memory, so that its first send to
         a peer of the store stores it (and the worker then keeps the store's copy)."""
-        if not _storable(value, self.threshold):
+        if _storable(value, self.threshold) is None:
             return
         ident = id(value)
 
@@ -199,13 +207,16 @@ class _Store:
             self._private[ident] = [weakref.ref(value, forget), data, key, None]
 
     def copy(self, value: Any) -> Optional[Any]:
-        """Stores a large plain numpy array; returns the store's read-only view of it, or
-        None (not storable, or the store refused it: Dask keeps the value)."""
-        if not _storable(value, self.threshold):
+        """Stores a large result: a plain numpy array in host memory, a GPU array in the
+        pool of its GPU. Returns the store's read-only view of it (as the same library's
+        array for CuPy and PyTorch, else a depot.DeviceArray for a GPU array), or None (not
+        storable, or the store refused it: Dask keeps the value)."""
+        kind = _storable(value, self.threshold)
+        if kind is None:
             return None
         try:
-            ref, _ = self.client.handoff(value)
-            view = self.client.claim(ref)
+            ref, gpu = self.client.handoff(value)
+            raw = self.client.claim(ref, device=gpu)
         except StoreFull as e:
             if not self._warned_full:
                 self._warned_full = True
@@ -214,77 +225,108 @@ class _Store:
                     "worker, which spills them to disk as plain Dask does", e,
                 )
             return None
-        except DepotError as e:
-            logger.warning("depot.dask: could not store a %d-byte result: %s", value.nbytes, e)
+        except InvalidArgument as e:  # e.g. a GPU array that is not C-contiguous
+            logger.debug("depot.dask: keeping a %s in the worker: %s", type(value).__name__, e)
             return None
-        self.remember(view, ref)
+        except DepotError as e:
+            logger.warning("depot.dask: could not store a %s: %s", type(value).__name__, e)
+            return None
+        if gpu is None:
+            view, stored = raw, _Stored(ref, None, "")
+        else:
+            module = _gpus.library(value)
+            view = _gpus.as_library(raw, module)
+            stored = _Stored(ref, _gpus.uuid_of(self.client, gpu), module)
+        self.remember(view, stored)
         return view
 
     def handle(self, value: Any, context: Optional[dict]) -> Optional[dict]:
         """What to send instead of ``value``'s bytes to the comm's recipient: a handle if it
-        reaches this daemon in this group and ``value`` views the store, or is a large
-        result the worker keeps that can be stored now; else None."""
+        reaches this daemon in this group (and sees the GPU a GPU value is on), and
+        ``value`` views the store or is a large result the worker keeps that can be stored
+        now; else None."""
         if not context:
             return None
         recipient = context.get("recipient")
         if not isinstance(recipient, dict) or recipient.get("depot") != self.identity:
             return None
-        ref = self.ref_of(value)
-        if ref is None:
-            ref = self._store_on_send(value)
-            if ref is None:
-                return None
+        sees = recipient.get("depot-gpus") or ()
+        stored = self.stored_of(value)
+        if stored is None:
+            stored = self._store_on_send(value, sees)
+        if stored is None or (stored.gpu is not None and stored.gpu.hex() not in sees):
+            return None
         try:
-            self.client.handoff_again(ref)
+            device = None if stored.gpu is None else _gpus.ordinal_of(self.client, stored.gpu)
+            self.client.handoff_again(stored.ref, device=device)
         except DepotError as e:  # e.g. the daemon is gone: send the bytes
             logger.warning("depot.dask: sending a result's bytes, not its handle: %s", e)
             return None
-        return {"depot-ref": ref.id}
+        return {"ref": stored.ref.id, "gpu": stored.gpu, "module": stored.module}
 
-    def _store_on_send(self, value: Any) -> Optional[ObjectRef]:
+    def _store_on_send(self, value: Any, sees: Any) -> Optional["_Stored"]:
         with self._lock:
             entry = self._private.get(id(value))
         if entry is None or entry[0]() is not value:
             return None
         view = entry[3]  # sent before, and the worker has not swapped it in yet
         if view is None:
+            if _gpus.on_cuda(value):  # stored only for a peer that sees its GPU
+                uuid = _gpus.uuid_of(self.client, int(value.__dlpack_device__()[1]))
+                if uuid is None or uuid.hex() not in sees:
+                    return None
             view = entry[3] = self.copy(value)
             if view is None:
                 return None
             entry[1].adopt_soon(entry[2], value, view)
-        return self.ref_of(view)
+        return self.stored_of(view)
 
-    def claim(self, ref_id: bytes) -> Any:
-        ref = ObjectRef(ref_id)
+    def claim(self, handle: Any) -> Any:
+        """The value a peer sent as ``handle`` (what handle() made)."""
         try:
-            value = self.client.claim(ref)
+            ref = ObjectRef(bytes(handle["ref"]))
+            gpu = None if handle["gpu"] is None else bytes(handle["gpu"])
+            module = str(handle["module"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise OSError(f"depot.dask: a peer sent a malformed handle ({e!r})") from e
+        try:
+            raw = _gpus.claim(self.client, ref.id, gpu, "depot.dask")
         except DepotError as e:
             # An OSError, so that Dask treats it as a failed transfer and fetches the key
             # again (from this peer or another), not as a failed task.
             raise OSError(f"depot.dask: could not claim {ref} from the store: {e}") from e
-        self.remember(value, ref)
+        value = raw if gpu is None else _gpus.as_library(raw, module)
+        self.remember(value, _Stored(ref, gpu, module))
         return value
 
     def close(self) -> None:
         self.client.close()
 
 
-def _storable(value: Any, threshold: int) -> bool:
-    np = _numpy()
-    return (
-        np is not None
-        and type(value) is np.ndarray
-        and value.nbytes >= max(threshold, 1)
-        and _codec._plain_dtype(value.dtype)
-    )
+class _Stored(NamedTuple):
+    """A value that views the store: its object, and for a GPU value the GPU's UUID and the
+    library its array belongs to (_gpus.library)."""
+
+    ref: ObjectRef
+    gpu: Optional[bytes]
+    module: str
 
 
-def _numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - distributed needs numpy for arrays anyway
+def _storable(value: Any, threshold: int) -> Optional[str]:
+    """"host" for a plain numpy array of at least ``threshold`` bytes, "gpu" for a CUDA
+    array of as many (or of a size it does not say), else None."""
+    least = max(threshold, 1)
+    np = sys.modules.get("numpy")
+    if np is not None and type(value) is np.ndarray:
+        if value.nbytes >= least and _codec._plain_dtype(value.dtype):
+            return "host"
         return None
-    return numpy
+    if type(value).__module__.split(".")[0] in ("builtins", "numpy", "pandas"):
+        return None
+    if _gpus.on_cuda(value):
+        size = _gpus.nbytes(value)
+        return "gpu" if size is None or size >= least else None
+    return None
 
 
 _lock = threading.RLock()
@@ -314,7 +356,7 @@ class StoreBackedData(MutableMapping):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         store = self._store
-        kept = value if store.ref_of(value) is not None else None
+        kept = value if store.stored_of(value) is not None else None
         if kept is None and store.eager:
             kept = store.copy(value)
         if kept is None:
@@ -381,31 +423,34 @@ _MISSING = object()
 
 
 def _install_serialization() -> None:
+    """Wraps Dask's "dask" serialization family (the first every comm tries): a value that
+    views the store (or will, once stored) travels to a peer that shares the store as a
+    handle, anything else as Dask serializes it. And adds what identifies this process's
+    store to the comm handshake, for peers to compare with theirs."""
     global _installed
     if _installed:
         return
-    np = _numpy()
-    base_dumps = dask_serialize.dispatch(np.ndarray)
-    base_loads = dask_deserialize.dispatch(np.ndarray)
+    # The module, which distributed.protocol's `serialize` function hides.
+    serialization = importlib.import_module("distributed.protocol.serialize")
+    base_dumps, base_loads, _ = serialization.families["dask"]
 
     def dumps(x: Any, context: Optional[dict] = None) -> Tuple[dict, list]:
         store = _current()
         handle = store.handle(x, context) if store is not None else None
         if handle is not None:
-            return handle, []
+            return {"depot": handle, "type": dask.utils.typename(type(x))}, []
         return base_dumps(x, context=context)
 
     def loads(header: dict, frames: list) -> Any:
-        ref_id = header.get("depot-ref")
-        if ref_id is None:
+        handle = header.get("depot")
+        if handle is None:
             return base_loads(header, frames)
         store = _current()
         if store is None:
             raise OSError("depot.dask: a peer sent a depot handle, but this process has no store")
-        return store.claim(bytes(ref_id))
+        return store.claim(handle)
 
-    dask_serialize.register(np.ndarray)(dumps)
-    dask_deserialize.register(np.ndarray)(loads)
+    serialization.register_serialization_family("dask", dumps, loads)
 
     base_handshake = Comm.handshake_info
 
@@ -414,6 +459,7 @@ def _install_serialization() -> None:
         store = _current()
         if store is not None:
             info["depot"] = store.identity
+            info["depot-gpus"] = store.gpus
         return info
 
     Comm.handshake_info = handshake_info  # type: ignore[method-assign]

@@ -31,7 +31,7 @@ import weakref
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional, Tuple
 
-from .. import _depot
+from .. import _depot, _gpus
 from .._errors import DepotError
 from .._ref import ObjectRef
 from . import _store
@@ -159,33 +159,11 @@ def _hand_off(
 
 
 def _nbytes(value: Any) -> int:
-    n = getattr(value, "nbytes", None)
-    if n is None and hasattr(value, "element_size"):
-        n = value.element_size() * value.numel()
-    return int(n or 0)
-
-
-# The daemon's GPUs as this process sees them, (ordinal, uuid) each, and the client they were
-# asked of: asked once (a status round trip), since a daemon's GPUs do not change.
-_gpus: Tuple[Any, list] = (None, [])
-
-
-def _gpu_table(client: Any) -> list:
-    global _gpus
-    asked, table = _gpus
-    if asked is not client:
-        table = [(info.ordinal, bytes(info.uuid)) for info in client.gpus()]
-        _gpus = (client, table)
-    return table
+    return _gpus.nbytes(value) or 0
 
 
 def _gpu_uuid(gpu: Optional[int]) -> Optional[bytes]:
-    if gpu is None:
-        return None
-    for ordinal, uuid in _gpu_table(_store.client()):
-        if ordinal == gpu:
-            return uuid
-    return None
+    return None if gpu is None else _gpus.uuid_of(_store.client(), gpu)
 
 
 def _claim(ref_id: bytes, uuid: Optional[bytes]) -> Any:
@@ -196,15 +174,7 @@ def _claim(ref_id: bytes, uuid: Optional[bytes]) -> Any:
             "depot.multiprocessing received a value sent through the depot store, but this "
             f"process cannot reach the store: {_store.unavailable()}"
         )
-    if uuid is None:
-        return client.claim(ObjectRef(ref_id))
-    for ordinal, known in _gpu_table(client):
-        if known == uuid:
-            return client.claim(ObjectRef(ref_id), device=ordinal)
-    raise DepotError(
-        "depot.multiprocessing received a GPU array on a GPU this process cannot see "
-        f"(uuid {uuid.hex()}); make it visible (CUDA_VISIBLE_DEVICES) or send it from the host"
-    )
+    return _gpus.claim(client, ref_id, uuid, "depot.multiprocessing")
 
 
 # numpy.
@@ -332,25 +302,8 @@ def _reduce_gpu_array(value: Any) -> Any:
 
 
 def _rebuild_gpu_array(ref_id: bytes, uuid: Optional[bytes], module: str) -> Any:
-    array = _claim(ref_id, uuid)
-    if module == "cupy":
-        import cupy
-
-        return cupy.from_dlpack(array)
-    return array  # a depot.DeviceArray: DLPack and __cuda_array_interface__
-
-
-_CUDA_DLPACK_DEVICES = (2, 13)  # kDLCUDA, kDLCUDAManaged
-
-
-def _on_cuda(value: Any) -> bool:
-    device_of = getattr(value, "__dlpack_device__", None)
-    if device_of is None or not hasattr(value, "__dlpack__"):
-        return False
-    try:
-        return int(device_of()[0]) in _CUDA_DLPACK_DEVICES
-    except Exception:
-        return False
+    # CuPy's, or a depot.DeviceArray (DLPack and __cuda_array_interface__) for any other.
+    return _gpus.as_library(_claim(ref_id, uuid), "cupy" if module == "cupy" else "")
 
 
 def reducer_override(self: Any, obj: Any) -> Any:
@@ -379,7 +332,7 @@ def _reduce(obj: Any) -> Any:
         return _reduce_tensor(obj)
     if cls.__module__.split(".")[0] in ("builtins", "numpy"):
         return NotImplemented
-    if _on_cuda(obj):
+    if _gpus.on_cuda(obj):
         return _reduce_gpu_array(obj)
     return NotImplemented
 
