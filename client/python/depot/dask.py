@@ -164,47 +164,24 @@ class _Store:
         # The GPUs of the daemon this process sees, for peers to know which GPU values
         # they can send it as handles.
         self.gpus = [uuid.hex() for _, uuid in _gpus.table(client)]
-        self._lock = threading.RLock()
-        # Values that view the store, by identity: id(value) -> (weakref, what it is).
-        self._stored: Dict[int, Tuple[Any, _Stored]] = {}
-        # Large results a worker keeps in its own memory (keep="on-send"), by identity:
-        # id(value) -> [weakref, the worker's data, key, the store's copy once sent].
-        self._private: Dict[int, list] = {}
+        # Values that view the store, and what each is.
+        self._stored = _ByIdentity()
+        # Large results a worker keeps in its own memory (keep="on-send"): [the worker's
+        # data, key, the store's copy once sent].
+        self._private = _ByIdentity()
         self._warned_full = False
 
     def stored_of(self, value: Any) -> Optional["_Stored"]:
-        entry = self._stored.get(id(value))
-        if entry is None or entry[0]() is not value:
-            return None
-        return entry[1]
+        return self._stored.get(value)
 
     def remember(self, value: Any, stored: "_Stored") -> None:
-        key = id(value)
-
-        def forget(_: Any) -> None:
-            with self._lock:
-                entry = self._stored.get(key)
-                if entry is not None and entry[0]() is None:
-                    del self._stored[key]
-
-        with self._lock:
-            self._stored[key] = (weakref.ref(value, forget), stored)
+        self._stored.put(value, stored)
 
     def track(self, value: Any, data: "StoreBackedData", key: Any) -> None:
         """Notes a large result a worker keeps in its own memory, so that its first send to
         a peer of the store stores it (and the worker then keeps the store's copy)."""
-        if _storable(value, self.threshold) is None:
-            return
-        ident = id(value)
-
-        def forget(_: Any) -> None:
-            with self._lock:
-                entry = self._private.get(ident)
-                if entry is not None and entry[0]() is None:
-                    del self._private[ident]
-
-        with self._lock:
-            self._private[ident] = [weakref.ref(value, forget), data, key, None]
+        if _storable(value, self.threshold) is not None:
+            self._private.put(value, [data, key, None])
 
     def copy(self, value: Any) -> Optional[Any]:
         """Stores a large result: a plain numpy array in host memory, a GPU array in the
@@ -265,20 +242,19 @@ class _Store:
         return {"ref": stored.ref.id, "gpu": stored.gpu, "module": stored.module}
 
     def _store_on_send(self, value: Any, sees: Any) -> Optional["_Stored"]:
-        with self._lock:
-            entry = self._private.get(id(value))
-        if entry is None or entry[0]() is not value:
+        entry = self._private.get(value)
+        if entry is None:
             return None
-        view = entry[3]  # sent before, and the worker has not swapped it in yet
+        view = entry[2]  # sent before, and the worker has not swapped it in yet
         if view is None:
             if _gpus.on_cuda(value):  # stored only for a peer that sees its GPU
                 uuid = _gpus.uuid_of(self.client, int(value.__dlpack_device__()[1]))
                 if uuid is None or uuid.hex() not in sees:
                     return None
-            view = entry[3] = self.copy(value)
+            view = entry[2] = self.copy(value)
             if view is None:
                 return None
-            entry[1].adopt_soon(entry[2], value, view)
+            entry[0].adopt_soon(entry[1], value, view)
         return self.stored_of(view)
 
     def claim(self, handle: Any) -> Any:
@@ -301,6 +277,43 @@ class _Store:
 
     def close(self) -> None:
         self.client.close()
+
+
+class _ByIdentity:
+    """Entries for live objects, found by the object itself (which need not be hashable:
+    numpy arrays are not) and dropped when it is collected. Thread-safe."""
+
+    def __init__(self) -> None:
+        # Reentrant: a weakref callback may run in a garbage collection inside put().
+        self._lock = threading.RLock()
+        self._entries: Dict[int, Tuple[Any, Any]] = {}  # id(value) -> (weakref, entry)
+
+    def get(self, value: Any) -> Any:
+        found = self._entries.get(id(value))
+        if found is None or found[0]() is not value:
+            return None
+        return found[1]
+
+    def put(self, value: Any, entry: Any) -> None:
+        """Adds an entry; none for a value that takes no weak references (it is then sent
+        as Dask sends it)."""
+        key = id(value)
+
+        def forget(_: Any) -> None:
+            with self._lock:
+                found = self._entries.get(key)
+                if found is not None and found[0]() is None:
+                    del self._entries[key]
+
+        try:
+            ref = weakref.ref(value, forget)
+        except TypeError:
+            return
+        with self._lock:
+            self._entries[key] = (ref, entry)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class _Stored(NamedTuple):
