@@ -128,6 +128,26 @@ def eager(store):
         yield dask_client
 
 
+def test_a_slice_of_a_stored_result_travels_as_a_view(dask_client, store):
+    first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
+    n = 1 << 20
+    big = dask_client.submit(np.arange, n, dtype=np.int64, workers=[first])  # 8 MB
+    last = dask_client.submit(lambda x: int(x[-1]), big, workers=[second], pure=False)
+    assert last.result(timeout=60) == n - 1  # big is in the store now, viewed by both
+    half = dask_client.submit(lambda x: x[1::2], big, workers=[first])  # a view of it, 4 MB
+
+    def check(x):
+        return x.flags.writeable, int(x[0]), int(x[-1]), x.shape, x.strides
+
+    dask_client.run(_clear_transfer_logs)
+    answer = dask_client.submit(check, half, workers=[second])
+    assert answer.result(timeout=60) == (False, 1, n - 1, (n // 2,), (16,))
+    moved = _worker_transfers(dask_client)
+    assert sum(w for _, w, _ in moved.values()) < 4096, moved
+    assert _objects(store) == 1  # the slice was neither copied nor stored apart
+    del big, last, half, answer
+
+
 def _rss_and_private(dask_worker):
     return depot.dask.private_memory(), dask_worker.monitor.get_process_memory()
 
@@ -307,12 +327,23 @@ def test_a_bad_handle_is_a_failed_transfer(dask_client):
                 answers.append("claimed")
             except OSError as e:
                 answers.append(str(e))
+        # Views that do not lie in their object, of objects that are there.
+        store = depot.dask._store
+        for view in ([8, [16], [1], "|u1"], [0, [2], [8], "|O"], [-8, [1], [1], "|u1"]):
+            ref, _ = store.client.handoff(np.zeros(16, dtype=np.uint8))
+            handle = {"ref": ref.id, "gpu": None, "module": "", "view": view}
+            try:
+                deserialize({"depot": handle, "serializer": "dask"}, [], deserializers=["dask"])
+                answers.append("claimed")
+            except OSError as e:
+                answers.append(str(e))
         return answers
 
     for answers in dask_client.run(receive).values():
         assert "could not claim" in answers[0], answers
         assert "cannot see (uuid 0202" in answers[1], answers
-        assert all("malformed handle" in a for a in answers[2:]), answers
+        assert all("malformed handle" in a for a in answers[2:5]), answers
+        assert all("a view that is not in its object" in a for a in answers[5:]), answers
     # The workers still work.
     assert dask_client.submit(lambda: 41 + 1).result(timeout=60) == 42
 

@@ -176,6 +176,23 @@ class _Store:
 
     def remember(self, value: Any, stored: "_Stored") -> None:
         self._stored.put(value, stored)
+        root = _root_array(value)
+        if root is not value:  # what slices of it name as their base
+            self._stored.put(root, stored)
+
+    def view_of(self, value: Any) -> Optional[Tuple["_Stored", list]]:
+        """For a numpy array of at least ``threshold`` bytes that views part of a stored one
+        (a slice a task returned): that object, and where in it the array lies, as
+        [byte offset from the start of its memory, shape, strides, dtype]."""
+        np = sys.modules.get("numpy")
+        if np is None or type(value) is not np.ndarray or value.nbytes < max(self.threshold, 1):
+            return None
+        root = _root_array(value)
+        stored = None if root is value else self._stored.get(root)
+        if stored is None or stored.gpu is not None or not _codec._plain_dtype(value.dtype):
+            return None
+        offset = value.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        return stored, [offset, list(value.shape), list(value.strides), value.dtype.str]
 
     def track(self, value: Any, data: "StoreBackedData", key: Any) -> None:
         """Notes a large result a worker keeps in its own memory, so that its first send to
@@ -228,7 +245,9 @@ class _Store:
         if not isinstance(recipient, dict) or recipient.get("depot") != self.identity:
             return None
         sees = recipient.get("depot-gpus") or ()
-        stored = self.stored_of(value)
+        stored, layout = self.stored_of(value), None
+        if stored is None:
+            stored, layout = self.view_of(value) or (None, None)
         if stored is None:
             stored = self._store_on_send(value, sees)
         if stored is None or (stored.gpu is not None and stored.gpu.hex() not in sees):
@@ -239,7 +258,10 @@ class _Store:
         except DepotError as e:  # e.g. the daemon is gone: send the bytes
             logger.warning("depot.dask: sending a result's bytes, not its handle: %s", e)
             return None
-        return {"ref": stored.ref.id, "gpu": stored.gpu, "module": stored.module}
+        handle = {"ref": stored.ref.id, "gpu": stored.gpu, "module": stored.module}
+        if layout is not None:
+            handle["view"] = layout
+        return handle
 
     def _store_on_send(self, value: Any, sees: Any) -> Optional["_Stored"]:
         entry = self._private.get(value)
@@ -263,6 +285,10 @@ class _Store:
             ref = ObjectRef(bytes(handle["ref"]))
             gpu = None if handle["gpu"] is None else bytes(handle["gpu"])
             module = str(handle["module"])
+            layout = handle.get("view")
+            if layout is not None:
+                offset, shape, strides, dtype = layout
+                layout = (int(offset), tuple(map(int, shape)), tuple(map(int, strides)), str(dtype))
         except (KeyError, TypeError, ValueError) as e:
             raise OSError(f"depot.dask: a peer sent a malformed handle ({e!r})") from e
         try:
@@ -273,10 +299,38 @@ class _Store:
             raise OSError(f"depot.dask: could not claim {ref} from the store: {e}") from e
         value = raw if gpu is None else _gpus.as_library(raw, module)
         self.remember(value, _Stored(ref, gpu, module))
-        return value
+        if layout is None:
+            return value
+        if gpu is not None:
+            raise OSError("depot.dask: a peer sent a view of a GPU array, which it never sends")
+        return _view(value, *layout)
 
     def close(self) -> None:
         self.client.close()
+
+
+def _root_array(value: Any) -> Any:
+    """The last numpy array in a chain of bases: the one whose memory every slice of the
+    value views, or the value itself."""
+    np = sys.modules.get("numpy")
+    root = value
+    while np is not None and isinstance(getattr(root, "base", None), np.ndarray):
+        root = root.base
+    return root
+
+
+def _view(value: Any, offset: int, shape: tuple, strides: tuple, dtype: str) -> Any:
+    """The part of a claimed array a peer's view names (read-only, as the array)."""
+    import numpy as np
+
+    try:
+        dtype = np.dtype(dtype)
+        if not _codec._plain_dtype(dtype):
+            raise ValueError(f"dtype {dtype} is not a plain one")
+        # numpy checks that the view lies inside the buffer.
+        return np.ndarray(shape, dtype, buffer=_root_array(value), offset=offset, strides=strides)
+    except (TypeError, ValueError) as e:
+        raise OSError(f"depot.dask: a peer sent a view that is not in its object ({e})") from e
 
 
 class _ByIdentity:
@@ -369,7 +423,8 @@ class StoreBackedData(MutableMapping):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         store = self._store
-        kept = value if store.stored_of(value) is not None else None
+        views = store.stored_of(value) is not None or store.view_of(value) is not None
+        kept = value if views else None
         if kept is None and store.eager:
             kept = store.copy(value)
         if kept is None:
