@@ -23,7 +23,9 @@ When a result is stored is the ``keep`` policy:
 - ``"always"``: as soon as the task returns it, so that every large result is in the store
   (shared, visible to ``depotctl``, not counted as the worker's memory), for one copy each.
 
-A view of a stored result (a slice a task returns) is kept as it is, and stored if it is sent.
+A slice of a stored result that a task returns (a view of its input: a rechunk's pieces) is
+kept as it is, and sent as a handle to the stored object with the slice's place in it: it is
+never copied.
 
 How values are kept alive: every worker of a cluster on a host joins one group of the daemon
 (depot.Client's ``group``). A worker stores a result by handing it off to the group and
