@@ -86,14 +86,15 @@ def claim(client: Any, ref_id: bytes, uuid: Optional[bytes], who: str) -> Any:
 
 
 def library(value: Any) -> str:
-    """The array library a GPU value belongs to ("cupy", "torch"; else "")."""
+    """The array library a GPU value belongs to ("cupy", "torch", "depot" for a DeviceArray;
+    else "")."""
     module = type(value).__module__.split(".")[0]
-    return module if module in ("cupy", "torch") else ""
+    return module if module in ("cupy", "torch", "depot") else ""
 
 
 def as_library(array: Any, module: str) -> Any:
-    """A claimed DeviceArray as an array of ``module`` (library()'s answer), with no copy; a
-    DeviceArray (DLPack and __cuda_array_interface__) for anything else."""
+    """A claimed DeviceArray as an array of ``module`` (library()'s answer), with no copy; the
+    DeviceArray itself (DLPack and __cuda_array_interface__) for anything else."""
     if module == "cupy":
         import cupy
 

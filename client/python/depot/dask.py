@@ -5,10 +5,10 @@
 
 A task result that is a numpy array of at least ``threshold`` bytes (1 MiB by default) is
 copied once into the store, and its worker then keeps a read-only view of the store's copy
-instead. A CUDA array (CuPy, PyTorch, any DLPack producer on a CUDA GPU) is copied into the
-store's pool on its GPU, and comes back as the same library's array (a depot.DeviceArray for
-other producers), viewing the pool; it is sent as a handle to a peer that sees that GPU
-(by UUID: CUDA_VISIBLE_DEVICES may differ between workers). When a worker on the same host, attached to the same daemon, needs such a result,
+instead. A CuPy array, PyTorch CUDA tensor or depot.DeviceArray is copied into the store's
+pool on its GPU, and comes back as the same library's array, viewing the pool; it is sent
+as a handle to a peer that sees that GPU (by UUID: CUDA_VISIBLE_DEVICES may differ between
+workers). Other CUDA arrays stay with Dask, which would otherwise get back a DeviceArray. When a worker on the same host, attached to the same daemon, needs such a result,
 only its handle crosses Dask's comm, and the receiver maps the same memory: nothing is
 pickled or copied again, and the host holds the result once however many workers read it.
 Between hosts, and to anything without the plugin (the scheduler, the Dask client), Dask's
@@ -282,24 +282,30 @@ class _Store:
         return self.stored_of(view)
 
     def claim(self, handle: Any) -> Any:
-        """The value a peer sent as ``handle`` (what handle() made)."""
+        """The value a peer sent as ``handle`` (what handle() made). Raises OSError for a
+        handle that is not one or cannot be taken: to Dask, a failed transfer, fetched
+        again (from this peer or another), not a failed task."""
         try:
-            ref = ObjectRef(bytes(handle["ref"]))
-            gpu = None if handle["gpu"] is None else bytes(handle["gpu"])
-            module = str(handle["module"])
+            ref_id, gpu, module = handle["ref"], handle["gpu"], handle["module"]
             layout = handle.get("view")
-            if layout is not None:
-                offset, shape, strides, dtype = layout
-                layout = (int(offset), tuple(map(int, shape)), tuple(map(int, strides)), str(dtype))
-        except (KeyError, TypeError, ValueError) as e:
+            if (
+                not isinstance(ref_id, bytes) or len(ref_id) != 16
+                or not (gpu is None or (isinstance(gpu, bytes) and len(gpu) == 16))
+                or not isinstance(module, str)
+                or not (layout is None or _is_layout(layout))
+            ):
+                raise ValueError("fields of the wrong type or size")
+        except Exception as e:
             raise OSError(f"depot.dask: a peer sent a malformed handle ({e!r})") from e
+        ref = ObjectRef(ref_id)
         try:
             raw = _gpus.claim(self.client, ref.id, gpu, "depot.dask")
         except DepotError as e:
-            # An OSError, so that Dask treats it as a failed transfer and fetches the key
-            # again (from this peer or another), not as a failed task.
             raise OSError(f"depot.dask: could not claim {ref} from the store: {e}") from e
-        value = raw if gpu is None else _gpus.as_library(raw, module)
+        try:
+            value = raw if gpu is None else _gpus.as_library(raw, module)
+        except Exception as e:  # e.g. a torch tensor sent to a worker without torch
+            raise OSError(f"depot.dask: could not take {ref} as a {module} array: {e!r}") from e
         self.remember(value, _Stored(ref, gpu, module))
         if layout is None:
             return value
@@ -321,7 +327,24 @@ def _root_array(value: Any) -> Any:
     return root
 
 
-def _view(value: Any, offset: int, shape: tuple, strides: tuple, dtype: str) -> Any:
+def _is_layout(layout: Any) -> bool:
+    """Whether a handle's view is [offset, shape, strides, dtype] of sane types and sizes."""
+    if not isinstance(layout, (list, tuple)) or len(layout) != 4:
+        return False
+    offset, shape, strides, dtype = layout
+
+    def ints(xs: Any) -> bool:
+        return isinstance(xs, (list, tuple)) and len(xs) <= 64 and all(
+            type(x) is int and abs(x) < 1 << 62 for x in xs
+        )
+
+    return (
+        type(offset) is int and 0 <= offset < 1 << 62 and ints(shape) and ints(strides)
+        and len(shape) == len(strides) and isinstance(dtype, str) and len(dtype) <= 32
+    )
+
+
+def _view(value: Any, offset: int, shape: list, strides: list, dtype: str) -> Any:
     """The part of a claimed array a peer's view names (read-only, as the array)."""
     import numpy as np
 
@@ -330,8 +353,10 @@ def _view(value: Any, offset: int, shape: tuple, strides: tuple, dtype: str) -> 
         if not _codec._plain_dtype(dtype):
             raise ValueError(f"dtype {dtype} is not a plain one")
         # numpy checks that the view lies inside the buffer.
-        return np.ndarray(shape, dtype, buffer=_root_array(value), offset=offset, strides=strides)
-    except (TypeError, ValueError) as e:
+        return np.ndarray(
+            tuple(shape), dtype, buffer=_root_array(value), offset=offset, strides=tuple(strides)
+        )
+    except Exception as e:
         raise OSError(f"depot.dask: a peer sent a view that is not in its object ({e})") from e
 
 
@@ -382,8 +407,9 @@ class _Stored(NamedTuple):
 
 
 def _storable(value: Any, threshold: int) -> Optional[str]:
-    """"host" for a plain numpy array of at least ``threshold`` bytes, "gpu" for a CUDA
-    array of as many (or of a size it does not say), else None."""
+    """"host" for a plain numpy array of at least ``threshold`` bytes, "gpu" for a CuPy
+    array, PyTorch tensor or depot.DeviceArray on a CUDA GPU of as many (or of a size it does
+    not say), else None."""
     least = max(threshold, 1)
     np = sys.modules.get("numpy")
     if np is not None and type(value) is np.ndarray:
@@ -392,7 +418,9 @@ def _storable(value: Any, threshold: int) -> Optional[str]:
         return None
     if type(value).__module__.split(".")[0] in ("builtins", "numpy", "pandas"):
         return None
-    if _gpus.on_cuda(value):
+    # GPU arrays of the libraries a claimed DeviceArray converts back to, so that the
+    # worker's value keeps its type (what other producers hold stays with Dask).
+    if _gpus.library(value) and _gpus.on_cuda(value):
         size = _gpus.nbytes(value)
         return "gpu" if size is None or size >= least else None
     return None
@@ -420,6 +448,7 @@ class StoreBackedData(MutableMapping):
     def __init__(self, inner: MutableMapping, store: _Store, loop: Any) -> None:
         self.inner = inner
         self.stored: Dict[Any, Any] = {}
+        self.detached = False
         self._store = store
         self._loop = loop
 
@@ -446,6 +475,8 @@ class StoreBackedData(MutableMapping):
         self._loop.add_callback(self._adopt, key, value, view)
 
     def _adopt(self, key: Any, value: Any, view: Any) -> None:
+        if self.detached:
+            return
         fast = getattr(self.inner, "fast", self.inner)  # never unspill: a SpillBuffer's RAM
         try:
             current = fast[key]
@@ -478,7 +509,7 @@ class StoreBackedData(MutableMapping):
     def __getattr__(self, name: str) -> Any:
         # SpillBuffer's fast, slow, evict, spilled_total: absent (AttributeError) on a dict,
         # as Dask expects.
-        if name in ("inner", "stored", "_store"):
+        if name in ("inner", "stored", "detached", "_store", "_loop"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -614,20 +645,20 @@ def attach(
 def detach(worker: Any) -> None:
     """Undoes :func:`attach`: results already stored stay with the worker (as views of the
     store), new ones stay in its memory."""
-    global _store
     with _lock:
         if worker not in _attached:
             return
         data = worker.memory_manager.data
         if isinstance(data, StoreBackedData):
+            data.detached = True  # swaps queued by sends in flight no longer apply
             for key, value in data.stored.items():
                 data.inner[key] = value
             worker.memory_manager.data = data.inner
             worker.state.data = data.inner
         worker.monitor.__dict__.pop("get_process_memory", None)
         _attached.discard(worker)
-        if not _attached and _store is not None:
-            _store = None  # its client closes once no stored value needs it
+        # The process keeps its store: its comms already opened told peers it has one, and
+        # they may still send it handles, which it must be able to take.
 
 
 class DepotPlugin(WorkerPlugin):
