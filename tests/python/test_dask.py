@@ -560,3 +560,20 @@ def test_another_users_daemon_is_refused_loudly():
         import shutil
 
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_unregistering_the_plugin_detaches_workers(store):
+    with _cluster(n_workers=2) as cluster, cluster.get_client() as dask_client:
+        dask_client.register_plugin(depot.dask.DepotPlugin(socket=store.socket))
+        assert sum(w for _, w, _ in _one_transfer(dask_client).values()) < 4096
+        kept = dask_client.submit(np.ones, (2 * MiB,), dtype=np.uint8, key="kept")
+        distributed.wait(kept, timeout=60)
+        dask_client.unregister_worker_plugin("depot")
+        # Plain Dask again: results stay in the workers' memory; what was stored before
+        # still reads, and the comms opened while attached still take handles.
+        assert dask_client.run(_in_depot) == {w: [] for w in dask_client.run(lambda: 0)}
+        moved = _one_transfer(dask_client)
+        assert sum(t for t, _, _ in moved.values()) >= 2 * MiB
+        assert dask_client.submit(lambda x: int(x.sum()), kept).result(timeout=60) == 2 * MiB
+        del kept
+        assert _store_empties(store)
