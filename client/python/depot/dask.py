@@ -5,14 +5,16 @@
 
 A task result that is a numpy array of at least ``threshold`` bytes (1 MiB by default) is
 copied once into the store, and its worker then keeps a read-only view of the store's copy
-instead. A CuPy array, PyTorch CUDA tensor or depot.DeviceArray is copied into the store's
-pool on its GPU, and comes back as the same library's array, viewing the pool; it is sent
-as a handle to a peer that sees that GPU (by UUID: CUDA_VISIBLE_DEVICES may differ between
-workers). Other CUDA arrays stay with Dask, which would otherwise get back a DeviceArray. When a worker on the same host, attached to the same daemon, needs such a result,
+instead. When a worker on the same host, attached to the same daemon, needs such a result,
 only its handle crosses Dask's comm, and the receiver maps the same memory: nothing is
 pickled or copied again, and the host holds the result once however many workers read it.
 Between hosts, and to anything without the plugin (the scheduler, the Dask client), Dask's
 comms carry the bytes as before.
+
+A CuPy array, PyTorch CUDA tensor or depot.DeviceArray goes to the store's pool on its GPU,
+and comes back as the same library's array, viewing the pool; it is sent as a handle to a
+peer that sees that GPU (by UUID: CUDA_VISIBLE_DEVICES may differ between workers). Other
+CUDA arrays stay with Dask, which would otherwise get a DeviceArray back.
 
 When a result is stored is the ``keep`` policy:
 
