@@ -85,7 +85,6 @@ logger = logging.getLogger("depot.dask")
 DEFAULT_THRESHOLD = 1 << 20
 """Results of this many bytes or more go to the store (``DEPOT_DASK_THRESHOLD``)."""
 
-SOCKET_ENV = "DEPOT_SOCKET"
 THRESHOLD_ENV = "DEPOT_DASK_THRESHOLD"
 KEEP_ENV = "DEPOT_DASK_KEEP"
 START_ENV = "DEPOT_DASK_START_DAEMON"  # with --preload-nanny: its memory, e.g. "50%"
@@ -188,12 +187,11 @@ class _Store:
         """For a numpy array of at least ``threshold`` bytes that views part of a stored one
         (a slice a task returned): that object, and where in it the array lies, as
         [byte offset from the start of its memory, shape, strides, dtype]."""
-        np = sys.modules.get("numpy")
-        if np is None or type(value) is not np.ndarray or value.nbytes < max(self.threshold, 1):
+        if _storable(value, self.threshold) != "host":
             return None
         root = _root_array(value)
         stored = None if root is value else self._stored.get(root)
-        if stored is None or stored.gpu is not None or not _codec._plain_dtype(value.dtype):
+        if stored is None or stored.gpu is not None:
             return None
         offset = value.__array_interface__["data"][0] - root.__array_interface__["data"][0]
         return stored, [offset, list(value.shape), list(value.strides), value.dtype.str]
@@ -206,9 +204,9 @@ class _Store:
 
     def copy(self, value: Any) -> Optional[Any]:
         """Stores a large result: a plain numpy array in host memory, a GPU array in the
-        pool of its GPU. Returns the store's read-only view of it (as the same library's
-        array for CuPy and PyTorch, else a depot.DeviceArray for a GPU array), or None (not
-        storable, or the store refused it: Dask keeps the value)."""
+        pool of its GPU. Returns the store's read-only view of it (a GPU array as the same
+        library's), or None (not storable, or the store refused it: Dask keeps the
+        value)."""
         kind = _storable(value, self.threshold)
         if kind is None:
             return None
@@ -315,10 +313,6 @@ class _Store:
             raise OSError("depot.dask: a peer sent a view of a GPU array, which it never sends")
         return _view(value, *layout)
 
-    def close(self) -> None:
-        self.client.close()
-
-
 def _root_array(value: Any) -> Any:
     """The last numpy array in a chain of bases: the one whose memory every slice of the
     value views, or the value itself."""
@@ -394,9 +388,6 @@ class _ByIdentity:
             return
         with self._lock:
             self._entries[key] = (ref, entry)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 class _Stored(NamedTuple):
@@ -522,7 +513,7 @@ class StoreBackedData(MutableMapping):
 _MISSING = object()
 
 
-# Serialization: numpy arrays that view the store travel as handles to peers that share it.
+# Serialization: values that view the store travel as handles to peers that share it.
 
 
 def _install_serialization() -> None:
@@ -841,11 +832,11 @@ def dask_setup(server: Any) -> None:
     and ``$DEPOT_DASK_KEEP``."""
     from distributed import Nanny
 
-    socket = os.environ.get(SOCKET_ENV) or None
+    # No socket: depot.Client, and the default path, take $DEPOT_SOCKET.
     if isinstance(server, Nanny):
         _measure_private_memory(server)
         memory = os.environ.get(START_ENV)
         if memory:
-            ensure_daemon(server, socket=socket, memory=memory)
+            ensure_daemon(server, memory=memory)
     else:
-        attach(server, socket=socket)
+        attach(server)
