@@ -551,6 +551,14 @@ struct StoreStatus {
                              # being read, list and verify work), within the same budget
   scheduler @31 :SchedulerStatus;
   disk @32 :DiskStatus;      # the disk tier; `enabled` false without --spill-dir
+  configFile @33 :Text;      # --config; empty: none
+  settings @34 :List(Setting);  # every setting the daemon runs with (after reloads)
+}
+
+# A daemon setting: its key (the flag without dashes) and value, as the file writes them.
+struct Setting {
+  name @0 :Text;
+  value @1 :Text;
 }
 
 # The disk tier (depotd --spill-dir): host objects spilled when the arena needs room, and

@@ -106,6 +106,9 @@ class ClientAccounts {
   uint64_t metadata_bytes() const { return metadata_bytes_; }
   uint64_t request_bytes() const { return request_bytes_; }
   const ClientLimits& limits() const { return limits_; }
+  // New limits, from the next check on (a reload of the daemon's settings). What clients
+  // already hold past them stays held: only what they take next is refused.
+  void set_limits(const ClientLimits& limits) { limits_ = limits; }
 
   // What `client` holds; all zero for an unknown client.
   ClientUsage UsageOf(ClientId client) const;
@@ -116,7 +119,7 @@ class ClientAccounts {
   // Whether the account holds references to the object in `slot` on another tier.
   bool HoldsOnAnotherTier(const Account& account, uint32_t slot, int32_t tier) const;
 
-  const ClientLimits limits_;
+  ClientLimits limits_;
   const int32_t tiers_;
   std::unordered_map<ClientId, Account> accounts_;
   uint64_t metadata_bytes_ = 0;

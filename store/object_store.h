@@ -346,6 +346,8 @@ class ObjectStore final : private Tiers::Owner {
   // Does nothing without GPUs.
   void ProbeCopyRates(uint64_t bytes);
   const ClientLimits& limits() const { return accounts_.limits(); }
+  // Applies new per-client limits and metadata budget (SIGHUP): see ClientAccounts.
+  void SetLimits(const ClientLimits& limits) { accounts_.set_limits(limits); }
   std::span<gpu::DevicePool* const> pools() const { return gpus_; }
   const TierUsage& device_usage(uint32_t device) const {
     return tiers_.usage(static_cast<int32_t>(device));

@@ -130,6 +130,12 @@ Status Server::Listen() {
   }
   if (ec) return Status::IoError("cannot create the socket " + path + ": " + ec.message());
   listening_ = true;
+  // The group first: while the file is still 0600, nobody of the group can connect early.
+  if (options_.socket_group &&
+      ::chown(path.c_str(), static_cast<uid_t>(-1), *options_.socket_group) != 0) {
+    return Status::FromErrno(
+        "chown " + path + " to group " + std::to_string(*options_.socket_group), errno);
+  }
   if (::chmod(path.c_str(), options_.socket_mode) != 0) {
     return Status::FromErrno("chmod " + path, errno);
   }

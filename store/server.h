@@ -15,6 +15,7 @@
 
 #include "depot/status.h"
 #include "store/accept_retry.h"
+#include "store/daemon_options.h"
 #include "store/groups.h"
 #include "store/metrics.h"
 #include "store/object_store.h"
@@ -39,6 +40,7 @@ struct ClientView {
 struct ServerOptions {
   std::string socket_path;
   mode_t socket_mode = 0600;
+  std::optional<gid_t> socket_group;  // the socket file's group; nullopt: the daemon's
   uint32_t max_frame_bytes = 0;
   uint32_t max_batch = 0;
   bool metrics = true;  // keep request counters and latency histograms
@@ -78,6 +80,14 @@ class Server {
   // The metrics in Prometheus text format (the `metrics` request and GET /metrics).
   std::string RenderMetrics() const;
   void Forget(ClientId id);
+  // The settings the daemon runs with and the file they were read from, for `status`; the
+  // daemon sets them at start and on each reload.
+  void SetSettings(std::string config_file, std::vector<SettingValue> values) {
+    config_file_ = std::move(config_file);
+    settings_ = std::move(values);
+  }
+  const std::string& config_file() const { return config_file_; }
+  const std::vector<SettingValue>& settings() const { return settings_; }
   // The connected clients, by id; and one of them, nullopt if it has gone.
   std::vector<ClientView> Clients() const;
   std::optional<ClientView> FindClient(ClientId id) const;
@@ -111,6 +121,8 @@ class Server {
   uint64_t start_ns_ = 0;
   uint64_t requests_ = 0;
   bool listening_ = false;
+  std::string config_file_;
+  std::vector<SettingValue> settings_;
 };
 
 }  // namespace depot::store

@@ -855,6 +855,12 @@ void Session::HandleStatus(uint64_t rid, uint64_t start) {
   s.setRequestBytes(c.request_bytes);
   s.setRequests(server_.requests());
   server_.tasks().FillStatus(s.initScheduler());
+  s.setConfigFile(server_.config_file());
+  auto settings = s.initSettings(static_cast<unsigned>(server_.settings().size()));
+  for (unsigned i = 0; i < settings.size(); ++i) {
+    settings[i].setName(server_.settings()[i].name);
+    settings[i].setValue(server_.settings()[i].value);
+  }
   if (const DiskPool* pool = store.disk()) {
     const TierCounters& t = store.tier_counters();
     auto d = s.initDisk();

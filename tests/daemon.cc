@@ -83,8 +83,9 @@ TestDaemon::TestDaemon(std::vector<std::string> flags) {
     argv.push_back("--socket");
     argv.push_back(socket_path_);
   }
+  // A configuration file gives the daemon its settings: the defaults would override it.
   for (const auto& [name, value] : kDefaultFlags) {
-    if (!HasFlag(flags, name)) {
+    if (!HasFlag(flags, name) && !HasFlag(flags, "--config")) {
       argv.push_back(name);
       argv.push_back(value);
     }

@@ -36,7 +36,8 @@ class TestDaemon {
   // Starts depotd with `flags` (e.g. {"--memory", "8MiB"}) in a fresh temporary directory,
   // and waits up to 5 s until it accepts connections. Flags the test does not give get
   // defaults: a socket in that directory, and small sizes (--memory 64MiB, --segment-size
-  // 16MiB) so tests stay cheap, and --log-level debug. Check ok() (and print error()) before
+  // 16MiB) so tests stay cheap, and --log-level debug; with --config, only the socket (the
+  // file gives the rest). Check ok() (and print error()) before
   // using it.
   explicit TestDaemon(std::vector<std::string> flags = {});
   // Stops the daemon (see Stop) and removes the temporary directory.

@@ -149,6 +149,17 @@ struct InfoFields<DiskStatus> {
 };
 
 template <>
+struct InfoFields<Setting> {
+  static constexpr const char* kName = "Setting";
+  using Wire = wire::Setting;
+  using R = Wire::Reader;
+  static constexpr std::tuple kFields{
+      Field{"name", &Setting::name, &R::getName},
+      Field{"value", &Setting::value, &R::getValue},
+  };
+};
+
+template <>
 struct InfoFields<StoreStatus> {
   static constexpr const char* kName = "StoreStatus";
   using Wire = wire::StoreStatus;
@@ -189,6 +200,8 @@ struct InfoFields<StoreStatus> {
       Field{"request_bytes", &StoreStatus::request_bytes, &R::getRequestBytes},
       Field{"scheduler", &StoreStatus::scheduler, &R::getScheduler},
       Field{"disk", &StoreStatus::disk, &R::getDisk},
+      Field{"config_file", &StoreStatus::config_file, &R::getConfigFile},
+      Field{"settings", &StoreStatus::settings, &R::getSettings},
   };
 };
 

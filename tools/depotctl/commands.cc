@@ -179,6 +179,8 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
   for (size_t d = 0; d < counts.gpus.size(); ++d) {
     by_tier.Number(TierName(static_cast<int>(d)), counts.gpus[d]);
   }
+  JsonObject settings;
+  for (const Setting& setting : s.settings) settings.String(setting.name, setting.value);
   return JsonObject()
       .String("daemon_version", s.daemon_version)
       .Number("pid", s.pid)
@@ -232,6 +234,8 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
                         .Number("copies_in_flight", s.disk.copies_in_flight)
                         .Bool("direct_io", s.disk.direct_io)
                         .str())
+      .String("config_file", s.config_file)
+      .Json("settings", settings.str())
       .Json("scheduler", JsonObject()
                              .Number("workers", s.scheduler.workers)
                              .Number("tasks_pending", s.scheduler.tasks_pending)

@@ -163,6 +163,13 @@ struct DiskStatus {
   bool direct_io = false;         // the bulk of each copy bypasses the page cache (O_DIRECT)
 };
 
+// A setting the daemon runs with (StoreStatus::settings): its key, the flag's name without
+// the dashes, and its value as a configuration file writes it.
+struct Setting {
+  std::string name;
+  std::string value;
+};
+
 // The daemon's state (Client::GetStatus).
 struct StoreStatus {
   std::string daemon_version;
@@ -205,6 +212,9 @@ struct StoreStatus {
   uint64_t request_bytes = 0;
   SchedulerStatus scheduler;
   DiskStatus disk;
+  std::string config_file;  // the file its settings were read from (--config); empty: none
+  // Every setting, flags and file together, as it runs now (after SIGHUP reloads).
+  std::vector<Setting> settings;
 };
 
 // A client connected to the daemon (Client::Clients). pid, uid and command are the

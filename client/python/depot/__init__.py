@@ -46,6 +46,7 @@ GpuInfo = _depot.GpuInfo
 ObjectInfo = _depot.ObjectInfo
 ObjectPlacement = _depot.ObjectPlacement
 SchedulerStatus = _depot.SchedulerStatus
+Setting = _depot.Setting
 DiskStatus = _depot.DiskStatus
 StoreBuffer = _depot.StoreBuffer
 StoreStatus = _depot.StoreStatus
@@ -81,6 +82,7 @@ __all__ = [
     "ProtocolMismatch",
     "RefLike",
     "SchedulerStatus",
+    "Setting",
     "DiskStatus",
     "StoreBuffer",
     "StoreFull",

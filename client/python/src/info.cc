@@ -152,6 +152,7 @@ void BindInfo(nb::module_& m) {
   BindRecord<ObjectInfo>(m, "What the daemon knows of one object (Client.list).")
       .def_prop_ro("sealed", [](const ObjectInfo& o) { return o.state == ObjectState::kSealed; });
   BindRecord<SchedulerStatus>(m, "The scheduler's totals (StoreStatus.scheduler).");
+  BindRecord<Setting>(m, "A setting the daemon runs with (StoreStatus.settings).");
   BindRecord<DiskStatus>(m, "The disk tier: spilled objects and their I/O (StoreStatus.disk).");
   BindRecord<StoreStatus>(m, "The daemon's capacity, usage and counters.");
   BindRecord<ClientInfo>(m, "A client connected to the daemon.");
