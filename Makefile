@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 # Flags for `make run`, e.g. make run DEPOTD_ARGS="--memory 8GiB"
 DEPOTD_ARGS ?=
 
-.PHONY: all deps build run test test-release test-asan test-tsan test-python format-check bench format clean
+.PHONY: all deps build install run test test-release test-asan test-tsan test-python format-check bench format clean
 
 all: build
 
@@ -20,6 +20,12 @@ $(BUILD)/build.ninja: | deps
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Installs depotd, depotctl, the client library and headers, the CMake package, depot.pc and
+# the systemd unit under PREFIX (README, "Operating depotd").
+PREFIX ?= /usr/local
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # Builds, then runs depotd in the foreground; its first log lines say where its socket is.
 run: build

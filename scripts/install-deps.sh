@@ -13,6 +13,7 @@ packages=(
   libbenchmark-dev                # bench/
   python3                         # tests/metrics_test.py
   python3-venv python3-dev        # make test-python: a venv to pip install into; Python.h
+  systemd                         # systemd-analyze verify of the installed unit
 )
 
 # The metrics test parses with prometheus_client's own parser.

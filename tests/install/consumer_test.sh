@@ -1,0 +1,99 @@
+#!/bin/sh
+# Installs the build into a fresh prefix (cmake --install), then checks it as another project
+# would use it: only public headers are there; examples/cpp builds against it with
+# find_package (the shared and the static library) and with pkg-config; and the installed
+# depotd, started from the installed configuration, serves those programs.
+#
+#   consumer_test.sh BUILD_DIR SOURCE_DIR
+set -eu
+build=$1
+source=$2
+work=$(mktemp -d "${TMPDIR:-/tmp}/depot-install-XXXXXX")
+daemon=
+cleanup() {
+  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+
+prefix=$work/prefix
+cmake --install "$build" --prefix "$prefix" > "$work/install.log"
+
+# The public headers, and nothing of Cap'n Proto or ipc/.
+headers=$(cd "$prefix/include" && find . -type f | sort | tr '\n' ' ')
+[ "$headers" = "./depot/buffer.h ./depot/client.h ./depot/device_buffer.h ./depot/object_id.h ./depot/status.h ./depot/task.h ./depot/worker.h " ] ||
+  fail "installed headers: $headers"
+if grep -rn 'capnp\|kj/\|depot/ipc' "$prefix/include"; then fail "a public header names an internal one"; fi
+for f in bin/depotd bin/depotctl lib/libdepot_client.a lib/cmake/depot/depotConfig.cmake \
+  lib/pkgconfig/depot.pc lib/systemd/system/depotd.service etc/depot/depotd.toml; do
+  [ -e "$prefix/$f" ] || fail "$f was not installed"
+done
+[ -e "$prefix/lib/libdepot_client.so" ] || fail "lib/libdepot_client.so was not installed"
+
+# The unit, as systemd reads it (systemd-analyze comes with the systemd package, which
+# scripts/install-deps.sh installs).
+systemd-analyze verify "$prefix/lib/systemd/system/depotd.service" ||
+  fail "systemd-analyze verify depotd.service"
+grep -q "^ExecStart=$prefix/bin/depotd --config $prefix/etc/depot/depotd.toml\$" \
+  "$prefix/lib/systemd/system/depotd.service" || fail "the unit's ExecStart"
+
+# The example project, against the installed package: shared, then static.
+for kind in shared static; do
+  static=OFF
+  [ $kind = static ] && static=ON
+  cmake -S "$source/examples/cpp" -B "$work/example-$kind" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DDEPOT_EXAMPLE_STATIC=$static > "$work/configure-$kind.log" 2>&1 ||
+    { cat "$work/configure-$kind.log"; fail "configuring examples/cpp ($kind)"; }
+  cmake --build "$work/example-$kind" > "$work/build-$kind.log" 2>&1 ||
+    { cat "$work/build-$kind.log"; fail "building examples/cpp ($kind)"; }
+done
+if ldd "$work/example-static/depot_example" | grep -q depot_client; then
+  fail "the static example links libdepot_client.so"
+fi
+ldd "$work/example-shared/depot_example" | grep -q "libdepot_client.so.* => $prefix/lib/" ||
+  fail "the shared example does not link the installed libdepot_client.so"
+# And with pkg-config, as a Makefile would.
+flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs depot)
+c++ -std=c++20 "$source/examples/cpp/main.cc" -o "$work/example-pkgconfig" $flags \
+  -Wl,-rpath,"$prefix/lib" || fail "building with pkg-config ($flags)"
+
+# The installed daemon, from the installed configuration; the flags put its socket here and
+# give it this user's group instead of a depot group.
+socket=$work/depot.sock
+config=$prefix/etc/depot/depotd.toml
+# As installed, it names the depot group, which only the package creates.
+if ! "$prefix/bin/depotd" --config "$config" --check-config > "$work/check.log" 2>&1; then
+  grep -q "$config: socket-group: 'depot' is not a group of this host" "$work/check.log" ||
+    fail "checking the installed configuration: $(cat "$work/check.log")"
+fi
+set -- --config "$config" --socket "$socket" --socket-group "$(id -g)" \
+  --share-with-group "$(id -g)" --memory 64MiB --segment-size 16MiB --no-gpus
+"$prefix/bin/depotd" "$@" --check-config || fail "the installed configuration does not check"
+"$prefix/bin/depotd" "$@" --exit-with-pid $$ > "$work/depotd.log" 2>&1 &
+daemon=$!
+tries=0
+until "$prefix/bin/depotctl" --socket "$socket" status > /dev/null 2>&1; do
+  tries=$((tries + 1))
+  [ $tries -lt 500 ] || { cat "$work/depotd.log"; fail "depotd did not start within 50 s"; }
+  kill -0 "$daemon" 2>/dev/null || { cat "$work/depotd.log"; fail "depotd exited"; }
+  sleep 0.1
+done
+"$prefix/bin/depotctl" --socket "$socket" status --json > "$work/status.json"
+grep -q "\"config_file\": *\"$config\"" "$work/status.json" || fail "status: $(cat "$work/status.json")"
+for program in example-shared/depot_example example-static/depot_example example-pkgconfig; do
+  out=$("$work/$program" "$socket") || fail "$program: $out"
+  case $out in
+    "read back 26 bytes of "*) ;;
+    *) fail "$program printed: $out" ;;
+  esac
+  "$prefix/bin/depotctl" --socket "$socket" rm depot-example/greeting > /dev/null ||
+    fail "depotctl rm after $program"
+done
+kill "$daemon"
+wait "$daemon" || fail "depotd exited with $? after SIGTERM: $(cat "$work/depotd.log")"
+daemon=
+echo "install, find_package (shared and static), pkg-config and the installed depotd: ok"
