@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 # Flags for `make run`, e.g. make run DEPOTD_ARGS="--memory 8GiB"
 DEPOTD_ARGS ?=
 
-.PHONY: all deps build install run test test-release test-asan test-tsan test-python format-check bench format clean
+.PHONY: all deps build install package run test test-release test-asan test-tsan test-python format-check bench format clean
 
 all: build
 
@@ -26,6 +26,10 @@ build: deps $(BUILD)/build.ninja
 PREFIX ?= /usr/local
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# A Debian package of all that, in $(BUILD): apt install ./$(BUILD)/depot_*.deb
+package: build
+	cd $(BUILD) && cpack
 
 # Builds, then runs depotd in the foreground; its first log lines say where its socket is.
 run: build

@@ -14,6 +14,7 @@ packages=(
   python3                         # tests/metrics_test.py
   python3-venv python3-dev        # make test-python: a venv to pip install into; Python.h
   systemd                         # systemd-analyze verify of the installed unit
+  lintian                         # checks the Debian package (make package)
 )
 
 # The metrics test parses with prometheus_client's own parser.
