@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <set>
 #include <thread>
@@ -337,7 +338,9 @@ std::string Located(std::string message, const CLI::App& app, const std::string&
 // Turns the parsed flags into settings.
 Result<DaemonSettings> Resolve(const CLI::App& app, const RawOptions& raw) {
   DaemonSettings s;
-  s.config_file = app.get_config_ptr()->as<std::string>();
+  if (const std::string path = app.get_config_ptr()->as<std::string>(); !path.empty()) {
+    s.config_file = std::filesystem::absolute(path).lexically_normal();
+  }
   s.check_config = raw.check_config;
   s.values = ValuesOf(app);
 

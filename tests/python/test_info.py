@@ -97,6 +97,26 @@ def test_store_status(gpu_client, gpu_daemon):
     assert d["scheduler"]["bandwidths_measured"] is True
 
 
+def test_status_lists_the_daemons_settings(client, tmp_path):
+    status = client.status()
+    settings = {s.name: s.value for s in status.settings}
+    assert isinstance(status.settings[0], depot.Setting)
+    assert settings["memory"] == "256MiB"  # conftest's daemon
+    assert settings["segment-size"] == "64MiB"
+    assert settings["log-level"] == "warn"
+    assert status.config_file == ""
+    # From a configuration file: its path, and its values under the flags'.
+    config = tmp_path / "depotd.toml"
+    config.write_text('client-max-objects = 9\nmemory = "128MiB"\n')
+    with depot.start_daemon(memory="32MiB", args=["--config", str(config)]) as d, d.client() as c:
+        status = c.status()
+        settings = {s.name: s.value for s in status.settings}
+        assert status.config_file == str(config)
+        assert settings["client-max-objects"] == "9"
+        assert settings["memory"] == "32MiB"  # start_daemon's flag wins
+        assert status.capacity_bytes == 32 << 20
+
+
 def test_gpu_info(gpu_client):
     for gpu in gpu_client.gpus():
         d = check_record(gpu)

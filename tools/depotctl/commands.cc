@@ -360,6 +360,8 @@ Status ShowStatus(const std::string& socket, bool json) {
       {"daemon", "depotd " + s.daemon_version + ", pid " + std::to_string(s.pid) + ", up " +
                      FormatAge(s.uptime_ns)},
       {"socket", s.socket_path},
+      {"settings",
+       (s.config_file.empty() ? "from flags" : "from " + s.config_file) + " (--json lists them)"},
       {"arena", s.arena_backend + ": " + FormatSize(s.capacity_bytes) + " capacity, " +
                     FormatSize(s.mapped_bytes) + " mapped in " + Count(s.segments, "segment") +
                     (s.arena_page_locked_bytes == 0 ? std::string()
