@@ -11,7 +11,8 @@ root=$(mktemp -d "${TMPDIR:-/tmp}/depot-debian12-XXXXXX")
 chmod 755 "$root"  # the root of the new system: its users must traverse it
 cleanup() {
   umount "$root/proc" 2>/dev/null || true
-  rm -rf "$root"
+  # Never delete through a /proc still mounted.
+  mountpoint -q "$root/proc" || rm -rf --one-file-system "$root"
 }
 trap cleanup EXIT
 debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian > "$root.log" 2>&1 ||
@@ -29,13 +30,13 @@ chroot "$root" sh -ec "
   install -d -o depot -g depot -m 750 /run/depot
   setpriv --reuid=depot --regid=depot --init-groups \
     depotd --config /etc/depot/depotd.toml --memory 64MiB > /tmp/depotd.log 2>&1 &
-  for i in \$(seq 100); do [ -S /run/depot/depot.sock ] && break; sleep 0.1; done
+  daemon=\$!
+  trap 'kill \$daemon 2> /dev/null || true' EXIT
+  export DEPOT_SOCKET=/run/depot/depot.sock DEPOT_DAEMON_UID=\$(id -u depot)
+  for i in \$(seq 100); do depotctl status > /dev/null 2>&1 && break; sleep 0.1; done
   ls -l /run/depot/depot.sock || { cat /tmp/depotd.log; exit 1; }
   echo hello > /tmp/object
-  export DEPOT_SOCKET=/run/depot/depot.sock DEPOT_DAEMON_UID=\$(id -u depot)
   depotctl put /tmp/object --name greeting
   depotctl get greeting -o /tmp/copy && cmp /tmp/object /tmp/copy
-  kill \$!
-  wait \$! || true
 "
 echo "apt install into a fresh Debian 12: ok"

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -245,10 +246,10 @@ Result<uint64_t> SizeOf(const std::string& flag, const std::string& text) {
   return size;
 }
 
-// Every configurable setting's value as a configuration file would write it, from the
-// option's own rendering.
+// Every configurable setting's value as a configuration file would write it (CLI11's own
+// rendering), in the order --help lists them; "" for one that is not set and has no default.
 std::vector<SettingValue> ValuesOf(const CLI::App& app) {
-  std::vector<SettingValue> values;
+  std::map<std::string, std::string, std::less<>> rendered;
   std::istringstream lines(app.config_to_str(/*default_also=*/true, /*write_description=*/false));
   for (std::string line; std::getline(lines, line);) {
     const size_t eq = line.find('=');
@@ -257,7 +258,14 @@ std::vector<SettingValue> ValuesOf(const CLI::App& app) {
     if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
       value = value.substr(1, value.size() - 2);
     }
-    values.push_back({line.substr(0, eq), std::move(value)});
+    rendered[line.substr(0, eq)] = std::move(value);
+  }
+  std::vector<SettingValue> values;
+  for (const CLI::Option* option : app.get_options()) {
+    if (!option->get_configurable() || option->get_lnames().empty()) continue;
+    const std::string& name = option->get_lnames().front();
+    const auto it = rendered.find(name);
+    values.push_back({name, it == rendered.end() ? std::string() : it->second});
   }
   return values;
 }
@@ -299,6 +307,10 @@ Result<std::set<std::string, std::less<>>> CheckKeys(const CLI::App& app, const 
       return Status::InvalidArgument(path + ": [" + item.parents.front() +
                                      "]: the file has no sections; write every key at the top");
     }
+    if (item.name == "config" || item.name == "check-config") {
+      return Status::InvalidArgument(path + ": " + item.name +
+                                     " is a flag of the command line only, not a setting");
+    }
     if (!known.contains(item.name)) {
       std::string message = path + ": unknown key '" + item.name + "'";
       const auto closest = std::min_element(known.begin(), known.end(), [&](auto& a, auto& b) {
@@ -318,21 +330,24 @@ Result<std::set<std::string, std::less<>>> CheckKeys(const CLI::App& app, const 
   return keys;
 }
 
-// `message` about a flag ("--memory: ..."), saying that the value came from `path` when the
-// file sets it and the command line does not.
+// `message` about a flag ("--memory: ...", or CLI11's "Could not convert: --workers = x"),
+// saying that the value came from `path` when the file sets it and the command line does not.
 std::string Located(std::string message, const CLI::App& app, const std::string& path,
                     const std::set<std::string, std::less<>>& file_keys,
                     const std::vector<std::string>& args) {
-  if (path.empty() || message.rfind("--", 0) != 0) return message;
-  const std::string flag = message.substr(0, message.find(':'));
+  const size_t start = message.find("--");
+  if (path.empty() || start == std::string::npos) return message;
+  const size_t end = message.find_first_not_of("abcdefghijklmnopqrstuvwxyz-", start + 2);
+  const std::string flag = message.substr(start, end - start);
   const std::string key = flag.substr(2);
   const bool on_command_line = std::any_of(args.begin(), args.end(), [&](const std::string& arg) {
     return arg == flag || arg.rfind(flag + "=", 0) == 0;
   });
-  if (file_keys.contains(key) && !on_command_line && app.get_option_no_throw(flag) != nullptr) {
-    return path + ": " + key + message.substr(flag.size());
+  if (!file_keys.contains(key) || on_command_line || app.get_option_no_throw(flag) == nullptr) {
+    return message;
   }
-  return message;
+  if (start == 0) return path + ": " + key + message.substr(flag.size());  // "--key: why"
+  return path + ": " + key + ": " + message;
 }
 
 // Turns the parsed flags into settings.
@@ -427,15 +442,15 @@ Result<DaemonSettings> Parse(CLI::App& app, RawOptions& raw, int argc, const cha
   std::string parse_error;
   try {
     app.parse(argc, argv);
+  } catch (const CLI::FileError& e) {
+    return Status::InvalidArgument(e.what());  // the file named cannot be read
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) throw;
     parse_error = e.what();
   }
-  // The file as CLI11 found it (a file named on the command line that cannot be read is a
-  // parse error of its own).
   const std::string path = app.get_config_ptr()->as<std::string>();
   std::set<std::string, std::less<>> file_keys;
-  if (!path.empty() && parse_error.find(path) == std::string::npos) {
+  if (!path.empty()) {
     DEPOT_ASSIGN_OR_RETURN(file_keys, CheckKeys(app, path));
   }
   if (!parse_error.empty()) {

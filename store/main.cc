@@ -24,7 +24,6 @@
 #include <string_view>
 #include <vector>
 
-#include "depot/ipc/protocol.h"
 #include "depot/ipc/units.h"
 #include "store/arena.h"
 #include "store/daemon_options.h"
@@ -122,12 +121,16 @@ void Reload(const std::vector<std::string>& args, depot::store::DaemonSettings& 
   server.SetSettings(running.config_file, running.values);
   // What changed is said at the more verbose of the two levels, then the new one holds.
   spdlog::set_level(std::min(was, level));
-  for (const auto& [was, now] : changes.applied) {
-    spdlog::info("SIGHUP: {} is now {} (was {})", now.name, now.value, was.value);
+  auto shown = [](const std::string& value) {
+    return value.empty() ? std::string("(not set)") : value;
+  };
+  for (const auto& [before, after] : changes.applied) {
+    spdlog::info("SIGHUP: {} is now {} (was {})", after.name, shown(after.value),
+                 shown(before.value));
   }
-  for (const auto& [was, now] : changes.need_restart) {
-    spdlog::warn("SIGHUP: {} is {} in {} but stays {} until depotd restarts", now.name, now.value,
-                 source, was.value);
+  for (const auto& [before, after] : changes.need_restart) {
+    spdlog::warn("SIGHUP: {} is {} in {} but stays {} until depotd restarts", after.name,
+                 shown(after.value), source, shown(before.value));
   }
   if (changes.applied.empty() && changes.need_restart.empty()) {
     spdlog::info("SIGHUP: read {} again; nothing changed", source);
@@ -138,6 +141,10 @@ void Reload(const std::vector<std::string>& args, depot::store::DaemonSettings& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First of all: a SIGHUP (systemctl reload) or SIGTERM that comes while depotd starts
+  // waits for the loop instead of killing it.
+  auto signal_fd = BlockSignals();
+  if (!signal_fd.ok()) return Fail(signal_fd.status());
   const depot::store::CommandLine command_line = depot::store::ParseCommandLine(argc, argv);
   if (command_line.exit_code) return *command_line.exit_code;
   depot::store::DaemonSettings settings = command_line.settings;
@@ -163,8 +170,6 @@ int main(int argc, char** argv) {
   // Before the arena is made: a second daemon on a busy socket should fail fast.
   if (Status st = depot::store::Server::ClaimSocketPath(s.socket_path); !st.ok()) return Fail(st);
 
-  auto signal_fd = BlockSignals();
-  if (!signal_fd.ok()) return Fail(signal_fd.status());
   boost::asio::io_context loop(1);
   boost::asio::posix::stream_descriptor signals(loop, *signal_fd);
   // A pidfd of --exit-with-pid's process: readable once that process has exited.
@@ -212,10 +217,17 @@ int main(int argc, char** argv) {
     if (s.scheduler.measure_bandwidths && s.bandwidth_probe > 0) {
       store.ProbeCopyRates(s.bandwidth_probe);
     }
-    depot::store::Server server(
-        loop, store,
-        {s.socket_path, s.socket_mode, s.socket_group, s.max_frame, s.max_batch, s.metrics,
-         (*gpus)->description, s.share_uids, s.share_gids, s.scheduler});
+    depot::store::Server server(loop, store,
+                                {.socket_path = s.socket_path,
+                                 .socket_mode = s.socket_mode,
+                                 .socket_group = s.socket_group,
+                                 .max_frame_bytes = s.max_frame,
+                                 .max_batch = s.max_batch,
+                                 .metrics = s.metrics,
+                                 .device_backend = (*gpus)->description,
+                                 .share_uids = s.share_uids,
+                                 .share_gids = s.share_gids,
+                                 .scheduler = s.scheduler});
     server.SetSettings(s.config_file, s.values);
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
     auto shut_down = [&] {

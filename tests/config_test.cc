@@ -188,6 +188,8 @@ TEST(ConfigTest, ABadValueFailsNamingTheKeyAndTheFile) {
        "share-with-group: 'no-such-group-here' is not a group of this host"},
       {"socket-group = \"no-such-group-here\"\n", "socket-group: 'no-such-group-here'"},
       {"lease-entries = 3\n", "not a power of two"},
+      {"client-max-objects = \"lots\"\n", "client-max-objects: Could not convert"},
+      {"config = \"other.toml\"\n", "config is a flag of the command line only"},
       {"spill-dir = \"/tmp/x\"\nno-evict = true\n", "do not go together"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -232,7 +234,8 @@ TEST(ConfigTest, SighupAppliesLogLevelAndLimitsAndNamesWhatTakesARestart) {
 
   WriteFile(files, "depotd.toml",
             "memory = \"32MiB\"\nsegment-size = \"16MiB\"\nlog-level = \"warn\"\n"
-            "client-max-objects = 1\nmetadata-budget = \"512MiB\"\nno-gpus = true\n");
+            "client-max-objects = 1\nmetadata-budget = \"512MiB\"\nno-gpus = true\n"
+            "spill-dir = \"/tmp/depot-spill\"\n");
   ASSERT_EQ(::kill(daemon.pid(), SIGHUP), 0);
   auto status = AwaitStatus(
       client, [](const StoreStatus& s) { return SettingsOf(s).at("log-level") == "warn"; });
@@ -249,6 +252,11 @@ TEST(ConfigTest, SighupAppliesLogLevelAndLimitsAndNamesWhatTakesARestart) {
   EXPECT_NE(
       log.find("SIGHUP: memory is 32MiB in " + config + " but stays 64MiB until depotd restarts"),
       std::string::npos)
+      << log;
+  // A setting the file did not have before, and has no default, is a change too.
+  EXPECT_NE(log.find("SIGHUP: spill-dir is /tmp/depot-spill in " + config +
+                     " but stays (not set) until depotd restarts"),
+            std::string::npos)
       << log;
 
   // The new limit holds for the next create; the new level for the next session.

@@ -4,10 +4,11 @@
 # find_package (the shared and the static library) and with pkg-config; and the installed
 # depotd, started from the installed configuration, serves those programs.
 #
-#   consumer_test.sh BUILD_DIR SOURCE_DIR
+#   consumer_test.sh BUILD_DIR SOURCE_DIR LIBDIR      (LIBDIR: CMAKE_INSTALL_LIBDIR, e.g. lib)
 set -eu
 build=$1
 source=$2
+libdir=$3
 work=$(mktemp -d "${TMPDIR:-/tmp}/depot-install-XXXXXX")
 daemon=
 cleanup() {
@@ -28,11 +29,11 @@ headers=$(cd "$prefix/include" && find . -type f | sort | tr '\n' ' ')
 [ "$headers" = "./depot/buffer.h ./depot/client.h ./depot/device_buffer.h ./depot/object_id.h ./depot/status.h ./depot/task.h ./depot/worker.h " ] ||
   fail "installed headers: $headers"
 if grep -rn 'capnp\|kj/\|depot/ipc' "$prefix/include"; then fail "a public header names an internal one"; fi
-for f in bin/depotd bin/depotctl lib/libdepot_client.a lib/cmake/depot/depotConfig.cmake \
-  lib/pkgconfig/depot.pc lib/systemd/system/depotd.service etc/depot/depotd.toml; do
+for f in bin/depotd bin/depotctl $libdir/libdepot_client.a $libdir/cmake/depot/depotConfig.cmake \
+  $libdir/pkgconfig/depot.pc lib/systemd/system/depotd.service etc/depot/depotd.toml; do
   [ -e "$prefix/$f" ] || fail "$f was not installed"
 done
-[ -e "$prefix/lib/libdepot_client.so" ] || fail "lib/libdepot_client.so was not installed"
+[ -e "$prefix/$libdir/libdepot_client.so" ] || fail "lib/libdepot_client.so was not installed"
 
 # The unit, as systemd reads it (systemd-analyze comes with the systemd package, which
 # scripts/install-deps.sh installs).
@@ -54,12 +55,12 @@ done
 if ldd "$work/example-static/depot_example" | grep -q depot_client; then
   fail "the static example links libdepot_client.so"
 fi
-ldd "$work/example-shared/depot_example" | grep -q "libdepot_client.so.* => $prefix/lib/" ||
+ldd "$work/example-shared/depot_example" | grep -q "libdepot_client.so.* => $prefix/$libdir/" ||
   fail "the shared example does not link the installed libdepot_client.so"
 # And with pkg-config, as a Makefile would.
-flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs depot)
+flags=$(PKG_CONFIG_PATH="$prefix/$libdir/pkgconfig" pkg-config --cflags --libs depot)
 c++ -std=c++20 "$source/examples/cpp/main.cc" -o "$work/example-pkgconfig" $flags \
-  -Wl,-rpath,"$prefix/lib" || fail "building with pkg-config ($flags)"
+  -Wl,-rpath,"$prefix/$libdir" || fail "building with pkg-config ($flags)"
 
 # The installed daemon, from the installed configuration; the flags put its socket here and
 # give it this user's group instead of a depot group.

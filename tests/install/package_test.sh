@@ -3,12 +3,13 @@
 # files it holds, lintian (no errors), and that it unpacks into a fresh root (dpkg --root)
 # whose depotd runs and accepts the packaged configuration.
 #
-#   package_test.sh BUILD_DIR
+#   package_test.sh BUILD_DIR LIBDIR      (LIBDIR: CMAKE_INSTALL_LIBDIR, e.g. lib)
 #
 # scripts/check-package.sh goes further where debootstrap and a Debian mirror are at hand:
 # apt install of the package into a fresh Debian 12 root.
 set -eu
 build=$1
+libdir=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/depot-package-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail() {
@@ -30,8 +31,8 @@ dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/depot/depot
   fail "/etc/depot/depotd.toml is not a conffile"
 contents=$(dpkg-deb --contents "$deb" | awk '{print $6}')
 for f in ./usr/bin/depotd ./usr/bin/depotctl ./usr/include/depot/client.h \
-  ./usr/lib/libdepot_client.so.0.1.0 ./usr/lib/libdepot_client.a \
-  ./usr/lib/cmake/depot/depotConfig.cmake ./usr/lib/pkgconfig/depot.pc \
+  ./usr/$libdir/libdepot_client.so.0.1.0 ./usr/$libdir/libdepot_client.a \
+  ./usr/$libdir/cmake/depot/depotConfig.cmake ./usr/$libdir/pkgconfig/depot.pc \
   ./usr/lib/systemd/system/depotd.service ./usr/lib/sysusers.d/depot.conf \
   ./etc/depot/depotd.toml ./usr/share/doc/depot/copyright; do
   echo "$contents" | grep -qx "$f" || fail "the package lacks $f"
@@ -40,6 +41,7 @@ if echo "$contents" | grep -q 'include/depot/ipc\|capnp'; then fail "internal he
 
 # lintian: errors fail; warnings are those of one package holding a library with its -dev
 # files and a daemon without manual pages (README, "Operating depotd").
+command -v lintian > /dev/null || fail "lintian is missing (scripts/install-deps.sh installs it)"
 lintian --tag-display-limit 0 "$deb" > "$work/lintian.log" 2>&1 || true
 if grep '^E:' "$work/lintian.log"; then fail "lintian errors"; fi
 
