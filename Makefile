@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 # Flags for `make run`, e.g. make run DEPOTD_ARGS="--memory 8GiB"
 DEPOTD_ARGS ?=
 
-.PHONY: all deps build install package run test test-release test-asan test-tsan test-python format-check bench format clean
+.PHONY: all deps build install package wheel run test test-release test-asan test-tsan test-python format-check bench format clean
 
 all: build
 
@@ -74,7 +74,7 @@ test-tsan: deps $(TSAN_BUILD)/build.ninja
 
 # The Python package: `pip install .` into a venv under $(PY_BUILD) (so the packaging is tested
 # too; the CMake build is kept in $(PY_BUILD)/<wheel tag> between runs), then pytest against
-# private daemons (tests/python).
+# private daemons (tests/python), then the wheel for other machines (make wheel).
 test-python: deps
 	test -x $(PY_BUILD)/venv/bin/python || $(PYTHON) -m venv $(PY_BUILD)/venv
 	$(PY_BUILD)/venv/bin/python -m pip install --quiet --disable-pip-version-check pytest numpy \
@@ -82,6 +82,13 @@ test-python: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_BUILD)/venv/bin/python -m pip install --quiet \
 	  --disable-pip-version-check --config-settings=build-dir='$(abspath $(PY_BUILD))/{wheel_tag}' .
 	$(PY_BUILD)/venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+	scripts/build-wheel.sh $(PY_BUILD)/venv/bin/python $(PY_BUILD)/dist
+
+# The wheel for other machines, in $(PY_BUILD)/dist: the libraries depotd, depotctl and the
+# module need beyond glibc and libstdc++ are inside (auditwheel), checked by the script.
+wheel: deps
+	test -x $(PY_BUILD)/venv/bin/python || $(PYTHON) -m venv $(PY_BUILD)/venv
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) scripts/build-wheel.sh $(PY_BUILD)/venv/bin/python $(PY_BUILD)/dist
 
 # Runs every benchmark program (see bench/README.md).
 bench: build
