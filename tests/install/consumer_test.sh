@@ -2,7 +2,8 @@
 # Installs the build into a fresh prefix (cmake --install), then checks it as another project
 # would use it: only public headers are there; examples/cpp builds against it with
 # find_package (the shared and the static library) and with pkg-config; and the installed
-# depotd, started from the installed configuration, serves those programs.
+# depotd, started from the installed configuration, serves those programs, runs with the
+# file's settings, reloads on SIGHUP, and refuses a file with a bad key or value.
 #
 #   consumer_test.sh BUILD_DIR SOURCE_DIR LIBDIR      (LIBDIR: CMAKE_INSTALL_LIBDIR, e.g. lib)
 set -eu
@@ -94,6 +95,45 @@ for program in example-shared/depot_example example-static/depot_example example
   "$prefix/bin/depotctl" --socket "$socket" rm depot-example/greeting > /dev/null ||
     fail "depotctl rm after $program"
 done
+# Its settings are the installed file's, under the flags.
+setting() {
+  "$prefix/bin/depotctl" --socket "$socket" status --json |
+    python3 -c "import json, sys; print(json.load(sys.stdin)['settings']['$1'])"
+}
+[ "$(setting memory)" = 64MiB ] || fail "memory: $(setting memory)"
+[ "$(setting socket-mode)" = 0660 ] || fail "socket-mode: $(setting socket-mode)"
+[ "$(setting log-level)" = info ] || fail "log-level: $(setting log-level)"
+[ "$(stat -c %a "$socket")" = 660 ] || fail "the socket's mode: $(stat -c %a "$socket")"
+
+# SIGHUP (systemctl reload) applies a changed log level from the file.
+sed -i 's/^log-level = "info"$/log-level = "debug"/' "$config"
+kill -HUP "$daemon"
+tries=0
+until [ "$(setting log-level)" = debug ]; do
+  tries=$((tries + 1))
+  [ $tries -lt 100 ] || fail "the reload did not show within 10 s: $(cat "$work/depotd.log")"
+  sleep 0.1
+done
+grep -q "SIGHUP: log-level is now debug (was info)" "$work/depotd.log" ||
+  fail "the reload was not logged: $(cat "$work/depotd.log")"
+
+# A key the daemon does not know, and a value it cannot use, stop it naming them.
+sed 's/^memory = .*/memroy = "1GiB"/' "$config" > "$work/typo.toml"
+if "$prefix/bin/depotd" --config "$work/typo.toml" --check-config > "$work/typo.log" 2>&1; then
+  fail "a file with an unknown key checks"
+fi
+grep -q "$work/typo.toml: unknown key 'memroy' (did you mean 'memory'?)" "$work/typo.log" ||
+  fail "unknown key: $(cat "$work/typo.log")"
+sed 's/^memory = .*/memory = "lots"/' "$config" > "$work/bad.toml"
+"$prefix/bin/depotd" --config "$work/bad.toml" --memory=8GiB --socket-group "$(id -g)" \
+  --share-with-group "$(id -g)" --check-config > /dev/null || fail "a flag overrides the file"
+if "$prefix/bin/depotd" --config "$work/bad.toml" --socket-group "$(id -g)" \
+  --share-with-group "$(id -g)" --check-config > "$work/bad.log" 2>&1; then
+  fail "a file with a bad value checks"
+fi
+grep -q "$work/bad.toml: memory: 'lots' is not a size" "$work/bad.log" ||
+  fail "bad value: $(cat "$work/bad.log")"
+
 kill "$daemon"
 wait "$daemon" || fail "depotd exited with $? after SIGTERM: $(cat "$work/depotd.log")"
 daemon=
