@@ -2,8 +2,10 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <spdlog/pattern_formatter.h>
@@ -15,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -80,6 +83,27 @@ void SetUpLogging(const std::string& level) {
   } else {
     spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [depotd] [%^%l%$] %v");
   }
+}
+
+// Tells systemd how the daemon is (sd_notify(3), for Type=notify): "READY=1" once clients
+// can connect, "RELOADING=1" while a SIGHUP is applied, "STOPPING=1" on the way out. A
+// datagram to the socket $NOTIFY_SOCKET names; nothing without it.
+void Notify(const std::string& state) {
+  const char* path = std::getenv("NOTIFY_SOCKET");
+  sockaddr_un address{};
+  if (path == nullptr || path[0] == '\0' || std::strlen(path) >= sizeof address.sun_path) return;
+  address.sun_family = AF_UNIX;
+  const size_t length = std::strlen(path);
+  std::memcpy(address.sun_path, path, length);
+  if (address.sun_path[0] == '@') address.sun_path[0] = '\0';  // an abstract socket
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  if (::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL,
+               reinterpret_cast<const sockaddr*>(&address),
+               static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + length)) < 0) {
+    spdlog::warn("cannot notify systemd at {}: {}", path, std::strerror(errno));
+  }
+  ::close(fd);
 }
 
 // Blocks SIGINT, SIGTERM and SIGHUP in the calling thread, and so in every thread it starts
@@ -231,6 +255,7 @@ int main(int argc, char** argv) {
     server.SetSettings(s.config_file, s.values);
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });
     auto shut_down = [&] {
+      Notify("STOPPING=1");
       server.Shutdown();
       metrics_http.Close();
       loop.stop();
@@ -245,7 +270,9 @@ int main(int argc, char** argv) {
                               [&](const boost::system::error_code& ec, size_t) {
                                 if (ec) return;
                                 if (received.ssi_signo == SIGHUP) {
+                                  Notify("RELOADING=1");
                                   Reload(args, settings, store, server);
+                                  Notify("READY=1");
                                   return read_signal();
                                 }
                                 spdlog::info("received SIG{}, shutting down",
@@ -276,6 +303,7 @@ int main(int argc, char** argv) {
                  depot::ipc::FormatSize((*arena)->capacity()), (*arena)->backend(),
                  depot::ipc::FormatSize((*arena)->segment_size()), s.evict ? "on" : "off",
                  s.config_file.empty() ? "" : ", settings from " + s.config_file);
+    Notify("READY=1\nSTATUS=listening on " + s.socket_path);
     loop.run();
     pool.join();
   }

@@ -1,13 +1,17 @@
 // depotd's configuration file (--config), --check-config, SIGHUP reloads, the socket's
 // group and the journal's log format: against the real daemon binary.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -335,6 +339,50 @@ TEST(ConfigTest, UnderSystemdTheLogCarriesTheJournalsPriorities) {
     listening = listening || line.rfind("<6>depotd ", 0) == 0;
   }
   EXPECT_TRUE(listening) << lines.front();
+}
+
+// The next datagram on `fd`, or "" if none comes within kDeadline.
+std::string NextDatagram(int fd) {
+  pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+  if (::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(kDeadline).count())) != 1) {
+    return "";
+  }
+  char buffer[512];
+  const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+  return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : "";
+}
+
+TEST(ConfigTest, UnderSystemdItSaysWhenItIsReadyReloadingAndStopping) {
+  TempDir dir;
+  const std::string socket = dir.path() + "/d.sock";
+  const std::string notify = dir.path() + "/notify";
+  // What systemd listens on for a Type=notify service.
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un address{.sun_family = AF_UNIX, .sun_path = {}};
+  std::memcpy(address.sun_path, notify.c_str(), notify.size());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address), 0);
+  ::setenv("NOTIFY_SOCKET", notify.c_str(), 1);
+  const int log_fd =
+      ::open((dir.path() + "/depotd.log").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(log_fd, 0);
+  std::string error;
+  pid_t pid = launch::Spawn({DEPOT_DAEMON_PATH, "--socket", socket, "--memory", "16MiB",
+                             "--segment-size", "8MiB", "--no-gpus"},
+                            {.output_fd = log_fd}, &error);
+  ::unsetenv("NOTIFY_SOCKET");
+  ::close(log_fd);
+  ASSERT_GT(pid, 0) << error;
+  const std::string ready = NextDatagram(fd);
+  EXPECT_EQ(ready, "READY=1\nSTATUS=listening on " + socket);
+  // Ready means clients can connect.
+  EXPECT_TRUE(launch::Accepts(socket));
+  ASSERT_EQ(::kill(pid, SIGHUP), 0);
+  EXPECT_EQ(NextDatagram(fd), "RELOADING=1");
+  EXPECT_EQ(NextDatagram(fd), "READY=1");
+  EXPECT_EQ(launch::Terminate(pid, kDeadline), std::optional<int>(0));
+  EXPECT_EQ(NextDatagram(fd), "STOPPING=1");
+  ::close(fd);
 }
 
 }  // namespace
