@@ -98,6 +98,10 @@ struct Request {
   struct Handoff {
     ids @0 :List(Id);
     device @1 :Int32 = -1;
+    # 0: the group holds each reference until it is claimed or the group ends. Otherwise it
+    # also gives one back after this many milliseconds if nobody has claimed it (a claim
+    # takes the reference that would expire first).
+    ttlMs @2 :UInt32;
   }
 
   struct RegisterWorker {

@@ -31,7 +31,8 @@ ObjectStore::ObjectStore(boost::asio::io_context& loop, Executor& executor, Aren
       accounts_(limits, static_cast<int32_t>(gpus_.size() + 1)),
       waiting_(loop, accounts_),
       tiers_(table_, policy_, executor, arena, gpus_, disk, eviction, *this),
-      policy_(table_, tiers_.pools(), disk != nullptr && eviction) {
+      policy_(table_, tiers_.pools(), disk != nullptr && eviction),
+      handoff_timer_(loop) {
   leases_.OnEnded([this](uint32_t slot) { LeaseEnded(slot); });
 }
 
@@ -94,6 +95,10 @@ void ObjectStore::RemoveClient(ClientId client) {
   Account* account = accounts_.Find(client);
   if (account == nullptr) return;
   waiting_.DropClient(client);
+  // A group's deadlines go with it (its references are dropped below).
+  if (const uint64_t charged = handoff_deadlines_.ForgetGroup(client); charged != 0) {
+    accounts_.CountMetadata(client, -static_cast<int64_t>(charged));
+  }
   // Drop every reference; the last reference to an unsealed object aborts it.
   std::vector<std::pair<uint64_t, uint32_t>> refs(account->refs.begin(), account->refs.end());
   for (auto [key, count] : refs) {
@@ -703,7 +708,8 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
 }
 
 Result<std::vector<StatusCode>> ObjectStore::Handoff(ClientId client, ClientId group,
-                                                     std::span<const ObjectId> ids, int32_t tier) {
+                                                     std::span<const ObjectId> ids, int32_t tier,
+                                                     uint32_t ttl_ms) {
   // Checked first: a reference key keeps 8 bits of the tier.
   DEPOT_RETURN_NOT_OK(CheckTier(tier));
   Account& sender = accounts_.at(client);
@@ -722,13 +728,46 @@ Result<std::vector<StatusCode>> ObjectStore::Handoff(ClientId client, ClientId g
     } else if (held == 0 && accounts_.RefsOf(sender, slot, tier) == 0) {
       // Neither the sender nor the group holds it there: not the sender's to hand over.
       out.push_back(StatusCode::kNotHeld);
+    } else if (ttl_ms != 0 &&
+               !accounts_.CheckMetadata(group, holder, HandoffDeadlines::kBytes).ok()) {
+      out.push_back(StatusCode::kLimitExceeded);  // the deadline is daemon memory
     } else {
       out.push_back(StatusCode::kOk);
       AddRef(holder, slot, tier);
       if (!table_.IsDeletePending(slot)) MarkDeleted(slot);
+      if (ttl_ms != 0) {
+        handoff_deadlines_.Add({group, slot, tier}, ipc::MonotonicNanos() + ttl_ms * 1'000'000ull);
+        accounts_.CountMetadata(group, HandoffDeadlines::kBytes);
+      }
     }
   }
+  if (ttl_ms != 0) ArmHandoffTimer();
   return out;
+}
+
+void ObjectStore::ArmHandoffTimer() {
+  const uint64_t next = handoff_deadlines_.next();
+  if (next == 0 || (handoff_timer_at_ != 0 && handoff_timer_at_ <= next)) return;
+  handoff_timer_at_ = next;
+  const uint64_t now = ipc::MonotonicNanos();
+  handoff_timer_.expires_after(std::chrono::nanoseconds(next > now ? next - now : 0));
+  handoff_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;  // cancelled: a sooner deadline set it again, or the store is going
+    handoff_timer_at_ = 0;
+    ExpireHandoffs();
+  });
+}
+
+void ObjectStore::ExpireHandoffs() {
+  std::map<ClientId, uint64_t> freed;
+  for (const HandoffDeadlines::Key& key :
+       handoff_deadlines_.Expire(ipc::MonotonicNanos(), &freed)) {
+    if (Account* group = accounts_.Find(key.group)) DropRef(*group, key.slot, key.tier);
+  }
+  for (const auto& [group, bytes] : freed) {
+    accounts_.CountMetadata(group, -static_cast<int64_t>(bytes));
+  }
+  ArmHandoffTimer();
 }
 
 Result<std::vector<GetResult>> ObjectStore::Claim(ClientId client, ClientId group,
@@ -753,6 +792,7 @@ Result<std::vector<GetResult>> ObjectStore::Claim(ClientId client, ClientId grou
     }
     // The group's reference keeps the replica ready there, so a get is granted at once.
     out.push_back(Grant(&claimer, slot, tier, now));
+    handoff_deadlines_.Claimed({group, slot, tier});
     DropRef(holder, slot, tier);
     counters_.get_hits++;
   }

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -48,6 +49,7 @@
 #include "store/eviction_policy.h"
 #include "store/executor.h"
 #include "store/gpu/pool.h"
+#include "store/handoff_deadlines.h"
 #include "store/header_table.h"
 #include "store/leases.h"
 #include "store/log_limiter.h"
@@ -239,10 +241,13 @@ class ObjectStore final : private Tiers::Owner {
   // object's replica on `tier`, and the object is deleted (it goes once the group and those
   // who claim it let go). The client must hold a reference there, or the group one already
   // (a value sent again). Per id: kOk, kNotFound, kNotSealed (being created), kNotHeld,
-  // kLimitExceeded (the group holds kMaxHandoffs of it). Fails as a whole for a bad tier.
+  // kLimitExceeded (the group holds kMaxHandoffs of it, or a deadline would pass the group's
+  // metadata limits). With `ttl_ms` > 0 the group gives each reference back after that long
+  // if nobody has claimed it (HandoffDeadlines). Fails as a whole for a bad tier.
   static constexpr uint32_t kMaxHandoffs = 1u << 20;
   Result<std::vector<StatusCode>> Handoff(ClientId client, ClientId group,
-                                          std::span<const ObjectId> ids, int32_t tier);
+                                          std::span<const ObjectId> ids, int32_t tier,
+                                          uint32_t ttl_ms = 0);
   // Moves one of `group`'s references to each of `ids` on `tier` to `client`, answered as a
   // get there (a location granting the reference), or kNotHeld, with a message, where the
   // group holds none. Never waits. Fails as a whole for a bad tier.
@@ -417,6 +422,10 @@ class ObjectStore final : private Tiers::Owner {
   void FinishVerify(const std::shared_ptr<VerifyRun>& run);
   // Delivers an event to the listeners, after the current change (StoreListener).
   void Notify(std::function<void(StoreListener&)> event);
+  // Gives back the handed-off references whose deadlines have passed, and sets the timer
+  // for the next.
+  void ExpireHandoffs();
+  void ArmHandoffTimer();
 
   Executor& executor_;
   Arena& arena_;
@@ -429,6 +438,10 @@ class ObjectStore final : private Tiers::Owner {
   WaitingGets waiting_;
   Tiers tiers_;
   EvictionPolicy policy_;
+
+  HandoffDeadlines handoff_deadlines_;
+  boost::asio::steady_timer handoff_timer_;
+  uint64_t handoff_timer_at_ = 0;  // when the timer fires (MonotonicNanos); 0: not set
 
   std::unordered_set<ObjectId> creating_;  // GPU creates waiting for room
   std::vector<StoreListener*> listeners_;

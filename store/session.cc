@@ -692,7 +692,7 @@ void Session::HandleHandoff(uint64_t rid, wire::Request::Handoff::Reader handoff
     return Observe(RequestType::kHandoff, start);
   }
   Result<std::vector<StatusCode>> codes =
-      store_.Handoff(id_, *group_, *wanted, handoff.getDevice());
+      store_.Handoff(id_, *group_, *wanted, handoff.getDevice(), handoff.getTtlMs());
   if (!codes.ok()) {
     SendError(rid, codes.status());
     return Observe(RequestType::kHandoff, start);

@@ -60,11 +60,37 @@ std::unique_ptr<RawSession> RawMember(const TestDaemon& daemon, const std::strin
 
 // Puts `bytes` as `id` and hands it off, holding the creator's reference
 // meanwhile.
-Status PutAndHandOff(Client& client, const ObjectId& id, std::span<const std::byte> bytes) {
+Status PutAndHandOff(Client& client, const ObjectId& id, std::span<const std::byte> bytes,
+                     std::chrono::milliseconds ttl = std::chrono::milliseconds(0)) {
   DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, client.Create(id, bytes.size()));
   std::memcpy(buffer.ptr(), bytes.data(), bytes.size());
   DEPOT_RETURN_NOT_OK(client.Seal(id));
-  return client.Handoff(std::span(&id, 1));
+  return client.Handoff(std::span(&id, 1), Client::kHostMemory, ttl);
+}
+
+// Puts `bytes` as `id`; the buffer holds the creator's reference while it lives.
+Result<MutableBuffer> Put(Client& client, const ObjectId& id, std::span<const std::byte> bytes) {
+  DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, client.Create(id, bytes.size()));
+  std::memcpy(buffer.ptr(), bytes.data(), bytes.size());
+  DEPOT_RETURN_NOT_OK(client.Seal(id));
+  return buffer;
+}
+
+// The daemon memory kept for clients (StoreStatus::metadata_bytes) once it is `expected`,
+// waiting up to kSettle: a handoff's deadline is charged until it has passed.
+uint64_t MetadataBytes(Client& client, uint64_t expected) {
+  const auto deadline = std::chrono::steady_clock::now() + kSettle;
+  for (;;) {
+    auto status = client.GetStatus();
+    if (!status.ok()) {
+      ADD_FAILURE() << status.status().ToString();
+      return UINT64_MAX;
+    }
+    if (status->metadata_bytes == expected || std::chrono::steady_clock::now() >= deadline) {
+      return status->metadata_bytes;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 // Sealed objects in the store, once the daemon has settled: it ends sessions
@@ -357,6 +383,115 @@ TEST_F(HandoffTest, AHostileMemberHarmsNothing) {
 
 // A group belongs to the uid of its first session: another user who learns its
 // key cannot join it, so cannot claim what it hands off.
+TEST_F(HandoffTest, AHandoffNobodyClaimsInTimeIsGivenBackWhileItsGroupLives) {
+  const std::string group = GroupKey('t');
+  const ObjectId id = ObjectId::Random();
+  auto sender = Join(daemon_, group);
+  auto receiver = Join(daemon_, group);
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  Client observer = Observer();
+  const uint64_t baseline = observer.GetStatus()->metadata_bytes;
+  ASSERT_OK(PutAndHandOff(*sender, id, SeededBytes(64 * kKiB, 3), std::chrono::milliseconds(50)));
+  // The group gives it back after 50 ms, though both members stay: the object goes.
+  EXPECT_EQ(SealedObjects(observer, 0), 0u);
+  EXPECT_EQ(MetadataBytes(observer, baseline), baseline);
+  const auto claimed = receiver->Claim(std::span(&id, 1));
+  EXPECT_EQ(claimed.status().code(), StatusCode::kNotHeld) << claimed.status().ToString();
+}
+
+TEST_F(HandoffTest, AClaimInTimeKeepsTheObjectPastTheDeadline) {
+  const std::string group = GroupKey('u');
+  const ObjectId id = ObjectId::Random();
+  const std::vector<std::byte> bytes = SeededBytes(64 * kKiB, 4);
+  auto sender = Join(daemon_, group);
+  auto receiver = Join(daemon_, group);
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  Client observer = Observer();
+  std::vector<Buffer> buffers;
+  [&] {
+    ASSERT_OK_AND_ASSIGN(MutableBuffer created, Put(*sender, id, bytes));
+    const uint64_t before = observer.GetStatus()->metadata_bytes;
+    ASSERT_OK(
+        sender->Handoff(std::span(&id, 1), Client::kHostMemory, std::chrono::milliseconds(500)));
+    // Claimed well before its deadline: 500 ms is a hundred times what the claim takes.
+    auto got = receiver->Claim(std::span(&id, 1));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    buffers = std::move(got).value();
+    // The deadline passes (its charge is given back then): the claimer's reference stays.
+    EXPECT_EQ(MetadataBytes(observer, before), before);
+  }();
+  ASSERT_EQ(buffers.size(), 1u);
+  EXPECT_EQ(SealedObjects(observer, 1), 1u);
+  EXPECT_EQ(std::memcmp(buffers[0].ptr(), bytes.data(), bytes.size()), 0);
+  buffers.clear();
+  EXPECT_EQ(SealedObjects(observer, 0), 0u);
+}
+
+TEST_F(HandoffTest, AHandoffWithoutDeadlineOutlivesOneWith) {
+  const std::string group = GroupKey('v');
+  const ObjectId id = ObjectId::Random();
+  auto sender = Join(daemon_, group);
+  auto receiver = Join(daemon_, group);
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  Client observer = Observer();
+  {
+    ASSERT_OK_AND_ASSIGN(MutableBuffer created, Put(*sender, id, SeededBytes(kKiB, 5)));
+    const uint64_t before = observer.GetStatus()->metadata_bytes;
+    // Sent twice: once to expire, once to stay until claimed.
+    ASSERT_OK(
+        sender->Handoff(std::span(&id, 1), Client::kHostMemory, std::chrono::milliseconds(50)));
+    ASSERT_OK(sender->Handoff(std::span(&id, 1)));
+    EXPECT_EQ(MetadataBytes(observer, before), before);  // the first has expired
+  }
+  EXPECT_EQ(SealedObjects(observer, 1), 1u);
+  auto claimed = receiver->Claim(std::span(&id, 1));
+  ASSERT_TRUE(claimed.ok()) << claimed.status().ToString();
+  EXPECT_EQ(receiver->Claim(std::span(&id, 1)).status().code(), StatusCode::kNotHeld);
+  claimed->clear();
+  EXPECT_EQ(SealedObjects(observer, 0), 0u);
+}
+
+TEST_F(HandoffTest, ATtlOutOfRangeIsRefused) {
+  auto sender = Join(daemon_, GroupKey('w'));
+  ASSERT_TRUE(sender.ok());
+  const ObjectId id = ObjectId::Random();
+  const Status negative =
+      sender->Handoff(std::span(&id, 1), Client::kHostMemory, std::chrono::milliseconds(-1));
+  EXPECT_EQ(negative.code(), StatusCode::kInvalidArgument) << negative.ToString();
+  const Status huge =
+      sender->Handoff(std::span(&id, 1), Client::kHostMemory, std::chrono::milliseconds(1ll << 33));
+  EXPECT_EQ(huge.code(), StatusCode::kInvalidArgument) << huge.ToString();
+}
+
+// Deadlines are daemon memory: a member that hands one object off again and again, each
+// with a long deadline, is stopped at its group's metadata limit, and everything is given
+// back when the group ends.
+TEST(HandoffDeadlineTest, DeadlinesCountAgainstTheGroupsMetadataLimit) {
+  TestDaemon daemon({"--memory", "64MiB", "--client-max-metadata", "64KiB"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  auto observer = Client::Connect(daemon.socket_path());
+  ASSERT_TRUE(observer.ok());
+  const uint64_t baseline = observer->GetStatus()->metadata_bytes;
+  const ObjectId id = ObjectId::Random();
+  {
+    auto member = Join(daemon, GroupKey('x'));
+    ASSERT_TRUE(member.ok());
+    ASSERT_OK(PutAndHandOff(*member, id, SeededBytes(kKiB, 6), std::chrono::hours(24)));
+    Status st;
+    int handed = 1;
+    for (; handed < 10'000 && st.ok(); ++handed) {
+      st = member->Handoff(std::span(&id, 1), Client::kHostMemory, std::chrono::hours(24));
+    }
+    EXPECT_EQ(st.code(), StatusCode::kLimitExceeded) << st.ToString();
+    EXPECT_LT(handed, 1000) << "64 KiB holds a few hundred deadlines";
+    // The daemon still serves the member.
+    EXPECT_OK(member->GetStatus());
+  }
+  // The group ended with its only member: its references and deadlines are gone.
+  EXPECT_EQ(SealedObjects(*observer, 0), 0u);
+  EXPECT_EQ(MetadataBytes(*observer, baseline), baseline);
+}
+
 TEST(HandoffUidTest, AnotherUidCannotJoinAGroup) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as another user";
   constexpr uid_t kNobody = 65534;

@@ -524,7 +524,12 @@ Status Client::Delete(std::span<const ObjectId> ids) {
   });
 }
 
-Status Client::Handoff(std::span<const ObjectId> ids, int device) {
+Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::milliseconds ttl) {
+  if (ttl.count() < 0 || ttl.count() > UINT32_MAX) {
+    return Status::InvalidArgument("a handoff's ttl is between 0 and " +
+                                   std::to_string(UINT32_MAX) + " ms, not " +
+                                   std::to_string(ttl.count()));
+  }
   if (ids.empty()) return Status::OK();
   DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a handoff"));
   int32_t tier = ipc::kHostDevice;
@@ -534,6 +539,7 @@ Status Client::Handoff(std::span<const ObjectId> ids, int device) {
   RequestMessage request;
   auto handoff = request.root().initHandoff();
   handoff.setDevice(tier);
+  handoff.setTtlMs(static_cast<uint32_t>(ttl.count()));
   auto list = handoff.initIds(static_cast<unsigned>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
   Reply reply;

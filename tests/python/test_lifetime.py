@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import depot
 from conftest import wait_for
@@ -110,3 +111,22 @@ def test_killed_process_releases_what_it_held(client, daemon):
         child.stdout.close()
     assert wait_for(lambda: held(client) == 0), f"still held: {held(client)} bytes"
     assert wait_for(lambda: references(client) == 0), f"still referenced: {references(client)}"
+
+
+def test_a_handoff_with_a_ttl_is_given_back_if_unclaimed(daemon):
+    key = os.urandom(16)
+    with depot.Client(daemon.socket, group=key) as sender, depot.Client(
+        daemon.socket, group=key
+    ) as receiver, daemon.client() as observer:
+        ref, _ = sender.handoff(b"x" * 100_000)  # no deadline: until claimed
+        before = observer.status().metadata_bytes
+        sender.handoff_again(ref, ttl=0.05)  # one more claim, for 50 ms
+        # Its deadline passes (and its charge with it); the group lives on, and the handoff
+        # without a deadline is still there to claim, once.
+        assert wait_for(lambda: observer.status().metadata_bytes == before)
+        assert bytes(receiver.claim(ref)) == b"x" * 100_000
+        with pytest.raises(depot.NotHeld):
+            receiver.claim(ref)
+        for bad in (0, -1, 5e6):
+            with pytest.raises(depot.InvalidArgument, match="ttl"):
+                sender.handoff_again(ref, ttl=bad)

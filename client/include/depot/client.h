@@ -422,9 +422,13 @@ class Client {
   // gone. The objects are deleted, so that they go as soon as the group and their claimers
   // have let go; Get no longer finds them. This client must hold a reference to each one
   // from the daemon (its creator's, or a Get's: not one answered through a lease), or the
-  // group one already (the same value sent twice). Fails with the first object's error:
-  // NotFound, NotSealed, NotHeld; InvalidArgument without a group.
-  Status Handoff(std::span<const ObjectId> ids, int device = kHostMemory);
+  // group one already (the same value sent twice). With a `ttl` (whole milliseconds, at
+  // most about 49 days), the group also gives each reference back if nobody has claimed it
+  // by then, so a handoff whose receiver never comes is not held for the group's life.
+  // Fails with the first object's error: NotFound, NotSealed, NotHeld, LimitExceeded;
+  // InvalidArgument without a group or for a ttl out of range.
+  Status Handoff(std::span<const ObjectId> ids, int device = kHostMemory,
+                 std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
   // Takes over one of the group's references to each object that was handed off: read-only
   // handles, in the order of `ids`, as Get returns them. Never waits. Fails with NotHeld,
   // naming the object, when the group holds none (claimed already, never handed off, or the

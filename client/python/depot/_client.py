@@ -55,6 +55,10 @@ def _writable_of(target: Any) -> Optional[Any]:
 _ONE_BY_ONE = (_device.DLPackSource, _device.InterfaceSource, _codec.StridedArray)
 
 
+# The longest time to live of a handoff: the protocol's milliseconds in 32 bits.
+_MAX_TTL_S = (2**32 - 1) / 1000
+
+
 class Client:
     """A connection to the depot daemon on this host.
 
@@ -259,12 +263,27 @@ class Client:
         )
         return ref, gpu, held
 
-    def handoff_again(self, ref: RefLike, *, device: Optional[int] = None) -> None:
+    def handoff_again(
+        self, ref: RefLike, *, device: Optional[int] = None, ttl: Optional[float] = None
+    ) -> None:
         """Hands an object this client's group still holds (handed off and not yet claimed),
         or this client holds a reference to from the daemon (not through a lease: see
         docs/leases.md), to the group once more: one more claim of it, with no copy. Raises
-        NotHeld if neither holds it (ObjectNotFound once it is gone)."""
-        self._conn.handoff([_ref(ref).id], -1 if device is None else _device_ordinal(device))
+        NotHeld if neither holds it (ObjectNotFound once it is gone).
+
+        With ``ttl`` (seconds, up to 49 days), the group gives this claim back if nobody has
+        made it by then, though the group lives on: for a receiver that may never come. A
+        claim takes the group's reference that would expire first."""
+        ttl_ms = 0
+        if ttl is not None:
+            if not 0.001 <= ttl <= _MAX_TTL_S:
+                raise InvalidArgument(
+                    f"a handoff's ttl is between 0.001 and {_MAX_TTL_S} seconds, not {ttl!r}"
+                )
+            ttl_ms = int(ttl * 1000)
+        self._conn.handoff(
+            [_ref(ref).id], -1 if device is None else _device_ordinal(device), ttl_ms
+        )
 
     def claim(self, ref: RefLike, *, device: Optional[int] = None) -> Any:
         """Takes a value handed off in this client's group: as :meth:`get` returns it, or

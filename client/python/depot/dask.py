@@ -89,6 +89,10 @@ THRESHOLD_ENV = "DEPOT_DASK_THRESHOLD"
 KEEP_ENV = "DEPOT_DASK_KEEP"
 START_ENV = "DEPOT_DASK_START_DAEMON"  # with --preload-nanny: its memory, e.g. "50%"
 EVENT_TOPIC = "depot"
+# How long the cluster's group keeps a sent handle that no receiver has claimed: a message
+# whose receiver never deserializes it (a comm that broke mid-send, a worker gone) leaks
+# nothing for longer than this, though the cluster lives on.
+SEND_TTL = 600.0
 
 
 class DepotUnavailableWarning(RuntimeWarning):
@@ -256,7 +260,7 @@ class _Store:
             return None
         try:
             device = None if stored.gpu is None else _gpus.ordinal_of(self.client, stored.gpu)
-            self.client.handoff_again(stored.ref, device=device)
+            self.client.handoff_again(stored.ref, device=device, ttl=SEND_TTL)
         except DepotError as e:  # e.g. the daemon is gone: send the bytes
             logger.warning("depot.dask: sending a result's bytes, not its handle: %s", e)
             return None

@@ -127,12 +127,12 @@ class Connection {
   }
 
   // Hands `ids` (held by this connection, or by its group) to its group, in host memory or on
-  // GPU `device`.
-  void Handoff(const std::vector<nb::bytes>& id_bytes, int device) {
+  // GPU `device`; with `ttl_ms`, for at most that long unless claimed.
+  void Handoff(const std::vector<nb::bytes>& id_bytes, int device, uint32_t ttl_ms) {
     std::vector<ObjectId> ids = ToIds(id_bytes);
     RaiseIfError([&] {
       nb::gil_scoped_release release;
-      return client().Handoff(ids, device);
+      return client().Handoff(ids, device, std::chrono::milliseconds(ttl_ms));
     }());
   }
 
@@ -599,7 +599,7 @@ NB_MODULE(_depot, m) {
       .def_prop_ro("session_id", &Connection::session_id)
       .def("put", &Connection::Put, "id"_a, "parts"_a, "offsets"_a, "size"_a, "metadata"_a,
            "name"_a, "pin"_a, "spill"_a = true, "handoff"_a = false)
-      .def("handoff", &Connection::Handoff, "ids"_a, "device"_a)
+      .def("handoff", &Connection::Handoff, "ids"_a, "device"_a, "ttl_ms"_a = 0)
       .def("claim", &Connection::Claim, "ids"_a)
       .def("claim_on_device", &Connection::ClaimOnDevice, "ids"_a, "device"_a)
       .def("put_many", &Connection::PutMany, "items"_a, "pin"_a)
