@@ -76,9 +76,10 @@ Result<MutableBuffer> Put(Client& client, const ObjectId& id, std::span<const st
   return buffer;
 }
 
-// The daemon memory kept for clients (StoreStatus::metadata_bytes) once it is `expected`,
-// waiting up to kSettle: a handoff's deadline is charged until it has passed.
-uint64_t MetadataBytes(Client& client, uint64_t expected) {
+// A field of the daemon's status once it is `expected`, waiting up to kSettle (the daemon
+// ends sessions asynchronously, and gives a deadline's charge back once it has passed);
+// returns the last seen.
+uint64_t Settled(Client& client, uint64_t StoreStatus::*field, uint64_t expected) {
   const auto deadline = std::chrono::steady_clock::now() + kSettle;
   for (;;) {
     auto status = client.GetStatus();
@@ -86,29 +87,19 @@ uint64_t MetadataBytes(Client& client, uint64_t expected) {
       ADD_FAILURE() << status.status().ToString();
       return UINT64_MAX;
     }
-    if (status->metadata_bytes == expected || std::chrono::steady_clock::now() >= deadline) {
-      return status->metadata_bytes;
+    if ((*status).*field == expected || std::chrono::steady_clock::now() >= deadline) {
+      return (*status).*field;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
-// Sealed objects in the store, once the daemon has settled: it ends sessions
-// asynchronously, so this waits (up to kSettle) for the count to reach
-// `expected`, and returns the last seen.
 uint64_t SealedObjects(Client& client, uint64_t expected) {
-  const auto deadline = std::chrono::steady_clock::now() + kSettle;
-  for (;;) {
-    auto status = client.GetStatus();
-    if (!status.ok()) {
-      ADD_FAILURE() << status.status().ToString();
-      return UINT64_MAX;
-    }
-    if (status->objects_sealed == expected || std::chrono::steady_clock::now() >= deadline) {
-      return status->objects_sealed;
-    }
-    std::this_thread::yield();
-  }
+  return Settled(client, &StoreStatus::objects_sealed, expected);
+}
+
+uint64_t MetadataBytes(Client& client, uint64_t expected) {
+  return Settled(client, &StoreStatus::metadata_bytes, expected);
 }
 
 class HandoffTest : public ::testing::Test {
