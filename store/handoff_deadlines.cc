@@ -5,6 +5,7 @@ namespace depot::store {
 void HandoffDeadlines::Add(const Key& key, uint64_t deadline_ns) {
   by_time_.emplace(deadline_ns, key);
   by_key_[key].insert(deadline_ns);
+  ++per_group_[key.group];
 }
 
 void HandoffDeadlines::Claimed(const Key& key) {
@@ -15,6 +16,7 @@ void HandoffDeadlines::Claimed(const Key& key) {
 }
 
 uint64_t HandoffDeadlines::ForgetGroup(ClientId group) {
+  if (per_group_.erase(group) == 0) return 0;
   auto first = by_key_.lower_bound(Key{group, 0, INT32_MIN});
   auto last = first;
   while (last != by_key_.end() && last->first.group == group) ++last;
@@ -38,6 +40,9 @@ std::vector<HandoffDeadlines::Key> HandoffDeadlines::Expire(
     const auto [deadline, key] = *by_time_.begin();
     by_time_.erase(by_time_.begin());
     (*freed_bytes)[key.group] += kBytes;
+    if (const auto count = per_group_.find(key.group); --count->second == 0) {
+      per_group_.erase(count);
+    }
     // Still a reference of the group's, unless a claim took it: the same deadline, or an
     // equal one, which is as good.
     const auto it = by_key_.find(key);

@@ -54,6 +54,9 @@ class HandoffDeadlines {
   std::multimap<uint64_t, Key> by_time_;
   // The deadlines of each key's references not claimed yet.
   std::map<Key, std::multiset<uint64_t>> by_key_;
+  // How many of by_time_'s entries each group has: a session's end (every client's end
+  // calls ForgetGroup) costs nothing where its account has none.
+  std::map<ClientId, uint64_t> per_group_;
 };
 
 }  // namespace depot::store
