@@ -216,14 +216,18 @@ struct Location {
 # Reply.newSegments. Every segment comes first read-only (`writable` false: a descriptor that
 # cannot be mapped writable); the reply to a session's first create in a segment also
 # carries it writable (after the read-only entry when both are new). A shared segment is sent
-# once per session and mapped for the session's life. A `dedicated` segment holds one object
-# larger than a shared segment: it comes with every reply that names it (the client maps it
-# while it holds the object, and unmaps it after), and its index is never reused.
+# once per session and generation, and mapped for the session's life: when the daemon gives
+# an empty segment a new file (for another uid's objects), its generation grows, and the next
+# reply that names it sends it again; the client maps the new file in place of the old one
+# and drops its writable view of the old. A `dedicated` segment holds one object larger than
+# a shared segment: it comes with every reply that names it (the client maps it while it
+# holds the object, and unmaps it after), and its index is never reused.
 struct Segment {
   index @0 :UInt32;
   size @1 :UInt64;
   writable @2 :Bool;
   dedicated @3 :Bool;
+  generation @4 :UInt32;
 }
 
 # How a client reaches a chunk of a GPU pool (depot::ipc::ChunkHandle).

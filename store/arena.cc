@@ -12,6 +12,7 @@
 #include <boost/asio/post.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "depot/ipc/units.h"
@@ -22,6 +23,12 @@ namespace depot::store {
 namespace {
 
 constexpr uint64_t kHugetlbfsMagic = 0x958458f6;
+
+std::string DescribeWriters(uint32_t writers) {
+  if (writers == Arena::kTrustedWriters) return "the daemon's uid";
+  if (writers == Arena::kNoWriters) return "nobody";
+  return "uid " + std::to_string(writers);
+}
 
 // Bytes the backing store can still provide, and the granularity of its pages.
 Result<std::pair<uint64_t, uint64_t>> BackingSpace(const std::string& dir) {
@@ -86,38 +93,92 @@ Arena::~Arena() {
   for (auto& [index, s] : dedicated_) ::munmap(s->base, s->size);
 }
 
-Result<std::unique_ptr<Arena::Segment>> Arena::MakeSegment(uint64_t size, const std::string& name) {
-  auto seg = std::make_unique<Segment>(size);
+Result<Arena::Files> Arena::OpenFile(uint64_t size, const std::string& name) {
+  Files files;
   if (options_.dir.empty()) {
-    seg->fd.reset(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-    if (!seg->fd) return Status::FromErrno("memfd_create", errno);
+    files.fd.reset(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!files.fd) return Status::FromErrno("memfd_create", errno);
   } else {
     // An unlinked file: the descriptors keep it alive, nothing is left if the daemon dies.
-    seg->fd.reset(::open(options_.dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
-    if (!seg->fd) return Status::FromErrno("open O_TMPFILE in " + options_.dir, errno);
+    files.fd.reset(::open(options_.dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+    if (!files.fd) return Status::FromErrno("open O_TMPFILE in " + options_.dir, errno);
   }
-  if (::ftruncate(seg->fd.get(), static_cast<off_t>(size)) != 0) {
+  if (::ftruncate(files.fd.get(), static_cast<off_t>(size)) != 0) {
     return Status::FromErrno("ftruncate of " + name, errno);
   }
   // Files in --arena-dir cannot be sealed (docs/architecture.md, Trust).
-  DEPOT_ASSIGN_OR_RETURN(seg->read_fd,
-                         ShareReadOnly(seg->fd.get(), name, /*resizable=*/!options_.dir.empty()));
-  DEPOT_RETURN_NOT_OK(Reserve(*seg));
+  DEPOT_ASSIGN_OR_RETURN(files.read_fd,
+                         ShareReadOnly(files.fd.get(), name, /*resizable=*/!options_.dir.empty()));
+  DEPOT_RETURN_NOT_OK(Reserve(files.fd.get(), size));
+  return files;
+}
+
+Result<std::unique_ptr<Arena::Segment>> Arena::MakeSegment(uint64_t size, const std::string& name) {
+  auto seg = std::make_unique<Segment>(size);
+  DEPOT_ASSIGN_OR_RETURN(Files files, OpenFile(size, name));
+  seg->fd = std::move(files.fd);
+  seg->read_fd = std::move(files.read_fd);
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd.get(), 0);
   if (base == MAP_FAILED) return Status::FromErrno("mmap of " + name, errno);
   seg->base = static_cast<std::byte*>(base);
   return seg;
 }
 
-Status Arena::Reserve(Segment& segment) {
+Status Arena::Reserve(int fd, uint64_t size) {
   if (options_.dir.empty()) return Status::OK();
   // A directory can run out of space under us: reserve the pages now, so a client's write
   // can never meet a missing page (SIGBUS).
-  if (::fallocate(segment.fd.get(), 0, 0, static_cast<off_t>(segment.size)) != 0) {
-    return Status::OutOfMemory("cannot reserve " + ipc::FormatSize(segment.size) + " in " +
-                               options_.dir + ": " + std::strerror(errno));
+  if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0) {
+    return Status::OutOfMemory("cannot reserve " + ipc::FormatSize(size) + " in " + options_.dir +
+                               ": " + std::strerror(errno));
   }
   return Status::OK();
+}
+
+bool Arena::Reassign(Segment& s, uint32_t writers) {
+  // As in FreeCapacity: a job still preparing the segment uses its file and mapping.
+  s.preparing.wait(true, std::memory_order_acquire);
+  auto files = OpenFile(s.size, "depot-segment-" + std::to_string(s.index));
+  if (!files.ok()) {
+    spdlog::warn("arena: cannot give segment {} a new file: {}", s.index,
+                 files.status().ToString());
+    return false;
+  }
+  if (s.page_locked.exchange(false, std::memory_order_acq_rel)) {
+    options_.unlock_pages(s.base);
+    page_locked_.fetch_sub(s.size, std::memory_order_relaxed);
+  }
+  // The new file replaces the old one at the same address, so no pointer the daemon keeps
+  // into the segment (there are none into an empty one) could dangle.
+  if (::mmap(s.base, s.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, files->fd.get(), 0) ==
+      MAP_FAILED) {
+    const int error = errno;
+    if (::mmap(s.base, s.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, s.fd.get(), 0) ==
+        MAP_FAILED) {
+      spdlog::critical("arena: segment {} is no longer mapped (mmap: {}, then {})", s.index,
+                       std::strerror(error), std::strerror(errno));
+      std::abort();
+    }
+    spdlog::warn("arena: cannot map a new file for segment {}: {}", s.index, std::strerror(error));
+    return false;
+  }
+  // The old file's pages go now, whoever still maps it.
+  if (::fallocate(s.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                  static_cast<off_t>(s.size)) != 0) {
+    spdlog::warn("arena: cannot give back the pages of segment {}'s old file: {}", s.index,
+                 std::strerror(errno));
+  }
+  s.fd = std::move(files->fd);
+  s.read_fd = std::move(files->read_fd);
+  spdlog::info("arena: segment {} ({}) has a new file, for objects of {} instead of {}", s.index,
+               ipc::FormatSize(s.size), DescribeWriters(writers), DescribeWriters(s.writers));
+  s.writers = writers;
+  s.generation++;
+  if (options_.dir.empty() || options_.lock_pages) {
+    s.preparing.store(true, std::memory_order_relaxed);
+    boost::asio::post(prefault_pool_, [this, segment = &s] { PrepareSegment(*segment); });
+  }
+  return true;
 }
 
 Status Arena::AddSegment() {
@@ -149,7 +210,7 @@ Status Arena::Revive(Segment& segment) {
   if (segment.size > options_.capacity - mapped_) {
     return Status::OutOfMemory("the arena is at its capacity");
   }
-  DEPOT_RETURN_NOT_OK(Reserve(segment));
+  DEPOT_RETURN_NOT_OK(Reserve(segment.fd.get(), segment.size));
   segment.retired = false;
   retired_--;
   mapped_ += segment.size;
@@ -197,7 +258,7 @@ bool Arena::FreeCapacity(uint64_t bytes) {
   return options_.capacity - mapped_ >= bytes;
 }
 
-std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size) {
+std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size, uint32_t writers) {
   // Whole pages of the backing store (huge pages on hugetlbfs, which refuses other sizes).
   const uint64_t bytes = (ReservedSize(size) + page_ - 1) / page_ * page_;
   if (bytes > options_.capacity || !FreeCapacity(bytes)) return std::nullopt;
@@ -212,6 +273,7 @@ std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size) {
   next_dedicated_ = index == UINT32_MAX ? kFirstDedicated : index + 1;
   std::unique_ptr<Segment> seg = std::move(made).value();
   seg->index = index;
+  seg->writers = writers;
   auto a = seg->allocator.Allocate(size, kPage);
   if (!a) {  // cannot happen: the segment is the object's size
     ::munmap(seg->base, seg->size);
@@ -267,31 +329,52 @@ void Arena::GrowAhead() {
     spdlog::warn("arena: could not add a segment ahead of demand: {}", st.ToString());
 }
 
-std::optional<Arena::Block> Arena::AllocateIn(uint32_t segment, uint64_t size) {
-  Segment& s = at(segment);
-  if (s.retired) return std::nullopt;
+std::optional<Arena::Block> Arena::Carve(Segment& s, uint64_t size, uint32_t writers) {
+  if (s.retired || (s.writers != writers && s.writers != kNoWriters)) return std::nullopt;
   auto a = s.allocator.Allocate(size, size >= kPageAlignFrom ? kPage : kAlignment);
   if (!a) return std::nullopt;
-  return Block{segment, a->handle, a->offset, a->size};
+  s.writers = writers;
+  return Block{s.index, a->handle, a->offset, a->size};
 }
 
-std::optional<Arena::Block> Arena::Allocate(uint64_t size) {
-  if (ReservedSize(size) > options_.segment_size) return AllocateDedicated(size);
-  for (uint32_t i = 0; i < shared_.size(); ++i) {
-    if (auto b = AllocateIn(i, size)) {
-      if (LastInUse(i)) GrowAhead();
-      return b;
-    }
+std::optional<Arena::Block> Arena::AllocateIn(uint32_t segment, uint64_t size, uint32_t writers) {
+  Segment& s = at(segment);
+  if (auto b = Carve(s, size, writers)) return b;
+  if (IsDedicated(segment) || s.retired || s.writers == writers || s.writers == kNoWriters ||
+      s.allocator.live_allocations() != 0 || !Reassign(s, writers)) {
+    return std::nullopt;
   }
-  while (mapped_ < options_.capacity) {
-    const uint64_t before = mapped_;
-    if (!AddSegment().ok() || mapped_ == before) return std::nullopt;
-    for (uint32_t i = 0; i < shared_.size(); ++i) {
-      if (auto b = AllocateIn(i, size)) {
-        if (LastInUse(i)) GrowAhead();
+  return Carve(s, size, writers);
+}
+
+std::optional<Arena::Block> Arena::AllocateShared(uint64_t size, uint32_t writers) {
+  for (const uint32_t wanted : {writers, kNoWriters}) {
+    for (auto& s : shared_) {
+      if (s->writers != wanted) continue;
+      if (auto b = Carve(*s, size, writers)) {
+        if (LastInUse(s->index)) GrowAhead();
         return b;
       }
     }
+  }
+  return std::nullopt;
+}
+
+std::optional<Arena::Block> Arena::Allocate(uint64_t size, uint32_t writers) {
+  if (ReservedSize(size) > options_.segment_size) return AllocateDedicated(size, writers);
+  if (auto b = AllocateShared(size, writers)) return b;
+  while (mapped_ < options_.capacity) {
+    const uint64_t before = mapped_;
+    if (!AddSegment().ok() || mapped_ == before) break;
+    if (auto b = AllocateShared(size, writers)) return b;
+  }
+  // Last, an empty segment of another class.
+  for (auto& s : shared_) {
+    if (s->retired || s->writers == writers || s->writers == kNoWriters ||
+        s->allocator.live_allocations() != 0) {
+      continue;
+    }
+    if (auto b = AllocateIn(s->index, size, writers)) return b;
   }
   return std::nullopt;
 }

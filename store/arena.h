@@ -20,6 +20,18 @@
 // which also empties every client's mapping of it) and their capacity goes to the dedicated
 // segment. A retired segment keeps its index and file, and is revived (its pages allocated
 // again) before any new shared segment is added, so clients' mappings of it stay valid.
+//
+// Writers. A client that creates an object gets its segment's file read-write, and with it
+// every other object in that segment. So each segment belongs to one class of writers, and
+// holds only objects of that class: the trusted class (kTrustedWriters: the daemon itself,
+// root and the daemon's uid), or one other uid that --share-writable-with-* lets create
+// objects. A shared segment is claimed by the first class that allocates in it and keeps
+// that class while it is empty, for its next objects. Another class takes it over only when
+// nothing else has room: the segment is given a new file first, at the same index and the
+// same address in the daemon, with its generation counted up, and the old file's pages are
+// given back, so a client of the previous class that keeps its mapping of the old file
+// reaches nothing of anyone's. Sessions are sent the new file (Reply.newSegments, with the
+// generation) before any reply that names an object in it.
 #pragma once
 
 #include <boost/asio/thread_pool.hpp>
@@ -39,6 +51,7 @@
 #include "depot/ipc/protocol.h"
 #include "depot/status.h"
 #include "store/allocator.h"
+#include "store/peer.h"
 #include "store/tier_pool.h"
 
 namespace depot::store {
@@ -66,6 +79,12 @@ class Arena final : public TierPool {
   // keep the count under it.
   static constexpr uint64_t kMaxSharedSegments = 200;
   static bool IsDedicated(uint32_t segment) { return ipc::IsDedicatedSegment(segment); }
+  // Classes of writers (see Writers above): a uid that --share-writable-with-* lets create
+  // objects, or these.
+  static constexpr uint32_t kTrustedWriters = 0;      // the daemon, root, the daemon's uid
+  static constexpr uint32_t kNoWriters = UINT32_MAX;  // a segment no class has claimed
+  // The class of the objects a client of `uid` creates.
+  static uint32_t WritersOf(uid_t uid) { return IsTrustedUid(uid) ? kTrustedWriters : uid; }
 
   // Objects are placed at multiples of this (a cache line)...
   static constexpr uint64_t kAlignment = 64;
@@ -83,11 +102,21 @@ class Arena final : public TierPool {
                                                boost::asio::thread_pool& prefault_pool);
   ~Arena() override;
 
-  // TierPool: regions are segments. Allocate adds a shared segment when none has room and
-  // the capacity allows, or a dedicated one for an object larger than a shared segment
-  // (retiring empty shared segments for its capacity if it must).
-  std::optional<Block> Allocate(uint64_t size) override;
-  std::optional<Block> AllocateIn(uint32_t segment, uint64_t size) override;
+  // TierPool: regions are segments, and the bytes are the trusted class's (the daemon's
+  // own copies, and trusted clients' objects).
+  std::optional<Block> Allocate(uint64_t size) override { return Allocate(size, kTrustedWriters); }
+  std::optional<Block> AllocateIn(uint32_t segment, uint64_t size) override {
+    return AllocateIn(segment, size, kTrustedWriters);
+  }
+  // Room for an object of class `writers`: in one of its segments, else in one no class has
+  // claimed, else in a shared segment added when the capacity allows, else in an empty
+  // segment of another class, which is given a new file first. An object larger than a
+  // shared segment gets a dedicated one (retiring empty shared segments for its capacity if
+  // it must).
+  std::optional<Block> Allocate(uint64_t size, uint32_t writers);
+  // Room in one segment only (used right after freeing in it): one of the class's, one not
+  // claimed, or an empty one of another class, given a new file first.
+  std::optional<Block> AllocateIn(uint32_t segment, uint64_t size, uint32_t writers);
   // Freeing a dedicated segment's object removes the segment; its pages are given back on a
   // worker thread.
   void Free(uint32_t segment, uint32_t handle) override;
@@ -114,6 +143,11 @@ class Arena final : public TierPool {
   int fd(uint32_t segment) const { return at(segment).fd.get(); }
   int read_fd(uint32_t segment) const { return at(segment).read_fd.get(); }
   uint64_t segment_bytes(uint32_t segment) const { return at(segment).size; }
+  // The class whose objects a segment holds (kNoWriters if none claimed it yet), and how
+  // many times it was given a new file for another class: a session holding an older
+  // generation's descriptor must be sent the new one.
+  uint32_t writers(uint32_t segment) const { return at(segment).writers; }
+  uint32_t generation(uint32_t segment) const { return at(segment).generation; }
   // Segments in use: shared ones not retired, and dedicated ones.
   uint32_t segment_count() const {
     return static_cast<uint32_t>(shared_.size() - retired_ + dedicated_.size());
@@ -140,6 +174,8 @@ class Arena final : public TierPool {
   struct Segment {
     uint32_t index = 0;
     bool retired = false;  // a shared segment whose pages were given back
+    uint32_t writers = kNoWriters;
+    uint32_t generation = 0;
     ipc::UniqueFd fd;
     ipc::UniqueFd read_fd;  // the same file, opened read-only
     uint64_t size = 0;
@@ -160,11 +196,24 @@ class Arena final : public TierPool {
   }
   // A new file of `size` bytes named `name`, shared read-only, and the daemon's mapping of it.
   Result<std::unique_ptr<Segment>> MakeSegment(uint64_t size, const std::string& name);
+  // A new file of `size` bytes named `name`, reserved, and its read-only twin.
+  struct Files {
+    ipc::UniqueFd fd;
+    ipc::UniqueFd read_fd;
+  };
+  Result<Files> OpenFile(uint64_t size, const std::string& name);
+  // Gives the empty shared `segment` of another class a new file for `writers`, mapped where
+  // the old one was (see Writers above); false if it cannot.
+  bool Reassign(Segment& segment, uint32_t writers);
+  // Allocates in `segment` if it is the class's or unclaimed, claiming it.
+  std::optional<Block> Carve(Segment& segment, uint64_t size, uint32_t writers);
+  // Carve in the class's own shared segments, then in an unclaimed one.
+  std::optional<Block> AllocateShared(uint64_t size, uint32_t writers);
   // Adds a shared segment, reviving a retired one if there is one.
   Status AddSegment();
   Status Revive(Segment& segment);
   // Reserves a file's pages in --arena-dir, so a write never meets a missing page (SIGBUS).
-  Status Reserve(Segment& segment);
+  Status Reserve(int fd, uint64_t size);
   // Whether no shared segment after `segment` is in use (not retired).
   bool LastInUse(uint32_t segment) const;
   // Adds a shared segment when the last one has started to fill, so the next one is warm in
@@ -172,7 +221,7 @@ class Arena final : public TierPool {
   void GrowAhead();
   // On a worker: allocates the pages of a memfd segment, then page-locks it if asked to.
   void PrepareSegment(Segment& segment);
-  std::optional<Block> AllocateDedicated(uint64_t size);
+  std::optional<Block> AllocateDedicated(uint64_t size, uint32_t writers);
   // Retires empty shared segments until `bytes` of capacity are free; false if it cannot.
   bool FreeCapacity(uint64_t bytes);
 

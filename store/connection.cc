@@ -1,6 +1,7 @@
 #include "store/connection.h"
 
 #include <capnp/serialize.h>
+#include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
 
@@ -33,11 +34,13 @@ wire::ChunkHandle ToWire(ipc::ChunkHandle handle) {
 
 Connection::Connection(boost::asio::io_context& loop,
                        boost::asio::local::stream_protocol::socket socket, uint32_t max_frame_bytes,
-                       const Arena& arena, std::span<gpu::DevicePool* const> gpus, Handler& handler)
+                       const Arena& arena, std::span<gpu::DevicePool* const> gpus, uint32_t writers,
+                       Handler& handler)
     : loop_(loop),
       socket_(std::move(socket)),
       arena_(arena),
       gpus_(gpus),
+      writers_(writers),
       handler_(handler),
       reader_(max_frame_bytes) {}
 
@@ -189,13 +192,32 @@ void Connection::AttachSegments(wire::Reply::Builder reply, const ReplyAttachmen
     if (Arena::IsDedicated(segment)) {
       // Sent with every reply, once in each.
       if (std::find(fresh.begin(), fresh.end(), segment) == fresh.end()) fresh.push_back(segment);
-    } else if (!MarkSent(segments_sent_, segment)) {
+      continue;
+    }
+    // Sent once per generation: a segment given a new file is sent again.
+    if (segments_sent_.size() <= segment) segments_sent_.resize(segment + 1, 0);
+    if (const uint32_t now = arena_.generation(segment) + 1; segments_sent_[segment] != now) {
+      segments_sent_[segment] = now;
       fresh.push_back(segment);
     }
   }
   const auto writable = static_cast<uint32_t>(attach.writable_segment);
-  const bool new_writable = attach.writable_segment >= 0 &&
-                            (Arena::IsDedicated(writable) || !writable_sent_.contains(writable));
+  bool new_writable = false;
+  if (attach.writable_segment >= 0) {
+    if (arena_.writers(writable) != writers_) {
+      // Cannot happen: the store places a client's objects in its class's segments. Were it
+      // to, the writer would reach another class's objects: it is sent nothing writable, and
+      // its create fails when it finds no writable view.
+      spdlog::error("not sending segment {} (of class {}) writable to a client of class {}",
+                    writable, arena_.writers(writable), writers_);
+    } else if (Arena::IsDedicated(writable)) {
+      new_writable = true;
+    } else {
+      auto [it, added] = writable_sent_.try_emplace(writable, arena_.generation(writable));
+      new_writable = added || it->second != arena_.generation(writable);
+      it->second = arena_.generation(writable);
+    }
+  }
   if (fresh.empty() && !new_writable) return;
   const auto readable = static_cast<unsigned>(fresh.size());
   auto segs = reply.initNewSegments(readable + (new_writable ? 1 : 0));
@@ -204,13 +226,11 @@ void Connection::AttachSegments(wire::Reply::Builder reply, const ReplyAttachmen
     out.setSize(arena_.segment_bytes(segment));
     out.setWritable(rw);
     out.setDedicated(Arena::IsDedicated(segment));
+    out.setGeneration(arena_.generation(segment));
     fds.push_back(rw ? arena_.fd(segment) : arena_.read_fd(segment));
   };
   for (unsigned i = 0; i < readable; ++i) describe(fresh[i], false, segs[i]);
-  if (new_writable) {
-    describe(writable, true, segs[readable]);
-    if (!Arena::IsDedicated(writable)) writable_sent_.insert(writable);
-  }
+  if (new_writable) describe(writable, true, segs[readable]);
 }
 
 void Connection::AttachChunks(wire::Reply::Builder reply, const ReplyAttachments& attach,

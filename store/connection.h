@@ -20,6 +20,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -61,10 +62,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     virtual void OnClosed(const std::string& reason, bool protocol_error) = 0;
   };
 
-  // The descriptors replies attach come from `arena` and `gpus`, which outlive it.
+  // The descriptors replies attach come from `arena` and `gpus`, which outlive it. The client
+  // is of the class `writers` (Arena, Writers): it is sent no other class's segment writable.
   Connection(boost::asio::io_context& loop, boost::asio::local::stream_protocol::socket socket,
              uint32_t max_frame_bytes, const Arena& arena, std::span<gpu::DevicePool* const> gpus,
-             Handler& handler);
+             uint32_t writers, Handler& handler);
 
   // Starts reading.
   void Start();
@@ -100,6 +102,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::local::stream_protocol::socket socket_;
   const Arena& arena_;
   std::span<gpu::DevicePool* const> gpus_;
+  const uint32_t writers_;
   Handler& handler_;
   ipc::FrameReader reader_;
   std::deque<ipc::OutFrame> out_;
@@ -109,10 +112,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool paused_ = false;  // not reading until queued replies drain
   bool closed_ = false;
   uint64_t buffer_charge_ = 0;  // of the read buffer, counted by Handler::Charge
-  // What the client has been sent: some shared segments read-only (indexed by segment),
-  // some writable, and likewise some chunks of each GPU's pool.
-  std::vector<bool> segments_sent_;
-  std::unordered_set<uint32_t> writable_sent_;
+  // What the client has been sent: some shared segments read-only (indexed by segment: 0 for
+  // none, else the generation sent plus 1), some writable (segment to generation), and
+  // likewise some chunks of each GPU's pool.
+  std::vector<uint32_t> segments_sent_;
+  std::unordered_map<uint32_t, uint32_t> writable_sent_;
   std::vector<std::vector<bool>> chunks_sent_;                   // by GPU, by chunk
   std::set<std::pair<int32_t, uint32_t>> writable_chunks_sent_;  // (GPU, chunk)
 };

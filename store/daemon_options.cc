@@ -36,6 +36,7 @@ struct RawOptions {
   std::string socket_group;
   int exit_with_pid = 0;
   std::vector<std::string> share_users, share_groups;
+  std::vector<std::string> share_write_users, share_write_groups;
   std::string memory = "25%";
   std::string segment_size = "1GiB";
   std::string arena_dir;
@@ -95,6 +96,15 @@ void Declare(CLI::App& app, RawOptions& raw) {
       ->delimiter(',');
   app.add_option("--share-with-group", raw.share_groups,
                  "groups (gids or names) whose members may read objects, as --share-with-uid")
+      ->delimiter(',');
+  app.add_option("--share-writable-with-uid", raw.share_write_users,
+                 "users (uids or names) that may read objects and create objects in host memory, "
+                 "kept apart from other users' (they may delete their own objects only, and use "
+                 "no GPU, tasks or administration)")
+      ->delimiter(',');
+  app.add_option("--share-writable-with-group", raw.share_write_groups,
+                 "groups (gids or names) whose members may read and create objects, as "
+                 "--share-writable-with-uid")
       ->delimiter(',');
   app.add_option("--memory", raw.memory,
                  "host arena capacity: a size (4GiB) or a share of RAM (25%)")
@@ -379,6 +389,14 @@ Result<DaemonSettings> Resolve(const CLI::App& app, const RawOptions& raw) {
   for (const std::string& group : raw.share_groups) {
     DEPOT_ASSIGN_OR_RETURN(gid_t gid, IdOf("--share-with-group", group, true));
     s.share_gids.push_back(gid);
+  }
+  for (const std::string& user : raw.share_write_users) {
+    DEPOT_ASSIGN_OR_RETURN(uid_t uid, IdOf("--share-writable-with-uid", user, false));
+    s.share_write_uids.push_back(uid);
+  }
+  for (const std::string& group : raw.share_write_groups) {
+    DEPOT_ASSIGN_OR_RETURN(gid_t gid, IdOf("--share-writable-with-group", group, true));
+    s.share_write_gids.push_back(gid);
   }
 
   auto memory = ParseMemory(raw.memory);

@@ -42,6 +42,8 @@ struct DaemonSettings {
   int exit_with_pid = 0;
   std::vector<uid_t> share_uids;
   std::vector<gid_t> share_gids;
+  std::vector<uid_t> share_write_uids;
+  std::vector<gid_t> share_write_gids;
 
   uint64_t memory = 0;  // the host arena's capacity, in bytes
   uint64_t segment_size = 0;

@@ -251,6 +251,8 @@ int main(int argc, char** argv) {
                                  .device_backend = (*gpus)->description,
                                  .share_uids = s.share_uids,
                                  .share_gids = s.share_gids,
+                                 .share_write_uids = s.share_write_uids,
+                                 .share_write_gids = s.share_write_gids,
                                  .scheduler = s.scheduler});
     server.SetSettings(s.config_file, s.values);
     depot::store::MetricsHttp metrics_http(loop, [&server] { return server.RenderMetrics(); });

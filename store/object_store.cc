@@ -349,7 +349,7 @@ Result<Location> ObjectStore::CreateOnHost(ClientId client, const CreateParams& 
                                  " objects, its limit; start depotd with a larger "
                                  "--max-objects");
   }
-  auto block = tiers_.AllocateOrEvict(total);
+  auto block = tiers_.AllocateOrEvict(total, Arena::WritersOf(account.uid));
   if (!block) {
     table_.headers().Release(slot);
     return Status::OutOfMemory(tiers_.OutOfMemoryMessage(kHost, p.id, total));
@@ -413,6 +413,7 @@ void ObjectStore::CreateAfterRoom(ClientId client, const CreateParams& p, Create
   const uint64_t bytes = p.data_size + (p.device == kHost ? p.metadata.size() : 0);
   tiers_.AllocateOn(
       p.device, bytes,
+      p.device == kHost ? Arena::WritersOf(accounts_.at(client).uid) : Arena::kTrustedWriters,
       [this, client, owned, waiting_cost, bytes,
        done = std::move(done)](std::optional<TierPool::Block> block) mutable {
         const CreateParams& p = owned->params;
@@ -690,13 +691,16 @@ void ObjectStore::MarkDeleted(uint32_t slot) {
   }
 }
 
-std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids) {
+std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids,
+                                            std::optional<uint32_t> only_of_uid) {
   std::vector<StatusCode> out;
   out.reserve(ids.size());
   for (const ObjectId& id : ids) {
     const uint32_t slot = table_.Find(id);
     if (slot == HeaderTable::kNoSlot || table_.IsDeletePending(slot)) {
       out.push_back(StatusCode::kNotFound);
+    } else if (only_of_uid && table_.at(slot).owner != *only_of_uid) {
+      out.push_back(StatusCode::kPermissionDenied);
     } else if (!table_.IsSealed(slot)) {
       out.push_back(StatusCode::kNotSealed);
     } else {

@@ -234,7 +234,8 @@ class ObjectStore final : private Tiers::Owner {
   // client did not hold there; the others are released all the same.
   Status Release(ClientId client, std::span<const ObjectId> ids, int32_t device = kHost);
 
-  std::vector<StatusCode> Delete(std::span<const ObjectId> ids);
+  std::vector<StatusCode> Delete(std::span<const ObjectId> ids,
+                                 std::optional<uint32_t> only_of_uid = std::nullopt);
 
   // Objects handed from one client to another through a group (Groups): `group` is the
   // account of `client`'s group. For each id, the group takes one more reference to the

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <string>
@@ -10,10 +11,14 @@ namespace depot::store {
 
 // What a client's uid may do (docs/architecture.md, Trust).
 enum class Access : uint8_t {
-  kNone,  // another uid the daemon does not share with: refused at hello
-  kRead,  // a uid or group of --share-with-*: gets, lists and status, nothing that changes objects
-  kFull,  // root, or the daemon's own uid
+  kNone,   // another uid the daemon does not share with: refused at hello
+  kRead,   // a uid or group of --share-with-*: gets, lists and status, nothing that changes objects
+  kWrite,  // of --share-writable-with-*: kRead, and creates and deletes its own host objects
+  kFull,   // root, or the daemon's own uid
 };
+
+// Whether `uid` may do everything: root, and the daemon's own uid.
+inline bool IsTrustedUid(uid_t uid) { return uid == 0 || uid == ::geteuid(); }
 
 struct Peer {
   pid_t pid = 0;

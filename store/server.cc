@@ -43,11 +43,16 @@ Peer ReadPeer(int fd, const ServerOptions& options) {
     peer.pid = cred.pid;
     peer.uid = cred.uid;
     peer.command = CommandOf(cred.pid);
-    if (cred.uid == 0 || cred.uid == ::geteuid()) {
+    if (IsTrustedUid(cred.uid)) {
       peer.access = Access::kFull;
+    } else if (std::ranges::find(options.share_write_uids, cred.uid) !=
+               options.share_write_uids.end()) {
+      peer.access = Access::kWrite;
     } else if (std::ranges::find(options.share_uids, cred.uid) != options.share_uids.end()) {
       peer.access = Access::kRead;
-    } else if (!options.share_gids.empty()) {
+    }
+    if (peer.access != Access::kFull && peer.access != Access::kWrite &&
+        (!options.share_gids.empty() || !options.share_write_gids.empty())) {
       // The primary group and the supplementary ones (SO_PEERGROUPS, as of connect time;
       // ERANGE says how many there are when the first guess is short).
       std::vector<gid_t> groups(32);
@@ -60,7 +65,10 @@ Peer ReadPeer(int fd, const ServerOptions& options) {
       groups.resize(rc == 0 ? bytes / sizeof(gid_t) : 0);
       groups.push_back(cred.gid);
       for (gid_t gid : groups) {
-        if (std::ranges::find(options.share_gids, gid) != options.share_gids.end()) {
+        if (std::ranges::find(options.share_write_gids, gid) != options.share_write_gids.end()) {
+          peer.access = Access::kWrite;
+        } else if (std::ranges::find(options.share_gids, gid) != options.share_gids.end() &&
+                   peer.access == Access::kNone) {
           peer.access = Access::kRead;
         }
       }

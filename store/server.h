@@ -46,9 +46,12 @@ struct ServerOptions {
   bool metrics = true;  // keep request counters and latency histograms
   // What serves GPUs, for hello and status: "cuda", "simulated", or why there are none.
   std::string device_backend;
-  // Other users that may read objects (docs/architecture.md, Trust).
+  // Other users that may read objects, and those that may create objects too
+  // (docs/architecture.md, Trust).
   std::vector<uid_t> share_uids;
   std::vector<gid_t> share_gids;
+  std::vector<uid_t> share_write_uids;
+  std::vector<gid_t> share_write_gids;
   scheduler::SchedulerOptions scheduler;
 };
 

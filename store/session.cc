@@ -127,10 +127,10 @@ Session::Session(Server& server, boost::asio::local::stream_protocol::socket soc
                  Peer peer)
     : server_(server),
       store_(server.store()),
-      connection_(std::make_shared<Connection>(server.loop(), std::move(socket),
-                                               server.options().max_frame_bytes,
-                                               server.store().arena(), server.store().pools(),
-                                               static_cast<Connection::Handler&>(*this))),
+      connection_(std::make_shared<Connection>(
+          server.loop(), std::move(socket), server.options().max_frame_bytes,
+          server.store().arena(), server.store().pools(), Arena::WritersOf(peer.uid),
+          static_cast<Connection::Handler&>(*this))),
       id_(id),
       peer_(std::move(peer)),
       connected_time_ns_(ipc::WallNanos()) {}
@@ -356,7 +356,9 @@ void Session::HandleDelete(uint64_t rid, capnp::List<wire::Id>::Reader list, uin
   std::vector<ObjectId> ids;
   ids.reserve(list.size());
   for (auto id : list) ids.push_back(ipc::FromWire(id));
-  const std::vector<StatusCode> codes = store_.Delete(ids);
+  // Another uid of --share-writable-with-* deletes its own objects only.
+  const std::vector<StatusCode> codes = store_.Delete(
+      ids, peer_.access == Access::kFull ? std::nullopt : std::optional<uint32_t>(peer_.uid));
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
@@ -434,12 +436,39 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
       return Status::PermissionDenied("uid " + std::to_string(peer_.uid) +
                                       " may read objects from host memory only, not on a GPU");
     default:
-      return Status::PermissionDenied(
-          "uid " + std::to_string(peer_.uid) +
-          " may read this daemon's objects but not create, seal, abort, delete, verify, evict "
-          "or prefetch any, nor submit, cancel or run tasks (depotd --share-with-uid/"
-          "--share-with-group give read access only)");
+      break;
   }
+  if (peer_.access == Access::kWrite) {
+    // Its own objects, in host memory, kept apart from others' (Arena, Writers). Delete
+    // checks each object's owner (HandleDelete); seal, abort and handoff reach only what
+    // this client creates or holds.
+    switch (request.which()) {
+      case wire::Request::CREATE:
+        if (request.getCreate().getDevice() == kHost) return Status::OK();
+        return Status::PermissionDenied("uid " + std::to_string(peer_.uid) +
+                                        " may create objects in host memory only, not on a GPU");
+      case wire::Request::HANDOFF:
+        if (request.getHandoff().getDevice() == kHost) return Status::OK();
+        return Status::PermissionDenied("uid " + std::to_string(peer_.uid) +
+                                        " may hand off objects in host memory only");
+      case wire::Request::SEAL:
+      case wire::Request::ABORT:
+      case wire::Request::DELETE:
+        return Status::OK();
+      default:
+        return Status::PermissionDenied(
+            "uid " + std::to_string(peer_.uid) +
+            " may read this daemon's objects and create and delete its own in host memory, but "
+            "not verify, evict or prefetch any, nor submit, cancel or run tasks (the daemon's "
+            "own uid may)");
+    }
+  }
+  return Status::PermissionDenied(
+      "uid " + std::to_string(peer_.uid) +
+      " may read this daemon's objects but not create, seal, abort, delete, verify, evict or "
+      "prefetch any, nor submit, cancel or run tasks (depotd --share-with-uid/"
+      "--share-with-group give read access only; --share-writable-with-* lets it create "
+      "objects)");
 }
 
 void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello, uint64_t start) {
@@ -449,7 +478,10 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello, uint
               Status::PermissionDenied(
                   "uid " + std::to_string(peer_.uid) + " may not use the depot daemon of uid " +
                   std::to_string(::geteuid()) + " (start depotd with --share-with-uid " +
-                  std::to_string(peer_.uid) + " or --share-with-group to let it read objects)"));
+                  std::to_string(peer_.uid) +
+                  " or --share-with-group to let it read objects, or "
+                  "--share-writable-with-uid/--share-writable-with-group to let it create them "
+                  "too)"));
     Observe(RequestType::kHello, start);
     return CloseSoon("uid " + std::to_string(peer_.uid) + " is not shared with");
   }

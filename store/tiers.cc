@@ -219,31 +219,37 @@ void Tiers::DropReplica(uint32_t slot, int32_t tier) {
   policy_.Reconsider(slot);  // the copy left may be the only one now
 }
 
-std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes) {
-  auto block = arena_.Allocate(bytes);
+std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes, uint32_t writers) {
+  auto block = arena_.Allocate(bytes, writers);
   if (block || !eviction_) return block;
-  if (arena_.BlockSize(bytes) > arena_.segment_size()) return EvictSegmentsFor(bytes);
+  if (arena_.BlockSize(bytes) > arena_.segment_size()) return EvictSegmentsFor(bytes, writers);
   // Evict in LRU order, but only from segments where evicting everything evictable would
-  // make enough room. (Fragmentation can still defeat a segment that has the bytes.)
+  // make enough room: room for the bytes in the class's own segments, the whole segment in
+  // another class's, which it then gives up. (Fragmentation can still defeat a segment that
+  // has the bytes.)
   const LruList& candidates = policy_.candidates(kHost);
   for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
     const uint32_t next = candidates.next(victim);
+    const uint32_t segment = table_.FindReplica(victim, kHost)->region;
+    const uint32_t held_by = arena_.writers(segment);
+    const bool worth = held_by == writers || Arena::IsDedicated(segment)
+                           ? policy_.WorthFreeing(victim, kHost, bytes)
+                           : arena_.free_bytes(segment) + policy_.candidate_bytes(kHost, segment) >=
+                                 arena_.segment_bytes(segment);
     // A copy that must spill first cannot make room now (AllocateOn waits for spills).
-    if (policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill &&
-        policy_.WorthFreeing(victim, kHost, bytes)) {
-      const uint32_t segment = table_.FindReplica(victim, kHost)->region;
+    if (policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill && worth) {
       FreeHostBlock(victim);
       // Only the victim's segment gained room; an object's own segment is gone, and its
       // capacity is free.
-      block =
-          Arena::IsDedicated(segment) ? arena_.Allocate(bytes) : arena_.AllocateIn(segment, bytes);
+      block = Arena::IsDedicated(segment) ? arena_.Allocate(bytes, writers)
+                                          : arena_.AllocateIn(segment, bytes, writers);
     }
     victim = next;
   }
   return block;
 }
 
-std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes) {
+std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes, uint32_t writers) {
   // An object larger than a shared segment needs capacity, not room in a segment: segments
   // that eviction can empty whole (dedicated ones, and shared ones that are then retired).
   // First whether that could ever be enough, so that nothing is evicted for a create that
@@ -282,7 +288,7 @@ std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes) {
       victim = next;
     }
     if (!evicted) break;
-    block = arena_.Allocate(bytes);
+    block = arena_.Allocate(bytes, writers);
   }
   return block;
 }
@@ -640,8 +646,8 @@ int32_t Tiers::Below(int32_t tier) const {
   return tier == kDisk ? kNoTier : kHost;
 }
 
-std::optional<TierPool::Block> Tiers::TryAllocate(int32_t tier, uint64_t bytes) {
-  return tier == kHost ? AllocateOrEvict(bytes) : AllocateDroppingReplicas(tier, bytes);
+std::optional<TierPool::Block> Tiers::TryAllocate(int32_t tier, uint64_t bytes, uint32_t writers) {
+  return tier == kHost ? AllocateOrEvict(bytes, writers) : AllocateDroppingReplicas(tier, bytes);
 }
 
 bool Tiers::StartSpills(int32_t tier, uint64_t bytes) {
@@ -671,10 +677,10 @@ bool Tiers::StartSpills(int32_t tier, uint64_t bytes) {
   return SpillsInFlight(tier);
 }
 
-void Tiers::AllocateOn(int32_t tier, uint64_t bytes, RoomDone then) {
-  if (auto block = TryAllocate(tier, bytes)) return then(block);
+void Tiers::AllocateOn(int32_t tier, uint64_t bytes, uint32_t writers, RoomDone then) {
+  if (auto block = TryAllocate(tier, bytes, writers)) return then(block);
   if (StartSpills(tier, bytes)) {
-    room_waits_[Index(tier)].push_back(RoomWait{bytes, std::move(then)});
+    room_waits_[Index(tier)].push_back(RoomWait{bytes, writers, std::move(then)});
     return;
   }
   then(std::nullopt);
@@ -689,7 +695,8 @@ void Tiers::ScheduleRoomWaits(int32_t tier) {
 void Tiers::ServeRoomWaits(int32_t tier) {
   auto& waits = room_waits_[Index(tier)];
   while (!waits.empty()) {
-    std::optional<TierPool::Block> block = TryAllocate(tier, waits.front().bytes);
+    std::optional<TierPool::Block> block =
+        TryAllocate(tier, waits.front().bytes, waits.front().writers);
     if (!block && (SpillsInFlight(tier) || StartSpills(tier, waits.front().bytes))) {
       return;  // more room is on its way
     }

@@ -144,20 +144,26 @@ class Tiers {
   // Frees an extra replica of a live object, and publishes where its bytes are now.
   void DropReplica(uint32_t slot, int32_t tier);
 
-  // Host room: allocates, evicting in LRU order from segments where that can make room.
-  std::optional<TierPool::Block> AllocateOrEvict(uint64_t bytes);
+  // Host room for an object of the class `writers` (Arena, Writers): allocates, evicting in
+  // LRU order from segments where that can make room for it.
+  std::optional<TierPool::Block> AllocateOrEvict(uint64_t bytes,
+                                                 uint32_t writers = Arena::kTrustedWriters);
   // For an object larger than a shared segment: evicts whole segments, the least recently
   // used first, when that could free the capacity it needs (else evicts nothing).
-  std::optional<TierPool::Block> EvictSegmentsFor(uint64_t bytes);
+  std::optional<TierPool::Block> EvictSegmentsFor(uint64_t bytes, uint32_t writers);
   // Makes room in host memory by taking the object in `slot` out of it: drops its host
   // replica if it has another (a replica dropped, not an eviction), else evicts it; unless a
   // client's lease holds it, when nothing goes. Says which.
   enum class Freed : uint8_t { kNothing, kReplica, kObject };
   Freed FreeHostBlock(uint32_t slot);
-  // Room on `tier` for `bytes`: at once if it can (evicting or dropping what may go at once:
-  // TryAllocate), else after spills to the tier below, or nullopt when nothing can make room.
+  // Room on `tier` for `bytes` (of the class `writers` in host memory): at once if it can
+  // (evicting or dropping what may go at once: TryAllocate), else after spills to the tier
+  // below, or nullopt when nothing can make room.
   using RoomDone = std::function<void(std::optional<TierPool::Block>)>;
-  void AllocateOn(int32_t tier, uint64_t bytes, RoomDone then);
+  void AllocateOn(int32_t tier, uint64_t bytes, RoomDone then) {
+    AllocateOn(tier, bytes, Arena::kTrustedWriters, std::move(then));
+  }
+  void AllocateOn(int32_t tier, uint64_t bytes, uint32_t writers, RoomDone then);
 
   // Copies the object in `slot` to `tier` unless a copy is under way; `waiter` (0: none)
   // waits for it (Owner::CopyDone).
@@ -190,6 +196,7 @@ class Tiers {
   };
   struct RoomWait {
     uint64_t bytes = 0;
+    uint32_t writers = Arena::kTrustedWriters;
     RoomDone then;
   };
 
@@ -203,7 +210,7 @@ class Tiers {
   int32_t Below(int32_t tier) const;
   // Room on `tier` at once: host memory evicts (or drops copies that have another), a GPU
   // and the disk drop copies that have another, and the disk drops objects for good.
-  std::optional<TierPool::Block> TryAllocate(int32_t tier, uint64_t bytes);
+  std::optional<TierPool::Block> TryAllocate(int32_t tier, uint64_t bytes, uint32_t writers);
 
   void StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::Id waiter);
   // Runs the copy of a transfer whose destination is placed, on the executor.

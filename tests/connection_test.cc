@@ -46,6 +46,7 @@ struct SentSegment {
   uint32_t index;
   bool writable;
   bool dedicated;
+  uint32_t generation = 0;
   bool operator==(const SentSegment&) const = default;
 };
 
@@ -57,7 +58,7 @@ class ConnectionTest : public ::testing::Test {
     client_.reset(fds[0]);
     connection_ = std::make_shared<Connection>(
         loop_, Socket(loop_, boost::asio::local::stream_protocol(), fds[1]), 1 << 20, *tiers_.arena,
-        std::span<gpu::DevicePool* const>(gpus_), recorder_);
+        std::span<gpu::DevicePool* const>(gpus_), Arena::kTrustedWriters, recorder_);
     connection_->Start();
   }
   ~ConnectionTest() override { connection_->Close("test over"); }
@@ -147,13 +148,15 @@ std::vector<SentSegment> ConnectionTest::SendAndRead(const ReplyAttachments& att
   capnp::FlatArrayMessageReader read(frame.payload);
   std::vector<SentSegment> sent;
   for (auto s : read.getRoot<wire::Reply>().getNewSegments()) {
-    sent.push_back({s.getIndex(), s.getWritable(), s.getDedicated()});
+    sent.push_back({s.getIndex(), s.getWritable(), s.getDedicated(), s.getGeneration()});
   }
   EXPECT_EQ(frame.fds.size(), sent.size());
   return sent;
 }
 
 TEST_F(ConnectionTest, ASharedSegmentGoesToTheClientOnceReadOnlyAndOnceWritable) {
+  // Segment 0 holds an object of this client's class (the trusted one).
+  ASSERT_TRUE(tiers_.arena->Allocate(64).has_value());
   const uint32_t zero = 0;
   const std::vector<ReplyAttachments> replies = {
       {.segments = std::span(&zero, 1)},
@@ -166,6 +169,27 @@ TEST_F(ConnectionTest, ASharedSegmentGoesToTheClientOnceReadOnlyAndOnceWritable)
   for (size_t i = 0; i < replies.size(); ++i) {
     EXPECT_EQ(SendAndRead(replies[i]), expected[i]) << "reply " << i;
   }
+}
+
+TEST_F(ConnectionTest, AnotherClassesSegmentIsNeverSentWritable) {
+  // Segment 0 holds another uid's object: this (trusted) client may read it, never write it.
+  auto theirs = tiers_.arena->Allocate(64, /*writers=*/4242);
+  ASSERT_TRUE(theirs.has_value());
+  ASSERT_EQ(theirs->region, 0u);
+  const uint32_t zero = 0;
+  EXPECT_EQ(SendAndRead({.segments = std::span(&zero, 1), .writable_segment = 0}),
+            (std::vector<SentSegment>{{0, false, false}}));
+  EXPECT_EQ(SendAndRead({.segments = std::span(&zero, 1), .writable_segment = 0}),
+            std::vector<SentSegment>{});
+  // Empty, it goes to this client's class with a new file: sent again, both ways.
+  tiers_.arena->Free(theirs->region, theirs->handle);
+  auto mine = tiers_.arena->AllocateIn(0, 64, Arena::kTrustedWriters);
+  ASSERT_TRUE(mine.has_value());
+  EXPECT_EQ(tiers_.arena->generation(0), 1u);
+  EXPECT_EQ(SendAndRead({.segments = std::span(&zero, 1), .writable_segment = 0}),
+            (std::vector<SentSegment>{{0, false, false, 1}, {0, true, false, 1}}));
+  EXPECT_EQ(SendAndRead({.segments = std::span(&zero, 1), .writable_segment = 0}),
+            std::vector<SentSegment>{});
 }
 
 TEST_F(ConnectionTest, OnlyTheSegmentsAReplyNamesGoWithIt) {

@@ -1176,5 +1176,192 @@ TEST_F(SharedWithGroupTest, AMemberOfASharedGroupReadsButCannotWrite) {
   EXPECT_EQ(as_user({}), 10) << "uid 4242 in no shared group must be refused";
 }
 
+// A daemon that lets uid 65534 create objects too: 16 MiB of segments of 4 MiB, so that
+// uids compete for whole segments.
+class SharedWritersTest : public OtherUserTest {
+ protected:
+  SharedWritersTest()
+      : OtherUserTest({"--socket-mode", "0666", "--share-writable-with-uid", "65534", "--memory",
+                       "16MiB", "--segment-size", "4MiB", "--simulate-gpus", "1:64MiB",
+                       "--bandwidth-probe", "0"}) {}
+
+  // Root's objects with checksums, each `bytes` of its own seed; returns their ids.
+  std::vector<ObjectId> PutOwn(const std::string& prefix, int count, uint64_t bytes) {
+    std::vector<ObjectId> ids;
+    CreateOptions options;
+    options.checksum = true;
+    for (int i = 0; i < count; ++i) {
+      ids.push_back(ObjectId::FromName(prefix + std::to_string(i)));
+      EXPECT_OK(victim_->Put(ids.back(), SeededBytes(bytes, 100 + i), options));
+    }
+    return ids;
+  }
+  // They hold what PutOwn wrote, and their checksums still match.
+  void ExpectIntact(const std::vector<ObjectId>& ids, uint64_t bytes) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_OK_AND_ASSIGN(Buffer got, victim_->Get(ids[i]));
+      EXPECT_TRUE(SameBytes(got.data(), SeededBytes(bytes, 100 + static_cast<int>(i))))
+          << "object " << i << " changed";
+    }
+    ASSERT_OK_AND_ASSIGN(auto verified, victim_->Verify(ids));
+    for (const auto& v : verified) EXPECT_EQ(v.state, VerifyState::kOk);
+  }
+  uint64_t SealedObjects() {
+    auto status = victim_->GetStatus();
+    EXPECT_TRUE(status.ok()) << status.status().ToString();
+    return status.ok() ? status->objects_sealed : 0;
+  }
+};
+
+// This process's mappings of the arena's files, [start, end), writable ones only if asked.
+std::vector<std::pair<uintptr_t, uintptr_t>> ArenaMappings(bool writable_only) {
+  std::ifstream maps("/proc/self/maps");
+  std::vector<std::pair<uintptr_t, uintptr_t>> found;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("depot-segment") == std::string::npos &&
+        line.find("depot-object") == std::string::npos) {
+      continue;
+    }
+    unsigned long start = 0, end = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &start, &end, perms) == 3 &&
+        (!writable_only || perms[1] == 'w')) {
+      found.emplace_back(start, end);
+    }
+  }
+  return found;
+}
+
+// In a child, first: a forked child inherits its parent's mappings, which a process of
+// another user would never have. Unmaps them.
+void DropInheritedArenaMappings() {
+  for (const auto& [start, end] : ArenaMappings(false)) {
+    ::munmap(reinterpret_cast<void*>(start), end - start);
+  }
+}
+
+// In a child: writes over every writable mapping of the arena it has (its client's views of
+// the segments it created objects in); returns the bytes written.
+uint64_t ScribbleOverWritableSegments() {
+  uint64_t written = 0;
+  for (const auto& [start, end] : ArenaMappings(true)) {
+    std::memset(reinterpret_cast<void*>(start), 0xee, end - start);
+    written += end - start;
+  }
+  return written;
+}
+
+TEST_F(SharedWritersTest, AnotherUidCreatesItsOwnObjectsAndReachesNoOneElses) {
+  const std::vector<ObjectId> mine = PutOwn("hostile/root/", 3, 200'000);
+  const ObjectId unsealed = ObjectId::FromName("hostile/root-creating");
+  ASSERT_OK_AND_ASSIGN(MutableBuffer creating, victim_->Create(unsealed, 64));
+  const ObjectId theirs = ObjectId::FromName("hostile/nobody/kept");
+  EXPECT_EQ(
+      RunInChild([&] {
+        DropInheritedArenaMappings();
+        if (!BecomeUser(kNobody)) return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
+        auto client = Client::Connect(daemon_->socket_path());
+        if (!client.ok()) return ChildFailed(3, "connect: " + client.status().ToString());
+        auto got = client->Get(victim_id_);
+        if (!got.ok() || !SameBytes(got->data(), victim_data_)) return ChildFailed(4, "no read");
+        CreateOptions options;
+        options.checksum = true;
+        for (int i = 0; i < 3; ++i) {
+          const ObjectId id = ObjectId::FromName("hostile/nobody/" + std::to_string(i));
+          if (Status st = client->Put(id, SeededBytes(300'000, i), options); !st.ok()) {
+            return ChildFailed(5, "put: " + st.ToString());
+          }
+        }
+        if (Status st = client->Put(theirs, SeededBytes(1000, 7), options); !st.ok()) {
+          return ChildFailed(5, "put: " + st.ToString());
+        }
+        auto own = client->Get(ObjectId::FromName("hostile/nobody/0"));
+        if (!own.ok() || !SameBytes(own->data(), SeededBytes(300'000, 0))) {
+          return ChildFailed(6, "cannot read its own object");
+        }
+        own = Buffer();
+        std::string allowed;
+        const auto expect_denied = [&](const Status& st, const char* what) {
+          if (st.code() != StatusCode::kPermissionDenied) {
+            allowed += std::string(" ") + what + " (" + st.ToString() + ")";
+          }
+        };
+        expect_denied(client->Delete(victim_id_), "deleting root's object");
+        expect_denied(client->CreateOnDevice(ObjectId::FromName("hostile/gpu"), 64, 0).status(),
+                      "a create on a GPU");
+        expect_denied(client->GetOnDevice(victim_id_, 0).status(), "a get on a GPU");
+        expect_denied(client->Evict(0, true).status(), "evict");
+        expect_denied(client->Verify().status(), "verify");
+        expect_denied(client->Prefetch(std::span(&victim_id_, 1), Client::kHostMemory), "prefetch");
+        expect_denied(client->Submit({.function = "noop"}).status(), "submit");
+        if (!allowed.empty()) return ChildFailed(7, "allowed:" + allowed);
+        if (client->Seal(unsealed).ok() || client->Abort(unsealed).ok()) {
+          return ChildFailed(8, "sealed or aborted root's object");
+        }
+        // Everything it can write: its objects' segments. None of root's objects is there.
+        if (ScribbleOverWritableSegments() == 0) return ChildFailed(9, "mapped nothing writable");
+        if (Status st = client->Delete(ObjectId::FromName("hostile/nobody/0")); !st.ok()) {
+          return ChildFailed(10, "cannot delete its own object: " + st.ToString());
+        }
+        return 0;
+      }),
+      0);
+  ExpectIntact(mine, 200'000);
+  std::memset(creating.ptr(), 1, 64);
+  EXPECT_OK(victim_->Seal(unsealed));
+  // Its own objects it did write over: their checksums say so, and they are its.
+  ASSERT_OK_AND_ASSIGN(auto verified, victim_->Verify(std::span(&theirs, 1)));
+  ASSERT_EQ(verified.size(), 1u);
+  EXPECT_EQ(verified[0].state, VerifyState::kMismatch);
+  ASSERT_OK_AND_ASSIGN(ObjectDetails details, victim_->Describe(theirs));
+  EXPECT_EQ(details.info.owner_uid, kNobody);
+  ASSERT_OK(victim_->Delete(theirs));
+}
+
+TEST_F(SharedWritersTest, ASegmentAnotherUidEmptiedIsGivenANewFileBeforeRootUsesIt) {
+  ReadyPipe put, read, deleted, go;
+  const ObjectId theirs = ObjectId::FromName("hostile/nobody/big");
+  const uint64_t big = 3 << 20;
+  ChildProcess writer = ChildProcess::Start([&] {
+    DropInheritedArenaMappings();
+    if (!BecomeUser(kNobody)) return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
+    auto client = Client::Connect(daemon_->socket_path());
+    if (!client.ok()) return ChildFailed(3, "connect: " + client.status().ToString());
+    if (Status st = client->Put(theirs, SeededBytes(big, 9)); !st.ok()) {
+      return ChildFailed(4, "put: " + st.ToString());
+    }
+    put.Signal();
+    if (!read.Wait(std::chrono::seconds(30))) return ChildFailed(5, "root never read it");
+    if (Status st = client->Delete(theirs); !st.ok()) return ChildFailed(6, st.ToString());
+    deleted.Signal();
+    // It keeps its client, and so its writable mapping of the segment's old file, until
+    // root has put its objects there; then writes over all of it.
+    if (!go.Wait(std::chrono::seconds(30))) return ChildFailed(7, "root never said go");
+    if (ScribbleOverWritableSegments() < big) return ChildFailed(8, "mapped nothing writable");
+    return 0;
+  });
+  ASSERT_TRUE(put.Wait(std::chrono::seconds(30)));
+  {
+    // Root maps the segment's first file too, reading the object.
+    ASSERT_OK_AND_ASSIGN(Buffer got, victim_->Get(theirs));
+    EXPECT_TRUE(SameBytes(got.data(), SeededBytes(big, 9)));
+  }
+  read.Signal();
+  ASSERT_TRUE(deleted.Wait(std::chrono::seconds(30)));
+  // Gone once root's release has reached the daemon too.
+  for (int tries = 0; tries < 100'000 && SealedObjects() != 1; ++tries) std::this_thread::yield();
+  ASSERT_EQ(SealedObjects(), 1u) << "only the victim is left";
+  // Four objects of 3 MiB: the fourth has room only in the segment uid 65534 emptied.
+  const std::vector<ObjectId> mine = PutOwn("hostile/root/", 4, big);
+  EXPECT_NE(daemon_->Log().find("has a new file, for objects of the daemon's uid instead of "
+                                "uid 65534"),
+            std::string::npos)
+      << daemon_->Log();
+  ExpectIntact(mine, big);
+  go.Signal();
+  EXPECT_EQ(writer.Wait(), 0);
+  ExpectIntact(mine, big);
+}
+
 }  // namespace
 }  // namespace depot::testing

@@ -337,6 +337,8 @@ std::string DeleteError(const ObjectId& id, StatusCode code) {
       return what + "no such object";
     case StatusCode::kNotSealed:
       return what + "it is still being created (seal or abort it first)";
+    case StatusCode::kPermissionDenied:
+      return what + "another user's object (a user the daemon shares with deletes its own only)";
     default:
       return what + std::string(StatusCodeName(code));
   }

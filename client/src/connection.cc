@@ -677,10 +677,10 @@ Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
     // The segments' descriptors come first, in order; any after them are the reply's own
     // (hello's header table).
     for (unsigned i = 0; i < segments.size(); ++i) {
-      DEPOT_ASSIGN_OR_RETURN(
-          auto mapping,
-          segments_.Add(segments[i].getIndex(), segments[i].getSize(), segments[i].getWritable(),
-                        segments[i].getDedicated(), std::move(frame.fds[i])));
+      DEPOT_ASSIGN_OR_RETURN(auto mapping,
+                             segments_.Add(segments[i].getIndex(), segments[i].getSize(),
+                                           segments[i].getWritable(), segments[i].getDedicated(),
+                                           segments[i].getGeneration(), std::move(frame.fds[i])));
       // A dedicated segment stays mapped while the reply waits to be read.
       if (mapping) mappings.push_back(std::move(mapping));
     }

@@ -38,4 +38,14 @@ Result<Mapping> Mapping::Map(int fd, size_t size, int prot, int extra_flags, con
   return Mapping(static_cast<std::byte*>(p), size);
 }
 
+Status Mapping::Replace(int fd, int prot, const char* what) {
+  if (data_ == nullptr) return Status::Internal(std::string("no mapping to replace for ") + what);
+  if (::mmap(data_, size_, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    const int error = errno;
+    Unmap();
+    return Status::FromErrno(std::string("mmap of a new file for ") + what, error);
+  }
+  return Status::OK();
+}
+
 }  // namespace depot::internal

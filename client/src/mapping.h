@@ -20,6 +20,9 @@ class Mapping {
   // (e.g. MAP_POPULATE). The descriptor is not kept: the caller may close it afterwards.
   // Fails with IoError naming `what` and the errno.
   static Result<Mapping> Map(int fd, size_t size, int prot, int extra_flags, const char* what);
+  // Maps `fd` (of the same size) in place of what this maps, at the same address, so that
+  // no pointer into it dangles. On failure the mapping is empty.
+  Status Replace(int fd, int prot, const char* what);
 
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }

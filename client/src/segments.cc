@@ -21,7 +21,8 @@ std::string Describe(uint32_t index, bool writable) {
 }  // namespace
 
 Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t size, bool writable,
-                                                     bool dedicated, ipc::UniqueFd fd) {
+                                                     bool dedicated, uint32_t generation,
+                                                     ipc::UniqueFd fd) {
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   if (dedicated != ipc::IsDedicatedSegment(index)) {
     return Status::Internal("the daemon sent " + Describe(index, writable) + " as " +
@@ -52,9 +53,28 @@ Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t si
   std::lock_guard lock(mu_);
   if (index >= shared_.size()) shared_.resize(index + 1);
   Shared& entry = shared_[index];
+  if (entry.announced && generation != entry.generation) {
+    if (writable) {
+      return Status::Internal("the daemon sent " + Describe(index, true) + " of generation " +
+                              std::to_string(generation) + " before its read-only view");
+    }
+    // A new file: the daemon gave the segment, empty, to another user's objects, so nothing
+    // this client holds is in it. The old writable view goes; the read-only one is replaced
+    // where it is.
+    entry.generation = generation;
+    entry.writable = Mapping();
+    entry.writable_error = Status::OK();
+    if (entry.readable.data() != nullptr && entry.readable.size() == size) {
+      entry.error = entry.readable.Replace(fd.get(), prot, Describe(index, false).c_str());
+      return std::shared_ptr<const Mapping>();
+    }
+    entry.announced = false;
+    entry.error = Status::OK();
+  }
   if (writable ? entry.writable.data() != nullptr || !entry.writable_error.ok() : entry.announced) {
     return std::shared_ptr<const Mapping>();
   }
+  if (!writable) entry.generation = generation;
   auto mapped = Mapping::Map(fd.get(), size, prot, 0, Describe(index, writable).c_str());
   if (writable) {
     if (mapped.ok()) {

@@ -5,7 +5,9 @@
 // page is mapped when it is first touched, so a client's resident memory grows with the
 // bytes it reads or writes, not with the arena. There are two kinds:
 // - A shared segment is sent once per session and stays mapped for the session's life, so a
-//   warm Get costs no system call.
+//   warm Get costs no system call. When the daemon gives an empty segment a new file (for
+//   another user's objects), it sends it again with a higher generation: the new file is
+//   mapped in place of the old, and the writable view of the old one is dropped.
 // - A dedicated segment holds one object larger than a shared segment. Its mapping lives as
 //   long as something holds it (the Holdings of that object, and the reply that carried it
 //   until then), and is unmapped after: the daemon sends it again with every reply that
@@ -41,12 +43,14 @@ class Segments {
 
   // Maps segment `index` of `size` bytes read-only (`writable` false) or writable, and closes
   // `fd`. A failure to map is kept and reported by the Resolves of that view; a shared view
-  // announced twice keeps the first. A dedicated segment's mapping is returned (null if it
-  // failed), and lives as long as that or any View of it; while it lives, a second
-  // announcement shares it. A segment's read-only view is announced first. Fails only when
-  // the daemon breaks the protocol (a dedicated index sent as shared, or the reverse).
+  // announced twice in one generation keeps the first, and a read-only view of a newer
+  // generation replaces both. A dedicated segment's mapping is returned (null if it failed),
+  // and lives as long as that or any View of it; while it lives, a second announcement
+  // shares it. A segment's read-only view is announced first. Fails only when the daemon
+  // breaks the protocol (a dedicated index sent as shared or the reverse, a writable view of
+  // another generation than the read-only one).
   Result<std::shared_ptr<const Mapping>> Add(uint32_t index, uint64_t size, bool writable,
-                                             bool dedicated, ipc::UniqueFd fd);
+                                             bool dedicated, uint32_t generation, ipc::UniqueFd fd);
 
   // The address of bytes [offset, offset + size) of segment `index` in its read-only view.
   // Fails with Internal if the daemon never announced the segment (or a dedicated one is no
@@ -60,6 +64,7 @@ class Segments {
  private:
   struct Shared {
     bool announced = false;
+    uint32_t generation = 0;  // of the file mapped (Reply.newSegments)
     Mapping readable;
     Mapping writable;  // empty until the daemon sends the segment writable
     Status error;      // why mapping the read-only view failed, if it did

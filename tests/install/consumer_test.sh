@@ -73,7 +73,7 @@ if ! "$prefix/bin/depotd" --config "$config" --check-config > "$work/check.log" 
     fail "checking the installed configuration: $(cat "$work/check.log")"
 fi
 set -- --config "$config" --socket "$socket" --socket-group "$(id -g)" \
-  --share-with-group "$(id -g)" --memory 64MiB --segment-size 16MiB --no-gpus
+  --share-writable-with-group "$(id -g)" --memory 64MiB --segment-size 16MiB --no-gpus
 "$prefix/bin/depotd" "$@" --check-config || fail "the installed configuration does not check"
 "$prefix/bin/depotd" "$@" --exit-with-pid $$ > "$work/depotd.log" 2>&1 &
 daemon=$!
@@ -126,9 +126,9 @@ grep -q "$work/typo.toml: unknown key 'memroy' (did you mean 'memory'?)" "$work/
   fail "unknown key: $(cat "$work/typo.log")"
 sed 's/^memory = .*/memory = "lots"/' "$config" > "$work/bad.toml"
 "$prefix/bin/depotd" --config "$work/bad.toml" --memory=8GiB --socket-group "$(id -g)" \
-  --share-with-group "$(id -g)" --check-config > /dev/null || fail "a flag overrides the file"
+  --share-writable-with-group "$(id -g)" --check-config > /dev/null || fail "a flag overrides the file"
 if "$prefix/bin/depotd" --config "$work/bad.toml" --socket-group "$(id -g)" \
-  --share-with-group "$(id -g)" --check-config > "$work/bad.log" 2>&1; then
+  --share-writable-with-group "$(id -g)" --check-config > "$work/bad.log" 2>&1; then
   fail "a file with a bad value checks"
 fi
 grep -q "$work/bad.toml: memory: 'lots' is not a size" "$work/bad.log" ||

@@ -57,7 +57,7 @@ version=$("$root/usr/bin/depotd" --version) || fail "the packaged depotd does no
 # Unpacked, not configured (that would run postinst, which adds a user, on this host): the
 # conffile waits beside its place.
 "$root/usr/bin/depotd" --config "$root/etc/depot/depotd.toml.dpkg-new" --socket-group "$(id -g)" \
-  --share-with-group "$(id -g)" --check-config || fail "the packaged configuration"
+  --share-writable-with-group "$(id -g)" --check-config || fail "the packaged configuration"
 grep -q "^ExecStart=/usr/bin/depotd --config /etc/depot/depotd.toml$" \
   "$root/usr/lib/systemd/system/depotd.service" || fail "the unit's ExecStart"
 echo "package: ok ($depends)"
