@@ -3,9 +3,14 @@
 namespace depot::store {
 
 void HandoffDeadlines::Add(const Key& key, uint64_t deadline_ns) {
-  by_time_.emplace(deadline_ns, key);
+  auto& mine = by_group_[key.group];
+  if (mine.empty() || deadline_ns < mine.begin()->first) {
+    if (!mine.empty()) heads_.erase({mine.begin()->first, key.group});
+    heads_.emplace(deadline_ns, key.group);
+  }
+  mine.emplace(deadline_ns, key);
   by_key_[key].insert(deadline_ns);
-  ++per_group_[key.group];
+  ++size_;
 }
 
 void HandoffDeadlines::Claimed(const Key& key) {
@@ -16,33 +21,37 @@ void HandoffDeadlines::Claimed(const Key& key) {
 }
 
 uint64_t HandoffDeadlines::ForgetGroup(ClientId group) {
-  if (per_group_.erase(group) == 0) return 0;
+  const auto mine = by_group_.find(group);
+  if (mine == by_group_.end()) return 0;
+  heads_.erase({mine->second.begin()->first, group});
+  const size_t count = mine->second.size();
+  by_group_.erase(mine);
+  size_ -= count;
   auto first = by_key_.lower_bound(Key{group, 0, INT32_MIN});
   auto last = first;
   while (last != by_key_.end() && last->first.group == group) ++last;
   by_key_.erase(first, last);
-  uint64_t bytes = 0;
-  for (auto it = by_time_.begin(); it != by_time_.end();) {
-    if (it->second.group == group) {
-      it = by_time_.erase(it);
-      bytes += kBytes;
-    } else {
-      ++it;
-    }
-  }
-  return bytes;
+  return count * kBytes;
 }
 
 std::vector<HandoffDeadlines::Key> HandoffDeadlines::Expire(
-    uint64_t now_ns, std::map<ClientId, uint64_t>* freed_bytes) {
+    uint64_t now_ns, std::map<ClientId, uint64_t>* freed_bytes, size_t max) {
   std::vector<Key> due;
-  while (!by_time_.empty() && by_time_.begin()->first <= now_ns) {
-    const auto [deadline, key] = *by_time_.begin();
-    by_time_.erase(by_time_.begin());
-    (*freed_bytes)[key.group] += kBytes;
-    if (const auto count = per_group_.find(key.group); --count->second == 0) {
-      per_group_.erase(count);
+  for (size_t removed = 0; removed < max && !heads_.empty() && heads_.begin()->first <= now_ns;
+       ++removed) {
+    // The earliest deadline of all: its group's first.
+    const ClientId group = heads_.begin()->second;
+    heads_.erase(heads_.begin());
+    const auto mine = by_group_.find(group);
+    const auto [deadline, key] = *mine->second.begin();
+    mine->second.erase(mine->second.begin());
+    if (mine->second.empty()) {
+      by_group_.erase(mine);
+    } else {
+      heads_.emplace(mine->second.begin()->first, group);
     }
+    --size_;
+    (*freed_bytes)[group] += kBytes;
     // Still a reference of the group's, unless a claim took it: the same deadline, or an
     // equal one, which is as good.
     const auto it = by_key_.find(key);

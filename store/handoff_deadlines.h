@@ -6,9 +6,11 @@
 // References are counted, not named: a claim takes the group's reference that would expire
 // first, and one whose handoff had no deadline only when none would. Each deadline is
 // charged to the group's account as daemon memory (kBytes), until it expires or the group
-// ends.
+// ends. Deadlines are kept by group, so a group's end costs its own deadlines only, and
+// expire in slices, so that a million due at once do not hold the loop.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -40,23 +42,25 @@ class HandoffDeadlines {
   // Forgets every deadline of `group`, which ended (its references go with it). Returns the
   // bytes they were charged.
   uint64_t ForgetGroup(ClientId group);
-  // Removes the deadlines due at `now_ns`. Returns the references to give back (a key once
-  // per reference), and adds to *freed_bytes what each removed deadline was charged.
-  std::vector<Key> Expire(uint64_t now_ns, std::map<ClientId, uint64_t>* freed_bytes);
+  // Removes the deadlines due at `now_ns`, in time order, at most `max` of them (next() then
+  // says whether more are due). Returns the references to give back (a key once per
+  // reference), and adds to *freed_bytes what each removed deadline was charged.
+  std::vector<Key> Expire(uint64_t now_ns, std::map<ClientId, uint64_t>* freed_bytes,
+                          size_t max = SIZE_MAX);
 
   // The earliest deadline still to come, 0 if none.
-  uint64_t next() const { return by_time_.empty() ? 0 : by_time_.begin()->first; }
-  size_t size() const { return by_time_.size(); }
+  uint64_t next() const { return heads_.empty() ? 0 : heads_.begin()->first; }
+  size_t size() const { return size_; }
 
  private:
-  // Every deadline, in time order, until it is due or its group ends; one a claim took
-  // stays here (charged) until then, and is then found gone from by_key_.
-  std::multimap<uint64_t, Key> by_time_;
+  // Every deadline of each group, in time order, until it is due or the group ends; one a
+  // claim took stays here (charged) until then, and is then found gone from by_key_.
+  std::map<ClientId, std::multimap<uint64_t, Key>> by_group_;
+  // Each group's earliest deadline: the groups in the order their next deadline comes.
+  std::set<std::pair<uint64_t, ClientId>> heads_;
   // The deadlines of each key's references not claimed yet.
   std::map<Key, std::multiset<uint64_t>> by_key_;
-  // How many of by_time_'s entries each group has: a session's end (every client's end
-  // calls ForgetGroup) costs nothing where its account has none.
-  std::map<ClientId, uint64_t> per_group_;
+  size_t size_ = 0;  // deadlines in by_group_
 };
 
 }  // namespace depot::store

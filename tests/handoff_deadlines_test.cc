@@ -58,5 +58,26 @@ TEST(HandoffDeadlinesTest, AGroupsEndForgetsItsDeadlinesOnly) {
   EXPECT_EQ(deadlines.ForgetGroup(3), 0u);
 }
 
+TEST(HandoffDeadlinesTest, ManyGroupsExpireInTimeOrderAndInSlices) {
+  HandoffDeadlines deadlines;
+  // Three groups' deadlines interleaved in time: 1 at 10, 40, 70...; 2 at 20, 50...; 3 at 30...
+  for (uint32_t i = 0; i < 30; ++i) deadlines.Add({1 + i % 3, i, -1}, 10 * (i + 1));
+  EXPECT_EQ(deadlines.size(), 30u);
+  std::map<ClientId, uint64_t> freed;
+  std::vector<Key> due = deadlines.Expire(1000, &freed, /*max=*/7);
+  ASSERT_EQ(due.size(), 7u);
+  for (uint32_t i = 0; i < 7; ++i) EXPECT_EQ(due[i], (Key{1 + i % 3, i, -1}));
+  EXPECT_EQ(deadlines.next(), 80u) << "the rest are still due";
+  // Group 2 ends (two of its ten are gone): the others' go on from where they were.
+  EXPECT_EQ(deadlines.ForgetGroup(2), 8 * HandoffDeadlines::kBytes);
+  due = deadlines.Expire(1000, &freed);
+  ASSERT_EQ(due.size(), 30u - 7 - 8);
+  for (size_t i = 1; i < due.size(); ++i) EXPECT_LT(due[i - 1].slot, due[i].slot);
+  for (const Key& key : due) EXPECT_NE(key.group, 2u);
+  EXPECT_EQ(deadlines.size(), 0u);
+  EXPECT_EQ(deadlines.next(), 0u);
+  EXPECT_EQ(freed[1] + freed[2] + freed[3], (30 - 8) * HandoffDeadlines::kBytes);
+}
+
 }  // namespace
 }  // namespace depot::store
