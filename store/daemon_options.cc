@@ -249,6 +249,17 @@ Result<uint32_t> IdOf(const std::string& flag, const std::string& text, bool is_
                                  (is_group ? "group" : "user") + " of this host");
 }
 
+// IdOf of each of `texts`.
+Result<std::vector<uint32_t>> IdsOf(const std::string& flag, const std::vector<std::string>& texts,
+                                    bool is_group) {
+  std::vector<uint32_t> ids;
+  for (const std::string& text : texts) {
+    DEPOT_ASSIGN_OR_RETURN(uint32_t id, IdOf(flag, text, is_group));
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 // A size flag's value, or InvalidArgument naming the flag.
 Result<uint64_t> SizeOf(const std::string& flag, const std::string& text) {
   auto size = ipc::ParseSize(text);
@@ -382,22 +393,12 @@ Result<DaemonSettings> Resolve(const CLI::App& app, const RawOptions& raw) {
     DEPOT_ASSIGN_OR_RETURN(s.socket_group, IdOf("--socket-group", raw.socket_group, true));
   }
   s.exit_with_pid = raw.exit_with_pid;
-  for (const std::string& user : raw.share_users) {
-    DEPOT_ASSIGN_OR_RETURN(uid_t uid, IdOf("--share-with-uid", user, false));
-    s.share_uids.push_back(uid);
-  }
-  for (const std::string& group : raw.share_groups) {
-    DEPOT_ASSIGN_OR_RETURN(gid_t gid, IdOf("--share-with-group", group, true));
-    s.share_gids.push_back(gid);
-  }
-  for (const std::string& user : raw.share_write_users) {
-    DEPOT_ASSIGN_OR_RETURN(uid_t uid, IdOf("--share-writable-with-uid", user, false));
-    s.share_write_uids.push_back(uid);
-  }
-  for (const std::string& group : raw.share_write_groups) {
-    DEPOT_ASSIGN_OR_RETURN(gid_t gid, IdOf("--share-writable-with-group", group, true));
-    s.share_write_gids.push_back(gid);
-  }
+  DEPOT_ASSIGN_OR_RETURN(s.share_uids, IdsOf("--share-with-uid", raw.share_users, false));
+  DEPOT_ASSIGN_OR_RETURN(s.share_gids, IdsOf("--share-with-group", raw.share_groups, true));
+  DEPOT_ASSIGN_OR_RETURN(s.share_write_uids,
+                         IdsOf("--share-writable-with-uid", raw.share_write_users, false));
+  DEPOT_ASSIGN_OR_RETURN(s.share_write_gids,
+                         IdsOf("--share-writable-with-group", raw.share_write_groups, true));
 
   auto memory = ParseMemory(raw.memory);
   if (!memory.ok()) return Status::InvalidArgument("--memory: " + memory.status().message());
