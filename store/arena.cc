@@ -24,6 +24,15 @@ namespace {
 
 constexpr uint64_t kHugetlbfsMagic = 0x958458f6;
 
+// Punches out a file's pages: they go now, whoever maps it (a mapping reads zeros after).
+void GiveBackPages(int fd, uint64_t size, uint32_t segment) {
+  if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size)) !=
+      0) {
+    spdlog::warn("arena: cannot give back the pages of segment {}: {}", segment,
+                 std::strerror(errno));
+  }
+}
+
 std::string DescribeWriters(uint32_t writers) {
   if (writers == Arena::kTrustedWriters) return "the daemon's uid";
   if (writers == Arena::kNoWriters) return "nobody";
@@ -136,18 +145,36 @@ Status Arena::Reserve(int fd, uint64_t size) {
 }
 
 bool Arena::Reassign(Segment& s, uint32_t writers) {
-  // As in FreeCapacity: a job still preparing the segment uses its file and mapping.
-  s.preparing.wait(true, std::memory_order_acquire);
-  auto files = OpenFile(s.size, "depot-segment-" + std::to_string(s.index));
-  if (!files.ok()) {
-    spdlog::warn("arena: cannot give segment {} a new file: {}", s.index,
-                 files.status().ToString());
-    return false;
-  }
+  // A job still preparing the segment uses its file and mapping. The loop does not wait for
+  // it (a fallocate of the segment's size, which a writer emptying segments could repeat):
+  // the segment is not given away this time.
+  if (s.preparing.load(std::memory_order_acquire)) return false;
   if (s.page_locked.exchange(false, std::memory_order_acq_rel)) {
     options_.unlock_pages(s.base);
     page_locked_.fetch_sub(s.size, std::memory_order_relaxed);
   }
+  // In a directory the old file's pages go first (it holds no object), so that the new
+  // file's reservation finds room.
+  const bool in_dir = !options_.dir.empty();
+  if (in_dir) GiveBackPages(s.fd.get(), s.size, s.index);
+  // If the new file cannot be had, the segment stays as it was.
+  const auto keep = [&](const std::string& why) {
+    spdlog::warn("arena: cannot give segment {} a new file: {}", s.index, why);
+    if (in_dir && !Reserve(s.fd.get(), s.size).ok()) {
+      // Its pages could not be reserved again: retired, so that Revive reserves them first.
+      s.retired = true;
+      retired_++;
+      mapped_ -= s.size;
+      return false;
+    }
+    if (options_.dir.empty() || options_.lock_pages) {
+      s.preparing.store(true, std::memory_order_relaxed);
+      boost::asio::post(prefault_pool_, [this, segment = &s] { PrepareSegment(*segment); });
+    }
+    return false;
+  };
+  auto files = OpenFile(s.size, "depot-segment-" + std::to_string(s.index));
+  if (!files.ok()) return keep(files.status().ToString());
   // The new file replaces the old one at the same address, so no pointer the daemon keeps
   // into the segment (there are none into an empty one) could dangle.
   if (::mmap(s.base, s.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, files->fd.get(), 0) ==
@@ -159,21 +186,24 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
                        std::strerror(error), std::strerror(errno));
       std::abort();
     }
-    spdlog::warn("arena: cannot map a new file for segment {}: {}", s.index, std::strerror(error));
-    return false;
+    return keep(std::string("mmap: ") + std::strerror(error));
   }
-  // The old file's pages go now, whoever still maps it.
-  if (::fallocate(s.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-                  static_cast<off_t>(s.size)) != 0) {
-    spdlog::warn("arena: cannot give back the pages of segment {}'s old file: {}", s.index,
-                 std::strerror(errno));
-  }
+  ipc::UniqueFd old = std::move(s.fd);
   s.fd = std::move(files->fd);
   s.read_fd = std::move(files->read_fd);
   spdlog::info("arena: segment {} ({}) has a new file, for objects of {} instead of {}", s.index,
                ipc::FormatSize(s.size), DescribeWriters(writers), DescribeWriters(s.writers));
   s.writers = writers;
   s.generation++;
+  // The old file goes on a worker: its pages given back, whoever still maps it (a client of
+  // the previous class may, writable), and in a directory its size too, so that such a
+  // mapping cannot fill the directory again.
+  boost::asio::post(prefault_pool_, [old = std::move(old), size = s.size, index = s.index, in_dir] {
+    if (!in_dir) GiveBackPages(old.get(), size, index);
+    if (in_dir && ::ftruncate(old.get(), 0) != 0) {
+      spdlog::warn("arena: cannot truncate segment {}'s old file: {}", index, std::strerror(errno));
+    }
+  });
   if (options_.dir.empty() || options_.lock_pages) {
     s.preparing.store(true, std::memory_order_relaxed);
     boost::asio::post(prefault_pool_, [this, segment = &s] { PrepareSegment(*segment); });
@@ -340,8 +370,9 @@ std::optional<Arena::Block> Arena::Carve(Segment& s, uint64_t size, uint32_t wri
 std::optional<Arena::Block> Arena::AllocateIn(uint32_t segment, uint64_t size, uint32_t writers) {
   Segment& s = at(segment);
   if (auto b = Carve(s, size, writers)) return b;
+  // An empty segment of another class, if it could hold the object.
   if (IsDedicated(segment) || s.retired || s.writers == writers || s.writers == kNoWriters ||
-      s.allocator.live_allocations() != 0 || !Reassign(s, writers)) {
+      s.allocator.live_allocations() != 0 || ReservedSize(size) > s.size || !Reassign(s, writers)) {
     return std::nullopt;
   }
   return Carve(s, size, writers);
@@ -391,11 +422,12 @@ void Arena::Free(uint32_t segment, uint32_t handle) {
   // Freeing the pages takes about 0.13 s per GiB: on a worker, off the loop. A client maps a
   // dedicated segment only while it holds the object, but one that kept its mapping would
   // keep the pages alive, outside the capacity: the hole punched first frees them whoever
-  // maps them (a mapping left behind reads zeros).
-  boost::asio::post(prefault_pool_, [gone = std::move(gone)] {
-    if (::fallocate(gone->fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-                    static_cast<off_t>(gone->size)) != 0) {
-      spdlog::warn("arena: cannot give back the pages of segment {}: {}", gone->index,
+  // maps them (a mapping left behind reads zeros). In a directory the file is truncated too,
+  // so that such a writable mapping cannot fill the directory again.
+  boost::asio::post(prefault_pool_, [gone = std::move(gone), in_dir = !options_.dir.empty()] {
+    GiveBackPages(gone->fd.get(), gone->size, gone->index);
+    if (in_dir && ::ftruncate(gone->fd.get(), 0) != 0) {
+      spdlog::warn("arena: cannot truncate the file of segment {}: {}", gone->index,
                    std::strerror(errno));
     }
     ::munmap(gone->base, gone->size);

@@ -23,15 +23,17 @@
 //
 // Writers. A client that creates an object gets its segment's file read-write, and with it
 // every other object in that segment. So each segment belongs to one class of writers, and
-// holds only objects of that class: the trusted class (kTrustedWriters: the daemon itself,
-// root and the daemon's uid), or one other uid that --share-writable-with-* lets create
-// objects. A shared segment is claimed by the first class that allocates in it and keeps
-// that class while it is empty, for its next objects. Another class takes it over only when
-// nothing else has room: the segment is given a new file first, at the same index and the
-// same address in the daemon, with its generation counted up, and the old file's pages are
-// given back, so a client of the previous class that keeps its mapping of the old file
-// reaches nothing of anyone's. Sessions are sent the new file (Reply.newSegments, with the
-// generation) before any reply that names an object in it.
+// holds only what that class may write: the trusted class (kTrustedWriters: root, the
+// daemon's uid, and every copy the daemon makes itself, such as restores from disk and
+// copies from GPUs, whoever created the object), or the objects that one other uid, which
+// --share-writable-with-* lets create, creates. A shared segment is claimed by the first
+// class that allocates in it and keeps that class while it is empty, for its next objects.
+// Another class takes it over only when nothing else has room, and not while a worker still
+// prepares it: the segment is given a new file first, at the same index and the same address
+// in the daemon, with its generation counted up; the old file's pages are given back (and,
+// in a directory, its size), so a client of the previous class that keeps its mapping of
+// the old file reaches nothing of anyone's. Sessions are sent the new file
+// (Reply.newSegments, with the generation) before any reply that names an object in it.
 #pragma once
 
 #include <boost/asio/thread_pool.hpp>
@@ -148,6 +150,11 @@ class Arena final : public TierPool {
   // generation's descriptor must be sent the new one.
   uint32_t writers(uint32_t segment) const { return at(segment).writers; }
   uint32_t generation(uint32_t segment) const { return at(segment).generation; }
+  // Whether a worker is still allocating (or page-locking) a segment's pages: it is not
+  // given to another class meanwhile.
+  bool preparing(uint32_t segment) const {
+    return at(segment).preparing.load(std::memory_order_acquire);
+  }
   // Segments in use: shared ones not retired, and dedicated ones.
   uint32_t segment_count() const {
     return static_cast<uint32_t>(shared_.size() - retired_ + dedicated_.size());

@@ -1,9 +1,11 @@
 #include "store/connection.h"
 
 #include <capnp/serialize.h>
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
+#include <cstring>
 
 #include "depot/ipc/units.h"
 
@@ -166,8 +168,21 @@ void Connection::Send(capnp::MessageBuilder& message, wire::Reply::Builder reply
   AttachSegments(reply, attach, fds);
   if (attach.chunk_device >= 0) AttachChunks(reply, attach, fds);
   fds.insert(fds.end(), attach.extra_fds.begin(), attach.extra_fds.end());
+  // The reply holds its own descriptors: it may wait in out_ while the store closes the
+  // files it names (a segment given a new file, a dedicated segment freed), and a number
+  // closed meanwhile would name whatever file is opened next by the time it is sent.
+  std::vector<ipc::UniqueFd> owned;
+  owned.reserve(fds.size());
+  for (int& fd : fds) {
+    owned.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!owned.back()) {
+      return Close(std::string("cannot hold the descriptors of a reply: ") + std::strerror(errno));
+    }
+    fd = owned.back().get();
+  }
   auto frame = ipc::EncodeFrame(message, std::move(fds));
   if (!frame.ok()) return Close("cannot encode a reply: " + frame.status().message());
+  frame->owned = std::move(owned);
   out_bytes_ += frame->bytes.size() * sizeof(capnp::word);
   out_.push_back(std::move(*frame));
   if (!writing_) Flush();

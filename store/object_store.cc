@@ -713,7 +713,8 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids,
 
 Result<std::vector<StatusCode>> ObjectStore::Handoff(ClientId client, ClientId group,
                                                      std::span<const ObjectId> ids, int32_t tier,
-                                                     uint32_t ttl_ms) {
+                                                     uint32_t ttl_ms,
+                                                     std::optional<uint32_t> only_of_uid) {
   // Checked first: a reference key keeps 8 bits of the tier.
   DEPOT_RETURN_NOT_OK(CheckTier(tier));
   Account& sender = accounts_.at(client);
@@ -725,6 +726,8 @@ Result<std::vector<StatusCode>> ObjectStore::Handoff(ClientId client, ClientId g
     const uint32_t held = slot == HeaderTable::kNoSlot ? 0 : accounts_.RefsOf(holder, slot, tier);
     if (slot == HeaderTable::kNoSlot) {
       out.push_back(StatusCode::kNotFound);
+    } else if (only_of_uid && table_.at(slot).owner != *only_of_uid) {
+      out.push_back(StatusCode::kPermissionDenied);
     } else if (!table_.IsSealed(slot)) {
       out.push_back(StatusCode::kNotSealed);
     } else if (held >= kMaxHandoffs) {

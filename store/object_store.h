@@ -234,6 +234,7 @@ class ObjectStore final : private Tiers::Owner {
   // client did not hold there; the others are released all the same.
   Status Release(ClientId client, std::span<const ObjectId> ids, int32_t device = kHost);
 
+  // With `only_of_uid`, only objects whose owner is that uid (kPermissionDenied for others).
   std::vector<StatusCode> Delete(std::span<const ObjectId> ids,
                                  std::optional<uint32_t> only_of_uid = std::nullopt);
 
@@ -246,9 +247,12 @@ class ObjectStore final : private Tiers::Owner {
   // metadata limits). With `ttl_ms` > 0 the group gives each reference back after that long
   // if nobody has claimed it (HandoffDeadlines). Fails as a whole for a bad tier.
   static constexpr uint32_t kMaxHandoffs = 1u << 20;
+  // A handoff deletes the object's name, so with `only_of_uid` (another uid that may write,
+  // Access::kWrite) an object whose owner is another uid is kPermissionDenied, as in Delete.
   Result<std::vector<StatusCode>> Handoff(ClientId client, ClientId group,
                                           std::span<const ObjectId> ids, int32_t tier,
-                                          uint32_t ttl_ms = 0);
+                                          uint32_t ttl_ms = 0,
+                                          std::optional<uint32_t> only_of_uid = std::nullopt);
   // Moves one of `group`'s references to each of `ids` on `tier` to `client`, answered as a
   // get there (a location granting the reference), or kNotHeld, with a message, where the
   // group holds none. Never waits. Fails as a whole for a bad tier.

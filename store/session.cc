@@ -356,9 +356,7 @@ void Session::HandleDelete(uint64_t rid, capnp::List<wire::Id>::Reader list, uin
   std::vector<ObjectId> ids;
   ids.reserve(list.size());
   for (auto id : list) ids.push_back(ipc::FromWire(id));
-  // Another uid of --share-writable-with-* deletes its own objects only.
-  const std::vector<StatusCode> codes = store_.Delete(
-      ids, peer_.access == Access::kFull ? std::nullopt : std::optional<uint32_t>(peer_.uid));
+  const std::vector<StatusCode> codes = store_.Delete(ids, OnlyOwnObjects());
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(rid);
@@ -444,9 +442,17 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
     // this client creates or holds.
     switch (request.which()) {
       case wire::Request::CREATE:
-        if (request.getCreate().getDevice() == kHost) return Status::OK();
-        return Status::PermissionDenied("uid " + std::to_string(peer_.uid) +
-                                        " may create objects in host memory only, not on a GPU");
+        if (request.getCreate().getDevice() != kHost) {
+          return Status::PermissionDenied(
+              "uid " + std::to_string(peer_.uid) +
+              " may create objects in host memory only, not on a GPU");
+        }
+        // A pinned object that nobody holds counts against no client's limits.
+        if (request.getCreate().getPin()) {
+          return Status::PermissionDenied("uid " + std::to_string(peer_.uid) +
+                                          " may not pin objects (they could fill the store)");
+        }
+        return Status::OK();
       case wire::Request::HANDOFF:
         if (request.getHandoff().getDevice() == kHost) return Status::OK();
         return Status::PermissionDenied("uid " + std::to_string(peer_.uid) +
@@ -723,8 +729,8 @@ void Session::HandleHandoff(uint64_t rid, wire::Request::Handoff::Reader handoff
                        "objects to"));
     return Observe(RequestType::kHandoff, start);
   }
-  Result<std::vector<StatusCode>> codes =
-      store_.Handoff(id_, *group_, *wanted, handoff.getDevice(), handoff.getTtlMs());
+  Result<std::vector<StatusCode>> codes = store_.Handoff(
+      id_, *group_, *wanted, handoff.getDevice(), handoff.getTtlMs(), OnlyOwnObjects());
   if (!codes.ok()) {
     SendError(rid, codes.status());
     return Observe(RequestType::kHandoff, start);

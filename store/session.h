@@ -64,6 +64,11 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void Dispatch(wire::Request::Reader request);
   // OK if this client's uid may make `request`, else PermissionDenied saying why.
   Status CheckAccess(wire::Request::Reader request) const;
+  // The uid whose objects alone this client may delete or hand off (those end an object's
+  // name): its own if it is another uid that may write, none (all) if it is trusted.
+  std::optional<uint32_t> OnlyOwnObjects() const {
+    return peer_.access == Access::kFull ? std::nullopt : std::optional<uint32_t>(peer_.uid);
+  }
   // Whether a request naming `count` objects is within the batch limit; answers `rid` if not.
   bool CheckBatch(uint64_t rid, size_t count);
 

@@ -223,21 +223,17 @@ std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes, uint32_t w
   auto block = arena_.Allocate(bytes, writers);
   if (block || !eviction_) return block;
   if (arena_.BlockSize(bytes) > arena_.segment_size()) return EvictSegmentsFor(bytes, writers);
-  // Evict in LRU order, but only from segments where evicting everything evictable would
-  // make enough room: room for the bytes in the class's own segments, the whole segment in
-  // another class's, which it then gives up. (Fragmentation can still defeat a segment that
-  // has the bytes.)
+  // Evict in LRU order, but only from the class's own segments (and dedicated ones, whose
+  // capacity any class may have next) where evicting everything evictable would make enough
+  // room. (Fragmentation can still defeat a segment that has the bytes.)
   const LruList& candidates = policy_.candidates(kHost);
   for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
     const uint32_t next = candidates.next(victim);
     const uint32_t segment = table_.FindReplica(victim, kHost)->region;
-    const uint32_t held_by = arena_.writers(segment);
-    const bool worth = held_by == writers || Arena::IsDedicated(segment)
-                           ? policy_.WorthFreeing(victim, kHost, bytes)
-                           : arena_.free_bytes(segment) + policy_.candidate_bytes(kHost, segment) >=
-                                 arena_.segment_bytes(segment);
     // A copy that must spill first cannot make room now (AllocateOn waits for spills).
-    if (policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill && worth) {
+    if ((Arena::IsDedicated(segment) || arena_.writers(segment) == writers) &&
+        policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill &&
+        policy_.WorthFreeing(victim, kHost, bytes)) {
       FreeHostBlock(victim);
       // Only the victim's segment gained room; an object's own segment is gone, and its
       // capacity is free.
@@ -246,7 +242,42 @@ std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes, uint32_t w
     }
     victim = next;
   }
-  return block;
+  return block ? block : EvictSegmentOfAnotherClass(bytes, writers);
+}
+
+std::optional<TierPool::Block> Tiers::EvictSegmentOfAnotherClass(uint64_t bytes, uint32_t writers) {
+  // Another class's segment is of use only empty (it then gets a new file): one whose every
+  // object may go now, the one with the least recently used object first, and that one
+  // only, so that one create does not thin out the cache of several.
+  std::unordered_map<uint32_t, uint64_t> can_go;  // bytes of each such segment that may go now
+  std::vector<uint32_t> order;                    // in LRU order of their first candidate
+  const LruList& candidates = policy_.candidates(kHost);
+  for (uint32_t victim = candidates.front(); victim != LruList::kNil;
+       victim = candidates.next(victim)) {
+    const uint32_t segment = table_.FindReplica(victim, kHost)->region;
+    if (Arena::IsDedicated(segment) || arena_.writers(segment) == writers ||
+        arena_.BlockSize(bytes) > arena_.segment_bytes(segment) ||
+        policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kSpill) {
+      continue;
+    }
+    auto [it, first] = can_go.try_emplace(segment, 0);
+    if (first) order.push_back(segment);
+    it->second += arena_.BlockSize(table_.BytesOn(victim, kHost));
+  }
+  for (const uint32_t segment : order) {
+    if (arena_.free_bytes(segment) + can_go[segment] < arena_.segment_bytes(segment)) continue;
+    for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
+      const uint32_t next = candidates.next(victim);
+      if (table_.FindReplica(victim, kHost)->region == segment &&
+          policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill) {
+        FreeHostBlock(victim);
+      }
+      victim = next;
+    }
+    // Empty unless a client's lease kept an object: then nothing more is tried.
+    return arena_.AllocateIn(segment, bytes, writers);
+  }
+  return std::nullopt;
 }
 
 std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes, uint32_t writers) {

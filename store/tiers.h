@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -148,6 +149,9 @@ class Tiers {
   // LRU order from segments where that can make room for it.
   std::optional<TierPool::Block> AllocateOrEvict(uint64_t bytes,
                                                  uint32_t writers = Arena::kTrustedWriters);
+  // When the class `writers` has no room of its own: evicts every object of one shared
+  // segment of another class, if all of them may go now, and allocates there.
+  std::optional<TierPool::Block> EvictSegmentOfAnotherClass(uint64_t bytes, uint32_t writers);
   // For an object larger than a shared segment: evicts whole segments, the least recently
   // used first, when that could free the capacity it needs (else evicts nothing).
   std::optional<TierPool::Block> EvictSegmentsFor(uint64_t bytes, uint32_t writers);

@@ -84,6 +84,7 @@ TEST_F(ArenaWritersTest, AnEmptySegmentChangesClassOnlyWithANewFile) {
 
   // The trusted class needs room: the empty segment is its now, with a new file, at the same
   // address in the daemon.
+  tiers_.WaitPrepared();
   auto mine = arena_.Allocate(kMiB, Arena::kTrustedWriters);
   ASSERT_TRUE(mine.has_value());
   EXPECT_EQ(mine->region, segment);
@@ -93,7 +94,9 @@ TEST_F(ArenaWritersTest, AnEmptySegmentChangesClassOnlyWithANewFile) {
   struct stat new_file {};
   ASSERT_EQ(::fstat(arena_.fd(segment), &new_file), 0);
   EXPECT_NE(new_file.st_ino, old_file.st_ino);
-  // The old file's pages were given back: Alice's mapping reads zeros.
+  // The old file's pages were given back, by the worker (before it prepared the new file):
+  // Alice's mapping reads zeros.
+  tiers_.WaitPrepared();
   for (uint64_t i = 0; i < 4 * kMiB; i += 4096) ASSERT_EQ(hers[i], std::byte{0}) << i;
 
   // Alice scribbles over all of her old mapping: the new file does not change.
@@ -115,10 +118,41 @@ TEST_F(ArenaWritersTest, ASegmentWithObjectsNeverChangesClass) {
   }
   // One goes: Bob may have that segment, and only that one.
   arena_.Free(alices[2].region, alices[2].handle);
+  tiers_.WaitPrepared();
   auto bob = arena_.Allocate(64, kBob);
   ASSERT_TRUE(bob.has_value());
   EXPECT_EQ(bob->region, alices[2].region);
   EXPECT_EQ(arena_.generation(bob->region), 1u);
+}
+
+TEST_F(ArenaWritersTest, ASegmentStillPreparedOrTooSmallIsNotGivenAway) {
+  // 10 MiB: two segments of 4 MiB and a last one of 2.
+  Tiers small{10 * kMiB, 4 * kMiB};
+  Arena& arena = *small.arena;
+  std::vector<Arena::Block> alices;
+  while (auto block = arena.Allocate(2 * kMiB, kAlice)) alices.push_back(*block);
+  ASSERT_EQ(alices.size(), 5u);
+  small.WaitPrepared();
+  // The 2 MiB segment, emptied, cannot hold 3 MiB: it stays Alice's.
+  const Arena::Block& last = alices.back();
+  ASSERT_EQ(arena.segment_bytes(last.region), 2 * kMiB);
+  arena.Free(last.region, last.handle);
+  EXPECT_FALSE(arena.Allocate(3 * kMiB, kBob).has_value());
+  EXPECT_EQ(arena.writers(last.region), kAlice);
+  EXPECT_EQ(arena.generation(last.region), 0u);
+  // It holds 1 MiB for Bob, and is his.
+  auto bob = arena.Allocate(kMiB, kBob);
+  ASSERT_TRUE(bob.has_value());
+  EXPECT_EQ(bob->region, last.region);
+  EXPECT_EQ(arena.generation(last.region), 1u);
+  // Emptied again at once, while a worker prepares its new file: not Alice's again yet.
+  arena.Free(bob->region, bob->handle);
+  if (arena.preparing(last.region)) {
+    EXPECT_FALSE(arena.AllocateIn(last.region, kMiB, kAlice).has_value());
+  }
+  small.WaitPrepared();
+  EXPECT_TRUE(arena.AllocateIn(last.region, kMiB, kAlice).has_value());
+  EXPECT_EQ(arena.generation(last.region), 2u);
 }
 
 TEST_F(ArenaWritersTest, ADedicatedSegmentIsItsObjectsClass) {

@@ -3,8 +3,11 @@
 #include "store/connection.h"
 
 #include <capnp/serialize.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -183,6 +186,7 @@ TEST_F(ConnectionTest, AnotherClassesSegmentIsNeverSentWritable) {
             std::vector<SentSegment>{});
   // Empty, it goes to this client's class with a new file: sent again, both ways.
   tiers_.arena->Free(theirs->region, theirs->handle);
+  tiers_.WaitPrepared();
   auto mine = tiers_.arena->AllocateIn(0, 64, Arena::kTrustedWriters);
   ASSERT_TRUE(mine.has_value());
   EXPECT_EQ(tiers_.arena->generation(0), 1u);
@@ -190,6 +194,61 @@ TEST_F(ConnectionTest, AnotherClassesSegmentIsNeverSentWritable) {
             (std::vector<SentSegment>{{0, false, false, 1}, {0, true, false, 1}}));
   EXPECT_EQ(SendAndRead({.segments = std::span(&zero, 1), .writable_segment = 0}),
             std::vector<SentSegment>{});
+}
+
+TEST_F(ConnectionTest, AReplyWaitingToBeSentHoldsItsOwnDescriptors) {
+  // A small send buffer, and a large reply the client does not read: the next one waits.
+  const int small = 4096;
+  ASSERT_EQ(::setsockopt(connection_->native_handle(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small),
+            0);
+  auto theirs = tiers_.arena->Allocate(64, /*writers=*/4242);
+  ASSERT_TRUE(theirs.has_value());
+  struct stat before {};
+  ASSERT_EQ(::fstat(tiers_.arena->read_fd(0), &before), 0);
+  {
+    capnp::MallocMessageBuilder message;
+    auto reply = message.initRoot<wire::Reply>();
+    reply.setId(8);
+    reply.setMetrics(std::string(512 << 10, 'm'));  // within the reader's 1 MiB
+    connection_->Send(message, reply);
+  }
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(9);
+  const uint32_t zero = 0;
+  connection_->Send(message, reply, {.segments = std::span(&zero, 1)});
+  // Meanwhile the segment empties and goes to another class with a new file: its old
+  // descriptors are closed, and their numbers taken by whatever is opened next.
+  tiers_.arena->Free(theirs->region, theirs->handle);
+  tiers_.WaitPrepared();
+  ASSERT_TRUE(tiers_.arena->AllocateIn(0, 64, Arena::kTrustedWriters).has_value());
+  std::vector<ipc::UniqueFd> squatters;
+  for (int i = 0; i < 8; ++i) squatters.emplace_back(::memfd_create("squatter", MFD_CLOEXEC));
+  // The client reads on, as the loop sends: the waiting reply carries the file it named
+  // when it was made.
+  ASSERT_EQ(::fcntl(client_.get(), F_SETFL, O_NONBLOCK), 0);
+  std::vector<std::pair<uint64_t, std::vector<ipc::UniqueFd>>> replies;
+  ASSERT_TRUE(RunUntil([&] {
+    while (true) {
+      auto frame = reader_.Next();
+      EXPECT_TRUE(frame.ok());
+      if (frame.ok() && frame->has_value()) {
+        capnp::FlatArrayMessageReader read((*frame)->payload);
+        replies.emplace_back(read.getRoot<wire::Reply>().getId(), std::move((*frame)->fds));
+        continue;
+      }
+      bool would_block = false;
+      auto n = reader_.ReadSome(client_.get(), &would_block);
+      if (!n.ok() || *n == 0) break;
+    }
+    return replies.size() == 2;
+  }));
+  ASSERT_EQ(replies[1].first, 9u);
+  ASSERT_EQ(replies[1].second.size(), 1u);
+  struct stat sent {};
+  ASSERT_EQ(::fstat(replies[1].second[0].get(), &sent), 0);
+  EXPECT_EQ(sent.st_ino, before.st_ino);
+  EXPECT_EQ(sent.st_dev, before.st_dev);
 }
 
 TEST_F(ConnectionTest, OnlyTheSegmentsAReplyNamesGoWithIt) {

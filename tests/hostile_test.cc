@@ -1260,7 +1260,8 @@ TEST_F(SharedWritersTest, AnotherUidCreatesItsOwnObjectsAndReachesNoOneElses) {
       RunInChild([&] {
         DropInheritedArenaMappings();
         if (!BecomeUser(kNobody)) return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
-        auto client = Client::Connect(daemon_->socket_path());
+        // In a group, so that it may hand objects off.
+        auto client = Client::Connect(daemon_->socket_path(), {.group = std::string(16, 'g')});
         if (!client.ok()) return ChildFailed(3, "connect: " + client.status().ToString());
         auto got = client->Get(victim_id_);
         if (!got.ok() || !SameBytes(got->data(), victim_data_)) return ChildFailed(4, "no read");
@@ -1287,6 +1288,12 @@ TEST_F(SharedWritersTest, AnotherUidCreatesItsOwnObjectsAndReachesNoOneElses) {
           }
         };
         expect_denied(client->Delete(victim_id_), "deleting root's object");
+        // A handoff ends the object's name as a delete does.
+        expect_denied(client->Handoff(std::span(&victim_id_, 1)), "handing off root's object");
+        CreateOptions pinned;
+        pinned.pin = true;
+        expect_denied(client->Put(ObjectId::FromName("hostile/pinned"), victim_data_, pinned),
+                      "a pinned object");
         expect_denied(client->CreateOnDevice(ObjectId::FromName("hostile/gpu"), 64, 0).status(),
                       "a create on a GPU");
         expect_denied(client->GetOnDevice(victim_id_, 0).status(), "a get on a GPU");
@@ -1302,6 +1309,14 @@ TEST_F(SharedWritersTest, AnotherUidCreatesItsOwnObjectsAndReachesNoOneElses) {
         if (ScribbleOverWritableSegments() == 0) return ChildFailed(9, "mapped nothing writable");
         if (Status st = client->Delete(ObjectId::FromName("hostile/nobody/0")); !st.ok()) {
           return ChildFailed(10, "cannot delete its own object: " + st.ToString());
+        }
+        // Its own it may hand off: the creator's reference goes to its group.
+        const ObjectId handed = ObjectId::FromName("hostile/nobody/handed");
+        auto created = client->Create(handed, 64);
+        if (!created.ok()) return ChildFailed(11, "create: " + created.status().ToString());
+        if (Status st = client->Seal(handed); !st.ok()) return ChildFailed(11, st.ToString());
+        if (Status st = client->Handoff(std::span(&handed, 1)); !st.ok()) {
+          return ChildFailed(11, "cannot hand off its own object: " + st.ToString());
         }
         return 0;
       }),

@@ -3,6 +3,7 @@
 #include "store/object_store.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <optional>
@@ -41,7 +42,8 @@ class ObjectStoreTest : public ::testing::Test {
       : tiers_(tiers != nullptr ? tiers : new Tiers()),
         store_(loop_, executor_, *tiers_->arena, *tiers_->headers, ClientLimits{},
                /*eviction=*/true, tiers_->gpu_pools()) {
-    store_.AddClient(kClient, 1000);
+    // The daemon's own uid: its objects share segments with the daemon's copies.
+    store_.AddClient(kClient, ::geteuid());
   }
 
   // Creates and seals `n` with `bytes` of data (filled with `fill`) on `tier`.

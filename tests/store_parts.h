@@ -7,9 +7,11 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "store/arena.h"
@@ -65,6 +67,18 @@ struct Tiers {
     }
   }
   ~Tiers() { workers.join(); }
+
+  // Waits until the workers have prepared every segment (allocated its pages): an empty
+  // segment changes class only then. At most 10 s, far more than it takes.
+  void WaitPrepared() const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (const uint32_t segment : arena->segments_in_use()) {
+      while (arena->preparing(segment) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      EXPECT_FALSE(arena->preparing(segment)) << "segment " << segment << " is still prepared";
+    }
+  }
 
   std::vector<gpu::DevicePool*> gpu_pools() const {
     std::vector<gpu::DevicePool*> out;

@@ -171,6 +171,34 @@ TEST_F(TiersTest, HostPressureEvictsThroughTheOwnerLeastRecentlyUsedFirst) {
   tiers_.pool(kHost).Free(block->region, block->handle);
 }
 
+TEST_F(TiersTest, AnotherUidsCreateEvictsOneWholeSegmentThatCanEmpty) {
+  // Two segments full of the trusted class's objects; the first holds a pinned one.
+  std::vector<uint32_t> slots;
+  for (int i = 0; i < 8; ++i) slots.push_back(Sealed({kHost}, kMiB, /*pin=*/i == 0));
+  ASSERT_EQ(table_.FindReplica(slots[0], kHost)->region, 0u);
+  ASSERT_EQ(table_.FindReplica(slots[4], kHost)->region, 1u);
+  parts_.WaitPrepared();
+  // Uid 4242 has no segment: the first cannot empty, so the second goes, all of it, and
+  // nothing of the first.
+  auto block = tiers_.AllocateOrEvict(kMiB, /*writers=*/4242);
+  ASSERT_TRUE(block.has_value());
+  EXPECT_EQ(block->region, 1u);
+  EXPECT_EQ(owner_.evicted, (std::vector<uint32_t>{slots[4], slots[5], slots[6], slots[7]}));
+  EXPECT_EQ(parts_.arena->writers(1), 4242u);
+  EXPECT_EQ(parts_.arena->generation(1), 1u);
+  // Its next create fits beside it, evicting nothing.
+  auto next = tiers_.AllocateOrEvict(kMiB, 4242);
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->region, 1u);
+  EXPECT_EQ(owner_.evicted.size(), 4u);
+  // The trusted class, full, evicts its own, never uid 4242's.
+  auto trusted = tiers_.AllocateOrEvict(kMiB);
+  ASSERT_TRUE(trusted.has_value());
+  EXPECT_EQ(trusted->region, 0u);
+  EXPECT_EQ(owner_.evicted.back(), slots[1]);
+  for (const auto& b : {*block, *next, *trusted}) tiers_.pool(kHost).Free(b.region, b.handle);
+}
+
 TEST_F(TiersTest, ACopyThatFindsNoRoomFreesNothingItDidNotMakeAndSaysWhy) {
   // Host memory full of pinned objects; the object to copy lives on the GPU only.
   for (int i = 0; i < 8; ++i) Sealed({kHost}, kMiB, /*pin=*/true);

@@ -574,6 +574,9 @@ Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::m
         case StatusCode::kLimitExceeded:
           why = "the group holds too many handoffs of it already";
           break;
+        case StatusCode::kPermissionDenied:
+          why = "another user's object (a user the daemon shares with hands off its own only)";
+          break;
         default:
           why = std::string(StatusCodeName(code));
       }

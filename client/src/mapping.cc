@@ -48,4 +48,12 @@ Status Mapping::Replace(int fd, int prot, const char* what) {
   return Status::OK();
 }
 
+void Mapping::Revoke() {
+  if (data_ == nullptr) return;
+  if (::mmap(data_, size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+             0) == MAP_FAILED) {
+    Unmap();
+  }
+}
+
 }  // namespace depot::internal

@@ -23,6 +23,9 @@ class Mapping {
   // Maps `fd` (of the same size) in place of what this maps, at the same address, so that
   // no pointer into it dangles. On failure the mapping is empty.
   Status Replace(int fd, int prot, const char* what);
+  // Maps nothing accessible in place of what this maps: a pointer still into it faults,
+  // instead of reaching whatever the address would be reused for. Unmapped on destruction.
+  void Revoke();
 
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }

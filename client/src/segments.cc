@@ -62,7 +62,11 @@ Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t si
     // this client holds is in it. The old writable view goes; the read-only one is replaced
     // where it is.
     entry.generation = generation;
-    entry.writable = Mapping();
+    if (entry.writable.data() != nullptr) {
+      entry.writable.Revoke();
+      revoked_.push_back(std::move(entry.writable));
+      entry.writable = Mapping();
+    }
     entry.writable_error = Status::OK();
     if (entry.readable.data() != nullptr && entry.readable.size() == size) {
       entry.error = entry.readable.Replace(fd.get(), prot, Describe(index, false).c_str());

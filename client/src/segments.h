@@ -81,6 +81,9 @@ class Segments {
 
   mutable std::mutex mu_;
   std::vector<Shared> shared_;  // indexed by segment index
+  // Writable views of files the daemon replaced, revoked (Mapping::Revoke): a MutableBuffer
+  // used after its abort faults here rather than writing into memory reused since.
+  std::vector<Mapping> revoked_;
   std::unordered_map<uint32_t, Dedicated> dedicated_;
   size_t prune_at_ = 64;  // dedicated_'s size at which forgotten entries are dropped
 };

@@ -55,12 +55,14 @@ class UniqueFd {
 inline constexpr size_t kMaxFdsPerFrame = 4096;
 
 // A frame ready to send: header and payload in one buffer, plus the descriptors to attach.
-// The descriptors are borrowed: the sender does not close them.
+// The descriptors are borrowed, unless the frame holds them in `owned` (a frame that may
+// wait to be sent while their files are closed elsewhere).
 struct OutFrame {
   std::vector<capnp::word> bytes;  // FrameHeader, then the payload
   std::vector<int> fds;
-  size_t sent = 0;      // bytes of `bytes` already written
-  size_t fds_sent = 0;  // of `fds` already attached to a write
+  std::vector<UniqueFd> owned;  // kept open until the frame goes: those of `fds`, or none
+  size_t sent = 0;              // bytes of `bytes` already written
+  size_t fds_sent = 0;          // of `fds` already attached to a write
 };
 
 // Serialises `message` into a frame. Fails with LimitExceeded if it exceeds `max_bytes`.
