@@ -443,9 +443,8 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
     switch (request.which()) {
       case wire::Request::CREATE:
         if (request.getCreate().getDevice() != kHost) {
-          return Status::PermissionDenied(
-              "uid " + std::to_string(peer_.uid) +
-              " may create objects in host memory only, not on a GPU");
+          return Status::PermissionDenied("uid " + std::to_string(peer_.uid) +
+                                          " may create objects in host memory only, not on a GPU");
         }
         // A pinned object that nobody holds counts against no client's limits.
         if (request.getCreate().getPin()) {
@@ -729,8 +728,8 @@ void Session::HandleHandoff(uint64_t rid, wire::Request::Handoff::Reader handoff
                        "objects to"));
     return Observe(RequestType::kHandoff, start);
   }
-  Result<std::vector<StatusCode>> codes = store_.Handoff(
-      id_, *group_, *wanted, handoff.getDevice(), handoff.getTtlMs(), OnlyOwnObjects());
+  Result<std::vector<StatusCode>> codes = store_.Handoff(id_, *group_, *wanted, handoff.getDevice(),
+                                                         handoff.getTtlMs(), OnlyOwnObjects());
   if (!codes.ok()) {
     SendError(rid, codes.status());
     return Observe(RequestType::kHandoff, start);
