@@ -125,9 +125,9 @@ Result<Arena::Files> Arena::OpenFile(uint64_t size, const std::string& name) {
 Result<std::unique_ptr<Arena::Segment>> Arena::MakeSegment(uint64_t size, const std::string& name) {
   auto seg = std::make_unique<Segment>(size);
   DEPOT_ASSIGN_OR_RETURN(Files files, OpenFile(size, name));
-  seg->fd = std::move(files.fd);
-  seg->read_fd = std::move(files.read_fd);
-  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd.get(), 0);
+  seg->fd = std::make_shared<const ipc::UniqueFd>(std::move(files.fd));
+  seg->read_fd = std::make_shared<const ipc::UniqueFd>(std::move(files.read_fd));
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd->get(), 0);
   if (base == MAP_FAILED) return Status::FromErrno("mmap of " + name, errno);
   seg->base = static_cast<std::byte*>(base);
   return seg;
@@ -156,11 +156,11 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
   // In a directory the old file's pages go first (it holds no object), so that the new
   // file's reservation finds room.
   const bool in_dir = !options_.dir.empty();
-  if (in_dir) GiveBackPages(s.fd.get(), s.size, s.index);
+  if (in_dir) GiveBackPages(s.fd->get(), s.size, s.index);
   // If the new file cannot be had, the segment stays as it was.
   const auto keep = [&](const std::string& why) {
     spdlog::warn("arena: cannot give segment {} a new file: {}", s.index, why);
-    if (in_dir && !Reserve(s.fd.get(), s.size).ok()) {
+    if (in_dir && !Reserve(s.fd->get(), s.size).ok()) {
       // Its pages could not be reserved again: retired, so that Revive reserves them first.
       s.retired = true;
       retired_++;
@@ -180,17 +180,20 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
   if (::mmap(s.base, s.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, files->fd.get(), 0) ==
       MAP_FAILED) {
     const int error = errno;
-    if (::mmap(s.base, s.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, s.fd.get(), 0) ==
+    if (::mmap(s.base, s.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, s.fd->get(), 0) ==
         MAP_FAILED) {
       spdlog::critical("arena: segment {} is no longer mapped (mmap: {}, then {})", s.index,
                        std::strerror(error), std::strerror(errno));
       std::abort();
     }
+    // The new file goes first, and its reservation with it.
+    files->fd = ipc::UniqueFd();
+    files->read_fd = ipc::UniqueFd();
     return keep(std::string("mmap: ") + std::strerror(error));
   }
-  ipc::UniqueFd old = std::move(s.fd);
-  s.fd = std::move(files->fd);
-  s.read_fd = std::move(files->read_fd);
+  std::shared_ptr<const ipc::UniqueFd> old = std::move(s.fd);
+  s.fd = std::make_shared<const ipc::UniqueFd>(std::move(files->fd));
+  s.read_fd = std::make_shared<const ipc::UniqueFd>(std::move(files->read_fd));
   spdlog::info("arena: segment {} ({}) has a new file, for objects of {} instead of {}", s.index,
                ipc::FormatSize(s.size), DescribeWriters(writers), DescribeWriters(s.writers));
   s.writers = writers;
@@ -199,8 +202,8 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
   // the previous class may, writable), and in a directory its size too, so that such a
   // mapping cannot fill the directory again.
   boost::asio::post(prefault_pool_, [old = std::move(old), size = s.size, index = s.index, in_dir] {
-    if (!in_dir) GiveBackPages(old.get(), size, index);
-    if (in_dir && ::ftruncate(old.get(), 0) != 0) {
+    if (!in_dir) GiveBackPages(old->get(), size, index);
+    if (in_dir && ::ftruncate(old->get(), 0) != 0) {
       spdlog::warn("arena: cannot truncate segment {}'s old file: {}", index, std::strerror(errno));
     }
   });
@@ -240,7 +243,7 @@ Status Arena::Revive(Segment& segment) {
   if (segment.size > options_.capacity - mapped_) {
     return Status::OutOfMemory("the arena is at its capacity");
   }
-  DEPOT_RETURN_NOT_OK(Reserve(segment.fd.get(), segment.size));
+  DEPOT_RETURN_NOT_OK(Reserve(segment.fd->get(), segment.size));
   segment.retired = false;
   retired_--;
   mapped_ += segment.size;
@@ -273,7 +276,7 @@ bool Arena::FreeCapacity(uint64_t bytes) {
       options_.unlock_pages(s->base);
       page_locked_.fetch_sub(s->size, std::memory_order_relaxed);
     }
-    if (::fallocate(s->fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+    if (::fallocate(s->fd->get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
                     static_cast<off_t>(s->size)) != 0) {
       spdlog::warn("arena: cannot give back the pages of segment {}: {}", s->index,
                    std::strerror(errno));
@@ -324,7 +327,7 @@ void Arena::PrepareSegment(Segment& segment) {
     }
   } done{segment.preparing};
   if (options_.dir.empty() &&
-      ::fallocate(segment.fd.get(), 0, 0, static_cast<off_t>(segment.size)) != 0) {
+      ::fallocate(segment.fd->get(), 0, 0, static_cast<off_t>(segment.size)) != 0) {
     // Not fatal: pages are then allocated as they are first written.
     spdlog::warn("could not pre-allocate segment {}: {}", segment.index, std::strerror(errno));
   }
@@ -425,8 +428,8 @@ void Arena::Free(uint32_t segment, uint32_t handle) {
   // maps them (a mapping left behind reads zeros). In a directory the file is truncated too,
   // so that such a writable mapping cannot fill the directory again.
   boost::asio::post(prefault_pool_, [gone = std::move(gone), in_dir = !options_.dir.empty()] {
-    GiveBackPages(gone->fd.get(), gone->size, gone->index);
-    if (in_dir && ::ftruncate(gone->fd.get(), 0) != 0) {
+    GiveBackPages(gone->fd->get(), gone->size, gone->index);
+    if (in_dir && ::ftruncate(gone->fd->get(), 0) != 0) {
       spdlog::warn("arena: cannot truncate the file of segment {}: {}", gone->index,
                    std::strerror(errno));
     }

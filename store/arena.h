@@ -142,8 +142,13 @@ class Arena final : public TierPool {
   std::byte* base(uint32_t segment) const { return at(segment).base; }
   // The descriptors clients receive: read-write for the clients that create objects in the
   // segment, read-only (and impossible to re-open read-write, but for root) for the others.
-  int fd(uint32_t segment) const { return at(segment).fd.get(); }
-  int read_fd(uint32_t segment) const { return at(segment).read_fd.get(); }
+  int fd(uint32_t segment) const { return at(segment).fd->get(); }
+  int read_fd(uint32_t segment) const { return at(segment).read_fd->get(); }
+  // The same descriptors, for a reply that carries one and may wait to be sent: it keeps the
+  // file open however long that is, whatever the arena does with the segment meanwhile.
+  std::shared_ptr<const ipc::UniqueFd> file(uint32_t segment, bool writable) const {
+    return writable ? at(segment).fd : at(segment).read_fd;
+  }
   uint64_t segment_bytes(uint32_t segment) const { return at(segment).size; }
   // The class whose objects a segment holds (kNoWriters if none claimed it yet), and how
   // many times it was given a new file for another class: a session holding an older
@@ -154,6 +159,12 @@ class Arena final : public TierPool {
   // given to another class meanwhile.
   bool preparing(uint32_t segment) const {
     return at(segment).preparing.load(std::memory_order_acquire);
+  }
+  // Whether a shared segment in use belongs to a class other than `writers`.
+  bool HasOtherClass(uint32_t writers) const {
+    return std::ranges::any_of(shared_, [&](const auto& s) {
+      return !s->retired && s->writers != writers && s->writers != kNoWriters;
+    });
   }
   // Segments in use: shared ones not retired, and dedicated ones.
   uint32_t segment_count() const {
@@ -183,8 +194,9 @@ class Arena final : public TierPool {
     bool retired = false;  // a shared segment whose pages were given back
     uint32_t writers = kNoWriters;
     uint32_t generation = 0;
-    ipc::UniqueFd fd;
-    ipc::UniqueFd read_fd;  // the same file, opened read-only
+    // Shared with replies that carry them (file()).
+    std::shared_ptr<const ipc::UniqueFd> fd;
+    std::shared_ptr<const ipc::UniqueFd> read_fd;  // the same file, opened read-only
     uint64_t size = 0;
     std::byte* base = nullptr;
     std::atomic<bool> page_locked{false};  // set by the worker that locked it

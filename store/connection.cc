@@ -1,11 +1,9 @@
 #include "store/connection.h"
 
 #include <capnp/serialize.h>
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
-#include <cstring>
 
 #include "depot/ipc/units.h"
 
@@ -165,24 +163,16 @@ void Connection::Send(capnp::MessageBuilder& message, wire::Reply::Builder reply
                       const ReplyAttachments& attach) {
   if (closed_) return;
   std::vector<int> fds;
-  AttachSegments(reply, attach, fds);
+  // The reply keeps the segments' files open: it may wait in out_ while the arena lets them
+  // go (a segment given a new file, a dedicated segment freed), and a number closed meanwhile
+  // would name whatever file is opened next by the time it is sent.
+  std::vector<std::shared_ptr<const void>> keep;
+  AttachSegments(reply, attach, fds, keep);
   if (attach.chunk_device >= 0) AttachChunks(reply, attach, fds);
   fds.insert(fds.end(), attach.extra_fds.begin(), attach.extra_fds.end());
-  // The reply holds its own descriptors: it may wait in out_ while the store closes the
-  // files it names (a segment given a new file, a dedicated segment freed), and a number
-  // closed meanwhile would name whatever file is opened next by the time it is sent.
-  std::vector<ipc::UniqueFd> owned;
-  owned.reserve(fds.size());
-  for (int& fd : fds) {
-    owned.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    if (!owned.back()) {
-      return Close(std::string("cannot hold the descriptors of a reply: ") + std::strerror(errno));
-    }
-    fd = owned.back().get();
-  }
   auto frame = ipc::EncodeFrame(message, std::move(fds));
   if (!frame.ok()) return Close("cannot encode a reply: " + frame.status().message());
-  frame->owned = std::move(owned);
+  frame->keep = std::move(keep);
   out_bytes_ += frame->bytes.size() * sizeof(capnp::word);
   out_.push_back(std::move(*frame));
   if (!writing_) Flush();
@@ -201,7 +191,8 @@ bool MarkSent(std::vector<bool>& sent, uint32_t index) {
 }  // namespace
 
 void Connection::AttachSegments(wire::Reply::Builder reply, const ReplyAttachments& attach,
-                                std::vector<int>& fds) {
+                                std::vector<int>& fds,
+                                std::vector<std::shared_ptr<const void>>& keep) {
   std::vector<uint32_t> fresh;
   for (const uint32_t segment : attach.segments) {
     if (Arena::IsDedicated(segment)) {
@@ -242,6 +233,7 @@ void Connection::AttachSegments(wire::Reply::Builder reply, const ReplyAttachmen
     out.setWritable(rw);
     out.setDedicated(Arena::IsDedicated(segment));
     out.setGeneration(arena_.generation(segment));
+    keep.push_back(arena_.file(segment, rw));
     fds.push_back(rw ? arena_.fd(segment) : arena_.read_fd(segment));
   };
   for (unsigned i = 0; i < readable; ++i) describe(fresh[i], false, segs[i]);

@@ -94,7 +94,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool HandleBufferedFrames();
   void Flush();
   void AttachSegments(wire::Reply::Builder reply, const ReplyAttachments& attach,
-                      std::vector<int>& fds);
+                      std::vector<int>& fds, std::vector<std::shared_ptr<const void>>& keep);
   void AttachChunks(wire::Reply::Builder reply, const ReplyAttachments& attach,
                     std::vector<int>& fds);
 

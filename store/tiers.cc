@@ -248,7 +248,9 @@ std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes, uint32_t w
 std::optional<TierPool::Block> Tiers::EvictSegmentOfAnotherClass(uint64_t bytes, uint32_t writers) {
   // Another class's segment is of use only empty (it then gets a new file): one whose every
   // object may go now, the one with the least recently used object first, and that one
-  // only, so that one create does not thin out the cache of several.
+  // only, so that one create does not thin out the cache of several. Not one a worker still
+  // prepares, which cannot change hands yet.
+  if (!arena_.HasOtherClass(writers)) return std::nullopt;
   std::unordered_map<uint32_t, uint64_t> can_go;  // bytes of each such segment that may go now
   std::vector<uint32_t> order;                    // in LRU order of their first candidate
   const LruList& candidates = policy_.candidates(kHost);
@@ -256,7 +258,7 @@ std::optional<TierPool::Block> Tiers::EvictSegmentOfAnotherClass(uint64_t bytes,
        victim = candidates.next(victim)) {
     const uint32_t segment = table_.FindReplica(victim, kHost)->region;
     if (Arena::IsDedicated(segment) || arena_.writers(segment) == writers ||
-        arena_.BlockSize(bytes) > arena_.segment_bytes(segment) ||
+        arena_.BlockSize(bytes) > arena_.segment_bytes(segment) || arena_.preparing(segment) ||
         policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kSpill) {
       continue;
     }
@@ -266,15 +268,23 @@ std::optional<TierPool::Block> Tiers::EvictSegmentOfAnotherClass(uint64_t bytes,
   }
   for (const uint32_t segment : order) {
     if (arena_.free_bytes(segment) + can_go[segment] < arena_.segment_bytes(segment)) continue;
+    const auto in_segment = [&](uint32_t victim) {
+      return table_.FindReplica(victim, kHost)->region == segment &&
+             policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill;
+    };
+    // First whether a client's lease holds any of them: then none goes, and nothing more is
+    // tried (a reclaimed object is no longer leased, and goes when it is next chosen).
+    for (uint32_t victim = candidates.front(); victim != LruList::kNil;
+         victim = candidates.next(victim)) {
+      if (in_segment(victim) && !table_.IsFailed(victim) && !owner_.Reclaim(victim)) {
+        return std::nullopt;
+      }
+    }
     for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
       const uint32_t next = candidates.next(victim);
-      if (table_.FindReplica(victim, kHost)->region == segment &&
-          policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill) {
-        FreeHostBlock(victim);
-      }
+      if (in_segment(victim)) FreeHostBlock(victim);
       victim = next;
     }
-    // Empty unless a client's lease kept an object: then nothing more is tried.
     return arena_.AllocateIn(segment, bytes, writers);
   }
   return std::nullopt;

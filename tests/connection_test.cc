@@ -196,7 +196,7 @@ TEST_F(ConnectionTest, AnotherClassesSegmentIsNeverSentWritable) {
             std::vector<SentSegment>{});
 }
 
-TEST_F(ConnectionTest, AReplyWaitingToBeSentHoldsItsOwnDescriptors) {
+TEST_F(ConnectionTest, AReplyWaitingToBeSentKeepsTheFilesItNames) {
   // A small send buffer, and a large reply the client does not read: the next one waits.
   const int small = 4096;
   ASSERT_EQ(::setsockopt(connection_->native_handle(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small),

@@ -65,6 +65,7 @@ Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t si
     if (entry.writable.data() != nullptr) {
       entry.writable.Revoke();
       revoked_.push_back(std::move(entry.writable));
+      if (revoked_.size() > kMaxRevoked) revoked_.pop_front();
       entry.writable = Mapping();
     }
     entry.writable_error = Status::OK();

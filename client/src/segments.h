@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -82,8 +83,10 @@ class Segments {
   mutable std::mutex mu_;
   std::vector<Shared> shared_;  // indexed by segment index
   // Writable views of files the daemon replaced, revoked (Mapping::Revoke): a MutableBuffer
-  // used after its abort faults here rather than writing into memory reused since.
-  std::vector<Mapping> revoked_;
+  // used after its abort faults here rather than writing into memory reused since. The last
+  // kMaxRevoked only, so that a long session's mappings stay bounded.
+  static constexpr size_t kMaxRevoked = 64;
+  std::deque<Mapping> revoked_;
   std::unordered_map<uint32_t, Dedicated> dedicated_;
   size_t prune_at_ = 64;  // dedicated_'s size at which forgotten entries are dropped
 };

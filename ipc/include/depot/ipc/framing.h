@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -55,14 +56,14 @@ class UniqueFd {
 inline constexpr size_t kMaxFdsPerFrame = 4096;
 
 // A frame ready to send: header and payload in one buffer, plus the descriptors to attach.
-// The descriptors are borrowed, unless the frame holds them in `owned` (a frame that may
-// wait to be sent while their files are closed elsewhere).
+// The descriptors are borrowed; what `keep` holds (shared owners of some of them) lives as
+// long as the frame, for one that may wait to be sent while their files are let go elsewhere.
 struct OutFrame {
   std::vector<capnp::word> bytes;  // FrameHeader, then the payload
   std::vector<int> fds;
-  std::vector<UniqueFd> owned;  // kept open until the frame goes: those of `fds`, or none
-  size_t sent = 0;              // bytes of `bytes` already written
-  size_t fds_sent = 0;          // of `fds` already attached to a write
+  std::vector<std::shared_ptr<const void>> keep;
+  size_t sent = 0;      // bytes of `bytes` already written
+  size_t fds_sent = 0;  // of `fds` already attached to a write
 };
 
 // Serialises `message` into a frame. Fails with LimitExceeded if it exceeds `max_bytes`.
