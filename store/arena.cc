@@ -25,12 +25,15 @@ namespace {
 constexpr uint64_t kHugetlbfsMagic = 0x958458f6;
 
 // Punches out a file's pages: they go now, whoever maps it (a mapping reads zeros after).
-void GiveBackPages(int fd, uint64_t size, uint32_t segment) {
+// Logs a failure, and says whether it worked.
+bool GiveBackPages(int fd, uint64_t size, uint32_t segment) {
   if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size)) !=
       0) {
     spdlog::warn("arena: cannot give back the pages of segment {}: {}", segment,
                  std::strerror(errno));
+    return false;
   }
+  return true;
 }
 
 std::string DescribeWriters(uint32_t writers) {
@@ -149,10 +152,7 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
   // it (a fallocate of the segment's size, which a writer emptying segments could repeat):
   // the segment is not given away this time.
   if (s.preparing.load(std::memory_order_acquire)) return false;
-  if (s.page_locked.exchange(false, std::memory_order_acq_rel)) {
-    options_.unlock_pages(s.base);
-    page_locked_.fetch_sub(s.size, std::memory_order_relaxed);
-  }
+  UnlockPages(s);
   // In a directory the old file's pages go first (it holds no object), so that the new
   // file's reservation finds room.
   const bool in_dir = !options_.dir.empty();
@@ -167,10 +167,7 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
       mapped_ -= s.size;
       return false;
     }
-    if (options_.dir.empty() || options_.lock_pages) {
-      s.preparing.store(true, std::memory_order_relaxed);
-      boost::asio::post(prefault_pool_, [this, segment = &s] { PrepareSegment(*segment); });
-    }
+    SchedulePrepare(s);
     return false;
   };
   auto files = OpenFile(s.size, "depot-segment-" + std::to_string(s.index));
@@ -207,10 +204,7 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
       spdlog::warn("arena: cannot truncate segment {}'s old file: {}", index, std::strerror(errno));
     }
   });
-  if (options_.dir.empty() || options_.lock_pages) {
-    s.preparing.store(true, std::memory_order_relaxed);
-    boost::asio::post(prefault_pool_, [this, segment = &s] { PrepareSegment(*segment); });
-  }
+  SchedulePrepare(s);
   return true;
 }
 
@@ -227,12 +221,7 @@ Status Arena::AddSegment() {
   const auto index = static_cast<uint32_t>(shared_.size());
   DEPOT_ASSIGN_OR_RETURN(auto seg, MakeSegment(size, "depot-segment-" + std::to_string(index)));
   seg->index = index;
-  if (options_.dir.empty() || options_.lock_pages) {
-    // The segment stays where it is (shared_ holds unique_ptrs), and the destructor waits
-    // for this job.
-    seg->preparing.store(true, std::memory_order_relaxed);
-    boost::asio::post(prefault_pool_, [this, segment = seg.get()] { PrepareSegment(*segment); });
-  }
+  SchedulePrepare(*seg);
   spdlog::info("arena: added segment {} ({}, {})", seg->index, ipc::FormatSize(size), backend());
   mapped_ += size;
   shared_.push_back(std::move(seg));
@@ -247,10 +236,7 @@ Status Arena::Revive(Segment& segment) {
   segment.retired = false;
   retired_--;
   mapped_ += segment.size;
-  if (options_.dir.empty() || options_.lock_pages) {
-    segment.preparing.store(true, std::memory_order_relaxed);
-    boost::asio::post(prefault_pool_, [this, s = &segment] { PrepareSegment(*s); });
-  }
+  SchedulePrepare(segment);
   spdlog::info("arena: revived segment {} ({})", segment.index, ipc::FormatSize(segment.size));
   return Status::OK();
 }
@@ -272,16 +258,8 @@ bool Arena::FreeCapacity(uint64_t bytes) {
     // again: at most its fallocate, about 0.23 s per GiB. Prefault jobs never wait for the
     // loop, so this cannot deadlock.
     s->preparing.wait(true, std::memory_order_acquire);
-    if (s->page_locked.exchange(false, std::memory_order_acq_rel)) {
-      options_.unlock_pages(s->base);
-      page_locked_.fetch_sub(s->size, std::memory_order_relaxed);
-    }
-    if (::fallocate(s->fd->get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
-                    static_cast<off_t>(s->size)) != 0) {
-      spdlog::warn("arena: cannot give back the pages of segment {}: {}", s->index,
-                   std::strerror(errno));
-      continue;
-    }
+    UnlockPages(*s);
+    if (!GiveBackPages(s->fd->get(), s->size, s->index)) continue;
     s->retired = true;
     retired_++;
     mapped_ -= s->size;
@@ -316,6 +294,21 @@ std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size, uint32_t wri
   spdlog::debug("arena: added segment {} ({}) for one object", index, ipc::FormatSize(bytes));
   dedicated_.emplace(index, std::move(seg));
   return Block{index, a->handle, a->offset, a->size};
+}
+
+void Arena::SchedulePrepare(Segment& segment) {
+  if (!options_.dir.empty() && !options_.lock_pages) return;
+  // The segment stays where it is (held by a unique_ptr), and the destructor waits for this
+  // job.
+  segment.preparing.store(true, std::memory_order_relaxed);
+  boost::asio::post(prefault_pool_, [this, s = &segment] { PrepareSegment(*s); });
+}
+
+void Arena::UnlockPages(Segment& segment) {
+  if (segment.page_locked.exchange(false, std::memory_order_acq_rel)) {
+    options_.unlock_pages(segment.base);
+    page_locked_.fetch_sub(segment.size, std::memory_order_relaxed);
+  }
 }
 
 void Arena::PrepareSegment(Segment& segment) {
@@ -402,12 +395,9 @@ std::optional<Arena::Block> Arena::Allocate(uint64_t size, uint32_t writers) {
     if (!AddSegment().ok() || mapped_ == before) break;
     if (auto b = AllocateShared(size, writers)) return b;
   }
-  // Last, an empty segment of another class.
+  // Last, an empty segment of another class (AllocateIn checks which can change hands).
   for (auto& s : shared_) {
-    if (s->retired || s->writers == writers || s->writers == kNoWriters ||
-        s->allocator.live_allocations() != 0) {
-      continue;
-    }
+    if (s->writers == writers || s->writers == kNoWriters) continue;
     if (auto b = AllocateIn(s->index, size, writers)) return b;
   }
   return std::nullopt;

@@ -240,6 +240,11 @@ class Arena final : public TierPool {
   void GrowAhead();
   // On a worker: allocates the pages of a memfd segment, then page-locks it if asked to.
   void PrepareSegment(Segment& segment);
+  // Queues PrepareSegment for a segment just added, revived or given a new file, if there is
+  // anything to prepare (a memfd's pages, or page-locking); marks it preparing meanwhile.
+  void SchedulePrepare(Segment& segment);
+  // Undoes the page-locking of a segment about to lose its pages or its file, if it has any.
+  void UnlockPages(Segment& segment);
   std::optional<Block> AllocateDedicated(uint64_t size, uint32_t writers);
   // Retires empty shared segments until `bytes` of capacity are free; false if it cannot.
   bool FreeCapacity(uint64_t bytes);

@@ -219,9 +219,11 @@ void Connection::AttachSegments(wire::Reply::Builder reply, const ReplyAttachmen
     } else if (Arena::IsDedicated(writable)) {
       new_writable = true;
     } else {
-      auto [it, added] = writable_sent_.try_emplace(writable, arena_.generation(writable));
-      new_writable = added || it->second != arena_.generation(writable);
-      it->second = arena_.generation(writable);
+      // As segments_sent_: the generation sent plus 1, 0 (new entry) for none.
+      const uint32_t now = arena_.generation(writable) + 1;
+      uint32_t& sent = writable_sent_[writable];
+      new_writable = sent != now;
+      sent = now;
     }
   }
   if (fresh.empty() && !new_writable) return;

@@ -112,8 +112,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool paused_ = false;  // not reading until queued replies drain
   bool closed_ = false;
   uint64_t buffer_charge_ = 0;  // of the read buffer, counted by Handler::Charge
-  // What the client has been sent: some shared segments read-only (indexed by segment: 0 for
-  // none, else the generation sent plus 1), some writable (segment to generation), and
+  // What the client has been sent: some shared segments read-only (indexed by segment) and
+  // some writable (by segment), each as 0 for none, else the generation sent plus 1; and
   // likewise some chunks of each GPU's pool.
   std::vector<uint32_t> segments_sent_;
   std::unordered_map<uint32_t, uint32_t> writable_sent_;
