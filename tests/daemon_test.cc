@@ -172,6 +172,9 @@ TEST(DaemonTest, BadSharingSizeAndProbeFlagsAreClearErrorsAtStartup) {
        {std::pair{"--share-with-uid", "no-such-user-here"},
         std::pair{"--share-with-uid", "99999999999"},
         std::pair{"--share-with-group", "no-such-group-here"},
+        std::pair{"--share-writable-with-uid", "no-such-user-here"},
+        std::pair{"--share-writable-with-uid", "99999999999"},
+        std::pair{"--share-writable-with-group", "no-such-group-here"},
         std::pair{"--metadata-budget", "lots"}, std::pair{"--client-max-metadata", "-5"},
         std::pair{"--bandwidth-probe", "lots"}}) {
     ProgramRun run =
