@@ -2,10 +2,11 @@
 """depot.dask against plain Dask distributed, in the same run (issue 15).
 
   python bench/python/bench_dask.py [--n 16000] [--chunk 2000] [--workers 4] [--repeat 2]
+      [--workloads product,persisted,rechunk,set_index,set_index_p2p] [--threshold 1MiB]
 
 Each workload runs on a LocalCluster of --workers worker processes (one thread each, Dask's
 default memory limit: RAM / workers), once with plain Dask and once with every worker
-attached to a depotd through depot.dask.DepotPlugin (threshold 1 MiB), a fresh cluster (and
+attached to a depotd through depot.dask.DepotPlugin (--threshold), a fresh cluster (and
 daemon) for each run, runs alternating.
 
 - product: `a = da.random.random((n, n), chunks=chunk)` (seeded); (a * a.T).sum().compute()`. Chunk
@@ -14,6 +15,13 @@ daemon) for each run, runs alternating.
   store's, while the product runs), as a notebook that reuses `a` has it.
 - rechunk: `da.random.random((n, n), chunks=(chunk, n)).rechunk((n, chunk), method="tasks")
   .sum().compute()`: rows to columns, every output chunk takes a piece of every input chunk.
+- set_index: a dask.dataframe of --rows rows of 4 random float64 columns in --partitions
+  partitions, `df.set_index("a", shuffle_method="tasks").sum().compute()`: every output
+  partition takes a piece (a pandas DataFrame) of every input partition. Its pieces are
+  small (rows / partitions^2), so run it with a --threshold below their size.
+- set_index_p2p: the same with Dask's own default for a distributed cluster,
+  shuffle_method="p2p", whose shards travel through the shuffle extension's own messages,
+  not as results: depot.dask leaves them alone (the reference for what plain Dask does best).
 
 Measured, median over --repeat:
 - wall time of compute();
@@ -91,10 +99,20 @@ def _transfers(peers, dask_worker=None):
     return sum(t["total"] for t in log), sum(t["compressed"] or 0 for t in log)
 
 
-def _workload(kind: str, n: int, chunk: int, client) -> float:
+def _workload(kind: str, args, client) -> float:
     import dask.array as da
     from distributed import wait
 
+    n, chunk = args.n, args.chunk
+    if kind.startswith("set_index"):
+        import dask.dataframe as dd
+
+        rows = da.random.RandomState(0).random_sample(
+            (args.rows, 4), chunks=(-(-args.rows // args.partitions), 4)
+        )
+        df = dd.from_dask_array(rows, columns=["a", "b", "c", "d"])
+        method = "p2p" if kind.endswith("p2p") else "tasks"
+        return client.compute(df.set_index("a", shuffle_method=method).sum().sum()).result()
     if kind == "rechunk":
         a = da.random.RandomState(0).random_sample((n, n), chunks=(chunk, n))
         return client.compute(a.rechunk((n, chunk), method="tasks").sum()).result()
@@ -124,14 +142,16 @@ def _run(kind: str, mode: str, args) -> dict:
             dashboard_address=":0", silence_logs=logging.CRITICAL,
         ) as cluster, cluster.get_client() as client:
             if with_depot:
-                client.register_plugin(depot.dask.DepotPlugin(socket=daemon.socket, keep=mode))
+                client.register_plugin(
+                    depot.dask.DepotPlugin(socket=daemon.socket, keep=mode, threshold=args.threshold)
+                )
                 client.register_plugin(depot.dask.DepotNannyPlugin())
             pids = list(client.run(os.getpid).values()) + ([daemon.pid] if daemon else [])
             idle = sum(_pss(p)[0] for p in pids)
             sampler = _Sampler(pids, store)
             sampler.start()
             start = time.perf_counter()
-            result = _workload(kind, args.n, args.chunk, client)
+            result = _workload(kind, args, client)
             seconds = time.perf_counter() - start
             sampler.stop()
             moved = client.run(_transfers, set(client.scheduler_info()["workers"]))
@@ -176,6 +196,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=64_000_000, help="set_index's rows")
+    parser.add_argument("--partitions", type=int, default=64, help="set_index's partitions")
+    parser.add_argument("--threshold", default="1MiB", help="DepotPlugin's threshold")
     parser.add_argument("--store-memory", default="12GiB")
     parser.add_argument("--workloads", default="product,persisted,rechunk")
     parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
@@ -185,7 +208,9 @@ def main() -> None:
     array_mb = args.n * args.n * 8 / MB
     print(
         f"array {args.n}x{args.n} float64 = {array_mb:.0f} MB in chunks of {args.chunk}; "
-        f"{args.workers} workers; memcpy of the array {memcpy * 1e3:.0f} ms"
+        f"dataframe {args.rows} x 4 float64 = {args.rows * 32 / MB:.0f} MB in "
+        f"{args.partitions} partitions; {args.workers} workers; threshold {args.threshold}; "
+        f"memcpy of the array {memcpy * 1e3:.0f} ms"
     )
     figures = {}
     for kind in args.workloads.split(","):
@@ -200,7 +225,7 @@ def main() -> None:
         }
         plain = med["plain"]
         print(f"\n{kind} (ratio: plain Dask's figure over depot.dask's):")
-        print(f"  {'':24}{'plain Dask':>11}" + "".join(f"{'keep=' + m:>15}{'ratio':>7}" for m in MODES[1:]))
+        print(f"  {'':24}{'plain Dask':>11}" + "".join(f"{'keep=' + m:>15}{'ratio':>8}" for m in MODES[1:]))
         rows = [
             ("wall time (s)", "seconds", 1),
             ("peak PSS (MB)", "peak_pss", MB),
@@ -214,7 +239,7 @@ def main() -> None:
             for m in MODES[1:]:
                 dep = med[m][key]
                 ratio = plain[key] / dep if dep else float("inf")
-                line += f"{dep / unit:15.2f}{ratio:6.2f}x"
+                line += f"{dep / unit:15.2f}{ratio:7.2f}x"
             print(line)
         print("  wall time / memcpy: " + ", ".join(
             f"{m} {med[m]['seconds'] / memcpy:.1f}" for m in MODES

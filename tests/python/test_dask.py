@@ -152,16 +152,124 @@ def test_a_slice_of_a_stored_result_travels_as_a_view(dask_client, store):
     del big, last, half, answer
 
 
+def _shared(array):
+    """Whether an array's memory lies in a shared mapping of this process (the store's), not
+    in its own memory."""
+    address = array.__array_interface__["data"][0]
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, perms = line.split()[:2]
+            start, end = (int(x, 16) for x in span.split("-"))
+            if start <= address < end:
+                return perms[3] == "s"
+    return False
+
+
+def _numbers(n):
+    pd = pytest.importorskip("pandas")
+    return pd.DataFrame(
+        {"x": np.arange(n, dtype=np.float64), "y": np.arange(n, dtype=np.int32)},
+        index=pd.Index(np.arange(n) * 2, name="i"),
+    )
+
+
+def test_pandas_results_travel_as_handles(dask_client, store):
+    pd = pytest.importorskip("pandas")
+    first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
+    n = 1 << 18  # 4 MB of data in the frame, 2 MB in the series
+    dask_client.run(_clear_transfer_logs)
+    frame = dask_client.submit(_numbers, n, key="frame", workers=[first])
+    series = dask_client.submit(
+        lambda n: pd.Series(np.ones(n), name="s"), n, key="series", workers=[first]
+    )
+
+    def read(frame, series):
+        # The receiver's columns, index and series are the store's memory, mapped.
+        views = [_shared(frame[c].to_numpy()) for c in frame]
+        views += [_shared(frame.index.to_numpy()), _shared(series.to_numpy())]
+        return views, float(frame["x"].sum()), int(frame["y"].sum()), float(series.sum())
+
+    views, x, y, s = dask_client.submit(read, frame, series, workers=[second]).result(60)
+    assert views == [True] * 4
+    assert (x, y, s) == (float(n * (n - 1) // 2), n * (n - 1) // 2, float(n))
+    (total, written, keys), = [t for a, t in _worker_transfers(dask_client).items() if a == first]
+    assert keys == ["frame", "series"] and total >= 6 * MiB
+    assert written < total / 1000, (written, total)
+    assert wait_for(lambda: dask_client.run(_in_depot)[first] == ["frame", "series"], 30)
+    assert _objects(store) == 2
+    # What gathers them (this process, without the plugin) gets the bytes, as from Dask.
+    pd.testing.assert_frame_equal(frame.result(60), _numbers(n))
+    del frame, series
+
+
+def test_pandas_values_of_objects_or_strings_stay_with_dask(dask_client, store):
+    pd = pytest.importorskip("pandas")
+    first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
+    n = 1 << 18
+    strings = dask_client.submit(
+        lambda n: pd.DataFrame({"s": ["abcdefgh"] * n, "x": np.ones(n)}), n, workers=[first]
+    )
+    keyed = dask_client.submit(  # numbers, but an index of strings
+        lambda n: pd.Series(np.ones(n), index=[str(i) for i in range(n)]), n, workers=[first]
+    )
+
+    def read(strings, keyed):
+        return len(strings), strings["s"].iloc[-1], float(keyed.sum())
+
+    assert dask_client.submit(read, strings, keyed, workers=[second]).result(60) == (
+        n, "abcdefgh", float(n)
+    )
+    assert dask_client.run(_in_depot)[first] == [] and _objects(store) == 0
+    del strings, keyed
+
+
+def test_keep_always_stores_pandas_results_as_tasks_return_them(eager, store):
+    frame = eager.submit(_numbers, 1 << 18, key="frame")
+    distributed.wait(frame, timeout=60)
+    assert list(eager.run(_in_depot).values()) == [["frame"]]
+    assert _objects(store) == 1
+    del frame
+    assert _store_empties(store)
+
+
 def _rss_and_private(dask_worker):
     return depot.dask.private_memory(), dask_worker.monitor.get_process_memory()
 
 
+def _watch_copies(dask_worker):
+    """Records the threads the worker's store copies results on, and its event loop's
+    (client.run runs a function on the loop)."""
+    import threading
+
+    store = depot.dask._current()
+    threads = []
+    original = type(store).copy
+
+    def copy(value):
+        threads.append(threading.get_ident())
+        return original(store, value)
+
+    store.copy = copy
+    dask_worker._depot_watch = (threading.get_ident(), threads)
+
+
+def _stop_watching_copies(dask_worker):
+    del depot.dask._current().copy
+    return dask_worker.__dict__.pop("_depot_watch")
+
+
 def test_keep_always_stores_results_as_tasks_return_them(eager, store):
-    big = eager.submit(np.ones, (2 * MiB,), dtype=np.uint8, key="big")
-    small = eager.submit(np.ones, (1000,), key="small")
-    distributed.wait([big, small], timeout=60)
+    eager.run(_watch_copies)
+    try:
+        big = eager.submit(np.ones, (2 * MiB,), dtype=np.uint8, key="big")
+        small = eager.submit(np.ones, (1000,), key="small")
+        distributed.wait([big, small], timeout=60)
+    finally:
+        ((loop, threads),) = eager.run(_stop_watching_copies).values()
     assert list(eager.run(_in_depot).values()) == [["big"]]
     assert _objects(store) == 1
+    # Copied on the task's thread, not on the event loop that serves the worker's comms.
+    assert len(threads) == 2 and loop not in threads, (loop, threads)
     del big, small
     assert _store_empties(store)
 

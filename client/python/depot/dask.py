@@ -11,6 +11,12 @@ pickled or copied again, and the host holds the result once however many workers
 Between hosts, and to anything without the plugin (the scheduler, the Dask client), Dask's
 comms carry the bytes as before.
 
+A pandas DataFrame, Series or Index whose columns and index are plain numpy arrays (numbers,
+booleans, datetimes; not strings, objects, categoricals or extension types) is stored the
+same way, as a pickle whose arrays the reader maps: it comes back with read-only columns
+viewing the store. Other values, and containers of arrays (a tuple a task returns), stay
+with Dask.
+
 A CuPy array, PyTorch CUDA tensor or depot.DeviceArray goes to the store's pool on its GPU,
 and comes back as the same library's array, viewing the pool; it is sent as a handle to a
 peer that sees that GPU (by UUID: CUDA_VISIBLE_DEVICES may differ between workers). Other
@@ -59,6 +65,7 @@ from collections.abc import MutableMapping
 from typing import Any, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 import dask
+from dask.sizeof import sizeof
 from distributed.comm.core import Comm
 from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 
@@ -176,6 +183,8 @@ class _Store:
         # Large results a worker keeps in its own memory (keep="on-send"): [the worker's
         # data, key, the store's copy once sent].
         self._private = _ByIdentity()
+        # Results the store did not take as their task returned them (keep="always").
+        self.declined = _ByIdentity()
         self._warned_full = False
 
     def stored_of(self, value: Any) -> Optional["_Stored"]:
@@ -207,9 +216,9 @@ class _Store:
             self._private.put(value, [data, key, None])
 
     def copy(self, value: Any) -> Optional[Any]:
-        """Stores a large result: a plain numpy array in host memory, a GPU array in the
-        pool of its GPU. Returns the store's read-only view of it (a GPU array as the same
-        library's), or None (not storable, or the store refused it: Dask keeps the
+        """Stores a large result: a plain numpy array or pandas value in host memory, a GPU
+        array in the pool of its GPU. Returns the store's read-only view of it (a GPU array
+        as the same library's, a pandas value as one whose arrays view the store), or None (not storable, or the store refused it: Dask keeps the
         value)."""
         kind = _storable(value, self.threshold)
         if kind is None:
@@ -404,14 +413,20 @@ class _Stored(NamedTuple):
 
 
 def _storable(value: Any, threshold: int) -> Optional[str]:
-    """"host" for a plain numpy array of at least ``threshold`` bytes, "gpu" for a CuPy
-    array, PyTorch tensor or depot.DeviceArray on a CUDA GPU of as many (or of a size it does
-    not say), else None."""
+    """"host" for a plain numpy array of at least ``threshold`` bytes, "pandas" for a pandas
+    DataFrame, Series or Index of as many whose data are plain numpy arrays (_plain_pandas),
+    "gpu" for a CuPy array, PyTorch tensor or depot.DeviceArray on a CUDA GPU of as many (or
+    of a size it does not say), else None."""
     least = max(threshold, 1)
     np = sys.modules.get("numpy")
     if np is not None and type(value) is np.ndarray:
         if value.nbytes >= least and _codec._plain_dtype(value.dtype):
             return "host"
+        return None
+    pd = sys.modules.get("pandas")
+    if pd is not None and type(value) in (pd.DataFrame, pd.Series, pd.Index):
+        if _plain_pandas(value, pd) and sizeof(value) >= least:
+            return "pandas"
         return None
     if type(value).__module__.split(".")[0] in ("builtins", "numpy", "pandas"):
         return None
@@ -421,6 +436,31 @@ def _storable(value: Any, threshold: int) -> Optional[str]:
         size = _gpus.nbytes(value)
         return "gpu" if size is None or size >= least else None
     return None
+
+
+def _plain_pandas(value: Any, pd: Any) -> bool:
+    """Whether a pandas DataFrame, Series or Index holds its rows in plain numpy arrays (no
+    objects, strings, categoricals or extension arrays), and its rows' index is a RangeIndex
+    or one such array. Pickled (protocol 5), such a value is a few hundred bytes of stream
+    and its arrays, which the store keeps as they are and a reader views without a copy;
+    anything else would be copied out of the store by unpickling it, and is left to Dask."""
+    np = sys.modules.get("numpy")
+
+    def plain(dtype: Any) -> bool:
+        return isinstance(dtype, np.dtype) and _codec._plain_dtype(dtype)
+
+    def plain_index(index: Any) -> bool:
+        return type(index) is pd.RangeIndex or (
+            type(index) is pd.Index and plain(index.dtype)
+        )
+
+    if isinstance(value, pd.Index):
+        return plain_index(value)
+    if not plain_index(value.index):
+        return False
+    if isinstance(value, pd.Series):
+        return plain(value.dtype)
+    return all(plain(dtype) for dtype in value.dtypes)
 
 
 _lock = threading.RLock()
@@ -453,7 +493,7 @@ class StoreBackedData(MutableMapping):
         store = self._store
         views = store.stored_of(value) is not None or store.view_of(value) is not None
         kept = value if views else None
-        if kept is None and store.eager:
+        if kept is None and store.eager and store.declined.get(value) is None:
             kept = store.copy(value)
         if kept is None:
             self.stored.pop(key, None)
@@ -564,6 +604,56 @@ def _install_serialization() -> None:
     _installed = True
 
 
+# keep="always": results are stored on the thread that ran their task.
+
+
+def _install_eager_copies() -> None:
+    """Wraps the function a worker's thread runs each task through (distributed.worker's
+    _run_task_simple, looked up at each call) so that, with keep="always", a large result is
+    copied into the store on that thread, before the worker's event loop gets it: the loop,
+    which serves the worker's comms and heartbeats, never waits for a copy. Results that
+    come some other way (an async task, a scatter) are stored as the loop keeps them. Does
+    nothing on a version of distributed without that function."""
+    global _eager_installed
+    if _eager_installed:
+        return
+    worker_module = importlib.import_module("distributed.worker")
+    base = getattr(worker_module, "_run_task_simple", None)
+    if base is None:
+        return
+
+    def run_task_simple(*args: Any, **kwargs: Any) -> Any:
+        msg = base(*args, **kwargs)
+        store = _current()
+        if store is None or not store.eager or not isinstance(msg, dict):
+            return msg
+        if msg.get("op") != "task-finished" or _worker_of_task() not in _attached:
+            return msg
+        value = msg.get("result")
+        if store.stored_of(value) is None and store.view_of(value) is None:
+            view = store.copy(value)
+            if view is None:  # not storable, or the store is full: the loop need not try
+                store.declined.put(value, True)
+            else:
+                msg["result"] = view
+        return msg
+
+    worker_module._run_task_simple = run_task_simple
+    _eager_installed = True
+
+
+def _worker_of_task() -> Any:
+    from distributed import get_worker
+
+    try:
+        return get_worker()
+    except ValueError:
+        return None
+
+
+_eager_installed = False
+
+
 # Attaching a worker.
 
 
@@ -626,6 +716,7 @@ def attach(
                 return False
             _store = _Store(client, group, limit, policy)
         _install_serialization()
+        _install_eager_copies()
         data = StoreBackedData(worker.memory_manager.data, _store, worker.loop)
         worker.memory_manager.data = data
         worker.state.data = data
