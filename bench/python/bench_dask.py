@@ -32,6 +32,11 @@ Measured, median over --repeat:
   the store that no process maps at that moment counts in no PSS, so the second figure,
   "private + store", adds the store's allocated bytes (depotd's used_bytes) to the workers'
   PSS without their shared-memory part: the larger is the honest one.
+- replicas at peak: at the sample of peak PSS, the bytes of results held by more than one
+  worker (Dask's scheduler's who_has), counted once per extra holder. In plain Dask each is
+  a private copy, so plain Dask's peak over (its peak less them) bounds what any scheme
+  that keeps each result once per host could save at that moment; with depot.dask the
+  extra holders map the store's copy;
 - bytes moved between workers: the sizes of the values workers sent one another, and the
   bytes they wrote to the comms for them (Worker.transfer_outgoing_log);
 - with depot, the objects left in the store once the result is in and Dask has released
@@ -68,14 +73,27 @@ def _pss(pid: int) -> tuple:
     return pss, shmem
 
 
+def _replicas(dask_scheduler=None) -> int:
+    """The bytes of results that more than one worker holds, each counted once per extra
+    holder: what plain Dask keeps twice (or more) because a task on another worker needed
+    it, and what sharing memory between workers could save at most."""
+    return sum(
+        ts.nbytes * (len(ts.who_has) - 1)
+        for ts in dask_scheduler.tasks.values()
+        if ts.who_has and len(ts.who_has) > 1 and ts.nbytes > 0
+    )
+
+
 class _Sampler(threading.Thread):
-    def __init__(self, pids, store_client=None, interval=0.02):
+    def __init__(self, pids, store_client=None, dask_client=None, interval=0.02):
         super().__init__(daemon=True)
         self.pids = pids
         self.store = store_client
+        self.dask_client = dask_client
         self.interval = interval
         self.peak_pss = 0
         self.peak_private_plus_store = 0
+        self.replicas_at_peak = 0
         self._done = threading.Event()
 
     def run(self):
@@ -85,7 +103,10 @@ class _Sampler(threading.Thread):
             private = pss - sum(m for _, m in samples)
             if self.store is not None:
                 private += self.store.status().used_bytes
-            self.peak_pss = max(self.peak_pss, pss)
+            if pss > self.peak_pss:
+                self.peak_pss = pss
+                if self.dask_client is not None:
+                    self.replicas_at_peak = self.dask_client.run_on_scheduler(_replicas)
             self.peak_private_plus_store = max(self.peak_private_plus_store, private)
             self._done.wait(self.interval)
 
@@ -148,7 +169,7 @@ def _run(kind: str, mode: str, args) -> dict:
                 client.register_plugin(depot.dask.DepotNannyPlugin())
             pids = list(client.run(os.getpid).values()) + ([daemon.pid] if daemon else [])
             idle = sum(_pss(p)[0] for p in pids)
-            sampler = _Sampler(pids, store)
+            sampler = _Sampler(pids, store, client)
             sampler.start()
             start = time.perf_counter()
             result = _workload(kind, args, client)
@@ -170,6 +191,7 @@ def _run(kind: str, mode: str, args) -> dict:
         "idle_pss": idle,
         "peak_pss": sampler.peak_pss,
         "peak_private_plus_store": sampler.peak_private_plus_store,
+        "replicas_at_peak": sampler.replicas_at_peak,
         "values_moved": sum(t for t, _ in moved.values()),
         "bytes_written": sum(w for _, w in moved.values()),
         "result": float(result),
@@ -225,11 +247,12 @@ def main() -> None:
         }
         plain = med["plain"]
         print(f"\n{kind} (ratio: plain Dask's figure over depot.dask's):")
-        print(f"  {'':24}{'plain Dask':>11}" + "".join(f"{'keep=' + m:>15}{'ratio':>8}" for m in MODES[1:]))
+        print(f"  {'':24}{'plain Dask':>11}" + "".join(f"{'keep=' + m:>15}{'ratio':>10}" for m in MODES[1:]))
         rows = [
             ("wall time (s)", "seconds", 1),
             ("peak PSS (MB)", "peak_pss", MB),
             ("peak private+store (MB)", "peak_private_plus_store", MB),
+            ("replicas at peak (MB)", "replicas_at_peak", MB),
             ("idle PSS (MB)", "idle_pss", MB),
             ("values moved (MB)", "values_moved", MB),
             ("bytes written (MB)", "bytes_written", MB),
@@ -239,8 +262,11 @@ def main() -> None:
             for m in MODES[1:]:
                 dep = med[m][key]
                 ratio = plain[key] / dep if dep else float("inf")
-                line += f"{dep / unit:15.2f}{ratio:7.2f}x"
+                line += f"{dep / unit:15.2f}{ratio:9.2f}x"
             print(line)
+        # The most that keeping each result once on the host can save of plain Dask's peak.
+        bound = plain["peak_pss"] / max(1, plain["peak_pss"] - plain["replicas_at_peak"])
+        print(f"  plain Dask's peak PSS over the same less its replicas: {bound:.2f}x")
         print("  wall time / memcpy: " + ", ".join(
             f"{m} {med[m]['seconds'] / memcpy:.1f}" for m in MODES
         ) + "; objects left in the store: " + str(

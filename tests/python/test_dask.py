@@ -176,7 +176,7 @@ def _numbers(n):
 def test_pandas_results_travel_as_handles(dask_client, store):
     pd = pytest.importorskip("pandas")
     first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
-    n = 1 << 18  # 4 MB of data in the frame, 2 MB in the series
+    n = 1 << 18  # 5 MiB of data in the frame (index included), 2 MiB in the series
     dask_client.run(_clear_transfer_logs)
     frame = dask_client.submit(_numbers, n, key="frame", workers=[first])
     series = dask_client.submit(
@@ -202,6 +202,34 @@ def test_pandas_results_travel_as_handles(dask_client, store):
     del frame, series
 
 
+def test_pandas_frames_of_one_block_and_slices_of_their_rows(dask_client, store):
+    pd = pytest.importorskip("pandas")
+    first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
+    n = 1 << 18
+
+    def block(n):  # three columns in one 2-d block
+        return pd.DataFrame(
+            np.arange(3 * n, dtype=np.float64).reshape(n, 3), columns=["a", "b", "c"],
+            index=pd.Index(np.arange(n, dtype=np.uint32)),
+        )
+
+    whole = dask_client.submit(block, n, workers=[first])
+    # A slice of its rows views a block that is not contiguous: stored as a contiguous copy.
+    rows = dask_client.submit(lambda f: f.iloc[10:-10], whole, workers=[first])
+
+    def read(whole, rows):
+        return (
+            _shared(whole["a"].to_numpy()), _shared(whole.index.to_numpy()),
+            _shared(rows["a"].to_numpy()), float(rows["c"].sum()), int(rows.index[0]),
+        )
+
+    assert dask_client.submit(read, whole, rows, workers=[second]).result(60) == (
+        True, True, True, float((3 * np.arange(10, n - 10) + 2).sum()), 10,
+    )
+    assert _objects(store) == 2
+    del whole, rows
+
+
 def test_pandas_values_of_objects_or_strings_stay_with_dask(dask_client, store):
     pd = pytest.importorskip("pandas")
     first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
@@ -212,23 +240,46 @@ def test_pandas_values_of_objects_or_strings_stay_with_dask(dask_client, store):
     keyed = dask_client.submit(  # numbers, but an index of strings
         lambda n: pd.Series(np.ones(n), index=[str(i) for i in range(n)]), n, workers=[first]
     )
-
-    def read(strings, keyed):
-        return len(strings), strings["s"].iloc[-1], float(keyed.sum())
-
-    assert dask_client.submit(read, strings, keyed, workers=[second]).result(60) == (
-        n, "abcdefgh", float(n)
+    timed = dask_client.submit(  # numbers indexed by time: pandas pickles datetimes in-band
+        lambda n: pd.Series(np.ones(n), index=pd.date_range("2026-01-01", periods=n, freq="s")),
+        n, workers=[first],
     )
+    grouped = dask_client.submit(  # categories
+        lambda n: pd.Series(np.arange(n) % 3, dtype="category"), n, workers=[first]
+    )
+
+    def read(strings, keyed, timed, grouped):
+        return (
+            len(strings), strings["s"].iloc[-1], float(keyed.sum()), str(timed.index[-1]),
+            int(grouped.cat.codes.sum()),
+        )
+
+    assert dask_client.submit(read, strings, keyed, timed, grouped, workers=[second]).result(
+        60
+    ) == (n, "abcdefgh", float(n), str(pd.Timestamp("2026-01-01") + pd.Timedelta(seconds=n - 1)),
+          int((np.arange(n) % 3).sum()))
     assert dask_client.run(_in_depot)[first] == [] and _objects(store) == 0
-    del strings, keyed
+    del strings, keyed, timed, grouped
 
 
 def test_keep_always_stores_pandas_results_as_tasks_return_them(eager, store):
+    pd = pytest.importorskip("pandas")
     frame = eager.submit(_numbers, 1 << 18, key="frame")
-    distributed.wait(frame, timeout=60)
-    assert list(eager.run(_in_depot).values()) == [["frame"]]
+    # What pandas makes of a stored frame without a copy is kept as it is, not stored again.
+    renamed = eager.submit(lambda f: f[["x"]].rename(columns={"x": "z"}), frame, key="renamed")
+    distributed.wait([frame, renamed], timeout=60)
+    assert list(eager.run(_in_depot).values()) == [["frame", "renamed"]]
     assert _objects(store) == 1
-    del frame
+
+    def mapped(dask_worker):
+        frame, renamed = dask_worker.data["frame"], dask_worker.data["renamed"]
+        return [
+            _shared(frame["y"].to_numpy()), _shared(frame.index.to_numpy()),
+            _shared(renamed["z"].to_numpy()), isinstance(renamed, pd.DataFrame),
+        ]
+
+    assert list(eager.run(mapped).values()) == [[True] * 4]
+    del frame, renamed
     assert _store_empties(store)
 
 

@@ -249,18 +249,21 @@ class Client:
         ref, gpu, _ = self._handoff(value, device)
         return ref, gpu
 
-    def _handoff(self, value: Any, device: Optional[int] = None) -> Tuple[ObjectRef, Optional[int], Any]:
+    def _handoff(
+        self, value: Any, device: Optional[int] = None, encoded: Any = None
+    ) -> Tuple[ObjectRef, Optional[int], Any]:
         """handoff, also returning what keeps the object for this client (None for a GPU
-        array): while it lives, handoff_again works even after every claim."""
+        array): while it lives, handoff_again works even after every claim. ``encoded``:
+        ``value`` as _codec.encode made it already."""
         if not self._group:
             raise InvalidArgument(
                 "this client joined no group (depot.Client(..., group=key)): there is nobody "
                 "to hand values to"
             )
         ref = ObjectRef(_depot.random_id())
-        gpu, held = self._put_encoded(
-            ref, value, _codec.encode(value), False, device, handoff=True
-        )
+        if encoded is None:
+            encoded = _codec.encode(value)
+        gpu, held = self._put_encoded(ref, value, encoded, False, device, handoff=True)
         return ref, gpu, held
 
     def handoff_again(

@@ -11,11 +11,11 @@ pickled or copied again, and the host holds the result once however many workers
 Between hosts, and to anything without the plugin (the scheduler, the Dask client), Dask's
 comms carry the bytes as before.
 
-A pandas DataFrame, Series or Index whose columns and index are plain numpy arrays (numbers,
-booleans, datetimes; not strings, objects, categoricals or extension types) is stored the
-same way, as a pickle whose arrays the reader maps: it comes back with read-only columns
-viewing the store. Other values, and containers of arrays (a tuple a task returns), stay
-with Dask.
+A pandas DataFrame, Series or Index whose columns and index are numpy arrays of numbers or
+booleans (not datetimes, strings, objects, categoricals or extension types) is stored the
+same way, as a pickle whose arrays the reader maps: it comes back with read-only
+columns viewing the store. Other values, and containers of arrays (a tuple a task returns),
+stay with Dask.
 
 A CuPy array, PyTorch CUDA tensor or depot.DeviceArray goes to the store's pool on its GPU,
 and comes back as the same library's array, viewing the pool; it is sent as a handle to a
@@ -73,6 +73,7 @@ from . import _codec, _depot, _gpus
 from ._client import Client
 from ._daemon import Daemon, _accepts, start_daemon
 from ._errors import ConnectionError, DepotError, InvalidArgument, ProtocolMismatch, StoreFull
+from ._identity import ByIdentity
 from ._ref import ObjectRef
 
 __all__ = [
@@ -100,6 +101,9 @@ EVENT_TOPIC = "depot"
 # whose receiver never deserializes it (a comm that broke mid-send, a worker gone) leaks
 # nothing for longer than this, though the cluster lives on.
 SEND_TTL = 600.0
+# A pandas value is stored only if its pickle stream, read back as copies, is at most this
+# many bytes or a sixteenth of the value (its columns are out of band, viewed as they are).
+_MAX_PICKLE_STREAM = 64 * 1024
 
 
 class DepotUnavailableWarning(RuntimeWarning):
@@ -179,12 +183,12 @@ class _Store:
         # they can send it as handles.
         self.gpus = [uuid.hex() for _, uuid in _gpus.table(client)]
         # Values that view the store, and what each is.
-        self._stored = _ByIdentity()
+        self._stored = ByIdentity()
         # Large results a worker keeps in its own memory (keep="on-send"): [the worker's
         # data, key, the store's copy once sent].
-        self._private = _ByIdentity()
+        self._private = ByIdentity()
         # Results the store did not take as their task returned them (keep="always").
-        self.declined = _ByIdentity()
+        self.declined = ByIdentity()
         self._warned_full = False
 
     def stored_of(self, value: Any) -> Optional["_Stored"]:
@@ -195,6 +199,28 @@ class _Store:
         root = _root_array(value)
         if root is not value:  # what slices of it name as their base
             self._stored.put(root, stored)
+        for array in _pandas_arrays(value) or ():  # what pandas values made of it hold
+            self._stored.put(_root_array(array), stored)
+
+    def kept_as_is(self, value: Any) -> bool:
+        """Whether ``value`` costs the worker nothing: it views the store (stored_of,
+        view_of), or shares() it."""
+        return (
+            self.stored_of(value) is not None or self.view_of(value) is not None
+            or self.shares(value)
+        )
+
+    def shares(self, value: Any) -> bool:
+        """Whether ``value`` is a plain pandas value of at least ``threshold`` bytes whose
+        arrays all view stored ones: what pandas makes of a stored value without a copy (a
+        selection of columns, a rename, a slice of rows). It is kept as it is; sent to a
+        peer, it is stored then, as a large result the worker keeps is."""
+        if _storable(value, self.threshold) != "pandas":
+            return False
+        arrays = _pandas_arrays(value)
+        return bool(arrays) and all(
+            self._stored.get(_root_array(array)) is not None for array in arrays
+        )
 
     def view_of(self, value: Any) -> Optional[Tuple["_Stored", list]]:
         """For a numpy array of at least ``threshold`` bytes that views part of a stored one
@@ -224,7 +250,19 @@ class _Store:
         if kind is None:
             return None
         try:
-            ref, gpu = self.client.handoff(value)
+            encoded = None
+            if kind == "pandas":
+                encoded = _codec.encode(value)
+                stream = len(encoded.parts[0])
+                if stream > max(_MAX_PICKLE_STREAM, encoded.size // 16):
+                    # Arrays pickled in the stream (_plain_pandas lets none through that
+                    # numpy 2 and pandas 2-3 pickle so): a reader would unpickle copies.
+                    logger.debug(
+                        "depot.dask: keeping a %s in the worker: %d of its %d bytes would be "
+                        "unpickled as copies", type(value).__name__, stream, encoded.size,
+                    )
+                    return None
+            ref, gpu, _ = self.client._handoff(value, None, encoded)
             raw = self.client.claim(ref, device=gpu)
         except StoreFull as e:
             if not self._warned_full:
@@ -369,40 +407,6 @@ def _view(value: Any, offset: int, shape: list, strides: list, dtype: str) -> An
         raise OSError(f"depot.dask: a peer sent a view that is not in its object ({e})") from e
 
 
-class _ByIdentity:
-    """Entries for live objects, found by the object itself (which need not be hashable:
-    numpy arrays are not) and dropped when it is collected. Thread-safe."""
-
-    def __init__(self) -> None:
-        # Reentrant: a weakref callback may run in a garbage collection inside put().
-        self._lock = threading.RLock()
-        self._entries: Dict[int, Tuple[Any, Any]] = {}  # id(value) -> (weakref, entry)
-
-    def get(self, value: Any) -> Any:
-        found = self._entries.get(id(value))
-        if found is None or found[0]() is not value:
-            return None
-        return found[1]
-
-    def put(self, value: Any, entry: Any) -> None:
-        """Adds an entry; none for a value that takes no weak references (it is then sent
-        as Dask sends it)."""
-        key = id(value)
-
-        def forget(_: Any) -> None:
-            with self._lock:
-                found = self._entries.get(key)
-                if found is not None and found[0]() is None:
-                    del self._entries[key]
-
-        try:
-            ref = weakref.ref(value, forget)
-        except TypeError:
-            return
-        with self._lock:
-            self._entries[key] = (ref, entry)
-
-
 class _Stored(NamedTuple):
     """A value that views the store: its object, and for a GPU value the GPU's UUID and the
     library its array belongs to (_gpus.library)."""
@@ -439,20 +443,20 @@ def _storable(value: Any, threshold: int) -> Optional[str]:
 
 
 def _plain_pandas(value: Any, pd: Any) -> bool:
-    """Whether a pandas DataFrame, Series or Index holds its rows in plain numpy arrays (no
-    objects, strings, categoricals or extension arrays), and its rows' index is a RangeIndex
-    or one such array. Pickled (protocol 5), such a value is a few hundred bytes of stream
-    and its arrays, which the store keeps as they are and a reader views without a copy;
-    anything else would be copied out of the store by unpickling it, and is left to Dask."""
+    """Whether a pandas DataFrame, Series or Index holds its rows in numpy arrays of numbers
+    or booleans, and its rows' index is a RangeIndex or an Index of one such array. (pandas
+    pickles datetimes and timedeltas in the stream, like objects, strings, categoricals and
+    extension arrays.) Pickled (protocol 5), such a value is a few hundred bytes of stream and its arrays, which
+    the store keeps as they are and a reader views without a copy (if they are contiguous:
+    _Store.copy checks the stream); anything else would be copied out of the store by
+    unpickling it, and is left to Dask."""
     np = sys.modules.get("numpy")
 
     def plain(dtype: Any) -> bool:
-        return isinstance(dtype, np.dtype) and _codec._plain_dtype(dtype)
+        return isinstance(dtype, np.dtype) and dtype.kind in "biufc"
 
     def plain_index(index: Any) -> bool:
-        return type(index) is pd.RangeIndex or (
-            type(index) is pd.Index and plain(index.dtype)
-        )
+        return type(index) is pd.RangeIndex or (type(index) is pd.Index and plain(index.dtype))
 
     if isinstance(value, pd.Index):
         return plain_index(value)
@@ -461,6 +465,26 @@ def _plain_pandas(value: Any, pd: Any) -> bool:
     if isinstance(value, pd.Series):
         return plain(value.dtype)
     return all(plain(dtype) for dtype in value.dtypes)
+
+
+def _pandas_arrays(value: Any) -> Optional[list]:
+    """The numpy arrays a plain pandas value (_plain_pandas) keeps its rows in: its columns'
+    blocks and its rows' index (none for a RangeIndex). None for anything else, or if pandas
+    does not say (its block manager, ``_mgr``, is not part of its public interface)."""
+    pd = sys.modules.get("pandas")
+    np = sys.modules.get("numpy")
+    if pd is None or type(value) not in (pd.DataFrame, pd.Series, pd.Index):
+        return None
+    index = value if isinstance(value, pd.Index) else value.index
+    arrays = [] if type(index) is pd.RangeIndex else [index.to_numpy()]
+    if not isinstance(value, pd.Index):
+        blocks = getattr(getattr(value, "_mgr", None), "arrays", None)
+        if not isinstance(blocks, list):
+            return None
+        arrays += blocks
+    if not all(type(a) is np.ndarray for a in arrays):
+        return None
+    return arrays
 
 
 _lock = threading.RLock()
@@ -492,7 +516,8 @@ class StoreBackedData(MutableMapping):
     def __setitem__(self, key: Any, value: Any) -> None:
         store = self._store
         views = store.stored_of(value) is not None or store.view_of(value) is not None
-        kept = value if views else None
+        shares = not views and store.shares(value)
+        kept = value if views or shares else None
         if kept is None and store.eager and store.declined.get(value) is None:
             kept = store.copy(value)
         if kept is None:
@@ -504,6 +529,8 @@ class StoreBackedData(MutableMapping):
             if key in self.inner:
                 del self.inner[key]
             self.stored[key] = kept
+            if shares:
+                store.track(value, self, key)
 
     def adopt_soon(self, key: Any, value: Any, view: Any) -> None:
         """Keeps ``view`` (the store's copy of ``value``) for ``key`` instead of ``value``,
@@ -608,47 +635,43 @@ def _install_serialization() -> None:
 
 
 def _install_eager_copies() -> None:
-    """Wraps the function a worker's thread runs each task through (distributed.worker's
-    _run_task_simple, looked up at each call) so that, with keep="always", a large result is
-    copied into the store on that thread, before the worker's event loop gets it: the loop,
-    which serves the worker's comms and heartbeats, never waits for a copy. Results that
-    come some other way (an async task, a scatter) are stored as the loop keeps them. Does
+    """Wraps the function a worker's thread pool runs each task through (distributed.worker's
+    _run_task, looked up at each call, and called only for thread pools) so that a large
+    result of a worker attached with keep="always" is copied into the store on the task's
+    thread, before the worker's event loop gets it: the loop, which serves the worker's
+    comms and heartbeats, never waits for a copy. Results that come some other way (an async
+    task, a scatter, a fetch from another host) are stored as the loop keeps them. Does
     nothing on a version of distributed without that function."""
     global _eager_installed
     if _eager_installed:
         return
     worker_module = importlib.import_module("distributed.worker")
-    base = getattr(worker_module, "_run_task_simple", None)
+    base = getattr(worker_module, "_run_task", None)
     if base is None:
         return
 
-    def run_task_simple(*args: Any, **kwargs: Any) -> Any:
+    def run_task(*args: Any, **kwargs: Any) -> Any:
         msg = base(*args, **kwargs)
+        state = kwargs.get("execution_state", args[2] if len(args) > 2 else None)
+        worker = state.get("worker") if isinstance(state, dict) else None
         store = _current()
-        if store is None or not store.eager or not isinstance(msg, dict):
-            return msg
-        if msg.get("op") != "task-finished" or _worker_of_task() not in _attached:
+        if (
+            store is None or not store.eager or worker not in _attached
+            or not isinstance(msg, dict) or msg.get("op") != "task-finished"
+        ):
             return msg
         value = msg.get("result")
-        if store.stored_of(value) is None and store.view_of(value) is None:
-            view = store.copy(value)
-            if view is None:  # not storable, or the store is full: the loop need not try
-                store.declined.put(value, True)
-            else:
-                msg["result"] = view
+        if store.kept_as_is(value):
+            return msg
+        view = store.copy(value)
+        if view is None:  # not storable, or the store is full: the loop need not try
+            store.declined.put(value, True)
+        else:
+            msg["result"] = view
         return msg
 
-    worker_module._run_task_simple = run_task_simple
+    worker_module._run_task = run_task
     _eager_installed = True
-
-
-def _worker_of_task() -> Any:
-    from distributed import get_worker
-
-    try:
-        return get_worker()
-    except ValueError:
-        return None
 
 
 _eager_installed = False
@@ -716,7 +739,8 @@ def attach(
                 return False
             _store = _Store(client, group, limit, policy)
         _install_serialization()
-        _install_eager_copies()
+        if _store.eager:
+            _install_eager_copies()
         data = StoreBackedData(worker.memory_manager.data, _store, worker.loop)
         worker.memory_manager.data = data
         worker.state.data = data

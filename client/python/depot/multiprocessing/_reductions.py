@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import warnings
-import weakref
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional, Tuple
 
 from .. import _depot, _gpus
 from .._errors import DepotError
+from .._identity import ByIdentity
 from .._ref import ObjectRef
 from . import _store
 
@@ -72,58 +71,42 @@ def get_threshold() -> int:
     return _threshold
 
 
-# What this process sent, while the value lives: id(value) -> (a weak reference to the
-# value, its ref, the GPU it is on or None, the digest of its bytes, this client's reference
-# to the object). The reference keeps the stored copy while the sender's value lives, so that
-# the same value sent again is handed off again however fast the earlier sends were claimed.
-_sent: dict = {}
-# Reentrant: a weakref callback (_forget) may run in a garbage collection inside a section.
-_sent_lock = threading.RLock()
+# What this process sent, while the value lives: (its ref, the GPU it is on or None, the
+# digest of its bytes, this client's reference to the object). The reference keeps the
+# stored copy while the sender's value lives, so that the same value sent again is handed
+# off again however fast the earlier sends were claimed.
+_sent = ByIdentity()
 _inherited: list = []
 
 
 def _forget_after_fork() -> None:
     """In a forked child: the parent's references are its own (never dropped here)."""
-    global _sent_lock
-    _sent_lock = threading.RLock()
-    _inherited.append(dict(_sent))
-    _sent.clear()
+    _inherited.append(_sent.take_all())
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _forget(key: int, _: Any = None) -> None:
-    with _sent_lock:
-        _sent.pop(key, None)
-
-
 def _remember(value: Any, ref: ObjectRef, gpu: Optional[int], digest: Any, held: Any) -> None:
-    key = id(value)
-    try:
-        alive = weakref.ref(value, lambda _, key=key: _forget(key))
-    except TypeError:  # not weakly referenceable: not remembered
-        return
-    with _sent_lock:
-        _sent[key] = (alive, ref, gpu, digest, held)
+    _sent.put(value, (ref, gpu, digest, held))  # nothing for a value without weak references
 
 
 def _send_again(value: Any, digest: Any) -> Optional[Tuple[ObjectRef, Optional[int]]]:
     """The ref of an earlier send of this very value with these bytes and layout, handed off
     once more; else None."""
-    with _sent_lock:
-        entry = _sent.get(id(value))
-    if entry is None or entry[0]() is not value or entry[3] != digest:
+    entry = _sent.get(value)
+    if entry is None or entry[2] != digest:
         return None
     client = _store.client()
     if client is None:
         return None
+    ref, gpu = entry[0], entry[1]
     try:
-        client.handoff_again(entry[1], device=entry[2])
+        client.handoff_again(ref, device=gpu)
     except DepotError:  # the store lost it (the daemon restarted, say): store it anew
-        _forget(id(value))
+        _sent.discard(value)
         return None
-    return entry[1], entry[2]
+    return ref, gpu
 
 
 def _hand_off(
