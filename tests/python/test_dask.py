@@ -197,9 +197,21 @@ def test_pandas_results_travel_as_handles(dask_client, store):
     assert written < total / 1000, (written, total)
     assert wait_for(lambda: dask_client.run(_in_depot)[first] == ["frame", "series"], 30)
     assert _objects(store) == 2
+    # What pandas makes of a stored frame without a copy is kept as it is, not stored again.
+    renamed = dask_client.submit(
+        lambda f: f[["x"]].rename(columns={"x": "z"}), frame, key="renamed", workers=[second]
+    )
+    distributed.wait(renamed, timeout=60)
+    assert "renamed" in dask_client.run(_in_depot)[second] and _objects(store) == 2
+
+    def mapped(dask_worker):
+        return _shared(dask_worker.data["renamed"]["z"].to_numpy())
+
+    assert dask_client.run(mapped, workers=[second])[second] is True
     # What gathers them (this process, without the plugin) gets the bytes, as from Dask.
     pd.testing.assert_frame_equal(frame.result(60), _numbers(n))
-    del frame, series
+    pd.testing.assert_frame_equal(renamed.result(60), _numbers(n)[["x"]].rename(columns={"x": "z"}))
+    del frame, series, renamed
 
 
 def test_pandas_frames_of_one_block_and_slices_of_their_rows(dask_client, store):
@@ -262,25 +274,11 @@ def test_pandas_values_of_objects_or_strings_stay_with_dask(dask_client, store):
     del strings, keyed, timed, grouped
 
 
-def test_keep_always_stores_pandas_results_as_tasks_return_them(eager, store):
-    pd = pytest.importorskip("pandas")
+def test_keep_always_stores_pandas_results_when_first_sent(eager, store):
     frame = eager.submit(_numbers, 1 << 18, key="frame")
-    # What pandas makes of a stored frame without a copy is kept as it is, not stored again.
-    renamed = eager.submit(lambda f: f[["x"]].rename(columns={"x": "z"}), frame, key="renamed")
-    distributed.wait([frame, renamed], timeout=60)
-    assert list(eager.run(_in_depot).values()) == [["frame", "renamed"]]
-    assert _objects(store) == 1
-
-    def mapped(dask_worker):
-        frame, renamed = dask_worker.data["frame"], dask_worker.data["renamed"]
-        return [
-            _shared(frame["y"].to_numpy()), _shared(frame.index.to_numpy()),
-            _shared(renamed["z"].to_numpy()), isinstance(renamed, pd.DataFrame),
-        ]
-
-    assert list(eager.run(mapped).values()) == [[True] * 4]
-    del frame, renamed
-    assert _store_empties(store)
+    distributed.wait(frame, timeout=60)
+    assert list(eager.run(_in_depot).values()) == [[]] and _objects(store) == 0
+    del frame
 
 
 def _rss_and_private(dask_worker):
@@ -320,7 +318,7 @@ def test_keep_always_stores_results_as_tasks_return_them(eager, store):
     assert list(eager.run(_in_depot).values()) == [["big"]]
     assert _objects(store) == 1
     # Copied on the task's thread, not on the event loop that serves the worker's comms.
-    assert len(threads) == 2 and loop not in threads, (loop, threads)
+    assert len(threads) == 1 and loop not in threads, (loop, threads)
     del big, small
     assert _store_empties(store)
 

@@ -28,8 +28,9 @@ When a result is stored is the ``keep`` policy:
   result that never leaves its worker costs nothing more than with plain Dask, and one that
   does is copied once (where plain Dask copies it through a socket into the receiver's own
   memory).
-- ``"always"``: as soon as the task returns it, so that every large result is in the store
+- ``"always"``: as soon as the task returns it, so that every large array is in the store
   (shared, visible to ``depotctl``, not counted as the worker's memory), for one copy each.
+  pandas values are stored when first sent, as with "on-send".
 
 A slice of a stored result that a task returns (a view of its input: a rechunk's pieces) is
 kept as it is, and sent as a handle to the stored object with the slice's place in it: it is
@@ -201,6 +202,13 @@ class _Store:
             self._stored.put(root, stored)
         for array in _pandas_arrays(value) or ():  # what pandas values made of it hold
             self._stored.put(_root_array(array), stored)
+
+    def stores_on_return(self, value: Any) -> bool:
+        """Whether ``value`` is stored as its task returns it: a large array with
+        keep="always". A pandas value waits for its first send whatever the policy: a
+        pipeline of frames makes several per partition that are never sent, and storing
+        each as it is made raised the peak memory of a set_index by 40% (bench/README.md)."""
+        return self.eager and _storable(value, self.threshold) in ("host", "gpu")
 
     def kept_as_is(self, value: Any) -> bool:
         """Whether ``value`` costs the worker nothing: it views the store (stored_of,
@@ -518,12 +526,13 @@ class StoreBackedData(MutableMapping):
         views = store.stored_of(value) is not None or store.view_of(value) is not None
         shares = not views and store.shares(value)
         kept = value if views or shares else None
-        if kept is None and store.eager and store.declined.get(value) is None:
+        now = kept is None and store.stores_on_return(value)
+        if now and store.declined.get(value) is None:
             kept = store.copy(value)
         if kept is None:
             self.stored.pop(key, None)
             self.inner[key] = value
-            if not store.eager:
+            if not now:  # stored when first sent (not again once the store refused it)
                 store.track(value, self, key)
         else:
             if key in self.inner:
@@ -661,7 +670,7 @@ def _install_eager_copies() -> None:
         ):
             return msg
         value = msg.get("result")
-        if store.kept_as_is(value):
+        if not store.stores_on_return(value) or store.kept_as_is(value):
             return msg
         view = store.copy(value)
         if view is None:  # not storable, or the store is full: the loop need not try
