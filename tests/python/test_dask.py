@@ -175,7 +175,7 @@ def _numbers(n):
 
 def test_pandas_results_travel_as_handles(dask_client, store):
     pd = pytest.importorskip("pandas")
-    first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
+    first, second, third = sorted(dask_client.scheduler_info()["workers"])
     n = 1 << 18  # 5 MiB of data in the frame (index included), 2 MiB in the series
     dask_client.run(_clear_transfer_logs)
     frame = dask_client.submit(_numbers, n, key="frame", workers=[first])
@@ -202,16 +202,32 @@ def test_pandas_results_travel_as_handles(dask_client, store):
         lambda f: f[["x"]].rename(columns={"x": "z"}), frame, key="renamed", workers=[second]
     )
     distributed.wait(renamed, timeout=60)
-    assert "renamed" in dask_client.run(_in_depot)[second] and _objects(store) == 2
+    # One with a column of its own is the worker's, until it is sent.
+    widened = dask_client.submit(lambda f: f.assign(w=np.zeros(len(f))), frame, workers=[second])
+    distributed.wait(widened, timeout=60)
+    kept = dask_client.run(_in_depot)[second]
+    assert "renamed" in kept and widened.key not in kept and _objects(store) == 2
 
     def mapped(dask_worker):
-        return _shared(dask_worker.data["renamed"]["z"].to_numpy())
+        renamed = dask_worker.data["renamed"]
+        stored = depot.dask._current().stored_of(renamed) is not None
+        return _shared(renamed["z"].to_numpy()), stored
 
-    assert dask_client.run(mapped, workers=[second])[second] is True
+    assert dask_client.run(mapped, workers=[second])[second] == (True, False)
+    # Sent on, a value that shares stored arrays is stored, and its worker keeps that copy;
+    # so is an array taken from a stored frame (not a view of any stored array).
+    column = dask_client.submit(lambda f: f["x"].to_numpy(), frame, workers=[second])
+    total = dask_client.submit(
+        lambda r, w, c: (float(r["z"].sum()), float(w["w"].sum()), float(c.sum())),
+        renamed, widened, column, workers=[third],
+    )
+    assert total.result(60) == (float(n * (n - 1) // 2), 0.0, float(n * (n - 1) // 2))
+    assert wait_for(lambda: dask_client.run(mapped, workers=[second])[second] == (True, True), 30)
+    assert _objects(store) == 5
     # What gathers them (this process, without the plugin) gets the bytes, as from Dask.
     pd.testing.assert_frame_equal(frame.result(60), _numbers(n))
     pd.testing.assert_frame_equal(renamed.result(60), _numbers(n)[["x"]].rename(columns={"x": "z"}))
-    del frame, series, renamed
+    del frame, series, renamed, widened, column, total
 
 
 def test_pandas_frames_of_one_block_and_slices_of_their_rows(dask_client, store):
@@ -274,11 +290,20 @@ def test_pandas_values_of_objects_or_strings_stay_with_dask(dask_client, store):
     del strings, keyed, timed, grouped
 
 
-def test_keep_always_stores_pandas_results_when_first_sent(eager, store):
-    frame = eager.submit(_numbers, 1 << 18, key="frame")
-    distributed.wait(frame, timeout=60)
-    assert list(eager.run(_in_depot).values()) == [[]] and _objects(store) == 0
-    del frame
+def test_keep_always_stores_pandas_results_when_first_sent(store):
+    with _cluster(n_workers=2) as cluster, cluster.get_client() as dask_client:
+        dask_client.register_plugin(depot.dask.DepotPlugin(socket=store.socket, keep="always"))
+        first, second = sorted(dask_client.scheduler_info()["workers"])
+        frame = dask_client.submit(_numbers, 1 << 18, key="frame", workers=[first])
+        array = dask_client.submit(np.ones, 1 << 18, key="array", workers=[first])
+        distributed.wait([frame, array], timeout=60)
+        assert dask_client.run(_in_depot)[first] == ["array"] and _objects(store) == 1
+        rows = dask_client.submit(lambda f, a: len(f) + len(a), frame, array, workers=[second])
+        assert rows.result(60) == 2 << 18
+        assert wait_for(lambda: dask_client.run(_in_depot)[first] == ["array", "frame"], 30)
+        assert _objects(store) == 2
+        del frame, array, rows
+    assert _store_empties(store)
 
 
 def _rss_and_private(dask_worker):

@@ -185,6 +185,11 @@ class _Store:
         self.gpus = [uuid.hex() for _, uuid in _gpus.table(client)]
         # Values that view the store, and what each is.
         self._stored = ByIdentity()
+        # The arrays of stored pandas values (not objects of their own: an array taken from
+        # one is no view_of anything), for shares() to know what pandas makes of them.
+        self._backing = ByIdentity()
+        # One send stores a value at a time: two messages carrying it store it once.
+        self._send_lock = threading.Lock()
         # Large results a worker keeps in its own memory (keep="on-send"): [the worker's
         # data, key, the store's copy once sent].
         self._private = ByIdentity()
@@ -201,7 +206,7 @@ class _Store:
         if root is not value:  # what slices of it name as their base
             self._stored.put(root, stored)
         for array in _pandas_arrays(value) or ():  # what pandas values made of it hold
-            self._stored.put(_root_array(array), stored)
+            self._backing.put(_root_array(array), stored)
 
     def stores_on_return(self, value: Any) -> bool:
         """Whether ``value`` is stored as its task returns it: a large array with
@@ -222,12 +227,12 @@ class _Store:
         """Whether ``value`` is a plain pandas value of at least ``threshold`` bytes whose
         arrays all view stored ones: what pandas makes of a stored value without a copy (a
         selection of columns, a rename, a slice of rows). It is kept as it is; sent to a
-        peer, it is stored then, as a large result the worker keeps is."""
+        peer, it is stored then, and the worker keeps the store's copy instead."""
         if _storable(value, self.threshold) != "pandas":
             return False
         arrays = _pandas_arrays(value)
         return bool(arrays) and all(
-            self._stored.get(_root_array(array)) is not None for array in arrays
+            self._backing.get(_root_array(array)) is not None for array in arrays
         )
 
     def view_of(self, value: Any) -> Optional[Tuple["_Stored", list]]:
@@ -328,16 +333,17 @@ class _Store:
         entry = self._private.get(value)
         if entry is None:
             return None
-        view = entry[2]  # sent before, and the worker has not swapped it in yet
-        if view is None:
-            if _gpus.on_cuda(value):  # stored only for a peer that sees its GPU
-                uuid = _gpus.uuid_of(self.client, int(value.__dlpack_device__()[1]))
-                if uuid is None or uuid.hex() not in sees:
-                    return None
-            view = entry[2] = self.copy(value)
+        with self._send_lock:
+            view = entry[2]  # sent before, and the worker has not swapped it in yet
             if view is None:
-                return None
-            entry[0].adopt_soon(entry[1], value, view)
+                if _gpus.on_cuda(value):  # stored only for a peer that sees its GPU
+                    uuid = _gpus.uuid_of(self.client, int(value.__dlpack_device__()[1]))
+                    if uuid is None or uuid.hex() not in sees:
+                        return None
+                view = entry[2] = self.copy(value)
+                if view is None:
+                    return None
+                entry[0].adopt_soon(entry[1], value, view)
         return self.stored_of(view)
 
     def claim(self, handle: Any) -> Any:
@@ -549,6 +555,9 @@ class StoreBackedData(MutableMapping):
 
     def _adopt(self, key: Any, value: Any, view: Any) -> None:
         if self.detached:
+            return
+        if self.stored.get(key) is value:  # a pandas value that shared stored arrays
+            self.stored[key] = view
             return
         fast = getattr(self.inner, "fast", self.inner)  # never unspill: a SpillBuffer's RAM
         try:
