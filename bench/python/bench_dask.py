@@ -163,9 +163,10 @@ def _run(kind: str, mode: str, args) -> dict:
             dashboard_address=":0", silence_logs=logging.CRITICAL,
         ) as cluster, cluster.get_client() as client:
             if with_depot:
-                client.register_plugin(
-                    depot.dask.DepotPlugin(socket=daemon.socket, keep=mode, threshold=args.threshold)
+                plugin = depot.dask.DepotPlugin(
+                    socket=daemon.socket, keep=mode, threshold=args.threshold
                 )
+                client.register_plugin(plugin)
                 client.register_plugin(depot.dask.DepotNannyPlugin())
             pids = list(client.run(os.getpid).values()) + ([daemon.pid] if daemon else [])
             idle = sum(_pss(p)[0] for p in pids)

@@ -257,8 +257,8 @@ class _Store:
     def copy(self, value: Any) -> Optional[Any]:
         """Stores a large result: a plain numpy array or pandas value in host memory, a GPU
         array in the pool of its GPU. Returns the store's read-only view of it (a GPU array
-        as the same library's, a pandas value as one whose arrays view the store), or None (not storable, or the store refused it: Dask keeps the
-        value)."""
+        as the same library's, a pandas value as one whose arrays view the store), or None
+        (not storable, or the store refused it: Dask keeps the value)."""
         kind = _storable(value, self.threshold)
         if kind is None:
             return None
@@ -460,10 +460,11 @@ def _plain_pandas(value: Any, pd: Any) -> bool:
     """Whether a pandas DataFrame, Series or Index holds its rows in numpy arrays of numbers
     or booleans, and its rows' index is a RangeIndex or an Index of one such array. (pandas
     pickles datetimes and timedeltas in the stream, like objects, strings, categoricals and
-    extension arrays.) Pickled (protocol 5), such a value is a few hundred bytes of stream and its arrays, which
-    the store keeps as they are and a reader views without a copy (if they are contiguous:
-    _Store.copy checks the stream); anything else would be copied out of the store by
-    unpickling it, and is left to Dask."""
+    extension arrays.) Pickled (protocol 5), such a value is a few hundred bytes of stream
+    and its arrays, out of band (numpy 2 makes a contiguous copy of one that is not), which
+    the store keeps as they are and a reader views without a copy; anything else would be
+    copied out of the store by unpickling it, and is left to Dask. (_Store.copy checks the
+    stream's size all the same.)"""
     np = sys.modules.get("numpy")
 
     def plain(dtype: Any) -> bool:
