@@ -319,9 +319,9 @@ def _watch_copies(dask_worker):
     threads = []
     original = type(store).copy
 
-    def copy(value):
+    def copy(value, kind):
         threads.append(threading.get_ident())
-        return original(store, value)
+        return original(store, value, kind)
 
     store.copy = copy
     dask_worker._depot_watch = (threading.get_ident(), threads)

@@ -208,38 +208,43 @@ class _Store:
         for array in _pandas_arrays(value) or ():  # what pandas values made of it hold
             self._backing.put(_root_array(array), stored)
 
-    def stores_on_return(self, value: Any) -> bool:
-        """Whether ``value`` is stored as its task returns it: a large array with
+    def kind_of(self, value: Any) -> Optional[str]:
+        """What of ``value`` the store could keep (_storable at this store's threshold): the
+        methods below take it, so that a result is classified once."""
+        return _storable(value, self.threshold)
+
+    def stores_on_return(self, kind: Optional[str]) -> bool:
+        """Whether a value of ``kind`` is stored as its task returns it: a large array with
         keep="always". A pandas value waits for its first send whatever the policy: a
         pipeline of frames makes several per partition that are never sent, and storing
         each as it is made raised the peak memory of a set_index by 40% (bench/README.md)."""
-        return self.eager and _storable(value, self.threshold) in ("host", "gpu")
+        return self.eager and kind in ("host", "gpu")
 
-    def kept_as_is(self, value: Any) -> bool:
+    def kept_as_is(self, value: Any, kind: Optional[str]) -> bool:
         """Whether ``value`` costs the worker nothing: it views the store (stored_of,
         view_of), or shares() it."""
         return (
-            self.stored_of(value) is not None or self.view_of(value) is not None
-            or self.shares(value)
+            self.stored_of(value) is not None or self.view_of(value, kind) is not None
+            or self.shares(value, kind)
         )
 
-    def shares(self, value: Any) -> bool:
+    def shares(self, value: Any, kind: Optional[str]) -> bool:
         """Whether ``value`` is a plain pandas value of at least ``threshold`` bytes whose
         arrays all view stored ones: what pandas makes of a stored value without a copy (a
         selection of columns, a rename, a slice of rows). It is kept as it is; sent to a
         peer, it is stored then, and the worker keeps the store's copy instead."""
-        if _storable(value, self.threshold) != "pandas":
+        if kind != "pandas":
             return False
         arrays = _pandas_arrays(value)
         return bool(arrays) and all(
             self._backing.get(_root_array(array)) is not None for array in arrays
         )
 
-    def view_of(self, value: Any) -> Optional[Tuple["_Stored", list]]:
+    def view_of(self, value: Any, kind: Optional[str]) -> Optional[Tuple["_Stored", list]]:
         """For a numpy array of at least ``threshold`` bytes that views part of a stored one
         (a slice a task returned): that object, and where in it the array lies, as
         [byte offset from the start of its memory, shape, strides, dtype]."""
-        if _storable(value, self.threshold) != "host":
+        if kind != "host":
             return None
         root = _root_array(value)
         stored = None if root is value else self._stored.get(root)
@@ -248,18 +253,17 @@ class _Store:
         offset = value.__array_interface__["data"][0] - root.__array_interface__["data"][0]
         return stored, [offset, list(value.shape), list(value.strides), value.dtype.str]
 
-    def track(self, value: Any, data: "StoreBackedData", key: Any) -> None:
+    def track(self, value: Any, kind: Optional[str], data: "StoreBackedData", key: Any) -> None:
         """Notes a large result a worker keeps in its own memory, so that its first send to
         a peer of the store stores it (and the worker then keeps the store's copy)."""
-        if _storable(value, self.threshold) is not None:
+        if kind is not None:
             self._private.put(value, [data, key, None])
 
-    def copy(self, value: Any) -> Optional[Any]:
+    def copy(self, value: Any, kind: Optional[str]) -> Optional[Any]:
         """Stores a large result: a plain numpy array or pandas value in host memory, a GPU
         array in the pool of its GPU. Returns the store's read-only view of it (a GPU array
         as the same library's, a pandas value as one whose arrays view the store), or None
         (not storable, or the store refused it: Dask keeps the value)."""
-        kind = _storable(value, self.threshold)
         if kind is None:
             return None
         try:
@@ -313,9 +317,10 @@ class _Store:
         sees = recipient.get("depot-gpus") or ()
         stored, layout = self.stored_of(value), None
         if stored is None:
-            stored, layout = self.view_of(value) or (None, None)
-        if stored is None:
-            stored = self._store_on_send(value, sees)
+            kind = self.kind_of(value)
+            stored, layout = self.view_of(value, kind) or (None, None)
+            if stored is None:
+                stored = self._store_on_send(value, kind, sees)
         if stored is None or (stored.gpu is not None and stored.gpu.hex() not in sees):
             return None
         try:
@@ -329,7 +334,7 @@ class _Store:
             handle["view"] = layout
         return handle
 
-    def _store_on_send(self, value: Any, sees: Any) -> Optional["_Stored"]:
+    def _store_on_send(self, value: Any, kind: Optional[str], sees: Any) -> Optional["_Stored"]:
         entry = self._private.get(value)
         if entry is None:
             return None
@@ -340,7 +345,7 @@ class _Store:
                     uuid = _gpus.uuid_of(self.client, int(value.__dlpack_device__()[1]))
                     if uuid is None or uuid.hex() not in sees:
                         return None
-                view = entry[2] = self.copy(value)
+                view = entry[2] = self.copy(value, kind)
                 if view is None:
                     return None
                 entry[0].adopt_soon(entry[1], value, view)
@@ -530,23 +535,24 @@ class StoreBackedData(MutableMapping):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         store = self._store
-        views = store.stored_of(value) is not None or store.view_of(value) is not None
-        shares = not views and store.shares(value)
+        kind = store.kind_of(value)
+        views = store.stored_of(value) is not None or store.view_of(value, kind) is not None
+        shares = not views and store.shares(value, kind)
         kept = value if views or shares else None
-        now = kept is None and store.stores_on_return(value)
+        now = kept is None and store.stores_on_return(kind)
         if now and store.declined.get(value) is None:
-            kept = store.copy(value)
+            kept = store.copy(value, kind)
         if kept is None:
             self.stored.pop(key, None)
             self.inner[key] = value
             if not now:  # stored when first sent (not again once the store refused it)
-                store.track(value, self, key)
+                store.track(value, kind, self, key)
         else:
             if key in self.inner:
                 del self.inner[key]
             self.stored[key] = kept
             if shares:
-                store.track(value, self, key)
+                store.track(value, kind, self, key)
 
     def adopt_soon(self, key: Any, value: Any, view: Any) -> None:
         """Keeps ``view`` (the store's copy of ``value``) for ``key`` instead of ``value``,
@@ -680,9 +686,10 @@ def _install_eager_copies() -> None:
         ):
             return msg
         value = msg.get("result")
-        if not store.stores_on_return(value) or store.kept_as_is(value):
+        kind = store.kind_of(value)
+        if not store.stores_on_return(kind) or store.kept_as_is(value, kind):
             return msg
-        view = store.copy(value)
+        view = store.copy(value, kind)
         if view is None:  # not storable, or the store is full: the loop need not try
             store.declined.put(value, True)
         else:
