@@ -78,7 +78,7 @@ test-tsan: deps $(TSAN_BUILD)/build.ninja
 test-python: deps
 	test -x $(PY_BUILD)/venv/bin/python || $(PYTHON) -m venv $(PY_BUILD)/venv
 	$(PY_BUILD)/venv/bin/python -m pip install --quiet --disable-pip-version-check pytest numpy \
-	  'dask[array]' distributed pandas
+	  'dask[array]' distributed pandas pyarrow
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_BUILD)/venv/bin/python -m pip install --quiet \
 	  --disable-pip-version-check --config-settings=build-dir='$(abspath $(PY_BUILD))/{wheel_tag}' .
 	$(PY_BUILD)/venv/bin/python -m pytest -q -p no:cacheprovider tests/python

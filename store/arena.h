@@ -10,7 +10,8 @@
 //   a warm arena does not pay for page allocation (about 2.4 µs per 4 KiB page on tmpfs,
 //   several times memcpy). With CUDA GPUs, that worker then page-locks the segment
 //   (ArenaOptions::lock_pages), so copies between the arena and GPUs run at full PCIe speed,
-//   not through the driver's staging buffers.
+//   not through the driver's staging buffers. Without pre-faulting (ArenaOptions::prefault),
+//   pages are allocated as writers first touch them, and none are page-locked.
 // - A dedicated segment holds one object larger than a shared segment, sized to fit. It
 //   exists while the object does; its index (from kFirstDedicated up) is never given to
 //   another, so a client mapping can never show one object's bytes for another's. Its pages
@@ -69,6 +70,12 @@ struct ArenaOptions {
   // segments are not page-locked.
   std::function<Status(void* base, uint64_t bytes)> lock_pages;
   std::function<void(void* base)> unlock_pages;
+  // Whether a new shared segment's pages are allocated ahead of use (and then page-locked,
+  // with lock_pages). Off (depotd --no-prefault), a page is allocated when a writer first
+  // touches it, so the arena holds only the pages objects have used, not its segments and
+  // the one kept ready: puts into pages not used before pay the page faults, and segments
+  // are not page-locked. Segments in `dir` are reserved whole either way.
+  bool prefault = true;
 };
 
 class Arena final : public TierPool {

@@ -40,6 +40,7 @@ struct RawOptions {
   std::string memory = "25%";
   std::string segment_size = "1GiB";
   std::string arena_dir;
+  bool no_prefault = false;
   bool no_evict = false;
   std::string spill_dir;
   std::string spill_limit = "0";
@@ -115,6 +116,9 @@ void Declare(CLI::App& app, RawOptions& raw) {
       ->capture_default_str();
   app.add_option("--arena-dir", raw.arena_dir,
                  "put segments in this directory (a tmpfs or hugetlbfs mount) instead of memfds");
+  app.add_flag("--no-prefault", raw.no_prefault,
+               "allocate the arena's pages as objects first use them, not a segment at a time "
+               "ahead of use (less memory, slower puts into new pages; no page-locking for GPUs)");
   app.add_flag("--no-evict", raw.no_evict, "never evict objects; a create that does not fit fails");
   app.add_option("--spill-dir", raw.spill_dir,
                  "directory (created 0700) where objects that do not fit in host memory are "
@@ -405,6 +409,7 @@ Result<DaemonSettings> Resolve(const CLI::App& app, const RawOptions& raw) {
   s.memory = *memory;
   DEPOT_ASSIGN_OR_RETURN(s.segment_size, SizeOf("--segment-size", raw.segment_size));
   s.arena_dir = raw.arena_dir;
+  s.prefault = !raw.no_prefault;
   s.evict = !raw.no_evict;
   s.spill_dir = raw.spill_dir;
   DEPOT_ASSIGN_OR_RETURN(s.spill_limit, SizeOf("--spill-limit", raw.spill_limit));

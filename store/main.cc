@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
     auto gpus = depot::store::gpu::SetUpGpus(s.gpu);
     if (!gpus.ok()) return Fail(gpus.status());
     depot::store::ArenaOptions arena_options{s.memory, s.segment_size, s.arena_dir};
+    arena_options.prefault = s.prefault;
     if (depot::store::gpu::DeviceBackend* backend = (*gpus)->backend.get();
         backend != nullptr && backend->kind() == "cuda" && !backend->devices().empty()) {
       arena_options.lock_pages = [backend](void* base, uint64_t bytes) {
@@ -300,10 +301,11 @@ int main(int argc, char** argv) {
       spdlog::info("serving metrics at http://{}:{}/metrics", s.metrics_address,
                    metrics_http.port());
     }
-    spdlog::info("depotd {} listening on {} (arena {} {}, segments of {}, eviction {}{})",
+    spdlog::info("depotd {} listening on {} (arena {} {}, segments of {}{}, eviction {}{})",
                  depot::store::kDepotVersion, s.socket_path,
                  depot::ipc::FormatSize((*arena)->capacity()), (*arena)->backend(),
-                 depot::ipc::FormatSize((*arena)->segment_size()), s.evict ? "on" : "off",
+                 depot::ipc::FormatSize((*arena)->segment_size()),
+                 s.prefault ? "" : ", pages allocated as used", s.evict ? "on" : "off",
                  s.config_file.empty() ? "" : ", settings from " + s.config_file);
     Notify("READY=1\nSTATUS=listening on " + s.socket_path);
     loop.run();

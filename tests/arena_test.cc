@@ -3,12 +3,18 @@
 // object larger than --segment-size gets a segment of its own, mapped by a client only while
 // it holds the object, and its capacity comes back when it goes.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "daemon.h"
@@ -39,6 +45,27 @@ uint64_t ResidentBytes() {
   uint64_t size = 0, resident = 0;
   statm >> size >> resident;
   return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// The bytes allocated in a daemon's segment files (its memfds named depot-segment-N), each
+// file once however many descriptors it has: what the arena holds of the machine's memory,
+// whether any process maps those pages or not.
+uint64_t SegmentBytesAllocated(pid_t pid) {
+  std::set<std::pair<dev_t, ino_t>> seen;
+  uint64_t bytes = 0;
+  std::error_code error;
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", error)) {
+    const auto target = std::filesystem::read_symlink(entry.path(), error);
+    struct stat st {};
+    if (error || target.string().find("depot-segment-") == std::string::npos ||
+        ::stat(entry.path().c_str(), &st) != 0) {
+      continue;
+    }
+    if (seen.emplace(st.st_dev, st.st_ino).second)
+      bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return bytes;
 }
 
 class ArenaTest : public ::testing::Test {
@@ -97,6 +124,33 @@ TEST_F(ArenaTest, AFreshClientMapsOnlyTheSegmentItReadsAndPopulatesNothingAhead)
   EXPECT_LT(grown, 4 * kMiB) << "a get of one small object populated " << grown / kMiB
                              << " MiB (the arena holds 192 MiB)";
   client_.emplace(std::move(reader));
+}
+
+TEST_F(ArenaTest, SegmentsArePreallocatedAheadOfUseByDefault) {
+  Start({"--memory", "64MiB", "--segment-size", "16MiB"});
+  ASSERT_OK(Put("small", kMiB));
+  // The segment that holds it and the one kept ready, whole, allocated on a worker: within
+  // 10 s, far more than it takes.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (SegmentBytesAllocated(daemon_->pid()) < 32 * kMiB &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(SegmentBytesAllocated(daemon_->pid()), 32 * kMiB);
+}
+
+TEST_F(ArenaTest, WithoutPrefaultTheArenaHoldsOnlyThePagesObjectsUsed) {
+  Start({"--memory", "64MiB", "--segment-size", "16MiB", "--no-prefault"});
+  ASSERT_OK(Put("a", 3 * kMiB));
+  ASSERT_OK(Put("b", 2 * kMiB));
+  ExpectReads(*client_, "a", 3 * kMiB);
+  ExpectReads(*client_, "b", 2 * kMiB);
+  const uint64_t held = SegmentBytesAllocated(daemon_->pid());
+  EXPECT_GE(held, 5 * kMiB);
+  EXPECT_LT(held, 6 * kMiB) << "the segment and the one kept ready would be 32 MiB";
+  // Pages a freed object used stay with the arena, for the objects that take its place.
+  ASSERT_OK(client_->Delete(Id("a")));
+  EXPECT_EQ(SegmentBytesAllocated(daemon_->pid()), held);
 }
 
 TEST_F(ArenaTest, AnObjectLargerThanASegmentGetsOneOfItsOwn) {

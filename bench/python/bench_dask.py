@@ -3,6 +3,7 @@
 
   python bench/python/bench_dask.py [--n 16000] [--chunk 2000] [--workers 4] [--repeat 2]
       [--workloads product,persisted,rechunk,set_index,set_index_p2p] [--threshold 1MiB]
+      [--segment-size SIZE] [--no-prefault]
 
 Each workload runs on a LocalCluster of --workers worker processes (one thread each, Dask's
 default memory limit: RAM / workers), once with plain Dask and once with every worker
@@ -19,20 +20,28 @@ daemon) for each run, runs alternating.
   partitions, `df.set_index("a", shuffle_method="tasks").sum().compute()`: every output
   partition takes a piece (a pandas DataFrame) of every input partition. Its pieces are
   small (rows / partitions^2), so run it with a --threshold below their size.
-- set_index_p2p: the same with Dask's own default for a distributed cluster,
+- set_index_mixed: the tasks shuffle of a frame of the same rows with columns of several
+  kinds: a float key, datetimes, Arrow strings ("name-<n>", pandas' default string type with
+  pyarrow) and a float; `.map_partitions(_digest).sum().compute()` after it.
+- set_index_p2p: the same as set_index with Dask's own default for a distributed cluster,
   shuffle_method="p2p", whose shards travel through the shuffle extension's own messages,
   not as results: depot.dask leaves them alone (the reference for what plain Dask does best).
 
 Measured, median over --repeat:
 - wall time of compute();
-- idle PSS: the same sum before the computation (Python, numpy and distributed in each
-  worker), which both sides pay;
-- peak memory, sampled every 20 ms: the sum of PSS (/proc/PID/smaps_rollup) over the worker
-  processes and the daemon, which counts each physical page once, shared or not. A page of
-  the store that no process maps at that moment counts in no PSS, so the second figure,
-  "private + store", adds the store's allocated bytes (depotd's used_bytes) to the workers'
-  PSS without their shared-memory part: the larger is the honest one.
-- replicas at peak: at the sample of peak PSS, the bytes of results held by more than one
+- idle memory: the same sum as peak memory (below) before the computation (Python, numpy and
+  distributed in each worker; the daemon and the pages it allocated ahead), which both sides
+  pay;
+- peak memory, sampled every 20 ms: the workers' and the daemon's PSS without its shared
+  part (Pss - Pss_Shmem in /proc/PID/smaps_rollup: their private pages, each counted once)
+  plus every page allocated in the store's files (the daemon's memfds, by their allocated
+  blocks), whether or not a process maps it: depotd allocates a shared segment's pages
+  ahead of use, and keeps pages an object freed for the next one, and no process's PSS
+  counts a page that no process maps. With plain Dask it is the workers' PSS;
+- peak PSS: the sum of PSS over the same processes, which counts each mapped page once and
+  misses the store's pages that nobody maps (the figure these notes gave before 2026-11-27,
+  which flattered depot);
+- replicas at peak: at the sample of peak memory, the bytes of results held by more than one
   worker (Dask's scheduler's who_has), counted once per extra holder. In plain Dask each is
   a private copy, so plain Dask's peak over (its peak less them) bounds what any scheme
   that keeps each result once per host could save at that moment; with depot.dask the
@@ -84,15 +93,35 @@ def _replicas(dask_scheduler=None) -> int:
     )
 
 
+def _store_pages(pid: int) -> int:
+    """The bytes allocated in the files of a depotd (its memfds: segments, header and lease
+    tables), each file once however many descriptors it has."""
+    files = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if not os.readlink(path).startswith("/memfd:depot-"):
+                continue
+            st = os.stat(path)
+        except OSError:  # closed since listed
+            continue
+        files[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    return sum(files.values())
+
+
 class _Sampler(threading.Thread):
-    def __init__(self, pids, store_client=None, dask_client=None, interval=0.02):
+    def __init__(self, pids, daemon_pid=None, dask_client=None, interval=0.02):
         super().__init__(daemon=True)
         self.pids = pids
-        self.store = store_client
+        self.daemon_pid = daemon_pid
         self.dask_client = dask_client
         self.interval = interval
         self.peak_pss = 0
-        self.peak_private_plus_store = 0
+        self.peak_memory = 0
         self.replicas_at_peak = 0
         self._done = threading.Event()
 
@@ -100,14 +129,14 @@ class _Sampler(threading.Thread):
         while not self._done.is_set():
             samples = [_pss(p) for p in self.pids]
             pss = sum(s for s, _ in samples)
-            private = pss - sum(m for _, m in samples)
-            if self.store is not None:
-                private += self.store.status().used_bytes
-            if pss > self.peak_pss:
-                self.peak_pss = pss
+            memory = pss - sum(m for _, m in samples)
+            if self.daemon_pid is not None:
+                memory += _store_pages(self.daemon_pid)
+            if memory > self.peak_memory:
+                self.peak_memory = memory
                 if self.dask_client is not None:
                     self.replicas_at_peak = self.dask_client.run_on_scheduler(_replicas)
-            self.peak_private_plus_store = max(self.peak_private_plus_store, private)
+            self.peak_pss = max(self.peak_pss, pss)
             self._done.wait(self.interval)
 
     def stop(self):
@@ -133,6 +162,9 @@ def _workload(kind: str, args, client) -> float:
         )
         df = dd.from_dask_array(rows, columns=["a", "b", "c", "d"])
         method = "p2p" if kind.endswith("p2p") else "tasks"
+        if kind == "set_index_mixed":
+            shuffled = df.map_partitions(_mixed_columns).set_index("a", shuffle_method=method)
+            return client.compute(shuffled.map_partitions(_digest).sum()).result()
         return client.compute(df.set_index("a", shuffle_method=method).sum().sum()).result()
     if kind == "rechunk":
         a = da.random.RandomState(0).random_sample((n, n), chunks=(chunk, n))
@@ -142,6 +174,34 @@ def _workload(kind: str, args, client) -> float:
         a = client.persist(a)
         wait(a)
     return client.compute((a * a.T).sum()).result()
+
+
+def _mixed_columns(part):
+    """A partition of 4 random float columns as one of a float key, datetimes, Arrow strings
+    and a float."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    codes = pa.array((part["b"].to_numpy() * 1000).astype("int64"))
+    names = pc.binary_join_element_wise("name-", pc.cast(codes, pa.string()), "")
+    return pd.DataFrame(
+        {
+            "a": part["a"].to_numpy(),
+            "t": pd.to_datetime((part["c"].to_numpy() * 1e17).astype("int64")),
+            "name": pd.arrays.ArrowStringArray(names),
+            "d": part["d"].to_numpy(),
+        },
+        index=part.index,
+    )
+
+
+def _digest(part):
+    """A float that reads every column of a partition."""
+    import pandas as pd
+
+    times = part["t"].to_numpy().view("int64") % 1000
+    return pd.Series([float(part["d"].sum() + part["name"].str.len().sum() + times.sum())])
 
 
 MODES = ("plain", "on-send", "always")
@@ -155,7 +215,10 @@ def _run(kind: str, mode: str, args) -> dict:
     with_depot = mode != "plain"
     daemon = store = None
     if with_depot:
-        daemon = depot.start_daemon(memory=args.store_memory)
+        daemon = depot.start_daemon(
+            memory=args.store_memory, segment_size=args.segment_size,
+            prefault=not args.no_prefault,
+        )
         store = daemon.client()
     try:
         with LocalCluster(
@@ -169,8 +232,10 @@ def _run(kind: str, mode: str, args) -> dict:
                 client.register_plugin(plugin)
                 client.register_plugin(depot.dask.DepotNannyPlugin())
             pids = list(client.run(os.getpid).values()) + ([daemon.pid] if daemon else [])
-            idle = sum(_pss(p)[0] for p in pids)
-            sampler = _Sampler(pids, store, client)
+            idle = sum(_pss(p)[0] - _pss(p)[1] for p in pids)
+            if daemon is not None:
+                idle += _store_pages(daemon.pid)
+            sampler = _Sampler(pids, daemon.pid if daemon else None, client)
             sampler.start()
             start = time.perf_counter()
             result = _workload(kind, args, client)
@@ -189,9 +254,9 @@ def _run(kind: str, mode: str, args) -> dict:
             daemon.close()
     out = {
         "seconds": seconds,
-        "idle_pss": idle,
+        "idle_memory": idle,
         "peak_pss": sampler.peak_pss,
-        "peak_private_plus_store": sampler.peak_private_plus_store,
+        "peak_memory": sampler.peak_memory,
         "replicas_at_peak": sampler.replicas_at_peak,
         "values_moved": sum(t for t, _ in moved.values()),
         "bytes_written": sum(w for _, w in moved.values()),
@@ -223,6 +288,12 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=64, help="set_index's partitions")
     parser.add_argument("--threshold", default="1MiB", help="DepotPlugin's threshold")
     parser.add_argument("--store-memory", default="12GiB")
+    parser.add_argument(
+        "--segment-size", default=None, help="the daemon's --segment-size (default: depotd's)"
+    )
+    parser.add_argument(
+        "--no-prefault", action="store_true", help="start the daemon with --no-prefault"
+    )
     parser.add_argument("--workloads", default="product,persisted,rechunk")
     parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
     args = parser.parse_args()
@@ -251,10 +322,10 @@ def main() -> None:
         print(f"  {'':24}{'plain Dask':>11}" + "".join(f"{'keep=' + m:>15}{'ratio':>10}" for m in MODES[1:]))
         rows = [
             ("wall time (s)", "seconds", 1),
+            ("peak memory (MB)", "peak_memory", MB),
             ("peak PSS (MB)", "peak_pss", MB),
-            ("peak private+store (MB)", "peak_private_plus_store", MB),
             ("replicas at peak (MB)", "replicas_at_peak", MB),
-            ("idle PSS (MB)", "idle_pss", MB),
+            ("idle memory (MB)", "idle_memory", MB),
             ("values moved (MB)", "values_moved", MB),
             ("bytes written (MB)", "bytes_written", MB),
         ]
@@ -266,8 +337,8 @@ def main() -> None:
                 line += f"{dep / unit:15.2f}{ratio:9.2f}x"
             print(line)
         # The most that keeping each result once on the host can save of plain Dask's peak.
-        bound = plain["peak_pss"] / max(1, plain["peak_pss"] - plain["replicas_at_peak"])
-        print(f"  plain Dask's peak PSS over the same less its replicas: {bound:.2f}x")
+        bound = plain["peak_memory"] / max(1, plain["peak_memory"] - plain["replicas_at_peak"])
+        print(f"  plain Dask's peak memory over the same less its replicas: {bound:.2f}x")
         print("  wall time / memcpy: " + ", ".join(
             f"{m} {med[m]['seconds'] / memcpy:.1f}" for m in MODES
         ) + "; objects left in the store: " + str(

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import wait_for
+from conftest import frame_of_every_kind, in_store, pandas_buffers, store_pages, wait_for
 
 distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")
@@ -258,36 +258,58 @@ def test_pandas_frames_of_one_block_and_slices_of_their_rows(dask_client, store)
     del whole, rows
 
 
-def test_pandas_values_of_objects_or_strings_stay_with_dask(dask_client, store):
+def test_pandas_values_of_times_strings_and_categories_travel_as_handles(dask_client, store):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
+    n = 1 << 17  # 4 MiB in the frame
+    dask_client.run(_clear_transfer_logs)
+    frame = dask_client.submit(frame_of_every_kind, n, key="kinds", workers=[first])
+    keyed = dask_client.submit(  # numbers indexed by pairs of (number, string)
+        lambda n: pd.Series(
+            np.ones(n), index=pd.MultiIndex.from_arrays([np.arange(n) % 3, np.arange(n).astype(str)])
+        ),
+        n, key="keyed", workers=[first],
+    )
+
+    def read(frame, keyed):
+        # Every buffer of every column, index and categories is the store's memory, mapped.
+        buffers = pandas_buffers(frame) + pandas_buffers(keyed)
+        private = [b for b in buffers if not in_store(*b)]
+        return len(buffers), private, frame.equals(frame_of_every_kind(n)), float(keyed.sum())
+
+    count, private, equal, total = dask_client.submit(read, frame, keyed, workers=[second]).result(60)
+    assert count >= 16 and private == [] and equal and total == float(n)
+    (moved, written, keys), = [t for a, t in _worker_transfers(dask_client).items() if a == first]
+    assert keys == ["keyed", "kinds"] and moved >= 4 * MiB and written < moved / 1000
+    assert _objects(store) == 2
+    pd.testing.assert_frame_equal(frame.result(60), frame_of_every_kind(n))
+    del frame, keyed
+
+
+def test_pandas_values_of_python_objects_stay_with_dask(dask_client, store):
     pd = pytest.importorskip("pandas")
     first, second = sorted(dask_client.scheduler_info()["workers"])[:2]
     n = 1 << 18
-    strings = dask_client.submit(
-        lambda n: pd.DataFrame({"s": ["abcdefgh"] * n, "x": np.ones(n)}), n, workers=[first]
-    )
-    keyed = dask_client.submit(  # numbers, but an index of strings
-        lambda n: pd.Series(np.ones(n), index=[str(i) for i in range(n)]), n, workers=[first]
-    )
-    timed = dask_client.submit(  # numbers indexed by time: pandas pickles datetimes in-band
-        lambda n: pd.Series(np.ones(n), index=pd.date_range("2026-01-01", periods=n, freq="s")),
+    objects = dask_client.submit(  # strings as Python objects, which pickle in the stream
+        lambda n: pd.DataFrame({"s": pd.Series(["abcdefgh"] * n, dtype=object), "x": np.ones(n)}),
         n, workers=[first],
     )
-    grouped = dask_client.submit(  # categories
-        lambda n: pd.Series(np.arange(n) % 3, dtype="category"), n, workers=[first]
+    strings = dask_client.submit(  # pandas' strings kept as Python objects
+        lambda n: pd.Series(["abcdefgh"] * n, dtype=pd.StringDtype("python")), n, workers=[first]
+    )
+    spans = dask_client.submit(  # intervals: an index of Python objects
+        lambda n: pd.Series(np.ones(n), index=pd.interval_range(0, n)), n, workers=[first]
     )
 
-    def read(strings, keyed, timed, grouped):
-        return (
-            len(strings), strings["s"].iloc[-1], float(keyed.sum()), str(timed.index[-1]),
-            int(grouped.cat.codes.sum()),
-        )
+    def read(objects, strings, spans):
+        return len(objects), objects["s"].iloc[-1], strings.iloc[-1], float(spans.sum())
 
-    assert dask_client.submit(read, strings, keyed, timed, grouped, workers=[second]).result(
-        60
-    ) == (n, "abcdefgh", float(n), str(pd.Timestamp("2026-01-01") + pd.Timedelta(seconds=n - 1)),
-          int((np.arange(n) % 3).sum()))
+    assert dask_client.submit(read, objects, strings, spans, workers=[second]).result(60) == (
+        n, "abcdefgh", "abcdefgh", float(n)
+    )
     assert dask_client.run(_in_depot)[first] == [] and _objects(store) == 0
-    del strings, keyed, timed, grouped
+    del objects, strings, spans
 
 
 def test_keep_always_stores_pandas_results_when_first_sent(store):
@@ -694,6 +716,10 @@ def test_nanny_plugin_starts_one_daemon_per_host(tmp_path):
         moved = _one_transfer(dask_client)
         total = sum(t for t, _, _ in moved.values())
         assert total >= 2 * MiB and sum(w for _, w, _ in moved.values()) < total / 100, moved
+        # Its pages are allocated as results use them (--no-prefault), not a whole segment
+        # (256 MiB here) at a time and one more kept ready.
+        (pid,) = _depotd_processes(socket)
+        assert store_pages(pid) < 64 * MiB, store_pages(pid)
     # It stops with the last nanny that used it.
     assert wait_for(lambda: not _depotd_processes(socket), timeout=30)
 

@@ -8,7 +8,9 @@ import pytest
 
 import depot
 from children import read_shared_array
-from conftest import address_of, in_store, memory_kib, store_mappings
+from conftest import (
+    address_of, frame_of_every_kind, in_store, memory_kib, pandas_buffers, store_mappings,
+)
 
 
 def test_array_views_a_mapping_of_an_arena_segment(client):
@@ -30,11 +32,41 @@ def test_bytes_come_back_in_the_store(client):
 
 
 def test_arrays_nested_in_pickled_objects_view_the_store(client):
-    value = {"a": np.arange(100_000), "b": [np.ones((100, 100))]}
+    value = {"a": np.arange(100_000), "b": [np.ones((100, 100))], "c": np.arange(1e5)[::3]}
     got = client.get(client.put(value))
-    for array in (got["a"], got["b"][0]):
+    assert np.array_equal(got["c"], value["c"])  # not contiguous: stored as a contiguous copy
+    for array in (got["a"], got["b"][0], got["c"]):
         assert in_store(address_of(array), array.nbytes)
         assert address_of(array) % 64 == 0
+
+
+def test_arrays_a_value_holds_twice_are_stored_once_and_read_back_as_one(client):
+    array = np.arange(1_000_000)
+    ref = client.put([array, array[:], {"again": array.view()}])
+    assert client.get_buffer(ref).size < array.nbytes + 4096
+    first, second, third = client.get(ref)
+    assert address_of(first) == address_of(second) == address_of(third["again"])
+    assert in_store(address_of(first), array.nbytes) and np.array_equal(first, array)
+
+
+def test_pandas_values_of_every_kind_stored_view_the_store(client):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    frame = frame_of_every_kind(1 << 16)
+    ref = client.put(frame)
+    got = client.get(ref)
+    pd.testing.assert_frame_equal(got, frame)
+    buffers = pandas_buffers(got)
+    assert len(buffers) >= 12, buffers
+    outside = [b for b in buffers if not in_store(*b)]
+    assert not outside, f"{len(outside)} of {len(buffers)} buffers are private copies"
+    # Stored once: pandas pickles a frame's index twice, and the store keeps it once.
+    assert client.get_buffer(ref).size < frame.memory_usage(deep=True).sum() * 1.02 + 65536
+    index = pd.MultiIndex.from_arrays([np.arange(1000) % 3, [f"k{i}" for i in range(1000)]])
+    series = pd.Series(np.arange(1000.0), index=index)
+    got = client.get(client.put(series))
+    pd.testing.assert_series_equal(got, series)
+    assert all(in_store(*b) for b in pandas_buffers(got))
 
 
 def _available_bytes():

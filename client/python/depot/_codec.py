@@ -18,9 +18,13 @@ and names its kind; the other fields are ASCII, separated by single spaces:
     ``get(..., device=k)`` a depot.DeviceArray.
 ``depot-py/1 pickle <n> <offset>:<length> ...``
     The data starts with a pickle (protocol 5) stream of ``<n>`` bytes; each following field
-    locates one of its out-of-band buffers in the data, in order, each 64-byte aligned.
-    ``get`` unpickles with those buffers as read-only views of the store's memory, so arrays
-    inside come back without a copy.
+    locates one of its out-of-band buffers in the data, in order, each 64-byte aligned. Two
+    fields locate the same bytes where the value held the same memory twice (pandas pickles
+    a Series' index twice). ``get`` unpickles with those buffers as read-only views of the
+    store's memory, so arrays inside come back without a copy. (numpy pickles arrays of
+    datetimes or timedeltas, and arrays that are not contiguous, in the stream: the writer
+    pickles the first as int64 views, the others as contiguous copies, out of band, and the
+    call, ``depot._codec._retyped``, that makes each the array it was.)
 
 Objects with any other metadata (written by depotctl or the C++ client) read back as
 read-only ``memoryview``.
@@ -28,9 +32,10 @@ read-only ``memoryview``.
 
 from __future__ import annotations
 
+import io
 import pickle
 import sys
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from . import _device
 from ._errors import InvalidArgument
@@ -108,32 +113,77 @@ def encode(value: Any):
     return _encode_pickle(value)
 
 
+class _Pickler(pickle.Pickler):
+    """Protocol 5, with every array of plain elements out of band, which numpy would pickle
+    in the stream (a reader would unpickle a private copy): an array of datetimes or
+    timedeltas goes as its int64 view, one that is not contiguous as a contiguous copy."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        np = _numpy()
+        if np is None or type(obj) is not np.ndarray or not _plain_dtype(obj.dtype):
+            return NotImplemented
+        if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+            return _retyped, (np.ascontiguousarray(obj), obj.dtype)
+        if obj.dtype.kind in "mM":
+            return _retyped, (obj.view(obj.dtype.byteorder + "i8"), obj.dtype)
+        return NotImplemented
+
+
+def _retyped(array: Any, dtype: Any) -> Any:
+    """What _Pickler pickles an array as: a view of the array it stored instead."""
+    return array.view(dtype)
+
+
+def _address(buffer: memoryview) -> Optional[int]:
+    """Where a non-empty buffer's bytes start, if numpy (which exports nearly every buffer
+    pickled out of band) can say."""
+    np = _numpy()
+    if np is None or buffer.nbytes == 0:
+        return None
+    return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
+
+
 def _encode_pickle(value: Any) -> Encoded:
-    buffers: List[memoryview] = []
+    buffers: List[memoryview] = []  # the distinct out-of-band buffers, as first met
+    order: List[int] = []  # each out-of-band buffer of the stream, as its index in buffers
+    # Memory the value holds twice is stored once. Each buffer stays referenced (buffers)
+    # until the value is written, so no two of them can be at one address in turn.
+    index_of: Dict[Tuple[int, int], int] = {}
 
     def out_of_band(pb: pickle.PickleBuffer) -> bool:
         try:
-            buffers.append(pb.raw())
+            raw = pb.raw()
         except BufferError:  # not contiguous: pickle it in-band
             return True
+        address = _address(raw)
+        index = None if address is None else index_of.get((address, raw.nbytes))
+        if index is None:
+            index = len(buffers)
+            buffers.append(raw)
+            if address is not None:
+                index_of[(address, raw.nbytes)] = index
+        order.append(index)
         return False
 
+    out = io.BytesIO()
     try:
-        stream = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
+        _Pickler(out, protocol=5, buffer_callback=out_of_band).dump(value)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise InvalidArgument(
             f"cannot store a {type(value).__name__}: it cannot be pickled ({e})"
         ) from e
+    stream = out.getvalue()
     parts: List[Any] = [stream]
     offsets = [0]
-    fields = [b"%spickle %d" % (MAGIC, len(stream))]
+    located = []
     end = len(stream)
     for b in buffers:
         offset = _align(end)
         parts.append(b)
         offsets.append(offset)
-        fields.append(b"%d:%d" % (offset, b.nbytes))
+        located.append(b"%d:%d" % (offset, b.nbytes))
         end = offset + b.nbytes
+    fields = [b"%spickle %d" % (MAGIC, len(stream))] + [located[i] for i in order]
     return Encoded(parts, offsets, end, b" ".join(fields))
 
 

@@ -146,6 +146,7 @@ def start_daemon(
     memory: Union[str, int] = "1GiB",
     *,
     segment_size: Union[str, int, None] = None,
+    prefault: bool = True,
     socket: Optional[str] = None,
     args: Sequence[str] = (),
     executable: Optional[str] = None,
@@ -160,8 +161,10 @@ def start_daemon(
 
     ``memory`` is the arena's capacity (``"4GiB"``, a byte count, or a share of RAM such as
     ``"25%"``); ``segment_size`` the size of its shared segments (default: 1 GiB, or the
-    capacity if smaller): larger objects get a segment of their own. The socket is in a new temporary directory
-    unless ``socket`` is given; ``args`` are further depotd flags (``depotd --help``). The
+    capacity if smaller): larger objects get a segment of their own. With ``prefault=False``
+    (``depotd --no-prefault``) the arena's pages are allocated as objects first use them,
+    not a segment at a time ahead of use: the daemon then holds only the memory its objects
+    have used. The socket is in a new temporary directory unless ``socket`` is given; ``args`` are further depotd flags (``depotd --help``). The
     daemon is the one installed with this package (see :func:`find_depotd`) unless
     ``executable`` names another. ``simulate_gpus`` serves simulated GPUs backed by host
     memory instead of the host's real ones (``depotd --simulate-gpus``): a count, or
@@ -187,6 +190,8 @@ def start_daemon(
     argv = [program, "--socket", path, "--memory", str(memory), "--log-level", log_level]
     if segment_size is not None:
         argv += ["--segment-size", str(segment_size)]
+    if not prefault:
+        argv.append("--no-prefault")
     if simulate_gpus is not None:
         argv += ["--simulate-gpus", str(simulate_gpus)]
     if stop_with_parent:

@@ -11,11 +11,12 @@ pickled or copied again, and the host holds the result once however many workers
 Between hosts, and to anything without the plugin (the scheduler, the Dask client), Dask's
 comms carry the bytes as before.
 
-A pandas DataFrame, Series or Index whose columns and index are numpy arrays of numbers or
-booleans (not datetimes, strings, objects, categoricals or extension types) is stored the
-same way, as a pickle whose arrays the reader maps: it comes back with read-only
-columns viewing the store. Other values, and containers of arrays (a tuple a task returns),
-stay with Dask.
+A pandas DataFrame, Series or Index is stored the same way, as a pickle whose arrays the
+reader maps, if its columns and index hold numbers, booleans, datetimes, timedeltas or
+periods (in numpy arrays, or masked as pandas' nullable types), Arrow arrays (pandas'
+pyarrow-backed strings, its default with pyarrow installed, and ``ArrowDtype``), or
+categories of those: it comes back with read-only columns viewing the store. Python objects
+and strings, other values, and containers of arrays (a tuple a task returns) stay with Dask.
 
 A CuPy array, PyTorch CUDA tensor or depot.DeviceArray goes to the store's pool on its GPU,
 and comes back as the same library's array, viewing the pool; it is sent as a handle to a
@@ -229,10 +230,11 @@ class _Store:
         )
 
     def shares(self, value: Any, kind: Optional[str]) -> bool:
-        """Whether ``value`` is a plain pandas value of at least ``threshold`` bytes whose
-        arrays all view stored ones: what pandas makes of a stored value without a copy (a
-        selection of columns, a rename, a slice of rows). It is kept as it is; sent to a
-        peer, it is stored then, and the worker keeps the store's copy instead."""
+        """Whether ``value`` is a pandas value of at least ``threshold`` bytes kept in numpy
+        arrays (_pandas_arrays) that all view stored ones: what pandas makes of a stored
+        value without a copy (a selection of columns, a rename, a slice of rows). It is kept
+        as it is; sent to a peer, it is stored then, and the worker keeps the store's copy
+        instead. (One with other columns is the worker's own until it is sent.)"""
         if kind != "pandas":
             return False
         arrays = _pandas_arrays(value)
@@ -273,7 +275,8 @@ class _Store:
                 stream = len(encoded.parts[0])
                 if stream > max(_MAX_PICKLE_STREAM, encoded.size // 16):
                     # Arrays pickled in the stream (_plain_pandas lets none through that
-                    # numpy 2 and pandas 2-3 pickle so): a reader would unpickle copies.
+                    # numpy 2, pandas 2-3 and pyarrow pickle so): a reader would unpickle
+                    # copies.
                     logger.debug(
                         "depot.dask: keeping a %s in the worker: %d of its %d bytes would be "
                         "unpickled as copies", type(value).__name__, stream, encoded.size,
@@ -437,7 +440,7 @@ class _Stored(NamedTuple):
 
 def _storable(value: Any, threshold: int) -> Optional[str]:
     """"host" for a plain numpy array of at least ``threshold`` bytes, "pandas" for a pandas
-    DataFrame, Series or Index of as many whose data are plain numpy arrays (_plain_pandas),
+    DataFrame, Series or Index of as many whose data all pickle out of band (_plain_pandas),
     "gpu" for a CuPy array, PyTorch tensor or depot.DeviceArray on a CUDA GPU of as many (or
     of a size it does not say), else None."""
     least = max(threshold, 1)
@@ -462,41 +465,81 @@ def _storable(value: Any, threshold: int) -> Optional[str]:
 
 
 def _plain_pandas(value: Any, pd: Any) -> bool:
-    """Whether a pandas DataFrame, Series or Index holds its rows in numpy arrays of numbers
-    or booleans, and its rows' index is a RangeIndex or an Index of one such array. (pandas
-    pickles datetimes and timedeltas in the stream, like objects, strings, categoricals and
-    extension arrays.) Pickled (protocol 5), such a value is a few hundred bytes of stream
-    and its arrays, out of band (numpy 2 makes a contiguous copy of one that is not), which
-    the store keeps as they are and a reader views without a copy; anything else would be
-    copied out of the store by unpickling it, and is left to Dask. (_Store.copy checks the
-    stream's size all the same.)"""
-    np = sys.modules.get("numpy")
-
-    def plain(dtype: Any) -> bool:
-        return isinstance(dtype, np.dtype) and dtype.kind in "biufc"
-
-    def plain_index(index: Any) -> bool:
-        return type(index) is pd.RangeIndex or (type(index) is pd.Index and plain(index.dtype))
-
+    """Whether a pandas DataFrame, Series or Index keeps its rows only in arrays that pickle
+    out of band and unpickle as views of those buffers: its columns' and index's dtypes are
+    all _flat_dtype, and its index is a RangeIndex, an Index of such a dtype (datetimes,
+    periods and categories included) or a MultiIndex of such levels. Pickled with the
+    client's codec (protocol 5, datetimes as int64 views), such a value is a few hundred
+    bytes of stream and its arrays' buffers, out of band (the codec makes a contiguous copy
+    of an array that is not), which the store keeps as they are and a reader views without a
+    copy. Anything else (objects, Python strings, intervals, sparse arrays) would be copied
+    out of the store by unpickling it, and is left to Dask. (_Store.copy checks the stream's
+    size all the same.)"""
     if isinstance(value, pd.Index):
-        return plain_index(value)
-    if not plain_index(value.index):
+        return _flat_index(value, pd)
+    if not _flat_index(value.index, pd):
         return False
     if isinstance(value, pd.Series):
-        return plain(value.dtype)
-    return all(plain(dtype) for dtype in value.dtypes)
+        return _flat_dtype(value.dtype, pd)
+    return all(_flat_dtype(dtype, pd) for dtype in value.dtypes)
+
+
+def _flat_index(index: Any, pd: Any) -> bool:
+    if type(index) is pd.RangeIndex:
+        return True
+    if type(index) is pd.MultiIndex:
+        return all(_flat_index(level, pd) for level in index.levels)
+    return type(index) in _index_types(pd) and _flat_dtype(index.dtype, pd)
+
+
+def _index_types(pd: Any) -> tuple:
+    return (pd.Index, pd.DatetimeIndex, pd.TimedeltaIndex, pd.PeriodIndex, pd.CategoricalIndex)
+
+
+def _flat_dtype(dtype: Any, pd: Any) -> bool:
+    """Whether a pandas column of ``dtype`` keeps its data in numpy arrays of numbers,
+    booleans, datetimes or timedeltas (with a time zone or as periods too; or with a mask, as
+    pandas' nullable Int64, Float64 and boolean), in Arrow arrays (pandas' "str" with
+    pyarrow storage, its default when pyarrow is installed, and ``ArrowDtype``), or in codes
+    into categories of those."""
+    np = sys.modules.get("numpy")
+    if isinstance(dtype, np.dtype):
+        return dtype.kind in "biufcmM"
+    if isinstance(dtype, pd.CategoricalDtype):
+        categories = dtype.categories
+        return categories is not None and not isinstance(
+            categories.dtype, pd.CategoricalDtype
+        ) and _flat_index(categories, pd)
+    if isinstance(dtype, pd.StringDtype):
+        return dtype.storage == "pyarrow"
+    return isinstance(dtype, _flat_extension_dtypes(pd))
+
+
+def _flat_extension_dtypes(pd: Any) -> tuple:
+    names = (
+        "DatetimeTZDtype", "PeriodDtype", "ArrowDtype", "BooleanDtype", "Float32Dtype",
+        "Float64Dtype", "Int8Dtype", "Int16Dtype", "Int32Dtype", "Int64Dtype", "UInt8Dtype",
+        "UInt16Dtype", "UInt32Dtype", "UInt64Dtype",
+    )
+    return tuple(getattr(pd, name) for name in names if hasattr(pd, name))
 
 
 def _pandas_arrays(value: Any) -> Optional[list]:
-    """The numpy arrays a plain pandas value (_plain_pandas) keeps its rows in: its columns'
-    blocks and its rows' index (none for a RangeIndex). None for anything else, or if pandas
-    does not say (its block manager, ``_mgr``, is not part of its public interface)."""
+    """The numpy arrays a pandas value keeps its rows in, if it keeps them in nothing else:
+    its columns' blocks and its rows' index (none for a RangeIndex). None for anything else
+    (Arrow or masked columns, datetimes, categories, a MultiIndex), or if pandas does not say
+    (its block manager, ``_mgr``, is not part of its public interface)."""
     pd = sys.modules.get("pandas")
     np = sys.modules.get("numpy")
     if pd is None or type(value) not in (pd.DataFrame, pd.Series, pd.Index):
         return None
     index = value if isinstance(value, pd.Index) else value.index
-    arrays = [] if type(index) is pd.RangeIndex else [index.to_numpy()]
+    if type(index) is pd.RangeIndex:
+        arrays = []
+    elif type(index) is pd.Index and isinstance(index.dtype, np.dtype):
+        arrays = [index.to_numpy()]
+    else:  # (to_numpy would build a MultiIndex's tuples)
+        return None
     if not isinstance(value, pd.Index):
         blocks = getattr(getattr(value, "_mgr", None), "arrays", None)
         if not isinstance(blocks, list):
@@ -844,8 +887,9 @@ class DepotNannyPlugin(NannyPlugin):
 
     With ``start_daemon=True``, it also makes sure a depotd listens at ``socket`` (as
     depot.Client finds it by default) on each host: the first nanny of a host to find none
-    starts one, of ``memory`` (``args``: more depotd flags), which stops when the last nanny
-    of that process closes, or with the process. It fails the plugin's setup, saying why,
+    starts one, of ``memory`` (``args``: more depotd flags; ``prefault``: see
+    :func:`ensure_daemon`), which stops when the last nanny of that process closes, or with
+    the process. It fails the plugin's setup, saying why,
     if depotd cannot be found or does not start (its log is in the message), or if the
     daemon listening there cannot be used (another user's, another version).
     """
@@ -855,17 +899,21 @@ class DepotNannyPlugin(NannyPlugin):
 
     def __init__(
         self, start_daemon: bool = False, memory: Union[str, int] = "50%",
-        socket: Optional[str] = None, args: Sequence[str] = (),
+        socket: Optional[str] = None, args: Sequence[str] = (), prefault: bool = False,
     ) -> None:
         self.start_daemon = start_daemon
         self.memory = memory
+        self.prefault = prefault
         self.socket = None if socket is None else os.fspath(socket)
         self.args = tuple(args)
 
     def setup(self, nanny: Any) -> None:
         _measure_private_memory(nanny)
         if self.start_daemon:
-            ensure_daemon(nanny, socket=self.socket, memory=self.memory, args=self.args)
+            ensure_daemon(
+                nanny, socket=self.socket, memory=self.memory, args=self.args,
+                prefault=self.prefault,
+            )
 
     def teardown(self, nanny: Any) -> None:
         monitor = nanny.periodic_callbacks.get("memory_monitor")
@@ -881,12 +929,14 @@ _daemons: Dict[str, Tuple[Daemon, "weakref.WeakSet[Any]"]] = {}
 
 def ensure_daemon(
     nanny: Any, *, socket: Optional[str] = None, memory: Union[str, int] = "50%",
-    args: Sequence[str] = (),
+    args: Sequence[str] = (), prefault: bool = False,
 ) -> str:
     """Makes sure a usable depotd listens at ``socket``, starting one if none does (what
     ``DepotNannyPlugin(start_daemon=True)`` does for each nanny); returns its socket.
     Nannies of several processes on one host take turns through a lock file beside the
-    socket, so that one daemon starts."""
+    socket, so that one daemon starts. The daemon allocates its pages as results first use
+    them (``--no-prefault``) unless ``prefault``: pre-allocating a segment at a time, 1 GiB
+    by default and one more kept ready, would take memory the workers may need."""
     path = _socket_path(socket)
     with _lock, open(path + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -898,7 +948,9 @@ def ensure_daemon(
             Client(path, name="depot.dask check").close()  # raises if it cannot be used
             return path
         try:
-            daemon = start_daemon(memory, socket=path, args=args, stop_with_parent=True)
+            daemon = start_daemon(
+                memory, socket=path, args=args, prefault=prefault, stop_with_parent=True
+            )
         except (DepotError, OSError) as e:
             raise DepotError(f"depot.dask could not start depotd for this host's workers: {e}") from e
         users: "weakref.WeakSet[Any]" = weakref.WeakSet([nanny])
