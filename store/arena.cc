@@ -297,7 +297,8 @@ std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size, uint32_t wri
 }
 
 void Arena::SchedulePrepare(Segment& segment) {
-  if (!options_.prefault || (!options_.dir.empty() && !options_.lock_pages)) return;
+  // memfd segments are allocated here (unless !prefault), those in a directory at creation.
+  if (options_.dir.empty() ? !options_.prefault : !options_.lock_pages) return;
   // The segment stays where it is (held by a unique_ptr), and the destructor waits for this
   // job.
   segment.preparing.store(true, std::memory_order_relaxed);

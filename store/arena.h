@@ -74,7 +74,8 @@ struct ArenaOptions {
   // with lock_pages). Off (depotd --no-prefault), a page is allocated when a writer first
   // touches it, so the arena holds only the pages objects have used, not its segments and
   // the one kept ready: puts into pages not used before pay the page faults, and segments
-  // are not page-locked. Segments in `dir` are reserved whole either way.
+  // are not page-locked. Segments in `dir` are reserved whole, and page-locked with
+  // lock_pages, either way.
   bool prefault = true;
 };
 

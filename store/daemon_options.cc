@@ -118,7 +118,8 @@ void Declare(CLI::App& app, RawOptions& raw) {
                  "put segments in this directory (a tmpfs or hugetlbfs mount) instead of memfds");
   app.add_flag("--no-prefault", raw.no_prefault,
                "allocate the arena's pages as objects first use them, not a segment at a time "
-               "ahead of use (less memory, slower puts into new pages; no page-locking for GPUs)");
+               "ahead of use (less memory, slower puts into new pages; memfd segments are not "
+               "page-locked for GPUs)");
   app.add_flag("--no-evict", raw.no_evict, "never evict objects; a create that does not fit fails");
   app.add_option("--spill-dir", raw.spill_dir,
                  "directory (created 0700) where objects that do not fit in host memory are "

@@ -147,7 +147,9 @@ TEST_F(ArenaTest, WithoutPrefaultTheArenaHoldsOnlyThePagesObjectsUsed) {
   ExpectReads(*client_, "b", 2 * kMiB);
   const uint64_t held = SegmentBytesAllocated(daemon_->pid());
   EXPECT_GE(held, 5 * kMiB);
-  EXPECT_LT(held, 6 * kMiB) << "the segment and the one kept ready would be 32 MiB";
+  // Less than a segment (pages may be huge pages, with shmem_enabled): the segment and the
+  // one kept ready would be 32 MiB.
+  EXPECT_LT(held, 16 * kMiB);
   // Pages a freed object used stay with the arena, for the objects that take its place.
   ASSERT_OK(client_->Delete(Id("a")));
   EXPECT_EQ(SegmentBytesAllocated(daemon_->pid()), held);

@@ -84,11 +84,11 @@ def frame_of_every_kind(n):
             "at": times.tz_localize("UTC"),
             "took": pd.to_timedelta(np.arange(n), unit="ms"),
             "day": pd.period_range("2026-01-01", periods=n, freq="D"),
-            "name": pd.Series([f"name-{i % 1000}" for i in range(n)], dtype="str"),
+            "name": pd.array([f"name-{i % 1000}" for i in range(n)], dtype="str"),
             "kind": pd.Categorical([f"kind-{i % 7}" for i in range(n)]),
             "count": pd.array(np.arange(n), dtype="Int64"),
             "even": pd.array(np.arange(n) % 2 == 0, dtype="boolean"),
-            "load": pd.Series(pa.array(np.arange(n, dtype=np.float32)), dtype=pd.ArrowDtype(pa.float32())),
+            "load": pd.array(pa.array(np.arange(n, dtype=np.float32)), dtype=pd.ArrowDtype(pa.float32())),
         },
         index=times,
     )

@@ -15,7 +15,7 @@ import numpy as np
 
 import depot
 import depot.multiprocessing as mp
-from conftest import address_of, in_store
+from conftest import address_of, in_store, store_pages
 
 MiB = 1 << 20
 
@@ -327,7 +327,8 @@ def scenario_private(method):
     (first, _), _ = from_child(mp.get_context(method), send_arrays, 3, count=2)
     daemon = mp._store._daemon
     return {"exact": same(first["i1"], arrays(3)["i1"]), "received": describe(first["i1"]),
-            "daemon_pid": daemon.pid, "socket": daemon.socket}
+            "daemon_pid": daemon.pid, "socket": daemon.socket,
+            "store_pages": store_pages(daemon.pid)}
 
 
 def scenario_standard(method):

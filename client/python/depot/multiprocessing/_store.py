@@ -84,7 +84,9 @@ def _start_private() -> str:
     if util._exiting:
         raise DepotError("the process is exiting: no private depot daemon is started now")
     memory = os.environ.get(MEMORY_ENV, "50%")
-    daemon = start_daemon(memory=memory, log_level="warn", stop_with_parent=True)
+    # Pages allocated as objects use them (--no-prefault), not a segment (1 GiB by default,
+    # and one more kept ready) ahead: the tree's own processes need that memory more.
+    daemon = start_daemon(memory=memory, prefault=False, log_level="warn", stop_with_parent=True)
     # Stopped after multiprocessing has joined the children at exit (finalizers of negative
     # priority run after that), not by the Daemon's own exit hook, which could run first.
     daemon._finalizer.atexit = False
