@@ -283,8 +283,17 @@ def test_pandas_values_of_times_strings_and_categories_travel_as_handles(dask_cl
     (moved, written, keys), = [t for a, t in _worker_transfers(dask_client).items() if a == first]
     assert keys == ["keyed", "kinds"] and moved >= 4 * MiB and written < moved / 1000
     assert _objects(store) == 2
+    # What pandas makes of the stored frame without a copy is kept as it is if it holds
+    # numpy arrays alone (times, periods, nullable numbers); with Arrow strings, it is not.
+    picked = dask_client.submit(
+        lambda f: f[["at", "took", "day", "count", "even"]], frame, key="picked", workers=[second]
+    )
+    named = dask_client.submit(lambda f: f[["name", "count"]], frame, key="named", workers=[second])
+    distributed.wait([picked, named], timeout=60)
+    kept = dask_client.run(_in_depot)[second]
+    assert "picked" in kept and "named" not in kept and _objects(store) == 2
     pd.testing.assert_frame_equal(frame.result(60), frame_of_every_kind(n))
-    del frame, keyed
+    del frame, keyed, picked, named
 
 
 def test_pandas_values_of_python_objects_stay_with_dask(dask_client, store):

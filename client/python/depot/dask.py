@@ -206,7 +206,8 @@ class _Store:
         root = _root_array(value)
         if root is not value:  # what slices of it name as their base
             self._stored.put(root, stored)
-        for array in _pandas_arrays(value) or ():  # what pandas values made of it hold
+        # What pandas values made of it hold.
+        for array in _pandas_arrays(value, whole=False) or ():
             self._backing.put(_root_array(array), stored)
 
     def kind_of(self, value: Any) -> Optional[str]:
@@ -234,7 +235,8 @@ class _Store:
         arrays (_pandas_arrays) that all view stored ones: what pandas makes of a stored
         value without a copy (a selection of columns, a rename, a slice of rows). It is kept
         as it is; sent to a peer, it is stored then, and the worker keeps the store's copy
-        instead. (One with other columns is the worker's own until it is sent.)"""
+        instead. (One with Arrow columns or a MultiIndex is the worker's own until it is
+        sent.)"""
         if kind != "pandas":
             return False
         arrays = _pandas_arrays(value)
@@ -524,30 +526,59 @@ def _flat_extension_dtypes(pd: Any) -> tuple:
     return tuple(getattr(pd, name) for name in names if hasattr(pd, name))
 
 
-def _pandas_arrays(value: Any) -> Optional[list]:
-    """The numpy arrays a pandas value keeps its rows in, if it keeps them in nothing else:
-    its columns' blocks and its rows' index (none for a RangeIndex). None for anything else
-    (Arrow or masked columns, datetimes, categories, a MultiIndex), or if pandas does not say
-    (its block manager, ``_mgr``, is not part of its public interface)."""
+def _pandas_arrays(value: Any, whole: bool = True) -> Optional[list]:
+    """The numpy arrays a pandas value keeps its rows in: its columns' blocks and its rows'
+    index (none for a RangeIndex), the values and masks of nullable columns, datetime-likes'
+    int64 arrays, categories' codes and categories. If ``whole``, None unless it keeps them
+    in nothing else (no Arrow columns or categories, no MultiIndex); else those it has.
+    None too if pandas does not say (its block manager, ``_mgr``, is not part of its
+    public interface)."""
     pd = sys.modules.get("pandas")
-    np = sys.modules.get("numpy")
     if pd is None or type(value) not in (pd.DataFrame, pd.Series, pd.Index):
         return None
-    index = value if isinstance(value, pd.Index) else value.index
-    if type(index) is pd.RangeIndex:
-        arrays = []
-    elif type(index) is pd.Index and isinstance(index.dtype, np.dtype):
-        arrays = [index.to_numpy()]
-    else:  # (to_numpy would build a MultiIndex's tuples)
+    arrays = _index_arrays(value if isinstance(value, pd.Index) else value.index, pd)
+    if arrays is None and (whole or isinstance(value, pd.Index)):
         return None
-    if not isinstance(value, pd.Index):
-        blocks = getattr(getattr(value, "_mgr", None), "arrays", None)
-        if not isinstance(blocks, list):
+    arrays = arrays or []
+    if isinstance(value, pd.Index):
+        return arrays
+    blocks = getattr(getattr(value, "_mgr", None), "arrays", None)
+    if not isinstance(blocks, list):
+        return None
+    for block in blocks:
+        backing = _numpy_backing(block, pd)
+        if backing is None and whole:
             return None
-        arrays += blocks
-    if not all(type(a) is np.ndarray for a in arrays):
-        return None
+        arrays += backing or []
     return arrays
+
+
+def _index_arrays(index: Any, pd: Any) -> Optional[list]:
+    if type(index) is pd.RangeIndex:
+        return []
+    if type(index) not in _index_types(pd):  # a MultiIndex
+        return None
+    return _numpy_backing(index.array, pd)
+
+
+def _numpy_backing(array: Any, pd: Any) -> Optional[list]:
+    """The numpy arrays a column's or an index's array is made of, or None if not only numpy
+    arrays (Arrow ones)."""
+    np = sys.modules.get("numpy")
+    if type(array) is np.ndarray:
+        return [array]
+    if isinstance(array, pd.Categorical):
+        categories = _index_arrays(array.categories, pd)
+        return None if categories is None else [array.codes] + categories
+    if isinstance(array, (pd.arrays.IntegerArray, pd.arrays.FloatingArray, pd.arrays.BooleanArray)):
+        return [array._data, array._mask]
+    if isinstance(array, (
+        pd.arrays.NumpyExtensionArray, pd.arrays.DatetimeArray, pd.arrays.TimedeltaArray,
+        pd.arrays.PeriodArray,
+    )):
+        backing = getattr(array, "_ndarray", None)
+        return [backing] if type(backing) is np.ndarray else None
+    return None
 
 
 _lock = threading.RLock()
