@@ -297,12 +297,33 @@ std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size, uint32_t wri
 }
 
 void Arena::SchedulePrepare(Segment& segment) {
+  segment.prefaulted = 0;  // a new, revived or reassigned file: no page allocated yet
   // memfd segments are allocated here (unless !prefault), those in a directory at creation.
   if (options_.dir.empty() ? !options_.prefault : !options_.lock_pages) return;
+  // Page-locking needs every page; else the first kPrefaultAhead bytes are enough for now.
+  Prepare(segment, options_.lock_pages ? segment.size : std::min(segment.size, kPrefaultAhead));
+}
+
+void Arena::PrefaultAhead(Segment& segment, uint64_t end) {
+  // Only for memfd segments allocated a window at a time (SchedulePrepare allocated the
+  // others whole, or not at all), when the window left is half gone, and not while a job
+  // still allocates: the next allocation asks again.
+  if (!options_.prefault || !options_.dir.empty() || options_.lock_pages ||
+      segment.prefaulted >= segment.size || end + kPrefaultAhead / 2 <= segment.prefaulted ||
+      segment.preparing.load(std::memory_order_acquire)) {
+    return;
+  }
+  Prepare(segment, std::min(segment.size, end + kPrefaultAhead));
+}
+
+void Arena::Prepare(Segment& segment, uint64_t upto) {
+  const uint64_t from = std::min(segment.prefaulted, upto);
+  segment.prefaulted = upto;
   // The segment stays where it is (held by a unique_ptr), and the destructor waits for this
   // job.
   segment.preparing.store(true, std::memory_order_relaxed);
-  boost::asio::post(prefault_pool_, [this, s = &segment] { PrepareSegment(*s); });
+  boost::asio::post(prefault_pool_,
+                    [this, s = &segment, from, upto] { PrepareSegment(*s, from, upto); });
 }
 
 void Arena::UnlockPages(Segment& segment) {
@@ -312,7 +333,7 @@ void Arena::UnlockPages(Segment& segment) {
   }
 }
 
-void Arena::PrepareSegment(Segment& segment) {
+void Arena::PrepareSegment(Segment& segment, uint64_t from, uint64_t upto) {
   struct Done {
     std::atomic<bool>& preparing;
     ~Done() {
@@ -320,8 +341,9 @@ void Arena::PrepareSegment(Segment& segment) {
       preparing.notify_all();
     }
   } done{segment.preparing};
-  if (options_.dir.empty() &&
-      ::fallocate(segment.fd->get(), 0, 0, static_cast<off_t>(segment.size)) != 0) {
+  if (options_.dir.empty() && upto > from &&
+      ::fallocate(segment.fd->get(), 0, static_cast<off_t>(from),
+                  static_cast<off_t>(upto - from)) != 0) {
     // Not fatal: pages are then allocated as they are first written.
     spdlog::warn("could not pre-allocate segment {}: {}", segment.index, std::strerror(errno));
   }
@@ -361,6 +383,7 @@ std::optional<Arena::Block> Arena::Carve(Segment& s, uint64_t size, uint32_t wri
   auto a = s.allocator.Allocate(size, size >= kPageAlignFrom ? kPage : kAlignment);
   if (!a) return std::nullopt;
   s.writers = writers;
+  PrefaultAhead(s, a->offset + a->size);
   return Block{s.index, a->handle, a->offset, a->size};
 }
 

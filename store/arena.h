@@ -6,11 +6,11 @@
 //   OffsetAllocator. They are added on demand up to the capacity and keep their index, file
 //   and size for the daemon's life, so a client maps each one once and keeps it. A new
 //   segment is usable at once; its pages are allocated ("pre-faulted") by fallocate on a
-//   worker thread, and the arena keeps one empty segment ready ahead of demand, so a put into
-//   a warm arena does not pay for page allocation (about 2.4 µs per 4 KiB page on tmpfs,
-//   several times memcpy). With CUDA GPUs, that worker then page-locks the segment
-//   (ArenaOptions::lock_pages), so copies between the arena and GPUs run at full PCIe speed,
-//   not through the driver's staging buffers. Without pre-faulting (ArenaOptions::prefault),
+//   worker thread, kPrefaultAhead bytes ahead of its objects, and the arena keeps one empty
+//   segment ready ahead of demand, so a put does not pay for page allocation (about 2.4 µs
+//   per 4 KiB page on tmpfs, several times memcpy). With CUDA GPUs, that worker then page-locks the
+//   segment (ArenaOptions::lock_pages), so copies between the arena and GPUs run at full PCIe
+//   speed, not through the driver's staging buffers. Without pre-faulting (ArenaOptions::prefault),
 //   pages are allocated as writers first touch them, and none are page-locked.
 // - A dedicated segment holds one object larger than a shared segment, sized to fit. It
 //   exists while the object does; its index (from kFirstDedicated up) is never given to
@@ -70,12 +70,12 @@ struct ArenaOptions {
   // segments are not page-locked.
   std::function<Status(void* base, uint64_t bytes)> lock_pages;
   std::function<void(void* base)> unlock_pages;
-  // Whether a new shared segment's pages are allocated ahead of use (and then page-locked,
-  // with lock_pages). Off (depotd --no-prefault), a page is allocated when a writer first
-  // touches it, so the arena holds only the pages objects have used, not its segments and
-  // the one kept ready: puts into pages not used before pay the page faults, and segments
-  // are not page-locked. Segments in `dir` are reserved whole, and page-locked with
-  // lock_pages, either way.
+  // Whether a shared memfd segment's pages are allocated ahead of use: kPrefaultAhead bytes
+  // past its objects, or the whole segment to page-lock it (lock_pages). Off (depotd
+  // --no-prefault), a page is allocated when a writer first touches it, so the arena holds
+  // only the pages objects have used: puts into pages not used before pay the page faults,
+  // and segments are not page-locked. Segments in `dir` are reserved whole, and page-locked
+  // with lock_pages, either way.
   bool prefault = true;
 };
 
@@ -104,6 +104,11 @@ class Arena final : public TierPool {
   // any bytes in front of such an object as a free block, so nothing is wasted.
   static constexpr uint64_t kPage = 4096;
   static constexpr uint64_t kPageAlignFrom = 256 * 1024;
+  // How far ahead of a memfd segment's objects its pages are allocated (ArenaOptions::
+  // prefault, without page-locking): fallocate on a worker, about 15 ms per 64 MiB, keeps
+  // ahead of puts that fill the segment in order, as a new arena's do, while the pages held
+  // and unused stay within this much per segment in use, and the one kept ready.
+  static constexpr uint64_t kPrefaultAhead = 64 << 20;
 
   // Checks the options against what the backing store can hold (physical memory for memfd,
   // free space for a directory) and creates the first segment. `prefault_pool` runs the
@@ -209,6 +214,8 @@ class Arena final : public TierPool {
     std::byte* base = nullptr;
     std::atomic<bool> page_locked{false};  // set by the worker that locked it
     std::atomic<bool> preparing{false};    // while PrepareSegment runs or is queued
+    // On the loop: the bytes from the start whose pages a PrepareSegment was asked for.
+    uint64_t prefaulted = 0;
     OffsetAllocator allocator;
     Segment(uint64_t bytes) : size(bytes), allocator(bytes, kAlignment) {}
   };
@@ -246,11 +253,18 @@ class Arena final : public TierPool {
   // Adds a shared segment when the last one has started to fill, so the next one is warm in
   // time.
   void GrowAhead();
-  // On a worker: allocates the pages of a memfd segment, then page-locks it if asked to.
-  void PrepareSegment(Segment& segment);
+  // On a worker: allocates the pages of a memfd segment in [from, upto), then page-locks
+  // the segment if asked to.
+  void PrepareSegment(Segment& segment, uint64_t from, uint64_t upto);
   // Queues PrepareSegment for a segment just added, revived or given a new file, if there is
-  // anything to prepare (a memfd's pages, or page-locking); marks it preparing meanwhile.
+  // anything to prepare (a memfd's pages: the first kPrefaultAhead bytes, or all of them to
+  // page-lock it; or page-locking); marks it preparing meanwhile.
   void SchedulePrepare(Segment& segment);
+  // After an allocation that ends at `end` in a shared segment: queues the allocation of the
+  // next kPrefaultAhead bytes past it, if the pages allocated ahead of it run short.
+  void PrefaultAhead(Segment& segment, uint64_t end);
+  // Queues PrepareSegment up to `upto` from where the last one stopped.
+  void Prepare(Segment& segment, uint64_t upto);
   // Undoes the page-locking of a segment about to lose its pages or its file, if it has any.
   void UnlockPages(Segment& segment);
   std::optional<Block> AllocateDedicated(uint64_t size, uint32_t writers);

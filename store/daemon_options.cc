@@ -117,9 +117,9 @@ void Declare(CLI::App& app, RawOptions& raw) {
   app.add_option("--arena-dir", raw.arena_dir,
                  "put segments in this directory (a tmpfs or hugetlbfs mount) instead of memfds");
   app.add_flag("--no-prefault", raw.no_prefault,
-               "allocate the arena's pages as objects first use them, not a segment at a time "
-               "ahead of use (less memory, slower puts into new pages; memfd segments are not "
-               "page-locked for GPUs)");
+               "allocate the arena's pages as objects first use them, not 64 MiB ahead of them "
+               "in each segment (less memory, slower puts into new pages; memfd segments are "
+               "not page-locked for GPUs)");
   app.add_flag("--no-evict", raw.no_evict, "never evict objects; a create that does not fit fails");
   app.add_option("--spill-dir", raw.spill_dir,
                  "directory (created 0700) where objects that do not fit in host memory are "

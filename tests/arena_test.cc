@@ -126,17 +126,36 @@ TEST_F(ArenaTest, AFreshClientMapsOnlyTheSegmentItReadsAndPopulatesNothingAhead)
   client_.emplace(std::move(reader));
 }
 
-TEST_F(ArenaTest, SegmentsArePreallocatedAheadOfUseByDefault) {
-  Start({"--memory", "64MiB", "--segment-size", "16MiB"});
-  ASSERT_OK(Put("small", kMiB));
-  // The segment that holds it and the one kept ready, whole, allocated on a worker: within
-  // 10 s, far more than it takes.
+// Polls, for at most 10 s (far more than it takes), until the daemon's segment files hold
+// at least `bytes`; returns what they hold then.
+uint64_t WaitForSegmentBytes(pid_t daemon, uint64_t bytes) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (SegmentBytesAllocated(daemon_->pid()) < 32 * kMiB &&
-         std::chrono::steady_clock::now() < deadline) {
+  while (SegmentBytesAllocated(daemon) < bytes && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  EXPECT_EQ(SegmentBytesAllocated(daemon_->pid()), 32 * kMiB);
+  return SegmentBytesAllocated(daemon);
+}
+
+TEST_F(ArenaTest, SegmentsSmallerThanThePrefaultWindowArePreallocatedWhole) {
+  Start({"--memory", "64MiB", "--segment-size", "16MiB"});
+  ASSERT_OK(Put("small", kMiB));
+  // The segment that holds it and the one kept ready, allocated on a worker.
+  EXPECT_EQ(WaitForSegmentBytes(daemon_->pid(), 32 * kMiB), 32 * kMiB);
+}
+
+TEST_F(ArenaTest, LargeSegmentsArePreallocatedAWindowAheadOfTheirObjects) {
+  Start({"--memory", "1GiB", "--segment-size", "512MiB"});
+  ASSERT_OK(Put("first", kMiB));
+  // 64 MiB (the window) of the segment that holds it and of the one kept ready, not the
+  // 1 GiB of both.
+  EXPECT_EQ(WaitForSegmentBytes(daemon_->pid(), 128 * kMiB), 128 * kMiB);
+  // As objects fill the segment, the window moves ahead of them.
+  for (int i = 0; i < 10; ++i) ASSERT_OK(Put("ten-" + std::to_string(i), 10 * kMiB));
+  const uint64_t held = WaitForSegmentBytes(daemon_->pid(), 160 * kMiB);
+  EXPECT_GE(held, 160 * kMiB);
+  // Objects, at most a window and a half ahead of them, and the segment kept ready's.
+  EXPECT_LE(held, (101 + 96 + 64) * kMiB);
+  ExpectReads(*client_, "ten-9", 10 * kMiB);
 }
 
 TEST_F(ArenaTest, WithoutPrefaultTheArenaHoldsOnlyThePagesObjectsUsed) {

@@ -163,8 +163,9 @@ def start_daemon(
     ``"25%"``); ``segment_size`` the size of its shared segments (default: 1 GiB, or the
     capacity if smaller): larger objects get a segment of their own. With ``prefault=False``
     (``depotd --no-prefault``) the arena's pages are allocated as objects first use them,
-    not a segment at a time ahead of use: the daemon then holds only the memory its objects
-    have used. The socket is in a new temporary directory unless ``socket`` is given; ``args`` are further depotd flags (``depotd --help``). The
+    not 64 MiB ahead of them in each segment: the daemon then holds only the memory its
+    objects have used. The socket is in a new temporary directory unless ``socket`` is
+    given; ``args`` are further depotd flags (``depotd --help``). The
     daemon is the one installed with this package (see :func:`find_depotd`) unless
     ``executable`` names another. ``simulate_gpus`` serves simulated GPUs backed by host
     memory instead of the host's real ones (``depotd --simulate-gpus``): a count, or

@@ -966,8 +966,8 @@ def ensure_daemon(
     ``DepotNannyPlugin(start_daemon=True)`` does for each nanny); returns its socket.
     Nannies of several processes on one host take turns through a lock file beside the
     socket, so that one daemon starts. The daemon allocates its pages as results first use
-    them (``--no-prefault``) unless ``prefault``: pre-allocating a segment at a time, 1 GiB
-    by default and one more kept ready, would take memory the workers may need."""
+    them (``--no-prefault``) unless ``prefault``: pre-allocating 64 MiB ahead in each
+    segment in use and in one more kept ready would take memory the workers may need."""
     path = _socket_path(socket)
     with _lock, open(path + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -84,8 +84,8 @@ def _start_private() -> str:
     if util._exiting:
         raise DepotError("the process is exiting: no private depot daemon is started now")
     memory = os.environ.get(MEMORY_ENV, "50%")
-    # Pages allocated as objects use them (--no-prefault), not a segment (1 GiB by default,
-    # and one more kept ready) ahead: the tree's own processes need that memory more.
+    # Pages allocated as objects use them (--no-prefault), not 64 MiB ahead in each segment
+    # (and one more kept ready): the tree's own processes need that memory more.
     daemon = start_daemon(memory=memory, prefault=False, log_level="warn", stop_with_parent=True)
     # Stopped after multiprocessing has joined the children at exit (finalizers of negative
     # priority run after that), not by the Daemon's own exit hook, which could run first.
