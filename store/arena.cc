@@ -148,10 +148,15 @@ Status Arena::Reserve(int fd, uint64_t size) {
 }
 
 bool Arena::Reassign(Segment& s, uint32_t writers) {
-  // A job still preparing the segment uses its file and mapping. The loop does not wait for
-  // it (a fallocate of the segment's size, which a writer emptying segments could repeat):
-  // the segment is not given away this time.
-  if (s.preparing.load(std::memory_order_acquire)) return false;
+  // A job still preparing the segment uses its file and mapping. One that allocates pages
+  // ahead of the segment's objects (PrefaultAhead) is waited for, on the loop: at most a
+  // window's fallocate, as a segment in use often has one running. One preparing a new file
+  // (the whole segment's, to page-lock it, which a writer emptying segments could repeat) is
+  // not: the segment is not given away this time.
+  if (s.preparing.load(std::memory_order_acquire)) {
+    if (!s.window_job) return false;
+    s.preparing.wait(true, std::memory_order_acquire);
+  }
   UnlockPages(s);
   // In a directory the old file's pages go first (it holds no object), so that the new
   // file's reservation finds room.
@@ -255,8 +260,9 @@ bool Arena::FreeCapacity(uint64_t bytes) {
     // takes it: about 0.13 s per GiB on tmpfs, paid only when a dedicated segment needs
     // capacity that shared segments hold. A segment still being prepared (the one added
     // ahead of demand, typically) is waited for first, or its job would allocate the pages
-    // again: at most its fallocate, about 0.23 s per GiB. Prefault jobs never wait for the
-    // loop, so this cannot deadlock.
+    // again: at most its fallocate, of a window (kPrefaultAhead) or, to page-lock it, of the
+    // whole segment (about 0.23 s per GiB). Prefault jobs never wait for the loop, so this
+    // cannot deadlock.
     s->preparing.wait(true, std::memory_order_acquire);
     UnlockPages(*s);
     if (!GiveBackPages(s->fd->get(), s->size, s->index)) continue;
@@ -301,19 +307,24 @@ void Arena::SchedulePrepare(Segment& segment) {
   // memfd segments are allocated here (unless !prefault), those in a directory at creation.
   if (options_.dir.empty() ? !options_.prefault : !options_.lock_pages) return;
   // Page-locking needs every page; else the first kPrefaultAhead bytes are enough for now.
+  segment.window_job = false;
   Prepare(segment, options_.lock_pages ? segment.size : std::min(segment.size, kPrefaultAhead));
 }
 
-void Arena::PrefaultAhead(Segment& segment, uint64_t end) {
-  // Only for memfd segments allocated a window at a time (SchedulePrepare allocated the
-  // others whole, or not at all), when the window left is half gone, and not while a job
-  // still allocates: the next allocation asks again.
-  if (!options_.prefault || !options_.dir.empty() || options_.lock_pages ||
-      segment.prefaulted >= segment.size || end + kPrefaultAhead / 2 <= segment.prefaulted ||
-      segment.preparing.load(std::memory_order_acquire)) {
+void Arena::PrefaultAhead(Segment& segment, uint64_t offset, uint64_t end) {
+  // Only for shared memfd segments allocated a window at a time (SchedulePrepare allocated
+  // the others whole, or not at all), when the window left is half gone, and not while a
+  // job still allocates: the next allocation asks again. The window is kPrefaultAhead, or
+  // the size of the object just placed if larger, so that the next one like it finds its
+  // pages allocated.
+  const uint64_t window = std::max(kPrefaultAhead, end - offset);
+  if (IsDedicated(segment.index) || !options_.prefault || !options_.dir.empty() ||
+      options_.lock_pages || segment.prefaulted >= segment.size ||
+      end + window / 2 <= segment.prefaulted || segment.preparing.load(std::memory_order_acquire)) {
     return;
   }
-  Prepare(segment, std::min(segment.size, end + kPrefaultAhead));
+  segment.window_job = true;
+  Prepare(segment, std::min(segment.size, end + window));
 }
 
 void Arena::Prepare(Segment& segment, uint64_t upto) {
@@ -383,7 +394,7 @@ std::optional<Arena::Block> Arena::Carve(Segment& s, uint64_t size, uint32_t wri
   auto a = s.allocator.Allocate(size, size >= kPageAlignFrom ? kPage : kAlignment);
   if (!a) return std::nullopt;
   s.writers = writers;
-  PrefaultAhead(s, a->offset + a->size);
+  PrefaultAhead(s, a->offset, a->offset + a->size);
   return Block{s.index, a->handle, a->offset, a->size};
 }
 

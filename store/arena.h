@@ -168,10 +168,15 @@ class Arena final : public TierPool {
   // generation's descriptor must be sent the new one.
   uint32_t writers(uint32_t segment) const { return at(segment).writers; }
   uint32_t generation(uint32_t segment) const { return at(segment).generation; }
-  // Whether a worker is still allocating (or page-locking) a segment's pages: it is not
-  // given to another class meanwhile.
+  // Whether a worker is still allocating (or page-locking) a segment's pages.
   bool preparing(uint32_t segment) const {
     return at(segment).preparing.load(std::memory_order_acquire);
+  }
+  // Whether the segment, if empty, could be given to another class now: not while a worker
+  // prepares a new file of it (allocating pages ahead of its objects is waited for).
+  bool can_change_hands(uint32_t segment) const {
+    const Segment& s = at(segment);
+    return !s.preparing.load(std::memory_order_acquire) || s.window_job;
   }
   // Whether a shared segment in use belongs to a class other than `writers`.
   bool HasOtherClass(uint32_t writers) const {
@@ -214,8 +219,11 @@ class Arena final : public TierPool {
     std::byte* base = nullptr;
     std::atomic<bool> page_locked{false};  // set by the worker that locked it
     std::atomic<bool> preparing{false};    // while PrepareSegment runs or is queued
-    // On the loop: the bytes from the start whose pages a PrepareSegment was asked for.
+    // On the loop: the bytes from the start whose pages a PrepareSegment was asked for, and
+    // whether the job preparing it, if any, only allocates pages ahead of its objects
+    // (PrefaultAhead), which Reassign may wait for.
     uint64_t prefaulted = 0;
+    bool window_job = false;
     OffsetAllocator allocator;
     Segment(uint64_t bytes) : size(bytes), allocator(bytes, kAlignment) {}
   };
@@ -260,9 +268,10 @@ class Arena final : public TierPool {
   // anything to prepare (a memfd's pages: the first kPrefaultAhead bytes, or all of them to
   // page-lock it; or page-locking); marks it preparing meanwhile.
   void SchedulePrepare(Segment& segment);
-  // After an allocation that ends at `end` in a shared segment: queues the allocation of the
-  // next kPrefaultAhead bytes past it, if the pages allocated ahead of it run short.
-  void PrefaultAhead(Segment& segment, uint64_t end);
+  // After an allocation of [offset, end) in a shared segment: queues the allocation of the
+  // next kPrefaultAhead bytes (or end - offset, if more) past it, if the pages allocated
+  // ahead of it run short.
+  void PrefaultAhead(Segment& segment, uint64_t offset, uint64_t end);
   // Queues PrepareSegment up to `upto` from where the last one stopped.
   void Prepare(Segment& segment, uint64_t upto);
   // Undoes the page-locking of a segment about to lose its pages or its file, if it has any.

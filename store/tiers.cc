@@ -248,8 +248,8 @@ std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes, uint32_t w
 std::optional<TierPool::Block> Tiers::EvictSegmentOfAnotherClass(uint64_t bytes, uint32_t writers) {
   // Another class's segment is of use only empty (it then gets a new file): one whose every
   // object may go now, the one with the least recently used object first, and that one
-  // only, so that one create does not thin out the cache of several. Not one a worker still
-  // prepares, which cannot change hands yet.
+  // only, so that one create does not thin out the cache of several. Not one whose new file
+  // a worker still prepares, which cannot change hands yet.
   if (!arena_.HasOtherClass(writers)) return std::nullopt;
   std::unordered_map<uint32_t, uint64_t> can_go;  // bytes of each such segment that may go now
   std::vector<uint32_t> order;                    // in LRU order of their first candidate
@@ -258,7 +258,8 @@ std::optional<TierPool::Block> Tiers::EvictSegmentOfAnotherClass(uint64_t bytes,
        victim = candidates.next(victim)) {
     const uint32_t segment = table_.FindReplica(victim, kHost)->region;
     if (Arena::IsDedicated(segment) || arena_.writers(segment) == writers ||
-        arena_.BlockSize(bytes) > arena_.segment_bytes(segment) || arena_.preparing(segment) ||
+        arena_.BlockSize(bytes) > arena_.segment_bytes(segment) ||
+        !arena_.can_change_hands(segment) ||
         policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kSpill) {
       continue;
     }
