@@ -17,29 +17,15 @@ policies). Baseline in the same run: np.copyto of the same arrays into a warm bu
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import numpy as np
 
 import depot
+from bench_dask import _store_pages  # beside this script
 
 MiB = 1 << 20
-
-
-def _held(pid: int) -> int:
-    """The bytes allocated in a daemon's memfds, each file once."""
-    files = {}
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        path = f"/proc/{pid}/fd/{fd}"
-        try:
-            if os.readlink(path).startswith("/memfd:depot-"):
-                st = os.stat(path)
-                files[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-        except OSError:
-            continue
-    return sum(files.values())
 
 
 def _round(client: depot.Client, value: np.ndarray, count: int) -> tuple:
@@ -54,7 +40,7 @@ def _run(executable, args, value, count) -> tuple:
             time.sleep(1.0)  # start-up pre-faulting done, as in a daemon that has run a while
             fresh, refs = _round(client, value, count)
             time.sleep(0.5)  # pre-faulting asked for by the last puts done
-            held = _held(daemon.pid)
+            held = _store_pages(daemon.pid)
             client.delete(refs)
             del refs
             refilled, refs = _round(client, value, count)
