@@ -153,10 +153,8 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
   // window's fallocate, as a segment in use often has one running. One preparing a new file
   // (the whole segment's, to page-lock it, which a writer emptying segments could repeat) is
   // not: the segment is not given away this time.
-  if (s.preparing.load(std::memory_order_acquire)) {
-    if (!s.window_job) return false;
-    s.preparing.wait(true, std::memory_order_acquire);
-  }
+  if (!can_change_hands(s.index)) return false;
+  s.preparing.wait(true, std::memory_order_acquire);
   UnlockPages(s);
   // In a directory the old file's pages go first (it holds no object), so that the new
   // file's reservation finds room.
@@ -308,7 +306,7 @@ void Arena::SchedulePrepare(Segment& segment) {
   if (options_.dir.empty() ? !options_.prefault : !options_.lock_pages) return;
   // Page-locking needs every page; else the first kPrefaultAhead bytes are enough for now.
   segment.window_job = false;
-  Prepare(segment, options_.lock_pages ? segment.size : std::min(segment.size, kPrefaultAhead));
+  Prepare(segment, Windowed() ? std::min(segment.size, kPrefaultAhead) : segment.size);
 }
 
 void Arena::PrefaultAhead(Segment& segment, uint64_t offset, uint64_t end) {
@@ -318,8 +316,7 @@ void Arena::PrefaultAhead(Segment& segment, uint64_t offset, uint64_t end) {
   // the size of the object just placed if larger, so that the next one like it finds its
   // pages allocated.
   const uint64_t window = std::max(kPrefaultAhead, end - offset);
-  if (IsDedicated(segment.index) || !options_.prefault || !options_.dir.empty() ||
-      options_.lock_pages || segment.prefaulted >= segment.size ||
+  if (IsDedicated(segment.index) || !Windowed() || segment.prefaulted >= segment.size ||
       end + window / 2 <= segment.prefaulted || segment.preparing.load(std::memory_order_acquire)) {
     return;
   }

@@ -274,6 +274,11 @@ class Arena final : public TierPool {
   void PrefaultAhead(Segment& segment, uint64_t offset, uint64_t end);
   // Queues PrepareSegment up to `upto` from where the last one stopped.
   void Prepare(Segment& segment, uint64_t upto);
+  // Whether shared segments' pages are allocated a window at a time (memfd segments,
+  // pre-faulted, not page-locked), not whole or not at all.
+  bool Windowed() const {
+    return options_.prefault && options_.dir.empty() && !options_.lock_pages;
+  }
   // Undoes the page-locking of a segment about to lose its pages or its file, if it has any.
   void UnlockPages(Segment& segment);
   std::optional<Block> AllocateDedicated(uint64_t size, uint32_t writers);
