@@ -67,7 +67,10 @@ def main() -> None:
         np.copyto(target, value)
     memcpy = total / (time.perf_counter() - start)
     print(f"{args.objects} puts of {args.mib} MiB; memcpy (warm) {memcpy / 2**30:.2f} GiB/s")
-    daemons = [("depotd", args.depotd, []), ("depotd --no-prefault", args.depotd, ["--no-prefault"])]
+    daemons = [
+        ("depotd", args.depotd, []),
+        ("depotd --no-prefault", args.depotd, ["--no-prefault"]),
+    ]
     if args.baseline_depotd:
         daemons.insert(0, ("baseline depotd", args.baseline_depotd, []))
     for label, executable, flags in daemons:

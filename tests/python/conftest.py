@@ -88,7 +88,9 @@ def frame_of_every_kind(n):
             "kind": pd.Categorical([f"kind-{i % 7}" for i in range(n)]),
             "count": pd.array(np.arange(n), dtype="Int64"),
             "even": pd.array(np.arange(n) % 2 == 0, dtype="boolean"),
-            "load": pd.array(pa.array(np.arange(n, dtype=np.float32)), dtype=pd.ArrowDtype(pa.float32())),
+            "load": pd.array(
+                pa.array(np.arange(n, dtype=np.float32)), dtype=pd.ArrowDtype(pa.float32())
+            ),
         },
         index=times,
     )

@@ -267,7 +267,8 @@ def test_pandas_values_of_times_strings_and_categories_travel_as_handles(dask_cl
     frame = dask_client.submit(frame_of_every_kind, n, key="kinds", workers=[first])
     keyed = dask_client.submit(  # numbers indexed by pairs of (number, string)
         lambda n: pd.Series(
-            np.ones(n), index=pd.MultiIndex.from_arrays([np.arange(n) % 3, np.arange(n).astype(str)])
+            np.ones(n),
+            index=pd.MultiIndex.from_arrays([np.arange(n) % 3, np.arange(n).astype(str)]),
         ),
         n, key="keyed", workers=[first],
     )
@@ -278,7 +279,9 @@ def test_pandas_values_of_times_strings_and_categories_travel_as_handles(dask_cl
         private = [b for b in buffers if not in_store(*b)]
         return len(buffers), private, frame.equals(frame_of_every_kind(n)), float(keyed.sum())
 
-    count, private, equal, total = dask_client.submit(read, frame, keyed, workers=[second]).result(60)
+    count, private, equal, total = dask_client.submit(
+        read, frame, keyed, workers=[second]
+    ).result(60)
     assert count >= 16 and private == [] and equal and total == float(n)
     (moved, written, keys), = [t for a, t in _worker_transfers(dask_client).items() if a == first]
     assert keys == ["keyed", "kinds"] and moved >= 4 * MiB and written < moved / 1000

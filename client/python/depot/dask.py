@@ -55,6 +55,7 @@ disk as usual.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib
 import logging
@@ -222,13 +223,12 @@ class _Store:
         each as it is made raised the peak memory of a set_index by 40% (bench/README.md)."""
         return self.eager and kind in ("host", "gpu")
 
-    def kept_as_is(self, value: Any, kind: Optional[str]) -> bool:
-        """Whether ``value`` costs the worker nothing: it views the store (stored_of,
-        view_of), or shares() it."""
-        return (
-            self.stored_of(value) is not None or self.view_of(value, kind) is not None
-            or self.shares(value, kind)
-        )
+    def kept_as_is(self, value: Any, kind: Optional[str]) -> Optional[str]:
+        """How ``value`` costs the worker nothing, if it does: "views" the store (stored_of,
+        view_of), or "shares" it (shares(): stored if sent); else None."""
+        if self.stored_of(value) is not None or self.view_of(value, kind) is not None:
+            return "views"
+        return "shares" if self.shares(value, kind) else None
 
     def shares(self, value: Any, kind: Optional[str]) -> bool:
         """Whether ``value`` is a pandas value of at least ``threshold`` bytes kept in numpy
@@ -494,6 +494,7 @@ def _flat_index(index: Any, pd: Any) -> bool:
     return type(index) in _index_types(pd) and _flat_dtype(index.dtype, pd)
 
 
+@functools.lru_cache(maxsize=1)
 def _index_types(pd: Any) -> tuple:
     return (pd.Index, pd.DatetimeIndex, pd.TimedeltaIndex, pd.PeriodIndex, pd.CategoricalIndex)
 
@@ -517,6 +518,7 @@ def _flat_dtype(dtype: Any, pd: Any) -> bool:
     return isinstance(dtype, _flat_extension_dtypes(pd))
 
 
+@functools.lru_cache(maxsize=1)
 def _flat_extension_dtypes(pd: Any) -> tuple:
     names = (
         "DatetimeTZDtype", "PeriodDtype", "ArrowDtype", "BooleanDtype", "Float32Dtype",
@@ -536,12 +538,13 @@ def _pandas_arrays(value: Any, whole: bool = True) -> Optional[list]:
     pd = sys.modules.get("pandas")
     if pd is None or type(value) not in (pd.DataFrame, pd.Series, pd.Index):
         return None
-    arrays = _index_arrays(value if isinstance(value, pd.Index) else value.index, pd)
-    if arrays is None and (whole or isinstance(value, pd.Index)):
-        return None
-    arrays = arrays or []
     if isinstance(value, pd.Index):
-        return arrays
+        return _index_arrays(value, pd)
+    arrays = _index_arrays(value.index, pd)
+    if arrays is None:
+        if whole:
+            return None
+        arrays = []
     blocks = getattr(getattr(value, "_mgr", None), "arrays", None)
     if not isinstance(blocks, list):
         return None
@@ -610,9 +613,8 @@ class StoreBackedData(MutableMapping):
     def __setitem__(self, key: Any, value: Any) -> None:
         store = self._store
         kind = store.kind_of(value)
-        views = store.stored_of(value) is not None or store.view_of(value, kind) is not None
-        shares = not views and store.shares(value, kind)
-        kept = value if views or shares else None
+        how = store.kept_as_is(value, kind)
+        kept = value if how else None
         now = kept is None and store.stores_on_return(kind)
         if now and store.declined.get(value) is None:
             kept = store.copy(value, kind)
@@ -625,7 +627,7 @@ class StoreBackedData(MutableMapping):
             if key in self.inner:
                 del self.inner[key]
             self.stored[key] = kept
-            if shares:
+            if how == "shares":
                 store.track(value, kind, self, key)
 
     def adopt_soon(self, key: Any, value: Any, view: Any) -> None:
