@@ -479,6 +479,17 @@ def test_a_killed_worker_is_recomputed_and_leaves_nothing(store):
     assert _objects(store) == 0
 
 
+def _depot_events(dask_client, count):
+    """depot.dask's events on the scheduler, once it has ``count`` of them (at most 30 s):
+    workers send events in batches, which may arrive after register_plugin returns."""
+
+    def events():
+        return [e for _, e in dask_client.get_events(depot.dask.EVENT_TOPIC)]
+
+    wait_for(lambda: len(events()) >= count, timeout=30, interval=0.05)
+    return events()
+
+
 def test_no_daemon_falls_back_to_plain_dask_with_one_warning(tmp_path):
     with _cluster(n_workers=2) as cluster, cluster.get_client() as dask_client:
         dask_client.register_plugin(
@@ -488,7 +499,7 @@ def test_no_daemon_falls_back_to_plain_dask_with_one_warning(tmp_path):
         np.testing.assert_array_equal(
             dask_client.compute(b).result(timeout=120), (a + a.T).compute(scheduler="sync")
         )
-        events = [e for _, e in dask_client.get_events(depot.dask.EVENT_TOPIC)]
+        events = _depot_events(dask_client, 2)
         assert len(events) == 2 and not any(e["attached"] for e in events), events
         assert all(e["message"].startswith("depot.dask: no depotd") for e in events), events
         assert dask_client.run(_in_depot) == {w: [] for w in dask_client.run(lambda: 0)}
@@ -723,7 +734,7 @@ def test_nanny_plugin_starts_one_daemon_per_host(tmp_path):
         )
         dask_client.register_plugin(depot.dask.DepotPlugin(socket=socket))
         assert len(_depotd_processes(socket)) == 1
-        events = [e for _, e in dask_client.get_events(depot.dask.EVENT_TOPIC)]
+        events = _depot_events(dask_client, 2)
         assert [e["attached"] for e in events] == [True, True], events
         moved = _one_transfer(dask_client)
         total = sum(t for t, _, _ in moved.values())
