@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -316,6 +317,30 @@ def test_on_sigterm_the_depot_worker_command_lets_its_running_task_finish(
         if command.poll() is None:
             command.kill()
             command.wait()
+
+
+def test_closing_a_worker_whose_serving_thread_runs_lets_its_running_task_finish(
+    client, daemon
+):
+    # What the depot-worker command does when SIGTERM comes as run() starts its serving
+    # thread: run() raises, and close() must not abandon the task the thread runs.
+    worker = depot.Worker(daemon.socket, cpus=1, name="closed while serving")
+    worker.register("wait_for_go", children.wait_for_go)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    assert wait_for(lambda: client.status().scheduler.workers == 1, timeout=60)
+    out = client.submit("wait_for_go", daemon.socket, "closing")
+    assert wait_for(lambda: [t.state for t in client.tasks()] == ["running"], timeout=60)
+    closer = threading.Thread(target=worker.close, daemon=True)
+    closer.start()
+    assert wait_for(lambda: [w.draining for w in client.workers()] == [True], timeout=60)
+    assert closer.is_alive() and [t.state for t in client.tasks()] == ["running"]
+    client.put(b"", name="go")
+    assert client.get(out, timeout=60) == "closing"
+    closer.join(60)
+    runner.join(60)
+    assert not closer.is_alive() and not runner.is_alive()
+    assert wait_for(lambda: client.workers() == [], timeout=60)
 
 
 def test_workers_and_tasks_list_what_the_scheduler_knows(client, daemon, workers):

@@ -121,6 +121,10 @@ class Worker:
         )
         self._by_value: Dict[bytes, Callable] = {}  # functions sent by value, by object id
         self._lock = threading.Lock()
+        # Whether run()'s serving thread runs the C++ worker: close() waits for it to end
+        # (notified) before it detaches, so that no task is abandoned while it runs.
+        self._serving = False
+        self._served = threading.Condition()
         self._worker.register(_tasks.CALL, self._run_by_value)
 
     @property
@@ -191,31 +195,46 @@ class Worker:
         done = threading.Event()
 
         def serve() -> None:
+            with self._served:
+                worker = self._worker
+                self._serving = worker is not None  # None: closed before this thread began
             try:
-                self._worker.run()
+                if worker is not None:
+                    worker.run()
             except BaseException as e:  # handed to the caller's thread
                 failure.append(e)
             finally:
+                with self._served:
+                    self._serving = False
+                    self._served.notify_all()
                 done.set()
 
         # The wait is on an Event, not on Thread.join: a signal that interrupts join can
         # leave the thread marked as ended while it still runs (CPython 3.11's threading),
         # and the worker would then be closed under its own tasks. It wakes now and then, as
-        # a signal the kernel gives to another thread only flags Python's main thread.
-        threading.Thread(target=serve, name="depot-worker", daemon=True).start()
+        # a signal the kernel gives to another thread only flags Python's main thread. Ctrl-C
+        # may also come while the thread starts, before it is known to run: close() then
+        # still waits for it.
         try:
+            threading.Thread(target=serve, name="depot-worker", daemon=True).start()
             while not done.wait(0.2):
                 pass
         except KeyboardInterrupt:
             self.stop()
-            while not done.is_set():
-                try:
-                    done.wait(0.2)
-                except KeyboardInterrupt:
-                    pass  # stopping already: the running tasks finish first
+            self._wait_served()
             raise
         if failure:
             raise failure[0]
+
+    def _wait_served(self) -> None:
+        """Waits until run()'s serving thread, if it runs, has ended: once stopped, when the
+        running tasks are complete. A second Ctrl-C does not cut it short."""
+        with self._served:
+            while self._serving:
+                try:
+                    self._served.wait(0.2)
+                except KeyboardInterrupt:
+                    pass  # stopping already: the running tasks finish first
 
     def stop(self) -> None:
         """Asks the daemon for no more tasks; :meth:`run` returns once the running ones are
@@ -224,10 +243,18 @@ class Worker:
 
     def close(self) -> None:
         """Detaches from the daemon (any task it runs is then run again elsewhere) and closes
-        its Client. Call it after :meth:`run` has returned."""
-        # The C++ worker holds the registered functions, which hold this object: dropping it
-        # breaks that cycle.
-        self._worker = None
+        its Client. Call it after :meth:`run` has returned; if run()'s serving thread still
+        runs (Ctrl-C came as run() started it), it is stopped, and its running tasks are
+        complete, first."""
+        # A serving thread that Ctrl-C left behind (run() raised as it started) is drained
+        # first.
+        with self._served:
+            if self._serving:
+                self.stop()
+            self._wait_served()
+            # The C++ worker holds the registered functions, which hold this object: dropping
+            # it breaks that cycle. A serving thread that begins after this finds none.
+            self._worker = None
         self._client.close()
 
     def __enter__(self) -> "Worker":
