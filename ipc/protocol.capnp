@@ -470,6 +470,11 @@ struct Reply {
     # Entries of the session's lease table (depot/ipc/lease.h), whose descriptor follows the
     # header table's; 0: the daemon gives no leases, and sends no second descriptor.
     leaseEntries @9 :UInt32;
+    # The daemon honours a lease only on an object of at most this many bytes of data and
+    # metadata (0: any size): what the session's limits set aside for its table, divided by
+    # its entries. A client takes no lease on a larger object, which it gets through the
+    # socket instead; a lease it takes on one anyway keeps nothing (docs/leases.md).
+    leaseMaxBytes @10 :UInt64;
   }
 
   struct GetResult {

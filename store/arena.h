@@ -142,7 +142,10 @@ class Arena final : public TierPool {
     return reinterpret_cast<uint64_t>(base(segment) + offset);
   }
   uint64_t BlockSize(uint64_t bytes) const override { return ReservedSize(bytes); }
-  bool CouldFit(uint64_t bytes) const override { return ReservedSize(bytes) <= options_.capacity; }
+  // Checked before rounding, which would wrap for sizes near 2^64.
+  bool CouldFit(uint64_t bytes) const override {
+    return bytes <= options_.capacity && ReservedSize(bytes) <= options_.capacity;
+  }
   uint64_t free_bytes(uint32_t segment) const override {
     return at(segment).allocator.free_bytes();
   }

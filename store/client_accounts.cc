@@ -3,10 +3,43 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "depot/ipc/units.h"
 
 namespace depot::store {
+
+namespace {
+
+// The share of each per-client limit set aside for what a lease table keeps.
+constexpr uint64_t kLeaseShareDivisor = 4;
+// Where --client-max-bytes is set, the table has no more entries than leave each leased
+// object this much: leases are for small objects, whose round trip costs more than reading
+// them, and a table of many entries would leave each too little.
+constexpr uint64_t kMinLeasedObjectBytes = 64 << 10;
+
+}  // namespace
+
+LeaseAllowance AllowanceFor(const ClientLimits& limits, uint32_t max_entries, uint64_t alignment) {
+  uint64_t entries = max_entries;
+  if (limits.max_objects != 0) {
+    entries = std::min<uint64_t>(entries, std::bit_floor(limits.max_objects / kLeaseShareDivisor));
+  }
+  const uint64_t byte_share = limits.max_bytes / kLeaseShareDivisor;
+  if (limits.max_bytes != 0) {
+    entries = std::min(entries, std::bit_floor(byte_share / kMinLeasedObjectBytes));
+  }
+  if (entries == 0) return {};
+  LeaseAllowance a;
+  a.entries = static_cast<uint32_t>(entries);
+  if (limits.max_objects != 0) a.reserved_objects = a.entries;
+  if (limits.max_bytes != 0) {
+    // A multiple of the alignment, so that an object within it takes a block within it.
+    a.max_object_bytes = byte_share / entries / alignment * alignment;
+    a.reserved_bytes = a.max_object_bytes * entries;
+  }
+  return a;
+}
 
 ClientAccounts::ClientAccounts(ClientLimits limits, int32_t tiers)
     : limits_(limits), tiers_(tiers) {
@@ -14,7 +47,9 @@ ClientAccounts::ClientAccounts(ClientLimits limits, int32_t tiers)
 }
 
 void ClientAccounts::Open(ClientId client, uint32_t uid) {
-  accounts_.try_emplace(client).first->second.uid = uid;
+  Account& account = accounts_.try_emplace(client).first->second;
+  account.client = client;
+  account.uid = uid;
 }
 
 void ClientAccounts::Close(ClientId client) { accounts_.erase(client); }
@@ -57,16 +92,36 @@ bool ClientAccounts::HoldsOnAnotherTier(const Account& account, uint32_t slot, i
 }
 
 Status ClientAccounts::CheckHolding(ClientId client, const Account& account, uint64_t bytes) const {
-  if (limits_.max_objects != 0 && account.objects >= limits_.max_objects) {
-    return Status::LimitExceeded("client " + std::to_string(client) + " already holds " +
-                                 std::to_string(account.objects) +
-                                 " objects, its limit (--client-max-objects); release some first");
+  // What the lease table may keep is set aside; a reload may leave less than that.
+  const auto leases_aside = [](uint64_t reserved) {
+    return reserved == 0 ? std::string()
+                         : " less " + std::to_string(reserved) + " its lease table may keep";
+  };
+  if (limits_.max_objects != 0) {
+    const uint64_t limit = limits_.max_objects -
+                           std::min<uint64_t>(limits_.max_objects, account.lease.reserved_objects);
+    if (account.objects >= limit) {
+      return Status::LimitExceeded(
+          "client " + std::to_string(client) + " already holds " + std::to_string(account.objects) +
+          " objects, its limit (--client-max-objects " + std::to_string(limits_.max_objects) +
+          leases_aside(account.lease.reserved_objects) + "); release some first");
+    }
   }
-  if (limits_.max_bytes != 0 && account.held_bytes + bytes > limits_.max_bytes) {
-    return Status::LimitExceeded("client " + std::to_string(client) + " holds " +
-                                 ipc::FormatSize(account.held_bytes) + "; another " +
-                                 ipc::FormatSize(bytes) + " would pass its limit of " +
-                                 ipc::FormatSize(limits_.max_bytes) + " (--client-max-bytes)");
+  if (limits_.max_bytes != 0) {
+    const uint64_t limit =
+        limits_.max_bytes - std::min(limits_.max_bytes, account.lease.reserved_bytes);
+    // held_bytes <= limit unless a reload lowered it: then nothing more fits.
+    if (account.held_bytes > limit || bytes > limit - account.held_bytes) {
+      return Status::LimitExceeded(
+          "client " + std::to_string(client) + " holds " + ipc::FormatSize(account.held_bytes) +
+          "; another " + ipc::FormatSize(bytes) + " would pass its limit of " +
+          ipc::FormatSize(limit) + " (--client-max-bytes " + ipc::FormatSize(limits_.max_bytes) +
+          (account.lease.reserved_bytes == 0
+               ? std::string()
+               : " less " + ipc::FormatSize(account.lease.reserved_bytes) +
+                     " its lease table may keep") +
+          ")");
+    }
   }
   return Status::OK();
 }

@@ -35,6 +35,24 @@ struct ClientLimits {
   uint64_t metadata_budget = 0;
 };
 
+// What a session's lease table may keep beyond its references (docs/leases.md, "Leases
+// within the limits"). A table of `entries` entries leases at most that many objects at
+// once, and the daemon honours a lease only on an object of at most `max_object_bytes`
+// (data and metadata; 0: any size). With --client-max-objects or --client-max-bytes set, a
+// quarter of each is set aside for the table, and references may take only the rest, so
+// that what a client holds and what its leases keep together stay within its limits.
+struct LeaseAllowance {
+  uint32_t entries = 0;  // 0: no lease table
+  uint64_t max_object_bytes = 0;
+  uint32_t reserved_objects = 0;  // taken from --client-max-objects for references
+  uint64_t reserved_bytes = 0;    // taken from --client-max-bytes for references
+};
+
+// The allowance of a session that opens under `limits`, with tables of at most
+// `max_entries` entries (--lease-entries, a power of two) and host blocks rounded up to
+// `alignment` (a power of two) bytes.
+LeaseAllowance AllowanceFor(const ClientLimits& limits, uint32_t max_entries, uint64_t alignment);
+
 // What a client holds (the admin `clients` view).
 struct ClientUsage {
   uint64_t objects = 0;     // distinct objects referenced or being created
@@ -57,6 +75,7 @@ class ClientAccounts {
   ClientAccounts(ClientLimits limits, int32_t tiers);
 
   struct Account {
+    ClientId client = 0;
     uint32_t uid = 0;  // its session's, from SO_PEERCRED
     // Kept as references come and go: all its references, the distinct objects they are to,
     // and those objects' allocated bytes (per tier held).
@@ -65,6 +84,7 @@ class ClientAccounts {
     uint64_t held_bytes = 0;
     uint64_t metadata_bytes = 0;                  // daemon memory for its objects and waiting gets
     uint64_t request_bytes = 0;                   // daemon memory for its requests in progress
+    LeaseAllowance lease;                         // its lease table's, fixed when the table is made
     std::unordered_map<uint64_t, uint32_t> refs;  // RefKey -> references held
   };
 
@@ -92,7 +112,7 @@ class ClientAccounts {
   uint32_t RefsOf(const Account& account, uint32_t slot, int32_t tier) const;
 
   // Whether `client` may hold one more object of `bytes`: LimitExceeded naming the limit
-  // (--client-max-objects, --client-max-bytes) if not.
+  // (--client-max-objects, --client-max-bytes, less what its lease table may keep) if not.
   Status CheckHolding(ClientId client, const Account& account, uint64_t bytes) const;
   // Whether the daemon may keep `bytes` more for `client` (--client-max-metadata, and
   // --metadata-budget for all together).

@@ -144,7 +144,7 @@ void Declare(CLI::App& app, RawOptions& raw) {
       ->capture_default_str()
       ->check(CLI::Range(1u, 10'000'000u));
   app.add_option("--client-max-bytes", raw.client_max_bytes,
-                 "bytes one client may hold (creating or referenced); 0: no limit")
+                 "bytes one client may hold (creating, referenced or leased); 0: no limit")
       ->capture_default_str();
   app.add_option("--client-max-objects", raw.client_max_objects,
                  "objects one client may hold; 0: no limit")
@@ -158,8 +158,9 @@ void Declare(CLI::App& app, RawOptions& raw) {
       ->capture_default_str();
   app.add_option("--lease-entries", raw.lease_entries,
                  "entries of each client's lease table, through which it gets objects it has "
-                 "seen before with no round trip and holds at most that many of them more than "
-                 "--client-max-objects counts; a power of two, 0: no leases")
+                 "seen before with no round trip (fewer where --client-max-objects or "
+                 "--client-max-bytes set a quarter aside for them); a power of two, 0: no "
+                 "leases")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1u << 20))
       ->check(CLI::Validator(

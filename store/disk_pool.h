@@ -73,7 +73,10 @@ class DiskPool final : public TierPool {
   uint64_t BlockSize(uint64_t bytes) const override {
     return bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
   }
-  bool CouldFit(uint64_t bytes) const override { return BlockSize(bytes) <= limit_; }
+  // Checked before rounding, which would wrap for sizes near 2^64.
+  bool CouldFit(uint64_t bytes) const override {
+    return bytes <= limit_ && BlockSize(bytes) <= limit_;
+  }
   uint64_t free_bytes(uint32_t file) const override { return files_[file]->allocator.free_bytes(); }
   uint64_t used_bytes() const override { return used_; }
   uint64_t capacity() const override { return limit_; }

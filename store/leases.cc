@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "depot/ipc/checked.h"
+
 namespace depot::store {
 
 Leases::Leases(boost::asio::io_context& loop, ObjectTable& table, uint32_t entries,
@@ -17,12 +19,16 @@ Leases::Leases(boost::asio::io_context& loop, ObjectTable& table, uint32_t entri
       timer_(loop) {}
 
 Leases::~Leases() {
-  for (const Table& t : tables_) ::munmap(t.base, ipc::LeaseTableBytes(entries_));
+  for (const Table& t : tables_) ::munmap(t.base, ipc::LeaseTableBytes(t.entries));
 }
 
-Result<int> Leases::Open(ClientId client) {
-  if (entries_ == 0) return -1;
-  const size_t bytes = ipc::LeaseTableBytes(entries_);
+Result<int> Leases::Open(ClientId client, uint32_t entries, uint64_t max_object_bytes) {
+  if (entries == 0) return -1;
+  if (entries > entries_ || (entries & (entries - 1)) != 0) {
+    return Status::Internal("a lease table of " + std::to_string(entries) +
+                            " entries (a power of two, at most " + std::to_string(entries_) + ")");
+  }
+  const size_t bytes = ipc::LeaseTableBytes(entries);
   ipc::UniqueFd fd(::memfd_create("depot-leases", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) return Status::FromErrno("memfd_create of a lease table", errno);
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
@@ -36,7 +42,8 @@ Result<int> Leases::Open(ClientId client) {
   void* base = ::mmap(nullptr, bytes, prot_, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) return Status::FromErrno("mmap of a lease table", errno);
   const int raw = fd.get();
-  tables_.push_back(Table{client, std::move(fd), base, ipc::LeaseTableView(base, entries_)});
+  tables_.push_back(Table{client, std::move(fd), base, entries, max_object_bytes,
+                          ipc::LeaseTableView(base, entries)});
   return raw;
 }
 
@@ -44,7 +51,7 @@ void Leases::Close(ClientId client) {
   auto it = std::find_if(tables_.begin(), tables_.end(),
                          [client](const Table& t) { return t.client == client; });
   if (it == tables_.end()) return;
-  ::munmap(it->base, ipc::LeaseTableBytes(entries_));
+  ::munmap(it->base, ipc::LeaseTableBytes(it->entries));
   *it = std::move(tables_.back());
   tables_.pop_back();
   RecheckSoon();
@@ -57,9 +64,15 @@ void* Leases::MappingOf(ClientId client) const {
   return nullptr;
 }
 
+bool Leases::MayKeep(const Table& t, uint32_t slot) const {
+  if (t.max_object_bytes == 0) return true;
+  const ipc::ObjectHeader& h = table_.headers().at(slot);
+  return ipc::RangeWithin(h.data_size, h.metadata_size, t.max_object_bytes);
+}
+
 bool Leases::AnyHolds(uint32_t slot, uint32_t generation) const {
   for (const Table& t : tables_) {
-    if (t.view.Holds(slot, generation)) return true;
+    if (t.view.Holds(slot, generation) && MayKeep(t, slot)) return true;
   }
   return false;
 }
@@ -137,9 +150,10 @@ void Leases::Recheck() {
   }
 }
 
-uint32_t Leases::CountIn(const ipc::LeaseTableView& view, uint32_t slot) const {
+uint32_t Leases::CountIn(const Table& t, uint32_t slot) const {
   const HeaderTable& headers = table_.headers();
-  if (headers.state(slot) != ipc::ObjectState::kSealed) return 0;
+  if (headers.state(slot) != ipc::ObjectState::kSealed || !MayKeep(t, slot)) return 0;
+  const ipc::LeaseTableView& view = t.view;
   const uint32_t generation = headers.at(slot).generation.load(std::memory_order_relaxed);
   const uint64_t word = view.entry(slot).load(std::memory_order_relaxed);
   const bool names =
@@ -149,14 +163,14 @@ uint32_t Leases::CountIn(const ipc::LeaseTableView& view, uint32_t slot) const {
 
 uint32_t Leases::Count(uint32_t slot) const {
   uint32_t count = 0;
-  for (const Table& t : tables_) count += CountIn(t.view, slot);
+  for (const Table& t : tables_) count += CountIn(t, slot);
   return count;
 }
 
 std::vector<std::pair<ClientId, uint32_t>> Leases::HoldersOf(uint32_t slot) const {
   std::vector<std::pair<ClientId, uint32_t>> holders;
   for (const Table& t : tables_) {
-    if (uint32_t n = CountIn(t.view, slot); n != 0) holders.emplace_back(t.client, n);
+    if (uint32_t n = CountIn(t, slot); n != 0) holders.emplace_back(t.client, n);
   }
   return holders;
 }
@@ -166,16 +180,16 @@ std::vector<std::pair<uint32_t, uint32_t>> Leases::LeasedBy(ClientId client) con
   auto it = std::find_if(tables_.begin(), tables_.end(),
                          [client](const Table& t) { return t.client == client; });
   if (it == tables_.end()) return leased;
-  const uint32_t shift = static_cast<uint32_t>(__builtin_ctz(entries_));
+  const uint32_t shift = static_cast<uint32_t>(__builtin_ctz(it->entries));
   const uint32_t slots = table_.headers().high_water();
-  for (uint32_t index = 0; index < entries_; ++index) {
+  for (uint32_t index = 0; index < it->entries; ++index) {
     const uint64_t word = it->view.entry(index).load(std::memory_order_relaxed);
     if (ipc::LeaseCount(word) == 0) continue;
     // The slot the entry names, if the table has no more slots than tags tell apart.
     const uint64_t slot = (uint64_t{ipc::LeaseTag(word)} << shift) | index;
     if (slot >= slots) continue;
     const auto s = static_cast<uint32_t>(slot);
-    if (uint32_t n = CountIn(it->view, s); n != 0) leased.emplace_back(s, n);
+    if (uint32_t n = CountIn(*it, s); n != 0) leased.emplace_back(s, n);
   }
   return leased;
 }

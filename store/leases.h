@@ -5,8 +5,10 @@
 // A table is client input. The daemon maps it read-only, sealed against resizing, and reads
 // one word per table per look; a word only ever stops the daemon from freeing one object's
 // host copy for a while, as a reference of that client would, and a table names at most
-// `entries` objects at once. So a client that writes nonsense harms only itself: it holds
-// at most that many objects in memory until its session ends, when its table is forgotten.
+// its `entries` objects at once, each no larger than its allowance (ClientAccounts'
+// LeaseAllowance, set aside from the client's limits). So a client that writes nonsense
+// harms only itself: it keeps at most that much in memory until its session ends, when its
+// table is forgotten.
 //
 // Reclaim comes before every free of a host copy that a lease could name: an eviction or a
 // dropped replica (Tiers::FreeHostBlock), and a deleted object's last reference going
@@ -64,10 +66,13 @@ class Leases {
   // Called on the loop with each object whose host copy a look no longer finds leased.
   void OnEnded(std::function<void(uint32_t slot)> ended) { ended_ = std::move(ended); }
 
+  // The most entries a table has (--lease-entries).
   uint32_t entries() const { return entries_; }
-  // Makes `client`'s table and returns the descriptor to send it (writable, not resizable),
-  // which stays open until Close, so that a reply may carry it later; -1 when leases are off.
-  Result<int> Open(ClientId client);
+  // Makes `client`'s table of `entries` entries (a power of two, at most entries()), whose
+  // leases hold only objects of at most `max_object_bytes` bytes of data and metadata (0:
+  // any), and returns the descriptor to send it (writable, not resizable), which stays open
+  // until Close, so that a reply may carry it later; -1 when `entries` is 0.
+  Result<int> Open(ClientId client, uint32_t entries, uint64_t max_object_bytes = 0);
   // Forgets `client`'s table, and looks again at every leased copy soon.
   void Close(ClientId client);
   // The daemon's mapping of `client`'s table; null if it has none.
@@ -96,10 +101,15 @@ class Leases {
     ClientId client;
     ipc::UniqueFd fd;
     void* base;
+    uint32_t entries;
+    uint64_t max_object_bytes;  // 0: any size
     ipc::LeaseTableView view;
   };
-  // Leases on the object in `slot`, as it is now, in `view`.
-  uint32_t CountIn(const ipc::LeaseTableView& view, uint32_t slot) const;
+  // Whether `t` may keep the object in `slot` at all: a lease on a larger object than its
+  // allowance is no lease (a client that wrote it keeps nothing by it).
+  bool MayKeep(const Table& t, uint32_t slot) const;
+  // Leases on the object in `slot`, as it is now, in `t`.
+  uint32_t CountIn(const Table& t, uint32_t slot) const;
   // Whether any table holds a lease on the object in `slot` of `generation`.
   bool AnyHolds(uint32_t slot, uint32_t generation) const;
   void Recheck();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "depot/ipc/checked.h"
 #include "depot/ipc/units.h"
 #include "scheduler/store_access.h"
 #include "store/copy_probe.h"
@@ -110,6 +111,16 @@ void ObjectStore::RemoveClient(ClientId client) {
   leases_.Close(client);
 }
 
+Result<ObjectStore::LeaseTable> ObjectStore::OpenLeases(ClientId client) {
+  const LeaseAllowance allowance =
+      AllowanceFor(accounts_.limits(), leases_.entries(), Arena::ReservedSize(1));
+  DEPOT_ASSIGN_OR_RETURN(const int fd,
+                         leases_.Open(client, allowance.entries, allowance.max_object_bytes));
+  if (fd < 0) return LeaseTable{};
+  accounts_.at(client).lease = allowance;
+  return LeaseTable{fd, allowance};
+}
+
 void ObjectStore::ChargeObject(uint32_t slot, uint64_t bytes) {
   // At most the entry, a name and a frame's metadata: far below 4 GiB.
   Object& o = table_.at(slot);
@@ -119,6 +130,10 @@ void ObjectStore::ChargeObject(uint32_t slot, uint64_t bytes) {
 
 uint64_t ObjectStore::CreateCost(const CreateParams& p) {
   return kObjectMetadataBytes + p.name.size() + (p.device == kHost ? 0 : p.metadata.size());
+}
+
+uint64_t ObjectStore::BytesOnTier(const CreateParams& p) {
+  return p.data_size + (p.device == kHost ? p.metadata.size() : 0);
 }
 
 void ObjectStore::HoldSource(uint32_t slot, int32_t tier) {
@@ -223,8 +238,28 @@ void ObjectStore::DropRef(Account& account, uint32_t slot, int32_t tier) {
   policy_.Reconsider(slot);
 }
 
+Status ObjectStore::CheckReference(const Account& holder, uint32_t slot, int32_t tier) const {
+  const uint32_t held = accounts_.RefsOf(holder, slot, tier);
+  if (held >= kMaxClientReferences) {
+    return Status::LimitExceeded("client " + std::to_string(holder.client) + " holds " +
+                                 std::to_string(held) + " references to " +
+                                 Mention(table_.IdAt(slot)) + " already, the most one may");
+  }
+  if (table_.FindReplica(slot, tier)->refs >= kMaxReplicaReferences) {
+    return Status::LimitExceeded(Mention(table_.IdAt(slot)) + " has " +
+                                 std::to_string(kMaxReplicaReferences) +
+                                 " references already, the most it may");
+  }
+  // Another reference to what it holds costs nothing more.
+  if (held != 0) return Status::OK();
+  return accounts_.CheckHolding(holder.client, holder, tiers_.ReplicaBytes(slot, tier));
+}
+
 GetResult ObjectStore::Grant(Account* holder, uint32_t slot, int32_t tier, uint64_t now) {
   if (holder == nullptr) return GetResult{StatusCode::kOk, {}};
+  if (Status st = CheckReference(*holder, slot, tier); !st.ok()) {
+    return GetResult{st.code(), {}, std::make_shared<const std::string>(st.message())};
+  }
   table_.header(slot).access_time_ns = now;  // published by AddRef
   AddRef(*holder, slot, tier);
   tiers_.usage(tier).bytes_out += table_.BytesOn(slot, tier);
@@ -262,6 +297,12 @@ uint32_t ObjectStore::AcquireSlot() {
 
 Status ObjectStore::CheckNew(const CreateParams& p) const {
   if (p.id.IsNil()) return Status::InvalidArgument("the nil object id (all zeros) is reserved");
+  // Readers add the two sizes (Location), on every tier: a sum that wraps would place the
+  // metadata before the object's block.
+  DEPOT_RETURN_NOT_OK(
+      ipc::CheckedAdd<uint64_t>(p.data_size, p.metadata.size(),
+                                "dataSize plus the metadata's size of " + Mention(p.id))
+          .status());
   if (!p.data.empty() && p.data.size() != p.data_size) {
     return Status::InvalidArgument("inline data of " + std::to_string(p.data.size()) +
                                    " bytes for " + Mention(p.id) + " of " +
@@ -328,7 +369,7 @@ void ObjectStore::Publish(ClientId client, const CreateParams& p, uint32_t slot)
 }
 
 Result<Location> ObjectStore::CreateOnHost(ClientId client, const CreateParams& p) {
-  const uint64_t total = p.data_size + p.metadata.size();
+  const uint64_t total = BytesOnTier(p);
   if (!arena_.CouldFit(total)) {
     return Status::InvalidArgument(Mention(p.id) + " of " + ipc::FormatExactSize(total) +
                                    " (data and metadata) is larger than the host arena's capacity "
@@ -367,7 +408,7 @@ Result<Location> ObjectStore::CreateOnHost(ClientId client, const CreateParams& 
 
 Status ObjectStore::CheckRoom(ClientId client, const CreateParams& p) {
   TierPool& pool = tiers_.pool(p.device);
-  const uint64_t bytes = p.data_size + (p.device == kHost ? p.metadata.size() : 0);
+  const uint64_t bytes = BytesOnTier(p);
   if (p.device != kHost) {
     if (!p.data.empty()) {
       return Status::InvalidArgument(
@@ -410,7 +451,7 @@ void ObjectStore::CreateAfterRoom(ClientId client, const CreateParams& p, Create
   const uint64_t waiting_cost =
       CreateCost(p) + owned->data.size() + (p.device == kHost ? owned->metadata.size() : 0);
   accounts_.CountMetadata(client, static_cast<int64_t>(waiting_cost));
-  const uint64_t bytes = p.data_size + (p.device == kHost ? p.metadata.size() : 0);
+  const uint64_t bytes = BytesOnTier(p);
   tiers_.AllocateOn(
       p.device, bytes,
       p.device == kHost ? Arena::WritersOf(accounts_.at(client).uid) : Arena::kTrustedWriters,

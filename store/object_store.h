@@ -77,6 +77,11 @@ struct CreateParams {
 // kept in daemon memory (objects on a GPU), plus this much per id a get waits for.
 inline constexpr uint64_t kObjectMetadataBytes = 256;
 inline constexpr uint64_t kWaitingIdMetadataBytes = 200;
+// The most references one client may hold to one object on one tier, and all clients
+// together to one replica: far past any use (a get of one id many times in one batch),
+// and short of wrapping the 32-bit counts (Replica::refs, ClientAccounts' per-object count).
+inline constexpr uint32_t kMaxClientReferences = 1u << 20;
+inline constexpr uint32_t kMaxReplicaReferences = 1u << 31;
 
 struct StoreCounters {
   uint64_t objects_sealed = 0;
@@ -180,14 +185,21 @@ class ObjectStore final : private Tiers::Owner {
   }
   // `uid`: its session's (SO_PEERCRED); the objects it creates are that uid's.
   void AddClient(ClientId client, uint32_t uid) { accounts_.Open(client, uid); }
+  // Whether `client` has an account: a session, a group, the daemon or the scheduler.
+  bool HasClient(ClientId client) const { return accounts_.Find(client) != nullptr; }
   // Gives back everything the client held: references released, objects it was creating
   // aborted, its waiting gets dropped (their callbacks are never called), its lease table
   // forgotten.
   void RemoveClient(ClientId client);
-  // Makes `client`'s lease table (Leases::Open): the descriptor to send it, open until the
-  // client is removed; -1 when leases are off.
-  Result<int> OpenLeases(ClientId client) { return leases_.Open(client); }
-  uint32_t lease_entries() const { return leases_.entries(); }
+  // A session's lease table: the descriptor to send it (open until the client is removed;
+  // -1 when it has none) and what the table may keep.
+  struct LeaseTable {
+    int fd = -1;
+    LeaseAllowance allowance;
+  };
+  // Makes `client`'s lease table (Leases::Open), with the allowance its limits give it
+  // (AllowanceFor), which its references may no longer take.
+  Result<LeaseTable> OpenLeases(ClientId client);
   // A client read `ids` through leases (and has dropped them): counted as gets (the LRU
   // order, access times, counters); objects that leases kept from being freed are looked at
   // again soon. Ids that name nothing are passed over.
@@ -393,6 +405,9 @@ class ObjectStore final : private Tiers::Owner {
   void Publish(ClientId client, const CreateParams& params, uint32_t slot);
   // What creating `params` costs the daemon's memory before any GPU metadata.
   static uint64_t CreateCost(const CreateParams& params);
+  // The bytes `params` takes on its tier: the data, and on the host the metadata after it.
+  // CheckNew has made sure the sum fits.
+  static uint64_t BytesOnTier(const CreateParams& params);
   void FreeObject(uint32_t slot);
   // Frees the deleted, unreferenced object in `slot` unless a lease still holds it (then it
   // is freed when no lease does: LeaseEnded).
@@ -412,6 +427,10 @@ class ObjectStore final : private Tiers::Owner {
   // A reference of `holder` to the replica on `tier` for a get, and where it is, the object
   // used at `now`; with no holder (a prefetch), only that it is there.
   GetResult Grant(Account* holder, uint32_t slot, int32_t tier, uint64_t now);
+  // Whether `holder` may take one more reference to the object in `slot` on `tier`: within
+  // its limits (--client-max-bytes, --client-max-objects) if it is a new object to it, and
+  // short of the most references one client, and all together, may hold (LimitExceeded).
+  Status CheckReference(const Account& holder, uint32_t slot, int32_t tier) const;
 
   // A free header slot, evicting the least recently used object if the table is full.
   uint32_t AcquireSlot();

@@ -162,7 +162,7 @@ void Server::Accept() {
         if (acceptor_.is_open()) Accept();
       });
     } else {
-      const ClientId id = next_id_++;
+      const ClientId id = NextId();
       Peer peer = ReadPeer(socket.native_handle(), options_);
       spdlog::info("session {}: connected (pid {}, uid {}, {})", id, peer.pid, peer.uid,
                    peer.command);
@@ -177,11 +177,23 @@ void Server::Accept() {
 
 void Server::Forget(ClientId id) { sessions_.erase(id); }
 
+ClientId Server::NextId() {
+  // After 2^32 sessions the count wraps: it skips the daemon's and the scheduler's own
+  // accounts, and those of sessions and groups still open.
+  ClientId id;
+  do {
+    id = next_id_++;
+  } while (id == kDaemonClient || id == kSchedulerClient || store_.HasClient(id));
+  return id;
+}
+
 Result<ClientId> Server::JoinGroup(std::string_view key, uint32_t uid) {
-  DEPOT_ASSIGN_OR_RETURN(const Groups::Joined joined, groups_.Join(key, uid, next_id_));
+  const ClientId next = NextId();
+  DEPOT_ASSIGN_OR_RETURN(const Groups::Joined joined, groups_.Join(key, uid, next));
   if (joined.created) {
-    ++next_id_;
     store_.AddClient(joined.account, uid);
+  } else {
+    next_id_ = next;  // not taken: the next session or group has it
   }
   return joined.account;
 }

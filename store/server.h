@@ -108,6 +108,8 @@ class Server {
 
  private:
   void Accept();
+  // The id of a new session's or group's account: one no other account has.
+  ClientId NextId();
 
   boost::asio::io_context& loop_;
   ObjectStore& store_;
@@ -119,7 +121,7 @@ class Server {
   std::unordered_map<ClientId, std::shared_ptr<Session>> sessions_;
   TaskService tasks_;
   Groups groups_;
-  ClientId next_id_ = 1;  // sessions' and groups' accounts alike
+  ClientId next_id_ = 1;  // sessions' and groups' accounts alike (NextId)
   uint64_t epoch_ = 0;
   uint64_t start_ns_ = 0;
   uint64_t requests_ = 0;

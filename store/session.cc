@@ -534,9 +534,12 @@ void Session::HandleHello(uint64_t rid, wire::Request::Hello::Reader hello, uint
   if (!leases.ok()) {
     spdlog::warn("session {}: no lease table: {}", id_, leases.status().message());
   }
-  const bool leasing = leases.ok() && *leases >= 0;
-  h.setLeaseEntries(leasing ? store_.lease_entries() : 0);
-  const int fds[] = {store_.headers().fd(), leasing ? *leases : -1};
+  const bool leasing = leases.ok() && leases->fd >= 0;
+  if (leasing) {
+    h.setLeaseEntries(leases->allowance.entries);
+    h.setLeaseMaxBytes(leases->allowance.max_object_bytes);
+  }
+  const int fds[] = {store_.headers().fd(), leasing ? leases->fd : -1};
   SendReply(message, reply, {.extra_fds = std::span(fds, leasing ? 2 : 1)});
   Observe(RequestType::kHello, start);
 }

@@ -71,6 +71,61 @@ TEST(ClientAccountsTest, HoldingLimitsNameTheFlagThatSetsThem) {
   EXPECT_NE(st.message().find("--client-max-objects"), std::string::npos) << st.message();
 }
 
+TEST(ClientAccountsTest, WithoutLimitsALeaseTableHasEveryEntryAndAnyObject) {
+  const LeaseAllowance a = AllowanceFor({}, 8192, 64);
+  EXPECT_EQ(a.entries, 8192u);
+  EXPECT_EQ(a.max_object_bytes, 0u);
+  EXPECT_EQ(a.reserved_objects, 0u);
+  EXPECT_EQ(a.reserved_bytes, 0u);
+}
+
+TEST(ClientAccountsTest, LimitsSetAQuarterAsideForTheLeaseTable) {
+  // --client-max-objects 50: 12 for the table, rounded down to 8 entries.
+  LeaseAllowance a = AllowanceFor({.max_objects = 50}, 8192, 64);
+  EXPECT_EQ(a.entries, 8u);
+  EXPECT_EQ(a.reserved_objects, 8u);
+  EXPECT_EQ(a.max_object_bytes, 0u);
+  // --client-max-bytes 20 MiB: 5 MiB for the table, at least 64 KiB an object: 64 entries
+  // of 80 KiB each.
+  a = AllowanceFor({.max_bytes = 20 << 20}, 8192, 64);
+  EXPECT_EQ(a.entries, 64u);
+  EXPECT_EQ(a.max_object_bytes, 80u << 10);
+  EXPECT_EQ(a.reserved_bytes, 5u << 20);
+  // Both: the fewer entries, each object the larger share.
+  a = AllowanceFor({.max_bytes = 20 << 20, .max_objects = 50}, 8192, 64);
+  EXPECT_EQ(a.entries, 8u);
+  EXPECT_EQ(a.max_object_bytes, 640u << 10);
+  EXPECT_EQ(a.reserved_bytes, 5u << 20);
+  EXPECT_EQ(a.reserved_objects, 8u);
+  // Limits too small to set anything aside: no table, and the whole limit for references.
+  a = AllowanceFor({.max_bytes = 100 << 10, .max_objects = 3}, 8192, 64);
+  EXPECT_EQ(a.entries, 0u);
+  EXPECT_EQ(a.reserved_bytes, 0u);
+  EXPECT_EQ(a.reserved_objects, 0u);
+  // The object allowance is a multiple of the alignment, so its block fits it too.
+  a = AllowanceFor({.max_bytes = (4 << 20) + 1000}, 1, 4096);
+  EXPECT_EQ(a.max_object_bytes % 4096, 0u);
+  EXPECT_LE(a.reserved_bytes, ((4u << 20) + 1000) / 4);
+}
+
+TEST(ClientAccountsTest, ReferencesMayTakeOnlyWhatTheLeaseTableLeaves) {
+  ClientAccounts accounts({.max_bytes = 1000, .max_objects = 10}, kTiers);
+  accounts.Open(1, 1000);
+  ClientAccounts::Account& a = accounts.at(1);
+  a.lease = {.entries = 2, .max_object_bytes = 100, .reserved_objects = 2, .reserved_bytes = 200};
+  EXPECT_TRUE(accounts.CheckHolding(1, a, 800).ok());
+  Status st = accounts.CheckHolding(1, a, 801);
+  EXPECT_EQ(st.code(), StatusCode::kLimitExceeded);
+  EXPECT_NE(st.message().find("its lease table may keep"), std::string::npos) << st.message();
+  for (uint32_t slot = 0; slot < 8; ++slot) accounts.AddRef(a, slot, kHost, 1);
+  st = accounts.CheckHolding(1, a, 1);
+  EXPECT_EQ(st.code(), StatusCode::kLimitExceeded);
+  EXPECT_NE(st.message().find("--client-max-objects 10 less 2"), std::string::npos) << st.message();
+  // A reload to limits below what was set aside leaves references nothing, without wrapping.
+  accounts.set_limits({.max_bytes = 100, .max_objects = 1});
+  EXPECT_EQ(accounts.CheckHolding(1, a, 0).code(), StatusCode::kLimitExceeded);
+}
+
 TEST(ClientAccountsTest, MetadataIsLimitedPerClientAndInAll) {
   ClientAccounts accounts({.max_metadata_bytes = 1000, .metadata_budget = 1500}, kTiers);
   accounts.Open(1, 1000);

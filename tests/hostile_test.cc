@@ -491,6 +491,82 @@ std::pair<wire::ErrorCode, std::string> ErrorOf(std::optional<RawReply>& reply) 
   return {r.getError(), r.getMessage().cStr()};
 }
 
+// A copy of the shared header table as a session sees it (hello's first descriptor).
+std::vector<std::byte> HeaderTableOf(RawReply& hello) {
+  const size_t bytes = size_t{hello.get().getHello().getHeaderSlots()} * sizeof(ipc::ObjectHeader);
+  void* table = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, hello.fds.at(0).get(), 0);
+  EXPECT_NE(table, MAP_FAILED);
+  if (table == MAP_FAILED) return {};
+  const auto* begin = static_cast<const std::byte*>(table);
+  std::vector<std::byte> copy(begin, begin + bytes);
+  ::munmap(table, bytes);
+  return copy;
+}
+
+// A create whose dataSize plus metadata size wraps past 2^64 was given a small block, and its
+// metadata copied to block + dataSize: before the block, over other clients' objects, the
+// header table or unmapped memory (which killed the daemon). Each such create is refused,
+// naming the sizes, and writes nothing anywhere.
+TEST_F(HostileTest, ACreateWhoseSizesOverflowIsRefusedAndWritesNothing) {
+  std::vector<std::pair<ObjectId, std::vector<std::byte>>> guards;
+  CreateOptions checked;
+  checked.checksum = true;
+  for (int i = 0; i < 8; ++i) {
+    guards.emplace_back(ObjectId::FromName("hostile/guard/" + std::to_string(i)),
+                        SeededBytes(size_t{4096} << (i % 4), 40 + i));
+    ASSERT_OK(victim_->Put(guards.back().first, guards.back().second, checked));
+  }
+  std::optional<RawReply> hello;
+  auto attacker = OpenSession(&hello);
+  ASSERT_TRUE(hello);
+  const std::vector<std::byte> table_before = HeaderTableOf(*hello);
+  // K bytes before the block, and M into it: a few bytes, a page, the issue's 900,000 and
+  // 15 MiB (the daemon's crash, out of the segment).
+  const std::pair<uint64_t, uint64_t> cases[] = {
+      {64, 0}, {4096, 64}, {900'000, 100'000}, {15'728'640, 64}, {1, 1}};
+  uint64_t rid = 2;
+  for (auto [before, into] : cases) {
+    SCOPED_TRACE("dataSize 2^64 - " + std::to_string(before) + ", metadata of " +
+                 std::to_string(before + into) + " bytes");
+    const std::string metadata(before + into, 'm');
+    const uint64_t data_size = 0 - before;  // 2^64 - before
+    auto reply = attacker->Call(
+        rid,
+        CreateOf(ObjectId::FromName("hostile/wraps/" + std::to_string(rid)), data_size, metadata));
+    ++rid;
+    auto [code, message] = ErrorOf(reply);
+    EXPECT_EQ(code, wire::ErrorCode::INVALID_ARGUMENT) << message;
+    EXPECT_NE(message.find("dataSize plus the metadata's size"), std::string::npos) << message;
+    EXPECT_NE(message.find("overflows"), std::string::npos) << message;
+  }
+  EXPECT_TRUE(HeaderTableOf(*hello) == table_before) << "a refused create changed the header table";
+  for (const auto& [id, data] : guards) {
+    ASSERT_OK_AND_ASSIGN(Buffer buffer, victim_->Get(id));
+    EXPECT_TRUE(SameBytes(buffer.data(), data)) << id.Hex();
+  }
+  std::vector<ObjectId> ids;
+  for (const auto& guard : guards) ids.push_back(guard.first);
+  ASSERT_OK_AND_ASSIGN(auto verified, victim_->Verify(ids));
+  for (const auto& v : verified) EXPECT_EQ(v.state, VerifyState::kOk);
+  // The attacker's session serves on: a create of honest sizes works.
+  auto honest = attacker->Call(rid, CreateOf(ObjectId::FromName("hostile/honest"), 64, "m"));
+  ASSERT_TRUE(honest);
+  EXPECT_TRUE(honest->get().isCreate()) << honest->get().getMessage().cStr();
+}
+
+// The same on a GPU, whose metadata the daemon keeps: the sizes a reader adds still wrap.
+TEST_F(GpuReaderTest, ACreateWhoseSizesOverflowIsRefusedOnAGpuToo) {
+  auto attacker = OpenSession();
+  auto reply = attacker->Call(2, [](auto r) {
+    CreateOf(ObjectId::FromName("hostile/gpu-wraps"), 0 - uint64_t{4096},
+             std::string(8192, 'm'))(r);
+    r.getCreate().setDevice(0);
+  });
+  auto [code, message] = ErrorOf(reply);
+  EXPECT_EQ(code, wire::ErrorCode::INVALID_ARGUMENT) << message;
+  EXPECT_NE(message.find("overflows"), std::string::npos) << message;
+}
+
 TEST_F(HostileTest, TaskRequestsThatLieOrOverreachAreRefusedSayingWhy) {
   auto attacker = OpenSession();
   // Completions from a session that is no worker: refused, with a reply or (id 0) without.
@@ -847,6 +923,46 @@ constexpr uid_t kSomeUser = 4242;
 // In a child: becomes `uid` (group too) for good. Returns false (errno set) on failure.
 bool BecomeUser(uid_t uid) { return ::setgid(uid) == 0 && ::setuid(uid) == 0; }
 
+// A reader's view of a segment is a file of the daemon's uid: another uid can neither
+// change its mode nor re-open it read-write. A process of the daemon's uid can do both
+// (fchmod, then a re-open through /proc), as docs/architecture.md says: that uid is one
+// trust domain.
+TEST_F(HostileTest, OnlyTheDaemonsUidCanReopenAReadersSegmentReadWrite) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as another user";
+  auto attacker = OpenSession();
+  auto got = attacker->Call(2, GetOf({victim_id_}));
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->fds.size(), 1u);
+  const int fd = got->fds[0].get();
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  EXPECT_EQ(RunInChild([&] {
+              if (!BecomeUser(kNobody)) {
+                return ChildFailed(2, "setuid: " + std::string(strerror(errno)));
+              }
+              if (::fchmod(fd, 0600) == 0) return ChildFailed(3, "another uid changed its mode");
+              if (::open(path.c_str(), O_RDWR | O_CLOEXEC) >= 0) {
+                return ChildFailed(4, "another uid re-opened it read-write");
+              }
+              return 0;
+            }),
+            0);
+  EXPECT_EQ(RunInChild([&] {
+              if (!DropCapabilities()) {
+                return ChildFailed(2, "capset: " + std::string(strerror(errno)));
+              }
+              if (::fchmod(fd, 0600) != 0) {
+                return ChildFailed(3, "fchmod: " + std::string(strerror(errno)));
+              }
+              const int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+              (void)::fchmod(fd, 0400);
+              if (rw < 0) return ChildFailed(4, "open: " + std::string(strerror(errno)));
+              return 0;
+            }),
+            0)
+      << "the daemon's own uid could not re-open it, which docs/architecture.md says it can";
+  ASSERT_TRUE(attacker->Call(3, ListOf(IdList::kRelease, {victim_id_})));
+}
+
 TEST(SquattedSocketTest, AClientRefusesADaemonSocketThatAnotherUserListensOn) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as two other users";
   TempDir dir;
@@ -1073,6 +1189,123 @@ TEST_F(JobLimitTest, AListOrVerifyPastTheClientsLimitIsLimitExceeded) {
   EXPECT_EQ(all[0].state, VerifyState::kOk);
   ASSERT_OK_AND_ASSIGN(StoreStatus status, victim_->GetStatus());
   EXPECT_EQ(status.request_bytes, 0u);
+}
+
+// Per-client limits as the issue found them bypassed: with --client-max-bytes 8MiB and
+// --client-max-objects 50, and leases as they are by default.
+class HoldingLimitTest : public HostileTest {
+ protected:
+  HoldingLimitTest()
+      : HostileTest(
+            {"--memory", "64MiB", "--client-max-bytes", "8MiB", "--client-max-objects", "50"}) {}
+};
+
+// Gets counted against no limit, and neither did leases: one client kept every object of
+// the store while another's puts failed with OutOfMemory. Now a get past the limits is
+// refused for the ids past them, and a lease keeps only what the limits set aside for it:
+// at most 8 entries (a quarter of 50, rounded down to a power of two), each for an object of
+// at most 256 KiB (a quarter of 8 MiB over 8).
+TEST_F(HoldingLimitTest, AClientHoldsNoMoreThanItsLimitsThroughGetsOrLeases) {
+  constexpr uint64_t kMiB = 1 << 20;
+  const std::vector<ObjectId> fillers = Ids("hostile/filler/", 40);
+  for (const ObjectId& id : fillers) ASSERT_OK(victim_->Put(id, SeededBytes(kMiB, 5)));
+  std::optional<RawReply> hello;
+  auto attacker = OpenSession(&hello);
+  ASSERT_TRUE(hello);
+  const auto h = hello->get().getHello();
+  EXPECT_EQ(h.getLeaseEntries(), 8u);
+  EXPECT_EQ(h.getLeaseMaxBytes(), 256u << 10);
+  // A get of all of them: references up to 6 MiB (8 MiB less the 2 MiB leases may keep).
+  auto got = attacker->Call(2, GetOf(fillers));
+  ASSERT_TRUE(got);
+  ASSERT_TRUE(got->get().isGet()) << got->get().getMessage().cStr();
+  std::vector<ObjectId> held;
+  std::string refusal;
+  for (unsigned i = 0; i < fillers.size(); ++i) {
+    const auto result = got->get().getGet()[i];
+    if (result.getError() == wire::ErrorCode::OK) {
+      held.push_back(fillers[i]);
+    } else {
+      EXPECT_EQ(result.getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+      refusal = result.getMessage().cStr();
+    }
+  }
+  EXPECT_EQ(held.size(), 6u);
+  EXPECT_NE(refusal.find("--client-max-bytes 8.00 MiB less 2.00 MiB its lease table may keep"),
+            std::string::npos)
+      << refusal;
+  // Leases on every filler, written into its table by hand, with a `held` that lies too.
+  ASSERT_EQ(hello->fds.size(), 2u);
+  const uint32_t entries = h.getLeaseEntries(), slots = h.getHeaderSlots();
+  const size_t table_bytes = ipc::LeaseTableBytes(entries);
+  void* table =
+      ::mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, hello->fds[1].get(), 0);
+  ASSERT_NE(table, MAP_FAILED);
+  const size_t header_bytes = size_t{slots} * sizeof(ipc::ObjectHeader);
+  void* headers = ::mmap(nullptr, header_bytes, PROT_READ, MAP_SHARED, hello->fds[0].get(), 0);
+  ASSERT_NE(headers, MAP_FAILED);
+  const auto* header = static_cast<const ipc::ObjectHeader*>(headers);
+  const ipc::LeaseTableView view(table, entries);
+  view.held().store(UINT64_MAX);
+  for (uint32_t s = 0; s < slots; ++s) {
+    if (ipc::UnpackState(header[s].state_refs.load()) != ipc::ObjectState::kSealed) continue;
+    view.entry(s).store(ipc::PackLease(header[s].generation.load(), view.tag(s), 1));
+  }
+  // Another client puts 40 MiB: 16 of the fillers must go for it, and they can.
+  ASSERT_OK_AND_ASSIGN(Client other, Client::Connect(daemon_->socket_path()));
+  for (const ObjectId& id : Ids("hostile/after/", 40)) {
+    const Status put = other.Put(id, SeededBytes(kMiB, 6));
+    ASSERT_TRUE(put.ok()) << "the attacker kept what others need: " << put.ToString();
+  }
+  // What the attacker holds by reference stays, and its leases keep nothing: the admin
+  // view counts no lease of it on any filler left.
+  for (const ObjectId& id : fillers) {
+    const bool referenced = std::find(held.begin(), held.end(), id) != held.end();
+    auto details = victim_->Describe(id);
+    if (!referenced && details.status().code() == StatusCode::kNotFound) continue;
+    ASSERT_OK(details.status());
+    EXPECT_EQ(details->info.ref_count, referenced ? 1u : 0u) << id.Hex();
+  }
+  ::munmap(table, table_bytes);
+  ::munmap(headers, header_bytes);
+}
+
+// One id many times in one get: the references one client may hold to one object are
+// bounded, short of wrapping the daemon's 32-bit counts.
+TEST_F(HostileTest, ReferencesToOneObjectAreBounded) {
+  auto attacker = OpenSession();
+  const std::vector<ObjectId> many(100'000, victim_id_);
+  uint64_t rid = 2, granted = 0, refused = 0;
+  // 2^20 references, then refusals: 11 gets of 100,000.
+  while (refused == 0 && rid < 20) {
+    auto got = attacker->Call(rid++, GetOf(many));
+    ASSERT_TRUE(got);
+    ASSERT_TRUE(got->get().isGet()) << got->get().getMessage().cStr();
+    for (auto result : got->get().getGet()) {
+      if (result.getError() == wire::ErrorCode::OK) {
+        ++granted;
+      } else {
+        ASSERT_EQ(result.getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+        // The first: a reply carries 1 MiB of messages, then says it left them out.
+        if (refused++ == 0) {
+          EXPECT_NE(std::string(result.getMessage().cStr()).find("the most one may"),
+                    std::string::npos)
+              << result.getMessage().cStr();
+        }
+      }
+    }
+  }
+  EXPECT_EQ(granted, uint64_t{1} << 20);
+  EXPECT_GT(refused, 0u);
+  // The victim's own reference counts as before; the attacker's go with its session.
+  attacker.reset();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  uint32_t refs = 0;
+  do {
+    ASSERT_OK_AND_ASSIGN(ObjectDetails details, victim_->Describe(victim_id_));
+    refs = details.info.ref_count;
+  } while (refs != 1 && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(refs, 1u);
 }
 
 // A daemon whose socket every user may open, sharing its objects with nobody.

@@ -261,6 +261,53 @@ TEST_F(LeasedGetsTest, TheAdminViewsCountLeasesAsReferences) {
   EXPECT_TRUE(seen);
 }
 
+// With per-client limits the library leases only objects within its table's allowance
+// (256 KiB here): a larger one goes through the socket every time, counted against the
+// limits, and what the client holds both ways stays within them.
+TEST(LimitedLeasesTest, OnlyObjectsWithinTheAllowanceAreLeasedAndGetsPastTheLimitsAreRefused) {
+  TestDaemon daemon(
+      {"--memory", "64MiB", "--client-max-bytes", "8MiB", "--client-max-objects", "50"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  ASSERT_OK_AND_ASSIGN(Client writer, Client::Connect(daemon.socket_path()));
+  ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(daemon.socket_path()));
+  const ObjectId small = ObjectId::FromName("limited/small"),
+                 large = ObjectId::FromName("limited/large");
+  ASSERT_OK(writer.Put(small, SeededBytes(256 << 10, 1)));
+  ASSERT_OK(writer.Put(large, SeededBytes((256 << 10) + 1, 2)));
+  const auto leased_reads = [&]() -> std::string {
+    auto metrics = writer.Metrics();
+    EXPECT_TRUE(metrics.ok());
+    const size_t at =
+        metrics.ok() ? metrics->find("\ndepot_leased_reads_total ") : std::string::npos;
+    return at == std::string::npos ? ""
+                                   : metrics->substr(at + 1, metrics->find('\n', at + 1) - at - 1);
+  };
+  for (int i = 0; i < 3; ++i) {
+    for (const ObjectId& id : {small, large}) {
+      ASSERT_OK_AND_ASSIGN(Buffer got, reader.Get(id));
+    }
+    ASSERT_OK(reader.Contains(small).status());  // sends releases and leased reads
+  }
+  // The first get of each went through the socket; only the small one's next two were leased.
+  EXPECT_EQ(leased_reads(), "depot_leased_reads_total 2");
+  // References past 6 MiB (8 MiB less what leases may keep) are refused, naming the limit.
+  std::vector<Buffer> held;
+  Status refused;
+  for (int i = 0; i < 8 && refused.ok(); ++i) {
+    const ObjectId id = ObjectId::FromName("limited/mib/" + std::to_string(i));
+    ASSERT_OK(writer.Put(id, SeededBytes(1 << 20, 3)));
+    auto got = reader.Get(id);
+    if (got.ok()) {
+      held.push_back(std::move(*got));
+    } else {
+      refused = got.status();
+    }
+  }
+  EXPECT_EQ(held.size(), 6u);
+  EXPECT_EQ(refused.code(), StatusCode::kLimitExceeded) << refused.ToString();
+  EXPECT_NE(refused.message().find("--client-max-bytes"), std::string::npos) << refused.ToString();
+}
+
 // A client that remembers where an object lay must never lease that place again once the
 // host copy there was freed, even after the object comes back to host memory elsewhere and
 // a lying lease table keeps the new copy from being dropped.

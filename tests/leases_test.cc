@@ -39,7 +39,7 @@ class LeasesTest : public ::testing::Test {
 
   LeasesTest() {
     leases_.OnEnded([this](uint32_t slot) { ended_.push_back(slot); });
-    auto fd = leases_.Open(kClient);
+    auto fd = leases_.Open(kClient, kEntries);
     EXPECT_TRUE(fd.ok()) << fd.status().ToString();
     client_ = LeaseTableView(leases_.MappingOf(kClient), kEntries);
     shared_headers_ = &headers_->published(0);
@@ -186,6 +186,35 @@ TEST_F(LeasesTest, ATableOfNonsenseHoldsOnlyObjectsItNamesExactly) {
   EXPECT_TRUE(leases_.Reclaim(freed));
   EXPECT_FALSE(leases_.Reclaim(kept));
   EXPECT_EQ(leases_.LeasedBy(kClient), (std::vector<std::pair<uint32_t, uint32_t>>{{kept, 3}}));
+}
+
+TEST_F(LeasesTest, ATableKeepsNoObjectLargerThanItsAllowance) {
+  // A second client whose allowance is objects of at most 64 bytes; `small` is 64 bytes.
+  constexpr ClientId kLimited = 2;
+  ASSERT_TRUE(leases_.Open(kLimited, 4, /*max_object_bytes=*/64).ok());
+  const LeaseTableView limited(leases_.MappingOf(kLimited), 4);
+  const uint32_t small = Sealed(1);
+  const uint32_t large = headers_->Acquire();
+  objects_.Insert(
+      large, NewObject{.id = ObjectId::FromWords(2, 0x1ea5e), .data_size = 64, .metadata_size = 1});
+  headers_->at(large).tiers.store(ipc::kTierHost, std::memory_order_relaxed);
+  headers_->SetStateRefs(large, ipc::ObjectState::kSealed, 0);
+  for (uint32_t slot : {small, large}) {
+    ASSERT_EQ(limited.Take(slot, Generation(slot), shared_headers_[slot]), Taken::kTaken);
+  }
+  EXPECT_EQ(leases_.HoldersOf(large), (std::vector<std::pair<ClientId, uint32_t>>{}));
+  EXPECT_EQ(leases_.LeasedBy(kLimited), (std::vector<std::pair<uint32_t, uint32_t>>{{small, 1}}));
+  EXPECT_TRUE(leases_.Reclaim(large)) << "a lease past its table's allowance kept an object";
+  EXPECT_FALSE(leases_.Reclaim(small));
+  // The same object within another table's allowance is kept by it.
+  ASSERT_EQ(Take(large), Taken::kGone) << "marked reclaimed";
+}
+
+TEST_F(LeasesTest, ATableIsAPowerOfTwoOfAtMostTheDaemonsEntries) {
+  EXPECT_FALSE(leases_.Open(2, kEntries * 2).ok());
+  EXPECT_FALSE(leases_.Open(3, 3).ok());
+  EXPECT_EQ(*leases_.Open(4, 0), -1) << "no entries, no table";
+  EXPECT_EQ(leases_.counters().tables, 1u);
 }
 
 // Readers lease the newest object while the reclaimer frees each one as soon as someone has

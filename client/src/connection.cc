@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "chunk_cache.h"
+#include "depot/ipc/checked.h"
 
 namespace depot::internal {
 
@@ -306,7 +307,8 @@ Status Connection::Handshake(const ConnectOptions& options) {
       if (reply.fds().size() < 2) {
         return Status::Internal("the daemon's hello reply carried no lease table descriptor");
       }
-      DEPOT_RETURN_NOT_OK(leases_.Map(reply.fds()[1].get(), h.getLeaseEntries()));
+      DEPOT_RETURN_NOT_OK(
+          leases_.Map(reply.fds()[1].get(), h.getLeaseEntries(), h.getLeaseMaxBytes()));
     }
     epoch_ = h.getEpoch();
     session_id_ = h.getSessionId();
@@ -889,8 +891,7 @@ Result<uint64_t> Connection::ResolveChunk(int32_t device, uint32_t chunk, uint64
                             (writable ? " writable" : ""));
   }
   if (!it->second.error.ok()) return it->second.error;
-  const uint64_t limit = it->second.chunk->size();
-  if (offset > limit || size > limit - offset) {
+  if (!ipc::RangeWithin(offset, size, it->second.chunk->size())) {
     return Status::Internal("the daemon placed a GPU object outside its chunk");
   }
   return it->second.chunk->address() + offset;

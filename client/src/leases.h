@@ -36,9 +36,11 @@ class Leases {
   // At most this many places are remembered; past it, an arbitrary one is forgotten.
   static constexpr size_t kMaxSeen = 1 << 16;
 
-  // Maps the table the daemon sent, of `entries` entries, writable. Called once, before any
-  // other member, from the handshake.
-  Status Map(int fd, uint32_t entries);
+  // Maps the table the daemon sent, of `entries` entries, writable, whose leases hold only
+  // objects of at most `max_object_bytes` of data and metadata (0: any size); larger ones
+  // are never remembered, so never leased. Called once, before any other member, from the
+  // handshake.
+  Status Map(int fd, uint32_t entries, uint64_t max_object_bytes);
   bool enabled() const { return view_.valid(); }
 
   // Remembers where `id` lies. Thread-safe.
@@ -53,6 +55,7 @@ class Leases {
  private:
   Mapping table_;
   ipc::LeaseTableView view_;
+  uint64_t max_object_bytes_ = 0;
   std::mutex mu_;
   std::unordered_map<ObjectId, Seen> seen_;  // guarded by mu_
 };

@@ -1,5 +1,6 @@
 #include "segments.h"
 
+#include "depot/ipc/checked.h"
 #include "depot/ipc/protocol.h"
 
 #include <sys/mman.h>
@@ -129,7 +130,7 @@ Result<Segments::View<std::byte>> Segments::Find(uint32_t index, uint64_t offset
     mapping = writable ? &entry.writable : &entry.readable;
   }
   const uint64_t limit = mapping->size();
-  if (offset > limit || size > limit - offset) {
+  if (!ipc::RangeWithin(offset, size, limit)) {
     return Status::Internal("the daemon placed an object at [" + std::to_string(offset) + ", +" +
                             std::to_string(size) + ") in " + Describe(index, false) +
                             ", which has only " + std::to_string(limit) + " bytes");

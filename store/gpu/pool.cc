@@ -24,7 +24,8 @@ uint64_t DevicePool::RoundToGranule(uint64_t bytes) const {
 }
 
 bool DevicePool::CouldFit(uint64_t bytes) const {
-  return RoundToGranule(ReservedSize(bytes)) <= limit_;
+  // Checked before rounding, which would wrap for sizes near 2^64.
+  return bytes <= limit_ && RoundToGranule(ReservedSize(bytes)) <= limit_;
 }
 
 bool DevicePool::AddChunk(uint64_t bytes) {
