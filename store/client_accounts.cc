@@ -42,8 +42,8 @@ LeaseAllowance AllowanceFor(const ClientLimits& limits, uint32_t max_entries, ui
 }
 
 ClientAccounts::ClientAccounts(ClientLimits limits, int32_t tiers)
-    : limits_(limits), tiers_(tiers) {
-  Open(kDaemonClient, ::getuid());
+    : limits_(limits), tiers_(tiers), daemon_uid_(::getuid()) {
+  Open(kDaemonClient, daemon_uid_);
 }
 
 void ClientAccounts::Open(ClientId client, uint32_t uid) {
@@ -126,32 +126,70 @@ Status ClientAccounts::CheckHolding(ClientId client, const Account& account, uin
   return Status::OK();
 }
 
-Status ClientAccounts::CheckMetadata(ClientId client, const Account& account,
-                                     uint64_t bytes) const {
-  if (limits_.max_metadata_bytes != 0 &&
-      account.metadata_bytes + bytes > limits_.max_metadata_bytes) {
+Status ClientAccounts::CheckOwnMetadata(ClientId client, const Account& account,
+                                        uint64_t bytes) const {
+  const uint64_t limit = limits_.max_metadata_bytes;
+  if (limit == 0) return Status::OK();
+  const char* const kinds = " (object entries, names, GPU metadata, waiting gets)";
+  if (account.metadata_bytes + bytes > limit) {
     return Status::LimitExceeded("client " + std::to_string(client) + " has the daemon keep " +
-                                 ipc::FormatSize(account.metadata_bytes) +
-                                 " for it (object entries, names, GPU metadata, "
-                                 "waiting gets); another " +
-                                 ipc::FormatSize(bytes) + " would pass its limit of " +
-                                 ipc::FormatSize(limits_.max_metadata_bytes) +
+                                 ipc::FormatSize(account.metadata_bytes) + " for it" + kinds +
+                                 "; another " + ipc::FormatSize(bytes) +
+                                 " would pass its limit of " + ipc::FormatSize(limit) +
                                  " (--client-max-metadata)");
   }
-  if (limits_.metadata_budget != 0 && metadata_bytes_ + bytes > limits_.metadata_budget) {
+  if (SharesMetadata(account.uid)) {
+    const uint64_t of_uid = MetadataOfUid(account.uid);
+    if (of_uid + bytes > limit) {
+      return Status::LimitExceeded("the clients of uid " + std::to_string(account.uid) +
+                                   " have the daemon keep " + ipc::FormatSize(of_uid) +
+                                   " for them" + kinds + "; another " + ipc::FormatSize(bytes) +
+                                   " would pass the limit of " + ipc::FormatSize(limit) +
+                                   " for one uid other than the daemon's (--client-max-metadata)");
+    }
+  }
+  return Status::OK();
+}
+
+Status ClientAccounts::CheckMetadata(ClientId client, const Account& account,
+                                     uint64_t bytes) const {
+  DEPOT_RETURN_NOT_OK(CheckOwnMetadata(client, account, bytes));
+  if (!BudgetHasRoom(bytes)) {
     return Status::LimitExceeded(
         "the daemon keeps " + ipc::FormatSize(metadata_bytes_) +
         " for its clients (object entries, names, GPU metadata, waiting gets); another " +
         ipc::FormatSize(bytes) + " would pass its budget of " +
         ipc::FormatSize(limits_.metadata_budget) +
-        " (--metadata-budget); delete objects or start depotd with a larger budget");
+        " (--metadata-budget), even with every object nobody holds evicted; delete objects "
+        "or start depotd with a larger budget");
   }
   return Status::OK();
 }
 
 void ClientAccounts::CountMetadata(ClientId client, int64_t bytes) {
   metadata_bytes_ += static_cast<uint64_t>(bytes);  // modulo 2^64: a negative one subtracts
-  if (Account* account = Find(client)) account->metadata_bytes += static_cast<uint64_t>(bytes);
+  Account* account = Find(client);
+  if (account == nullptr) return;
+  account->metadata_bytes += static_cast<uint64_t>(bytes);
+  CountUid(account->uid, bytes);
+}
+
+void ClientAccounts::CountObjectMetadata(ClientId creator, uint32_t owner, int64_t bytes) {
+  metadata_bytes_ += static_cast<uint64_t>(bytes);
+  if (Account* account = Find(creator)) account->metadata_bytes += static_cast<uint64_t>(bytes);
+  CountUid(owner, bytes);
+}
+
+void ClientAccounts::CountUid(uint32_t uid, int64_t bytes) {
+  if (!SharesMetadata(uid)) return;
+  auto it = uid_metadata_.try_emplace(uid, 0).first;
+  it->second += static_cast<uint64_t>(bytes);
+  if (it->second == 0) uid_metadata_.erase(it);
+}
+
+uint64_t ClientAccounts::MetadataOfUid(uint32_t uid) const {
+  auto it = uid_metadata_.find(uid);
+  return it == uid_metadata_.end() ? 0 : it->second;
 }
 
 Status ClientAccounts::ChargeRequests(ClientId client, int64_t bytes) {

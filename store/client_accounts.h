@@ -6,6 +6,7 @@
 // a limit is checked in O(1).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -114,11 +115,24 @@ class ClientAccounts {
   // Whether `client` may hold one more object of `bytes`: LimitExceeded naming the limit
   // (--client-max-objects, --client-max-bytes, less what its lease table may keep) if not.
   Status CheckHolding(ClientId client, const Account& account, uint64_t bytes) const;
-  // Whether the daemon may keep `bytes` more for `client` (--client-max-metadata, and
-  // --metadata-budget for all together).
+  // Whether the daemon may keep `bytes` more for `client`: within --client-max-metadata for
+  // the client, and for all sessions of its uid together where that uid is neither root nor
+  // the daemon's (another uid is one client however many sessions it opens). Then, with
+  // CheckMetadata, within --metadata-budget for all clients together.
+  Status CheckOwnMetadata(ClientId client, const Account& account, uint64_t bytes) const;
   Status CheckMetadata(ClientId client, const Account& account, uint64_t bytes) const;
-  // Counts `bytes` more (negative: fewer) of daemon memory for `client`, and in all.
+  bool BudgetHasRoom(uint64_t bytes) const {
+    return limits_.metadata_budget == 0 ||
+           bytes <= limits_.metadata_budget - std::min(limits_.metadata_budget, metadata_bytes_);
+  }
+  // Counts `bytes` more (negative: fewer) of daemon memory for `client` (and its uid, while
+  // its account is open), and in all.
   void CountMetadata(ClientId client, int64_t bytes);
+  // The same for memory kept for an object, which may outlive its creator's session: its
+  // uid `owner` is counted whether or not `creator`'s account is still open.
+  void CountObjectMetadata(ClientId creator, uint32_t owner, int64_t bytes);
+  // Daemon memory kept for the clients of `uid`, all together.
+  uint64_t MetadataOfUid(uint32_t uid) const;
   // The same for memory kept for its requests in progress, which has an account of its own
   // with the same limits; fails with LimitExceeded, counting nothing, past either.
   Status ChargeRequests(ClientId client, int64_t bytes);
@@ -139,8 +153,14 @@ class ClientAccounts {
   // Whether the account holds references to the object in `slot` on another tier.
   bool HoldsOnAnotherTier(const Account& account, uint32_t slot, int32_t tier) const;
 
+  // Whether the sessions of `uid` share one metadata account: not root's, not the daemon's.
+  bool SharesMetadata(uint32_t uid) const { return uid != 0 && uid != daemon_uid_; }
+  void CountUid(uint32_t uid, int64_t bytes);
+
   ClientLimits limits_;
   const int32_t tiers_;
+  const uint32_t daemon_uid_;
+  std::unordered_map<uint32_t, uint64_t> uid_metadata_;  // of uids that SharesMetadata
   std::unordered_map<ClientId, Account> accounts_;
   uint64_t metadata_bytes_ = 0;
   uint64_t request_bytes_ = 0;

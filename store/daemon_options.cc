@@ -151,10 +151,12 @@ void Declare(CLI::App& app, RawOptions& raw) {
       ->capture_default_str();
   app.add_option("--metadata-budget", raw.metadata_budget,
                  "daemon memory it may keep for all clients together (object entries, names, "
-                 "GPU metadata, waiting gets); 0: no limit")
+                 "GPU metadata, waiting gets), taken back from objects nobody holds by "
+                 "evicting them; 0: no limit")
       ->capture_default_str();
   app.add_option("--client-max-metadata", raw.client_max_metadata,
-                 "the same for one client; 0: no limit")
+                 "the same for one client, and for all sessions of one uid other than root and "
+                 "the daemon's; 0: no limit")
       ->capture_default_str();
   app.add_option("--lease-entries", raw.lease_entries,
                  "entries of each client's lease table, through which it gets objects it has "

@@ -125,7 +125,7 @@ void ObjectStore::ChargeObject(uint32_t slot, uint64_t bytes) {
   // At most the entry, a name and a frame's metadata: far below 4 GiB.
   Object& o = table_.at(slot);
   o.metadata_cost += static_cast<uint32_t>(bytes);
-  accounts_.CountMetadata(o.creator, static_cast<int64_t>(bytes));
+  accounts_.CountObjectMetadata(o.creator, o.owner, static_cast<int64_t>(bytes));
 }
 
 uint64_t ObjectStore::CreateCost(const CreateParams& p) {
@@ -202,7 +202,7 @@ void ObjectStore::FreeObject(uint32_t slot) {
   Object& o = table_.at(slot);
   tiers_.SetLeased(slot, false);
   while (!o.replicas.empty()) tiers_.FreeReplica(slot, o.replicas[0].tier);
-  accounts_.CountMetadata(o.creator, -static_cast<int64_t>(o.metadata_cost));
+  accounts_.CountObjectMetadata(o.creator, o.owner, -static_cast<int64_t>(o.metadata_cost));
   table_.Remove(slot);
   Notify([id](StoreListener& l) { l.OnFreed(id); });
 }
@@ -267,32 +267,47 @@ GetResult ObjectStore::Grant(Account* holder, uint32_t slot, int32_t tier, uint6
 }
 
 uint32_t ObjectStore::AcquireSlot() {
-  HeaderTable& headers = table_.headers();
-  uint32_t slot = headers.Acquire();
-  if (slot != HeaderTable::kNoSlot || !eviction_) return slot;
-  // Only evicting a whole object gives a slot back: skip host replicas that have copies.
+  uint32_t slot = HeaderTable::kNoSlot;
+  // Only evicting a whole object gives a slot back.
+  EvictWholeObjects([&] { return (slot = table_.headers().Acquire()) != HeaderTable::kNoSlot; });
+  return slot;
+}
+
+bool ObjectStore::EvictWholeObjects(const std::function<bool()>& enough) {
+  if (enough()) return true;
+  if (!eviction_) return false;
+  // Host copies that are their object's only copy, least recently used first.
   const LruList& candidates = policy_.candidates(kHost);
   for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
     const uint32_t next = candidates.next(victim);
     if (policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kEvict &&
-        tiers_.FreeHostBlock(victim) == Tiers::Freed::kObject) {
-      return headers.Acquire();
+        tiers_.FreeHostBlock(victim) == Tiers::Freed::kObject && enough()) {
+      return true;
     }
     victim = next;
   }
-  // With a spill directory, the least recently used object whose only copy is on disk.
+  // With a spill directory, objects whose only copy is on disk.
   if (tiers_.disk() != nullptr) {
     const LruList& on_disk = policy_.candidates(kDisk);
-    for (uint32_t victim = on_disk.front(); victim != LruList::kNil;
-         victim = on_disk.next(victim)) {
+    for (uint32_t victim = on_disk.front(); victim != LruList::kNil;) {
+      const uint32_t next = on_disk.next(victim);
       if (policy_.ActionFor(victim, kDisk) == EvictionPolicy::Action::kEvict) {
         tiers_.CountDiskDrop(victim);
         FreeObject(victim);
-        return headers.Acquire();
+        if (enough()) return true;
       }
+      victim = next;
     }
   }
-  return slot;
+  return false;
+}
+
+Status ObjectStore::CheckMetadataRoom(ClientId client, const Account& account, uint64_t bytes) {
+  DEPOT_RETURN_NOT_OK(accounts_.CheckOwnMetadata(client, account, bytes));
+  // What objects nobody holds keep of the budget (entries, names, GPU metadata) is taken
+  // back by evicting them, as their bytes are when memory is short.
+  EvictWholeObjects([&] { return accounts_.BudgetHasRoom(bytes); });
+  return accounts_.CheckMetadata(client, account, bytes);
 }
 
 Status ObjectStore::CheckNew(const CreateParams& p) const {
@@ -381,9 +396,7 @@ Result<Location> ObjectStore::CreateOnHost(ClientId client, const CreateParams& 
   if (Status st = accounts_.CheckHolding(client, account, arena_.BlockSize(total)); !st.ok()) {
     return st;
   }
-  if (Status st = accounts_.CheckMetadata(client, account, CreateCost(p)); !st.ok()) {
-    return st;
-  }
+  DEPOT_RETURN_NOT_OK(CheckMetadataRoom(client, account, CreateCost(p)));
   const uint32_t slot = AcquireSlot();
   if (slot == HeaderTable::kNoSlot) {
     return Status::LimitExceeded("the store holds " + std::to_string(table_.headers().slots()) +
@@ -426,7 +439,7 @@ Status ObjectStore::CheckRoom(ClientId client, const CreateParams& p) {
   }
   Account& account = accounts_.at(client);
   DEPOT_RETURN_NOT_OK(accounts_.CheckHolding(client, account, pool.BlockSize(bytes)));
-  return accounts_.CheckMetadata(client, account, CreateCost(p));
+  return CheckMetadataRoom(client, account, CreateCost(p));
 }
 
 void ObjectStore::CreateAfterRoom(ClientId client, const CreateParams& p, CreateDone done) {
@@ -450,16 +463,18 @@ void ObjectStore::CreateAfterRoom(ClientId client, const CreateParams& p, Create
   // While it waits for room, the daemon keeps the name, metadata and bytes for it: counted.
   const uint64_t waiting_cost =
       CreateCost(p) + owned->data.size() + (p.device == kHost ? owned->metadata.size() : 0);
-  accounts_.CountMetadata(client, static_cast<int64_t>(waiting_cost));
+  // Counted by uid too: the wait may outlive the client's session.
+  const uint32_t uid = accounts_.at(client).uid;
+  accounts_.CountObjectMetadata(client, uid, static_cast<int64_t>(waiting_cost));
   const uint64_t bytes = BytesOnTier(p);
   tiers_.AllocateOn(
       p.device, bytes,
       p.device == kHost ? Arena::WritersOf(accounts_.at(client).uid) : Arena::kTrustedWriters,
-      [this, client, owned, waiting_cost, bytes,
+      [this, client, uid, owned, waiting_cost, bytes,
        done = std::move(done)](std::optional<TierPool::Block> block) mutable {
         const CreateParams& p = owned->params;
         creating_.erase(p.id);
-        accounts_.CountMetadata(client, -static_cast<int64_t>(waiting_cost));
+        accounts_.CountObjectMetadata(client, uid, -static_cast<int64_t>(waiting_cost));
         TierPool& pool = tiers_.pool(p.device);
         Account* account = accounts_.Find(client);
         if (account == nullptr) {  // gone while waiting for room

@@ -434,6 +434,12 @@ class ObjectStore final : private Tiers::Owner {
 
   // A free header slot, evicting the least recently used object if the table is full.
   uint32_t AcquireSlot();
+  // Evicts unreferenced objects whole (every copy), least recently used first, until
+  // `enough()`: what gives back header slots and the daemon memory kept for objects.
+  // Returns enough().
+  bool EvictWholeObjects(const std::function<bool()>& enough);
+  // CheckMetadata, after evicting objects nobody holds while the budget is short.
+  Status CheckMetadataRoom(ClientId client, const Account& account, uint64_t bytes);
   // Grants a get waiting for a copy the replica on its tier, or tells it why not.
   void Answer(WaitingGets::Id waiter, uint32_t slot, const ObjectId& id, const Status& failure);
   void FinishSeal(uint32_t slot, std::optional<uint64_t> checksum);

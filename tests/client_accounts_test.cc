@@ -128,8 +128,8 @@ TEST(ClientAccountsTest, ReferencesMayTakeOnlyWhatTheLeaseTableLeaves) {
 
 TEST(ClientAccountsTest, MetadataIsLimitedPerClientAndInAll) {
   ClientAccounts accounts({.max_metadata_bytes = 1000, .metadata_budget = 1500}, kTiers);
-  accounts.Open(1, 1000);
-  accounts.Open(2, 1000);
+  accounts.Open(1, ::getuid());
+  accounts.Open(2, ::getuid());
   accounts.CountMetadata(1, 900);
   Status st = accounts.CheckMetadata(1, accounts.at(1), 200);
   EXPECT_EQ(st.code(), StatusCode::kLimitExceeded);
@@ -141,6 +141,31 @@ TEST(ClientAccountsTest, MetadataIsLimitedPerClientAndInAll) {
   accounts.CountMetadata(1, -900);
   EXPECT_EQ(accounts.metadata_bytes(), 500u);
   EXPECT_TRUE(accounts.CheckMetadata(2, accounts.at(2), 200).ok());
+}
+
+TEST(ClientAccountsTest, TheSessionsOfAnotherUidShareOneMetadataLimit) {
+  ClientAccounts accounts({.max_metadata_bytes = 1000, .metadata_budget = 10'000}, kTiers);
+  const uint32_t other = ::getuid() + 1000;
+  accounts.Open(1, other);
+  accounts.Open(2, other);
+  accounts.Open(3, ::getuid());
+  accounts.Open(4, ::getuid());
+  accounts.CountMetadata(1, 600);
+  Status st = accounts.CheckMetadata(2, accounts.at(2), 500);
+  EXPECT_EQ(st.code(), StatusCode::kLimitExceeded);
+  EXPECT_NE(st.message().find("uid " + std::to_string(other)), std::string::npos) << st.message();
+  EXPECT_EQ(accounts.MetadataOfUid(other), 600u);
+  // The daemon's own uid is one trust domain: each of its sessions has its own limit.
+  accounts.CountMetadata(3, 600);
+  EXPECT_TRUE(accounts.CheckMetadata(4, accounts.at(4), 500).ok());
+  // An object's memory stays its owner's after its creator's session ends, until it goes.
+  accounts.CountObjectMetadata(2, other, 300);
+  accounts.Close(2);
+  EXPECT_EQ(accounts.MetadataOfUid(other), 900u);
+  accounts.CountObjectMetadata(2, other, -300);
+  accounts.CountMetadata(1, -600);
+  EXPECT_EQ(accounts.MetadataOfUid(other), 0u);
+  EXPECT_EQ(accounts.metadata_bytes(), 600u);
 }
 
 TEST(ClientAccountsTest, RequestsHaveAnAccountOfTheirOwnThatRefusesWithoutCounting) {
