@@ -35,9 +35,31 @@ ObjectStore::ObjectStore(boost::asio::io_context& loop, Executor& executor, Aren
       policy_(table_, tiers_.pools(), disk != nullptr && eviction),
       handoff_timer_(loop) {
   leases_.OnEnded([this](uint32_t slot) { LeaseEnded(slot); });
+  waiting_.BeforeAnswer([this](WaitingGets::Get& get) { KeepWhatIsStillHeld(get); });
 }
 
 ObjectStore::~ObjectStore() = default;
+
+void ObjectStore::KeepWhatIsStillHeld(WaitingGets::Get& get) const {
+  if (!get.hold) return;  // a prefetch holds nothing, and its results name no place
+  const Account* account = accounts_.Find(get.client);
+  for (size_t i = 0; i < get.results.size(); ++i) {
+    GetResult& r = get.results[i];
+    if (r.code != StatusCode::kOk) continue;
+    const uint32_t slot = r.location.slot;
+    // The client may release what the get granted before its reply is sent (it knows what
+    // it asked for), and the object go; while the client holds it, it stays where it is.
+    if (account != nullptr && accounts_.RefsOf(*account, slot, get.tier) != 0 &&
+        table_.IdAt(slot) == get.ids[i]) {
+      r.location = LocationOf(slot, get.tier);
+    } else {
+      r = GetResult{StatusCode::kNotHeld,
+                    {},
+                    std::make_shared<const std::string>(
+                        "its reference was released before this get's reply was sent")};
+    }
+  }
+}
 
 StoreCounters ObjectStore::counters() const {
   StoreCounters c = counters_;

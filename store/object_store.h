@@ -391,6 +391,9 @@ class ObjectStore final : private Tiers::Owner {
   void ChargeObject(uint32_t slot, uint64_t bytes) override;
 
   Location LocationOf(uint32_t slot, int32_t tier) const;
+  // Before a get that waited is answered: the places of objects it granted early, as they
+  // are now, or notHeld for those its client has released since (the object may be gone).
+  void KeepWhatIsStillHeld(WaitingGets::Get& get) const;
   Status CheckTier(int32_t tier) const;
   // Why `params` cannot be created (a bad id or size, an id taken), or OK.
   Status CheckNew(const CreateParams& params) const;

@@ -101,6 +101,7 @@ void WaitingGets::FinishIfDone(Id id) {
   auto it = gets_.find(id);
   if (it == gets_.end() || it->second.get.missing != 0) return;
   Get get = Forget(it);
+  if (before_answer_) before_answer_(get);
   get.done(std::move(get.results));
 }
 

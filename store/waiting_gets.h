@@ -88,8 +88,10 @@ class WaitingGets {
   // What waits for `id` to be sealed, by get (in order), each index once; none of it is
   // indexed by `id` after. A seal costs the waiters it has, not the size of their gets.
   std::vector<SealWaiter> TakeSealWaiters(const ObjectId& id);
-  // Answers the get if it waits for nothing more, and forgets it.
+  // Answers the get if it waits for nothing more, and forgets it. `before_answer`, if set,
+  // sees each get first, and may change its results.
   void FinishIfDone(Id id);
+  void BeforeAnswer(std::function<void(Get&)> hook) { before_answer_ = std::move(hook); }
   // Drops every get of `client`, uncounted and unanswered (its session is gone).
   void DropClient(ClientId client);
 
@@ -123,6 +125,7 @@ class WaitingGets {
   std::unordered_map<Id, Entry> gets_;
   std::unordered_map<ObjectId, SealWaits> by_object_;
   std::unordered_map<ClientId, std::vector<Id>> by_client_;
+  std::function<void(Get&)> before_answer_;
   Id next_ = 1;
   uint64_t timeouts_ = 0;
 };

@@ -1319,6 +1319,66 @@ TEST_F(HoldingLimitTest, AClientHoldsNoMoreThanItsLimitsThroughGetsOrLeases) {
   ::munmap(headers, header_bytes);
 }
 
+// The reply to request `id`, among the next `count` replies (nullopt if it is not).
+std::optional<RawReply> ReplyAmong(RawSession& session, uint64_t id, int count) {
+  std::optional<RawReply> found;
+  for (int i = 0; i < count; ++i) {
+    auto reply = session.Receive();
+    if (!reply) break;
+    if (reply->get().getId() == id) found = std::move(reply);
+  }
+  return found;
+}
+
+// A get that waits for one id grants the others at once; its client, which knows what it
+// asked for, releases them before the reply is sent, and a delete lets the object go. The
+// reply must not name the freed place: the daemon aborted building it (a dedicated segment
+// gone) or read freed memory (a GPU object's metadata). Found by request_fuzz_test.
+TEST_F(HostileTest, AWaitingGetNamesNoPlaceItsClientReleasedMeanwhile) {
+  const ObjectId a = ObjectId::FromName("hostile/released-early"),
+                 missing = ObjectId::FromName("hostile/never-put");
+  ASSERT_OK(victim_->Put(a, SeededBytes(20 << 20, 8)));  // a segment of its own
+  auto attacker = OpenSession();
+  ASSERT_TRUE(attacker->Call(2, GetOf({a})));
+  ASSERT_OK(attacker->Send(3, GetOf({a, missing}, 200)));
+  ASSERT_OK(attacker->Send(4, ListOf(IdList::kDelete, {a})));
+  ASSERT_OK(attacker->Send(0, ListOf(IdList::kRelease, {a, a})));
+  std::optional<RawReply> waited = ReplyAmong(*attacker, 3, 2);
+  ASSERT_TRUE(waited && waited->get().isGet()) << "no get reply";
+  EXPECT_EQ(waited->get().getGet()[0].getError(), wire::ErrorCode::NOT_HELD);
+  EXPECT_EQ(waited->get().getGet()[1].getError(), wire::ErrorCode::TIMEOUT);
+  ASSERT_OK_AND_ASSIGN(bool there, victim_->Contains(a));
+  EXPECT_FALSE(there);
+}
+
+// The same on a GPU, whose objects' metadata the daemon keeps with their replica.
+TEST_F(GpuReaderTest, AWaitingGetNamesNoGpuObjectItsClientReleasedMeanwhile) {
+  const ObjectId a = ObjectId::FromName("hostile/gpu-released-early"),
+                 missing = ObjectId::FromName("hostile/never-put");
+  CreateOptions options;
+  const std::string metadata(45, 'm');
+  options.metadata = AsBytes(metadata);
+  {
+    ASSERT_OK_AND_ASSIGN(MutableDeviceBuffer created, victim_->CreateOnDevice(a, 4096, 0, options));
+    ASSERT_OK(victim_->Seal(a));
+  }
+  auto attacker = OpenSession();
+  const auto get_on_gpu = [](std::vector<ObjectId> ids, int64_t timeout_ms) {
+    return [ids, timeout_ms](wire::Request::Builder r) {
+      GetOf(ids, timeout_ms)(r);
+      r.getGet().setDevice(0);
+    };
+  };
+  ASSERT_TRUE(attacker->Call(2, get_on_gpu({a}, 0)));
+  ASSERT_OK(attacker->Send(3, get_on_gpu({a, missing}, 200)));
+  ASSERT_OK(attacker->Send(4, ListOf(IdList::kDelete, {a})));
+  ASSERT_OK(attacker->Send(0, ReleaseOf({{0, {a, a}}})));
+  std::optional<RawReply> waited = ReplyAmong(*attacker, 3, 2);
+  ASSERT_TRUE(waited && waited->get().isGet()) << "no get reply";
+  EXPECT_EQ(waited->get().getGet()[0].getError(), wire::ErrorCode::NOT_HELD);
+  EXPECT_EQ(waited->get().getGet()[1].getError(), wire::ErrorCode::TIMEOUT);
+}
+
 // One id many times in one get: the references one client may hold to one object are
 // bounded, short of wrapping the daemon's 32-bit counts.
 TEST_F(HostileTest, ReferencesToOneObjectAreBounded) {
