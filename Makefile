@@ -8,7 +8,8 @@ JOBS       ?= $(shell nproc)
 # Flags for `make run`, e.g. make run DEPOTD_ARGS="--memory 8GiB"
 DEPOTD_ARGS ?=
 
-.PHONY: all deps build install package wheel run test test-release test-asan test-tsan test-python format-check bench format clean
+.PHONY: all deps build install package wheel run test test-release test-asan test-tsan test-python format-check bench format clean \
+  gpu-check-prepare gpu-check-rehearse gpu-check
 
 all: build
 
@@ -93,6 +94,18 @@ wheel: deps
 # Runs every benchmark program (see bench/README.md).
 bench: build
 	@for b in $(BUILD)/bin/bench_*; do echo "== $$b"; $$b || exit 1; done
+
+# The real-GPU check (bench/README.md, "Real GPUs"). prepare: here, with network, fills
+# .gpu-bundle/ with what a GPU host lacks to build depot; rehearse: here, as root, runs the
+# check from a copy of the working tree and the bundle alone; gpu-check: on the GPU host.
+gpu-check-prepare:
+	scripts/gpu-check.sh prepare
+
+gpu-check-rehearse:
+	scripts/gpu-check.sh rehearse
+
+gpu-check:
+	scripts/gpu-check.sh run
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')

@@ -9,7 +9,10 @@
 # wheel is installed with `pip install --no-index --no-deps --target $SITE`. The wheel links
 # the host's libcapnp/libkj/libspdlog/libfmt/libxxhash shared libraries; if they live
 # elsewhere, put their directory in DEPOT_LIBS (prepended to LD_LIBRARY_PATH).
-# Environment: PYTHON (default python3), SITE (default /tmp/site, emptied first).
+# Environment: PYTHON (default python3), SITE (default /tmp/site, emptied first);
+# SUITES, the runs to make, in order (default "gpu all"): gpu (pytest -m gpu), all (the whole
+# of tests/python), rest (all but the gpu tests: pytest -m "not gpu"); JUNIT_DIR, if set, gets
+# a JUnit XML report of each run, pytest-<suite>.xml (scripts/gpu-check.sh sums them up).
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,8 +54,17 @@ PY
 
 cd "$repo"
 status=0
-echo "== pytest -m gpu tests/python"
-"$PYTHON" -m pytest -q -p no:cacheprovider -rs -m gpu tests/python "$@" || status=1
-echo "== pytest tests/python"
-"$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/python "$@" || status=1
+for suite in ${SUITES:-gpu all}; do
+  case $suite in
+    gpu) select=(-m gpu) ;;
+    all) select=() ;;
+    rest) select=(-m "not gpu") ;;
+    *) echo "SUITES: unknown suite $suite (gpu, all or rest)" >&2; exit 2 ;;
+  esac
+  junit=()
+  [ -n "${JUNIT_DIR:-}" ] && junit=(--junitxml "$JUNIT_DIR/pytest-$suite.xml")
+  echo "== pytest ${select[*]} tests/python"
+  "$PYTHON" -m pytest -q -p no:cacheprovider -rs "${select[@]}" "${junit[@]}" tests/python "$@" ||
+    status=1
+done
 exit $status

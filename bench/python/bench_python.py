@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks of the Python client, each against baselines run in the same process.
 
-  python bench/python/bench_python.py [--sizes 100MB,1GB] [--repeat 5]
+  python bench/python/bench_python.py [--sizes 100MB,1GB] [--repeat 5] [--no-gpu | --gpu-only]
 
 Needs the depot package installed (`pip install .`, or `make test-python`'s venv:
 build-py/venv/bin/python) and numpy. It starts a private depotd.
@@ -407,10 +407,15 @@ def main():
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--gets", type=int, default=20000, help="small gets per measurement")
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU benchmarks")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="only the GPU benchmarks (part 4; scripts/gpu-check.sh run)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray reference")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     largest = max(sizes)
+    if args.gpu_only:
+        bench_gpu(min(largest, 1 << 30), args.repeat, min(args.gets, 5000))
+        return
     memory = 2 * largest + (256 << 20)
     ray = None if args.no_ray else start_ray(memory)
     with depot.start_daemon(memory=memory, segment_size=largest + (64 << 20)) as daemon:
