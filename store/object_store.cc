@@ -877,8 +877,10 @@ Result<std::vector<GetResult>> ObjectStore::Claim(ClientId client, ClientId grou
                         " (claimed already, never handed off, or its group ended)")});
       continue;
     }
-    // The group's reference keeps the replica ready there, so a get is granted at once.
+    // The group's reference keeps the replica ready there, so a get is granted at once,
+    // unless the claimer is at its limits: then the group keeps it.
     out.push_back(Grant(&claimer, slot, tier, now));
+    if (out.back().code != StatusCode::kOk) continue;
     handoff_deadlines_.Claimed({group, slot, tier});
     DropRef(holder, slot, tier);
     counters_.get_hits++;

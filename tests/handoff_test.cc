@@ -507,5 +507,30 @@ TEST(HandoffUidTest, AnotherUidCannotJoinAGroup) {
             0);
 }
 
+// A claim is a get: it counts against the claimer's limits, and one past them leaves the
+// handoff with the group, to be claimed once the claimer has room.
+TEST(HandoffLimitsTest, AClaimPastTheClaimersLimitsLeavesTheHandoffWithTheGroup) {
+  // References may hold 6 MiB: 8 MiB less the quarter set aside for leases.
+  TestDaemon daemon({"--memory", "64MiB", "--client-max-bytes", "8MiB"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  const std::string group = GroupKey('l');
+  auto sender = Join(daemon, group);
+  auto receiver = Join(daemon, group);
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  const ObjectId held = ObjectId::Random(), sent = ObjectId::Random();
+  const std::vector<std::byte> bytes = SeededBytes(2 * kMiB, 4);
+  ASSERT_OK(receiver->Put(held, SeededBytes(5 * kMiB, 3)));
+  ASSERT_OK_AND_ASSIGN(Buffer holding, receiver->Get(held));
+  ASSERT_OK(PutAndHandOff(*sender, sent, bytes));
+  auto refused = receiver->Claim(std::span(&sent, 1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kLimitExceeded) << refused.status().ToString();
+  holding = Buffer();
+  ASSERT_OK(receiver->Contains(held).status());  // sends the release
+  ASSERT_OK_AND_ASSIGN(auto claimed, receiver->Claim(std::span(&sent, 1)));
+  ASSERT_EQ(claimed.size(), 1u);
+  EXPECT_TRUE(SameBytes(claimed[0].data(), bytes));
+}
+
 }  // namespace
 }  // namespace depot::testing
