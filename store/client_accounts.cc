@@ -93,9 +93,8 @@ bool ClientAccounts::HoldsOnAnotherTier(const Account& account, uint32_t slot, i
 
 Status ClientAccounts::CheckHolding(ClientId client, const Account& account, uint64_t bytes) const {
   // What the lease table may keep is set aside; a reload may leave less than that.
-  const auto leases_aside = [](uint64_t reserved) {
-    return reserved == 0 ? std::string()
-                         : " less " + std::to_string(reserved) + " its lease table may keep";
+  const auto set_aside = [](uint64_t reserved, const std::string& shown) {
+    return reserved == 0 ? std::string() : " less " + shown + " its lease table may keep";
   };
   if (limits_.max_objects != 0) {
     const uint64_t limit = limits_.max_objects -
@@ -104,7 +103,9 @@ Status ClientAccounts::CheckHolding(ClientId client, const Account& account, uin
       return Status::LimitExceeded(
           "client " + std::to_string(client) + " already holds " + std::to_string(account.objects) +
           " objects, its limit (--client-max-objects " + std::to_string(limits_.max_objects) +
-          leases_aside(account.lease.reserved_objects) + "); release some first");
+          set_aside(account.lease.reserved_objects,
+                    std::to_string(account.lease.reserved_objects)) +
+          "); release some first");
     }
   }
   if (limits_.max_bytes != 0) {
@@ -116,10 +117,7 @@ Status ClientAccounts::CheckHolding(ClientId client, const Account& account, uin
           "client " + std::to_string(client) + " holds " + ipc::FormatSize(account.held_bytes) +
           "; another " + ipc::FormatSize(bytes) + " would pass its limit of " +
           ipc::FormatSize(limit) + " (--client-max-bytes " + ipc::FormatSize(limits_.max_bytes) +
-          (account.lease.reserved_bytes == 0
-               ? std::string()
-               : " less " + ipc::FormatSize(account.lease.reserved_bytes) +
-                     " its lease table may keep") +
+          set_aside(account.lease.reserved_bytes, ipc::FormatSize(account.lease.reserved_bytes)) +
           ")");
     }
   }
