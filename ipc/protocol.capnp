@@ -93,6 +93,25 @@ struct Request {
     # deleted, so that it goes once the group and its claimers have let go. The session must
     # hold a reference there, or the group one already (the same value sent again).
     handoff @27 :Handoff;
+
+    # Waits, holding nothing, until `count` of `ids` are sealed (as succeeded or failed:
+    # whatever a get would answer at once), or until `timeoutMs` has passed; answered with
+    # which ones are. Never copies between tiers.
+    wait @28 :Wait;
+    # Answers this session's get or wait with this request id now, as if its time were up:
+    # its ids not sealed yet are timeout (a get's copies under way are dropped, and so are
+    # those ids). Its reply goes out before this one's, which says whether it was waiting.
+    # A get or wait ends without a reply when its session closes.
+    cancelWait @29 :UInt64;
+  }
+
+  struct Wait {
+    ids @0 :List(Id);
+    # Milliseconds to wait: 0 = do not wait, -1 = forever (as Get.timeoutMs).
+    timeoutMs @1 :Int64;
+    # Answer once this many of the ids are sealed; 0 = all of them. At most the number of
+    # ids (an id listed twice counts twice).
+    count @2 :UInt32;
   }
 
   struct Handoff {
@@ -450,6 +469,8 @@ struct Reply {
     # Pushed to a draining worker (id 0) once it has nothing left to run: it may close.
     drained @25 :Void;
     handoff @26 :List(ErrorCode);  # in request order: ok, notFound, notSealed, notHeld, ...
+    wait @27 :List(Bool);      # in request order: sealed when answered
+    cancelWait @28 :Bool;      # that get or wait was waiting, and has been answered
   }
 
   struct TaskOutputs {

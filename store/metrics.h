@@ -45,6 +45,8 @@ enum class RequestType : uint8_t {
   kWorkers,
   kTasks,
   kHandoff,
+  kWait,
+  kCancelWait,
   kCount
 };
 

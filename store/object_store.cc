@@ -613,17 +613,29 @@ Status ObjectStore::Abort(ClientId client, const ObjectId& id) {
   return Status::OK();
 }
 
-Status ObjectStore::Fetch(ClientId client, std::vector<ObjectId> ids, int32_t device,
-                          int64_t timeout_ms, bool hold, GetDone done) {
+Status ObjectStore::Wait(ClientId client, uint64_t request, std::vector<ObjectId> ids, size_t count,
+                         int64_t timeout_ms, GetDone done) {
+  if (count > ids.size()) {
+    return Status::InvalidArgument("a wait for " + std::to_string(count) + " of " +
+                                   std::to_string(ids.size()) + " objects can never end");
+  }
+  const size_t enough = count == 0 ? ids.size() : count;
+  return Fetch({.client = client,
+                .request = request,
+                .hold = false,
+                .wait = true,
+                .enough = enough,
+                .ids = std::move(ids)},
+               timeout_ms, std::move(done));
+}
+
+Status ObjectStore::Fetch(WaitingGets::Get get, int64_t timeout_ms, GetDone done) {
+  const int32_t device = get.tier;
   DEPOT_RETURN_NOT_OK(CheckTier(device));
   using Wait = WaitingGets::Wait;
+  const ClientId client = get.client;
+  const bool hold = get.hold;
   Account& account = accounts_.at(client);
-  WaitingGets::Get get{.client = client,
-                       .tier = device,
-                       .hold = hold,
-                       .ids = std::move(ids),
-                       .results = {},
-                       .waits = {}};
   const size_t n = get.ids.size();
   get.results.resize(n);
   get.waits.assign(n, Wait::kNone);
@@ -635,6 +647,8 @@ Status ObjectStore::Fetch(ClientId client, std::vector<ObjectId> ids, int32_t de
     const bool usable = slot != HeaderTable::kNoSlot && table_.IsUsable(slot);
     if (usable && table_.IsFailed(slot)) {
       get.results[i] = FailureResult(slot);
+    } else if (usable && get.wait) {
+      get.results[i].code = StatusCode::kOk;  // sealed: all a wait asks
     } else if (usable && table_.IsReady(slot, device)) {
       get.results[i] = Grant(hold ? &account : nullptr, slot, device, now);
       counters_.get_hits++;
@@ -651,7 +665,8 @@ Status ObjectStore::Fetch(ClientId client, std::vector<ObjectId> ids, int32_t de
     }
   }
   get.missing = seal_waits + copies.size();
-  if (get.missing == 0) {
+  if (get.Answerable()) {
+    // A wait answered with ids still missing leaves them kNotFound: none was waited for.
     done(std::move(get.results));
     return Status::OK();
   }
@@ -696,6 +711,8 @@ void ObjectStore::CompleteWaiters(uint32_t slot) {
       if (get == nullptr || get->waits[i] != WaitingGets::Wait::kSeal) continue;
       if (table_.IsFailed(slot)) {
         get->Resolve(i, FailureResult(slot));
+      } else if (get->wait) {
+        get->Resolve(i, GetResult{});  // sealed: all a wait asks
       } else if (table_.IsReady(slot, get->tier)) {
         get->Resolve(i, Grant(holder, slot, get->tier, now));
       } else {

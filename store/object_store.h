@@ -227,20 +227,33 @@ class ObjectStore final : private Tiers::Owner {
   using GetDone = WaitingGets::Done;
   // Answers `done` (possibly before returning) with one result per id, located on `device`;
   // an OK result grants the client a reference to that replica. Waits up to `timeout_ms`
-  // (-1: for ever) for missing ids, and for as long as copies to `device` take. Returns an
+  // (-1: for ever) for missing ids, and for as long as copies to `device` take; the client
+  // may cancel the wait by `request`, its id for the request (CancelWait). Returns an
   // error, and never calls `done`, if the client has too many gets waiting or `device` is
   // not a tier of this store.
-  Status Get(ClientId client, std::vector<ObjectId> ids, int32_t device, int64_t timeout_ms,
-             GetDone done) {
-    return Fetch(client, std::move(ids), device, timeout_ms, /*hold=*/true, std::move(done));
+  Status Get(ClientId client, uint64_t request, std::vector<ObjectId> ids, int32_t device,
+             int64_t timeout_ms, GetDone done) {
+    return Fetch({.client = client, .request = request, .tier = device, .ids = std::move(ids)},
+                 timeout_ms, std::move(done));
   }
   // Makes a replica on `device` of each of `ids` that has none there, as a get there would,
   // and answers `done` with one code per id once they are ready (kOk), or why not (kNotFound,
   // or why a copy failed). Holds nothing: the replicas stay until room is needed. Waits for
   // no seal. Fails as Get does.
   Status Prefetch(ClientId client, std::vector<ObjectId> ids, int32_t device, GetDone done) {
-    return Fetch(client, std::move(ids), device, /*timeout_ms=*/0, /*hold=*/false, std::move(done));
+    return Fetch({.client = client, .tier = device, .hold = false, .ids = std::move(ids)},
+                 /*timeout_ms=*/0, std::move(done));
   }
+  // Answers `done` once `count` of `ids` (0: all; an id listed twice counts twice) are
+  // sealed, as succeeded (kOk) or failed (kTaskFailed), or once `timeout_ms` has passed
+  // (the others kTimeout, or kNotFound with no wait). Holds and copies nothing; may be
+  // cancelled as a get. Fails as Get does, and with InvalidArgument for a count above the
+  // number of ids.
+  Status Wait(ClientId client, uint64_t request, std::vector<ObjectId> ids, size_t count,
+              int64_t timeout_ms, GetDone done);
+  // Answers `client`'s get or wait of request id `request` now, as if its time were up
+  // (WaitingGets::Cancel). False if it has none waiting by that id.
+  bool CancelWait(ClientId client, uint64_t request) { return waiting_.Cancel(client, request); }
 
   // Releases one reference per id on `device`. Returns NotHeld naming the first id the
   // client did not hold there; the others are released all the same.
@@ -424,9 +437,9 @@ class ObjectStore final : private Tiers::Owner {
   void AddRef(Account& account, uint32_t slot, int32_t tier);
   // Drops one of the client's references; frees or aborts the object when it was the last.
   void DropRef(Account& account, uint32_t slot, int32_t tier);
-  // Get and Prefetch: the same but for `hold`, whether an answer takes a reference.
-  Status Fetch(ClientId client, std::vector<ObjectId> ids, int32_t device, int64_t timeout_ms,
-               bool hold, GetDone done);
+  // Get, Prefetch and Wait: `get` says which (hold, wait) and what it asks for (client,
+  // request, tier, ids, enough); the rest of it is filled here.
+  Status Fetch(WaitingGets::Get get, int64_t timeout_ms, GetDone done);
   // A reference of `holder` to the replica on `tier` for a get, and where it is, the object
   // used at `now`; with no holder (a prefetch), only that it is there.
   GetResult Grant(Account* holder, uint32_t slot, int32_t tier, uint64_t now);

@@ -303,6 +303,10 @@ void Session::Dispatch(wire::Request::Reader request) {
       return Observe(RequestType::kTasks, start);
     case wire::Request::HANDOFF:
       return HandleHandoff(rid, request.getHandoff(), start);
+    case wire::Request::WAIT:
+      return HandleWait(rid, request.getWait(), start);
+    case wire::Request::CANCEL_WAIT:
+      return HandleCancelWait(rid, request.getCancelWait(), start);
   }
   SendError(rid, Status::InvalidArgument(
                      "unknown request type " + std::to_string(static_cast<int>(which)) +
@@ -659,7 +663,7 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
   if (timeout > kForeverMs) timeout = -1;
   const int32_t device = get.getDevice();
   Status st =
-      store_.Get(id_, std::move(ids), device, timeout,
+      store_.Get(id_, rid, std::move(ids), device, timeout,
                  [weak = weak_from_this(), rid, start, device](std::vector<GetResult> results) {
                    auto self = weak.lock();
                    if (!self || self->closed()) return;
@@ -670,6 +674,44 @@ void Session::HandleGet(uint64_t rid, wire::Request::Get::Reader get, uint64_t s
     SendError(rid, st);
     Observe(RequestType::kGet, start);
   }
+}
+
+void Session::HandleWait(uint64_t rid, wire::Request::Wait::Reader wait, uint64_t start) {
+  auto wanted = GetIds(rid, wait.getIds());
+  if (!wanted) return Observe(RequestType::kWait, start);
+  int64_t timeout = std::max<int64_t>(wait.getTimeoutMs(), -1);
+  if (timeout > kForeverMs) timeout = -1;
+  Status st =
+      store_.Wait(id_, rid, std::move(*wanted), wait.getCount(), timeout,
+                  [weak = weak_from_this(), rid, start](std::vector<GetResult> results) {
+                    auto self = weak.lock();
+                    if (!self || self->closed()) return;
+                    capnp::MallocMessageBuilder message;
+                    auto reply = message.initRoot<wire::Reply>();
+                    reply.setId(rid);
+                    auto sealed = reply.initWait(static_cast<unsigned>(results.size()));
+                    for (unsigned i = 0; i < results.size(); ++i) {
+                      const StatusCode code = results[i].code;
+                      sealed.set(i, code == StatusCode::kOk || code == StatusCode::kTaskFailed);
+                    }
+                    self->SendReply(message, reply);
+                    self->Observe(RequestType::kWait, start);
+                  });
+  if (!st.ok()) {
+    SendError(rid, st);
+    Observe(RequestType::kWait, start);
+  }
+}
+
+void Session::HandleCancelWait(uint64_t rid, uint64_t target, uint64_t start) {
+  // Only this session's own: the store looks the request id up among its client's gets.
+  const bool cancelled = store_.CancelWait(id_, target);
+  capnp::MallocMessageBuilder message;
+  auto reply = message.initRoot<wire::Reply>();
+  reply.setId(rid);
+  reply.setCancelWait(cancelled);
+  SendReply(message, reply);
+  Observe(RequestType::kCancelWait, start);
 }
 
 void Session::HandleClaim(uint64_t rid, wire::Request::Get::Reader get, uint64_t start) {

@@ -82,6 +82,9 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   // A get with `claim`: references the session's group holds (ObjectStore::Claim).
   void HandleClaim(uint64_t rid, wire::Request::Get::Reader get, uint64_t start);
   void HandleHandoff(uint64_t rid, wire::Request::Handoff::Reader handoff, uint64_t start);
+  void HandleWait(uint64_t rid, wire::Request::Wait::Reader wait, uint64_t start);
+  // Answers this session's get or wait `target` (a request id) now, then `rid`.
+  void HandleCancelWait(uint64_t rid, uint64_t target, uint64_t start);
   void SendGetReply(uint64_t rid, int32_t device, const std::vector<GetResult>& results);
   void HandlePrefetch(uint64_t rid, wire::Request::Get::Reader prefetch, uint64_t start);
   // Gives back one reference per id on each group's tier; the first error (NotHeld, or a
@@ -100,7 +103,7 @@ class Session : public std::enable_shared_from_this<Session>, private Connection
   void HandleVerify(uint64_t rid, wire::Request::Verify::Reader verify, uint64_t start);
   void HandleEvict(uint64_t rid, wire::Request::Evict::Reader evict, uint64_t start);
 
-  // The ids of a get or prefetch; nullopt after answering `rid` with why they are refused
+  // The ids of a get, prefetch or wait; nullopt after answering `rid` with why they are refused
   // (more than the batch limit, or the nil id).
   std::optional<std::vector<ObjectId>> GetIds(uint64_t rid, capnp::List<wire::Id>::Reader list);
   void SealAfterPut(uint64_t rid, const ObjectId& id, bool release, const Location& loc,

@@ -83,23 +83,47 @@ WaitingGets::Get WaitingGets::Forget(std::unordered_map<Id, Entry>::iterator it)
   return get;
 }
 
+size_t WaitingGets::TimeOut(Entry& entry, bool copies) {
+  if (entry.indexed) Unindex(entry);
+  Get& get = entry.get;
+  size_t sealed_waits = 0;
+  for (size_t i = 0; i < get.ids.size(); ++i) {
+    if (get.waits[i] == Wait::kNone || (get.waits[i] == Wait::kCopy && !copies)) continue;
+    sealed_waits += get.waits[i] == Wait::kSeal;
+    get.Resolve(i, GetResult{StatusCode::kTimeout, {}});
+  }
+  return sealed_waits;
+}
+
 void WaitingGets::Expire(Id id) {
   auto it = gets_.find(id);
   if (it == gets_.end()) return;
-  Get& get = it->second.get;
-  Unindex(it->second);
   // Ids still waiting for a seal time out; copies under way are waited for (they end).
-  for (size_t i = 0; i < get.ids.size(); ++i) {
-    if (get.waits[i] != Wait::kSeal) continue;
-    get.Resolve(i, GetResult{StatusCode::kTimeout, {}});
-    timeouts_++;
-  }
+  timeouts_ += TimeOut(it->second, /*copies=*/false);
   FinishIfDone(id);
+}
+
+bool WaitingGets::Cancel(ClientId client, uint64_t request) {
+  if (request == 0) return false;
+  auto c = by_client_.find(client);
+  if (c == by_client_.end()) return false;
+  for (Id id : c->second) {
+    auto it = gets_.find(id);
+    if (it->second.get.request != request) continue;
+    // A copy that ends later finds no get (Find) and answers nobody.
+    TimeOut(it->second, /*copies=*/true);
+    cancelled_++;
+    FinishIfDone(id);
+    return true;
+  }
+  return false;
 }
 
 void WaitingGets::FinishIfDone(Id id) {
   auto it = gets_.find(id);
-  if (it == gets_.end() || it->second.get.missing != 0) return;
+  if (it == gets_.end() || !it->second.get.Answerable()) return;
+  // A wait answered with ids still waiting: they time out now.
+  if (it->second.get.missing != 0) TimeOut(it->second, /*copies=*/true);
   Get get = Forget(it);
   if (before_answer_) before_answer_(get);
   get.done(std::move(get.results));
@@ -111,7 +135,7 @@ void WaitingGets::DropClient(ClientId client) {
   const std::vector<Id> ids = c->second;
   for (Id id : ids) {
     auto it = gets_.find(id);
-    Unindex(it->second);
+    if (it->second.indexed) Unindex(it->second);
     Forget(it);
   }
 }

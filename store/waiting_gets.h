@@ -4,7 +4,9 @@
 // ids, the results found so far, and what each id still waits for. Gets waiting for a seal
 // are indexed by object id, so a seal finds its waiters at once; a timer per get turns the
 // seals still missing into time-outs. Copies are waited for however long they take (they
-// end, in success or failure).
+// end, in success or failure). A wait is a get that takes nothing and is answered once
+// enough of its ids are sealed; the client may cancel a get or wait of its own, which
+// answers it at once.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -54,8 +56,13 @@ class WaitingGets {
 
   struct Get {
     ClientId client = 0;
+    uint64_t request = 0;  // the client's request id (0: none it can cancel by)
     int32_t tier = kHost;
     bool hold = true;  // a get takes a reference to each object; a prefetch takes none
+    // A wait: sealed anywhere is enough, nothing is granted or copied, and it is answered
+    // once `enough` ids are resolved (the others time out then).
+    bool wait = false;
+    size_t enough = 0;
     std::vector<ObjectId> ids;
     std::vector<GetResult> results;  // by id
     std::vector<Wait> waits;         // by id: what it still waits for
@@ -69,6 +76,8 @@ class WaitingGets {
       waits[i] = Wait::kNone;
       --missing;
     }
+    // Whether it can be answered: nothing missing, or a wait with enough ids resolved.
+    bool Answerable() const { return missing == 0 || (wait && ids.size() - missing >= enough); }
   };
 
   // Time-outs run on `loop`; the cost of each get is counted in `accounts` while it waits.
@@ -88,9 +97,13 @@ class WaitingGets {
   // What waits for `id` to be sealed, by get (in order), each index once; none of it is
   // indexed by `id` after. A seal costs the waiters it has, not the size of their gets.
   std::vector<SealWaiter> TakeSealWaiters(const ObjectId& id);
-  // Answers the get if it waits for nothing more, and forgets it. `before_answer`, if set,
-  // sees each get first, and may change its results.
+  // Answers the get if it is answerable, and forgets it; a wait's ids still waiting time out
+  // then. `before_answer`, if set, sees each get first, and may change its results.
   void FinishIfDone(Id id);
+  // Answers `client`'s get of request id `request` now, as if its time were up: whatever it
+  // still waits for, seals and copies alike, times out. False if it has none waiting by
+  // that id.
+  bool Cancel(ClientId client, uint64_t request);
   void BeforeAnswer(std::function<void(Get&)> hook) { before_answer_ = std::move(hook); }
   // Drops every get of `client`, uncounted and unanswered (its session is gone).
   void DropClient(ClientId client);
@@ -98,6 +111,8 @@ class WaitingGets {
   size_t CountOf(ClientId client) const;
   // Ids that were still unsealed when their get timed out, since the start.
   uint64_t timeouts() const { return timeouts_; }
+  // Gets and waits their clients cancelled, since the start.
+  uint64_t cancelled() const { return cancelled_; }
 
  private:
   struct Entry {
@@ -114,6 +129,9 @@ class WaitingGets {
     size_t stale = 0;  // entries of gets no longer indexed, at most
   };
   void Expire(Id id);
+  // Resolves every id still waiting as a time-out (seals, and copies too if `copies`).
+  // Returns how many seal waits it ended.
+  size_t TimeOut(Entry& entry, bool copies);
   // Takes the get's seal waits out of the index by object id.
   void Unindex(Entry& entry);
   bool Indexed(Id id) const;
@@ -128,6 +146,7 @@ class WaitingGets {
   std::function<void(Get&)> before_answer_;
   Id next_ = 1;
   uint64_t timeouts_ = 0;
+  uint64_t cancelled_ = 0;
 };
 
 }  // namespace depot::store

@@ -1351,6 +1351,65 @@ TEST_F(HostileTest, AWaitingGetNamesNoPlaceItsClientReleasedMeanwhile) {
   EXPECT_FALSE(there);
 }
 
+// A session cancels its own waiting gets and waits only: a request id names nothing of
+// another session's, and ids it never used, or used for a request answered already, cancel
+// nothing.
+TEST_F(HostileTest, ACancelReachesOnlyItsOwnSessionsWaitingRequests) {
+  const ObjectId missing = ObjectId::FromName("hostile/cancel-never-put");
+  auto waiter = OpenSession();
+  auto other = OpenSession();
+  ASSERT_OK(waiter->Send(7, GetOf({victim_id_, missing}, -1)));
+  ASSERT_OK(waiter->Send(8, WaitOf({missing}, 1)));
+  uint64_t rid = 2;
+  for (uint64_t target : {uint64_t{7}, uint64_t{8}, uint64_t{0}, ~uint64_t{0}}) {
+    auto cancelled = other->Call(rid++, CancelWaitOf(target));
+    ASSERT_TRUE(cancelled && cancelled->get().isCancelWait());
+    EXPECT_FALSE(cancelled->get().getCancelWait()) << "request " << target;
+  }
+  // Both still wait: the only replies the waiter gets are those to its own cancels, each
+  // after the request it cancels.
+  ASSERT_OK(waiter->Send(9, CancelWaitOf(7)));
+  auto get = waiter->Receive();
+  ASSERT_TRUE(get && get->get().getId() == 7 && get->get().isGet());
+  EXPECT_EQ(get->get().getGet()[0].getError(), wire::ErrorCode::OK);  // granted, then given back
+  EXPECT_EQ(get->get().getGet()[1].getError(), wire::ErrorCode::TIMEOUT);
+  auto first = waiter->Receive();
+  ASSERT_TRUE(first && first->get().getId() == 9 && first->get().isCancelWait());
+  EXPECT_TRUE(first->get().getCancelWait());
+  ASSERT_OK(waiter->Send(10, CancelWaitOf(8)));
+  auto wait = waiter->Receive();
+  ASSERT_TRUE(wait && wait->get().getId() == 8 && wait->get().isWait());
+  EXPECT_FALSE(wait->get().getWait()[0]);
+  auto second = waiter->Receive();
+  ASSERT_TRUE(second && second->get().getId() == 10 && second->get().getCancelWait());
+  auto again = waiter->Call(11, CancelWaitOf(7));  // answered already
+  ASSERT_TRUE(again && again->get().isCancelWait());
+  EXPECT_FALSE(again->get().getCancelWait());
+  // The granted reference goes with the session (TearDown: only the victim's is held).
+}
+
+// Waits that could never end, or name what no get may, are refused saying why.
+TEST_F(HostileTest, AWaitThatCouldNeverEndOrNamesTooMuchIsRefused) {
+  auto s = OpenSession();
+  auto reply = s->Call(2, WaitOf({victim_id_}, 2));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reply->get().getMessage().cStr()).find("can never end"), std::string::npos)
+      << reply->get().getMessage().cStr();
+  reply = s->Call(3, WaitOf({ObjectId()}, 0));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+  reply = s->Call(4, WaitOf(Ids("hostile/wait-many/", ipc::kDefaultMaxBatch + 1), 1));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED);
+  reply = s->Call(5, WaitOf({}, 0));  // nothing to wait for: answered at once
+  ASSERT_TRUE(reply && reply->get().isWait());
+  EXPECT_EQ(reply->get().getWait().size(), 0u);
+  reply = s->Call(6, WaitOf({victim_id_, victim_id_}, 2, 0));  // an id twice counts twice
+  ASSERT_TRUE(reply && reply->get().isWait());
+  EXPECT_TRUE(reply->get().getWait()[0] && reply->get().getWait()[1]);
+}
+
 // The same on a GPU, whose objects' metadata the daemon keeps with their replica.
 TEST_F(GpuReaderTest, AWaitingGetNamesNoGpuObjectItsClientReleasedMeanwhile) {
   const ObjectId a = ObjectId::FromName("hostile/gpu-released-early"),

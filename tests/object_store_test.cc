@@ -76,7 +76,7 @@ class ObjectStoreTest : public ::testing::Test {
                                             bool drain = true) {
     answer_.reset();
     EXPECT_TRUE(store_
-                    .Get(kClient, std::move(ids), tier, 0,
+                    .Get(kClient, /*request=*/1, std::move(ids), tier, 0,
                          [this](std::vector<GetResult> r) { answer_ = std::move(r); })
                     .ok());
     if (drain) executor_.Drain();
@@ -325,7 +325,7 @@ TEST_F(ObjectStoreTest, LocateSaysAnObjectIsFailedAndHasNoBytes) {
 TEST_F(ObjectStoreTest, AGetWaitingForAnIdIsAnsweredTaskFailedWhenItIsSealedAsFailed) {
   std::optional<std::vector<GetResult>> answer;
   ASSERT_TRUE(store_
-                  .Get(kClient, {Id(1), Id(2)}, kHost, /*timeout_ms=*/-1,
+                  .Get(kClient, /*request=*/1, {Id(1), Id(2)}, kHost, /*timeout_ms=*/-1,
                        [&](std::vector<GetResult> r) { answer = std::move(r); })
                   .ok());
   const std::vector<ObjectId> ids{Id(1), Id(2)};
@@ -336,6 +336,60 @@ TEST_F(ObjectStoreTest, AGetWaitingForAnIdIsAnsweredTaskFailedWhenItIsSealedAsFa
     ASSERT_NE(r.failure, nullptr);
     EXPECT_EQ(*r.failure, "out of patience");
   }
+}
+
+TEST_F(ObjectStoreTest, AWaitTakesNothingAndCountsObjectsSealedOnAnyTierOrAsFailed) {
+  Put(1, 1000, /*tier=*/0);  // on a GPU only
+  const ObjectId failed = Id(2);
+  store_.SealFailed(kClient, std::span(&failed, 1), "bad input");
+  std::optional<std::vector<GetResult>> answer;
+  ASSERT_TRUE(store_
+                  .Wait(kClient, /*request=*/3, {Id(1), Id(2), Id(3)}, /*count=*/2,
+                        /*timeout_ms=*/-1, [&](std::vector<GetResult> r) { answer = std::move(r); })
+                  .ok());
+  executor_.Drain();
+  ASSERT_TRUE(answer.has_value());  // at once: two of three are sealed
+  EXPECT_EQ((*answer)[0].code, StatusCode::kOk);
+  EXPECT_EQ((*answer)[1].code, StatusCode::kTaskFailed);
+  EXPECT_EQ((*answer)[2].code, StatusCode::kNotFound);
+  const ObjectId first = Id(1);
+  EXPECT_EQ(store_.Locate(std::span(&first, 1))[0].tiers, ipc::TierBit(0)) << "no copy made";
+  EXPECT_EQ(store_.UsageOf(kClient).references, 1u) << "only the creator's own";
+}
+
+TEST_F(ObjectStoreTest, AWaitForAllIsAnsweredByTheLastSealAndCanBeCancelled) {
+  std::optional<std::vector<GetResult>> all;
+  ASSERT_TRUE(store_
+                  .Wait(kClient, /*request=*/5, {Id(1), Id(2)}, /*count=*/0, /*timeout_ms=*/-1,
+                        [&](std::vector<GetResult> r) { all = std::move(r); })
+                  .ok());
+  Put(1, 100);
+  EXPECT_FALSE(all.has_value());
+  Put(2, 100);
+  ASSERT_TRUE(all.has_value());
+  EXPECT_EQ((*all)[0].code, StatusCode::kOk);
+  EXPECT_EQ((*all)[1].code, StatusCode::kOk);
+
+  std::optional<std::vector<GetResult>> cancelled;
+  ASSERT_TRUE(store_
+                  .Get(kClient, /*request=*/6, {Id(1), Id(9)}, kHost, /*timeout_ms=*/-1,
+                       [&](std::vector<GetResult> r) { cancelled = std::move(r); })
+                  .ok());
+  EXPECT_FALSE(store_.CancelWait(kClient + 1, 6));
+  EXPECT_TRUE(store_.CancelWait(kClient, 6));
+  ASSERT_TRUE(cancelled.has_value());
+  EXPECT_EQ((*cancelled)[0].code, StatusCode::kOk);  // granted: the client gives it back
+  EXPECT_EQ((*cancelled)[1].code, StatusCode::kTimeout);
+  EXPECT_FALSE(store_.CancelWait(kClient, 6));
+}
+
+TEST_F(ObjectStoreTest, AWaitForMoreObjectsThanItNamesIsRefused) {
+  bool answered = false;
+  const Status st = store_.Wait(kClient, 1, {Id(1)}, /*count=*/2, -1,
+                                [&](std::vector<GetResult>) { answered = true; });
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("can never end"), std::string::npos) << st.message();
+  EXPECT_FALSE(answered);
 }
 
 TEST_F(ObjectStoreTest, APutByTheDaemonSealsTheBytesAndLeavesThemUnreferenced) {

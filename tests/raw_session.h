@@ -165,6 +165,20 @@ inline auto GetOf(const std::vector<ObjectId>& ids, int64_t timeout_ms = 0) {
   };
 }
 
+inline auto WaitOf(const std::vector<ObjectId>& ids, uint32_t count, int64_t timeout_ms = -1) {
+  return [=](wire::Request::Builder r) {
+    auto wait = r.initWait();
+    auto list = wait.initIds(static_cast<unsigned>(ids.size()));
+    for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+    wait.setCount(count);
+    wait.setTimeoutMs(timeout_ms);
+  };
+}
+
+inline auto CancelWaitOf(uint64_t request) {
+  return [=](wire::Request::Builder r) { r.setCancelWait(request); };
+}
+
 // release (of host references), delete and contains all take a list of ids.
 enum class IdList { kRelease, kDelete, kContains, kLocate };
 inline auto ListOf(IdList kind, const std::vector<ObjectId>& ids) {

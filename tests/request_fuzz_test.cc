@@ -359,6 +359,12 @@ class RequestFuzzer {
       case 34:
         if (x_.OneIn(64)) Reconnect();
         break;
+      case 35:
+        Wait();
+        break;
+      case 36:
+        CancelWait();
+        break;
       default:
         break;  // only the replies
     }
@@ -641,6 +647,27 @@ class RequestFuzzer {
                                         : int64_t{0}));
     get.setDevice(Device(o));
     get.setClaim(Said(o, "claim", x_.OneIn(4)));
+    Send(o);
+  }
+
+  void Wait() {
+    Outgoing o(Rid(), "wait");
+    auto wait = o.r.initWait();
+    const unsigned n = Count(o);
+    FillIds(o, wait.initIds(n));
+    wait.setCount(Said(o, "count", Wild() ? x_.U32({n, n + 1}) : uint32_t(x_.Pick(n + 1))));
+    wait.setTimeoutMs(Said(o, "timeoutMs",
+                           Wild()        ? x_.I64({kForeverMs})
+                           : x_.OneIn(4) ? static_cast<int64_t>(x_.Pick(5))
+                                         : int64_t{0}));
+    Send(o);
+  }
+
+  // Cancels one of the last requests (a get or wait that may still wait), or any id.
+  void CancelWait() {
+    Outgoing o(Rid(), "cancelWait");
+    const uint64_t recent = Rid() - 1 - x_.Pick(std::min<uint64_t>(Rid() - 1, 8));
+    o.r.setCancelWait(Said(o, "request", Wild() ? x_.U64({Rid()}) : recent));
     Send(o);
   }
 

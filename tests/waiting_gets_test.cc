@@ -19,14 +19,29 @@ class WaitingGetsTest : public ::testing::Test {
 
   // A get of `ids` by client 1 on the host, each waiting as `waits` says.
   WaitingGets::Id Add(std::vector<ObjectId> ids, std::vector<Wait> waits, int64_t timeout_ms,
-                      uint64_t cost = 0) {
-    WaitingGets::Get get{.client = 1, .tier = kHost, .ids = std::move(ids)};
+                      uint64_t cost = 0, uint64_t request = 0) {
+    WaitingGets::Get get{.client = 1, .request = request, .tier = kHost, .ids = std::move(ids)};
     get.results.resize(get.ids.size());
     get.waits = std::move(waits);
     for (Wait w : get.waits) get.missing += w != Wait::kNone;
     get.cost = cost;
     get.done = [this](std::vector<GetResult> results) { answer_ = std::move(results); };
     return gets_.Add(std::move(get), timeout_ms);
+  }
+
+  // A wait of client 1 for `enough` of `ids`, all of them waiting for their seal.
+  WaitingGets::Id AddWait(std::vector<ObjectId> ids, size_t enough, uint64_t request) {
+    WaitingGets::Get get{.client = 1,
+                         .request = request,
+                         .hold = false,
+                         .wait = true,
+                         .enough = enough,
+                         .ids = std::move(ids)};
+    get.results.resize(get.ids.size());
+    get.waits.assign(get.ids.size(), Wait::kSeal);
+    get.missing = get.ids.size();
+    get.done = [this](std::vector<GetResult> results) { answer_ = std::move(results); };
+    return gets_.Add(std::move(get), -1);
   }
 
   boost::asio::io_context loop_;
@@ -122,6 +137,51 @@ TEST_F(WaitingGetsTest, GetsThatStopWaitingLeaveOnlyTheLiveOnesIndexed) {
   EXPECT_EQ(gets_.TakeSealWaiters(Id(2)), (std::vector<Waiter>{{before, 1}}));
   gets_.DropClient(1);
   EXPECT_TRUE(gets_.TakeSealWaiters(Id(3)).empty());
+}
+
+TEST_F(WaitingGetsTest, AWaitIsAnsweredOnceEnoughIdsAreResolvedAndTheRestTimeOut) {
+  const auto id = AddWait({Id(1), Id(2), Id(3)}, 2, /*request=*/7);
+  for (auto [object, index] : gets_.TakeSealWaiters(Id(2))) {
+    gets_.Find(object)->Resolve(index, GetResult{});
+    gets_.FinishIfDone(object);
+  }
+  EXPECT_FALSE(answer_.has_value());  // one of two
+  gets_.TakeSealWaiters(Id(3));
+  gets_.Find(id)->Resolve(2, GetResult{StatusCode::kTaskFailed, {}});
+  gets_.FinishIfDone(id);
+  ASSERT_TRUE(answer_.has_value());
+  EXPECT_EQ((*answer_)[0].code, StatusCode::kTimeout);
+  EXPECT_EQ((*answer_)[1].code, StatusCode::kOk);
+  EXPECT_EQ((*answer_)[2].code, StatusCode::kTaskFailed);
+  EXPECT_EQ(gets_.Find(id), nullptr);
+  EXPECT_TRUE(gets_.TakeSealWaiters(Id(1)).empty());  // no longer indexed
+  EXPECT_EQ(gets_.timeouts(), 0u);                    // answered, not timed out
+}
+
+TEST_F(WaitingGetsTest, CancellingAGetAnswersItAtOnceWithWhatItStillWaitedForTimedOut) {
+  const auto id = Add({Id(1), Id(2), Id(3)}, {Wait::kSeal, Wait::kCopy, Wait::kNone}, -1, 200,
+                      /*request=*/42);
+  gets_.Find(id)->results[2] = GetResult{StatusCode::kOk, Location{.slot = 9}};
+  EXPECT_FALSE(gets_.Cancel(1, /*request=*/41));  // not that request
+  EXPECT_FALSE(gets_.Cancel(2, /*request=*/42));  // nor another client's
+  EXPECT_FALSE(answer_.has_value());
+  EXPECT_TRUE(gets_.Cancel(1, 42));
+  ASSERT_TRUE(answer_.has_value());
+  EXPECT_EQ((*answer_)[0].code, StatusCode::kTimeout);
+  EXPECT_EQ((*answer_)[1].code, StatusCode::kTimeout);  // the copy is not waited for
+  EXPECT_EQ((*answer_)[2].location.slot, 9u);           // what it was granted stays
+  EXPECT_EQ(gets_.Find(id), nullptr);
+  EXPECT_EQ(accounts_.metadata_bytes(), 0u);
+  EXPECT_TRUE(gets_.TakeSealWaiters(Id(1)).empty());
+  EXPECT_EQ(gets_.cancelled(), 1u);
+  EXPECT_EQ(gets_.timeouts(), 0u);
+  EXPECT_FALSE(gets_.Cancel(1, 42));  // answered already
+}
+
+TEST_F(WaitingGetsTest, AGetWithNoRequestIdCannotBeCancelled) {
+  Add({Id(1)}, {Wait::kSeal}, -1);
+  EXPECT_FALSE(gets_.Cancel(1, 0));
+  EXPECT_EQ(gets_.CountOf(1), 1u);
 }
 
 }  // namespace

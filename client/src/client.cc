@@ -11,6 +11,7 @@
 #include "connection.h"
 #include "holding.h"
 #include "info_fields.h"
+#include "pending_call.h"
 
 namespace depot {
 
@@ -207,43 +208,56 @@ struct Got {
   std::vector<StatusCode> codes;
 };
 
-// Get and GetOnDevice: one get request on `tier` (the daemon's numbering; `ordinal` this
-// process's, for messages) for the ids `local` does not answer from what this client holds;
-// `make` turns each location granted into a holding. Missing and late objects are "not
-// there" alike on every tier. Any other failure of an object (the output of a failed task,
-// its copy to `tier` failed or found no room, or its location is unusable here) fails the
-// call with the first such error in the order of `ids`: TaskFailed with the task's message
-// as it is, the others naming the object; the holdings made meanwhile are dropped, which
-// gives their references back.
-// With `claim`, the references are those the session's group holds (Client::Claim).
-template <typename Held, typename Local, typename Make>
-Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<const ObjectId> ids,
-                            int32_t tier, int ordinal, std::chrono::milliseconds timeout,
-                            Local local, Make make, bool claim = false) {
-  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn, "a get"));
+// A get in two halves, so that it may be answered later (Client::StartGet): what the
+// client answers itself (`local`: objects it holds), and which ids it asks the daemon for.
+template <typename Held>
+struct GetPlan {
+  std::vector<ObjectId> ids;
   Got<Held> got;
-  got.holdings.resize(ids.size());
-  got.codes.assign(ids.size(), StatusCode::kOk);
   std::vector<size_t> remote;  // indices into ids
-  for (size_t i = 0; i < ids.size(); ++i) {
-    got.holdings[i] = local(ids[i]);
-    if (!got.holdings[i]) remote.push_back(i);
-  }
-  if (remote.empty()) return got;
+};
 
-  RequestMessage request;
+template <typename Held, typename Local>
+Result<GetPlan<Held>> PlanGet(const Connection& conn, std::span<const ObjectId> ids, Local local) {
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), conn, "a get"));
+  GetPlan<Held> plan;
+  plan.ids.assign(ids.begin(), ids.end());
+  plan.got.holdings.resize(ids.size());
+  plan.got.codes.assign(ids.size(), StatusCode::kOk);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    plan.got.holdings[i] = local(ids[i]);
+    if (!plan.got.holdings[i]) plan.remote.push_back(i);
+  }
+  return plan;
+}
+
+// The get request for the plan's remote ids.
+template <typename Held>
+void EncodeGet(RequestMessage& request, const GetPlan<Held>& plan, int32_t tier,
+               std::chrono::milliseconds timeout, bool claim) {
   auto get = request.root().initGet();
-  auto list = get.initIds(static_cast<unsigned>(remote.size()));
-  for (size_t k = 0; k < remote.size(); ++k) ipc::ToWire(ids[remote[k]], list[k]);
+  auto list = get.initIds(static_cast<unsigned>(plan.remote.size()));
+  for (size_t k = 0; k < plan.remote.size(); ++k) ipc::ToWire(plan.ids[plan.remote[k]], list[k]);
   get.setTimeoutMs(WireTimeout(timeout));
   get.setDevice(tier);
   get.setClaim(claim);
-  Reply reply;
-  DEPOT_RETURN_NOT_OK(conn->Call(request, &reply));
+}
+
+// Completes the plan with the daemon's reply: `make` turns each location granted into a
+// holding. Missing and late objects are "not there" alike on every tier. Any other failure
+// of an object (the output of a failed task, its copy to the tier failed or found no room,
+// or its location is unusable here) fails the call with the first such error in the order
+// of the ids: TaskFailed with the task's message as it is, the others naming the object
+// (`ordinal`: this process's GPU, or kHostMemory); the holdings made meanwhile are dropped,
+// which gives their references back.
+template <typename Held, typename Make>
+Result<Got<Held>> FinishGet(GetPlan<Held>& plan, Reply& reply, int ordinal, bool claim, Make make) {
+  const std::vector<size_t>& remote = plan.remote;
   return Decode([&]() -> Result<Got<Held>> {
     auto r = reply.get();
     if (!r.isGet() || r.getGet().size() != remote.size()) return UnexpectedReply("get");
     auto results = r.getGet();
+    Got<Held>& got = plan.got;
     // Every result granted becomes a holding even after one fails, so that each reference
     // is given back when `got` is dropped.
     Status first_error;
@@ -260,13 +274,14 @@ Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<c
         // The daemon may say why (a copy between tiers that failed).
         const auto why = results[k].getMessage();
         st = Status(code, std::string(claim ? "cannot claim object " : "cannot get object ") +
-                              ids[i].Hex() + (ordinal == Client::kHostMemory ? " in " : " on ") +
+                              plan.ids[i].Hex() +
+                              (ordinal == Client::kHostMemory ? " in " : " on ") +
                               TierName(ordinal) + ": " +
                               (why.size() == 0 ? std::string(StatusCodeName(code))
                                                : std::string(why.begin(), why.size())));
       }
       if (st.ok()) {
-        auto made = make(ids[i], results[k].getLocation());
+        auto made = make(plan.ids[i], results[k].getLocation());
         if (made.ok()) {
           got.holdings[i] = std::move(made).value();
         } else {
@@ -277,48 +292,101 @@ Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<c
       if (first_error.ok()) first_error = std::move(st);
     }
     if (!first_error.ok()) return first_error;
-    return got;
+    return std::move(got);
   });
 }
 
-// GetOnTier in host memory. Objects this client holds are answered from its table, but
-// for a claim, which always takes the group's reference.
+// Get and GetOnDevice: one get request on `tier` (the daemon's numbering; `ordinal` this
+// process's, for messages) for the ids `local` does not answer from what this client holds,
+// completed by FinishGet. With `claim`, the references are those the session's group holds
+// (Client::Claim).
+template <typename Held, typename Local, typename Make>
+Result<Got<Held>> GetOnTier(const std::shared_ptr<Connection>& conn, std::span<const ObjectId> ids,
+                            int32_t tier, int ordinal, std::chrono::milliseconds timeout,
+                            Local local, Make make, bool claim = false) {
+  DEPOT_ASSIGN_OR_RETURN(auto plan, PlanGet<Held>(*conn, ids, local));
+  if (plan.remote.empty()) return std::move(plan.got);
+  RequestMessage request;
+  EncodeGet(request, plan, tier, timeout, claim);
+  Reply reply;
+  DEPOT_RETURN_NOT_OK(conn->Call(request, &reply));
+  return FinishGet(plan, reply, ordinal, claim, make);
+}
+
+// How a host get answers what it can locally: objects this client holds are answered from
+// its table (or its lease table), but for a claim, which always takes the group's reference.
+auto HostLocal(const std::shared_ptr<Connection>& conn, bool claim) {
+  return [conn, claim](const ObjectId& id) -> std::shared_ptr<Holding> {
+    if (claim) return nullptr;
+    auto held = FindSealed(*conn, id);
+    return held ? held : Lease(conn, id);
+  };
+}
+
+// How a host get turns a location granted into a holding.
+auto HostMake(const std::shared_ptr<Connection>& conn) {
+  return [conn](const ObjectId& id,
+                wire::Location::Reader location) -> Result<std::shared_ptr<Holding>> {
+    DEPOT_ASSIGN_OR_RETURN(auto fresh, MakeHolding(conn, id, location, /*sealed=*/true));
+    RememberPlace(*conn, id, *fresh);
+    // A second reference to an object already held (another thread's Get, or this
+    // client's own Create) is dropped here, which gives it back.
+    auto holding = conn->holdings().Adopt(std::move(fresh));
+    holding->sealed.store(true, std::memory_order_release);
+    return holding;
+  };
+}
+
+// A GPU get answers nothing locally: each get takes a reference of its own (see
+// DeviceHolding).
+std::shared_ptr<internal::DeviceHolding> NothingLocal(const ObjectId&) { return nullptr; }
+
+auto GpuMake(const std::shared_ptr<Connection>& conn) {
+  return [conn](const ObjectId& id, wire::Location::Reader location) {
+    return MakeDeviceHolding(conn, id, location, /*writable=*/false);
+  };
+}
+
+// GetOnTier in host memory.
 Result<Got<Holding>> GetOnHost(const std::shared_ptr<Connection>& conn,
                                std::span<const ObjectId> ids, std::chrono::milliseconds timeout,
                                bool claim = false) {
-  return GetOnTier<Holding>(
-      conn, ids, ipc::kHostDevice, Client::kHostMemory, timeout,
-      [&](const ObjectId& id) -> std::shared_ptr<Holding> {
-        if (claim) return nullptr;
-        auto held = FindSealed(*conn, id);
-        return held ? held : Lease(conn, id);
-      },
-      [&](const ObjectId& id, wire::Location::Reader location) -> Result<std::shared_ptr<Holding>> {
-        DEPOT_ASSIGN_OR_RETURN(auto fresh, MakeHolding(conn, id, location, /*sealed=*/true));
-        RememberPlace(*conn, id, *fresh);
-        // A second reference to an object already held (another thread's Get, or this
-        // client's own Create) is dropped here, which gives it back.
-        auto holding = conn->holdings().Adopt(std::move(fresh));
-        holding->sealed.store(true, std::memory_order_release);
-        return holding;
-      },
-      claim);
+  return GetOnTier<Holding>(conn, ids, ipc::kHostDevice, Client::kHostMemory, timeout,
+                            HostLocal(conn, claim), HostMake(conn), claim);
 }
 
-// GetOnTier on GPU `ordinal` (this process's). Each get takes a reference of its own:
-// nothing is answered locally (see DeviceHolding).
+// GetOnTier on GPU `ordinal` (this process's).
 Result<Got<internal::DeviceHolding>> GetOnGpu(const std::shared_ptr<Connection>& conn,
                                               std::span<const ObjectId> ids, int ordinal,
                                               std::chrono::milliseconds timeout,
                                               bool claim = false) {
   DEPOT_ASSIGN_OR_RETURN(const int32_t tier, conn->DaemonDevice(ordinal));
-  return GetOnTier<internal::DeviceHolding>(
-      conn, ids, tier, ordinal, timeout,
-      [](const ObjectId&) { return std::shared_ptr<internal::DeviceHolding>(); },
-      [&](const ObjectId& id, wire::Location::Reader location) {
-        return MakeDeviceHolding(conn, id, location, /*writable=*/false);
-      },
-      claim);
+  return GetOnTier<internal::DeviceHolding>(conn, ids, tier, ordinal, timeout, NothingLocal,
+                                            GpuMake(conn), claim);
+}
+
+// GetOnTier as a request answered later: the PendingCall, and what turns its reply into
+// the holdings (Client::StartGet and StartGetOnDevice wrap them in handles).
+template <typename Held>
+using FinishHoldings = std::function<Result<Got<Held>>(Reply*)>;
+template <typename Held, typename Local, typename Make>
+Result<std::pair<std::unique_ptr<internal::PendingCall>, FinishHoldings<Held>>> StartGetOnTier(
+    const std::shared_ptr<Connection>& conn, std::span<const ObjectId> ids, int32_t tier,
+    int ordinal, std::chrono::milliseconds timeout, bool announce, Local local, Make make) {
+  DEPOT_ASSIGN_OR_RETURN(auto plan, PlanGet<Held>(*conn, ids, local));
+  auto call = std::make_unique<internal::PendingCall>();
+  call->conn = conn;
+  if (!plan.remote.empty()) {
+    RequestMessage request;
+    EncodeGet(request, plan, tier, timeout, /*claim=*/false);
+    DEPOT_ASSIGN_OR_RETURN(call->request, conn->Start(request, announce));
+  }
+  auto kept = std::make_shared<GetPlan<Held>>(std::move(plan));
+  FinishHoldings<Held> finish = [kept, ordinal, make](Reply* reply) -> Result<Got<Held>> {
+    if (reply == nullptr) return std::move(kept->got);
+    return FinishGet(*kept, *reply, ordinal, /*claim=*/false, make);
+  };
+  return std::make_pair(std::move(call), std::move(finish));
 }
 
 // A one-object get's error for an object that was not there (`code`: as Got's).
@@ -497,6 +565,85 @@ Result<Buffer> Client::Get(const ObjectId& id, std::chrono::milliseconds timeout
   if (!got.holdings[0]) return NotThere(id, got.codes[0], timeout);
   return Buffer(std::move(got.holdings[0]));
 }
+
+Result<Pending<std::vector<Buffer>>> Client::StartGet(std::span<const ObjectId> ids,
+                                                      std::chrono::milliseconds timeout,
+                                                      bool announce) {
+  DEPOT_ASSIGN_OR_RETURN(
+      auto started, StartGetOnTier<Holding>(conn_, ids, ipc::kHostDevice, kHostMemory, timeout,
+                                            announce, HostLocal(conn_, false), HostMake(conn_)));
+  auto& [call, holdings] = started;
+  return Pending<std::vector<Buffer>>(
+      std::move(call),
+      [holdings = std::move(holdings)](Reply* reply) -> Result<std::vector<Buffer>> {
+        DEPOT_ASSIGN_OR_RETURN(auto got, holdings(reply));
+        std::vector<Buffer> buffers;
+        buffers.reserve(got.holdings.size());
+        for (auto& holding : got.holdings) buffers.push_back(Buffer(std::move(holding)));
+        return buffers;
+      });
+}
+
+Result<Pending<std::vector<DeviceBuffer>>> Client::StartGetOnDevice(
+    std::span<const ObjectId> ids, int device, std::chrono::milliseconds timeout, bool announce) {
+  DEPOT_ASSIGN_OR_RETURN(const int32_t tier, conn_->DaemonDevice(device));
+  DEPOT_ASSIGN_OR_RETURN(
+      auto started, StartGetOnTier<internal::DeviceHolding>(
+                        conn_, ids, tier, device, timeout, announce, NothingLocal, GpuMake(conn_)));
+  auto& [call, holdings] = started;
+  return Pending<std::vector<DeviceBuffer>>(
+      std::move(call),
+      [holdings = std::move(holdings)](Reply* reply) -> Result<std::vector<DeviceBuffer>> {
+        DEPOT_ASSIGN_OR_RETURN(auto got, holdings(reply));
+        std::vector<DeviceBuffer> buffers;
+        buffers.reserve(got.holdings.size());
+        for (auto& holding : got.holdings) buffers.push_back(DeviceBuffer(std::move(holding)));
+        return buffers;
+      });
+}
+
+Result<std::vector<bool>> Client::Wait(std::span<const ObjectId> ids, size_t count,
+                                       std::chrono::milliseconds timeout) {
+  DEPOT_ASSIGN_OR_RETURN(auto pending, StartWait(ids, count, timeout));
+  return pending.Take();
+}
+
+Result<Pending<std::vector<bool>>> Client::StartWait(std::span<const ObjectId> ids, size_t count,
+                                                     std::chrono::milliseconds timeout,
+                                                     bool announce) {
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a wait"));
+  if (count > ids.size()) {
+    return Status::InvalidArgument("a wait for " + std::to_string(count) + " of " +
+                                   std::to_string(ids.size()) + " objects can never end");
+  }
+  RequestMessage request;
+  auto wait = request.root().initWait();
+  auto list = wait.initIds(static_cast<unsigned>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+  wait.setTimeoutMs(WireTimeout(timeout));
+  wait.setCount(static_cast<uint32_t>(count));
+  auto call = std::make_unique<internal::PendingCall>();
+  call->conn = conn_;
+  DEPOT_ASSIGN_OR_RETURN(call->request, conn_->Start(request, announce));
+  const size_t n = ids.size();
+  return Pending<std::vector<bool>>(std::move(call),
+                                    [n](Reply* reply) -> Result<std::vector<bool>> {
+                                      return Decode([&]() -> Result<std::vector<bool>> {
+                                        auto r = reply->get();
+                                        if (!r.isWait() || r.getWait().size() != n)
+                                          return UnexpectedReply("wait");
+                                        std::vector<bool> sealed(n);
+                                        for (size_t i = 0; i < n; ++i)
+                                          sealed[i] = r.getWait()[static_cast<unsigned>(i)];
+                                        return sealed;
+                                      });
+                                    });
+}
+
+int Client::fd() const { return conn_->fd(); }
+void Client::Pump() { conn_->Pump(); }
+Result<int> Client::CompletionFd() { return conn_->completion_fd(); }
+std::vector<uint64_t> Client::TakeCompleted() { return conn_->TakeCompleted(); }
 
 Status Client::Delete(const ObjectId& id) { return Delete(std::span(&id, 1)); }
 

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -359,6 +360,105 @@ Status Connection::Call(RequestMessage& request, Reply* reply) {
   return Decode([&] { return ipc::StatusFromReply(reply->get()); });
 }
 
+Result<std::unique_ptr<Connection::Pending>> Connection::Start(RequestMessage& request,
+                                                               bool notify) {
+  if (forked()) return Status::Disconnected(kForkedMessage);
+  auto pending = std::make_unique<Pending>();
+  Waiter& me = pending->waiter_;
+  me.id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  me.notify = notify;
+  request.root().setId(me.id);
+  DEPOT_ASSIGN_OR_RETURN(ipc::OutFrame frame,
+                         ipc::EncodeFrame(request.message(), {}, max_frame_bytes_));
+  {
+    std::lock_guard lock(mu_);
+    if (!broken_.ok()) return broken_;
+    waiters_.push_back(&me);
+  }
+  // A failed send breaks the connection, which completes `me` with why.
+  Send({&frame, 1});
+  return pending;
+}
+
+std::optional<Status> Connection::AwaitUntil(
+    Pending& pending, std::optional<std::chrono::steady_clock::time_point> deadline) {
+  Waiter& me = pending.waiter_;
+  if (!Await(me, deadline)) return std::nullopt;
+  if (!me.status.ok()) return me.status;
+  return Decode([&] { return ipc::StatusFromReply(pending.reply_.get()); });
+}
+
+bool Connection::Done(const Pending& pending) {
+  std::lock_guard lock(mu_);
+  return pending.waiter_.done;
+}
+
+void Connection::Pump() {
+  {
+    std::lock_guard lock(mu_);
+    if (reading_ || !broken_.ok()) return;
+    reading_ = true;
+  }
+  // Reads until the socket has nothing more now; FileBuffered and ReadSome break the
+  // connection on a bad frame or a closed socket.
+  bool mine = false;
+  while (FileBuffered(nullptr, &mine)) {
+    bool would_block = false;
+    auto n = reader_.ReadSome(socket_.get(), &would_block, /*dont_wait=*/true);
+    if (!n.ok()) {
+      Break(Status::Disconnected("lost the connection to the daemon: " + n.status().message()));
+      break;
+    }
+    if (would_block) break;
+    if (*n == 0) {
+      Break(Status::Disconnected(kClosedMessage));
+      break;
+    }
+  }
+  std::lock_guard lock(mu_);
+  reading_ = false;
+  HandOnReading(nullptr);
+}
+
+Result<int> Connection::completion_fd() {
+  std::lock_guard lock(mu_);
+  if (!completion_fd_) {
+    ipc::UniqueFd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!fd) return Status::FromErrno("eventfd", errno);
+    completion_fd_ = std::move(fd);
+    if (!completed_.empty()) ::eventfd_write(completion_fd_.get(), 1);
+  }
+  return completion_fd_.get();
+}
+
+std::vector<uint64_t> Connection::TakeCompleted() {
+  std::lock_guard lock(mu_);
+  if (completion_fd_) {
+    eventfd_t count;
+    ::eventfd_read(completion_fd_.get(), &count);  // EAGAIN when nothing was announced
+  }
+  return std::exchange(completed_, {});
+}
+
+void Connection::Complete(Waiter* w) {
+  w->done = true;
+  if (w->notify) {
+    completed_.push_back(w->id);
+    if (completion_fd_) ::eventfd_write(completion_fd_.get(), 1);
+  }
+  // Notified under the lock: once it sees `done` the waiter may return and destroy its cv.
+  w->cv.notify_one();
+}
+
+void Connection::HandOnReading(const Waiter* except) {
+  for (Waiter* w : waiters_) {
+    if (w->awaited && w != except) {
+      w->cv.notify_one();
+      return;
+    }
+  }
+}
+
 Status CheckBatch(size_t count, const Connection& conn, const char* what) {
   if (count <= conn.max_batch()) return Status::OK();
   return Status::LimitExceeded(std::string(what) + " of " + std::to_string(count) +
@@ -453,21 +553,25 @@ std::vector<Status> Connection::CallMany(std::span<RequestMessage* const> reques
   return statuses;
 }
 
-void Connection::Await(Waiter& me) {
+bool Connection::Await(Waiter& me, std::optional<std::chrono::steady_clock::time_point> deadline) {
   std::unique_lock lock(mu_);
+  me.awaited = true;
   while (!me.done) {
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) break;
     if (reading_) {
-      me.cv.wait(lock);
+      deadline ? (void)me.cv.wait_until(lock, *deadline) : me.cv.wait(lock);
       continue;
     }
     reading_ = true;
     lock.unlock();
-    ReadUntilDone(me);
+    ReadUntilDone(me, deadline);
     lock.lock();
     reading_ = false;
     // Hand the reader role on; whoever finds reading_ false next takes it.
-    if (!waiters_.empty()) waiters_.front()->cv.notify_one();
+    HandOnReading(&me);
   }
+  me.awaited = false;
+  return me.done;
 }
 
 size_t Connection::ReleaseIdsPerFrame() const {
@@ -634,34 +738,40 @@ void Connection::EncodeReleases() {
   }
 }
 
-void Connection::ReadUntilDone(Waiter& me) {
-  bool mine = false;
+void Connection::ReadUntilDone(Waiter& me,
+                               std::optional<std::chrono::steady_clock::time_point> deadline) {
   for (;;) {
     // Everything already buffered is filed before returning, so that replies which arrived
     // together with ours need no further read.
-    for (;;) {
-      auto next = reader_.Next();
-      if (!next.ok()) {
-        Break(Status::Disconnected("the daemon sent a bad frame: " + next.status().message()));
-        return;
-      }
-      if (!next->has_value()) break;
-      auto filed = Dispatch(std::move(**next), me);
-      if (!filed.ok()) {
-        Break(Status::Disconnected("the daemon broke the protocol: " + filed.status().message()));
-        return;
-      }
-      mine = mine || *filed;
-    }
-    if (mine) return;
-    if (Status st = Fill(); !st.ok()) {
+    bool mine = false;
+    if (!FileBuffered(&me, &mine) || mine) return;
+    bool timed_out = false;
+    if (Status st = Fill(deadline, &timed_out); !st.ok()) {
       Break(std::move(st));
       return;
     }
+    if (timed_out) return;
   }
 }
 
-Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
+bool Connection::FileBuffered(const Waiter* me, bool* mine) {
+  for (;;) {
+    auto next = reader_.Next();
+    if (!next.ok()) {
+      Break(Status::Disconnected("the daemon sent a bad frame: " + next.status().message()));
+      return false;
+    }
+    if (!next->has_value()) return true;
+    auto filed = Dispatch(std::move(**next), me);
+    if (!filed.ok()) {
+      Break(Status::Disconnected("the daemon broke the protocol: " + filed.status().message()));
+      return false;
+    }
+    *mine = *mine || *filed;
+  }
+}
+
+Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, const Waiter* me) {
   uint64_t id = 0;
   std::vector<std::shared_ptr<const Mapping>> mappings;
   try {
@@ -707,9 +817,8 @@ Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
     w->reply->words_ = std::move(words);
     w->reply->fds_ = std::move(frame.fds);
     w->reply->message_.reset();
-    w->done = true;
-    if (w != &me) w->cv.notify_one();
-    return w == &me;
+    Complete(w);
+    return w == me;
   }
   auto it = std::find_if(waiters_.begin(), waiters_.end(), [&](Waiter* w) { return w->id == id; });
   if (it == waiters_.end()) {
@@ -720,10 +829,8 @@ Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, Waiter& me) {
   w->reply->words_ = std::move(words);
   w->reply->fds_ = std::move(frame.fds);
   w->reply->mappings_ = std::move(mappings);
-  w->done = true;
-  // Notified under the lock: once it sees `done` the waiter may return and destroy its cv.
-  if (w != &me) w->cv.notify_one();
-  return w == &me;
+  Complete(w);
+  return w == me;
 }
 
 bool Connection::ShouldSpin() {
@@ -736,14 +843,28 @@ bool Connection::ShouldSpin() {
   return true;
 }
 
-Status Connection::Fill() {
-  if (ShouldSpin()) {
-    // Polling for a short while saves the scheduler wake-up of a blocking recvmsg when the
-    // reply is about to arrive, as it usually is.
-    const auto deadline = std::chrono::steady_clock::now() + spin_;
+Status Connection::Fill(std::optional<std::chrono::steady_clock::time_point> deadline,
+                        bool* timed_out) {
+  if (deadline) {
+    // Waits for the socket until the deadline, in whole milliseconds rounded up.
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
     pollfd p{socket_.get(), POLLIN, 0};
     int ready;
-    while ((ready = ::poll(&p, 1, 0)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    do {
+      ready = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT_MAX)));
+    } while (ready < 0 && errno == EINTR);
+    if (ready == 0) {
+      *timed_out = true;
+      return Status::OK();
+    }
+  } else if (ShouldSpin()) {
+    // Polling for a short while saves the scheduler wake-up of a blocking recvmsg when the
+    // reply is about to arrive, as it usually is.
+    const auto spin_deadline = std::chrono::steady_clock::now() + spin_;
+    pollfd p{socket_.get(), POLLIN, 0};
+    int ready;
+    while ((ready = ::poll(&p, 1, 0)) == 0 && std::chrono::steady_clock::now() < spin_deadline) {
     }
     if (ready == 0) {
       spin_debt_ = std::min(spin_debt_ + kSpinMissCost, kSpinDebtLimit);
@@ -769,9 +890,8 @@ void Connection::Break(Status why) {
     ::shutdown(socket_.get(), SHUT_RDWR);
   }
   for (Waiter* w : waiters_) {
-    w->done = true;
     w->status = broken_;
-    w->cv.notify_one();
+    Complete(w);
   }
   waiters_.clear();
 }

@@ -114,7 +114,39 @@ struct DaemonGpu {
 };
 
 class Connection {
+ private:
+  // A reply awaited: on Call's stack, in CallMany's array, in a Pending. Guarded by mu_.
+  struct Waiter {
+    uint64_t id;
+    Reply* reply;
+    bool done = false;
+    Status status;  // set, with done, when the connection breaks first
+    // A thread waits for it in Await, so may take the reader role (a Pending's often has
+    // none: its owner looks at it now and then, or an event loop learns of it).
+    bool awaited = false;
+    bool notify = false;  // its completion is announced (completion_fd, TakeCompleted)
+    std::condition_variable cv;
+  };
+
  public:
+  // A request sent whose reply is awaited later, in slices, or by an event loop (Start).
+  // Whichever thread reads the reply files it here. It stays registered with the
+  // connection until its reply is in or the connection breaks (Done): its owner keeps it
+  // alive until then.
+  class Pending {
+   public:
+    Pending() { waiter_.reply = &reply_; }
+    Pending(const Pending&) = delete;
+    Pending& operator=(const Pending&) = delete;
+    uint64_t id() const { return waiter_.id; }
+    Reply& reply() { return reply_; }
+
+   private:
+    friend class Connection;
+    Reply reply_;
+    Waiter waiter_{};
+  };
+
   // Connects to the daemon at `socket_path` and performs the handshake. Fails with
   // ConnectionFailed if no daemon listens there and ProtocolMismatch (the daemon's message)
   // if it speaks another protocol version.
@@ -141,6 +173,28 @@ class Connection {
   // batch's replies well below that (hundreds of small replies, not a get of large ones).
   // Thread-safe.
   std::vector<Status> CallMany(std::span<RequestMessage* const> requests, Reply* replies);
+
+  // Sends `request` as Call does, and returns without waiting for its reply: AwaitUntil
+  // waits for it. With `notify`, its completion is also announced through completion_fd()
+  // and TakeCompleted (for an event loop, whose callbacks must not block). Thread-safe.
+  Result<std::unique_ptr<Pending>> Start(RequestMessage& request, bool notify = false);
+  // Waits for `pending`'s reply until `deadline` (none: for as long as it takes), reading
+  // replies for every caller meanwhile, as Call does. Returns nullopt if the deadline came
+  // first, else what Call would have returned. Thread-safe; one thread per Pending.
+  std::optional<Status> AwaitUntil(Pending& pending,
+                                   std::optional<std::chrono::steady_clock::time_point> deadline);
+  // Whether `pending`'s reply is in, or the connection broke.
+  bool Done(const Pending& pending);
+  // Reads and files the replies the socket holds now, without blocking, unless another
+  // thread is reading it: what an event loop calls when fd() is readable. Thread-safe.
+  void Pump();
+  // The socket, for an event loop to watch (Pump).
+  int fd() const { return socket_.get(); }
+  // An eventfd that is readable while TakeCompleted has ids to give; made on first use.
+  Result<int> completion_fd();
+  // The ids of the notify Pendings completed since the last call (in the order their
+  // replies came, or broken), and clears completion_fd(). Thread-safe.
+  std::vector<uint64_t> TakeCompleted();
 
   // Sends `request` with id 0, asking for no reply (a worker's completions), after the
   // queued releases. Disconnected as Call. Thread-safe.
@@ -203,15 +257,6 @@ class Connection {
   const std::string& socket_path() const { return socket_path_; }
 
  private:
-  // A caller waiting for a reply: on Call's stack, in CallMany's array. Guarded by mu_.
-  struct Waiter {
-    uint64_t id;
-    Reply* reply;
-    bool done = false;
-    Status status;  // set, with done, when the connection breaks first
-    std::condition_variable cv;
-  };
-
   Status Handshake(const ConnectOptions& options);
   // Imports the chunks a reply announces; `fds` are the descriptors after its segments'.
   Status ImportChunks(capnp::List<wire::Chunk>::Reader chunks, std::vector<ipc::UniqueFd>& fds);
@@ -219,8 +264,15 @@ class Connection {
   // them); breaks the connection on failure. The flusher says so (`from_flusher`): it does
   // all but taking the send lock and the write inside the fork gate (connection.cc).
   void Send(std::span<ipc::OutFrame> requests, bool from_flusher = false);
-  // Waits until `me` is done, reading replies for everyone while no other thread does.
-  void Await(Waiter& me);
+  // Waits until `me` is done or `deadline`, reading replies for everyone while no other
+  // thread does. Returns whether `me` is done.
+  bool Await(Waiter& me, std::optional<std::chrono::steady_clock::time_point> deadline = {});
+  // Wakes a thread waiting for its reply other than `except`'s, to take the reader role.
+  // Called with mu_ held, once reading_ is false.
+  void HandOnReading(const Waiter* except);
+  // Marks `w` done (its reply, or the connection's failure, filed), and wakes or announces
+  // it. Called with mu_ held.
+  void Complete(Waiter* w);
   // A reference queued for release.
   struct Ref {
     ObjectId id;
@@ -235,14 +287,20 @@ class Connection {
   void FlushLoop();
   // Starts the flusher. Called with release_mu_ held, at the first release.
   void StartFlusher();
-  // As the reader: reads and files replies until `me`'s has arrived or the connection breaks.
-  void ReadUntilDone(Waiter& me);
+  // As the reader: reads and files replies until `me`'s has arrived, the connection breaks,
+  // or `deadline`.
+  void ReadUntilDone(Waiter& me, std::optional<std::chrono::steady_clock::time_point> deadline);
+  // Files every frame already buffered, setting `*mine` if `me`'s reply was one. Returns
+  // false after breaking the connection on a bad frame.
+  bool FileBuffered(const Waiter* me, bool* mine);
   // Files one frame's reply for its waiter, after mapping the segments it announces.
   // Returns whether it was `me`'s; an error means the daemon broke the protocol.
-  Result<bool> Dispatch(ipc::FrameReader::Frame frame, Waiter& me);
+  Result<bool> Dispatch(ipc::FrameReader::Frame frame, const Waiter* me);
   // Waits for the socket to be readable (first polling for up to spin_, while polling
-  // pays: see ShouldSpin) and reads what is there.
-  Status Fill();
+  // pays: see ShouldSpin; with a `deadline`, until then at most, setting `*timed_out` if
+  // nothing came) and reads what is there.
+  Status Fill(std::optional<std::chrono::steady_clock::time_point> deadline = {},
+              bool* timed_out = nullptr);
   // Adaptive spinning: whether this wait polls first. Reader only.
   bool ShouldSpin();
   // Fails every waiter, and every later call, with `why`; shuts the socket down.
@@ -294,6 +352,9 @@ class Connection {
   std::deque<std::pair<std::vector<capnp::word>, std::vector<ipc::UniqueFd>>> pushes_;
   Status broken_;  // why the connection is unusable; OK while it works
   std::atomic<bool> is_broken_{false};
+  // Announced completions (Waiter::notify): their ids, and the eventfd that says so.
+  std::vector<uint64_t> completed_;
+  ipc::UniqueFd completion_fd_;
 
   ipc::FrameReader reader_;  // used only by the thread that is the reader
   // Adaptive spinning; used only by the thread that is the reader.

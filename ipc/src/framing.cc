@@ -122,7 +122,7 @@ void FrameReader::Compact() {
   }
 }
 
-Result<size_t> FrameReader::ReadSome(int socket, bool* would_block) {
+Result<size_t> FrameReader::ReadSome(int socket, bool* would_block, bool dont_wait) {
   *would_block = false;
   Compact();
   size_t capacity = buf_.size() * sizeof(capnp::word);
@@ -151,7 +151,7 @@ Result<size_t> FrameReader::ReadSome(int socket, bool* would_block) {
   msg.msg_controllen = sizeof(control);
   ssize_t n;
   do {
-    n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+    n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | (dont_wait ? MSG_DONTWAIT : 0));
   } while (n < 0 && errno == EINTR);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK) {

@@ -31,6 +31,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -46,7 +47,43 @@ namespace depot {
 
 namespace internal {
 class Connection;
+class Reply;
+struct PendingCall;
 }  // namespace internal
+
+// A get or wait sent to the daemon and answered later (Client::StartGet, StartGetOnDevice,
+// StartWait). The daemon keeps one waiting request for it, however the caller waits: in
+// slices (to notice Ctrl-C), from an event loop (Client::TakeCompleted), or not at all
+// (Cancel). Dropping one that was not taken cancels it, waits for the daemon's answer
+// (at once: nothing is waited for any more) and gives back what it granted. Belongs to
+// one thread at a time; movable, not copyable.
+template <typename T>
+class Pending {
+ public:
+  Pending(Pending&&) noexcept;
+  Pending& operator=(Pending&&) noexcept;
+  ~Pending();
+
+  // The request's id, as Client::TakeCompleted names it (0: answered without a request,
+  // from what this client held).
+  uint64_t id() const;
+  // Whether the answer is in (or the connection broke); waits up to `wait` for it.
+  bool Ready(std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  // The answer, as the blocking call returns it (Get, GetOnDevice, Wait), after waiting for
+  // it as long as it takes. Once: a second Take fails with InvalidArgument.
+  Result<T> Take();
+  // Asks the daemon to answer now, as if the timeout had passed: what is not sealed yet
+  // comes back as not there (Take: empty entries; a one-object get's Timeout). Makes one
+  // round trip; does not wait for the answer. Nothing happens if it was answered already.
+  Status Cancel();
+
+ private:
+  friend class Client;
+  using Finish = std::function<Result<T>(internal::Reply*)>;
+  Pending(std::unique_ptr<internal::PendingCall> call, Finish finish);
+  std::unique_ptr<internal::PendingCall> call_;
+  Finish finish_;  // turns the reply (none: nothing was asked) into the answer
+};
 
 struct ConnectOptions {
   // Shown in the daemon's logs. Default: this program's name.
@@ -408,6 +445,40 @@ class Client {
   // output of a task that failed.
   Result<Buffer> Get(const ObjectId& id,
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+  // Get as a Pending: the request goes now and the caller takes the answer when it likes.
+  // With `announce`, the answer's arrival is also announced to TakeCompleted (an event
+  // loop's way). Fails at once as Get would before sending (batch limit, nil id); the
+  // other failures come from Take.
+  Result<Pending<std::vector<Buffer>>> StartGet(std::span<const ObjectId> ids,
+                                                std::chrono::milliseconds timeout = kForever,
+                                                bool announce = false);
+  // GetOnDevice as a Pending, as StartGet.
+  Result<Pending<std::vector<DeviceBuffer>>> StartGetOnDevice(
+      std::span<const ObjectId> ids, int device, std::chrono::milliseconds timeout = kForever,
+      bool announce = false);
+
+  // Waits until `count` of `ids` (0: all of them; an id listed twice counts twice) are
+  // sealed, as an object or as a failed task's output, or until `timeout` has passed;
+  // returns, per id, whether it is then. Holds nothing and copies nothing. Fails with
+  // InvalidArgument for a count above the number of ids or the nil id, LimitExceeded past
+  // the daemon's batch limit.
+  Result<std::vector<bool>> Wait(std::span<const ObjectId> ids, size_t count = 0,
+                                 std::chrono::milliseconds timeout = kForever);
+  // Wait as a Pending, as StartGet.
+  Result<Pending<std::vector<bool>>> StartWait(std::span<const ObjectId> ids, size_t count = 0,
+                                               std::chrono::milliseconds timeout = kForever,
+                                               bool announce = false);
+
+  // For an event loop running Pendings started with `announce`, none of whose callbacks
+  // may block: watch fd() and call Pump() when it is readable (it reads what has come,
+  // without blocking); watch CompletionFd() and call TakeCompleted() when it is readable
+  // (the ids of the Pendings whose answers are in, whichever thread read them). Then Take
+  // those, which does not block.
+  int fd() const;
+  void Pump();
+  Result<int> CompletionFd();
+  std::vector<uint64_t> TakeCompleted();
 
   // Deletes objects. An object that is referenced goes when its last reference is
   // released; new Gets cannot find it meanwhile. Fails with NotFound for an unknown id

@@ -83,9 +83,10 @@ class FrameReader {
   explicit FrameReader(uint32_t max_frame_bytes);
 
   // One recvmsg into the buffer. Returns the number of bytes read, 0 at end of stream (or
-  // when a non-blocking socket has nothing: then `*would_block` is set), an IoError on
-  // failure. Received descriptors are queued, and owned, by the reader.
-  Result<size_t> ReadSome(int socket, bool* would_block);
+  // when a non-blocking socket, or a read with `dont_wait`, finds nothing: then
+  // `*would_block` is set), an IoError on failure. Received descriptors are queued, and
+  // owned, by the reader.
+  Result<size_t> ReadSome(int socket, bool* would_block, bool dont_wait = false);
 
   struct Frame {
     kj::ArrayPtr<const capnp::word> payload;  // valid until the next ReadSome/Next call
