@@ -845,31 +845,31 @@ bool Connection::ShouldSpin() {
 
 Status Connection::Fill(std::optional<std::chrono::steady_clock::time_point> deadline,
                         bool* timed_out) {
-  if (deadline) {
+  using Clock = std::chrono::steady_clock;
+  pollfd p{socket_.get(), POLLIN, 0};
+  int ready = 0;
+  if (ShouldSpin()) {
+    // Polling for a short while saves the scheduler wake-up of a blocking recvmsg when the
+    // reply is about to arrive, as it usually is.
+    const auto spin_deadline =
+        std::min(Clock::now() + spin_, deadline.value_or(Clock::time_point::max()));
+    while ((ready = ::poll(&p, 1, 0)) == 0 && Clock::now() < spin_deadline) {
+    }
+    if (ready == 0) {
+      spin_debt_ = std::min(spin_debt_ + kSpinMissCost, kSpinDebtLimit);
+    } else if (spin_debt_ > 0) {
+      spin_debt_ = std::min(spin_debt_, kSpinDebtLimit - 1) - 1;
+    }
+  }
+  if (ready <= 0 && deadline) {
     // Waits for the socket until the deadline, in whole milliseconds rounded up.
-    const auto left =
-        std::chrono::ceil<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
-    pollfd p{socket_.get(), POLLIN, 0};
-    int ready;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now());
     do {
       ready = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT_MAX)));
     } while (ready < 0 && errno == EINTR);
     if (ready == 0) {
       *timed_out = true;
       return Status::OK();
-    }
-  } else if (ShouldSpin()) {
-    // Polling for a short while saves the scheduler wake-up of a blocking recvmsg when the
-    // reply is about to arrive, as it usually is.
-    const auto spin_deadline = std::chrono::steady_clock::now() + spin_;
-    pollfd p{socket_.get(), POLLIN, 0};
-    int ready;
-    while ((ready = ::poll(&p, 1, 0)) == 0 && std::chrono::steady_clock::now() < spin_deadline) {
-    }
-    if (ready == 0) {
-      spin_debt_ = std::min(spin_debt_ + kSpinMissCost, kSpinDebtLimit);
-    } else if (spin_debt_ > 0) {
-      spin_debt_ = std::min(spin_debt_, kSpinDebtLimit - 1) - 1;
     }
   }
   bool would_block = false;

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _codec, _depot, _device, _tasks
 from ._device import DeviceArray
-from ._errors import DepotError, InvalidArgument, ObjectExists, ObjectNotFound, TaskFailed, Timeout
+from ._errors import DepotError, InvalidArgument, ObjectExists, ObjectNotFound
 from ._ref import ObjectRef
 
 RefLike = Union[ObjectRef, str]
@@ -510,33 +509,12 @@ class Client:
         """Waits until every ref (``"ALL_COMPLETED"``) or one of them
         (``"FIRST_COMPLETED"``) is ready, or ``timeout`` seconds have passed; returns
         ``(done, not_done)``. Ready means sealed: a task's output whether the task succeeded
-        or failed (get tells which). Holds nothing."""
-        if return_when not in ("ALL_COMPLETED", "FIRST_COMPLETED"):
-            raise InvalidArgument("return_when is ALL_COMPLETED or FIRST_COMPLETED")
+        or failed (get tells which). One request, which the daemon answers when enough are
+        ready or the time is up (Ctrl-C cancels it); holds nothing."""
         refs = [_ref(r) for r in refs]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        # Waits on the first pending ref (ALL_COMPLETED), or on each in turn, briefly, so
-        # that any of them ends the wait soon after it is ready (FIRST_COMPLETED); then
-        # looks at all of them again.
-        first = return_when == "FIRST_COMPLETED"
-        turn = 0.005 if first else 0.2
-        while True:
-            placements = self.locate(refs)
-            done = [r for r, p in zip(refs, placements) if p.found]
-            pending = [r for r, p in zip(refs, placements) if not p.found]
-            if not pending or (done and first):
-                return done, pending
-            for ref in pending if first else pending[:1]:
-                left = turn if deadline is None else min(turn, deadline - time.monotonic())
-                if left <= 0:
-                    return done, pending
-                try:
-                    self._conn.get(ref.id, _codec.parse_timeout(left))
-                except (Timeout, ObjectNotFound):
-                    continue
-                except TaskFailed:
-                    pass
-                break
+        ids, count = _wait_request(refs, return_when)
+        sealed = self._conn.wait(ids, count, _codec.parse_timeout(timeout))
+        return _split_done(refs, sealed)
 
     def _task(
         self, fn: Union[str, Callable], args: Sequence[Any], resources: Optional[Mapping[str, float]] = None,
@@ -669,6 +647,11 @@ class Client:
         counts the bytes of objects some client holds a reference to."""
         return self._conn.status()
 
+    def metrics(self) -> str:
+        """The daemon's request counters, latency histograms and gauges, in the Prometheus
+        text format (as ``depotd --metrics-port`` serves them at /metrics)."""
+        return self._conn.metrics()
+
     def clients(self) -> List[Any]:
         """The connected clients (depot.ClientInfo), this one included."""
         return self._conn.clients()
@@ -693,3 +676,16 @@ def _task_options(options: Dict[str, Any]) -> Dict[str, Any]:
     if unknown:
         raise TypeError(f"unexpected option(s) {', '.join(unknown)}")
     return dict(options)
+
+
+def _wait_request(refs: List[ObjectRef], return_when: str) -> Tuple[List[bytes], int]:
+    """The ids and count of the wait request for :meth:`Client.wait`'s arguments."""
+    if return_when not in ("ALL_COMPLETED", "FIRST_COMPLETED"):
+        raise InvalidArgument("return_when is ALL_COMPLETED or FIRST_COMPLETED")
+    ids = [r.id for r in refs]
+    return ids, (1 if return_when == "FIRST_COMPLETED" and ids else 0)
+
+
+def _split_done(refs: List[ObjectRef], sealed: List[bool]) -> Tuple[List[ObjectRef], List[ObjectRef]]:
+    """(done, not_done) of a wait's answer."""
+    return [r for r, s in zip(refs, sealed) if s], [r for r, s in zip(refs, sealed) if not s]

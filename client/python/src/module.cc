@@ -21,6 +21,7 @@
 #include "ids.h"
 #include "info.h"
 #include "tasks.h"
+#include "waits.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -29,9 +30,6 @@ namespace depot::python {
 namespace {
 
 using std::chrono::milliseconds;
-
-// Long waits are cut into slices so Ctrl-C (a pending signal) is noticed between them.
-constexpr milliseconds kWaitSlice{200};
 
 // CreateOptions over the caller's `metadata` (which must outlive them) and `name`.
 CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& name, bool pin,
@@ -42,13 +40,6 @@ CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& na
   options.pin = pin;
   options.spill = spill;
   return options;
-}
-
-std::string Describe(const ObjectId& id) { return "object " + id.Hex(); }
-
-// Checks for a pending signal (KeyboardInterrupt) with the GIL held; raises it if there is one.
-void CheckSignals() {
-  if (PyErr_CheckSignals() != 0) throw nb::python_error();
 }
 
 // Calls `f(client)` with the GIL released; returns its value or raises its error.
@@ -253,14 +244,14 @@ class Connection {
   // One object on GPU `device` (the daemon copies it there if needed), waiting as Get.
   DeviceStoreBuffer GetOnDevice(nb::bytes id_bytes, int device, int64_t timeout_ms) {
     std::vector<ObjectId> ids{ToId(id_bytes)};
-    return DeviceStoreBuffer{std::move(GetDeviceSliced(client(), ids, device, timeout_ms)[0])};
+    return DeviceStoreBuffer{std::move(GetAllOnDevice(client(), ids, device, timeout_ms)[0])};
   }
 
   nb::list GetManyOnDevice(const std::vector<nb::bytes>& id_bytes, int device, int64_t timeout_ms) {
     std::vector<ObjectId> ids;
     ids.reserve(id_bytes.size());
     for (const auto& b : id_bytes) ids.push_back(ToId(b));
-    std::vector<DeviceBuffer> buffers = GetDeviceSliced(client(), ids, device, timeout_ms);
+    std::vector<DeviceBuffer> buffers = GetAllOnDevice(client(), ids, device, timeout_ms);
     nb::list out;
     for (auto& b : buffers) out.append(nb::cast(DeviceStoreBuffer{std::move(b)}));
     return out;
@@ -282,7 +273,7 @@ class Connection {
       return StoreBuffer{ValueOrRaise(std::move(r))};
     }
     std::vector<ObjectId> ids{id};
-    std::vector<Buffer> out = GetSliced(c, ids, timeout_ms);
+    std::vector<Buffer> out = GetAll(c, ids, timeout_ms);
     return StoreBuffer{std::move(out[0])};
   }
 
@@ -292,7 +283,7 @@ class Connection {
     std::vector<ObjectId> ids;
     ids.reserve(id_bytes.size());
     for (const auto& b : id_bytes) ids.push_back(ToId(b));
-    std::vector<Buffer> buffers = GetSliced(client(), ids, timeout_ms);
+    std::vector<Buffer> buffers = GetAll(client(), ids, timeout_ms);
     nb::list out;
     for (auto& b : buffers) out.append(nb::cast(StoreBuffer{std::move(b)}));
     return out;
@@ -344,6 +335,10 @@ class Connection {
   }
   StoreStatus GetStatus() {
     return Blocking(client(), [](Client& c) { return c.GetStatus(); });
+  }
+
+  std::string Metrics() {
+    return Blocking(client(), [](Client& c) { return c.Metrics(); });
   }
   std::vector<ClientInfo> Clients() {
     return Blocking(client(), [](Client& c) { return c.Clients(); });
@@ -463,72 +458,63 @@ class Connection {
     return st;
   }
 
-  // Gets `ids`, waiting up to `timeout_ms` (-1: for ever) in slices, with the GIL released
-  // during each and signals checked between them.
-  static std::vector<Buffer> GetSliced(Client& c, const std::vector<ObjectId>& ids,
-                                       int64_t timeout_ms) {
-    return Sliced<Buffer>(ids, timeout_ms,
-                          [&](const std::vector<ObjectId>& wanted, milliseconds slice) {
-                            return c.Get(wanted, slice);
-                          });
+  // Gets `ids` in one request, which the daemon answers once they are all there or
+  // `timeout_ms` (-1: for ever) has passed (Client::StartGet), awaited as AwaitAnswer does.
+  static std::vector<Buffer> GetAll(Client& c, const std::vector<ObjectId>& ids,
+                                    int64_t timeout_ms) {
+    auto pending =
+        Blocking(c, [&](Client& c) { return c.StartGet(ids, milliseconds(timeout_ms)); });
+    AwaitAnswer(pending);
+    return AllThere(Blocking(c, [&](Client&) { return pending.Take(); }), ids, timeout_ms);
   }
 
-  // The same on GPU `device` (Client::GetOnDevice).
-  static std::vector<DeviceBuffer> GetDeviceSliced(Client& c, const std::vector<ObjectId>& ids,
-                                                   int device, int64_t timeout_ms) {
-    return Sliced<DeviceBuffer>(ids, timeout_ms,
-                                [&](const std::vector<ObjectId>& wanted, milliseconds slice) {
-                                  return c.GetOnDevice(wanted, device, slice);
-                                });
+  // The same on GPU `device` (Client::StartGetOnDevice).
+  static std::vector<DeviceBuffer> GetAllOnDevice(Client& c, const std::vector<ObjectId>& ids,
+                                                  int device, int64_t timeout_ms) {
+    auto pending = Blocking(
+        c, [&](Client& c) { return c.StartGetOnDevice(ids, device, milliseconds(timeout_ms)); });
+    AwaitAnswer(pending);
+    return AllThere(Blocking(c, [&](Client&) { return pending.Take(); }), ids, timeout_ms);
   }
 
-  // Calls `get(ids still missing, slice)` (a Get of some kind, returning empty handles for
-  // objects not sealed in time) with the GIL released until every object is there or
-  // `timeout_ms` (-1: for ever) has passed.
-  template <typename T, typename GetFn>
-  static std::vector<T> Sliced(const std::vector<ObjectId>& ids, int64_t timeout_ms, GetFn get) {
-    using Clock = std::chrono::steady_clock;
-    const bool forever = timeout_ms < 0;
-    const auto deadline = Clock::now() + milliseconds(std::max<int64_t>(timeout_ms, 0));
-    std::vector<T> out(ids.size());
-    std::vector<size_t> missing(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) missing[i] = i;
-    for (bool first = true;; first = false) {
-      milliseconds slice{0};
-      if (forever) {
-        slice = kWaitSlice;
-      } else {
-        const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
-        if (!first && left.count() <= 0) break;
-        slice = std::clamp(left, milliseconds(0), kWaitSlice);
-      }
-      std::vector<ObjectId> wanted;
-      wanted.reserve(missing.size());
-      for (size_t i : missing) wanted.push_back(ids[i]);
-      Result<std::vector<T>> r = [&] {
-        nb::gil_scoped_release release;
-        return get(wanted, slice);
-      }();
-      std::vector<T> got = ValueOrRaise(std::move(r));
-      std::vector<size_t> still;
-      for (size_t k = 0; k < missing.size(); ++k) {
-        if (got[k]) {
-          out[missing[k]] = std::move(got[k]);
-        } else {
-          still.push_back(missing[k]);
-        }
-      }
-      missing = std::move(still);
-      if (missing.empty()) return out;
-      if (!forever && timeout_ms == 0) break;
-      CheckSignals();
-    }
-    const ObjectId& id = ids[missing.front()];
-    if (timeout_ms == 0) Raise(Status::NotFound(Describe(id) + " does not exist"));
-    Raise(Status::Timeout(
-        Describe(id) + " was not sealed within " + std::to_string(timeout_ms) + " ms" +
-        (missing.size() > 1 ? " (nor " + std::to_string(missing.size() - 1) + " other objects)"
-                            : "")));
+ public:
+  // Waits until `count` of `ids` (0: all) are sealed or `timeout_ms` (-1: for ever) has
+  // passed, in one request, awaited as AwaitAnswer does; per id, whether it is sealed.
+  std::vector<bool> Wait(const std::vector<nb::bytes>& id_bytes, size_t count, int64_t timeout_ms) {
+    const std::vector<ObjectId> ids = ToIds(id_bytes);
+    auto pending = Blocking(
+        client(), [&](Client& c) { return c.StartWait(ids, count, milliseconds(timeout_ms)); });
+    AwaitAnswer(pending);
+    return Blocking(client(), [&](Client&) { return pending.Take(); });
+  }
+
+  // For an event loop (depot.aio): gets and waits it learns the answers of through
+  // take_completed, and the calls that read the socket without blocking.
+  PendingGet StartGet(const std::vector<nb::bytes>& ids, int64_t timeout_ms) {
+    return python::StartGet(client(), ToIds(ids), timeout_ms);
+  }
+  PendingDeviceGet StartGetOnDevice(const std::vector<nb::bytes>& ids, int device,
+                                    int64_t timeout_ms) {
+    return python::StartGetOnDevice(client(), ToIds(ids), device, timeout_ms);
+  }
+  PendingWait StartWait(const std::vector<nb::bytes>& ids, size_t count, int64_t timeout_ms) {
+    return python::StartWait(client(), ToIds(ids), count, timeout_ms);
+  }
+  int fd() { return client().fd(); }
+  void Pump() {
+    Client& c = client();
+    nb::gil_scoped_release release;
+    c.Pump();
+  }
+  int CompletionFd() { return ValueOrRaise(client().CompletionFd()); }
+  std::vector<uint64_t> TakeCompleted() { return client().TakeCompleted(); }
+
+ private:
+  static std::vector<ObjectId> ToIds(const std::vector<nb::bytes>& id_bytes) {
+    std::vector<ObjectId> ids;
+    ids.reserve(id_bytes.size());
+    for (const auto& b : id_bytes) ids.push_back(ToId(b));
+    return ids;
   }
 
   std::optional<Client> client_;
@@ -548,6 +534,7 @@ NB_MODULE(_depot, m) {
   depot::python::BindDevice(m);
   depot::python::BindInfo(m);
   depot::python::BindTasks(m);
+  depot::python::BindWaits(m);
 
   m.def("_register_errors", &depot::python::RegisterErrorTypes, "types"_a);
   m.def(
@@ -614,12 +601,22 @@ NB_MODULE(_depot, m) {
       .def("abort", &Connection::Abort, "id"_a)
       .def("get", &Connection::Get, "id"_a, "timeout_ms"_a)
       .def("get_many", &Connection::GetMany, "ids"_a, "timeout_ms"_a)
+      .def("wait", &Connection::Wait, "ids"_a, "count"_a, "timeout_ms"_a)
+      .def("start_get", &Connection::StartGet, "ids"_a, "timeout_ms"_a)
+      .def("start_get_on_device", &Connection::StartGetOnDevice, "ids"_a, "device"_a,
+           "timeout_ms"_a)
+      .def("start_wait", &Connection::StartWait, "ids"_a, "count"_a, "timeout_ms"_a)
+      .def_prop_ro("fd", &Connection::fd)
+      .def("pump", &Connection::Pump)
+      .def("completion_fd", &Connection::CompletionFd)
+      .def("take_completed", &Connection::TakeCompleted)
       .def("delete", &Connection::Delete, "ids"_a)
       .def("prefetch", &Connection::Prefetch, "ids"_a, "device"_a)
       .def("locate", &Connection::Locate, "ids"_a)
       .def("contains", &Connection::Contains, "id"_a)
       .def("list", &Connection::List)
       .def("status", &Connection::GetStatus)
+      .def("metrics", &Connection::Metrics)
       .def("clients", &Connection::Clients)
       .def("workers", &Connection::Workers)
       .def("tasks", &Connection::Tasks)

@@ -1,0 +1,225 @@
+"""depot from asyncio: gets, waits and task results awaited on an event loop, never blocking it.
+
+    import asyncio, depot, depot.aio
+
+    async def main(socket):
+        async with depot.aio.AsyncClient(socket) as client:
+            ref = await client.put(b"hello")
+            print(await client.get(ref, timeout=10))
+            done, not_done = await client.wait(refs, return_when="FIRST_COMPLETED")
+
+Each awaited get or wait is one request, which the daemon answers when its objects are
+sealed or its time is up. The loop learns of answers through two descriptors it watches
+(the client's socket, and an eventfd the client signals when an answer is in, whichever
+thread read it), so a thousand awaits cost a thousand waiting requests in the daemon and
+no thread here. Cancelling an awaiting task (``asyncio.wait_for``, a TaskGroup, Ctrl-C in
+``asyncio.run``) cancels its request in the daemon, and what it was granted is given back.
+
+Values come back as :meth:`depot.Client.get` returns them: arrays view the store's memory.
+Puts copy the value into shared memory, which takes as long as its bytes: they run in a
+worker thread (``asyncio.to_thread``), as do submits, so the loop goes on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import time
+from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple, Union
+
+from . import _codec, _device
+from ._client import Client, RefLike, _device_ordinal, _ref, _split_done, _wait_request
+from ._errors import DepotError, InvalidArgument
+from ._ref import ObjectRef
+
+# The longest one callback of this module runs on the loop while answers pile up; the rest
+# are handled in later callbacks, so that other tasks run in between.
+_TURN_SECONDS = 0.0005
+
+
+class AsyncClient:
+    """A :class:`depot.Client` for asyncio: awaitable gets, waits, puts and task results.
+
+    Give it a socket path (as Client takes), or a Client to share: its other threads may
+    go on using it. Bound to the event loop of its first await; close it (or use
+    ``async with``) before that loop ends, which cancels what still waits.
+    """
+
+    def __init__(
+        self, socket: Union[str, "os.PathLike[str]", Client, None] = None, *, name: str = ""
+    ) -> None:
+        self._owned = not isinstance(socket, Client)
+        self._client = Client(socket, name=name) if self._owned else socket
+        self._conn = self._client._conn
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        # Requests awaited, by id: the future and what will take its answer.
+        self._waiting: Dict[int, Tuple[asyncio.Future, Any]] = {}
+        self._answered: Deque[int] = collections.deque()  # ids to hand to their futures
+        self._draining = False  # a callback to go on handing answers out is scheduled
+        self._watching = False
+
+    @property
+    def client(self) -> Client:
+        """The blocking Client underneath (for calls this class does not offer)."""
+        return self._client
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Cancels what still waits, and closes the Client if this made it."""
+        waiting, self._waiting = list(self._waiting.values()), {}
+        for future, pending in waiting:
+            future.cancel()
+            pending.cancel()
+            self._drop(pending)
+        self._unwatch()
+        if self._owned:
+            self._client.close()
+
+    # Reading.
+
+    async def get(
+        self, ref: RefLike, *, timeout: Optional[float] = None, device: Optional[int] = None
+    ) -> Any:
+        """The value of an object, as :meth:`depot.Client.get` returns it, awaiting its seal
+        up to ``timeout`` seconds (``None``: for ever). Raises as that does."""
+        return (await self.get_many([ref], timeout=timeout, device=device))[0]
+
+    async def get_many(
+        self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
+        device: Optional[int] = None,
+    ) -> List[Any]:
+        """The values of several objects, in order, in one request; raises as
+        :meth:`depot.Client.get_many` does."""
+        ids = [_ref(r).id for r in refs]
+        timeout_ms = _codec.parse_timeout(timeout)
+        if device is None:
+            buffers = await self._answer(self._conn.start_get(ids, timeout_ms))
+            return [_codec.decode(b) for b in buffers]
+        pending = self._conn.start_get_on_device(ids, _device_ordinal(device), timeout_ms)
+        return _device.wrap(await self._answer(pending))
+
+    async def result(self, ref: RefLike, *, timeout: Optional[float] = None) -> Any:
+        """A task's result: :meth:`get` of its output (TaskFailed if it failed)."""
+        return await self.get(ref, timeout=timeout)
+
+    async def wait(
+        self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
+        return_when: str = "ALL_COMPLETED",
+    ) -> Tuple[List[ObjectRef], List[ObjectRef]]:
+        """``(done, not_done)`` once every ref (``"ALL_COMPLETED"``) or one of them
+        (``"FIRST_COMPLETED"``) is sealed, or ``timeout`` seconds have passed, as
+        :meth:`depot.Client.wait`. Holds nothing."""
+        refs = [_ref(r) for r in refs]
+        ids, count = _wait_request(refs, return_when)
+        sealed = await self._answer(
+            self._conn.start_wait(ids, count, _codec.parse_timeout(timeout))
+        )
+        return _split_done(refs, sealed)
+
+    # Writing and tasks, in a worker thread.
+
+    async def put(self, value: Any, **options: Any) -> ObjectRef:
+        """:meth:`depot.Client.put`, in a worker thread."""
+        return await asyncio.to_thread(self._client.put, value, **options)
+
+    async def submit(self, fn: Any, *args: Any, **options: Any) -> Any:
+        """:meth:`depot.Client.submit`, in a worker thread; await :meth:`result` of the
+        refs it returns."""
+        return await asyncio.to_thread(self._client.submit, fn, *args, **options)
+
+    async def map(self, fn: Any, *iterables: Iterable[Any], **options: Any) -> List[Any]:
+        """:meth:`depot.Client.map`, in a worker thread."""
+        return await asyncio.to_thread(self._client.map, fn, *iterables, **options)
+
+    async def delete(self, refs: Union[RefLike, Iterable[RefLike]]) -> None:
+        """:meth:`depot.Client.delete`, in a worker thread."""
+        await asyncio.to_thread(self._client.delete, refs)
+
+    # Awaiting answers.
+
+    async def _answer(self, pending: Any) -> Any:
+        """What ``pending`` (a request started for this loop) is answered with."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            pending.cancel()
+            self._drop(pending)
+            raise InvalidArgument("an AsyncClient serves the event loop it was first awaited on")
+        if pending.ready():  # answered from what the client holds, or already read
+            return pending.take()
+        future = loop.create_future()
+        self._waiting[pending.id] = (future, pending)
+        self._watch()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if pending.id in self._waiting:
+                # The daemon answers at once; _hand_out gives back what it granted.
+                pending.cancel()
+            raise
+
+    def _watch(self) -> None:
+        if self._watching:
+            return
+        self._loop.add_reader(self._conn.fd, self._on_socket)
+        self._loop.add_reader(self._conn.completion_fd(), self._on_answers)
+        self._watching = True
+
+    def _unwatch(self) -> None:
+        if not self._watching:
+            return
+        self._loop.remove_reader(self._conn.fd)
+        self._loop.remove_reader(self._conn.completion_fd())
+        self._watching = False
+
+    def _on_socket(self) -> None:
+        # Reads what has come, without blocking. While another thread of this process is
+        # the reader (a blocking call on the same Client), this returns at once, and the
+        # answers it reads are announced through the eventfd.
+        self._conn.pump()
+        self._on_answers()
+
+    def _on_answers(self) -> None:
+        self._answered.extend(self._conn.take_completed())
+        if not self._draining:
+            self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Hands answers to their futures, for one turn at most; schedules the rest."""
+        self._draining = False
+        end = time.perf_counter() + _TURN_SECONDS
+        while self._answered:
+            entry = self._waiting.pop(self._answered.popleft(), None)
+            if entry is not None:
+                future, pending = entry
+                if future.done():  # cancelled: what it was granted goes back
+                    self._drop(pending)
+                else:
+                    try:
+                        future.set_result(pending.take())
+                    except DepotError as e:
+                        future.set_exception(e)
+            if self._answered and time.perf_counter() > end:
+                self._draining = True
+                self._loop.call_soon(self._hand_out)
+                return
+        if not self._waiting:
+            self._unwatch()
+
+    @staticmethod
+    def _drop(pending: Any) -> None:
+        """Takes an answer nobody awaits, giving back what it granted."""
+        try:
+            pending.take()
+        except DepotError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"<depot.aio.AsyncClient over {self._client!r}, {len(self._waiting)} awaiting>"
