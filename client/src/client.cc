@@ -389,6 +389,19 @@ Result<std::pair<std::unique_ptr<internal::PendingCall>, FinishHoldings<Held>>> 
   return std::make_pair(std::move(call), std::move(finish));
 }
 
+// A wait's answer: per id (`n` of them), whether it was sealed.
+Result<std::vector<bool>> DecodeWait(Reply& reply, size_t n) {
+  return Decode([&]() -> Result<std::vector<bool>> {
+    auto r = reply.get();
+    if (!r.isWait() || r.getWait().size() != n) return UnexpectedReply("wait");
+    // The list read once: each read of it counts against the traversal limit.
+    const auto list = r.getWait();
+    std::vector<bool> sealed(n);
+    for (size_t i = 0; i < n; ++i) sealed[i] = list[static_cast<unsigned>(i)];
+    return sealed;
+  });
+}
+
 // A one-object get's error for an object that was not there (`code`: as Got's).
 Status NotThere(const ObjectId& id, StatusCode code, std::chrono::milliseconds timeout) {
   if (code == StatusCode::kNotFound) {
@@ -627,17 +640,7 @@ Result<Pending<std::vector<bool>>> Client::StartWait(std::span<const ObjectId> i
   DEPOT_ASSIGN_OR_RETURN(call->request, conn_->Start(request, announce));
   const size_t n = ids.size();
   return Pending<std::vector<bool>>(std::move(call),
-                                    [n](Reply* reply) -> Result<std::vector<bool>> {
-                                      return Decode([&]() -> Result<std::vector<bool>> {
-                                        auto r = reply->get();
-                                        if (!r.isWait() || r.getWait().size() != n)
-                                          return UnexpectedReply("wait");
-                                        std::vector<bool> sealed(n);
-                                        for (size_t i = 0; i < n; ++i)
-                                          sealed[i] = r.getWait()[static_cast<unsigned>(i)];
-                                        return sealed;
-                                      });
-                                    });
+                                    [n](Reply* reply) { return DecodeWait(*reply, n); });
 }
 
 int Client::fd() const { return conn_->fd(); }

@@ -382,6 +382,8 @@ Result<std::unique_ptr<Connection::Pending>> Connection::Start(RequestMessage& r
 
 std::optional<Status> Connection::AwaitUntil(
     Pending& pending, std::optional<std::chrono::steady_clock::time_point> deadline) {
+  // In a forked child the socket is the parent's: its replies are not the child's to read.
+  if (forked()) return Status::Disconnected(kForkedMessage);
   Waiter& me = pending.waiter_;
   if (!Await(me, deadline)) return std::nullopt;
   if (!me.status.ok()) return me.status;
@@ -394,6 +396,7 @@ bool Connection::Done(const Pending& pending) {
 }
 
 void Connection::Pump() {
+  if (forked()) return;
   {
     std::lock_guard lock(mu_);
     if (reading_ || !broken_.ok()) return;

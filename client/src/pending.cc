@@ -29,7 +29,8 @@ Pending<T>& Pending<T>::operator=(Pending&& other) noexcept {
 
 template <typename T>
 Pending<T>::~Pending() {
-  if (!call_ || call_->taken) return;
+  // In a forked child the request is the parent's, and so is its answer.
+  if (!call_ || call_->taken || call_->conn->forked()) return;
   // The request stays registered with the connection until its reply is in: cancel it and
   // wait (the daemon answers a cancelled wait at once), then let what it granted go.
   if (call_->request && !call_->conn->Done(*call_->request)) (void)Cancel();
