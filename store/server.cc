@@ -96,7 +96,9 @@ Server::Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions 
       slices_(loop),
       acceptor_(loop),
       accept_retry_(loop, "depotd"),
-      tasks_(*this, store, options_.scheduler),
+      data_(store),
+      admin_(store, *this),
+      tasks_(static_cast<Pushes&>(*this), store, options_.scheduler),
       epoch_(RandomEpoch()),
       start_ns_(ipc::MonotonicNanos()) {}
 
@@ -205,9 +207,10 @@ void Server::LeaveGroup(std::string_view key) {
   }
 }
 
-Session* Server::FindSession(ClientId id) {
-  auto it = sessions_.find(id);
-  return it == sessions_.end() ? nullptr : it->second.get();
+void Server::Push(ClientId session, capnp::MessageBuilder& message, wire::Reply::Builder reply) {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end() || it->second->closed()) return;
+  it->second->Send(message, reply, {});
 }
 
 namespace {

@@ -15,7 +15,9 @@
 
 #include "depot/status.h"
 #include "store/accept_retry.h"
+#include "store/admin_requests.h"
 #include "store/daemon_options.h"
+#include "store/data_requests.h"
 #include "store/groups.h"
 #include "store/metrics.h"
 #include "store/object_store.h"
@@ -26,16 +28,6 @@
 namespace depot::store {
 
 class Session;
-
-// A connected client, as the admin views show it.
-struct ClientView {
-  ClientId id = 0;
-  Peer peer;
-  std::string client_name;  // from its hello; empty before
-  uint64_t requests = 0;
-  uint64_t connected_time_ns = 0;
-  ClientUsage usage;
-};
 
 struct ServerOptions {
   std::string socket_path;
@@ -55,10 +47,13 @@ struct ServerOptions {
   scheduler::SchedulerOptions scheduler;
 };
 
-class Server {
+// Owns the sessions and the requests' handlers, and shows the handlers what they need of
+// the daemon through narrow interfaces: DaemonViews (the admin requests) and Pushes (the
+// scheduler's messages to workers).
+class Server final : public DaemonViews, private Pushes {
  public:
   Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions options);
-  ~Server();
+  ~Server() override;
 
   // Checks that `path` can be listened on: refuses if it is not a socket or another daemon
   // answers there, and removes a socket left behind by a daemon that died.
@@ -73,15 +68,10 @@ class Server {
   ObjectStore& store() { return store_; }
   const ServerOptions& options() const { return options_; }
   uint64_t epoch() const { return epoch_; }
-  uint64_t start_ns() const { return start_ns_; }
-  size_t session_count() const { return sessions_.size(); }
-  uint64_t requests() const { return requests_; }
   void CountRequest() { ++requests_; }
   Metrics& metrics() { return metrics_; }
   // Where requests that walk many objects run, a slice at a time.
   SliceQueue& slices() { return slices_; }
-  // The metrics in Prometheus text format (the `metrics` request and GET /metrics).
-  std::string RenderMetrics() const;
   void Forget(ClientId id);
   // The settings the daemon runs with and the file they were read from, for `status`; the
   // daemon sets them at start and on each reload.
@@ -89,13 +79,9 @@ class Server {
     config_file_ = std::move(config_file);
     settings_ = std::move(values);
   }
-  const std::string& config_file() const { return config_file_; }
-  const std::vector<SettingValue>& settings() const { return settings_; }
-  // The connected clients, by id; and one of them, nullopt if it has gone.
-  std::vector<ClientView> Clients() const;
-  std::optional<ClientView> FindClient(ClientId id) const;
-  // The session `id`, null if it has gone.
-  Session* FindSession(ClientId id);
+  // The requests' handlers.
+  DataRequests& data() { return data_; }
+  AdminRequests& admin() { return admin_; }
   TaskService& tasks() { return tasks_; }
   // Adds a session of `uid` to the group `key` (Groups::Join); returns the group's account,
   // opened in the store with the group's first member.
@@ -103,10 +89,29 @@ class Server {
   // Takes a session out of the group `key`; with the last, the group's account is closed,
   // which gives back the references nobody claimed.
   void LeaveGroup(std::string_view key);
-  // The uid of the group whose account is `account`, if it is a group's.
-  std::optional<uint32_t> GroupUid(ClientId account) const { return groups_.UidOf(account); }
+
+  // DaemonViews.
+  uint64_t start_ns() const override { return start_ns_; }
+  const std::string& socket_path() const override { return options_.socket_path; }
+  const std::string& device_backend() const override { return options_.device_backend; }
+  size_t session_count() const override { return sessions_.size(); }
+  uint64_t requests() const override { return requests_; }
+  // The metrics in Prometheus text format (the `metrics` request and GET /metrics).
+  std::string RenderMetrics() const override;
+  std::vector<ClientView> Clients() const override;
+  std::optional<ClientView> FindClient(ClientId id) const override;
+  std::optional<uint32_t> GroupUid(ClientId account) const override {
+    return groups_.UidOf(account);
+  }
+  void FillSchedulerStatus(wire::SchedulerStatus::Builder out) const override {
+    tasks_.FillStatus(out);
+  }
+  const std::string& config_file() const override { return config_file_; }
+  const std::vector<SettingValue>& settings() const override { return settings_; }
 
  private:
+  // Pushes: to the session, if it is still connected.
+  void Push(ClientId session, capnp::MessageBuilder& message, wire::Reply::Builder reply) override;
   void Accept();
   // The id of a new session's or group's account: one no other account has.
   ClientId NextId();
@@ -119,6 +124,8 @@ class Server {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   AcceptRetry accept_retry_;
   std::unordered_map<ClientId, std::shared_ptr<Session>> sessions_;
+  DataRequests data_;
+  AdminRequests admin_;
   TaskService tasks_;
   Groups groups_;
   ClientId next_id_ = 1;  // sessions' and groups' accounts alike (NextId)

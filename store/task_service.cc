@@ -10,7 +10,6 @@
 #include "depot/ipc/protocol.h"
 #include "depot/ipc/units.h"
 #include "store/server.h"
-#include "store/session.h"
 
 namespace depot::store {
 
@@ -96,8 +95,8 @@ scheduler::SchedulerOptions WithClock(scheduler::SchedulerOptions options) {
 
 }  // namespace
 
-TaskService::TaskService(Server& server, ObjectStore& store, scheduler::SchedulerOptions options)
-    : server_(server),
+TaskService::TaskService(Pushes& pushes, ObjectStore& store, scheduler::SchedulerOptions options)
+    : pushes_(pushes),
       store_(store),
       access_(store, *this),
       scheduler_(access_, *this, WithClock(std::move(options))) {
@@ -112,7 +111,7 @@ TaskService::TaskService(Server& server, ObjectStore& store, scheduler::Schedule
                    : " (as set)");
 }
 
-void TaskService::RegisterWorker(Session& session, uint64_t rid,
+void TaskService::RegisterWorker(const Responder& reply, const Requester& who,
                                  wire::Request::RegisterWorker::Reader request) {
   scheduler::WorkerSpec spec;
   spec.name = ipc::ToString(request.getName());
@@ -128,44 +127,39 @@ void TaskService::RegisterWorker(Session& session, uint64_t rid,
       }
     }
     if (found < 0) {
-      return session.SendError(
-          rid, Status::InvalidArgument("a worker offers a GPU this daemon does not serve (" +
-                                       std::to_string(pools.size()) +
-                                       " GPUs); name GPUs by "
-                                       "the UUIDs in hello's devices"));
+      return reply.Error(Status::InvalidArgument(
+          "a worker offers a GPU this daemon does not serve (" + std::to_string(pools.size()) +
+          " GPUs); name GPUs by the UUIDs in hello's devices"));
     }
     spec.capacity.gpus.push_back(found);
   }
   for (auto f : request.getFunctions()) spec.functions.push_back(ipc::ToString(f));
   for (auto f : request.getGpuFunctions()) spec.gpu_functions.push_back(ipc::ToString(f));
-  Status st = scheduler_.AddWorker(session.id(), std::move(spec));
-  st.ok() ? session.SendOk(rid) : session.SendError(rid, st);
+  reply.Answer(scheduler_.AddWorker(who.client, std::move(spec)));
 }
 
-void TaskService::Submit(Session& session, uint64_t rid,
+void TaskService::Submit(const Responder& reply, const Requester& who,
                          capnp::List<wire::TaskSpec>::Reader tasks) {
-  if (tasks.size() > server_.options().max_batch) {
-    return session.SendError(
-        rid, Status::LimitExceeded("a submit may carry at most " +
-                                   std::to_string(server_.options().max_batch) + " tasks"));
+  if (tasks.size() > who.max_batch) {
+    return reply.Error(Status::LimitExceeded("a submit may carry at most " +
+                                             std::to_string(who.max_batch) + " tasks"));
   }
   std::vector<TaskSpec> specs;
   specs.reserve(tasks.size());
   for (auto t : tasks) specs.push_back(SpecOf(t));
-  auto outputs = scheduler_.Submit(session.id(), specs);
-  if (!outputs.ok()) return session.SendError(rid, outputs.status());
+  auto outputs = scheduler_.Submit(who.client, specs);
+  if (!outputs.ok()) return reply.Error(outputs.status());
   capnp::MallocMessageBuilder message;
-  auto reply = message.initRoot<wire::Reply>();
-  reply.setId(rid);
-  auto out = reply.initSubmit(static_cast<unsigned>(outputs->size()));
+  auto r = message.initRoot<wire::Reply>();
+  auto out = r.initSubmit(static_cast<unsigned>(outputs->size()));
   for (unsigned i = 0; i < out.size(); ++i) {
     const auto& ids = (*outputs)[i];
     ipc::ToWire(ids, out[i].initIds(static_cast<unsigned>(ids.size())));
   }
-  session.Send(message, reply);
+  reply.Send(message, r);
 }
 
-void TaskService::Complete(Session& session, uint64_t rid,
+void TaskService::Complete(const Responder& reply, const Requester& who,
                            capnp::List<wire::Completion>::Reader completions) {
   std::vector<scheduler::Completion> done;
   done.reserve(completions.size());
@@ -175,26 +169,25 @@ void TaskService::Complete(Session& session, uint64_t rid,
         .ok = c.getOk(),
         .message = ipc::ToString(c.getMessage()).substr(0, scheduler::kMaxFailureMessage)});
     if (d.ok && c.hasOutputs()) {
-      if (Status st = StoreOutputs(session, d.task, c.getOutputs()); !st.ok()) {
+      if (Status st = StoreOutputs(who.client, d.task, c.getOutputs()); !st.ok()) {
         d.ok = false;
         d.message = st.message().substr(0, scheduler::kMaxFailureMessage);
       }
     }
   }
-  Status st = scheduler_.Complete(session.id(), done);
-  if (rid == 0) {
-    if (!st.ok()) spdlog::warn("session {}: complete: {}", session.id(), st.message());
-    return;
-  }
-  st.ok() ? session.SendOk(rid) : session.SendError(rid, st);
+  Status st = scheduler_.Complete(who.client, done);
+  // A worker that wants no reply learns nothing of a refusal: say it in the log.
+  if (reply.rid() == 0 && !st.ok())
+    spdlog::warn("session {}: complete: {}", who.client, st.message());
+  reply.Answer(st);
 }
 
-Status TaskService::StoreOutputs(Session& session, uint64_t task,
+Status TaskService::StoreOutputs(ClientId worker, uint64_t task,
                                  capnp::List<wire::OutputValue>::Reader values) {
   for (auto v : values) {
     // Looked up for each value: storing one answers gets, and a reply that cannot be written
     // ends that client's session, which may be this one (the task then runs elsewhere).
-    const std::span<const ObjectId> outputs = scheduler_.RunningOutputs(session.id(), task);
+    const std::span<const ObjectId> outputs = scheduler_.RunningOutputs(worker, task);
     // Not running here: the scheduler refuses the completion, and nothing is stored for it.
     if (outputs.empty()) return Status::OK();
     const uint32_t index = v.getIndex();
@@ -212,7 +205,7 @@ Status TaskService::StoreOutputs(Session& session, uint64_t task,
           std::to_string(ipc::kMaxInlineOutputBytes) + " a completion may carry");
     }
     const Status put = store_.Put(
-        session.id(),
+        worker,
         CreateParams{.id = outputs[index],
                      .data_size = data.size(),
                      .metadata = std::as_bytes(std::span(metadata.begin(), metadata.size())),
@@ -225,32 +218,29 @@ Status TaskService::StoreOutputs(Session& session, uint64_t task,
   return Status::OK();
 }
 
-void TaskService::Cancel(Session& session, uint64_t rid, capnp::List<wire::Id>::Reader outputs) {
-  if (outputs.size() > server_.options().max_batch) {
-    return session.SendError(
-        rid, Status::LimitExceeded("a cancel may name at most " +
-                                   std::to_string(server_.options().max_batch) + " outputs"));
+void TaskService::Cancel(const Responder& reply, const Requester& who,
+                         capnp::List<wire::Id>::Reader outputs) {
+  if (outputs.size() > who.max_batch) {
+    return reply.Error(Status::LimitExceeded("a cancel may name at most " +
+                                             std::to_string(who.max_batch) + " outputs"));
   }
   const auto outcomes = scheduler_.Cancel(ipc::FromWire(outputs));
   capnp::MallocMessageBuilder message;
-  auto reply = message.initRoot<wire::Reply>();
-  reply.setId(rid);
-  auto out = reply.initCancel(static_cast<unsigned>(outcomes.size()));
+  auto r = message.initRoot<wire::Reply>();
+  auto out = r.initCancel(static_cast<unsigned>(outcomes.size()));
   for (unsigned i = 0; i < out.size(); ++i) out.set(i, ToWire(outcomes[i]));
-  session.Send(message, reply);
+  reply.Send(message, r);
 }
 
-void TaskService::Drain(Session& session, uint64_t rid) {
-  Status st = scheduler_.DrainWorker(session.id());
-  st.ok() ? session.SendOk(rid) : session.SendError(rid, st);
+void TaskService::Drain(const Responder& reply, const Requester& who) {
+  reply.Answer(scheduler_.DrainWorker(who.client));
 }
 
-void TaskService::Workers(Session& session, uint64_t rid) const {
+void TaskService::Workers(const Responder& reply) const {
   const auto workers = scheduler_.Workers();
   capnp::MallocMessageBuilder message;
-  auto reply = message.initRoot<wire::Reply>();
-  reply.setId(rid);
-  auto out = reply.initWorkers(static_cast<unsigned>(workers.size()));
+  auto r = message.initRoot<wire::Reply>();
+  auto out = r.initWorkers(static_cast<unsigned>(workers.size()));
   for (unsigned i = 0; i < out.size(); ++i) {
     const scheduler::WorkerInfo& w = workers[i];
     auto o = out[i];
@@ -276,16 +266,15 @@ void TaskService::Workers(Session& session, uint64_t rid) const {
     o.setDraining(w.draining);
     o.setAttachedS(w.attached_s);
   }
-  session.Send(message, reply);
+  reply.Send(message, r);
 }
 
-void TaskService::Tasks(Session& session, uint64_t rid) const {
+void TaskService::Tasks(const Responder& reply) const {
   // A bounded reply: the first pending tasks, then the last finished ones.
   const auto tasks = scheduler_.Tasks(kMaxTasksListed);
   capnp::MallocMessageBuilder message;
-  auto reply = message.initRoot<wire::Reply>();
-  reply.setId(rid);
-  auto out = reply.initTasks(static_cast<unsigned>(tasks.size()));
+  auto r = message.initRoot<wire::Reply>();
+  auto out = r.initTasks(static_cast<unsigned>(tasks.size()));
   for (unsigned i = 0; i < out.size(); ++i) {
     const scheduler::TaskInfo& t = tasks[i];
     auto o = out[i];
@@ -308,7 +297,7 @@ void TaskService::Tasks(Session& session, uint64_t rid) const {
     o.setVariant(t.variant);
     o.setVariantReason(t.variant_reason);
   }
-  session.Send(message, reply);
+  reply.Send(message, r);
 }
 
 void TaskService::FillStatus(wire::SchedulerStatus::Builder out) const {
@@ -335,8 +324,6 @@ void TaskService::SessionClosed(uint64_t session) { scheduler_.RemoveSession(ses
 
 void TaskService::Assign(scheduler::SessionId worker,
                          std::span<const scheduler::Assignment> tasks) {
-  Session* session = server_.FindSession(worker);
-  if (session == nullptr) return;  // it has gone: RemoveSession takes its tasks back
   capnp::MallocMessageBuilder message;
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(0);
@@ -358,17 +345,16 @@ void TaskService::Assign(scheduler::SessionId worker,
       for (unsigned k = 0; k < sealed.size(); ++k) sealed.set(k, a.sealed[k]);
     }
   }
-  session->Send(message, reply);
+  // A worker that has gone gets nothing: RemoveSession takes its tasks back.
+  pushes_.Push(worker, message, reply);
 }
 
 void TaskService::Drained(scheduler::SessionId worker) {
-  Session* session = server_.FindSession(worker);
-  if (session == nullptr) return;
   capnp::MallocMessageBuilder message(64);
   auto reply = message.initRoot<wire::Reply>();
   reply.setId(0);
   reply.setDrained();
-  session->Send(message, reply);
+  pushes_.Push(worker, message, reply);
 }
 
 }  // namespace depot::store

@@ -14,29 +14,39 @@
 #include "protocol.capnp.h"
 #include "scheduler/scheduler.h"
 #include "store/object_store.h"
+#include "store/requester.h"
+#include "store/responder.h"
 #include "store/scheduler_store.h"
 
 namespace depot::store {
 
-class Server;
-class Session;
+// Where the daemon's pushes go (replies with id 0: a worker's assignments): the session of
+// that id, if it is still connected. The Server finds it.
+class Pushes {
+ public:
+  virtual ~Pushes() = default;
+  virtual void Push(ClientId session, capnp::MessageBuilder& message,
+                    wire::Reply::Builder reply) = 0;
+};
 
 class TaskService final : private scheduler::WorkerLink, private scheduler::ObjectEvents {
  public:
-  TaskService(Server& server, ObjectStore& store, scheduler::SchedulerOptions options);
+  TaskService(Pushes& pushes, ObjectStore& store, scheduler::SchedulerOptions options);
   TaskService(const TaskService&) = delete;
   TaskService& operator=(const TaskService&) = delete;
 
-  // One handler per request: each answers `rid` on `session` (an error for bad input,
-  // naming what was wrong), or, for completions with id 0, only logs what it refuses.
-  void RegisterWorker(Session& session, uint64_t rid,
+  // One handler per request: each answers through `reply` (an error for bad input, naming
+  // what was wrong), or, for completions with id 0, only logs what it refuses.
+  void RegisterWorker(const Responder& reply, const Requester& who,
                       wire::Request::RegisterWorker::Reader request);
-  void Submit(Session& session, uint64_t rid, capnp::List<wire::TaskSpec>::Reader tasks);
-  void Complete(Session& session, uint64_t rid, capnp::List<wire::Completion>::Reader completions);
-  void Cancel(Session& session, uint64_t rid, capnp::List<wire::Id>::Reader outputs);
-  void Drain(Session& session, uint64_t rid);
-  void Workers(Session& session, uint64_t rid) const;
-  void Tasks(Session& session, uint64_t rid) const;
+  void Submit(const Responder& reply, const Requester& who,
+              capnp::List<wire::TaskSpec>::Reader tasks);
+  void Complete(const Responder& reply, const Requester& who,
+                capnp::List<wire::Completion>::Reader completions);
+  void Cancel(const Responder& reply, const Requester& who, capnp::List<wire::Id>::Reader outputs);
+  void Drain(const Responder& reply, const Requester& who);
+  void Workers(const Responder& reply) const;
+  void Tasks(const Responder& reply) const;
   // The scheduler's part of the status reply.
   void FillStatus(wire::SchedulerStatus::Builder out) const;
   // The session has gone (after the store removed it as a client).
@@ -48,7 +58,7 @@ class TaskService final : private scheduler::WorkerLink, private scheduler::Obje
   // Stores the small outputs a worker sent with its completion of `task`, as its puts would
   // have; the first that cannot be stored (a bad index, too large, an id taken, no room)
   // fails the task, with why. Nothing, if the task is not running on the worker.
-  Status StoreOutputs(Session& session, uint64_t task,
+  Status StoreOutputs(ClientId worker, uint64_t task,
                       capnp::List<wire::OutputValue>::Reader values);
   // scheduler::WorkerLink: sends `tasks` to `worker`'s session as one assign message.
   void Assign(scheduler::SessionId worker, std::span<const scheduler::Assignment> tasks) override;
@@ -57,7 +67,7 @@ class TaskService final : private scheduler::WorkerLink, private scheduler::Obje
   void OnSealed(const ObjectId& id, bool failed) override { scheduler_.OnSealed(id, failed); }
   void OnFreed(const ObjectId& id) override { scheduler_.OnFreed(id); }
 
-  Server& server_;
+  Pushes& pushes_;
   ObjectStore& store_;
   SchedulerStore access_;
   scheduler::Scheduler scheduler_;

@@ -340,10 +340,9 @@ const ipc::ObjectHeader* Connection::header(uint32_t slot) const {
   return reinterpret_cast<const ipc::ObjectHeader*>(header_table_.data()) + slot;
 }
 
-Status Connection::Call(RequestMessage& request, Reply* reply) {
-  // CallMany of one, without its allocations: the common case.
+Status Connection::SendAwaited(RequestMessage& request, Waiter& me) {
   if (forked()) return Status::Disconnected(kForkedMessage);
-  Waiter me{next_id_.fetch_add(1, std::memory_order_relaxed), reply};
+  me.id = next_id_.fetch_add(1, std::memory_order_relaxed);
   request.root().setId(me.id);
   DEPOT_ASSIGN_OR_RETURN(ipc::OutFrame frame,
                          ipc::EncodeFrame(request.message(), {}, max_frame_bytes_));
@@ -353,8 +352,15 @@ Status Connection::Call(RequestMessage& request, Reply* reply) {
     if (!broken_.ok()) return broken_;
     waiters_.push_back(&me);
   }
-  // A failed send breaks the connection, which fails `me`: Await returns that.
+  // A failed send breaks the connection, which completes `me` with why.
   Send({&frame, 1});
+  return Status::OK();
+}
+
+Status Connection::Call(RequestMessage& request, Reply* reply) {
+  // CallMany of one, without its allocations: the common case.
+  Waiter me{0, reply};
+  DEPOT_RETURN_NOT_OK(SendAwaited(request, me));
   Await(me);
   if (!me.status.ok()) return me.status;
   return Decode([&] { return ipc::StatusFromReply(reply->get()); });
@@ -362,21 +368,9 @@ Status Connection::Call(RequestMessage& request, Reply* reply) {
 
 Result<std::unique_ptr<Connection::Pending>> Connection::Start(RequestMessage& request,
                                                                bool notify) {
-  if (forked()) return Status::Disconnected(kForkedMessage);
   auto pending = std::make_unique<Pending>();
-  Waiter& me = pending->waiter_;
-  me.id = next_id_.fetch_add(1, std::memory_order_relaxed);
-  me.notify = notify;
-  request.root().setId(me.id);
-  DEPOT_ASSIGN_OR_RETURN(ipc::OutFrame frame,
-                         ipc::EncodeFrame(request.message(), {}, max_frame_bytes_));
-  {
-    std::lock_guard lock(mu_);
-    if (!broken_.ok()) return broken_;
-    waiters_.push_back(&me);
-  }
-  // A failed send breaks the connection, which completes `me` with why.
-  Send({&frame, 1});
+  pending->waiter_.notify = notify;
+  DEPOT_RETURN_NOT_OK(SendAwaited(request, pending->waiter_));
   return pending;
 }
 

@@ -258,6 +258,10 @@ class Connection {
 
  private:
   Status Handshake(const ConnectOptions& options);
+  // Gives `request` an id, registers `me` for its reply, and sends it (after the queued
+  // releases). An error if it was not sent; a send that fails breaks the connection, which
+  // completes `me` with why.
+  Status SendAwaited(RequestMessage& request, Waiter& me);
   // Imports the chunks a reply announces; `fds` are the descriptors after its segments'.
   Status ImportChunks(capnp::List<wire::Chunk>::Reader chunks, std::vector<ipc::UniqueFd>& fds);
   // Writes the queued releases, then `requests`, in one sendmsg (as far as the socket takes

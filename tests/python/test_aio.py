@@ -147,10 +147,12 @@ def test_a_thousand_awaits_complete_on_one_loop_that_keeps_turning(daemon):
                     longest = max(longest, now - last)
                     last = now
 
-            watching = asyncio.ensure_future(monitor())
+            # Started before the monitor: starting a process blocks the loop.
+            child = subprocess.Popen([sys.executable, "-c", putter], stdin=subprocess.PIPE, text=True)
             gets = [asyncio.ensure_future(client.get(name)) for name in names]
             await asyncio.sleep(0.05)
-            child = subprocess.Popen([sys.executable, "-c", putter], stdin=subprocess.PIPE, text=True)
+            watching = asyncio.ensure_future(monitor())
+            await asyncio.sleep(0)
             try:
                 child.stdin.write("go\n")
                 child.stdin.close()
