@@ -59,6 +59,9 @@ class Metrics {
   // The time a request of `type` took, from its arrival to its reply.
   void Observe(RequestType type, uint64_t nanos);
   void CountError(StatusCode code);
+  // Requests of `type` observed, and errors of `code` counted, since the start.
+  uint64_t requests(RequestType type) const { return requests_[static_cast<size_t>(type)]; }
+  uint64_t errors(StatusCode code) const { return errors_[static_cast<size_t>(code)]; }
   void SessionOpened() { ++sessions_opened_; }
   void SessionClosed(bool protocol_error) {
     ++sessions_closed_;
