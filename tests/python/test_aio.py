@@ -234,3 +234,27 @@ def test_answers_read_by_another_threads_blocking_call_still_reach_the_loop(daem
         stop.set()
         thread.join()
     assert not shared._conn.closed  # shared, so left open
+
+
+def test_one_loop_at_a_time_and_a_later_loop_once_nothing_waits(daemon):
+    client = depot.aio.AsyncClient(daemon.socket)
+    client.client.put(1, name="aio/loops")
+
+    async def first():
+        pending = asyncio.ensure_future(client.get("aio/loops/never"))
+        await asyncio.sleep(0.05)
+        # Another thread's loop, while this one has an await pending.
+        with pytest.raises(depot.InvalidArgument, match="one event loop at a time"):
+            await asyncio.to_thread(lambda: asyncio.run(client.get("aio/loops")))
+        pending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+        return await client.get("aio/loops")
+
+    assert asyncio.run(first()) == 1
+    assert asyncio.run(client.get("aio/loops")) == 1  # a new loop, nothing pending
+
+    async def close():
+        await client.close()
+
+    asyncio.run(close())

@@ -42,8 +42,9 @@ class AsyncClient:
     """A :class:`depot.Client` for asyncio: awaitable gets, waits, puts and task results.
 
     Give it a socket path (as Client takes), or a Client to share: its other threads may
-    go on using it. Bound to the event loop of its first await; close it (or use
-    ``async with``) before that loop ends, which cancels what still waits.
+    go on using it. It serves one event loop at a time: the loop of its awaits, which may
+    change once none is pending (one ``asyncio.run`` after another). Close it (or use
+    ``async with``) before its loop ends, which cancels what still waits.
     """
 
     def __init__(
@@ -146,12 +147,15 @@ class AsyncClient:
     async def _answer(self, pending: Any) -> Any:
         """What ``pending`` (a request started for this loop) is answered with."""
         loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-        elif self._loop is not loop:
-            pending.cancel()
-            self._drop(pending)
-            raise InvalidArgument("an AsyncClient serves the event loop it was first awaited on")
+        if self._loop is not loop:
+            if self._waiting:
+                pending.cancel()
+                self._drop(pending)
+                raise InvalidArgument(
+                    "an AsyncClient serves one event loop at a time, and awaits are pending on "
+                    "another"
+                )
+            self._loop = loop  # nothing waits on the last one (asyncio.run again, say)
         if pending.ready():  # answered from what the client holds, or already read
             return pending.take()
         future = loop.create_future()
