@@ -314,6 +314,9 @@ Status Session::CheckAccess(wire::Request::Reader request) const {
     case wire::Request::OBJECT_INFO:
     case wire::Request::WORKERS:
     case wire::Request::TASKS:
+    // A wait reads only whether objects are sealed; a cancel reaches the session's own.
+    case wire::Request::WAIT:
+    case wire::Request::CANCEL_WAIT:
       return Status::OK();
     case wire::Request::GET:
       if (request.getGet().getDevice() == kHost) return Status::OK();

@@ -1546,6 +1546,14 @@ TEST_F(SharedWithUserTest, ASharedUidReadsButCannotChangeAnything) {
         if (!client->Workers().ok() || !client->Tasks().ok()) {
           return ChildFailed(7, "cannot see the workers and tasks");
         }
+        // Waits read only whether objects are sealed, and a reader cancels its own.
+        auto sealed = client->Wait(std::span(&victim_id_, 1), 1, std::chrono::seconds(10));
+        if (!sealed.ok() || !(*sealed)[0]) return ChildFailed(8, "cannot wait for an object");
+        const ObjectId never = ObjectId::FromName("hostile/nobody-waits");
+        auto waiting = client->StartGet(std::span(&never, 1), kForever);
+        if (!waiting.ok() || !waiting->Cancel().ok()) return ChildFailed(9, "cannot cancel");
+        auto cancelled = waiting->Take();
+        if (!cancelled.ok() || (*cancelled)[0]) return ChildFailed(10, "not cancelled");
         if (!refused.empty()) return ChildFailed(5, "allowed:" + refused);
         return 0;
       }),

@@ -374,6 +374,25 @@ Result<std::unique_ptr<Connection::Pending>> Connection::Start(RequestMessage& r
   return pending;
 }
 
+Status Connection::SendDiscarding(RequestMessage& request) {
+  auto pending = std::make_unique<Pending>();
+  Waiter* me = &pending->waiter_;
+  me->discard = true;
+  {
+    // Kept before it is sent: its reply may be read, and it dropped, by another thread at
+    // once (Complete).
+    std::lock_guard lock(mu_);
+    discarded_.emplace(me, std::move(pending));
+  }
+  Status sent = SendAwaited(request, *me);
+  if (!sent.ok()) {
+    // Refused before it was registered: nothing will complete it.
+    std::lock_guard lock(mu_);
+    discarded_.erase(me);
+  }
+  return sent;
+}
+
 std::optional<Status> Connection::AwaitUntil(
     Pending& pending, std::optional<std::chrono::steady_clock::time_point> deadline) {
   // In a forked child the socket is the parent's: its replies are not the child's to read.
@@ -385,6 +404,8 @@ std::optional<Status> Connection::AwaitUntil(
 }
 
 bool Connection::Done(const Pending& pending) {
+  // A forked child takes no lock another thread of the parent may have held at the fork.
+  if (forked()) return true;
   std::lock_guard lock(mu_);
   return pending.waiter_.done;
 }
@@ -418,6 +439,7 @@ void Connection::Pump() {
 }
 
 Result<int> Connection::completion_fd() {
+  if (forked()) return Status::Disconnected(kForkedMessage);
   std::lock_guard lock(mu_);
   if (!completion_fd_) {
     ipc::UniqueFd fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -429,6 +451,7 @@ Result<int> Connection::completion_fd() {
 }
 
 std::vector<uint64_t> Connection::TakeCompleted() {
+  if (forked()) return {};
   std::lock_guard lock(mu_);
   if (completion_fd_) {
     eventfd_t count;
@@ -445,6 +468,7 @@ void Connection::Complete(Waiter* w) {
   }
   // Notified under the lock: once it sees `done` the waiter may return and destroy its cv.
   w->cv.notify_one();
+  if (w->discard) discarded_.erase(w);  // nobody reads it: it goes, with its reply
 }
 
 void Connection::HandOnReading(const Waiter* except) {
@@ -568,6 +592,10 @@ bool Connection::Await(Waiter& me, std::optional<std::chrono::steady_clock::time
     HandOnReading(&me);
   }
   me.awaited = false;
+  // Leaving at the deadline, perhaps just handed the reader role by a reader that woke
+  // only this thread: hand it on, or another thread waiting could sleep on with its reply
+  // unread.
+  if (!me.done && !reading_) HandOnReading(&me);
   return me.done;
 }
 
@@ -860,8 +888,8 @@ Status Connection::Fill(std::optional<std::chrono::steady_clock::time_point> dea
   }
   if (ready <= 0 && deadline) {
     // Waits for the socket until the deadline, in whole milliseconds rounded up.
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now());
     do {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now());
       ready = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT_MAX)));
     } while (ready < 0 && errno == EINTR);
     if (ready == 0) {

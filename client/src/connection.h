@@ -35,6 +35,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "depot/client.h"
@@ -124,7 +125,8 @@ class Connection {
     // A thread waits for it in Await, so may take the reader role (a Pending's often has
     // none: its owner looks at it now and then, or an event loop learns of it).
     bool awaited = false;
-    bool notify = false;  // its completion is announced (completion_fd, TakeCompleted)
+    bool notify = false;   // its completion is announced (completion_fd, TakeCompleted)
+    bool discard = false;  // nobody reads its reply: its Pending goes with it (SendDiscarding)
     std::condition_variable cv;
   };
 
@@ -183,8 +185,12 @@ class Connection {
   // first, else what Call would have returned. Thread-safe; one thread per Pending.
   std::optional<Status> AwaitUntil(Pending& pending,
                                    std::optional<std::chrono::steady_clock::time_point> deadline);
-  // Whether `pending`'s reply is in, or the connection broke.
+  // Whether `pending`'s reply is in, or the connection broke (or this is a forked child).
   bool Done(const Pending& pending);
+  // Sends `request` as Call does, and forgets it: its reply is dropped when it comes (for
+  // a request whose answer nobody needs, such as a cancelWait). Never waits for the daemon
+  // unless the socket is full. Thread-safe.
+  Status SendDiscarding(RequestMessage& request);
   // Reads and files the replies the socket holds now, without blocking, unless another
   // thread is reading it: what an event loop calls when fd() is readable. Thread-safe.
   void Pump();
@@ -193,7 +199,9 @@ class Connection {
   // An eventfd that is readable while TakeCompleted has ids to give; made on first use.
   Result<int> completion_fd();
   // The ids of the notify Pendings completed since the last call (in the order their
-  // replies came, or broken), and clears completion_fd(). Thread-safe.
+  // replies came, or broken), and clears completion_fd(). Only Pendings started with
+  // `notify` are announced, and their ids are kept until taken: start them only where
+  // something takes them. Thread-safe.
   std::vector<uint64_t> TakeCompleted();
 
   // Sends `request` with id 0, asking for no reply (a worker's completions), after the
@@ -359,6 +367,8 @@ class Connection {
   // Announced completions (Waiter::notify): their ids, and the eventfd that says so.
   std::vector<uint64_t> completed_;
   ipc::UniqueFd completion_fd_;
+  // The requests sent by SendDiscarding whose replies have not come, by id.
+  std::unordered_map<const Waiter*, std::unique_ptr<Pending>> discarded_;
 
   ipc::FrameReader reader_;  // used only by the thread that is the reader
   // Adaptive spinning; used only by the thread that is the reader.

@@ -258,3 +258,14 @@ def test_one_loop_at_a_time_and_a_later_loop_once_nothing_waits(daemon):
         await client.close()
 
     asyncio.run(close())
+
+
+def test_a_client_serves_one_async_client_at_a_time(daemon):
+    shared = daemon.client()
+    first = depot.aio.AsyncClient(shared)
+    with pytest.raises(depot.InvalidArgument, match="already serves an open AsyncClient"):
+        depot.aio.AsyncClient(shared)
+    asyncio.run(first.close())
+    second = depot.aio.AsyncClient(shared)
+    shared.put(2, name="aio/second")
+    assert asyncio.run(second.get("aio/second")) == 2

@@ -67,14 +67,18 @@ class Pending {
   // The request's id, as Client::TakeCompleted names it (0: answered without a request,
   // from what this client held).
   uint64_t id() const;
-  // Whether the answer is in (or the connection broke); waits up to `wait` for it.
+  // Whether the answer is in (or the connection broke); waits up to `wait` for it, reading
+  // the socket meanwhile if no other thread is. With no wait it only looks: something else
+  // must read the answer (another call of this Client, a Ready with a wait, or an event
+  // loop's Pump).
   bool Ready(std::chrono::milliseconds wait = std::chrono::milliseconds(0));
   // The answer, as the blocking call returns it (Get, GetOnDevice, Wait), after waiting for
   // it as long as it takes. Once: a second Take fails with InvalidArgument.
   Result<T> Take();
   // Asks the daemon to answer now, as if the timeout had passed: what is not sealed yet
-  // comes back as not there (Take: empty entries; a one-object get's Timeout). Makes one
-  // round trip; does not wait for the answer. Nothing happens if it was answered already.
+  // comes back as not there (Take: empty entries; a one-object get's Timeout). Sends the
+  // request and returns: waits neither for the daemon nor for the answer. Nothing happens
+  // if it was answered already.
   Status Cancel();
 
  private:
@@ -448,8 +452,8 @@ class Client {
 
   // Get as a Pending: the request goes now and the caller takes the answer when it likes.
   // With `announce`, the answer's arrival is also announced to TakeCompleted (an event
-  // loop's way). Fails at once as Get would before sending (batch limit, nil id); the
-  // other failures come from Take.
+  // loop's way; an announced id is kept until TakeCompleted takes it). Fails at once as Get would
+  // before sending (batch limit, nil id); the other failures come from Take.
   Result<Pending<std::vector<Buffer>>> StartGet(std::span<const ObjectId> ids,
                                                 std::chrono::milliseconds timeout = kForever,
                                                 bool announce = false);

@@ -52,6 +52,12 @@ class AsyncClient:
     ) -> None:
         self._owned = not isinstance(socket, Client)
         self._client = Client(socket, name=name) if self._owned else socket
+        # Answers are announced per connection: one AsyncClient takes them all.
+        if getattr(self._client, "_aio_client", None) is not None:
+            raise InvalidArgument(
+                "this Client already serves an open AsyncClient: share that one (or close it)"
+            )
+        self._client._aio_client = self
         self._conn = self._client._conn
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         # Requests awaited, by id: the future and what will take its answer.
@@ -76,9 +82,11 @@ class AsyncClient:
         waiting, self._waiting = list(self._waiting.values()), {}
         for future, pending in waiting:
             future.cancel()
-            pending.cancel()
-            self._drop(pending)
+            self._cancel(pending)
+        for _, pending in waiting:
+            self._drop(pending)  # answered at once, cancelled
         self._unwatch()
+        self._client._aio_client = None
         if self._owned:
             self._client.close()
 
@@ -148,14 +156,14 @@ class AsyncClient:
         """What ``pending`` (a request started for this loop) is answered with."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            if self._waiting:
-                pending.cancel()
+            if self._waiting and not self._loop.is_closed():
+                self._cancel(pending)
                 self._drop(pending)
                 raise InvalidArgument(
                     "an AsyncClient serves one event loop at a time, and awaits are pending on "
                     "another"
                 )
-            self._loop = loop  # nothing waits on the last one (asyncio.run again, say)
+            self._rebind(loop)
         if pending.ready():  # answered from what the client holds, or already read
             return pending.take()
         future = loop.create_future()
@@ -166,8 +174,28 @@ class AsyncClient:
         except asyncio.CancelledError:
             if pending.id in self._waiting:
                 # The daemon answers at once; _hand_out gives back what it granted.
-                pending.cancel()
+                self._cancel(pending)
             raise
+
+    def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serves ``loop`` from now on: the last one is closed, or nothing waits on it."""
+        if self._watching and self._loop is not None and not self._loop.is_closed():
+            self._unwatch()
+        self._watching = False  # a closed loop's readers went with it
+        self._draining = False
+        waiting, self._waiting = list(self._waiting.values()), {}
+        for _, pending in waiting:  # awaited on a loop that has closed
+            self._cancel(pending)
+            self._drop(pending)
+        self._loop = loop
+
+    @staticmethod
+    def _cancel(pending: Any) -> None:
+        """Asks the daemon to answer ``pending`` now; sends, and waits for nothing."""
+        try:
+            pending.cancel()
+        except DepotError:
+            pass  # the connection is gone: so is the request
 
     def _watch(self) -> None:
         if self._watching:

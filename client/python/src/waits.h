@@ -59,6 +59,17 @@ std::vector<T> AllThere(std::vector<T> got, const std::vector<ObjectId>& ids, in
 // A get or wait started for an event loop (with `announce`): what depot.aio awaits.
 template <typename T>
 struct PendingAnswer {
+  PendingAnswer(Pending<std::vector<T>> p, std::vector<ObjectId> i, int64_t t)
+      : pending(std::move(p)), ids(std::move(i)), timeout_ms(t) {}
+  PendingAnswer(PendingAnswer&&) noexcept = default;
+  PendingAnswer& operator=(PendingAnswer&&) noexcept = default;
+  // Dropped with the GIL held (by Python): one not taken is cancelled and its answer waited
+  // for (Pending's destructor) with the GIL released.
+  ~PendingAnswer() {
+    nanobind::gil_scoped_release release;
+    Pending<std::vector<T>> dropped(std::move(pending));
+  }
+
   Pending<std::vector<T>> pending;
   std::vector<ObjectId> ids;
   int64_t timeout_ms = -1;
