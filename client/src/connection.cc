@@ -472,6 +472,9 @@ void Connection::Complete(Waiter* w) {
 }
 
 void Connection::HandOnReading(const Waiter* except) {
+  // Most often the only thread waiting is the one handing on (CallMany's caller, which
+  // awaits its waiters one by one): nothing to look for.
+  if (awaiting_ <= (except != nullptr && except->awaited ? 1u : 0u)) return;
   for (Waiter* w : waiters_) {
     if (w->awaited && w != except) {
       w->cv.notify_one();
@@ -577,6 +580,7 @@ std::vector<Status> Connection::CallMany(std::span<RequestMessage* const> reques
 bool Connection::Await(Waiter& me, std::optional<std::chrono::steady_clock::time_point> deadline) {
   std::unique_lock lock(mu_);
   me.awaited = true;
+  ++awaiting_;
   while (!me.done) {
     if (deadline && std::chrono::steady_clock::now() >= *deadline) break;
     if (reading_) {
@@ -592,6 +596,7 @@ bool Connection::Await(Waiter& me, std::optional<std::chrono::steady_clock::time
     HandOnReading(&me);
   }
   me.awaited = false;
+  --awaiting_;
   // Leaving at the deadline, perhaps just handed the reader role by a reader that woke
   // only this thread: hand it on, or another thread waiting could sleep on with its reply
   // unread.
