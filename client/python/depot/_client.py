@@ -217,14 +217,10 @@ class Client:
             import numpy as np
 
             np.copyto(np.frombuffer(writable, dtype=array.dtype).reshape(array.shape), array)
-            self._conn.seal(ref.id)
             if handoff:  # while `writable` holds the creator's reference
-                try:
-                    self._conn.handoff([ref.id], -1)
-                except DepotError:
-                    self._conn.delete([ref.id])  # unreachable otherwise
-                    raise
+                self._conn.seal_and_handoff(ref.id)
                 return None, writable
+            self._conn.seal(ref.id)
             return None, None
         held = self._conn.put(
             ref.id, encoded.parts, encoded.offsets, encoded.size, encoded.metadata, name, pin,

@@ -6,9 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,12 +50,32 @@ auto Blocking(Client& client, F&& f) {
   return ValueOrRaise(std::move(r));
 }
 
-// A reference this client keeps to an object it handed off (Connection::Put with `handoff`),
-// so that it may hand it off again after every claim; given back when dropped. It offers no
-// bytes: they are sealed.
+// A reference this client keeps to an object it handed off (Connection::Put with `handoff`), so
+// that it may hand it off again after every claim; given back when dropped. It offers no
+// bytes to Python.
 struct Held {
-  std::shared_ptr<void> reference;
+  Buffer reference;
 };
+
+// A value's parts as Client::PutParts takes them, over views of the Python buffers,
+// which stay exported while the GIL is released.
+struct Parts {
+  std::vector<std::unique_ptr<ReadView>> views;
+  std::vector<PutPart> parts;
+};
+
+// The parts of a value: `buffers` at `offsets`, one each.
+Parts ViewParts(nb::list buffers, const std::vector<uint64_t>& offsets) {
+  if (offsets.size() != buffers.size()) throw nb::value_error("one offset per part");
+  Parts out;
+  out.views.reserve(buffers.size());
+  out.parts.reserve(buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    out.views.push_back(std::make_unique<ReadView>(buffers[i]));
+    out.parts.push_back(PutPart{offsets[i], out.views.back()->bytes()});
+  }
+  return out;
+}
 
 // A connection to depotd (depot::Client). Thread-safe; Python's Client wraps it.
 class Connection {
@@ -86,38 +104,32 @@ class Connection {
   const std::string& socket_path() const { return socket_path_; }
   uint64_t session_id() { return client().session_id(); }
 
-  // Stores `parts` at `offsets` in a new object of `size` bytes and seals it. Gaps between
-  // parts are zeroed. Small objects travel in one request (Client::Put); larger ones are
-  // created, copied into shared memory and sealed.
-  // With `handoff`, the object is handed to the connection's group (Client::Handoff) before
-  // the creator's reference goes.
-  // Returns None, or with `handoff` the creator's reference as a Held, which keeps the object
-  // (so that this client may hand it off again) until it is dropped.
+  // Stores `parts` at `offsets` in a new object of `size` bytes and seals it (Client::PutParts).
+  // With `handoff`, hands it to the group (Client::PutAndHandoff) and returns the creator's
+  // reference as a Held, which keeps the object (so that this client may hand it off again)
+  // until it is dropped; else returns None.
   nb::object Put(nb::bytes id_bytes, nb::list parts, const std::vector<uint64_t>& offsets,
                  uint64_t size, nb::bytes metadata, const std::string& name, bool pin, bool spill,
                  bool handoff) {
     const ObjectId id = ToId(id_bytes);
-    const std::vector<std::unique_ptr<ReadView>> views = ViewParts(parts, offsets, size);
+    const Parts viewed = ViewParts(parts, offsets);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin, spill);
+    if (handoff) {
+      Buffer held = Blocking(
+          client(), [&](Client& c) { return c.PutAndHandoff(id, size, viewed.parts, options); });
+      return nb::cast(Held{std::move(held)});
+    }
     Client& c = client();
     Status st;
-    std::optional<MutableBuffer> held;
     {
       nb::gil_scoped_release release;
-      if (handoff) {
-        Result<MutableBuffer> r = PutAndHandOff(c, id, views, offsets, size, options);
-        st = r.status();
-        if (r.ok()) held.emplace(std::move(r).value());
-      } else {
-        st = PutParts(c, id, views, offsets, size, options);
-      }
+      st = c.PutParts(id, size, viewed.parts, options);
     }
     RaiseIfError(st);
-    if (!held) return nb::none();
-    return nb::cast(Held{std::make_shared<MutableBuffer>(std::move(*held))});
+    return nb::none();
   }
 
-  // Hands `ids` (held by this connection, or by its group) to its group, in host memory or on
+  // Hands `ids` (held by this client, or by its group) to its group, in host memory or on
   // GPU `device`; with `ttl_ms`, for at most that long unless claimed.
   void Handoff(const std::vector<nb::bytes>& id_bytes, int device, uint32_t ttl_ms) {
     std::vector<ObjectId> ids = ToIds(id_bytes);
@@ -146,54 +158,34 @@ class Connection {
   }
 
   // Puts each of `items`, tuples (id, parts, offsets, size, metadata, name) as Put takes
-  // them, pipelining the small ones (Client::PutMany). Every item is attempted. Returns, per
-  // item, None or the exception its failure is raised as.
+  // them, pipelining the small ones (Client::PutManyParts). Items with malformed parts are
+  // refused before anything is stored; then every item is attempted. Returns, per item,
+  // None or the exception its failure is raised as.
   nb::list PutMany(nb::list items, bool pin) {
-    struct Pending {
-      ObjectId id;
-      std::vector<std::unique_ptr<ReadView>> views;
-      std::vector<uint64_t> offsets;
-      uint64_t size = 0;
-      nb::bytes metadata;  // held here: options point into it while the GIL is released
-      CreateOptions options;
-      std::vector<std::byte> gathered;  // the parts of a small object, joined
+    struct Source {  // what an item's PutPartsItem points into while the GIL is released
+      Parts parts;
+      nb::bytes metadata;
     };
-    std::vector<Pending> pending(items.size());
+    std::vector<Source> sources(items.size());
+    std::vector<PutPartsItem> batch(items.size());
     for (size_t i = 0; i < items.size(); ++i) {
       nb::tuple item = nb::cast<nb::tuple>(items[i]);
       if (item.size() != 6) throw nb::value_error("put_many: each item is 6 values");
-      Pending& p = pending[i];
-      p.id = ToId(nb::cast<nb::bytes>(item[0]));
-      p.offsets = nb::cast<std::vector<uint64_t>>(item[2]);
-      p.size = nb::cast<uint64_t>(item[3]);
-      p.views = ViewParts(nb::cast<nb::list>(item[1]), p.offsets, p.size);
-      p.metadata = nb::cast<nb::bytes>(item[4]);
-      p.options = MakeCreateOptions(p.metadata, nb::cast<std::string>(item[5]), pin);
+      PutPartsItem& put = batch[i];
+      put.id = ToId(nb::cast<nb::bytes>(item[0]));
+      put.data_size = nb::cast<uint64_t>(item[3]);
+      sources[i].parts =
+          ViewParts(nb::cast<nb::list>(item[1]), nb::cast<std::vector<uint64_t>>(item[2]));
+      put.parts = sources[i].parts.parts;
+      RaiseIfError(CheckParts(put.parts, put.data_size));
+      sources[i].metadata = nb::cast<nb::bytes>(item[4]);
+      put.options = MakeCreateOptions(sources[i].metadata, nb::cast<std::string>(item[5]), pin);
     }
     Client& c = client();
-    std::vector<Status> statuses(pending.size());
+    std::vector<Status> statuses;
     {
       nb::gil_scoped_release release;
-      std::vector<PutItem> batch;
-      std::vector<size_t> positions;  // of the batch's items in `pending`
-      auto put_batch = [&] {
-        std::vector<Status> done = c.PutMany(batch);
-        for (size_t k = 0; k < done.size(); ++k) statuses[positions[k]] = std::move(done[k]);
-        batch.clear();
-        positions.clear();
-      };
-      for (size_t i = 0; i < pending.size(); ++i) {
-        Pending& p = pending[i];
-        if (p.size > Client::kInlinePutBytes) {
-          put_batch();  // in order, as puts one by one would be
-          statuses[i] = PutParts(c, p.id, p.views, p.offsets, p.size, p.options);
-          continue;
-        }
-        batch.push_back(
-            PutItem{p.id, JoinParts(p.views, p.offsets, p.size, &p.gathered), p.options});
-        positions.push_back(i);
-      }
-      put_batch();
+      statuses = c.PutManyParts(batch);
     }
     nb::list errors;
     for (const Status& st : statuses) errors.append(st.ok() ? nb::none() : ErrorOf(st));
@@ -214,7 +206,8 @@ class Connection {
 
   // Creates an object of `size` bytes on GPU `device`, copies `size` bytes from `source` (a
   // device pointer there; see CopyIntoDevice) into it, and seals it, with the GIL released.
-  // The creator's reference goes with the handle; a failed copy aborts the object.
+  // The creator's reference goes with the handle; a failed copy aborts the object. With
+  // `handoff`, hands it to the group on `device` (Client::SealAndHandoff).
   void PutDevice(nb::bytes id_bytes, uint64_t source, uint64_t size, int device,
                  std::optional<uintptr_t> wait_stream, nb::bytes metadata, const std::string& name,
                  bool pin, bool handoff) {
@@ -228,9 +221,8 @@ class Connection {
         DEPOT_ASSIGN_OR_RETURN(MutableDeviceBuffer target,
                                c.CreateOnDevice(id, size, device, options));
         DEPOT_RETURN_NOT_OK(CopyIntoDevice(target, source, size, wait_stream));
-        DEPOT_RETURN_NOT_OK(c.Seal(id));
         // Before `target`, the creator's reference, goes.
-        return handoff ? HandOffOrDelete(c, id, device) : Status::OK();
+        return handoff ? c.SealAndHandoff(id, device) : c.Seal(id);
       }();
     }
     RaiseIfError(st);
@@ -259,6 +251,19 @@ class Connection {
 
   void Seal(nb::bytes id_bytes) { Call(&Client::Seal, id_bytes); }
   void Abort(nb::bytes id_bytes) { Call(&Client::Abort, id_bytes); }
+
+  // Seals an object this client created and hands it to the group on `device`, deleting
+  // it if the handoff fails (Client::SealAndHandoff).
+  void SealAndHandoff(nb::bytes id_bytes, int device) {
+    const ObjectId id = ToId(id_bytes);
+    Client& c = client();
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = c.SealAndHandoff(id, device);
+    }
+    RaiseIfError(st);
+  }
 
   // One object, waiting up to `timeout_ms` (-1: for ever) for its seal. Raises NotFound
   // (timeout 0) or Timeout.
@@ -374,88 +379,6 @@ class Connection {
       st = (c.*method)(id);
     }
     RaiseIfError(st);
-  }
-
-  // Views of `parts`, checked to lie at `offsets`, in order and within `size` bytes.
-  static std::vector<std::unique_ptr<ReadView>> ViewParts(nb::list parts,
-                                                          const std::vector<uint64_t>& offsets,
-                                                          uint64_t size) {
-    if (offsets.size() != parts.size()) throw nb::value_error("one offset per part");
-    std::vector<std::unique_ptr<ReadView>> views;
-    views.reserve(parts.size());
-    uint64_t end = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      views.push_back(std::make_unique<ReadView>(parts[i]));
-      if (offsets[i] < end) throw nb::value_error("parts overlap or are out of order");
-      end = offsets[i] + views.back()->bytes().size();
-    }
-    if (end > size) throw nb::value_error("parts run past the object's size");
-    return views;
-  }
-
-  // Writes the parts at their offsets into `dst` (`size` bytes), zeroing the gaps.
-  static void FillParts(std::byte* dst, const std::vector<std::unique_ptr<ReadView>>& views,
-                        const std::vector<uint64_t>& offsets, uint64_t size) {
-    uint64_t pos = 0;
-    for (size_t i = 0; i < views.size(); ++i) {
-      const auto src = views[i]->bytes();
-      std::memset(dst + pos, 0, offsets[i] - pos);
-      if (!src.empty()) std::memcpy(dst + offsets[i], src.data(), src.size());
-      pos = offsets[i] + src.size();
-    }
-    std::memset(dst + pos, 0, size - pos);
-  }
-
-  // Whether the parts are one buffer of the whole object.
-  static bool IsOnePart(const std::vector<std::unique_ptr<ReadView>>& views,
-                        const std::vector<uint64_t>& offsets, uint64_t size) {
-    return views.size() == 1 && offsets[0] == 0 && views[0]->bytes().size() == size;
-  }
-
-  // The object's bytes in one span: the one part's own, or the parts joined in `*scratch`.
-  static std::span<const std::byte> JoinParts(const std::vector<std::unique_ptr<ReadView>>& views,
-                                              const std::vector<uint64_t>& offsets, uint64_t size,
-                                              std::vector<std::byte>* scratch) {
-    if (IsOnePart(views, offsets, size)) return views[0]->bytes();
-    scratch->resize(size);
-    FillParts(scratch->data(), views, offsets, size);
-    return *scratch;
-  }
-
-  static Status PutParts(Client& c, const ObjectId& id,
-                         const std::vector<std::unique_ptr<ReadView>>& views,
-                         const std::vector<uint64_t>& offsets, uint64_t size,
-                         const CreateOptions& options) {
-    // Client::Put sends small objects inline, in one round trip, and copies one buffer into
-    // shared memory itself.
-    if (IsOnePart(views, offsets, size) || size <= Client::kInlinePutBytes) {
-      std::vector<std::byte> scratch;
-      return c.Put(id, JoinParts(views, offsets, size, &scratch), options);
-    }
-    DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
-    FillParts(buffer.ptr(), views, offsets, size);
-    return c.Seal(id);
-  }
-
-  // PutParts for a handoff: created, filled and sealed, then handed off while the creator's
-  // reference (`buffer`) still holds it. Never inline: that put lets go at once.
-  static Result<MutableBuffer> PutAndHandOff(Client& c, const ObjectId& id,
-                                             const std::vector<std::unique_ptr<ReadView>>& views,
-                                             const std::vector<uint64_t>& offsets, uint64_t size,
-                                             const CreateOptions& options) {
-    DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
-    FillParts(buffer.ptr(), views, offsets, size);
-    DEPOT_RETURN_NOT_OK(c.Seal(id));
-    DEPOT_RETURN_NOT_OK(HandOffOrDelete(c, id, Client::kHostMemory));
-    return buffer;
-  }
-
-  // Hands off the object just sealed, or deletes it if that fails (nobody else knows its
-  // id: it would stay in the store, unreachable).
-  static Status HandOffOrDelete(Client& c, const ObjectId& id, int device) {
-    Status st = c.Handoff(std::span(&id, 1), device);
-    if (!st.ok()) (void)c.Delete(id);
-    return st;
   }
 
   // Gets `ids` in one request, which the daemon answers once they are all there or
@@ -599,6 +522,7 @@ NB_MODULE(_depot, m) {
       .def("get_many_on_device", &Connection::GetManyOnDevice, "ids"_a, "device"_a, "timeout_ms"_a)
       .def("seal", &Connection::Seal, "id"_a)
       .def("abort", &Connection::Abort, "id"_a)
+      .def("seal_and_handoff", &Connection::SealAndHandoff, "id"_a, "device"_a = -1)
       .def("get", &Connection::Get, "id"_a, "timeout_ms"_a)
       .def("get_many", &Connection::GetMany, "ids"_a, "timeout_ms"_a)
       .def("wait", &Connection::Wait, "ids"_a, "count"_a, "timeout_ms"_a)
