@@ -58,7 +58,7 @@ class AsyncClient:
                 "this Client already serves an open AsyncClient: share that one (or close it)"
             )
         self._client._aio_client = self
-        self._conn = self._client._conn
+        self._native = self._client._native
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         # Requests awaited, by id: the future and what will take its answer.
         self._waiting: Dict[int, Tuple[asyncio.Future, Any]] = {}
@@ -108,9 +108,9 @@ class AsyncClient:
         ids = [_ref(r).id for r in refs]
         timeout_ms = _codec.parse_timeout(timeout)
         if device is None:
-            buffers = await self._answer(self._conn.start_get(ids, timeout_ms))
+            buffers = await self._answer(self._native.start_get(ids, timeout_ms))
             return [_codec.decode(b) for b in buffers]
-        pending = self._conn.start_get_on_device(ids, _device_ordinal(device), timeout_ms)
+        pending = self._native.start_get_on_device(ids, _device_ordinal(device), timeout_ms)
         return _device.wrap(await self._answer(pending))
 
     async def result(self, ref: RefLike, *, timeout: Optional[float] = None) -> Any:
@@ -127,7 +127,7 @@ class AsyncClient:
         refs = [_ref(r) for r in refs]
         ids, count = _wait_request(refs, return_when)
         sealed = await self._answer(
-            self._conn.start_wait(ids, count, _codec.parse_timeout(timeout))
+            self._native.start_wait(ids, count, _codec.parse_timeout(timeout))
         )
         return _split_done(refs, sealed)
 
@@ -200,26 +200,26 @@ class AsyncClient:
     def _watch(self) -> None:
         if self._watching:
             return
-        self._loop.add_reader(self._conn.fd, self._on_socket)
-        self._loop.add_reader(self._conn.completion_fd(), self._on_answers)
+        self._loop.add_reader(self._native.fd, self._on_socket)
+        self._loop.add_reader(self._native.completion_fd(), self._on_answers)
         self._watching = True
 
     def _unwatch(self) -> None:
         if not self._watching:
             return
-        self._loop.remove_reader(self._conn.fd)
-        self._loop.remove_reader(self._conn.completion_fd())
+        self._loop.remove_reader(self._native.fd)
+        self._loop.remove_reader(self._native.completion_fd())
         self._watching = False
 
     def _on_socket(self) -> None:
         # Reads what has come, without blocking. While another thread of this process is
         # the reader (a blocking call on the same Client), this returns at once, and the
         # answers it reads are announced through the eventfd.
-        self._conn.pump()
+        self._native.pump()
         self._on_answers()
 
     def _on_answers(self) -> None:
-        self._answered.extend(self._conn.take_completed())
+        self._answered.extend(self._native.take_completed())
         if not self._draining:
             self._hand_out()
 
