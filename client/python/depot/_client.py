@@ -15,7 +15,8 @@ RefLike = Union[ObjectRef, str]
 """An ObjectRef, or the name an object was put with."""
 
 
-def _ref(target: RefLike) -> ObjectRef:
+def _ref(target: object) -> ObjectRef:
+    """``target`` (an ObjectRef, or the name of one) as an ObjectRef; TypeError for others."""
     if isinstance(target, ObjectRef):
         return target
     if isinstance(target, str):
@@ -85,6 +86,9 @@ class Client:
         self._native = _depot.Client(
             "" if socket is None else os.fspath(socket), name, self._group or b""
         )
+        # The depot.aio.AsyncClient this one serves, if any: answers are announced per
+        # connection, so one AsyncClient takes them all.
+        self._aio_client: Optional[Any] = None
         # Functions sent by value, and the refs they are stored under.
         self._functions: "weakref.WeakKeyDictionary[Any, ObjectRef]" = weakref.WeakKeyDictionary()
 
@@ -217,7 +221,9 @@ class Client:
             writable = self._native.create(ref.id, array.nbytes, encoded.metadata, name, pin, spill)
             import numpy as np
 
-            np.copyto(np.frombuffer(writable, dtype=array.dtype).reshape(array.shape), array)
+            # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
+            target = np.frombuffer(memoryview(writable), dtype=array.dtype).reshape(array.shape)
+            np.copyto(target, array)
             if handoff:  # while `writable` holds the creator's reference
                 self._native.seal_and_handoff(ref.id)
                 return None, writable
@@ -326,7 +332,8 @@ class Client:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         metadata = _codec.array_metadata(dtype, "C", shape)
         writable = self._native.create(ref.id, nbytes, metadata, ref.name or "", pin)
-        return np.frombuffer(writable, dtype=dtype).reshape(shape)
+        # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
+        return np.frombuffer(memoryview(writable), dtype=dtype).reshape(shape)
 
     def seal(self, target: Union[RefLike, memoryview, Any]) -> ObjectRef:
         """Seals an object made with :meth:`create` or :meth:`create_array`: it becomes
@@ -413,10 +420,10 @@ class Client:
             if not _device.is_array_metadata(buffer.metadata):
                 return _codec.decode(buffer)
             del buffer
-        buffer = self._native.get_on_device(ref.id, device, forever)
-        if _device.is_array_metadata(buffer.metadata):
-            return DeviceArray._of(buffer)
-        del buffer
+        on_gpu = self._native.get_on_device(ref.id, device, forever)
+        if _device.is_array_metadata(on_gpu.metadata):
+            return DeviceArray._of(on_gpu)
+        del on_gpu
         return self.get(ref)
 
     def get_buffer(self, ref: RefLike, *, timeout: Optional[float] = None) -> Any:
@@ -508,10 +515,10 @@ class Client:
         ``(done, not_done)``. Ready means sealed: a task's output whether the task succeeded
         or failed (get tells which). One request, which the daemon answers when enough are
         ready or the time is up (Ctrl-C cancels it); holds nothing."""
-        refs = [_ref(r) for r in refs]
-        ids, count = _wait_request(refs, return_when)
+        wanted = [_ref(r) for r in refs]
+        ids, count = _wait_request(wanted, return_when)
         sealed = self._native.wait(ids, count, _codec.parse_timeout(timeout))
-        return _split_done(refs, sealed)
+        return _split_done(wanted, sealed)
 
     def _task(
         self, fn: Union[str, Callable], args: Sequence[Any], resources: Optional[Mapping[str, float]] = None,
@@ -523,7 +530,8 @@ class Client:
         inputs: List[ObjectRef] = []
         host_inputs: List[int] = []  # read on host wherever the task runs
         function = _tasks.function_name(fn)
-        if function is None:
+        if function is None:  # a callable, sent by value
+            assert callable(fn)
             host_inputs.append(len(inputs))
             inputs.append(self._stored_function(fn))
             function = _tasks.CALL

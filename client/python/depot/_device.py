@@ -224,7 +224,7 @@ def put_device(
                     f"the {type(value).__name__}'s DLPack capsule is on device type "
                     f"{tensor.device_type}, though __dlpack_device__ said CUDA"
                 )
-            shape = tensor.shape
+            shape: Sequence[int] = tensor.shape
             strides = tensor.strides
             if strides is not None and not is_c_contiguous(shape, strides, 1):
                 raise _not_contiguous(value, shape, strides)

@@ -50,10 +50,10 @@ class AsyncClient:
     def __init__(
         self, socket: Union[str, "os.PathLike[str]", Client, None] = None, *, name: str = ""
     ) -> None:
-        self._owned = not isinstance(socket, Client)
-        self._client = Client(socket, name=name) if self._owned else socket
+        self._client = socket if isinstance(socket, Client) else Client(socket, name=name)
+        self._owned = self._client is not socket
         # Answers are announced per connection: one AsyncClient takes them all.
-        if getattr(self._client, "_aio_client", None) is not None:
+        if self._client._aio_client is not None:
             raise InvalidArgument(
                 "this Client already serves an open AsyncClient: share that one (or close it)"
             )
@@ -124,12 +124,12 @@ class AsyncClient:
         """``(done, not_done)`` once every ref (``"ALL_COMPLETED"``) or one of them
         (``"FIRST_COMPLETED"``) is sealed, or ``timeout`` seconds have passed, as
         :meth:`depot.Client.wait`. Holds nothing."""
-        refs = [_ref(r) for r in refs]
-        ids, count = _wait_request(refs, return_when)
+        wanted = [_ref(r) for r in refs]
+        ids, count = _wait_request(wanted, return_when)
         sealed = await self._answer(
             self._native.start_wait(ids, count, _codec.parse_timeout(timeout))
         )
-        return _split_done(refs, sealed)
+        return _split_done(wanted, sealed)
 
     # Writing and tasks, in a worker thread.
 
@@ -156,7 +156,7 @@ class AsyncClient:
         """What ``pending`` (a request started for this loop) is answered with."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            if self._waiting and not self._loop.is_closed():
+            if self._waiting and not self._bound_loop.is_closed():
                 self._cancel(pending)
                 self._drop(pending)
                 raise InvalidArgument(
@@ -197,18 +197,24 @@ class AsyncClient:
         except DepotError:
             pass  # the connection is gone: so is the request
 
+    @property
+    def _bound_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this serves (see _answer), once an await has bound one."""
+        assert self._loop is not None, "no await has bound this AsyncClient to a loop yet"
+        return self._loop
+
     def _watch(self) -> None:
         if self._watching:
             return
-        self._loop.add_reader(self._native.fd, self._on_socket)
-        self._loop.add_reader(self._native.completion_fd(), self._on_answers)
+        self._bound_loop.add_reader(self._native.fd, self._on_socket)
+        self._bound_loop.add_reader(self._native.completion_fd(), self._on_answers)
         self._watching = True
 
     def _unwatch(self) -> None:
         if not self._watching:
             return
-        self._loop.remove_reader(self._native.fd)
-        self._loop.remove_reader(self._native.completion_fd())
+        self._bound_loop.remove_reader(self._native.fd)
+        self._bound_loop.remove_reader(self._native.completion_fd())
         self._watching = False
 
     def _on_socket(self) -> None:
@@ -240,7 +246,7 @@ class AsyncClient:
                         future.set_exception(e)
             if self._answered and time.perf_counter() > end:
                 self._draining = True
-                self._loop.call_soon(self._hand_out)
+                self._bound_loop.call_soon(self._hand_out)
                 return
         if not self._waiting:
             self._unwatch()
