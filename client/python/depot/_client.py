@@ -640,7 +640,7 @@ class Client:
 
     def list(self) -> List[Any]:
         """Every object in the store (depot.ObjectInfo), sealed or being created."""
-        return self._native.list()
+        return self._native.list_objects()
 
     def gpus(self) -> List[Any]:
         """The GPUs the daemon serves that this process can use (depot.GpuInfo), by ordinal:

@@ -544,7 +544,9 @@ NB_MODULE(_depot, m) {
       .def("prefetch", &Client::Prefetch, "ids"_a, "device"_a)
       .def("locate", &Client::Locate, "ids"_a)
       .def("contains", &Client::Contains, "id"_a)
-      .def("list", &Client::List)
+      // Not `list`: in the stubs, a method of that name would hide the builtin from the
+      // annotations of the methods after it.
+      .def("list_objects", &Client::List)
       .def("status", &Client::GetStatus)
       .def("metrics", &Client::Metrics)
       .def("clients", &Client::Clients)
