@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 # Flags for `make run`, e.g. make run DEPOTD_ARGS="--memory 8GiB"
 DEPOTD_ARGS ?=
 
-.PHONY: all deps build install package wheel run test test-release test-asan test-tsan test-python format-check bench format clean \
+.PHONY: all deps build install package wheel run test test-release test-asan test-tsan test-python python-install stubs format-check bench format clean \
   gpu-check-prepare gpu-check-rehearse gpu-check
 
 all: build
@@ -73,17 +73,40 @@ test-tsan: deps $(TSAN_BUILD)/build.ninja
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0 \
 	  ctest --output-on-failure -j 2 --timeout 600 -E '$(TSAN_SKIP)'
 
-# The Python package: `pip install .` into a venv under $(PY_BUILD) (so the packaging is tested
-# too; the CMake build is kept in $(PY_BUILD)/<wheel tag> between runs), then pytest against
-# private daemons (tests/python), then the wheel for other machines (make wheel).
-test-python: deps
-	test -x $(PY_BUILD)/venv/bin/python || $(PYTHON) -m venv $(PY_BUILD)/venv
-	$(PY_BUILD)/venv/bin/python -m pip install --quiet --disable-pip-version-check pytest numpy \
-	  'dask[array]' distributed pandas pyarrow
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_BUILD)/venv/bin/python -m pip install --quiet \
+# The Python package in a venv under $(PY_BUILD), with what its checks need: `pip install .`
+# (so the packaging is tested too; the CMake build is kept in $(PY_BUILD)/<wheel tag> between
+# runs). nanobind is the version the build pins (pyproject.toml), whose stub generator wrote
+# client/python/depot/_depot.pyi.
+PY_VENV  = $(PY_BUILD)/venv/bin/python
+NANOBIND = $(shell sed -n 's/.*"\(nanobind==[^"]*\)".*/\1/p' pyproject.toml)
+# The stubs of depot._depot, private names (_register_errors, _fields) included, with the
+# entries of client/python/stubgen.patterns written as it says.
+STUBGEN  = $(PY_VENV) -m nanobind.stubgen -q -P -p client/python/stubgen.patterns -m depot._depot
+
+python-install: deps
+	test -x $(PY_VENV) || $(PYTHON) -m venv $(PY_BUILD)/venv
+	$(PY_VENV) -m pip install --quiet --disable-pip-version-check pytest numpy \
+	  'dask[array]' distributed pandas pyarrow mypy '$(NANOBIND)'
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_VENV) -m pip install --quiet \
 	  --disable-pip-version-check --config-settings=build-dir='$(abspath $(PY_BUILD))/{wheel_tag}' .
-	$(PY_BUILD)/venv/bin/python -m pytest -q -p no:cacheprovider tests/python
-	scripts/build-wheel.sh $(PY_BUILD)/venv/bin/python $(PY_BUILD)/dist
+
+# The package's types, then pytest against private daemons (tests/python), then the wheel for
+# other machines (make wheel). The stubs of depot._depot must be what the stub generator
+# writes for the module just built (else: make stubs); mypy then checks the package with them
+# (pyproject.toml, [tool.mypy]). (mypy's stubtest cannot read the signatures of nanobind's
+# functions, so the stubs are compared with the generator's output instead.)
+test-python: python-install
+	$(STUBGEN) -o $(PY_BUILD)/_depot.pyi
+	diff -u client/python/depot/_depot.pyi $(PY_BUILD)/_depot.pyi || \
+	  { echo "client/python/depot/_depot.pyi is not what the binding builds: run make stubs" >&2; exit 1; }
+	$(PY_VENV) -m mypy --cache-dir $(PY_BUILD)/mypy-cache
+	$(PY_VENV) -m pytest -q -p no:cacheprovider tests/python
+	scripts/build-wheel.sh $(PY_VENV) $(PY_BUILD)/dist
+
+# Writes client/python/depot/_depot.pyi anew from the binding as built: after changing
+# client/python/src/, run it and commit the stubs with the change.
+stubs: python-install
+	$(STUBGEN) -o client/python/depot/_depot.pyi
 
 # The wheel for other machines, in $(PY_BUILD)/dist: the libraries depotd, depotctl and the
 # module need beyond glibc and libstdc++ are inside (auditwheel), checked by the script.

@@ -37,6 +37,10 @@ wheel=$(ls "$out"/depot-*.whl)
 # What each ELF file of the wheel loads: the wheel's own libraries, or the base system's.
 mkdir "$work/unpacked"
 "$python" -m zipfile -e "$wheel" "$work/unpacked"
+# Type checkers use the package's types only with these (docs/python.md, Packaging).
+for typed in depot/_depot.pyi depot/py.typed; do
+  [ -e "$work/unpacked/$typed" ] || fail "$typed is not in the wheel"
+done
 base='linux-vdso|ld-linux-x86-64|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libdl\.so|libpthread|librt\.so'
 for elf in "$work"/unpacked/depot.scripts/depotd "$work"/unpacked/depot.scripts/depotctl \
   "$work"/unpacked/depot/_depot*.so; do

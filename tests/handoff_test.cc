@@ -1,15 +1,17 @@
 // Handing objects from one process to another through a group (Client::Handoff,
-// Claim): what depot.multiprocessing sends through its queues and pipes. A
-// handed-off object outlives its sender, is claimed once per handoff, goes when
-// its claimers let go, and goes with its group if nobody claims it; a client
-// outside the group, of another uid, or saying what the library never would,
-// harms nothing.
+// Claim, and the puts that hand off: PutAndHandoff, SealAndHandoff): what
+// depot.multiprocessing sends through its queues and pipes. A handed-off object
+// outlives its sender, is claimed once per handoff, goes when its claimers let
+// go, and goes with its group if nobody claims it; one that cannot be handed off
+// as it is put is deleted; a client outside the group, of another uid, or saying
+// what the library never would, harms nothing.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -440,6 +442,118 @@ TEST_F(HandoffTest, AHandoffWithoutDeadlineOutlivesOneWith) {
   EXPECT_EQ(receiver->Claim(std::span(&id, 1)).status().code(), StatusCode::kNotHeld);
   claimed->clear();
   EXPECT_EQ(SealedObjects(observer, 0), 0u);
+}
+
+// Client::PutAndHandoff: a value gathered from parts, handed to the group as it is
+// sealed; the putter keeps the creator's reference, to hand it again after every claim.
+TEST_F(HandoffTest, APutHandedOffIsClaimedAndItsPutterMayHandItAgain) {
+  const std::string group = GroupKey('f');
+  auto sender = Join(daemon_, group);
+  auto receiver = Join(daemon_, group);
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  const ObjectId id = ObjectId::Random();
+  const std::vector<std::byte> header = SeededBytes(100, 10);
+  const std::vector<std::byte> body = SeededBytes(kMiB, 11);
+  const std::vector<PutPart> parts = {{0, header}, {128, body}};
+  std::vector<std::byte> expected(128 + kMiB + 64);
+  std::copy(header.begin(), header.end(), expected.begin());
+  std::copy(body.begin(), body.end(), expected.begin() + 128);
+  auto kept = sender->PutAndHandoff(id, expected.size(), parts);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_TRUE(SameBytes(kept->data(), expected));
+  // Handed off: deleted, and claimed once.
+  EXPECT_EQ(receiver->Get(id).status().code(), StatusCode::kNotFound);
+  {
+    auto claimed = receiver->Claim(std::span(&id, 1));
+    ASSERT_TRUE(claimed.ok()) << claimed.status().ToString();
+    EXPECT_TRUE(SameBytes((*claimed)[0].data(), expected));
+  }
+  EXPECT_EQ(receiver->Claim(std::span(&id, 1)).status().code(), StatusCode::kNotHeld);
+  // The putter's reference lets it hand the object off again after the claim.
+  ASSERT_OK(sender->Handoff(std::span(&id, 1)));
+  *kept = Buffer();
+  Client observer = Observer();
+  EXPECT_EQ(SealedObjects(observer, 1), 1u);  // the group holds it
+  {
+    auto claimed = receiver->Claim(std::span(&id, 1));
+    ASSERT_TRUE(claimed.ok()) << claimed.status().ToString();
+    EXPECT_TRUE(SameBytes((*claimed)[0].data(), expected));
+  }
+  EXPECT_EQ(SealedObjects(observer, 0), 0u);
+}
+
+TEST_F(HandoffTest, APutThatCannotBeHandedOffIsDeleted) {
+  Client observer = Observer();
+  // No group: the handoff fails, and the object, sealed by then, goes rather than stay in
+  // the store under an id nobody knows.
+  auto loner = Client::Connect(daemon_.socket_path());
+  ASSERT_TRUE(loner.ok());
+  const ObjectId id = ObjectId::Random();
+  const std::vector<std::byte> bytes = SeededBytes(64 * kKiB, 12);
+  const std::vector<PutPart> parts = {{0, bytes}};
+  auto kept = loner->PutAndHandoff(id, bytes.size(), parts);
+  ASSERT_FALSE(kept.ok());
+  EXPECT_EQ(kept.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(kept.status().message().find("no group"), std::string::npos)
+      << kept.status().ToString();
+  ASSERT_OK_AND_ASSIGN(bool stored, loner->Contains(id));
+  EXPECT_FALSE(stored);
+  EXPECT_EQ(SealedObjects(observer, 0), 0u);
+  // Parts that run past the object: refused before anything is created.
+  auto member = Join(daemon_, GroupKey('g'));
+  ASSERT_TRUE(member.ok());
+  const std::vector<PutPart> past = {{1, bytes}};
+  auto refused = member->PutAndHandoff(ObjectId::Random(), bytes.size(), past);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("parts run past the object's size"), std::string::npos)
+      << refused.status().ToString();
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, observer.GetStatus());
+  EXPECT_EQ(status.objects_creating, 0u);
+  EXPECT_EQ(status.objects_sealed, 0u);
+}
+
+// Client::SealAndHandoff: an object written in place (here on a GPU), sealed and handed off
+// in one call; deleted if the handoff fails; left alone if the seal does.
+TEST_F(HandoffTest, SealAndHandoffHandsAnObjectOffOnItsTierOrDeletesIt) {
+  const std::string group = GroupKey('h');
+  auto sender = Join(daemon_, group);
+  auto receiver = Join(daemon_, group);
+  ASSERT_TRUE(sender.ok() && receiver.ok());
+  Client observer = Observer();
+  const std::vector<std::byte> bytes = SeededBytes(kMiB, 13);
+  const ObjectId id = ObjectId::Random();
+  {
+    auto target = sender->CreateOnDevice(id, bytes.size(), 0);
+    ASSERT_TRUE(target.ok()) << target.status().ToString();
+    std::memcpy(reinterpret_cast<void*>(target->device_ptr()), bytes.data(), bytes.size());
+    ASSERT_OK(sender->SealAndHandoff(id, 0));
+  }
+  {
+    auto claimed = receiver->ClaimOnDevice(std::span(&id, 1), 0);
+    ASSERT_TRUE(claimed.ok()) << claimed.status().ToString();
+    EXPECT_EQ(std::memcmp(reinterpret_cast<const void*>((*claimed)[0].device_ptr()), bytes.data(),
+                          bytes.size()),
+              0);
+  }
+  EXPECT_EQ(SealedObjects(observer, 0), 0u);
+  // Handed off in host memory, where it has no copy: NotHeld, and the object is deleted.
+  const ObjectId elsewhere = ObjectId::Random();
+  {
+    auto target = sender->CreateOnDevice(elsewhere, bytes.size(), 0);
+    ASSERT_TRUE(target.ok()) << target.status().ToString();
+    const Status st = sender->SealAndHandoff(elsewhere);
+    EXPECT_EQ(st.code(), StatusCode::kNotHeld) << st.ToString();
+    ASSERT_OK_AND_ASSIGN(bool stored, sender->Contains(elsewhere));
+    EXPECT_FALSE(stored);
+  }
+  EXPECT_EQ(SealedObjects(observer, 0), 0u);
+  // Another client's object: the seal fails, and nothing is handed off or deleted.
+  const ObjectId theirs = ObjectId::Random();
+  ASSERT_OK(observer.Put(theirs, bytes));
+  EXPECT_EQ(sender->SealAndHandoff(theirs).code(), StatusCode::kAlreadySealed);
+  ASSERT_OK_AND_ASSIGN(bool stored, observer.Contains(theirs));
+  EXPECT_TRUE(stored);
+  EXPECT_EQ(receiver->Claim(std::span(&theirs, 1)).status().code(), StatusCode::kNotHeld);
 }
 
 TEST_F(HandoffTest, ATtlOutOfRangeIsRefused) {

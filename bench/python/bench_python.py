@@ -86,7 +86,7 @@ def bench_small_get(client, socket_client, n, ray=None):
 
     ref, leased = gets_of(client)
     _, round_trip_get = gets_of(socket_client)
-    raw = socket_client._conn  # the binding, without decoding
+    raw = socket_client._native  # the binding, without decoding
     raw_ref = socket_client.put(b"y" * 100)
 
     def binding(k):

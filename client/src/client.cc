@@ -564,6 +564,111 @@ std::vector<Status> Client::PutMany(std::span<const PutItem> items) {
   return statuses;
 }
 
+Status CheckParts(std::span<const PutPart> parts, uint64_t data_size) {
+  uint64_t end = 0;  // of the part before
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const uint64_t offset = parts[i].offset;
+    const uint64_t size = parts[i].data.size();
+    if (offset < end) {
+      return Status::InvalidArgument("parts overlap or are out of order: part " +
+                                     std::to_string(i) + " starts at byte " +
+                                     std::to_string(offset) + ", before the end of the one " +
+                                     "before it at byte " + std::to_string(end));
+    }
+    if (size > data_size || offset > data_size - size) {
+      return Status::InvalidArgument("parts run past the object's size: part " + std::to_string(i) +
+                                     ", " + std::to_string(size) + " bytes at byte " +
+                                     std::to_string(offset) + ", in " + std::to_string(data_size) +
+                                     " bytes");
+    }
+    end = offset + size;
+  }
+  return Status::OK();
+}
+
+namespace {
+
+// Whether `parts` are one buffer of the whole object.
+bool IsOnePart(std::span<const PutPart> parts, uint64_t size) {
+  return parts.size() == 1 && parts[0].offset == 0 && parts[0].data.size() == size;
+}
+
+// Writes `parts` (CheckParts passed them) at their offsets into `dst`, `size` bytes, zeroing
+// the gaps between them and after the last.
+void FillParts(std::byte* dst, std::span<const PutPart> parts, uint64_t size) {
+  uint64_t pos = 0;
+  for (const PutPart& part : parts) {
+    if (part.offset > pos) std::memset(dst + pos, 0, part.offset - pos);
+    if (!part.data.empty()) std::memcpy(dst + part.offset, part.data.data(), part.data.size());
+    pos = part.offset + part.data.size();
+  }
+  if (size > pos) std::memset(dst + pos, 0, size - pos);
+}
+
+// The object's bytes in one span: the one part's own, or the parts joined in `*scratch`.
+std::span<const std::byte> JoinParts(std::span<const PutPart> parts, uint64_t size,
+                                     std::vector<std::byte>* scratch) {
+  if (IsOnePart(parts, size)) return parts[0].data;
+  scratch->resize(size);
+  FillParts(scratch->data(), parts, size);
+  return *scratch;
+}
+
+}  // namespace
+
+Status Client::PutParts(const ObjectId& id, uint64_t data_size, std::span<const PutPart> parts,
+                        const CreateOptions& options) {
+  DEPOT_RETURN_NOT_OK(CheckParts(parts, data_size));
+  // Put sends small objects inline, in one round trip, and copies one buffer into shared
+  // memory itself.
+  if (IsOnePart(parts, data_size) || data_size <= kInlinePutBytes) {
+    std::vector<std::byte> scratch;
+    return Put(id, JoinParts(parts, data_size, &scratch), options);
+  }
+  DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(id, data_size, options));
+  FillParts(buffer.ptr(), parts, data_size);
+  return Seal(id);
+}
+
+std::vector<Status> Client::PutManyParts(std::span<const PutPartsItem> items) {
+  std::vector<Status> statuses(items.size());
+  std::vector<std::vector<std::byte>> joined(items.size());  // of the small items of parts
+  std::vector<PutItem> batch;
+  std::vector<size_t> positions;  // of the batch's items in `items`
+  auto put_batch = [&] {
+    std::vector<Status> done = PutMany(batch);
+    for (size_t k = 0; k < done.size(); ++k) statuses[positions[k]] = std::move(done[k]);
+    batch.clear();
+    positions.clear();
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PutPartsItem& item = items[i];
+    if (Status valid = CheckParts(item.parts, item.data_size); !valid.ok()) {
+      statuses[i] = std::move(valid);
+      continue;
+    }
+    if (item.data_size > kInlinePutBytes) {
+      put_batch();  // in order, as puts one by one would be
+      statuses[i] = PutParts(item.id, item.data_size, item.parts, item.options);
+      continue;
+    }
+    batch.push_back(
+        PutItem{item.id, JoinParts(item.parts, item.data_size, &joined[i]), item.options});
+    positions.push_back(i);
+  }
+  put_batch();
+  return statuses;
+}
+
+Result<Buffer> Client::PutAndHandoff(const ObjectId& id, uint64_t data_size,
+                                     std::span<const PutPart> parts, const CreateOptions& options) {
+  DEPOT_RETURN_NOT_OK(CheckParts(parts, data_size));
+  DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(id, data_size, options));
+  FillParts(buffer.ptr(), parts, data_size);
+  DEPOT_RETURN_NOT_OK(SealAndHandoff(id));
+  return Buffer(std::move(buffer.holding_));
+}
+
 Result<std::vector<Buffer>> Client::Get(std::span<const ObjectId> ids,
                                         std::chrono::milliseconds timeout) {
   DEPOT_ASSIGN_OR_RETURN(auto got, GetOnHost(conn_, ids, timeout));
@@ -734,6 +839,13 @@ Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::m
     }
     return first_error;
   });
+}
+
+Status Client::SealAndHandoff(const ObjectId& id, int device) {
+  DEPOT_RETURN_NOT_OK(Seal(id));
+  Status st = Handoff(std::span(&id, 1), device);
+  if (!st.ok()) (void)Delete(id);
+  return st;
 }
 
 Result<std::vector<Buffer>> Client::Claim(std::span<const ObjectId> ids) {

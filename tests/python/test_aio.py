@@ -28,7 +28,7 @@ def requests_of(client, kind):
 
 def session_of(client):
     """The daemon's view of ``client``'s session (requests sent, references held)."""
-    mine = client._conn.session_id
+    mine = client._native.session_id
     return next(c for c in client.clients() if c.session_id == mine)
 
 
@@ -233,7 +233,7 @@ def test_answers_read_by_another_threads_blocking_call_still_reach_the_loop(daem
     finally:
         stop.set()
         thread.join()
-    assert not shared._conn.closed  # shared, so left open
+    assert not shared._native.closed  # shared, so left open
 
 
 def test_one_loop_at_a_time_and_a_later_loop_once_nothing_waits(daemon):

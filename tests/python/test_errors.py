@@ -184,9 +184,9 @@ def test_put_many_with_a_name_per_value_missing_stores_nothing(client):
 def test_malformed_put_many_items_are_refused_before_anything_is_stored(client):
     good = (depot.ObjectRef.from_name("put-many/good").id, [b"x"], [0], 1, b"", "")
     with pytest.raises(ValueError, match="each item is 6 values"):
-        client._conn.put_many([good, (good[0], [b"x"])], False)
+        client._native.put_many([good, (good[0], [b"x"])], False)
     with pytest.raises(ValueError, match="parts run past the object's size"):
-        client._conn.put_many([good, (good[0], [b"xyz"], [0], 1, b"", "")], False)
+        client._native.put_many([good, (good[0], [b"xyz"], [0], 1, b"", "")], False)
     assert client.status().objects_sealed == 0
     ref = client.put(b"still fine")  # the connection and the daemon are unharmed
     assert client.get(ref).tobytes() == b"still fine"

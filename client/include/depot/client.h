@@ -140,6 +140,26 @@ struct PutItem {
   CreateOptions options;
 };
 
+// One piece of an object's data (Client::PutParts): `data`, written at byte `offset`.
+struct PutPart {
+  uint64_t offset = 0;
+  std::span<const std::byte> data;
+};
+
+// Whether `parts` can make up an object of `data_size` bytes: in order of offset, none
+// starting before the end of the one before it, none running past `data_size`. OK, or
+// InvalidArgument naming the first part that is wrong. Client::PutParts checks this itself;
+// call it to refuse a batch before putting any of it.
+Status CheckParts(std::span<const PutPart> parts, uint64_t data_size);
+
+// One object of Client::PutManyParts, as PutParts takes it.
+struct PutPartsItem {
+  ObjectId id;
+  uint64_t data_size = 0;
+  std::span<const PutPart> parts;
+  CreateOptions options;
+};
+
 enum class ObjectState : uint8_t { kCreating, kSealed };
 
 // A GPU the daemon serves, with its pool (Client::Gpus, StoreStatus::gpus).
@@ -433,6 +453,32 @@ class Client {
   // data, metadata and name also fit the daemon's frame limit with room to spare.
   static constexpr size_t kInlinePutBytes = 32 * 1024;
 
+  // Put of an object gathered from `parts` (a value encoded as a header and the buffers it
+  // refers to, say): a new object of `data_size` bytes with each part's bytes at its offset
+  // and zeros between them and after the last, sealed, and the creator's reference dropped,
+  // as Put does. Up to kInlinePutBytes, or when one part is the whole object, it is Put of
+  // those bytes (small ones in one round trip); larger objects are created, each part copied
+  // straight into shared memory, and sealed. Fails with InvalidArgument, storing nothing,
+  // for parts CheckParts refuses; otherwise as Put.
+  Status PutParts(const ObjectId& id, uint64_t data_size, std::span<const PutPart> parts,
+                  const CreateOptions& options = {});
+
+  // PutMany of objects gathered from parts: each item as PutParts puts it, with PutMany's
+  // statuses and order. The small ones (up to kInlinePutBytes) are joined, one copy each,
+  // and pipelined as PutMany's are; the larger ones are put one by one, in their place. An
+  // item whose parts CheckParts refuses fails with InvalidArgument and spoils none of the
+  // others.
+  std::vector<Status> PutManyParts(std::span<const PutPartsItem> items);
+
+  // PutParts for a handoff (see Handoff): creates the object, copies the parts in, then
+  // seals it and hands it to this client's group in host memory as SealAndHandoff does,
+  // deleting it if the handoff fails. Never inline: the creator's reference holds the
+  // object until the group has it. Returns that reference, read-only now: while it lives,
+  // this client may hand the object off again (Handoff) after every claim. Fails as
+  // PutParts and Handoff do (InvalidArgument if this client joined no group).
+  Result<Buffer> PutAndHandoff(const ObjectId& id, uint64_t data_size,
+                               std::span<const PutPart> parts, const CreateOptions& options = {});
+
   // Returns read-only handles to the objects, in the order of `ids`, waiting up to `timeout`
   // (0: not at all; kForever) for those not sealed yet. An entry is an empty Buffer if its
   // object was not sealed in time (or does not exist). Objects this client already holds
@@ -504,6 +550,13 @@ class Client {
   // InvalidArgument without a group or for a ttl out of range.
   Status Handoff(std::span<const ObjectId> ids, int device = kHostMemory,
                  std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
+  // Seals an object this client is creating (Seal) and hands it to the group (Handoff) on
+  // `device`: kHostMemory, or the GPU it was created on. If the handoff fails, deletes the
+  // object and returns the handoff's error: handed off or not, Get no longer finds it, and
+  // an object under a random id that nobody else knows does not stay in the store,
+  // unreachable. The creator's handle keeps its reference either way, until it is dropped.
+  // Fails as Seal does (the object is then not deleted) and as Handoff does.
+  Status SealAndHandoff(const ObjectId& id, int device = kHostMemory);
   // Takes over one of the group's references to each object that was handed off: read-only
   // handles, in the order of `ids`, as Get returns them. Never waits. Fails with NotHeld,
   // naming the object, when the group holds none (claimed already, never handed off, or the

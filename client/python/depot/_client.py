@@ -15,7 +15,8 @@ RefLike = Union[ObjectRef, str]
 """An ObjectRef, or the name an object was put with."""
 
 
-def _ref(target: RefLike) -> ObjectRef:
+def _ref(target: object) -> ObjectRef:
+    """``target`` (an ObjectRef, or the name of one) as an ObjectRef; TypeError for others."""
     if isinstance(target, ObjectRef):
         return target
     if isinstance(target, str):
@@ -81,20 +82,24 @@ class Client:
         group: Optional[bytes] = None,
     ) -> None:
         self._group = None if group is None else bytes(group)
-        self._conn = _depot.Connection(
+        # The C++ client (depot::Client) this one wraps.
+        self._native = _depot.Client(
             "" if socket is None else os.fspath(socket), name, self._group or b""
         )
+        # The depot.aio.AsyncClient this one serves, if any: answers are announced per
+        # connection, so one AsyncClient takes them all.
+        self._aio_client: Optional[Any] = None
         # Functions sent by value, and the refs they are stored under.
         self._functions: "weakref.WeakKeyDictionary[Any, ObjectRef]" = weakref.WeakKeyDictionary()
 
     @property
     def socket(self) -> str:
         """The path of the daemon's socket."""
-        return self._conn.socket_path
+        return self._native.socket_path
 
     def close(self) -> None:
         """Closes the connection. Values already returned stay valid."""
-        self._conn.close()
+        self._native.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -103,8 +108,8 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._conn.closed else "connected"
-        return f"<depot.Client {state} to {self._conn.socket_path!r}>"
+        state = "closed" if self._native.closed else "connected"
+        return f"<depot.Client {state} to {self._native.socket_path!r}>"
 
     # Writing.
 
@@ -164,7 +169,7 @@ class Client:
 
         def put_batch() -> None:
             if batch:
-                for i, error in zip(positions, self._conn.put_many(batch, pin)):
+                for i, error in zip(positions, self._native.put_many(batch, pin)):
                     if error is not None:
                         failed[i] = error
                 batch.clear()
@@ -203,7 +208,7 @@ class Client:
         name = ref.name or ""
         if isinstance(encoded, (_device.DLPackSource, _device.InterfaceSource)):
             gpu = _device.put_device(
-                self._conn, ref, encoded, device, pin, default_device, handoff=handoff
+                self._native, ref, encoded, device, pin, default_device, handoff=handoff
             )
             return gpu, None
         if device is not None:
@@ -213,20 +218,18 @@ class Client:
             )
         if isinstance(encoded, _codec.StridedArray):
             array = encoded.array
-            writable = self._conn.create(ref.id, array.nbytes, encoded.metadata, name, pin, spill)
+            writable = self._native.create(ref.id, array.nbytes, encoded.metadata, name, pin, spill)
             import numpy as np
 
-            np.copyto(np.frombuffer(writable, dtype=array.dtype).reshape(array.shape), array)
-            self._conn.seal(ref.id)
+            # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
+            target = np.frombuffer(memoryview(writable), dtype=array.dtype).reshape(array.shape)
+            np.copyto(target, array)
             if handoff:  # while `writable` holds the creator's reference
-                try:
-                    self._conn.handoff([ref.id], -1)
-                except DepotError:
-                    self._conn.delete([ref.id])  # unreachable otherwise
-                    raise
+                self._native.seal_and_handoff(ref.id)
                 return None, writable
+            self._native.seal(ref.id)
             return None, None
-        held = self._conn.put(
+        held = self._native.put(
             ref.id, encoded.parts, encoded.offsets, encoded.size, encoded.metadata, name, pin,
             spill, handoff,
         )
@@ -283,7 +286,7 @@ class Client:
                     f"a handoff's ttl is between 0.001 and {_MAX_TTL_S} seconds, not {ttl!r}"
                 )
             ttl_ms = int(ttl * 1000)
-        self._conn.handoff(
+        self._native.handoff(
             [_ref(ref).id], -1 if device is None else _device_ordinal(device), ttl_ms
         )
 
@@ -293,9 +296,9 @@ class Client:
         claimed once. Never waits. Raises NotHeld if nothing handed off waits under this
         ref (claimed already, or its group ended), InvalidArgument without a group."""
         if device is not None:
-            buffer = self._conn.claim_on_device([_ref(ref).id], _device_ordinal(device))[0]
+            buffer = self._native.claim_on_device([_ref(ref).id], _device_ordinal(device))[0]
             return DeviceArray._of(buffer)
-        return _codec.decode(self._conn.claim([_ref(ref).id])[0])
+        return _codec.decode(self._native.claim([_ref(ref).id])[0])
 
     def create(self, size: int, *, name: Optional[str] = None, pin: bool = False) -> memoryview:
         """Creates an object of ``size`` bytes for writing in place; returns its writable bytes.
@@ -305,7 +308,7 @@ class Client:
         object is sealed, the object is aborted. Do not write it after sealing.
         """
         ref = ObjectRef.from_name(name) if name is not None else ObjectRef(_depot.random_id())
-        writable = self._conn.create(ref.id, size, _codec.BYTES_METADATA, ref.name or "", pin)
+        writable = self._native.create(ref.id, size, _codec.BYTES_METADATA, ref.name or "", pin)
         return memoryview(writable)
 
     def create_array(
@@ -328,8 +331,9 @@ class Client:
             raise InvalidArgument(f"create_array needs a plain dtype, not {dtype}")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         metadata = _codec.array_metadata(dtype, "C", shape)
-        writable = self._conn.create(ref.id, nbytes, metadata, ref.name or "", pin)
-        return np.frombuffer(writable, dtype=dtype).reshape(shape)
+        writable = self._native.create(ref.id, nbytes, metadata, ref.name or "", pin)
+        # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
+        return np.frombuffer(memoryview(writable), dtype=dtype).reshape(shape)
 
     def seal(self, target: Union[RefLike, memoryview, Any]) -> ObjectRef:
         """Seals an object made with :meth:`create` or :meth:`create_array`: it becomes
@@ -337,13 +341,13 @@ class Client:
         the object's ref or name). Returns the object's reference."""
         writable = _writable_of(target) if not isinstance(target, (ObjectRef, str)) else None
         ref = ObjectRef(writable.id) if writable is not None else _ref(target)
-        self._conn.seal(ref.id)
+        self._native.seal(ref.id)
         return ref
 
     def abort(self, target: Union[RefLike, memoryview, Any]) -> None:
         """Drops an object being created (by its view, ref or name)."""
         writable = _writable_of(target) if not isinstance(target, (ObjectRef, str)) else None
-        self._conn.abort(writable.id if writable is not None else _ref(target).id)
+        self._native.abort(writable.id if writable is not None else _ref(target).id)
 
     # Reading.
 
@@ -366,9 +370,9 @@ class Client:
         """
         timeout_ms = _codec.parse_timeout(timeout)
         if device is not None:
-            buffer = self._conn.get_on_device(_ref(ref).id, _device_ordinal(device), timeout_ms)
+            buffer = self._native.get_on_device(_ref(ref).id, _device_ordinal(device), timeout_ms)
             return DeviceArray._of(buffer)
-        return _codec.decode(self._conn.get(_ref(ref).id, timeout_ms))
+        return _codec.decode(self._native.get(_ref(ref).id, timeout_ms))
 
     def prefetch(self, refs: Iterable[RefLike], *, device: Optional[int] = None) -> None:
         """Copies objects ahead of the gets that will want them: onto GPU ``device`` (this
@@ -378,7 +382,7 @@ class Client:
         does not exist or is not sealed (the others are still copied), OutOfMemory when one
         finds no room, InvalidArgument for a GPU the daemon does not serve."""
         ids = [_ref(r).id for r in refs]
-        self._conn.prefetch(ids, -1 if device is None else _device_ordinal(device))
+        self._native.prefetch(ids, -1 if device is None else _device_ordinal(device))
 
     def locate(self, refs: Iterable[RefLike]) -> List[_depot.ObjectPlacement]:
         """Where each object's bytes are, in order, as ObjectPlacement records: ``found``
@@ -387,7 +391,7 @@ class Client:
         ``data_size`` and ``metadata_size``. Objects this client holds are answered from
         the shared header table with no round trip, the others with one request. Holds
         nothing, so an answer may be out of date by the time it is read."""
-        return self._conn.locate([_ref(r).id for r in refs])
+        return self._native.locate([_ref(r).id for r in refs])
 
     def get_many(
         self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
@@ -399,9 +403,9 @@ class Client:
         timeout_ms = _codec.parse_timeout(timeout)
         if device is not None:
             return _device.wrap(
-                self._conn.get_many_on_device(ids, _device_ordinal(device), timeout_ms)
+                self._native.get_many_on_device(ids, _device_ordinal(device), timeout_ms)
             )
-        buffers = self._conn.get_many(ids, timeout_ms)
+        buffers = self._native.get_many(ids, timeout_ms)
         return [_codec.decode(b) for b in buffers]
 
     def _task_value(self, ref: ObjectRef, device: int) -> Any:
@@ -412,20 +416,20 @@ class Client:
         forever = _codec.parse_timeout(None)
         placed = self.locate([ref])[0]
         if placed.on_host and device not in placed.gpus:
-            buffer = self._conn.get(ref.id, forever)
+            buffer = self._native.get(ref.id, forever)
             if not _device.is_array_metadata(buffer.metadata):
                 return _codec.decode(buffer)
             del buffer
-        buffer = self._conn.get_on_device(ref.id, device, forever)
-        if _device.is_array_metadata(buffer.metadata):
-            return DeviceArray._of(buffer)
-        del buffer
+        on_gpu = self._native.get_on_device(ref.id, device, forever)
+        if _device.is_array_metadata(on_gpu.metadata):
+            return DeviceArray._of(on_gpu)
+        del on_gpu
         return self.get(ref)
 
     def get_buffer(self, ref: RefLike, *, timeout: Optional[float] = None) -> Any:
         """The raw object: a StoreBuffer (read-only buffer protocol) with ``metadata``,
         ``address`` and ``size``. Holds the object until collected."""
-        return self._conn.get(_ref(ref).id, _codec.parse_timeout(timeout))
+        return self._native.get(_ref(ref).id, _codec.parse_timeout(timeout))
 
     # Tasks (depotd's scheduler runs them on attached workers: depot.Worker, or C++ ones).
 
@@ -497,7 +501,7 @@ class Client:
         ``"cancelled"``, ``"running"`` (it will finish), ``"finished"`` or ``"unknown"``
         (no task of this daemon makes it)."""
         refs = [refs] if isinstance(refs, (ObjectRef, str)) else list(refs)
-        return self._conn.cancel([_ref(r).id for r in refs])
+        return self._native.cancel([_ref(r).id for r in refs])
 
     def wait(
         self,
@@ -511,10 +515,10 @@ class Client:
         ``(done, not_done)``. Ready means sealed: a task's output whether the task succeeded
         or failed (get tells which). One request, which the daemon answers when enough are
         ready or the time is up (Ctrl-C cancels it); holds nothing."""
-        refs = [_ref(r) for r in refs]
-        ids, count = _wait_request(refs, return_when)
-        sealed = self._conn.wait(ids, count, _codec.parse_timeout(timeout))
-        return _split_done(refs, sealed)
+        wanted = [_ref(r) for r in refs]
+        ids, count = _wait_request(wanted, return_when)
+        sealed = self._native.wait(ids, count, _codec.parse_timeout(timeout))
+        return _split_done(wanted, sealed)
 
     def _task(
         self, fn: Union[str, Callable], args: Sequence[Any], resources: Optional[Mapping[str, float]] = None,
@@ -522,11 +526,12 @@ class Client:
         name: Optional[str] = None, raw_args: Optional[bytes] = None, detach: bool = False,
         variant: Optional[str] = None,
     ) -> Dict[str, Any]:
-        """The fields of the task running ``fn(*args)``, as _depot.Connection.submit takes."""
+        """The fields of the task running ``fn(*args)``, as _depot.Client.submit takes."""
         inputs: List[ObjectRef] = []
         host_inputs: List[int] = []  # read on host wherever the task runs
         function = _tasks.function_name(fn)
-        if function is None:
+        if function is None:  # a callable, sent by value
+            assert callable(fn)
             host_inputs.append(len(inputs))
             inputs.append(self._stored_function(fn))
             function = _tasks.CALL
@@ -588,12 +593,12 @@ class Client:
     def _submit(self, tasks: List[Dict[str, Any]]) -> List[List[ObjectRef]]:
         names = [t.pop("names", None) for t in tasks]
         try:
-            ids = self._conn.submit(tasks)
+            ids = self._native.submit(tasks)
         except ObjectNotFound:
             # A function stored earlier may have been evicted since: store it again, once.
             if not self._restore_functions(tasks):
                 raise
-            ids = self._conn.submit(tasks)
+            ids = self._native.submit(tasks)
         return [
             [ObjectRef(i, n[k] if n else None) for k, i in enumerate(outputs)]
             for outputs, n in zip(ids, names)
@@ -624,49 +629,49 @@ class Client:
         are still deleted)."""
         if isinstance(refs, (ObjectRef, str)):
             refs = [refs]
-        self._conn.delete([_ref(r).id for r in refs])
+        self._native.delete([_ref(r).id for r in refs])
 
     def contains(self, ref: RefLike) -> bool:
         """Whether a sealed object with this reference (or name) exists."""
-        return self._conn.contains(_ref(ref).id)
+        return self._native.contains(_ref(ref).id)
 
     def __contains__(self, ref: RefLike) -> bool:
         return self.contains(ref)
 
     def list(self) -> List[Any]:
         """Every object in the store (depot.ObjectInfo), sealed or being created."""
-        return self._conn.list()
+        return self._native.list_objects()
 
     def gpus(self) -> List[Any]:
         """The GPUs the daemon serves that this process can use (depot.GpuInfo), by ordinal:
         ``simulated`` is true for a daemon's ``--simulate-gpus`` devices."""
-        return self._conn.gpus()
+        return self._native.gpus()
 
     def status(self) -> Any:
         """The daemon's capacity, usage and counters (depot.StoreStatus). ``held_bytes``
         counts the bytes of objects some client holds a reference to."""
-        return self._conn.status()
+        return self._native.status()
 
     def metrics(self) -> str:
         """The daemon's request counters, latency histograms and gauges, in the Prometheus
         text format (as ``depotd --metrics-port`` serves them at /metrics)."""
-        return self._conn.metrics()
+        return self._native.metrics()
 
     def clients(self) -> List[Any]:
         """The connected clients (depot.ClientInfo), this one included."""
-        return self._conn.clients()
+        return self._native.clients()
 
     def workers(self) -> List[Any]:
         """The workers attached to the scheduler (depot.WorkerInfo): what each offers, the
         functions it runs, its running, queued, done and failed tasks, whether it drains."""
-        return self._conn.workers()
+        return self._native.workers()
 
     def tasks(self) -> List[Any]:
         """The tasks the scheduler holds (depot.TaskInfo): state ("waiting", "ready",
         "queued", "running", and for a while "done", "failed", "cancelled"), where each was
         placed and why (input bytes found there and moved there, the estimate's terms), or
         why it waits."""
-        return self._conn.tasks()
+        return self._native.tasks()
 
 
 def _task_options(options: Dict[str, Any]) -> Dict[str, Any]:

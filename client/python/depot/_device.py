@@ -201,14 +201,14 @@ def _capsule(value: Any) -> Any:
 
 
 def put_device(
-    conn: Any, ref: ObjectRef, source: Any, device: Optional[int], pin: bool,
+    native: Any, ref: ObjectRef, source: Any, device: Optional[int], pin: bool,
     default_device: Optional[int] = None, handoff: bool = False,
 ) -> int:
     """Stores a GPU array (classify's result) as a new object on its GPU, and returns that
     GPU's ordinal. ``device`` is what the caller says it is on (an error if the array says
     otherwise); ``default_device`` where a ``__cuda_array_interface__`` array whose pointer
     the driver does not know (a simulated GPU's) is taken to be, when ``device`` is None
-    (else 0). ``handoff``: hands the object to the connection's group (Client.handoff)."""
+    (else 0). ``handoff``: hands the object to the client's group (Client.handoff)."""
     name = ref.name or ""
     if isinstance(source, DLPackSource):
         value = source.value
@@ -224,7 +224,7 @@ def put_device(
                     f"the {type(value).__name__}'s DLPack capsule is on device type "
                     f"{tensor.device_type}, though __dlpack_device__ said CUDA"
                 )
-            shape = tensor.shape
+            shape: Sequence[int] = tensor.shape
             strides = tensor.strides
             if strides is not None and not is_c_contiguous(shape, strides, 1):
                 raise _not_contiguous(value, shape, strides)
@@ -237,7 +237,7 @@ def put_device(
             typestr = typestr_of_dlpack(tensor.code, tensor.bits, tensor.lanes)
             nbytes = _product(shape) * (bits // 8)
             target = source.device if device is None else int(device)
-            conn.put_device(
+            native.put_device(
                 ref.id, tensor.data, nbytes, target, None, devarray_metadata(typestr, shape),
                 name, pin, handoff,
             )
@@ -270,7 +270,7 @@ def put_device(
     else:
         target = 0 if default_device is None else int(default_device)
     stream = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
-    conn.put_device(
+    native.put_device(
         ref.id, pointer, _product(shape) * itemsize, target,
         None if stream is None else int(stream), devarray_metadata(typestr, shape), name, pin,
         handoff,

@@ -6,13 +6,17 @@ of the underlying ``depot::StatusCode`` as :attr:`DepotError.code`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Dict, List, Optional
 
 
 class DepotError(Exception):
     """Base class of every error depot raises."""
 
     code: Optional[str]
+    # Set on the error Client.put_many raises: every value's ref, and the exception of each
+    # value not stored, by index.
+    refs: List[Any]
+    failed: Dict[int, "DepotError"]
 
     def __init__(self, message: str, code: Optional[str] = None) -> None:
         super().__init__(message)

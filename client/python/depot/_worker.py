@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _codec, _depot, _tasks
 from ._client import Client
+from ._errors import ConnectionError
 from ._ref import ObjectRef
 
 # The attributes depot.task marks a function with: the name it is registered under, and
@@ -116,7 +117,8 @@ class Worker:
         name = name or f"python worker {os.getpid()}"
         # Inputs are read, and large outputs written, through a client of its own.
         self._client = Client(socket, name=name + " (data)")
-        self._worker = _depot.Worker(
+        # None once closed.
+        self._worker: Optional[_depot.Worker] = _depot.Worker(
             self._client.socket, name, float(cpus), list(gpus or []), dict(resources or {})
         )
         self._by_value: Dict[bytes, Callable] = {}  # functions sent by value, by object id
@@ -154,7 +156,7 @@ class Worker:
         cpu = fn if fn is not None else cpu
         if cpu is None and gpu is None:
             raise TypeError("register needs a function: fn, cpu= or gpu=")
-        self._worker.register(
+        self._open().register(
             name,
             None if cpu is None else (lambda task: self._run(cpu, task, 0)),
             None if gpu is None else (lambda task: self._run(gpu, task, 0)),
@@ -238,8 +240,17 @@ class Worker:
 
     def stop(self) -> None:
         """Asks the daemon for no more tasks; :meth:`run` returns once the running ones are
-        complete. Thread-safe."""
-        self._worker.stop()
+        complete. Thread-safe; nothing to do once closed."""
+        worker = self._worker
+        if worker is not None:
+            worker.stop()
+
+    def _open(self) -> _depot.Worker:
+        """The C++ worker; ConnectionError once closed."""
+        worker = self._worker
+        if worker is None:
+            raise ConnectionError("this Worker is closed; make a new one")
+        return worker
 
     def close(self) -> None:
         """Detaches from the daemon (any task it runs is then run again elsewhere) and closes
@@ -292,7 +303,8 @@ class Worker:
             _running.client = self._client
             _running.device = task.device if task.device >= 0 else None
             _running.task = task
-            _running.created = created = {}  # outputs made in place (output_array)
+            created: Dict[int, Any] = {}  # outputs made in place (output_array)
+            _running.created = created
             try:
                 result = fn(*_tasks.decode_args(args, values))
                 self._store(task, result, created)

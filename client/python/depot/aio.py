@@ -50,15 +50,15 @@ class AsyncClient:
     def __init__(
         self, socket: Union[str, "os.PathLike[str]", Client, None] = None, *, name: str = ""
     ) -> None:
-        self._owned = not isinstance(socket, Client)
-        self._client = Client(socket, name=name) if self._owned else socket
+        self._client = socket if isinstance(socket, Client) else Client(socket, name=name)
+        self._owned = self._client is not socket
         # Answers are announced per connection: one AsyncClient takes them all.
-        if getattr(self._client, "_aio_client", None) is not None:
+        if self._client._aio_client is not None:
             raise InvalidArgument(
                 "this Client already serves an open AsyncClient: share that one (or close it)"
             )
         self._client._aio_client = self
-        self._conn = self._client._conn
+        self._native = self._client._native
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         # Requests awaited, by id: the future and what will take its answer.
         self._waiting: Dict[int, Tuple[asyncio.Future, Any]] = {}
@@ -108,9 +108,9 @@ class AsyncClient:
         ids = [_ref(r).id for r in refs]
         timeout_ms = _codec.parse_timeout(timeout)
         if device is None:
-            buffers = await self._answer(self._conn.start_get(ids, timeout_ms))
+            buffers = await self._answer(self._native.start_get(ids, timeout_ms))
             return [_codec.decode(b) for b in buffers]
-        pending = self._conn.start_get_on_device(ids, _device_ordinal(device), timeout_ms)
+        pending = self._native.start_get_on_device(ids, _device_ordinal(device), timeout_ms)
         return _device.wrap(await self._answer(pending))
 
     async def result(self, ref: RefLike, *, timeout: Optional[float] = None) -> Any:
@@ -124,12 +124,12 @@ class AsyncClient:
         """``(done, not_done)`` once every ref (``"ALL_COMPLETED"``) or one of them
         (``"FIRST_COMPLETED"``) is sealed, or ``timeout`` seconds have passed, as
         :meth:`depot.Client.wait`. Holds nothing."""
-        refs = [_ref(r) for r in refs]
-        ids, count = _wait_request(refs, return_when)
+        wanted = [_ref(r) for r in refs]
+        ids, count = _wait_request(wanted, return_when)
         sealed = await self._answer(
-            self._conn.start_wait(ids, count, _codec.parse_timeout(timeout))
+            self._native.start_wait(ids, count, _codec.parse_timeout(timeout))
         )
-        return _split_done(refs, sealed)
+        return _split_done(wanted, sealed)
 
     # Writing and tasks, in a worker thread.
 
@@ -156,7 +156,7 @@ class AsyncClient:
         """What ``pending`` (a request started for this loop) is answered with."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            if self._waiting and not self._loop.is_closed():
+            if self._waiting and not self._bound_loop.is_closed():
                 self._cancel(pending)
                 self._drop(pending)
                 raise InvalidArgument(
@@ -197,29 +197,35 @@ class AsyncClient:
         except DepotError:
             pass  # the connection is gone: so is the request
 
+    @property
+    def _bound_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this serves (see _answer), once an await has bound one."""
+        assert self._loop is not None, "no await has bound this AsyncClient to a loop yet"
+        return self._loop
+
     def _watch(self) -> None:
         if self._watching:
             return
-        self._loop.add_reader(self._conn.fd, self._on_socket)
-        self._loop.add_reader(self._conn.completion_fd(), self._on_answers)
+        self._bound_loop.add_reader(self._native.fd, self._on_socket)
+        self._bound_loop.add_reader(self._native.completion_fd(), self._on_answers)
         self._watching = True
 
     def _unwatch(self) -> None:
         if not self._watching:
             return
-        self._loop.remove_reader(self._conn.fd)
-        self._loop.remove_reader(self._conn.completion_fd())
+        self._bound_loop.remove_reader(self._native.fd)
+        self._bound_loop.remove_reader(self._native.completion_fd())
         self._watching = False
 
     def _on_socket(self) -> None:
         # Reads what has come, without blocking. While another thread of this process is
         # the reader (a blocking call on the same Client), this returns at once, and the
         # answers it reads are announced through the eventfd.
-        self._conn.pump()
+        self._native.pump()
         self._on_answers()
 
     def _on_answers(self) -> None:
-        self._answered.extend(self._conn.take_completed())
+        self._answered.extend(self._native.take_completed())
         if not self._draining:
             self._hand_out()
 
@@ -240,7 +246,7 @@ class AsyncClient:
                         future.set_exception(e)
             if self._answered and time.perf_counter() > end:
                 self._draining = True
-                self._loop.call_soon(self._hand_out)
+                self._bound_loop.call_soon(self._hand_out)
                 return
         if not self._waiting:
             self._unwatch()

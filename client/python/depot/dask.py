@@ -240,9 +240,9 @@ class _Store:
         if kind != "pandas":
             return False
         arrays = _pandas_arrays(value)
-        return bool(arrays) and all(
-            self._backing.get(_root_array(array)) is not None for array in arrays
-        )
+        if not arrays:
+            return False
+        return all(self._backing.get(_root_array(array)) is not None for array in arrays)
 
     def view_of(self, value: Any, kind: Optional[str]) -> Optional[Tuple["_Stored", list]]:
         """For a numpy array of at least ``threshold`` bytes that views part of a stored one
@@ -334,7 +334,7 @@ class _Store:
         except DepotError as e:  # e.g. the daemon is gone: send the bytes
             logger.warning("depot.dask: sending a result's bytes, not its handle: %s", e)
             return None
-        handle = {"ref": stored.ref.id, "gpu": stored.gpu, "module": stored.module}
+        handle: Dict[str, Any] = {"ref": stored.ref.id, "gpu": stored.gpu, "module": stored.module}
         if layout is not None:
             handle["view"] = layout
         return handle
@@ -420,12 +420,12 @@ def _view(value: Any, offset: int, shape: list, strides: list, dtype: str) -> An
     import numpy as np
 
     try:
-        dtype = np.dtype(dtype)
-        if not _codec._plain_dtype(dtype):
-            raise ValueError(f"dtype {dtype} is not a plain one")
+        element = np.dtype(dtype)
+        if not _codec._plain_dtype(element):
+            raise ValueError(f"dtype {element} is not a plain one")
         # numpy checks that the view lies inside the buffer.
         return np.ndarray(
-            tuple(shape), dtype, buffer=_root_array(value), offset=offset, strides=tuple(strides)
+            tuple(shape), element, buffer=_root_array(value), offset=offset, strides=tuple(strides)
         )
     except Exception as e:
         raise OSError(f"depot.dask: a peer sent a view that is not in its object ({e})") from e
@@ -505,7 +505,8 @@ def _flat_dtype(dtype: Any, pd: Any) -> bool:
     pandas' nullable Int64, Float64 and boolean), in Arrow arrays (pandas' "str" with
     pyarrow storage, its default when pyarrow is installed, and ``ArrowDtype``), or in codes
     into categories of those."""
-    np = sys.modules.get("numpy")
+    import numpy as np  # loaded already, with pandas
+
     if isinstance(dtype, np.dtype):
         return dtype.kind in "biufcmM"
     if isinstance(dtype, pd.CategoricalDtype):
@@ -567,7 +568,8 @@ def _index_arrays(index: Any, pd: Any) -> Optional[list]:
 def _numpy_backing(array: Any, pd: Any) -> Optional[list]:
     """The numpy arrays a column's or an index's array is made of, or None if not only numpy
     arrays (Arrow ones)."""
-    np = sys.modules.get("numpy")
+    import numpy as np  # loaded already, with pandas
+
     if type(array) is np.ndarray:
         return [array]
     if isinstance(array, pd.Categorical):
@@ -772,7 +774,7 @@ def _install_eager_copies() -> None:
             msg["result"] = view
         return msg
 
-    worker_module._run_task = run_task
+    setattr(worker_module, "_run_task", run_task)  # looked up as getattr found it
     _eager_installed = True
 
 

@@ -122,9 +122,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     spawn = multiprocessing.get_context("spawn")
     processes: List[multiprocessing.process.BaseProcess] = []
     for plan in plans:
-        p = spawn.Process(target=serve, kwargs=plan, name=plan["name"])
-        p.start()
-        processes.append(p)
+        process = spawn.Process(target=serve, kwargs=plan, name=plan["name"])
+        process.start()
+        processes.append(process)
     try:
         for p in processes:
             p.join()

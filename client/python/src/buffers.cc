@@ -70,11 +70,15 @@ void BindCommon(nb::class_<T>& cls) {
 }  // namespace
 
 void BindBuffers(nb::module_& m) {
+  // Their type slots make both buffers; the signatures say so to type checkers too (the stubs
+  // derive them from typing_extensions.Buffer), so that memoryview(...) and the like check.
   nb::class_<StoreBuffer> store(m, "StoreBuffer", nb::type_slots(store_buffer_slots),
+                                nb::sig("class StoreBuffer(typing_extensions.Buffer)"),
                                 "A sealed object's bytes in shared memory (read-only buffer "
                                 "protocol). Holds one store reference until collected.");
   BindCommon(store);
   nb::class_<WritableBuffer> writable(m, "WritableBuffer", nb::type_slots(writable_buffer_slots),
+                                      nb::sig("class WritableBuffer(typing_extensions.Buffer)"),
                                       "The writable bytes of an object being created. Dropping "
                                       "it before the object is sealed aborts the object.");
   BindCommon(writable);

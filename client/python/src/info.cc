@@ -3,6 +3,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 
+#include <map>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -25,6 +26,11 @@ struct IsVector : std::false_type {};
 template <typename V>
 struct IsVector<std::vector<V>> : std::true_type {};
 
+template <typename V>
+struct IsMap : std::false_type {};
+template <typename K, typename V>
+struct IsMap<std::map<K, V>> : std::true_type {};
+
 // A field's value as its property returns it: ids and GPU uuids as bytes, an object's state
 // as "creating" or "sealed" and a task's as "waiting", "running", ..., nested records as
 // records, lists as lists, maps (a worker's resources) as dicts.
@@ -45,6 +51,32 @@ nb::object PropertyValue(const V& v) {
     return out;
   } else {
     return nb::cast(v, nb::rv_policy::copy);  // numbers, bools, strings; records
+  }
+}
+
+// The Python type of PropertyValue's result, for the property's signature in the stubs
+// (depot/_depot.pyi).
+template <typename V>
+std::string PropertyType() {
+  if constexpr (std::is_same_v<V, ObjectId> || std::is_same_v<V, ipc::DeviceUuid>) {
+    return "bytes";
+  } else if constexpr (std::is_same_v<V, ObjectState> || std::is_same_v<V, TaskState> ||
+                       std::is_same_v<V, std::string>) {
+    return "str";
+  } else if constexpr (std::is_same_v<V, bool>) {
+    return "bool";
+  } else if constexpr (std::is_integral_v<V>) {
+    return "int";
+  } else if constexpr (std::is_floating_point_v<V>) {
+    return "float";
+  } else if constexpr (IsVector<V>::value) {
+    return "list[" + PropertyType<typename V::value_type>() + "]";
+  } else if constexpr (IsMap<V>::value) {
+    return "dict[" + PropertyType<typename V::key_type>() + ", " +
+           PropertyType<typename V::mapped_type>() + "]";
+  } else {
+    static_assert(Info<V>, "a field of a type PropertyType cannot name");
+    return InfoFields<V>::kName;
   }
 }
 
@@ -119,13 +151,24 @@ nb::dict ToDict(const T& record) {
   return out;
 }
 
+// The property of field I of T, with its type in its signature.
+template <Info T, size_t I>
+void DefineProperty(nb::class_<T>& cls) {
+  constexpr auto field = std::get<I>(InfoFields<T>::kFields);
+  using Value = typename decltype(field)::Value;
+  const std::string signature =
+      "def " + std::string(field.name) + "(self) -> " + PropertyType<Value>();
+  cls.def_prop_ro(
+      field.name,
+      [](const T& record) {
+        return PropertyValue(record.*std::get<I>(InfoFields<T>::kFields).member);
+      },
+      nb::for_getter(nb::sig(signature.c_str())));
+}
+
 template <Info T, size_t... I>
 void DefineProperties(nb::class_<T>& cls, std::index_sequence<I...>) {
-  (cls.def_prop_ro(std::get<I>(InfoFields<T>::kFields).name,
-                   [](const T& record) {
-                     return PropertyValue(record.*std::get<I>(InfoFields<T>::kFields).member);
-                   }),
-   ...);
+  (DefineProperty<T, I>(cls), ...);
 }
 
 // The class of T: a read-only property per field, __repr__, to_dict(), and _fields (the

@@ -6,9 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,7 +42,7 @@ CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& na
 
 // Calls `f(client)` with the GIL released; returns its value or raises its error.
 template <typename F>
-auto Blocking(Client& client, F&& f) {
+auto Blocking(depot::Client& client, F&& f) {
   auto r = [&] {
     nb::gil_scoped_release release;
     return f(client);
@@ -52,23 +50,43 @@ auto Blocking(Client& client, F&& f) {
   return ValueOrRaise(std::move(r));
 }
 
-// A reference this client keeps to an object it handed off (Connection::Put with `handoff`),
-// so that it may hand it off again after every claim; given back when dropped. It offers no
-// bytes: they are sealed.
+// A reference this client keeps to an object it handed off (Client::Put with `handoff`), so
+// that it may hand it off again after every claim; given back when dropped. It offers no
+// bytes to Python.
 struct Held {
-  std::shared_ptr<void> reference;
+  Buffer reference;
 };
 
-// A connection to depotd (depot::Client). Thread-safe; Python's Client wraps it.
-class Connection {
+// A value's parts as depot::Client::PutParts takes them, over views of the Python buffers,
+// which stay exported while the GIL is released.
+struct Parts {
+  std::vector<std::unique_ptr<ReadView>> views;
+  std::vector<PutPart> parts;
+};
+
+// The parts of a value: `buffers` at `offsets`, one each.
+Parts ViewParts(nb::list buffers, const std::vector<uint64_t>& offsets) {
+  if (offsets.size() != buffers.size()) throw nb::value_error("one offset per part");
+  Parts out;
+  out.views.reserve(buffers.size());
+  out.parts.reserve(buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    out.views.push_back(std::make_unique<ReadView>(buffers[i]));
+    out.parts.push_back(PutPart{offsets[i], out.views.back()->bytes()});
+  }
+  return out;
+}
+
+// _depot.Client: one depot::Client, for depot.Client (Python) to wrap. Thread-safe.
+class Client {
  public:
-  Connection(const std::string& socket_path, const std::string& client_name, nb::bytes group) {
+  Client(const std::string& socket_path, const std::string& client_name, nb::bytes group) {
     ConnectOptions options;
     options.client_name = client_name;
     options.group.assign(group.c_str(), group.size());
-    Result<Client> client = [&] {
+    Result<depot::Client> client = [&] {
       nb::gil_scoped_release release;
-      return Client::Connect(socket_path, options);
+      return depot::Client::Connect(socket_path, options);
     }();
     client_.emplace(ValueOrRaise(std::move(client)));
     socket_path_ = client_->socket_path();
@@ -76,7 +94,7 @@ class Connection {
 
   void Close() {
     // Handles (StoreBuffer, WritableBuffer) keep the connection itself open until they go.
-    std::optional<Client> client = std::move(client_);
+    std::optional<depot::Client> client = std::move(client_);
     client_.reset();
     nb::gil_scoped_release release;
     client.reset();
@@ -86,38 +104,34 @@ class Connection {
   const std::string& socket_path() const { return socket_path_; }
   uint64_t session_id() { return client().session_id(); }
 
-  // Stores `parts` at `offsets` in a new object of `size` bytes and seals it. Gaps between
-  // parts are zeroed. Small objects travel in one request (Client::Put); larger ones are
-  // created, copied into shared memory and sealed.
-  // With `handoff`, the object is handed to the connection's group (Client::Handoff) before
-  // the creator's reference goes.
-  // Returns None, or with `handoff` the creator's reference as a Held, which keeps the object
-  // (so that this client may hand it off again) until it is dropped.
+  // Stores `parts` at `offsets` in a new object of `size` bytes and seals it
+  // (depot::Client::PutParts). With `handoff`, hands it to the group
+  // (depot::Client::PutAndHandoff) and returns the creator's reference as a Held, which
+  // keeps the object (so that this client may hand it off again) until it is dropped;
+  // else returns None.
   nb::object Put(nb::bytes id_bytes, nb::list parts, const std::vector<uint64_t>& offsets,
                  uint64_t size, nb::bytes metadata, const std::string& name, bool pin, bool spill,
                  bool handoff) {
     const ObjectId id = ToId(id_bytes);
-    const std::vector<std::unique_ptr<ReadView>> views = ViewParts(parts, offsets, size);
+    const Parts viewed = ViewParts(parts, offsets);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin, spill);
-    Client& c = client();
+    if (handoff) {
+      Buffer held = Blocking(client(), [&](depot::Client& c) {
+        return c.PutAndHandoff(id, size, viewed.parts, options);
+      });
+      return nb::cast(Held{std::move(held)});
+    }
+    depot::Client& c = client();
     Status st;
-    std::optional<MutableBuffer> held;
     {
       nb::gil_scoped_release release;
-      if (handoff) {
-        Result<MutableBuffer> r = PutAndHandOff(c, id, views, offsets, size, options);
-        st = r.status();
-        if (r.ok()) held.emplace(std::move(r).value());
-      } else {
-        st = PutParts(c, id, views, offsets, size, options);
-      }
+      st = c.PutParts(id, size, viewed.parts, options);
     }
     RaiseIfError(st);
-    if (!held) return nb::none();
-    return nb::cast(Held{std::make_shared<MutableBuffer>(std::move(*held))});
+    return nb::none();
   }
 
-  // Hands `ids` (held by this connection, or by its group) to its group, in host memory or on
+  // Hands `ids` (held by this client, or by its group) to its group, in host memory or on
   // GPU `device`; with `ttl_ms`, for at most that long unless claimed.
   void Handoff(const std::vector<nb::bytes>& id_bytes, int device, uint32_t ttl_ms) {
     std::vector<ObjectId> ids = ToIds(id_bytes);
@@ -127,10 +141,11 @@ class Connection {
     }());
   }
 
-  // Takes over the group's references to `ids` (Client::Claim): StoreBuffers, in order.
+  // Takes over the group's references to `ids` (depot::Client::Claim): StoreBuffers, in order.
   nb::list Claim(const std::vector<nb::bytes>& id_bytes) {
     std::vector<ObjectId> ids = ToIds(id_bytes);
-    std::vector<Buffer> buffers = Blocking(client(), [&](Client& c) { return c.Claim(ids); });
+    std::vector<Buffer> buffers =
+        Blocking(client(), [&](depot::Client& c) { return c.Claim(ids); });
     nb::list out;
     for (auto& b : buffers) out.append(nb::cast(StoreBuffer{std::move(b)}));
     return out;
@@ -139,61 +154,41 @@ class Connection {
   nb::list ClaimOnDevice(const std::vector<nb::bytes>& id_bytes, int device) {
     std::vector<ObjectId> ids = ToIds(id_bytes);
     std::vector<DeviceBuffer> buffers =
-        Blocking(client(), [&](Client& c) { return c.ClaimOnDevice(ids, device); });
+        Blocking(client(), [&](depot::Client& c) { return c.ClaimOnDevice(ids, device); });
     nb::list out;
     for (auto& b : buffers) out.append(nb::cast(DeviceStoreBuffer{std::move(b)}));
     return out;
   }
 
   // Puts each of `items`, tuples (id, parts, offsets, size, metadata, name) as Put takes
-  // them, pipelining the small ones (Client::PutMany). Every item is attempted. Returns, per
-  // item, None or the exception its failure is raised as.
+  // them, pipelining the small ones (depot::Client::PutManyParts). Items with malformed parts are
+  // refused before anything is stored; then every item is attempted. Returns, per item,
+  // None or the exception its failure is raised as.
   nb::list PutMany(nb::list items, bool pin) {
-    struct Pending {
-      ObjectId id;
-      std::vector<std::unique_ptr<ReadView>> views;
-      std::vector<uint64_t> offsets;
-      uint64_t size = 0;
-      nb::bytes metadata;  // held here: options point into it while the GIL is released
-      CreateOptions options;
-      std::vector<std::byte> gathered;  // the parts of a small object, joined
+    struct Source {  // what an item's PutPartsItem points into while the GIL is released
+      Parts parts;
+      nb::bytes metadata;
     };
-    std::vector<Pending> pending(items.size());
+    std::vector<Source> sources(items.size());
+    std::vector<PutPartsItem> batch(items.size());
     for (size_t i = 0; i < items.size(); ++i) {
       nb::tuple item = nb::cast<nb::tuple>(items[i]);
       if (item.size() != 6) throw nb::value_error("put_many: each item is 6 values");
-      Pending& p = pending[i];
-      p.id = ToId(nb::cast<nb::bytes>(item[0]));
-      p.offsets = nb::cast<std::vector<uint64_t>>(item[2]);
-      p.size = nb::cast<uint64_t>(item[3]);
-      p.views = ViewParts(nb::cast<nb::list>(item[1]), p.offsets, p.size);
-      p.metadata = nb::cast<nb::bytes>(item[4]);
-      p.options = MakeCreateOptions(p.metadata, nb::cast<std::string>(item[5]), pin);
+      PutPartsItem& put = batch[i];
+      put.id = ToId(nb::cast<nb::bytes>(item[0]));
+      put.data_size = nb::cast<uint64_t>(item[3]);
+      sources[i].parts =
+          ViewParts(nb::cast<nb::list>(item[1]), nb::cast<std::vector<uint64_t>>(item[2]));
+      put.parts = sources[i].parts.parts;
+      RaiseIfError(CheckParts(put.parts, put.data_size));
+      sources[i].metadata = nb::cast<nb::bytes>(item[4]);
+      put.options = MakeCreateOptions(sources[i].metadata, nb::cast<std::string>(item[5]), pin);
     }
-    Client& c = client();
-    std::vector<Status> statuses(pending.size());
+    depot::Client& c = client();
+    std::vector<Status> statuses;
     {
       nb::gil_scoped_release release;
-      std::vector<PutItem> batch;
-      std::vector<size_t> positions;  // of the batch's items in `pending`
-      auto put_batch = [&] {
-        std::vector<Status> done = c.PutMany(batch);
-        for (size_t k = 0; k < done.size(); ++k) statuses[positions[k]] = std::move(done[k]);
-        batch.clear();
-        positions.clear();
-      };
-      for (size_t i = 0; i < pending.size(); ++i) {
-        Pending& p = pending[i];
-        if (p.size > Client::kInlinePutBytes) {
-          put_batch();  // in order, as puts one by one would be
-          statuses[i] = PutParts(c, p.id, p.views, p.offsets, p.size, p.options);
-          continue;
-        }
-        batch.push_back(
-            PutItem{p.id, JoinParts(p.views, p.offsets, p.size, &p.gathered), p.options});
-        positions.push_back(i);
-      }
-      put_batch();
+      statuses = c.PutManyParts(batch);
     }
     nb::list errors;
     for (const Status& st : statuses) errors.append(st.ok() ? nb::none() : ErrorOf(st));
@@ -204,7 +199,7 @@ class Connection {
                         const std::string& name, bool pin, bool spill) {
     const ObjectId id = ToId(id_bytes);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin, spill);
-    Client& c = client();
+    depot::Client& c = client();
     Result<MutableBuffer> r = [&] {
       nb::gil_scoped_release release;
       return c.Create(id, size, options);
@@ -214,13 +209,14 @@ class Connection {
 
   // Creates an object of `size` bytes on GPU `device`, copies `size` bytes from `source` (a
   // device pointer there; see CopyIntoDevice) into it, and seals it, with the GIL released.
-  // The creator's reference goes with the handle; a failed copy aborts the object.
+  // The creator's reference goes with the handle; a failed copy aborts the object. With
+  // `handoff`, hands it to the group on `device` (depot::Client::SealAndHandoff).
   void PutDevice(nb::bytes id_bytes, uint64_t source, uint64_t size, int device,
                  std::optional<uintptr_t> wait_stream, nb::bytes metadata, const std::string& name,
                  bool pin, bool handoff) {
     const ObjectId id = ToId(id_bytes);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin);
-    Client& c = client();
+    depot::Client& c = client();
     Status st;
     {
       nb::gil_scoped_release release;
@@ -228,9 +224,8 @@ class Connection {
         DEPOT_ASSIGN_OR_RETURN(MutableDeviceBuffer target,
                                c.CreateOnDevice(id, size, device, options));
         DEPOT_RETURN_NOT_OK(CopyIntoDevice(target, source, size, wait_stream));
-        DEPOT_RETURN_NOT_OK(c.Seal(id));
         // Before `target`, the creator's reference, goes.
-        return handoff ? HandOffOrDelete(c, id, device) : Status::OK();
+        return handoff ? c.SealAndHandoff(id, device) : c.Seal(id);
       }();
     }
     RaiseIfError(st);
@@ -238,7 +233,7 @@ class Connection {
 
   // The GPUs the daemon serves that this process sees, by ordinal.
   std::vector<GpuInfo> Gpus() {
-    return Blocking(client(), [](Client& c) { return c.Gpus(); });
+    return Blocking(client(), [](depot::Client& c) { return c.Gpus(); });
   }
 
   // One object on GPU `device` (the daemon copies it there if needed), waiting as Get.
@@ -257,14 +252,27 @@ class Connection {
     return out;
   }
 
-  void Seal(nb::bytes id_bytes) { Call(&Client::Seal, id_bytes); }
-  void Abort(nb::bytes id_bytes) { Call(&Client::Abort, id_bytes); }
+  void Seal(nb::bytes id_bytes) { Call(&depot::Client::Seal, id_bytes); }
+  void Abort(nb::bytes id_bytes) { Call(&depot::Client::Abort, id_bytes); }
+
+  // Seals an object this client created and hands it to the group on `device`, deleting
+  // it if the handoff fails (depot::Client::SealAndHandoff).
+  void SealAndHandoff(nb::bytes id_bytes, int device) {
+    const ObjectId id = ToId(id_bytes);
+    depot::Client& c = client();
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = c.SealAndHandoff(id, device);
+    }
+    RaiseIfError(st);
+  }
 
   // One object, waiting up to `timeout_ms` (-1: for ever) for its seal. Raises NotFound
   // (timeout 0) or Timeout.
   StoreBuffer Get(nb::bytes id_bytes, int64_t timeout_ms) {
     const ObjectId id = ToId(id_bytes);
-    Client& c = client();
+    depot::Client& c = client();
     if (timeout_ms >= 0 && timeout_ms <= kWaitSlice.count()) {
       Result<Buffer> r = [&] {
         nb::gil_scoped_release release;
@@ -289,11 +297,11 @@ class Connection {
     return out;
   }
 
-  // `device`: this process's GPU ordinal, or -1 for host memory (Client::kHostMemory).
+  // `device`: this process's GPU ordinal, or -1 for host memory (depot::Client::kHostMemory).
   void Prefetch(const std::vector<nb::bytes>& id_bytes, int device) {
     std::vector<ObjectId> ids;
     for (const auto& b : id_bytes) ids.push_back(ToId(b));
-    Client& c = client();
+    depot::Client& c = client();
     Status st;
     {
       nb::gil_scoped_release release;
@@ -305,13 +313,13 @@ class Connection {
   std::vector<ObjectPlacement> Locate(const std::vector<nb::bytes>& id_bytes) {
     std::vector<ObjectId> ids;
     for (const auto& b : id_bytes) ids.push_back(ToId(b));
-    return Blocking(client(), [&](Client& c) { return c.Locate(ids); });
+    return Blocking(client(), [&](depot::Client& c) { return c.Locate(ids); });
   }
 
   void Delete(const std::vector<nb::bytes>& id_bytes) {
     std::vector<ObjectId> ids;
     for (const auto& b : id_bytes) ids.push_back(ToId(b));
-    Client& c = client();
+    depot::Client& c = client();
     Status st;
     {
       nb::gil_scoped_release release;
@@ -322,7 +330,7 @@ class Connection {
 
   bool Contains(nb::bytes id_bytes) {
     const ObjectId id = ToId(id_bytes);
-    Client& c = client();
+    depot::Client& c = client();
     Result<bool> r = [&] {
       nb::gil_scoped_release release;
       return c.Contains(id);
@@ -331,23 +339,23 @@ class Connection {
   }
 
   std::vector<ObjectInfo> List() {
-    return Blocking(client(), [](Client& c) { return c.List(); });
+    return Blocking(client(), [](depot::Client& c) { return c.List(); });
   }
   StoreStatus GetStatus() {
-    return Blocking(client(), [](Client& c) { return c.GetStatus(); });
+    return Blocking(client(), [](depot::Client& c) { return c.GetStatus(); });
   }
 
   std::string Metrics() {
-    return Blocking(client(), [](Client& c) { return c.Metrics(); });
+    return Blocking(client(), [](depot::Client& c) { return c.Metrics(); });
   }
   std::vector<ClientInfo> Clients() {
-    return Blocking(client(), [](Client& c) { return c.Clients(); });
+    return Blocking(client(), [](depot::Client& c) { return c.Clients(); });
   }
   std::vector<WorkerInfo> Workers() {
-    return Blocking(client(), [](Client& c) { return c.Workers(); });
+    return Blocking(client(), [](depot::Client& c) { return c.Workers(); });
   }
   std::vector<TaskInfo> Tasks() {
-    return Blocking(client(), [](Client& c) { return c.Tasks(); });
+    return Blocking(client(), [](depot::Client& c) { return c.Tasks(); });
   }
   std::vector<std::vector<nb::bytes>> Submit(nb::list tasks) {
     return python::Submit(client(), tasks);
@@ -357,17 +365,17 @@ class Connection {
   }
 
  private:
-  Client& client() {
+  depot::Client& client() {
     if (!client_) {
       Raise(Status::ConnectionFailed("this Client is closed; connect a new one"));
     }
     return *client_;
   }
 
-  // Calls a Client method that takes one id and returns a Status, with the GIL released.
-  void Call(Status (Client::*method)(const ObjectId&), nb::bytes id_bytes) {
+  // Calls a depot::Client method that takes one id and returns a Status, with the GIL released.
+  void Call(Status (depot::Client::*method)(const ObjectId&), nb::bytes id_bytes) {
     const ObjectId id = ToId(id_bytes);
-    Client& c = client();
+    depot::Client& c = client();
     Status st;
     {
       nb::gil_scoped_release release;
@@ -376,105 +384,25 @@ class Connection {
     RaiseIfError(st);
   }
 
-  // Views of `parts`, checked to lie at `offsets`, in order and within `size` bytes.
-  static std::vector<std::unique_ptr<ReadView>> ViewParts(nb::list parts,
-                                                          const std::vector<uint64_t>& offsets,
-                                                          uint64_t size) {
-    if (offsets.size() != parts.size()) throw nb::value_error("one offset per part");
-    std::vector<std::unique_ptr<ReadView>> views;
-    views.reserve(parts.size());
-    uint64_t end = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      views.push_back(std::make_unique<ReadView>(parts[i]));
-      if (offsets[i] < end) throw nb::value_error("parts overlap or are out of order");
-      end = offsets[i] + views.back()->bytes().size();
-    }
-    if (end > size) throw nb::value_error("parts run past the object's size");
-    return views;
-  }
-
-  // Writes the parts at their offsets into `dst` (`size` bytes), zeroing the gaps.
-  static void FillParts(std::byte* dst, const std::vector<std::unique_ptr<ReadView>>& views,
-                        const std::vector<uint64_t>& offsets, uint64_t size) {
-    uint64_t pos = 0;
-    for (size_t i = 0; i < views.size(); ++i) {
-      const auto src = views[i]->bytes();
-      std::memset(dst + pos, 0, offsets[i] - pos);
-      if (!src.empty()) std::memcpy(dst + offsets[i], src.data(), src.size());
-      pos = offsets[i] + src.size();
-    }
-    std::memset(dst + pos, 0, size - pos);
-  }
-
-  // Whether the parts are one buffer of the whole object.
-  static bool IsOnePart(const std::vector<std::unique_ptr<ReadView>>& views,
-                        const std::vector<uint64_t>& offsets, uint64_t size) {
-    return views.size() == 1 && offsets[0] == 0 && views[0]->bytes().size() == size;
-  }
-
-  // The object's bytes in one span: the one part's own, or the parts joined in `*scratch`.
-  static std::span<const std::byte> JoinParts(const std::vector<std::unique_ptr<ReadView>>& views,
-                                              const std::vector<uint64_t>& offsets, uint64_t size,
-                                              std::vector<std::byte>* scratch) {
-    if (IsOnePart(views, offsets, size)) return views[0]->bytes();
-    scratch->resize(size);
-    FillParts(scratch->data(), views, offsets, size);
-    return *scratch;
-  }
-
-  static Status PutParts(Client& c, const ObjectId& id,
-                         const std::vector<std::unique_ptr<ReadView>>& views,
-                         const std::vector<uint64_t>& offsets, uint64_t size,
-                         const CreateOptions& options) {
-    // Client::Put sends small objects inline, in one round trip, and copies one buffer into
-    // shared memory itself.
-    if (IsOnePart(views, offsets, size) || size <= Client::kInlinePutBytes) {
-      std::vector<std::byte> scratch;
-      return c.Put(id, JoinParts(views, offsets, size, &scratch), options);
-    }
-    DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
-    FillParts(buffer.ptr(), views, offsets, size);
-    return c.Seal(id);
-  }
-
-  // PutParts for a handoff: created, filled and sealed, then handed off while the creator's
-  // reference (`buffer`) still holds it. Never inline: that put lets go at once.
-  static Result<MutableBuffer> PutAndHandOff(Client& c, const ObjectId& id,
-                                             const std::vector<std::unique_ptr<ReadView>>& views,
-                                             const std::vector<uint64_t>& offsets, uint64_t size,
-                                             const CreateOptions& options) {
-    DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, c.Create(id, size, options));
-    FillParts(buffer.ptr(), views, offsets, size);
-    DEPOT_RETURN_NOT_OK(c.Seal(id));
-    DEPOT_RETURN_NOT_OK(HandOffOrDelete(c, id, Client::kHostMemory));
-    return buffer;
-  }
-
-  // Hands off the object just sealed, or deletes it if that fails (nobody else knows its
-  // id: it would stay in the store, unreachable).
-  static Status HandOffOrDelete(Client& c, const ObjectId& id, int device) {
-    Status st = c.Handoff(std::span(&id, 1), device);
-    if (!st.ok()) (void)c.Delete(id);
-    return st;
-  }
-
   // Gets `ids` in one request, which the daemon answers once they are all there or
-  // `timeout_ms` (-1: for ever) has passed (Client::StartGet), awaited as AwaitAnswer does.
-  static std::vector<Buffer> GetAll(Client& c, const std::vector<ObjectId>& ids,
+  // `timeout_ms` (-1: for ever) has passed (depot::Client::StartGet), awaited as AwaitAnswer does.
+  static std::vector<Buffer> GetAll(depot::Client& c, const std::vector<ObjectId>& ids,
                                     int64_t timeout_ms) {
     auto pending =
-        Blocking(c, [&](Client& c) { return c.StartGet(ids, milliseconds(timeout_ms)); });
+        Blocking(c, [&](depot::Client& c) { return c.StartGet(ids, milliseconds(timeout_ms)); });
     AwaitAnswer(pending);
-    return AllThere(Blocking(c, [&](Client&) { return pending.Take(); }), ids, timeout_ms);
+    return AllThere(Blocking(c, [&](depot::Client&) { return pending.Take(); }), ids, timeout_ms);
   }
 
-  // The same on GPU `device` (Client::StartGetOnDevice).
-  static std::vector<DeviceBuffer> GetAllOnDevice(Client& c, const std::vector<ObjectId>& ids,
-                                                  int device, int64_t timeout_ms) {
-    auto pending = Blocking(
-        c, [&](Client& c) { return c.StartGetOnDevice(ids, device, milliseconds(timeout_ms)); });
+  // The same on GPU `device` (depot::Client::StartGetOnDevice).
+  static std::vector<DeviceBuffer> GetAllOnDevice(depot::Client& c,
+                                                  const std::vector<ObjectId>& ids, int device,
+                                                  int64_t timeout_ms) {
+    auto pending = Blocking(c, [&](depot::Client& c) {
+      return c.StartGetOnDevice(ids, device, milliseconds(timeout_ms));
+    });
     AwaitAnswer(pending);
-    return AllThere(Blocking(c, [&](Client&) { return pending.Take(); }), ids, timeout_ms);
+    return AllThere(Blocking(c, [&](depot::Client&) { return pending.Take(); }), ids, timeout_ms);
   }
 
  public:
@@ -482,10 +410,11 @@ class Connection {
   // passed, in one request, awaited as AwaitAnswer does; per id, whether it is sealed.
   std::vector<bool> Wait(const std::vector<nb::bytes>& id_bytes, size_t count, int64_t timeout_ms) {
     const std::vector<ObjectId> ids = ToIds(id_bytes);
-    auto pending = Blocking(
-        client(), [&](Client& c) { return c.StartWait(ids, count, milliseconds(timeout_ms)); });
+    auto pending = Blocking(client(), [&](depot::Client& c) {
+      return c.StartWait(ids, count, milliseconds(timeout_ms));
+    });
     AwaitAnswer(pending);
-    return Blocking(client(), [&](Client&) { return pending.Take(); });
+    return Blocking(client(), [&](depot::Client&) { return pending.Take(); });
   }
 
   // For an event loop (depot.aio): gets and waits it learns the answers of through
@@ -502,7 +431,7 @@ class Connection {
   }
   int fd() { return client().fd(); }
   void Pump() {
-    Client& c = client();
+    depot::Client& c = client();
     nb::gil_scoped_release release;
     c.Pump();
   }
@@ -517,7 +446,7 @@ class Connection {
     return ids;
   }
 
-  std::optional<Client> client_;
+  std::optional<depot::Client> client_;
   std::string socket_path_;
 };
 
@@ -526,7 +455,7 @@ class Connection {
 
 NB_MODULE(_depot, m) {
   using depot::ObjectId;
-  using depot::python::Connection;
+  using depot::python::Client;
   using depot::python::Held;
   m.doc() = "depot's C++ client, the low-level layer of the depot package (use depot.Client).";
 
@@ -577,49 +506,52 @@ NB_MODULE(_depot, m) {
                    "A reference to an object this client handed off: it stays in the store, and "
                    "may be handed off again, until this is dropped.");
 
-  nb::class_<Connection>(m, "Connection", "One connection to depotd (thread-safe).")
+  nb::class_<Client>(m, "Client",
+                     "A client of depotd (depot::Client), which depot.Client wraps. Thread-safe.")
       .def(nb::init<const std::string&, const std::string&, nb::bytes>(), "socket_path"_a,
            "client_name"_a, "group"_a = nb::bytes(""))
-      .def("close", &Connection::Close)
-      .def_prop_ro("closed", &Connection::closed)
-      .def_prop_ro("socket_path", &Connection::socket_path)
-      .def_prop_ro("session_id", &Connection::session_id)
-      .def("put", &Connection::Put, "id"_a, "parts"_a, "offsets"_a, "size"_a, "metadata"_a,
-           "name"_a, "pin"_a, "spill"_a = true, "handoff"_a = false)
-      .def("handoff", &Connection::Handoff, "ids"_a, "device"_a, "ttl_ms"_a = 0)
-      .def("claim", &Connection::Claim, "ids"_a)
-      .def("claim_on_device", &Connection::ClaimOnDevice, "ids"_a, "device"_a)
-      .def("put_many", &Connection::PutMany, "items"_a, "pin"_a)
-      .def("create", &Connection::Create, "id"_a, "size"_a, "metadata"_a, "name"_a, "pin"_a,
+      .def("close", &Client::Close)
+      .def_prop_ro("closed", &Client::closed)
+      .def_prop_ro("socket_path", &Client::socket_path)
+      .def_prop_ro("session_id", &Client::session_id)
+      .def("put", &Client::Put, "id"_a, "parts"_a, "offsets"_a, "size"_a, "metadata"_a, "name"_a,
+           "pin"_a, "spill"_a = true, "handoff"_a = false)
+      .def("handoff", &Client::Handoff, "ids"_a, "device"_a, "ttl_ms"_a = 0)
+      .def("claim", &Client::Claim, "ids"_a)
+      .def("claim_on_device", &Client::ClaimOnDevice, "ids"_a, "device"_a)
+      .def("put_many", &Client::PutMany, "items"_a, "pin"_a)
+      .def("create", &Client::Create, "id"_a, "size"_a, "metadata"_a, "name"_a, "pin"_a,
            "spill"_a = true)
-      .def("put_device", &Connection::PutDevice, "id"_a, "source"_a, "size"_a, "device"_a,
+      .def("put_device", &Client::PutDevice, "id"_a, "source"_a, "size"_a, "device"_a,
            "wait_stream"_a.none(), "metadata"_a, "name"_a, "pin"_a, "handoff"_a = false)
-      .def("gpus", &Connection::Gpus)
-      .def("get_on_device", &Connection::GetOnDevice, "id"_a, "device"_a, "timeout_ms"_a)
-      .def("get_many_on_device", &Connection::GetManyOnDevice, "ids"_a, "device"_a, "timeout_ms"_a)
-      .def("seal", &Connection::Seal, "id"_a)
-      .def("abort", &Connection::Abort, "id"_a)
-      .def("get", &Connection::Get, "id"_a, "timeout_ms"_a)
-      .def("get_many", &Connection::GetMany, "ids"_a, "timeout_ms"_a)
-      .def("wait", &Connection::Wait, "ids"_a, "count"_a, "timeout_ms"_a)
-      .def("start_get", &Connection::StartGet, "ids"_a, "timeout_ms"_a)
-      .def("start_get_on_device", &Connection::StartGetOnDevice, "ids"_a, "device"_a,
-           "timeout_ms"_a)
-      .def("start_wait", &Connection::StartWait, "ids"_a, "count"_a, "timeout_ms"_a)
-      .def_prop_ro("fd", &Connection::fd)
-      .def("pump", &Connection::Pump)
-      .def("completion_fd", &Connection::CompletionFd)
-      .def("take_completed", &Connection::TakeCompleted)
-      .def("delete", &Connection::Delete, "ids"_a)
-      .def("prefetch", &Connection::Prefetch, "ids"_a, "device"_a)
-      .def("locate", &Connection::Locate, "ids"_a)
-      .def("contains", &Connection::Contains, "id"_a)
-      .def("list", &Connection::List)
-      .def("status", &Connection::GetStatus)
-      .def("metrics", &Connection::Metrics)
-      .def("clients", &Connection::Clients)
-      .def("workers", &Connection::Workers)
-      .def("tasks", &Connection::Tasks)
-      .def("submit", &Connection::Submit, "tasks"_a)
-      .def("cancel", &Connection::Cancel, "outputs"_a);
+      .def("gpus", &Client::Gpus)
+      .def("get_on_device", &Client::GetOnDevice, "id"_a, "device"_a, "timeout_ms"_a)
+      .def("get_many_on_device", &Client::GetManyOnDevice, "ids"_a, "device"_a, "timeout_ms"_a)
+      .def("seal", &Client::Seal, "id"_a)
+      .def("abort", &Client::Abort, "id"_a)
+      .def("seal_and_handoff", &Client::SealAndHandoff, "id"_a, "device"_a = -1)
+      .def("get", &Client::Get, "id"_a, "timeout_ms"_a)
+      .def("get_many", &Client::GetMany, "ids"_a, "timeout_ms"_a)
+      .def("wait", &Client::Wait, "ids"_a, "count"_a, "timeout_ms"_a)
+      .def("start_get", &Client::StartGet, "ids"_a, "timeout_ms"_a)
+      .def("start_get_on_device", &Client::StartGetOnDevice, "ids"_a, "device"_a, "timeout_ms"_a)
+      .def("start_wait", &Client::StartWait, "ids"_a, "count"_a, "timeout_ms"_a)
+      .def_prop_ro("fd", &Client::fd)
+      .def("pump", &Client::Pump)
+      .def("completion_fd", &Client::CompletionFd)
+      .def("take_completed", &Client::TakeCompleted)
+      .def("delete", &Client::Delete, "ids"_a)
+      .def("prefetch", &Client::Prefetch, "ids"_a, "device"_a)
+      .def("locate", &Client::Locate, "ids"_a)
+      .def("contains", &Client::Contains, "id"_a)
+      // Not `list`: in the stubs, a method of that name would hide the builtin from the
+      // annotations of the methods after it.
+      .def("list_objects", &Client::List)
+      .def("status", &Client::GetStatus)
+      .def("metrics", &Client::Metrics)
+      .def("clients", &Client::Clients)
+      .def("workers", &Client::Workers)
+      .def("tasks", &Client::Tasks)
+      .def("submit", &Client::Submit, "tasks"_a)
+      .def("cancel", &Client::Cancel, "outputs"_a);
 }

@@ -1,4 +1,4 @@
-// The scheduler from Python: submitting tasks and cancelling them (methods of Connection,
+// The scheduler from Python: submitting tasks and cancelling them (methods of _depot.Client,
 // bound in module.cc), and _depot.Worker, a depot::Worker whose functions are Python
 // callables. How Python values become a task's arguments and outputs is depot/_tasks.py's.
 #pragma once

@@ -41,7 +41,7 @@ nb::class_<PendingAnswer<T>> BindPending(nb::module_& m, const char* name, const
   return nb::class_<P>(m, name, doc)
       .def_prop_ro(
           "id", [](const P& p) { return p.pending.id(); },
-          "The request's id, as Connection.take_completed names it (0: answered "
+          "The request's id, as Client.take_completed names it (0: answered "
           "without a request).")
       .def(
           "ready", [](P& p) { return p.pending.Ready(); },
@@ -81,7 +81,7 @@ PendingWait StartWait(Client& c, std::vector<ObjectId> ids, size_t count, int64_
 }
 
 void BindWaits(nb::module_& m) {
-  BindPending<Buffer>(m, "PendingGet", "A get an event loop awaits (Connection.start_get).")
+  BindPending<Buffer>(m, "PendingGet", "A get an event loop awaits (Client.start_get).")
       .def(
           "take",
           [](PendingGet& p) {
@@ -91,9 +91,9 @@ void BindWaits(nb::module_& m) {
             }
             return out;
           },
-          "The StoreBuffers, in order; raises as Connection.get_many does. Once.");
+          "The StoreBuffers, in order; raises as Client.get_many does. Once.");
   BindPending<DeviceBuffer>(m, "PendingDeviceGet",
-                            "A get on a GPU an event loop awaits (Connection.start_get_on_device).")
+                            "A get on a GPU an event loop awaits (Client.start_get_on_device).")
       .def(
           "take",
           [](PendingDeviceGet& p) {
@@ -103,9 +103,9 @@ void BindWaits(nb::module_& m) {
             }
             return out;
           },
-          "The DeviceStoreBuffers, in order; raises as Connection.get_many_on_device does. "
+          "The DeviceStoreBuffers, in order; raises as Client.get_many_on_device does. "
           "Once.");
-  BindPending<bool>(m, "PendingWait", "A wait an event loop awaits (Connection.start_wait).")
+  BindPending<bool>(m, "PendingWait", "A wait an event loop awaits (Client.start_wait).")
       .def(
           "take", [](PendingWait& p) { return Answer(p); },
           "Per id, whether it was sealed when the daemon answered. Once.");

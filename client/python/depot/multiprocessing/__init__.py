@@ -55,6 +55,7 @@ from __future__ import annotations
 import multiprocessing as _mp
 import multiprocessing.context as _context
 import multiprocessing.process as _process
+from typing import Dict
 
 from . import _reductions, _store
 from ._reductions import get_threshold, set_threshold
@@ -105,7 +106,7 @@ class ForkServerContext(_Concrete, _context.ForkServerContext):
     pass
 
 
-_concrete_contexts = {
+_concrete_contexts: Dict[str, _context.BaseContext] = {
     "fork": ForkContext(),
     "spawn": SpawnContext(),
     "forkserver": ForkServerContext(),
@@ -122,7 +123,9 @@ def _concrete(method):
 
 
 class DefaultContext(_context.DefaultContext):
-    Process = Process
+    # This module's Process, which starts as the chosen context's does (typeshed has the
+    # standard one here, not a BaseProcess).
+    Process = Process  # type: ignore[assignment]
 
     def get_context(self, method=None):
         if method is None:
@@ -135,9 +138,9 @@ class DefaultContext(_context.DefaultContext):
 # The standard module's start method: the one set already, else its default (fork on Linux
 # up to Python 3.13). Read without fixing it, so that set_start_method still works there.
 _standard = _context._default_context
-_default_context = DefaultContext(
-    _concrete_contexts[(_standard._actual_context or _standard._default_context)._name]
-)
+# Attributes of the standard module's own, which typeshed does not list.
+_chosen = _standard._actual_context or _standard._default_context  # type: ignore[attr-defined]
+_default_context = DefaultContext(_concrete_contexts[_chosen._name])
 
 __all__ = [x for x in dir(_default_context) if not x.startswith("_")]
 globals().update((name, getattr(_default_context, name)) for name in __all__)

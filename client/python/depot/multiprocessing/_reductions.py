@@ -322,4 +322,4 @@ def _reduce(obj: Any) -> Any:
 
 def install() -> None:
     """Gives ForkingPickler the hook (once)."""
-    ForkingPickler.reducer_override = reducer_override
+    ForkingPickler.reducer_override = reducer_override  # type: ignore[method-assign]

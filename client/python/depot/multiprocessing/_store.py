@@ -67,10 +67,10 @@ def _inherited_key() -> Optional[bytes]:
 
 # The tree's group key: inherited, or made here by the tree's first process, which alone may
 # start a private daemon.
-_key = _inherited_key()
-_first = _key is None
-if _key is None:
-    _key = os.urandom(16)
+_inherited_group = _inherited_key()
+_first = _inherited_group is None
+_key = os.urandom(16) if _inherited_group is None else _inherited_group
+if _first:
     os.environ[GROUP_ENV] = _key.hex()
 
 
@@ -81,7 +81,7 @@ def group_key() -> bytes:
 def _start_private() -> str:
     """Starts this tree's private daemon; returns its socket."""
     global _daemon
-    if util._exiting:
+    if util._exiting:  # type: ignore[attr-defined]  # multiprocessing's flag, set at exit
         raise DepotError("the process is exiting: no private depot daemon is started now")
     memory = os.environ.get(MEMORY_ENV, "50%")
     # Pages allocated as objects use them (--no-prefault), not 64 MiB ahead in each segment
@@ -165,7 +165,10 @@ def _wrap_start(start):
 
 
 if not getattr(process.BaseProcess.start, "_depot_prepares", False):
-    process.BaseProcess.start = _wrap_start(process.BaseProcess.start)
+    # Every child's start prepares it (the standard class's method, replaced on purpose).
+    process.BaseProcess.start = _wrap_start(  # type: ignore[method-assign]
+        process.BaseProcess.start
+    )
 
 
 _inherited: list = []
