@@ -272,3 +272,24 @@ def test_a_client_serves_one_async_client_at_a_time(daemon):
     second = depot.aio.AsyncClient(shared)
     shared.put(2, name="aio/second")
     assert asyncio.run(second.get("aio/second")) == 2
+
+
+def test_an_awaited_get_on_a_gpu_is_a_device_array_there():
+    """On simulated GPUs (their memory is host memory): the same DeviceArray as a blocking
+    get(device=1), the copy to that GPU made by the daemon while the loop goes on."""
+    from dlpack_util import FakeCudaArray, host_view
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with depot.start_daemon(memory="256MiB", segment_size="64MiB", simulate_gpus="2:64MiB") as d:
+        with d.client() as writer:
+            ref = writer.put(FakeCudaArray(x))  # on GPU 0
+
+        async def main():
+            async with depot.aio.AsyncClient(d.socket) as client:
+                (a,) = await client.get_many([ref], device=1, timeout=30)
+                assert a.device == 1 and a.shape == (3, 4) and a.dtype == x.dtype
+                assert np.array_equal(host_view(a.ptr, a.nbytes, a.dtype, a.shape), x)
+                with pytest.raises(depot.InvalidArgument):
+                    await client.get(ref, device=7)
+
+        asyncio.run(main())
