@@ -1,0 +1,329 @@
+#include "scheduler/dispatcher.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "depot/ipc/units.h"
+
+namespace depot::scheduler {
+
+namespace {
+
+// A round stops after this many ready tasks in a row found no worker. Tasks of a shape that
+// found none are passed over without counting (Round).
+constexpr int kMaxMissesPerRound = 64;
+constexpr size_t kMaxShapesPerRound = 64;
+
+// A variant passed over this many times in a row, for tasks of its function and input size,
+// is chosen once more: so that its estimate follows changes, and one slow run is not its last.
+constexpr uint32_t kExploreEvery = 32;
+
+// Tasks with no affinity and the same shape ask for the same thing: where one found no
+// place, the others find none either.
+bool SameShape(const TaskSpec& a, const TaskSpec& b) {
+  return a.function == b.function && a.resources.cpu == b.resources.cpu &&
+         a.resources.gpu == b.resources.gpu && a.resources.custom == b.resources.custom &&
+         a.output_bytes == b.output_bytes && a.variant == b.variant;
+}
+
+}  // namespace
+
+Dispatcher::Dispatcher(TaskGraph& graph, WorkerTable& workers, StoreAccess& store,
+                       DurationModel& durations, DispatcherOptions options)
+    : graph_(graph),
+      workers_(workers),
+      store_(store),
+      durations_(durations),
+      options_(std::move(options)) {}
+
+void Dispatcher::MakeReady(Task& task) {
+  task.state = TaskState::kReady;
+  task.worker = 0;
+  ready_.insert(task.key());
+}
+
+void Dispatcher::Requeue(Task& task) {
+  workers_.Unplace(task);
+  task.device = kHostMemory;
+  task.variant.clear();
+  task.variant_reason.clear();
+  MakeReady(task);
+}
+
+void Dispatcher::Forget(Task& task) {
+  if (task.state != TaskState::kReady) return;
+  ready_.erase(task.key());
+  stalled_.erase(task.id);
+}
+
+void Dispatcher::Unstall() {
+  for (TaskId id : std::exchange(stalled_, {})) ready_.insert(graph_.at(id).key());
+}
+
+void Dispatcher::Round() {
+  size_t open = 0;
+  for (auto& [id, w] : workers_.workers()) {
+    if (w->freed) workers_.StartQueued(*w);
+    if (workers_.Open(*w)) ++open;
+  }
+  std::vector<const TaskSpec*> unplaceable;
+  int misses = 0;
+  for (auto it = ready_.begin(); it != ready_.end() && open > 0 && misses < kMaxMissesPerRound;) {
+    Task& task = graph_.at(it->id);
+    const bool shaped = task.spec.affinity == Affinity::kNone;
+    if (shaped && std::any_of(unplaceable.begin(), unplaceable.end(),
+                              [&](const TaskSpec* s) { return SameShape(*s, task.spec); })) {
+      ++it;
+      continue;
+    }
+    if (!PlaceOne(task)) {
+      if (!CouldEverPlace(task)) {
+        // Not with the workers attached: it waits aside until another attaches.
+        it = ready_.erase(it);
+        stalled_.insert(task.id);
+        continue;
+      }
+      if (shaped && unplaceable.size() < kMaxShapesPerRound) unplaceable.push_back(&task.spec);
+      ++it;
+      ++misses;
+      continue;
+    }
+    it = ready_.erase(it);
+    misses = 0;
+    // A task that did not start took a place in its worker's window, which may now be full.
+    if (task.state != TaskState::kRunning || task.after != 0) {
+      if (!workers_.Open(*workers_.Find(task.worker))) --open;
+    }
+  }
+}
+
+bool Dispatcher::PlaceOne(Task& task) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool placed = TryPlace(task);
+  const auto nanos = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+  const uint64_t units = nanos / 64;
+  const int bucket =
+      units <= 1 ? 0 : std::min<int>(PlacementCounters::kBuckets - 1, std::bit_width(units - 1));
+  ++counters_.ns_buckets[static_cast<size_t>(bucket)];
+  counters_.ns_sum += nanos;
+  ++counters_.tries;
+  return placed;
+}
+
+bool Dispatcher::TryPlace(Task& task) {
+  const std::span<const SessionId> runners = workers_.Runners(task.spec.function);
+  if (runners.empty()) return false;
+
+  const std::vector<InputView> inputs = InputsOf(task.spec);
+  task.input_bytes = 0;
+  for (const InputView& in : inputs) task.input_bytes += in.bytes;
+  // Devices without room for the outputs are left out of every view.
+  std::map<int32_t, bool> roomy;
+  const std::function<bool(int32_t)> has_room = [&](int32_t device) {
+    if (task.spec.output_bytes == 0) return true;
+    auto [it, fresh] = roomy.emplace(device, false);
+    if (fresh) it->second = store_.Room(device) >= task.spec.output_bytes;
+    return it->second;
+  };
+
+  const std::vector<Way> ways = workers_.Ways(task.spec);
+  std::optional<Plan> plans[2];
+  for (size_t i = 0; i < ways.size(); ++i) {
+    plans[i] = PlanWay(task, ways[i], runners, inputs, has_room);
+  }
+  const Plan* plan = nullptr;
+  if (ways.size() == 2 && plans[0] && plans[1]) {
+    plan = &ChooseVariant(task, *plans[0], *plans[1]);
+  } else {
+    plan = plans[0] ? &*plans[0] : plans[1] ? &*plans[1] : nullptr;
+    if (plan == nullptr) return false;
+    if (ways.size() == 2) {
+      const bool gpu = plan->way->runs == Way::Runs::kGpuVariant;
+      task.variant = gpu ? "gpu" : "cpu";
+      task.variant_reason =
+          std::string("the ") + (gpu ? "CPU" : "GPU") + " variant found no place now";
+      durations_.Chose(task.spec.function, gpu, task.input_bytes);
+    }
+  }
+  if (ways.size() == 1) {
+    task.variant.clear();
+    task.variant_reason.clear();
+  }
+
+  const Choice& choice = plan->choice;
+  task.request = plan->way->request;
+  task.choice = choice;
+  task.device = choice.device;
+  task.duration_s = plan->duration_s;
+  ++counters_.placements;
+  counters_.local_bytes += choice.local_bytes;
+  counters_.moved_bytes += choice.moved_bytes;
+  if (!workers_.Place(*plan->worker, task, plan->now) && choice.moved_bytes > 0) {
+    Prefetch(task, inputs);
+  }
+  return true;
+}
+
+void Dispatcher::Prefetch(const Task& task, std::span<const InputView> inputs) {
+  // Each input to where the task reads it: its device, or host memory for host inputs.
+  std::vector<ObjectId> missing, to_host;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const int32_t where = inputs[k].host ? kHostMemory : task.device;
+    if ((inputs[k].tiers & (uint64_t{1} << (where + 1))) != 0) continue;
+    (where == task.device ? missing : to_host).push_back(task.spec.inputs[k]);
+  }
+  counters_.prefetches += missing.size() + to_host.size();
+  if (!missing.empty()) store_.Prefetch(missing, task.device);
+  if (!to_host.empty()) store_.Prefetch(to_host, kHostMemory);
+}
+
+std::optional<Dispatcher::Plan> Dispatcher::PlanWay(const Task& task, const Way& way,
+                                                    std::span<const SessionId> runners,
+                                                    std::span<const InputView> inputs,
+                                                    const std::function<bool(int32_t)>& has_room) {
+  const ResourceRequest& request = way.request;
+  const bool on_gpu = request.gpu > 0;
+  if (!on_gpu && !has_room(kHostMemory)) return std::nullopt;
+
+  // Each worker with room in its window is seen twice when busy: with what is free now (the
+  // task starts at once) and as it will be once idle (the task queues there).
+  struct Candidate {
+    Worker* worker;
+    bool now;
+  };
+  std::vector<Candidate> candidates;
+  std::vector<WorkerView> views;
+  for (SessionId id : runners) {
+    Worker& w = *workers_.Find(id);
+    if (!workers_.Open(w)) continue;
+    if (w.running.size() >= kMaxRunningPerWorker) continue;
+    if (!way.eligible(w, task.spec.function)) continue;
+    const bool idle = w.running.empty() && w.queue.empty();
+    if (w.queue.empty()) {
+      candidates.push_back({&w, true});
+      views.push_back(w.resources.View(0));
+    }
+    if (!idle && w.resources.CouldEverFit(request)) {
+      candidates.push_back({&w, false});
+      views.push_back(w.resources.IdleView(workers_.QueueWait(w)));
+    }
+  }
+  for (WorkerView& v : views) {
+    std::erase_if(v.gpus, [&](const WorkerView::Gpu& g) { return !has_room(g.device); });
+  }
+  // Soft affinity takes the favourite device when the task can start there now; otherwise
+  // the cost model chooses (queueing there included), as without affinity.
+  Affinity affinity = task.spec.affinity;
+  if (affinity == Affinity::kSoft && on_gpu) {
+    const auto favourite = DeviceWithMostInput(inputs, /*gpus_only=*/true);
+    bool free_now = false;
+    for (size_t i = 0; i < views.size() && favourite && !free_now; ++i) {
+      if (!candidates[i].now) continue;
+      for (const WorkerView::Gpu& g : views[i].gpus) {
+        free_now |= g.device == *favourite && g.free_share + kResourceEpsilon >= request.gpu;
+      }
+    }
+    if (!free_now) affinity = Affinity::kNone;
+  }
+  const Durations expected = durations_.ExpectedDurations(task.spec.function, task.input_bytes);
+  Durations durations = expected;
+  Bandwidths bandwidths = this->bandwidths();
+  if (options_.random_placement) {
+    // Every cost zeroed, over the candidates in random order: Place takes the first that fits.
+    constexpr double kFree = std::numeric_limits<double>::infinity();
+    bandwidths = {kFree, kFree, kFree};
+    durations = {.cpu = 0, .gpu = 0};
+    affinity = Affinity::kNone;
+    std::vector<size_t> order(views.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), random_);
+    std::vector<Candidate> shuffled_candidates;
+    std::vector<WorkerView> shuffled_views;
+    for (size_t i : order) {
+      shuffled_candidates.push_back(candidates[i]);
+      shuffled_views.push_back(std::move(views[i]));
+      shuffled_views.back().queue_wait_s = 0;
+      std::shuffle(shuffled_views.back().gpus.begin(), shuffled_views.back().gpus.end(), random_);
+    }
+    candidates = std::move(shuffled_candidates);
+    views = std::move(shuffled_views);
+  }
+  auto choice = Place(request, affinity, inputs, views, durations, bandwidths);
+  if (!choice) return std::nullopt;
+  return Plan{.choice = *choice,
+              .worker = candidates[choice->worker].worker,
+              .now = candidates[choice->worker].now,
+              .duration_s = on_gpu ? expected.gpu : expected.cpu,
+              .way = &way};
+}
+
+const Dispatcher::Plan& Dispatcher::ChooseVariant(Task& task, const Plan& cpu, const Plan& gpu) {
+  const std::string& f = task.spec.function;
+  if (options_.random_placement) {
+    const bool on_gpu = (random_() & 1) != 0;
+    task.variant = on_gpu ? "gpu" : "cpu";
+    task.variant_reason = "random placement";
+    return on_gpu ? gpu : cpu;
+  }
+  const DurationModel::Estimates estimates = durations_.Expected(f, task.input_bytes);
+  const bool gpu_faster = gpu.choice.finish_s < cpu.choice.finish_s;
+  const Plan& best = gpu_faster ? gpu : cpu;
+  const Plan& other = gpu_faster ? cpu : gpu;
+  const DurationModel::Estimate& other_estimate = gpu_faster ? estimates.cpu : estimates.gpu;
+  const uint32_t passed_over = durations_.PassedOver(f, !gpu_faster, task.input_bytes);
+  const char* best_name = gpu_faster ? "gpu" : "cpu";
+  const char* other_name = gpu_faster ? "cpu" : "gpu";
+  auto terms = [](const char* name, const Plan& p) {
+    return std::string(name) + " " + ipc::FormatSeconds(p.choice.finish_s) + " (" +
+           ipc::FormatSeconds(p.choice.transfer_s) + " moving " +
+           std::to_string(p.choice.moved_bytes) + " B, " + ipc::FormatSeconds(p.duration_s) +
+           " running)";
+  };
+  const Plan* chosen = &best;
+  if (!other_estimate.measured && passed_over > 0) {
+    chosen = &other;
+    task.variant_reason = std::string("exploring: ") + other_name +
+                          " not measured at this input size yet; " + terms(best_name, best) +
+                          " against " + terms(other_name, other);
+  } else if (passed_over >= kExploreEvery) {
+    chosen = &other;
+    task.variant_reason = std::string("exploring: ") + other_name + " not run for the last " +
+                          std::to_string(passed_over) + " tasks of this input size; " +
+                          terms(best_name, best) + " against " + terms(other_name, other);
+  } else {
+    task.variant_reason = "expected to finish first: " + terms(best_name, best) + " against " +
+                          terms(other_name, other);
+  }
+  const bool on_gpu = chosen == &gpu;
+  task.variant = on_gpu ? "gpu" : "cpu";
+  durations_.Chose(f, on_gpu, task.input_bytes);
+  return *chosen;
+}
+
+std::vector<InputView> Dispatcher::InputsOf(const TaskSpec& spec) const {
+  std::vector<StoreAccess::Object> found(spec.inputs.size());
+  store_.Locate(spec.inputs, found);
+  std::vector<InputView> inputs(found.size());
+  for (size_t k = 0; k < found.size(); ++k) inputs[k] = found[k].where;
+  for (uint32_t k : spec.host_inputs) inputs[k].host = true;
+  return inputs;
+}
+
+bool Dispatcher::CouldEverPlace(const Task& task) const {
+  // Hard affinity: a way on a GPU needs a worker offering the GPU holding most of its input.
+  std::optional<int32_t> favourite;
+  if (task.spec.affinity == Affinity::kHard) {
+    favourite = DeviceWithMostInput(InputsOf(task.spec), /*gpus_only=*/true);
+  }
+  return workers_.CouldEverRun(task.spec, favourite);
+}
+
+}  // namespace depot::scheduler
