@@ -1,0 +1,184 @@
+// The dispatcher on its own, over a task graph and a worker table, against a fake store and
+// fake workers: the ready queue's order, tasks set aside for want of a worker, room for
+// outputs, prefetches, the choice between variants, and what a round looks at.
+#include "scheduler/dispatcher.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "scheduler_fakes.h"
+
+namespace depot::scheduler {
+namespace {
+
+class DispatcherTest : public ::testing::Test {
+ protected:
+  DispatcherTest()
+      : graph_(store_, 16, [this](Task& t) { dispatcher_.MakeReady(t); }),
+        table_(graph_, link_, {.window = 2, .pipeline = false, .clock = [] { return 0.0; }}),
+        dispatcher_(graph_, table_, store_, durations_,
+                    {.measure_bandwidths = false, .random_placement = false}) {}
+
+  void AddWorker(SessionId id, double cpu, std::vector<int32_t> gpus = {},
+                 std::vector<std::string> gpu_functions = {}) {
+    Status s = table_.Add(id, {.name = "w" + std::to_string(id),
+                               .capacity = {.cpu = cpu, .gpus = std::move(gpus)},
+                               .functions = {"f"},
+                               .gpu_functions = std::move(gpu_functions)});
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    dispatcher_.Unstall();
+  }
+  Task& Submit(TaskSpec spec) {
+    auto out = graph_.Add(100, std::span(&spec, 1), [](const TaskSpec&) { return true; });
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return *graph_.ProducerOf(out.value()[0][0]);
+  }
+  // One round, and what it sent.
+  std::vector<Sent> Round() {
+    dispatcher_.Round();
+    table_.Flush();
+    return link_.Take();
+  }
+
+  FakeStore store_;
+  FakeLink link_;
+  DurationModel durations_;
+  TaskGraph graph_;
+  WorkerTable table_;
+  Dispatcher dispatcher_;
+};
+
+TEST_F(DispatcherTest, ReadyTasksGoByPriorityThenDepthThenSubmission) {
+  // A consumer made ready after its producer finished keeps its depth: it goes before a
+  // task submitted earlier at depth 0, so that data is consumed before more is made.
+  Task& producer = Submit({.function = "f"});
+  const ObjectId made = producer.outputs[0];
+  const TaskId consumer = Submit({.function = "f", .inputs = {made}}).id;
+  const TaskId early = Submit({.function = "f"}).id;
+  const TaskId urgent = Submit({.function = "f", .priority = 5}).id;
+  dispatcher_.Forget(producer);
+  store_.Seal(made, 10);
+  graph_.Finish(producer, TaskState::kDone, "");
+  EXPECT_EQ(dispatcher_.ready(), 3u);
+
+  AddWorker(1, 1);
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].task, urgent);
+  Worker& w = *table_.Find(1);
+  EXPECT_EQ(std::vector<TaskId>(w.queue.begin(), w.queue.end()),
+            (std::vector<TaskId>{consumer, early}));
+  EXPECT_EQ(dispatcher_.ready(), 0u);
+  EXPECT_EQ(dispatcher_.counters().placements, 3u);
+}
+
+TEST_F(DispatcherTest, ATaskNoWorkerCouldEverRunIsSetAsideUntilOneAttaches) {
+  AddWorker(1, 1, {0});
+  const ObjectId on_gpu1 = store_.Put(1 << 20, 1);
+  Task& task = Submit({.function = "f",
+                       .inputs = {on_gpu1},
+                       .resources = {.cpu = 0, .gpu = 1},
+                       .affinity = Affinity::kHard});
+  EXPECT_TRUE(Round().empty());
+  EXPECT_TRUE(dispatcher_.Stalled(task.id));
+  EXPECT_EQ(dispatcher_.ready(), 0u);
+  // Set aside, it costs later rounds nothing.
+  const uint64_t tries = dispatcher_.counters().tries;
+  Round();
+  EXPECT_EQ(dispatcher_.counters().tries, tries);
+
+  AddWorker(2, 0, {1});
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].worker, 2u);
+  EXPECT_EQ(sent[0].device, 1);
+  EXPECT_FALSE(dispatcher_.Stalled(task.id));
+  EXPECT_EQ(dispatcher_.counters().local_bytes, 1u << 20);
+}
+
+TEST_F(DispatcherTest, DevicesWithoutRoomForTheOutputsAreLeftOut) {
+  AddWorker(1, 1, {0, 1});
+  store_.room[0] = 1000;
+  store_.room[kHostMemory] = 1000;
+  Submit({.function = "f", .resources = {.cpu = 0, .gpu = 1}, .output_bytes = 4096});
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].device, 1);
+
+  // A CPU task whose outputs do not fit in host memory waits, though CPU is free.
+  Task& waits = Submit({.function = "f", .output_bytes = 4096});
+  EXPECT_TRUE(Round().empty());
+  EXPECT_EQ(waits.state, TaskState::kReady);
+  EXPECT_FALSE(dispatcher_.Stalled(waits.id));
+  store_.room[kHostMemory] = 1 << 20;
+  EXPECT_EQ(Round().size(), 1u);
+}
+
+TEST_F(DispatcherTest, TasksOfAShapeThatFoundNoPlaceArePassedOverInARound) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 0;
+  for (int i = 0; i < 10; ++i) Submit({.function = "f", .output_bytes = 100});
+  EXPECT_TRUE(Round().empty());
+  EXPECT_EQ(dispatcher_.counters().tries, 1u);  // one looked at; nine of its shape not
+  EXPECT_EQ(dispatcher_.ready(), 10u);
+}
+
+TEST_F(DispatcherTest, AQueuedTaskHasItsInputsPrefetchedWhereItWillReadThem) {
+  AddWorker(1, 0, {0});
+  Submit({.function = "f", .resources = {.cpu = 0, .gpu = 1}});  // holds the GPU
+  const ObjectId data = store_.Put(1 << 20, kHostMemory);
+  const ObjectId pickle = store_.Put(4096, 1);
+  Submit({.function = "f",
+          .inputs = {pickle, data},
+          .resources = {.cpu = 0, .gpu = 1},
+          .host_inputs = {0}});
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 1u);  // the second queues behind the first
+  EXPECT_EQ(store_.prefetched,
+            (std::vector<std::pair<ObjectId, int32_t>>{{data, 0}, {pickle, kHostMemory}}));
+  EXPECT_EQ(dispatcher_.counters().prefetches, 2u);
+}
+
+TEST_F(DispatcherTest, TheVariantExpectedToFinishFirstIsChosenAndTheOtherExploredNowAndThen) {
+  std::vector<int32_t> gpus;
+  for (int32_t d = 0; d < 40; ++d) gpus.push_back(d);
+  AddWorker(1, 64, gpus, {"f"});
+  durations_.Record("f", /*on_gpu=*/false, 0, 1.0);
+  durations_.Record("f", /*on_gpu=*/true, 0, 0.001);
+  std::vector<Task*> tasks;
+  for (int i = 0; i < 33; ++i) tasks.push_back(&Submit({.function = "f"}));
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 33u);
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(tasks[i]->variant, "gpu") << i;
+    EXPECT_EQ(tasks[i]->variant_reason.rfind("expected to finish first: gpu", 0), 0u)
+        << tasks[i]->variant_reason;
+    EXPECT_GE(sent[i].device, 0);
+  }
+  EXPECT_EQ(tasks[32]->variant, "cpu");
+  EXPECT_EQ(tasks[32]->variant_reason.rfind("exploring: cpu not run for the last 32", 0), 0u)
+      << tasks[32]->variant_reason;
+  EXPECT_EQ(sent[32].device, kHostMemory);
+}
+
+TEST_F(DispatcherTest, ARequeuedTaskIsPlacedAfresh) {
+  AddWorker(1, 1, {0}, {"f"});
+  durations_.Record("f", false, 0, 1.0);
+  durations_.Record("f", true, 0, 0.001);
+  Task& task = Submit({.function = "f"});
+  ASSERT_EQ(Round().size(), 1u);
+  EXPECT_EQ(task.variant, "gpu");
+  dispatcher_.Requeue(task);  // its worker ended, say
+  EXPECT_EQ(task.state, TaskState::kReady);
+  EXPECT_EQ(task.device, kHostMemory);
+  EXPECT_TRUE(task.variant.empty());
+  EXPECT_EQ(table_.Find(1)->resources.free_share(0), 1);
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].device, 0);
+}
+
+}  // namespace
+}  // namespace depot::scheduler
