@@ -187,6 +187,7 @@ class TableStore final : public depot::scheduler::StoreAccess {
   void SealFailed(std::span<const depot::ObjectId>, std::string_view) override {}
   uint64_t Room(int32_t) const override { return UINT64_MAX; }
   void AbortCreating(uint64_t, std::span<const depot::ObjectId>) override {}
+  void Delete(const depot::ObjectId&) override {}
   depot::Status Charge(uint64_t, int64_t) override { return depot::Status::OK(); }
   depot::scheduler::Bandwidths CopyBandwidths(
       const depot::scheduler::Bandwidths& assumed) const override {

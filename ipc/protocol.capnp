@@ -103,6 +103,12 @@ struct Request {
     # those ids). Its reply goes out before this one's, which says whether it was waiting.
     # A get or wait ends without a reply when its session closes.
     cancelWait @29 :UInt64;
+
+    # Deletes each object once no pending task reads or makes it: the outputs of tasks
+    # whose readers have all been submitted, given up by the client that submitted them
+    # (docs/architecture.md, "The scheduler"). Objects no pending task reads or makes are
+    # deleted at once, as by `delete`.
+    deleteAfterTasks @30 :List(Id);
   }
 
   struct Wait {
@@ -471,6 +477,9 @@ struct Reply {
     handoff @26 :List(ErrorCode);  # in request order: ok, notFound, notSealed, notHeld, ...
     wait @27 :List(Bool);      # in request order: sealed when answered
     cancelWait @28 :Bool;      # that get or wait was waiting, and has been answered
+    # In request order: ok (deleted, or to be once no pending task reads or makes it),
+    # notFound, notSealed (being created by a client, not by a task).
+    deleteAfterTasks @29 :List(ErrorCode);
   }
 
   struct TaskOutputs {

@@ -224,6 +224,13 @@ std::vector<Scheduler::CancelOutcome> Scheduler::Cancel(std::span<const ObjectId
   return outcomes;
 }
 
+std::vector<bool> Scheduler::DeleteAfterTasks(std::span<const ObjectId> ids) {
+  std::vector<bool> later;
+  later.reserve(ids.size());
+  for (const ObjectId& id : ids) later.push_back(graph_.DeleteAfterTasks(id));
+  return later;
+}
+
 void Scheduler::OnSealed(const ObjectId& id, bool failed) {
   if (graph_.OnSealed(id, failed)) Dispatch();
 }

@@ -151,6 +151,11 @@ class Scheduler final : public ObjectEvents {
   // an id no task of this daemon produces.
   std::vector<CancelOutcome> Cancel(std::span<const ObjectId> outputs);
 
+  // For each of `ids`, whether it is deleted once no pending task reads or makes it (true),
+  // or no pending task does now (false: the caller deletes it at once). TaskGraph's
+  // DeleteAfterTasks.
+  std::vector<bool> DeleteAfterTasks(std::span<const ObjectId> ids);
+
   // ObjectEvents.
   void OnSealed(const ObjectId& id, bool failed) override;
   void OnFreed(const ObjectId& id) override;

@@ -64,6 +64,10 @@ class StoreAccess {
   // created by some client) are left as they are.
   virtual void SealFailed(std::span<const ObjectId> ids, std::string_view message) = 0;
 
+  // Deletes `id` as a client's delete would (it goes once nobody holds it); nothing for an
+  // object that does not exist or is not sealed.
+  virtual void Delete(const ObjectId& id) = 0;
+
   // The bandwidths of the store's own copies between tiers as measured so far; `assumed`'s
   // for those not measured yet.
   virtual Bandwidths CopyBandwidths(const Bandwidths& assumed) const = 0;

@@ -329,10 +329,7 @@ void TaskGraph::Finish(Task& task, TaskState state, std::string_view reason) {
       failures_.emplace_back(o, Cut("input " + o.Hex() + " failed: " + task.reason));
     }
     auto it = nodes_.find(o);
-    if (it != nodes_.end() && it->second.consumers == 0 && it->second.waiting.empty()) {
-      if (it->second.held) store_.Drop(o);
-      nodes_.erase(it);
-    }
+    if (it != nodes_.end() && it->second.consumers == 0 && it->second.waiting.empty()) Erase(it);
   }
   LetGoOfKept(task);
   Retire(task);
@@ -345,12 +342,24 @@ void TaskGraph::LetGoOfInputs(Task& task) {
     Node& n = it->second;
     --n.consumers;
     if (task.missing > 0) std::erase(n.waiting, task.id);
-    if (n.consumers == 0 && n.producer == 0) {
-      if (n.held) store_.Drop(in);
-      nodes_.erase(it);
-    }
+    if (n.consumers == 0 && n.producer == 0) Erase(it);
   }
   task.missing = 0;
+}
+
+void TaskGraph::Erase(std::unordered_map<ObjectId, Node>::iterator it) {
+  const ObjectId id = it->first;
+  const Node node = std::move(it->second);
+  nodes_.erase(it);
+  if (node.held) store_.Drop(id);
+  if (node.deleted) store_.Delete(id);
+}
+
+bool TaskGraph::DeleteAfterTasks(const ObjectId& id) {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end()) return false;
+  it->second.deleted = true;
+  return true;
 }
 
 void TaskGraph::LetGoOfKept(Task& task) {

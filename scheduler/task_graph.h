@@ -132,6 +132,12 @@ class TaskGraph {
   // Fails the tasks waiting for outputs that will not come, until none is left.
   void Settle();
 
+  // Deletes `id` (StoreAccess::Delete) once no pending task reads or makes it; false, doing
+  // nothing, when none does now (the caller deletes it itself). For the outputs of tasks
+  // whose readers have all been submitted, given up by their submitter; the caller checks
+  // that it may delete them.
+  bool DeleteAfterTasks(const ObjectId& id);
+
   // Store events (ObjectEvents): whether they changed anything.
   bool OnSealed(const ObjectId& id, bool failed);
   bool OnFreed(const ObjectId& id);
@@ -162,6 +168,7 @@ class TaskGraph {
     uint32_t consumers = 0;       // pending tasks reading it, per occurrence
     std::vector<TaskId> waiting;  // of those, the ones waiting for its seal
     bool held = false;            // the graph holds a reference (StoreAccess::Hold)
+    bool deleted = false;         // to be deleted when it goes (DeleteAfterTasks)
   };
 
   // Checks a batch: the order to admit it in (producers before consumers), or why not.
@@ -176,6 +183,8 @@ class TaskGraph {
   // `id` will never be sealed with bytes: the tasks waiting for it fail with `reason`.
   void InputFailed(const ObjectId& id, const std::string& reason);
   void LetGoOfInputs(Task& task);
+  // `it` is read and made by no pending task: the graph lets go of it.
+  void Erase(std::unordered_map<ObjectId, Node>::iterator it);
   void LetGoOfKept(Task& task);
   void Retire(Task& task);
 

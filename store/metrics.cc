@@ -14,7 +14,8 @@ constexpr const char* kTypeNames[] = {
     "hello",  "create",       "put",      "seal",   "abort",           "get",     "release",
     "delete", "contains",     "list",     "status", "metrics",         "clients", "object_info",
     "verify", "evict",        "prefetch", "locate", "register_worker", "submit",  "complete",
-    "cancel", "drain_worker", "workers",  "tasks",  "handoff",         "wait",    "cancel_wait"};
+    "cancel", "drain_worker", "workers",  "tasks",  "handoff",         "wait",    "cancel_wait",
+    "delete_after_tasks"};
 static_assert(std::size(kTypeNames) == static_cast<size_t>(RequestType::kCount));
 
 // Upper bound of bucket i, in seconds: 2^i microseconds.

@@ -47,6 +47,7 @@ enum class RequestType : uint8_t {
   kHandoff,
   kWait,
   kCancelWait,
+  kDeleteAfterTasks,
   kCount
 };
 

@@ -67,6 +67,8 @@ void SchedulerStore::SealFailed(std::span<const ObjectId> ids, std::string_view 
   store_.SealFailed(kSchedulerClient, ids, message);
 }
 
+void SchedulerStore::Delete(const ObjectId& id) { (void)store_.Delete(std::span(&id, 1)); }
+
 uint64_t SchedulerStore::Room(int32_t device) const { return store_.Room(device); }
 
 void SchedulerStore::OnSealed(const ObjectId& id, uint64_t /*tiers*/) {

@@ -48,6 +48,7 @@ class SchedulerStore final : public scheduler::StoreAccess, private StoreListene
   void Drop(const ObjectId& id) override;
   void SealFailed(std::span<const ObjectId> ids, std::string_view message) override;
   void AbortCreating(uint64_t creator, std::span<const ObjectId> ids) override;
+  void Delete(const ObjectId& id) override;
   // ObjectStore::ChargeRequests, the limits of the metadata (--client-max-metadata,
   // --metadata-budget).
   Status Charge(uint64_t session, int64_t bytes) override;

@@ -79,6 +79,8 @@ std::optional<RequestType> TypeOf(wire::Request::Reader request) {
       return RequestType::kWait;
     case wire::Request::CANCEL_WAIT:
       return RequestType::kCancelWait;
+    case wire::Request::DELETE_AFTER_TASKS:
+      return RequestType::kDeleteAfterTasks;
   }
   return std::nullopt;
 }
@@ -289,6 +291,8 @@ void Session::Handle(const Responder& reply, wire::Request::Reader request) {
       return tasks.Workers(reply);
     case wire::Request::TASKS:
       return tasks.Tasks(reply);
+    case wire::Request::DELETE_AFTER_TASKS:
+      return tasks.DeleteAfterTasks(reply, who, request.getDeleteAfterTasks());
   }
   reply.Error(Status::InvalidArgument(
       "unknown request type " + std::to_string(static_cast<int>(request.which())) +

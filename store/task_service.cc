@@ -232,6 +232,25 @@ void TaskService::Cancel(const Responder& reply, const Requester& who,
   reply.Send(message, r);
 }
 
+void TaskService::DeleteAfterTasks(const Responder& reply, const Requester& who,
+                                   capnp::List<wire::Id>::Reader list) {
+  if (Status st = who.CheckBatch(list.size()); !st.ok()) return reply.Error(st);
+  const std::vector<ObjectId> ids = ipc::FromWire(list);
+  const std::vector<bool> later = scheduler_.DeleteAfterTasks(ids);
+  std::vector<ObjectId> now;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!later[i]) now.push_back(ids[i]);
+  }
+  const std::vector<StatusCode> codes = store_.Delete(now, who.only_own_objects);
+  capnp::MallocMessageBuilder message;
+  auto r = message.initRoot<wire::Reply>();
+  auto out = r.initDeleteAfterTasks(static_cast<unsigned>(ids.size()));
+  for (unsigned i = 0, k = 0; i < out.size(); ++i) {
+    out.set(i, ipc::ToWire(later[i] ? StatusCode::kOk : codes[k++]));
+  }
+  reply.Send(message, r);
+}
+
 void TaskService::Drain(const Responder& reply, const Requester& who) {
   reply.Answer(scheduler_.DrainWorker(who.client));
 }

@@ -44,6 +44,10 @@ class TaskService final : private scheduler::WorkerLink, private scheduler::Obje
   void Complete(const Responder& reply, const Requester& who,
                 capnp::List<wire::Completion>::Reader completions);
   void Cancel(const Responder& reply, const Requester& who, capnp::List<wire::Id>::Reader outputs);
+  // Deletes each object once no pending task reads or makes it; at once, as `delete` does,
+  // those no pending task reads or makes now.
+  void DeleteAfterTasks(const Responder& reply, const Requester& who,
+                        capnp::List<wire::Id>::Reader ids);
   void Drain(const Responder& reply, const Requester& who);
   void Workers(const Responder& reply) const;
   void Tasks(const Responder& reply) const;

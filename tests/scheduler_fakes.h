@@ -71,6 +71,13 @@ class FakeStore final : public StoreAccess {
     }
   }
   Bandwidths CopyBandwidths(const Bandwidths& assumed) const override { return assumed; }
+  void Delete(const ObjectId& id) override {
+    deleted.push_back(id);
+    auto it = objects.find(id);
+    if (it == objects.end() || it->second.state == State::kCreating) return;
+    EXPECT_EQ(it->second.holds, 0) << "the graph deletes what it no longer holds";
+    objects.erase(it);
+  }
   void AbortCreating(uint64_t creator, std::span<const ObjectId> ids) override {
     for (const ObjectId& id : ids) {
       auto it = objects.find(id);
@@ -133,6 +140,7 @@ class FakeStore final : public StoreAccess {
   std::vector<std::pair<ObjectId, int32_t>> prefetched;
   std::map<int32_t, uint64_t> room;
   std::vector<std::pair<uint64_t, ObjectId>> aborted;
+  std::vector<ObjectId> deleted;
   std::map<uint64_t, int64_t> charged;
   int64_t charge_limit = INT64_MAX;
   bool room_for_failed = true;

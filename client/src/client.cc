@@ -755,23 +755,34 @@ std::vector<uint64_t> Client::TakeCompleted() { return conn_->TakeCompleted(); }
 
 Status Client::Delete(const ObjectId& id) { return Delete(std::span(&id, 1)); }
 
-Status Client::Delete(std::span<const ObjectId> ids) {
+Status Client::Delete(std::span<const ObjectId> ids) { return Delete(ids, /*after_tasks=*/false); }
+
+Status Client::DeleteAfterTasks(std::span<const ObjectId> ids) {
+  return Delete(ids, /*after_tasks=*/true);
+}
+
+Status Client::Delete(std::span<const ObjectId> ids, bool after_tasks) {
   if (ids.empty()) return Status::OK();
-  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, "a delete"));
+  const char* what = after_tasks ? "deleteAfterTasks" : "delete";
+  DEPOT_RETURN_NOT_OK(CheckBatch(ids.size(), *conn_, what));
   RequestMessage request;
-  auto list = request.root().initDelete(static_cast<unsigned>(ids.size()));
+  auto list = after_tasks ? request.root().initDeleteAfterTasks(static_cast<unsigned>(ids.size()))
+                          : request.root().initDelete(static_cast<unsigned>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
   Reply reply;
   DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
   return Decode([&]() -> Status {
     auto r = reply.get();
-    if (!r.isDelete() || r.getDelete().size() != ids.size()) return UnexpectedReply("delete");
-    auto codes = r.getDelete();
+    const bool matches = after_tasks ? r.isDeleteAfterTasks() : r.isDelete();
+    if (!matches) return UnexpectedReply(what);
+    auto codes = after_tasks ? r.getDeleteAfterTasks() : r.getDelete();
+    if (codes.size() != ids.size()) return UnexpectedReply(what);
     Status first_error;
     for (size_t i = 0; i < ids.size(); ++i) {
       const StatusCode code = ipc::FromWire(codes[i]);
       if (code == StatusCode::kOk) {
-        // A deleted object is not found by new Gets, even while this client still holds it.
+        // A deleted object is not found by new Gets, even while this client still holds it
+        // (after tasks: it will not be).
         conn_->holdings().Forget(ids[i]);
       } else if (first_error.ok()) {
         first_error = Status(code, DeleteError(ids[i], code));

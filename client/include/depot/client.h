@@ -535,6 +535,11 @@ class Client {
   // (the others are still deleted) and NotSealed for an object still being created.
   Status Delete(const ObjectId& id);
   Status Delete(std::span<const ObjectId> ids);
+  // Deletes each object once no pending task reads or makes it, and at once (as Delete)
+  // those no pending task reads or makes now: how a client gives up the intermediate
+  // outputs of a graph once it has submitted every task that reads them. Fails as Delete
+  // does; an output of a pending task counts as found and sealed.
+  Status DeleteAfterTasks(std::span<const ObjectId> ids);
 
   // Hands objects to this client's group (ConnectOptions::group) for another of its
   // processes to Claim, as a sender does who may exit before the receiver takes them: the
@@ -634,6 +639,7 @@ class Client {
  private:
   friend class Worker;  // runs tasks over a Client's connection
   explicit Client(std::shared_ptr<internal::Connection> conn);
+  Status Delete(std::span<const ObjectId> ids, bool after_tasks);
   std::shared_ptr<internal::Connection> conn_;
 };
 
