@@ -9,6 +9,7 @@
 
 #include "depot/ipc/protocol.h"
 #include "depot/ipc/units.h"
+#include "info_fields.h"
 #include "store/largest_scan.h"
 #include "store/version.h"
 
@@ -38,137 +39,186 @@ constexpr uint32_t kVerifyPage = 4096;
 constexpr uint32_t kListJobEntryBytes = 48 + 24 + kListEntryBytes;
 constexpr uint32_t kVerifyJobEntryBytes = 16 + 16 + 48;
 
-void ToWire(const ObjectView& v, wire::ObjectInfo::Builder o) {
-  ipc::ToWire(v.id, o.initId());
-  o.setName(v.name);
-  o.setState(v.sealed ? wire::ObjectState::SEALED : wire::ObjectState::CREATING);
-  o.setFailed(v.failed);
-  o.setDataSize(v.data_size);
-  o.setMetadataSize(v.metadata_size);
-  o.setRefCount(static_cast<uint32_t>(v.references));
-  o.setPinned(v.pinned);
-  o.setHasChecksum(v.has_checksum);
-  o.setChecksum(v.checksum);
-  o.setCreateTimeNs(v.create_time_ns);
-  o.setAccessTimeNs(v.access_time_ns);
-  o.setSegment(v.segment);
-  o.setOffset(v.offset);
-  o.setDeletePending(v.delete_pending);
-  o.setOwnerUid(v.owner_uid);
-  o.setOnHost(v.tiers & ipc::kTierHost);
-  o.setOnDisk(v.tiers & ipc::kTierDisk);
-  const auto devices = static_cast<unsigned>(std::popcount(v.tiers & ipc::kTierGpus));
-  auto out = o.initDevices(devices);
-  unsigned i = 0;
-  for (uint32_t d = 0; i < devices; ++d) {
-    if (v.tiers & ipc::TierBit(static_cast<int32_t>(d))) out.set(i++, d);
+// What the daemon knows of one object, as the admin replies give it.
+depot::ObjectInfo InfoOf(const ObjectView& v) {
+  depot::ObjectInfo o{
+      .id = v.id,
+      .name = v.name,
+      .state = v.sealed ? ObjectState::kSealed : ObjectState::kCreating,
+      .data_size = v.data_size,
+      .metadata_size = v.metadata_size,
+      .ref_count = static_cast<uint32_t>(v.references),
+      .pinned = v.pinned,
+      .delete_pending = v.delete_pending,
+      .has_checksum = v.has_checksum,
+      .checksum = v.checksum,
+      .create_time_ns = v.create_time_ns,
+      .access_time_ns = v.access_time_ns,
+      .segment = v.segment,
+      .offset = v.offset,
+      .on_host = (v.tiers & ipc::kTierHost) != 0,
+      .gpus = {},
+      .owner_uid = v.owner_uid,
+      .failed = v.failed,
+      .on_disk = (v.tiers & ipc::kTierDisk) != 0,
+  };
+  const auto gpus = static_cast<size_t>(std::popcount(v.tiers & ipc::kTierGpus));
+  for (uint32_t d = 0; o.gpus.size() < gpus; ++d) {
+    if (v.tiers & ipc::TierBit(static_cast<int32_t>(d))) o.gpus.push_back(d);
   }
+  return o;
 }
 
-wire::VerifyState ToWire(VerifyState state) {
+depot::VerifyState Public(VerifyState state) {
   switch (state) {
     case VerifyState::kOk:
-      return wire::VerifyState::OK;
+      return depot::VerifyState::kOk;
     case VerifyState::kMismatch:
-      return wire::VerifyState::MISMATCH;
+      return depot::VerifyState::kMismatch;
     case VerifyState::kNoChecksum:
-      return wire::VerifyState::NO_CHECKSUM;
+      return depot::VerifyState::kNoChecksum;
     case VerifyState::kNotFound:
-      return wire::VerifyState::NOT_FOUND;
+      return depot::VerifyState::kNotFound;
     case VerifyState::kNotSealed:
-      return wire::VerifyState::NOT_SEALED;
+      return depot::VerifyState::kNotSealed;
     case VerifyState::kNotOnHost:
-      return wire::VerifyState::NOT_ON_HOST;
+      return depot::VerifyState::kNotOnHost;
   }
-  return wire::VerifyState::NOT_FOUND;
+  return depot::VerifyState::kNotFound;
+}
+
+// Who holds an object, for `show`: a session, or the daemon itself for one of its parts.
+depot::Holder HolderOf(const DaemonViews& daemon, const HolderInfo& held) {
+  depot::Holder h{.session_id = held.client, .references = held.references};
+  for (const auto& [device, references] : held.tiers) {
+    h.tiers.push_back({.device = device, .references = references});
+  }
+  const auto self = [&](uint32_t uid, const char* client_name) {
+    h.pid = static_cast<uint32_t>(::getpid());
+    h.uid = uid;
+    h.command = "depotd";
+    h.client_name = client_name;
+  };
+  if (held.client == kDaemonClient) {  // a verify or a copy between tiers reading the object
+    self(::getuid(), "depotd (verify or copy)");
+  } else if (held.client == kSchedulerClient) {  // the task graph: inputs of pending tasks
+    self(::getuid(), "depotd (task graph)");
+  } else if (const std::optional<uint32_t> uid = daemon.GroupUid(held.client)) {
+    self(*uid, "group (handed off, not yet claimed)");
+  } else if (const std::optional<ClientView> holder = daemon.FindClient(held.client)) {
+    h.pid = static_cast<uint32_t>(holder->peer.pid);
+    h.uid = holder->peer.uid;
+    h.command = holder->peer.command;
+    h.client_name = holder->client_name;
+  }
+  return h;
 }
 }  // namespace
 
-void ToWire(const ObjectStore& store, uint32_t device, wire::Device::Builder out) {
+GpuInfo GpuInfoOf(const ObjectStore& store, uint32_t device) {
   const gpu::DevicePool& pool = *store.pools()[device];
   const gpu::DeviceInfo& info = pool.info();
-  out.setUuid(capnp::Data::Reader(info.uuid.data(), info.uuid.size()));
-  out.setName(info.name);
-  out.setSimulated(info.simulated);
-  out.setTotalBytes(info.total_bytes);
-  out.setLimitBytes(pool.limit());
-  out.setReservedBytes(pool.reserved_bytes());
-  out.setUsedBytes(pool.used_bytes());
-  out.setHeldBytes(store.device_usage(device).held_bytes);
-  out.setChunks(pool.chunk_count());
-  out.setReplicas(store.device_usage(device).replicas);
+  GpuInfo g{
+      .uuid = {},
+      .name = info.name,
+      .simulated = info.simulated,
+      .total_bytes = info.total_bytes,
+      .limit_bytes = pool.limit(),
+      .reserved_bytes = pool.reserved_bytes(),
+      .used_bytes = pool.used_bytes(),
+      .held_bytes = store.device_usage(device).held_bytes,
+      .chunks = pool.chunk_count(),
+      .replicas = store.device_usage(device).replicas,
+  };
+  std::copy_n(info.uuid.begin(), std::min(info.uuid.size(), g.uuid.size()), g.uuid.begin());
+  return g;
 }
+
+namespace {
+
+std::vector<GpuInfo> GpusOf(const ObjectStore& store) {
+  std::vector<GpuInfo> gpus;
+  for (uint32_t d = 0; d < store.pools().size(); ++d) gpus.push_back(GpuInfoOf(store, d));
+  return gpus;
+}
+
+// The disk tier's part of the status; all zero without one.
+DiskStatus DiskStatusOf(const ObjectStore& store) {
+  const DiskPool* pool = store.disk();
+  if (pool == nullptr) return {};
+  const TierCounters& t = store.tier_counters();
+  return {
+      .enabled = true,
+      .dir = pool->dir(),
+      .limit_bytes = pool->capacity(),
+      .used_bytes = pool->used_bytes(),
+      .file_bytes = pool->file_bytes(),
+      .files = pool->file_count(),
+      .objects = store.ObjectsOnDisk(),
+      .spills = t.disk_spills,
+      .spilled_bytes = t.disk_spilled_bytes,
+      .spill_seconds = t.disk_spill_seconds,
+      .restores = t.disk_restores,
+      .restored_bytes = t.disk_restored_bytes,
+      .restore_seconds = t.disk_restore_seconds,
+      .drops = t.disk_drops,
+      .dropped_bytes = t.disk_dropped_bytes,
+      .spill_failures = t.disk_spill_failures,
+      .restore_failures = t.disk_restore_failures,
+      .copies_in_flight = store.DiskCopiesInFlight(),
+      .direct_io = pool->direct_io(),
+  };
+}
+
+}  // namespace
 
 void AdminRequests::Status(const Responder& reply) const {
   const ObjectStore& store = store_;
   const Arena& arena = store.arena();
   const StoreCounters c = store.counters();
+  StoreStatus s{
+      .daemon_version = kDepotVersion,
+      .pid = static_cast<uint32_t>(::getpid()),
+      .uptime_ns = ipc::MonotonicNanos() - daemon_.start_ns(),
+      .socket_path = daemon_.socket_path(),
+      .arena_backend = arena.backend(),
+      .capacity_bytes = arena.capacity(),
+      .mapped_bytes = arena.mapped_bytes(),
+      .used_bytes = arena.used_bytes(),
+      .held_bytes = c.held_bytes,
+      .pinned_bytes = c.pinned_bytes,
+      .largest_free_block = arena.largest_free_block(),
+      .segments = arena.segment_count(),
+      .objects_sealed = c.objects_sealed,
+      .objects_creating = c.objects_creating,
+      .clients = static_cast<uint32_t>(daemon_.session_count()),
+      .evictions = c.evictions,
+      .evicted_bytes = c.evicted_bytes,
+      .eviction_enabled = store.eviction_enabled(),
+      .header_slots = store.headers().slots(),
+      .requests = daemon_.requests(),
+      .gpus = GpusOf(store),
+      .gpu_backend = daemon_.device_backend(),
+      .spills = c.spills,
+      .spilled_bytes = c.spilled_bytes,
+      .replicas_made = c.replicas_made,
+      .replicas_dropped = c.replicas_dropped,
+      .arena_page_locked_bytes = arena.page_locked_bytes(),
+      .objects_on_host = store.ObjectsOnHost(),
+      .metadata_bytes = c.metadata_bytes,
+      .metadata_budget_bytes = store.limits().metadata_budget,
+      .request_bytes = c.request_bytes,
+      .scheduler = daemon_.scheduler_status(),
+      .disk = DiskStatusOf(store),
+      .config_file = daemon_.config_file(),
+      .settings = {},
+  };
+  for (const SettingValue& value : daemon_.settings()) {
+    s.settings.push_back({.name = value.name, .value = value.value});
+  }
   capnp::MallocMessageBuilder message;
   auto r = message.initRoot<wire::Reply>();
-  auto s = r.initStatus();
-  s.setDaemonVersion(kDepotVersion);
-  s.setPid(static_cast<uint32_t>(::getpid()));
-  s.setUptimeNs(ipc::MonotonicNanos() - daemon_.start_ns());
-  s.setSocketPath(daemon_.socket_path());
-  s.setArenaBackend(arena.backend());
-  s.setCapacityBytes(arena.capacity());
-  s.setMappedBytes(arena.mapped_bytes());
-  s.setUsedBytes(arena.used_bytes());
-  s.setHeldBytes(c.held_bytes);
-  s.setPinnedBytes(c.pinned_bytes);
-  s.setSegments(arena.segment_count());
-  s.setObjectsSealed(c.objects_sealed);
-  s.setObjectsCreating(c.objects_creating);
-  s.setClients(static_cast<uint32_t>(daemon_.session_count()));
-  s.setEvictions(c.evictions);
-  s.setEvictedBytes(c.evicted_bytes);
-  s.setEvictionEnabled(store.eviction_enabled());
-  s.setLargestFreeBlock(arena.largest_free_block());
-  s.setHeaderSlots(store.headers().slots());
-  auto devices = s.initDevices(static_cast<unsigned>(store.pools().size()));
-  for (unsigned d = 0; d < devices.size(); ++d) ToWire(store, d, devices[d]);
-  s.setDeviceBackend(daemon_.device_backend());
-  s.setSpills(c.spills);
-  s.setSpilledBytes(c.spilled_bytes);
-  s.setReplicasMade(c.replicas_made);
-  s.setReplicasDropped(c.replicas_dropped);
-  s.setArenaPageLockedBytes(arena.page_locked_bytes());
-  s.setObjectsOnHost(store.ObjectsOnHost());
-  s.setMetadataBytes(c.metadata_bytes);
-  s.setMetadataBudgetBytes(store.limits().metadata_budget);
-  s.setRequestBytes(c.request_bytes);
-  s.setRequests(daemon_.requests());
-  daemon_.FillSchedulerStatus(s.initScheduler());
-  s.setConfigFile(daemon_.config_file());
-  const std::vector<SettingValue>& values = daemon_.settings();
-  auto settings = s.initSettings(static_cast<unsigned>(values.size()));
-  for (unsigned i = 0; i < settings.size(); ++i) {
-    settings[i].setName(values[i].name);
-    settings[i].setValue(values[i].value);
-  }
-  if (const DiskPool* pool = store.disk()) {
-    const TierCounters& t = store.tier_counters();
-    auto d = s.initDisk();
-    d.setEnabled(true);
-    d.setDir(pool->dir());
-    d.setLimitBytes(pool->capacity());
-    d.setUsedBytes(pool->used_bytes());
-    d.setFileBytes(pool->file_bytes());
-    d.setFiles(pool->file_count());
-    d.setObjects(store.ObjectsOnDisk());
-    d.setSpills(t.disk_spills);
-    d.setSpilledBytes(t.disk_spilled_bytes);
-    d.setSpillSeconds(t.disk_spill_seconds);
-    d.setRestores(t.disk_restores);
-    d.setRestoredBytes(t.disk_restored_bytes);
-    d.setRestoreSeconds(t.disk_restore_seconds);
-    d.setDrops(t.disk_drops);
-    d.setDroppedBytes(t.disk_dropped_bytes);
-    d.setSpillFailures(t.disk_spill_failures);
-    d.setRestoreFailures(t.disk_restore_failures);
-    d.setCopiesInFlight(store.DiskCopiesInFlight());
-    d.setDirectIo(pool->direct_io());
-  }
+  internal::ToWire(s, r.initStatus());
   reply.Send(message, r);
 }
 
@@ -186,17 +236,17 @@ void AdminRequests::Clients(const Responder& reply) const {
   auto out = r.initClients(static_cast<unsigned>(clients.size()));
   for (unsigned i = 0; i < clients.size(); ++i) {
     const ClientView& client = clients[i];
-    auto c = out[i];
-    c.setSessionId(client.id);
-    c.setPid(static_cast<uint32_t>(client.peer.pid));
-    c.setUid(client.peer.uid);
-    c.setCommand(client.peer.command);
-    c.setClientName(client.client_name);
-    c.setObjectsHeld(client.usage.objects);
-    c.setReferences(client.usage.references);
-    c.setBytesHeld(client.usage.bytes);
-    c.setRequests(client.requests);
-    c.setConnectedTimeNs(client.connected_time_ns);
+    internal::ToWire(ClientInfo{.session_id = client.id,
+                                .pid = static_cast<uint32_t>(client.peer.pid),
+                                .uid = client.peer.uid,
+                                .command = client.peer.command,
+                                .client_name = client.client_name,
+                                .objects_held = client.usage.objects,
+                                .references = client.usage.references,
+                                .bytes_held = client.usage.bytes,
+                                .requests = client.requests,
+                                .connected_time_ns = client.connected_time_ns},
+                     out[i]);
   }
   reply.Send(message, r);
 }
@@ -207,53 +257,18 @@ void AdminRequests::ObjectInfo(const Responder& reply, const ObjectId& id) const
   if (slot == HeaderTable::kNoSlot) {
     return reply.Error(Status::NotFound("object " + id.Hex() + " does not exist"));
   }
-  const auto holders = store.HoldersOf(slot);
+  ObjectDetails details{.info = InfoOf(store.Describe(slot)), .holders = {}, .replicas = {}};
+  for (const auto& held : store.HoldersOf(slot)) details.holders.push_back(HolderOf(daemon_, held));
+  for (const auto& copy : store.ReplicasOf(slot)) {
+    details.replicas.push_back({.device = copy.device == kDisk ? kWireDisk : copy.device,
+                                .segment = copy.segment,
+                                .offset = copy.offset,
+                                .references = copy.references,
+                                .ready = copy.ready});
+  }
   capnp::MallocMessageBuilder message;
   auto r = message.initRoot<wire::Reply>();
-  auto details = r.initObjectInfo();
-  ToWire(store.Describe(slot), details.initInfo());
-  auto out = details.initHolders(static_cast<unsigned>(holders.size()));
-  for (unsigned i = 0; i < holders.size(); ++i) {
-    const ClientId client = holders[i].client;
-    auto h = out[i];
-    h.setSessionId(client);
-    h.setReferences(holders[i].references);
-    auto tiers = h.initTiers(static_cast<unsigned>(holders[i].tiers.size()));
-    for (unsigned t = 0; t < tiers.size(); ++t) {
-      tiers[t].setDevice(holders[i].tiers[t].first);
-      tiers[t].setReferences(holders[i].tiers[t].second);
-    }
-    if (client == kDaemonClient) {  // a verify or a copy between tiers reading the object
-      h.setPid(static_cast<uint32_t>(::getpid()));
-      h.setUid(::getuid());
-      h.setCommand("depotd");
-      h.setClientName("depotd (verify or copy)");
-    } else if (client == kSchedulerClient) {  // the task graph: inputs of pending tasks
-      h.setPid(static_cast<uint32_t>(::getpid()));
-      h.setUid(::getuid());
-      h.setCommand("depotd");
-      h.setClientName("depotd (task graph)");
-    } else if (const std::optional<uint32_t> uid = daemon_.GroupUid(client)) {
-      h.setPid(static_cast<uint32_t>(::getpid()));
-      h.setUid(*uid);
-      h.setCommand("depotd");
-      h.setClientName("group (handed off, not yet claimed)");
-    } else if (const std::optional<ClientView> holder = daemon_.FindClient(client)) {
-      h.setPid(static_cast<uint32_t>(holder->peer.pid));
-      h.setUid(holder->peer.uid);
-      h.setCommand(holder->peer.command);
-      h.setClientName(holder->client_name);
-    }
-  }
-  const auto replicas = store.ReplicasOf(slot);
-  auto copies = details.initReplicas(static_cast<unsigned>(replicas.size()));
-  for (unsigned i = 0; i < replicas.size(); ++i) {
-    copies[i].setDevice(replicas[i].device == kDisk ? kWireDisk : replicas[i].device);
-    copies[i].setSegment(replicas[i].segment);
-    copies[i].setOffset(replicas[i].offset);
-    copies[i].setReferences(replicas[i].references);
-    copies[i].setReady(replicas[i].ready);
-  }
+  internal::ToWire(details, r.initObjectInfo());
   reply.Send(message, r);
 }
 
@@ -269,9 +284,7 @@ void AdminRequests::Evict(const Responder& reply, const std::string& who_for_log
                ipc::FormatSize(outcome.bytes));
   capnp::MallocMessageBuilder message;
   auto r = message.initRoot<wire::Reply>();
-  auto out = r.initEvict();
-  out.setObjects(outcome.objects);
-  out.setBytes(outcome.bytes);
+  internal::ToWire(EvictResult{.objects = outcome.objects, .bytes = outcome.bytes}, r.initEvict());
   reply.Send(message, r);
 }
 
@@ -344,7 +357,7 @@ bool AdminRequests::ListSlice(ListJob& job) {
       job.looked = job.found.size();
       break;
     }
-    ToWire(store.Describe(slot), objects[job.kept++]);
+    internal::ToWire(InfoOf(store.Describe(slot)), objects[job.kept++]);
   }
   if (job.looked < job.found.size()) return false;
   job.objects.truncate(job.kept);
@@ -441,11 +454,11 @@ void AdminRequests::VerifyBatchDone(const std::shared_ptr<VerifyJob>& job, unsig
                                     std::vector<VerifyOutcome> outcomes) {
   auto out = job->results.get();
   for (size_t k = 0; k < outcomes.size(); ++k) {
-    auto r = out[first + static_cast<unsigned>(k)];
-    ipc::ToWire(outcomes[k].id, r.initId());
-    r.setState(ToWire(outcomes[k].state));
-    r.setExpected(outcomes[k].expected);
-    r.setActual(outcomes[k].actual);
+    internal::ToWire(VerifyResult{.id = outcomes[k].id,
+                                  .state = Public(outcomes[k].state),
+                                  .expected = outcomes[k].expected,
+                                  .actual = outcomes[k].actual},
+                     out[first + static_cast<unsigned>(k)]);
   }
   job->in_flight--;
   if (job->queued) return;  // its next slice is on the way

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "depot/client.h"
 #include "depot/object_id.h"
+#include "depot/task.h"
 #include "protocol.capnp.h"
 #include "store/daemon_options.h"
 #include "store/object_store.h"
@@ -51,7 +53,7 @@ class DaemonViews {
   // The uid of the group whose account is `account`, if it is a group's.
   virtual std::optional<uint32_t> GroupUid(ClientId account) const = 0;
   // The scheduler's part of the status reply.
-  virtual void FillSchedulerStatus(wire::SchedulerStatus::Builder out) const = 0;
+  virtual SchedulerStatus scheduler_status() const = 0;
   // The settings the daemon runs with, and the file they were read from.
   virtual const std::string& config_file() const = 0;
   virtual const std::vector<SettingValue>& settings() const = 0;
@@ -114,7 +116,7 @@ class AdminRequests {
   const DaemonViews& daemon_;
 };
 
-// A GPU as hello and status describe it.
-void ToWire(const ObjectStore& store, uint32_t device, wire::Device::Builder out);
+// A GPU as hello and status describe it (its ordinal is the client's to fill in).
+GpuInfo GpuInfoOf(const ObjectStore& store, uint32_t device);
 
 }  // namespace depot::store

@@ -103,9 +103,7 @@ class Server final : public DaemonViews, private Pushes {
   std::optional<uint32_t> GroupUid(ClientId account) const override {
     return groups_.UidOf(account);
   }
-  void FillSchedulerStatus(wire::SchedulerStatus::Builder out) const override {
-    tasks_.FillStatus(out);
-  }
+  SchedulerStatus scheduler_status() const override { return tasks_.Totals(); }
   const std::string& config_file() const override { return config_file_; }
   const std::vector<SettingValue>& settings() const override { return settings_; }
 

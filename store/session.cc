@@ -9,6 +9,7 @@
 
 #include "depot/ipc/protocol.h"
 #include "depot/ipc/units.h"
+#include "info_fields.h"
 #include "store/server.h"
 #include "store/version.h"
 
@@ -416,7 +417,7 @@ void Session::HandleHello(const Responder& reply, wire::Request::Hello::Reader h
   h.setMaxFrameBytes(server_.options().max_frame_bytes);
   h.setMaxBatch(server_.options().max_batch);
   auto devices = h.initDevices(static_cast<unsigned>(store_.pools().size()));
-  for (unsigned d = 0; d < devices.size(); ++d) ToWire(store_, d, devices[d]);
+  for (unsigned d = 0; d < devices.size(); ++d) internal::ToWire(GpuInfoOf(store_, d), devices[d]);
   h.setDeviceBackend(server_.options().device_backend);
   auto leases = store_.OpenLeases(id_);
   if (!leases.ok()) {

@@ -9,6 +9,7 @@
 
 #include "depot/ipc/protocol.h"
 #include "depot/ipc/units.h"
+#include "info_fields.h"
 #include "store/server.h"
 
 namespace depot::store {
@@ -25,15 +26,6 @@ std::map<std::string, double> CustomOf(capnp::List<wire::Resource>::Reader list)
   std::map<std::string, double> out;
   for (auto r : list) out[ipc::ToString(r.getName())] += r.getAmount();
   return out;
-}
-
-void ToWire(const std::map<std::string, double>& custom, capnp::List<wire::Resource>::Builder out) {
-  unsigned i = 0;
-  for (const auto& [name, amount] : custom) {
-    out[i].setName(name);
-    out[i].setAmount(amount);
-    ++i;
-  }
 }
 
 TaskSpec SpecOf(wire::TaskSpec::Reader in) {
@@ -73,8 +65,11 @@ TaskSpec SpecOf(wire::TaskSpec::Reader in) {
   return spec;
 }
 
-wire::TaskState ToWire(scheduler::TaskState state) {
-  return static_cast<wire::TaskState>(static_cast<uint16_t>(state));
+// The same states in the same order (scheduler/scheduler.h, depot/task.h).
+static_assert(static_cast<uint16_t>(scheduler::TaskState::kCancelled) ==
+              static_cast<uint16_t>(depot::TaskState::kCancelled));
+depot::TaskState Public(scheduler::TaskState state) {
+  return static_cast<depot::TaskState>(static_cast<uint16_t>(state));
 }
 
 wire::CancelOutcome ToWire(scheduler::Scheduler::CancelOutcome outcome) {
@@ -262,28 +257,28 @@ void TaskService::Workers(const Responder& reply) const {
   auto out = r.initWorkers(static_cast<unsigned>(workers.size()));
   for (unsigned i = 0; i < out.size(); ++i) {
     const scheduler::WorkerInfo& w = workers[i];
-    auto o = out[i];
-    o.setSessionId(w.id);
-    o.setName(w.name);
-    o.setCpus(w.capacity.cpu);
-    o.setFreeCpus(w.free_cpu);
-    auto gpus = o.initGpus(static_cast<unsigned>(w.free_gpu_share.size()));
-    auto shares = o.initFreeGpuShares(gpus.size());
-    for (unsigned k = 0; k < gpus.size(); ++k) {
-      gpus.set(k, w.free_gpu_share[k].first);
-      shares.set(k, w.free_gpu_share[k].second);
+    depot::WorkerInfo info{
+        .session_id = w.id,
+        .name = w.name,
+        .cpus = w.capacity.cpu,
+        .free_cpus = w.free_cpu,
+        .gpus = {},
+        .free_gpu_shares = {},
+        .resources = w.capacity.custom,
+        .functions = w.functions,
+        .running = w.running,
+        .queued = w.queued,
+        .done = w.done,
+        .failed = w.failed,
+        .draining = w.draining,
+        .attached_s = w.attached_s,
+        .gpu_functions = w.gpu_functions,
+    };
+    for (const auto& [gpu, share] : w.free_gpu_share) {
+      info.gpus.push_back(gpu);
+      info.free_gpu_shares.push_back(share);
     }
-    ToWire(w.capacity.custom, o.initResources(static_cast<unsigned>(w.capacity.custom.size())));
-    auto functions = o.initFunctions(static_cast<unsigned>(w.functions.size()));
-    for (unsigned k = 0; k < functions.size(); ++k) functions.set(k, w.functions[k]);
-    auto gpu_functions = o.initGpuFunctions(static_cast<unsigned>(w.gpu_functions.size()));
-    for (unsigned k = 0; k < gpu_functions.size(); ++k) gpu_functions.set(k, w.gpu_functions[k]);
-    o.setRunning(w.running);
-    o.setQueued(w.queued);
-    o.setDone(w.done);
-    o.setFailed(w.failed);
-    o.setDraining(w.draining);
-    o.setAttachedS(w.attached_s);
+    internal::ToWire(info, out[i]);
   }
   reply.Send(message, r);
 }
@@ -296,47 +291,49 @@ void TaskService::Tasks(const Responder& reply) const {
   auto out = r.initTasks(static_cast<unsigned>(tasks.size()));
   for (unsigned i = 0; i < out.size(); ++i) {
     const scheduler::TaskInfo& t = tasks[i];
-    auto o = out[i];
-    o.setTask(t.id);
-    o.setFunction(t.function);
-    o.setState(ToWire(t.state));
-    o.setSubmitter(t.submitter);
-    o.setWorker(t.worker);
-    o.setDevice(t.device);
-    ipc::ToWire(t.outputs, o.initOutputs(static_cast<unsigned>(t.outputs.size())));
-    o.setPriority(t.priority);
-    o.setAttempts(t.attempts);
-    o.setInputsMissing(t.inputs_missing);
-    o.setLocalBytes(t.local_bytes);
-    o.setMovedBytes(t.moved_bytes);
-    o.setWaitS(t.wait_s);
-    o.setTransferS(t.transfer_s);
-    o.setDurationS(t.duration_s);
-    o.setReason(t.reason);
-    o.setVariant(t.variant);
-    o.setVariantReason(t.variant_reason);
+    internal::ToWire(depot::TaskInfo{.task = t.id,
+                                     .function = t.function,
+                                     .state = Public(t.state),
+                                     .submitter = t.submitter,
+                                     .worker = t.worker,
+                                     .device = t.device,
+                                     .outputs = t.outputs,
+                                     .priority = t.priority,
+                                     .attempts = t.attempts,
+                                     .inputs_missing = t.inputs_missing,
+                                     .local_bytes = t.local_bytes,
+                                     .moved_bytes = t.moved_bytes,
+                                     .wait_s = t.wait_s,
+                                     .transfer_s = t.transfer_s,
+                                     .duration_s = t.duration_s,
+                                     .reason = t.reason,
+                                     .variant = t.variant,
+                                     .variant_reason = t.variant_reason},
+                     out[i]);
   }
   reply.Send(message, r);
 }
 
-void TaskService::FillStatus(wire::SchedulerStatus::Builder out) const {
+SchedulerStatus TaskService::Totals() const {
   const scheduler::SchedulerCounters c = scheduler_.counters();
-  out.setWorkers(c.workers);
-  out.setTasksPending(c.tasks_pending);
-  out.setSubmitted(c.submitted);
-  out.setCompleted(c.completed);
-  out.setFailed(c.failed);
-  out.setCancelled(c.cancelled);
-  out.setRetried(c.retried);
-  out.setPlacements(c.placements);
-  out.setLocalBytes(c.local_bytes);
-  out.setMovedBytes(c.moved_bytes);
-  out.setPrefetches(c.prefetches);
   const scheduler::Bandwidths bw = scheduler_.bandwidths();
-  out.setHostToGpu(bw.host_to_gpu);
-  out.setGpuToHost(bw.gpu_to_host);
-  out.setGpuToGpu(bw.gpu_to_gpu);
-  out.setBandwidthsMeasured(scheduler_.bandwidths_measured());
+  return {
+      .workers = c.workers,
+      .tasks_pending = c.tasks_pending,
+      .submitted = c.submitted,
+      .completed = c.completed,
+      .failed = c.failed,
+      .cancelled = c.cancelled,
+      .retried = c.retried,
+      .placements = c.placements,
+      .local_bytes = c.local_bytes,
+      .moved_bytes = c.moved_bytes,
+      .prefetches = c.prefetches,
+      .host_to_gpu = bw.host_to_gpu,
+      .gpu_to_host = bw.gpu_to_host,
+      .gpu_to_gpu = bw.gpu_to_gpu,
+      .bandwidths_measured = scheduler_.bandwidths_measured(),
+  };
 }
 
 void TaskService::SessionClosed(uint64_t session) { scheduler_.RemoveSession(session); }

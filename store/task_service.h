@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "depot/task.h"
 #include "protocol.capnp.h"
 #include "scheduler/scheduler.h"
 #include "store/object_store.h"
@@ -52,7 +53,7 @@ class TaskService final : private scheduler::WorkerLink, private scheduler::Obje
   void Workers(const Responder& reply) const;
   void Tasks(const Responder& reply) const;
   // The scheduler's part of the status reply.
-  void FillStatus(wire::SchedulerStatus::Builder out) const;
+  SchedulerStatus Totals() const;
   // The session has gone (after the store removed it as a client).
   void SessionClosed(uint64_t session);
 

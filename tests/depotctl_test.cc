@@ -6,12 +6,14 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "child_process.h"
 #include "daemon.h"
 #include "depot/client.h"
+#include "json_fields.h"
 #include "test_support.h"
 
 #ifndef DEPOTCTL_PATH
@@ -115,6 +117,76 @@ TEST_F(DepotctlTest, LsJsonOfEmptyStoreIsAnEmptyArray) {
   ProgramRun ls = Depotctl({"ls", "--json"});
   ASSERT_EQ(ls.exit_code, 0) << ls.Explain();
   EXPECT_EQ(Trim(ls.out), "[]");
+}
+
+// Whether depotctl's JSON `json` has every field of T's table that is on the wire, as its
+// table names it, with the value of `read` (a record the client read around depotctl's run;
+// `again`, the same read after it). Not compared: values that changed between the two reads,
+// and `shown_apart`, fields depotctl shows differently (commands.cc says how). Nested records
+// and lists of records are looked for field by field.
+template <internal::Info T>
+void ExpectJsonHasEveryField(const std::string& json, const T& read, const T& again,
+                             const std::set<std::string>& shown_apart) {
+  internal::ForEachField<T>([&](const auto& f) {
+    if constexpr (std::decay_t<decltype(f)>::kOnWire) {
+      using V = typename std::decay_t<decltype(f)>::Value;
+      const std::string key = ctl::JsonString(f.name) + ": ";
+      EXPECT_NE(json.find(key), std::string::npos) << "no " << key << "in " << json;
+      if (shown_apart.count(f.name)) return;
+      if constexpr (internal::Info<V>) {
+        ExpectJsonHasEveryField(json, read.*f.member, again.*f.member, shown_apart);
+      } else if constexpr (requires { internal::InfoFields<typename V::value_type>::kName; }) {
+        const V& list = read.*f.member;
+        if (list.size() != (again.*f.member).size()) return;
+        for (size_t i = 0; i < list.size(); ++i) {
+          ExpectJsonHasEveryField(json, list[i], (again.*f.member)[i], shown_apart);
+        }
+      } else {
+        const std::string value = ctl::JsonValue(read.*f.member);
+        if (value != ctl::JsonValue(again.*f.member)) return;
+        EXPECT_NE(json.find(key + value), std::string::npos) << key << value << " not in " << json;
+      }
+    }
+  });
+}
+
+// The one place of a status field is its table: whatever the daemon sends, depotctl prints.
+TEST_F(DepotctlTest, StatusJsonHasEveryFieldOfTheTablesWithTheValueTheClientReads) {
+  ASSERT_EQ(Depotctl({"put", input_, "--name", "ctl/status"}).exit_code, 0);
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->socket_path()));
+  ASSERT_OK_AND_ASSIGN(StoreStatus read, client.GetStatus());
+  ProgramRun status = Depotctl({"status", "--json"});
+  ASSERT_EQ(status.exit_code, 0) << status.Explain();
+  ASSERT_OK_AND_ASSIGN(StoreStatus again, client.GetStatus());
+  // Settings are one object of name: value; depotctl's own session counts among the clients
+  // and in the daemon's memory for them.
+  ExpectJsonHasEveryField(status.out, read, again,
+                          {"settings", "clients", "metadata_bytes", "request_bytes"});
+  for (const Setting& setting : read.settings) {
+    EXPECT_NE(status.out.find(ctl::JsonString(setting.name) + ": " + ctl::JsonValue(setting.value)),
+              std::string::npos)
+        << setting.name << " in " << status.out;
+  }
+}
+
+TEST_F(DepotctlTest, ShowJsonHasEveryFieldOfTheTablesWithTheValueTheClientReads) {
+  ASSERT_EQ(Depotctl({"put", input_, "--name", "ctl/show", "--checksum"}).exit_code, 0);
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_->socket_path()));
+  const ObjectId id = ObjectId::FromName("ctl/show");
+  ASSERT_OK_AND_ASSIGN(Buffer held, client.Get(id));
+  ASSERT_OK_AND_ASSIGN(ObjectDetails read, client.Describe(id));
+  ProgramRun show = Depotctl({"show", "ctl/show", "--json"});
+  ASSERT_EQ(show.exit_code, 0) << show.Explain();
+  ASSERT_OK_AND_ASSIGN(ObjectDetails again, client.Describe(id));
+  // The checksum is hex digits; a holder's tiers are references_by_tier; replicas are shown
+  // by tier name.
+  ExpectJsonHasEveryField(show.out, read.info, again.info, {"checksum"});
+  ExpectJsonHasEveryField(show.out, read.holders[0], again.holders[0], {"tiers"});
+
+  ProgramRun clients = Depotctl({"clients", "--json"});
+  ASSERT_EQ(clients.exit_code, 0) << clients.Explain();
+  ASSERT_OK_AND_ASSIGN(std::vector<ClientInfo> listed, client.Clients());
+  ExpectJsonHasEveryField(clients.out, listed[0], listed[0], {"requests"});
 }
 
 TEST_F(DepotctlTest, GetAfterRmFailsWithAClearMessage) {

@@ -1,8 +1,10 @@
-// The field tables of the info structs (client/src/info_fields.h) against the wire schema,
-// field by field, and the structs a real daemon's replies fill through them.
+// The field tables of the info structs (client/fields/info_fields.h) against the wire schema,
+// field by field, both ways (the daemon writes its replies through them, the client reads
+// them), and the structs a real daemon's replies fill through them.
 //
-// A unit test of a private header of the client library (as cuda_driver_test is): the tables
-// are where a field of StoreStatus, ObjectInfo, ... is declared for the wire and Python alike.
+// A unit test of a header private to the project (as cuda_driver_test is): the tables are
+// where a field of StoreStatus, ObjectInfo, ... is declared for the daemon, the wire, Python
+// and depotctl alike.
 #include <unistd.h>
 
 #include <capnp/dynamic.h>
@@ -10,13 +12,16 @@
 #include <capnp/schema.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "daemon.h"
 #include "depot/client.h"
+#include "depot/task.h"
 #include "info_fields.h"
 #include "test_support.h"
 
@@ -30,9 +35,13 @@ using internal::InfoFields;
 template <typename V>
 bool Same(const V& a, const V& b) {
   if constexpr (Info<V>) {
+    // Field by field, those on the wire (GpuInfo::ordinal is this process's, not read).
     bool same = true;
-    internal::ForEachField<V>(
-        [&](const auto& field) { same = same && Same(a.*field.member, b.*field.member); });
+    internal::ForEachField<V>([&](const auto& field) {
+      if constexpr (std::decay_t<decltype(field)>::kOnWire) {
+        same = same && Same(a.*field.member, b.*field.member);
+      }
+    });
     return same;
   } else if constexpr (requires {
                          a.size();
@@ -169,6 +178,79 @@ TEST(InfoFieldsTest, OnlyTheOrdinalIsNotOnTheWire) {
     if constexpr (!std::decay_t<decltype(f)>::kOnWire) local.push_back(f.name);
   });
   EXPECT_EQ(local, std::vector<std::string>{"ordinal"});
+}
+
+// Sets `value` to what its wire field does not have by default, as SetNotDefault does a wire
+// field: 7, true, "x", an id, 16 bytes, an enumerator other than the wire's first, a list of
+// one element, a resource, every member of a struct.
+template <typename V>
+void MakeNotDefault(V& value) {
+  if constexpr (Info<V>) {
+    internal::ForEachField<V>([&](const auto& f) { MakeNotDefault(value.*f.member); });
+  } else if constexpr (std::is_same_v<V, bool>) {
+    value = true;  // the wire's bools are false by default (some members are true)
+  } else if constexpr (std::is_arithmetic_v<V>) {
+    value = static_cast<V>(value == 7 ? 8 : 7);
+  } else if constexpr (std::is_same_v<V, std::string>) {
+    value = "x";
+  } else if constexpr (std::is_same_v<V, ObjectId>) {
+    value = ObjectId::FromName("x");
+  } else if constexpr (std::is_same_v<V, std::array<uint8_t, 16>>) {
+    value.fill(0xab);
+  } else if constexpr (std::is_same_v<V, ObjectState>) {
+    value = ObjectState::kSealed;  // not the wire's default, creating
+  } else if constexpr (std::is_same_v<V, VerifyState>) {
+    value = VerifyState::kMismatch;  // not the wire's default, ok
+  } else if constexpr (std::is_same_v<V, TaskState>) {
+    value = TaskState::kRunning;
+  } else if constexpr (std::is_same_v<V, std::map<std::string, double>>) {
+    value = {{"x", 2.5}};
+  } else {
+    MakeNotDefault(value.emplace_back());
+  }
+}
+
+// A struct with every member set (MakeNotDefault), written as the daemon writes its replies
+// (ToWire), must set every field of the wire struct, nested ones too, and read back
+// (FromWire) as the same struct: so the daemon's replies carry every field of the schema.
+template <Info T>
+void ExpectToWireSetsEveryFieldAndReadsBack() {
+  using Wire = typename InfoFields<T>::Wire;
+  T value;
+  MakeNotDefault(value);
+  capnp::MallocMessageBuilder message;
+  internal::ToWire(value, message.initRoot<Wire>());
+  const capnp::DynamicStruct::Reader written = message.getRoot<Wire>().asReader();
+  for (capnp::StructSchema::Field field : capnp::Schema::from<Wire>().getFields()) {
+    EXPECT_TRUE(written.has(field, capnp::HasMode::NON_DEFAULT))
+        << InfoFields<T>::kName << ": ToWire leaves " << field.getProto().getName().cStr()
+        << " at its default";
+  }
+  const T read = internal::FromWire<T>(message.getRoot<Wire>().asReader());
+  internal::ForEachField<T>([&](const auto& f) {
+    if constexpr (std::decay_t<decltype(f)>::kOnWire) {
+      EXPECT_TRUE(Same(read.*f.member, value.*f.member))
+          << InfoFields<T>::kName << "::" << f.name << " does not read back as written";
+    }
+  });
+}
+
+TEST(InfoFieldsTest, ToWireSetsEveryWireFieldAndReadsBackTheSame) {
+  ExpectToWireSetsEveryFieldAndReadsBack<GpuInfo>();
+  ExpectToWireSetsEveryFieldAndReadsBack<ObjectInfo>();
+  ExpectToWireSetsEveryFieldAndReadsBack<SchedulerStatus>();
+  ExpectToWireSetsEveryFieldAndReadsBack<StoreStatus>();
+  ExpectToWireSetsEveryFieldAndReadsBack<DiskStatus>();
+  ExpectToWireSetsEveryFieldAndReadsBack<Setting>();
+  ExpectToWireSetsEveryFieldAndReadsBack<ClientInfo>();
+  ExpectToWireSetsEveryFieldAndReadsBack<TierReferences>();
+  ExpectToWireSetsEveryFieldAndReadsBack<Holder>();
+  ExpectToWireSetsEveryFieldAndReadsBack<Replica>();
+  ExpectToWireSetsEveryFieldAndReadsBack<ObjectDetails>();
+  ExpectToWireSetsEveryFieldAndReadsBack<VerifyResult>();
+  ExpectToWireSetsEveryFieldAndReadsBack<EvictResult>();
+  ExpectToWireSetsEveryFieldAndReadsBack<WorkerInfo>();
+  ExpectToWireSetsEveryFieldAndReadsBack<TaskInfo>();
 }
 
 uint64_t RealtimeNanos() {

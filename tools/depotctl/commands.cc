@@ -19,6 +19,7 @@
 #include "depot/ipc/gpu.h"
 #include "depot/ipc/units.h"
 #include "format.h"
+#include "json_fields.h"
 
 namespace depot::ctl {
 
@@ -103,43 +104,26 @@ std::string Flags(const ObjectInfo& o) {
   return flags.empty() ? "-" : flags;
 }
 
+// An object as its table writes it, with: its checksum as hex digits, null without one;
+// segment and offset null without a host copy; `tiers`, every tier it has bytes on, by name
+// (as ls's TIER column), before on_host; and failed and owner_uid where depotctl wrote them
+// before the table, so that the members end with where the object is.
 JsonObject ObjectJson(const ObjectInfo& o) {
-  JsonObject json;
-  json.String("id", o.id.Hex())
-      .String("name", o.name)
-      .String("state", o.state == ObjectState::kSealed ? "sealed" : "creating")
-      .Number("data_size", o.data_size)
-      .Number("metadata_size", o.metadata_size)
-      .Number("ref_count", o.ref_count)
-      .Bool("pinned", o.pinned)
-      .Bool("failed", o.failed)
-      .Bool("delete_pending", o.delete_pending)
-      .Number("owner_uid", o.owner_uid);
+  JsonObject json = JsonOf(o);
   if (o.has_checksum) {
     json.String("checksum", Hex64(o.checksum));
   } else {
     json.Null("checksum");
   }
-  json.Number("create_time_ns", o.create_time_ns).Number("access_time_ns", o.access_time_ns);
-  // Where its host copy is, if it has one.
-  if (o.on_host) {
-    json.Number("segment", o.segment).Number("offset", o.offset);
-  } else {
-    json.Null("segment").Null("offset");
-  }
+  if (!o.on_host) json.Null("segment").Null("offset");
   std::vector<std::string> tiers;
   if (o.on_host) tiers.push_back(JsonString("host"));
-  std::vector<std::string> gpus;
-  for (uint32_t gpu : o.gpus) {
-    tiers.push_back(JsonString(TierName(static_cast<int>(gpu))));
-    gpus.push_back(std::to_string(gpu));
-  }
+  for (uint32_t gpu : o.gpus) tiers.push_back(JsonString(TierName(static_cast<int>(gpu))));
   if (o.on_disk) tiers.push_back(JsonString("disk"));
-  json.Json("tiers", JsonArray(tiers))
-      .Bool("on_host", o.on_host)
-      .Json("gpus", JsonArray(gpus))
-      .Bool("on_disk", o.on_disk);
-  return json;
+  return json.Json("tiers", JsonArray(tiers))
+      .MoveBefore("tiers", "on_host")
+      .MoveBefore("failed", "delete_pending")
+      .MoveBefore("owner_uid", "has_checksum");
 }
 
 // How many objects have a copy on each tier (copies being made included), as the daemon
@@ -155,22 +139,20 @@ TierCounts CountByTier(const StoreStatus& s) {
   return counts;
 }
 
+// A GPU as its table writes it, with the daemon's `index` for it first, and the members in
+// the order depotctl wrote them before the table (index, name, simulated, uuid, sizes, chunks).
 std::string GpuJson(size_t index, const GpuInfo& g) {
-  return JsonObject()
+  return JsonOf(g)
       .Number("index", index)
-      .String("name", g.name)
-      .Bool("simulated", g.simulated)
-      .String("uuid", ipc::FormatUuid(g.uuid))
-      .Number("total_bytes", g.total_bytes)
-      .Number("limit_bytes", g.limit_bytes)
-      .Number("reserved_bytes", g.reserved_bytes)
-      .Number("chunks", g.chunks)
-      .Number("used_bytes", g.used_bytes)
-      .Number("held_bytes", g.held_bytes)
-      .Number("replicas", g.replicas)
+      .MoveBefore("index", "uuid")
+      .MoveBefore("uuid", "total_bytes")
+      .MoveBefore("chunks", "used_bytes")
       .str();
 }
 
+// The status as its table writes it, with: each GPU as GpuJson; the settings as one object of
+// name: value; gpu_backend just before gpus, as before the table; and objects_by_tier, how
+// many objects each tier has, by tier name.
 std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
   std::vector<std::string> gpus;
   for (size_t d = 0; d < s.gpus.size(); ++d) gpus.push_back(GpuJson(d, s.gpus[d]));
@@ -181,78 +163,11 @@ std::string StatusJson(const StoreStatus& s, const TierCounts& counts) {
   }
   JsonObject settings;
   for (const Setting& setting : s.settings) settings.String(setting.name, setting.value);
-  return JsonObject()
-      .String("daemon_version", s.daemon_version)
-      .Number("pid", s.pid)
-      .Number("uptime_ns", s.uptime_ns)
-      .String("socket_path", s.socket_path)
-      .String("arena_backend", s.arena_backend)
-      .Number("capacity_bytes", s.capacity_bytes)
-      .Number("mapped_bytes", s.mapped_bytes)
-      .Number("used_bytes", s.used_bytes)
-      .Number("held_bytes", s.held_bytes)
-      .Number("pinned_bytes", s.pinned_bytes)
-      .Number("metadata_bytes", s.metadata_bytes)
-      .Number("request_bytes", s.request_bytes)
-      .Number("metadata_budget_bytes", s.metadata_budget_bytes)
-      .Number("arena_page_locked_bytes", s.arena_page_locked_bytes)
-      .Number("largest_free_block", s.largest_free_block)
-      .Number("segments", s.segments)
-      .Number("objects_sealed", s.objects_sealed)
-      .Number("objects_creating", s.objects_creating)
-      .Number("clients", s.clients)
-      .Number("evictions", s.evictions)
-      .Number("evicted_bytes", s.evicted_bytes)
-      .Bool("eviction_enabled", s.eviction_enabled)
-      .Number("header_slots", s.header_slots)
-      .Number("requests", s.requests)
-      .String("gpu_backend", s.gpu_backend)
+  return JsonOf(s)
       .Json("gpus", JsonArray(gpus))
-      .Number("spills", s.spills)
-      .Number("spilled_bytes", s.spilled_bytes)
-      .Number("replicas_made", s.replicas_made)
-      .Number("replicas_dropped", s.replicas_dropped)
-      .Json("objects_by_tier", by_tier.str())
-      .Json("disk", JsonObject()
-                        .Bool("enabled", s.disk.enabled)
-                        .String("dir", s.disk.dir)
-                        .Number("limit_bytes", s.disk.limit_bytes)
-                        .Number("used_bytes", s.disk.used_bytes)
-                        .Number("file_bytes", s.disk.file_bytes)
-                        .Number("files", s.disk.files)
-                        .Number("objects", s.disk.objects)
-                        .Number("spills", s.disk.spills)
-                        .Number("spilled_bytes", s.disk.spilled_bytes)
-                        .Real("spill_seconds", s.disk.spill_seconds)
-                        .Number("restores", s.disk.restores)
-                        .Number("restored_bytes", s.disk.restored_bytes)
-                        .Real("restore_seconds", s.disk.restore_seconds)
-                        .Number("drops", s.disk.drops)
-                        .Number("dropped_bytes", s.disk.dropped_bytes)
-                        .Number("spill_failures", s.disk.spill_failures)
-                        .Number("restore_failures", s.disk.restore_failures)
-                        .Number("copies_in_flight", s.disk.copies_in_flight)
-                        .Bool("direct_io", s.disk.direct_io)
-                        .str())
-      .String("config_file", s.config_file)
+      .MoveBefore("gpu_backend", "gpus")
       .Json("settings", settings.str())
-      .Json("scheduler", JsonObject()
-                             .Number("workers", s.scheduler.workers)
-                             .Number("tasks_pending", s.scheduler.tasks_pending)
-                             .Number("submitted", s.scheduler.submitted)
-                             .Number("completed", s.scheduler.completed)
-                             .Number("failed", s.scheduler.failed)
-                             .Number("cancelled", s.scheduler.cancelled)
-                             .Number("retried", s.scheduler.retried)
-                             .Number("placements", s.scheduler.placements)
-                             .Number("local_bytes", s.scheduler.local_bytes)
-                             .Number("moved_bytes", s.scheduler.moved_bytes)
-                             .Number("prefetches", s.scheduler.prefetches)
-                             .Real("host_to_gpu", s.scheduler.host_to_gpu)
-                             .Real("gpu_to_host", s.scheduler.gpu_to_host)
-                             .Real("gpu_to_gpu", s.scheduler.gpu_to_gpu)
-                             .Bool("bandwidths_measured", s.scheduler.bandwidths_measured)
-                             .str())
+      .Json("objects_by_tier", by_tier.str())
       .str();
 }
 
@@ -660,18 +575,12 @@ Status RemoveObjects(const std::string& socket, const std::vector<std::string>& 
 
 namespace {
 
+// A holder as its table writes it, with its references by tier as one object of tier name:
+// references, `references_by_tier`, instead of the table's list of (device, references).
 std::string HolderJson(const Holder& h) {
   JsonObject by_tier;
   for (const TierReferences& t : h.tiers) by_tier.Number(TierName(t.device), t.references);
-  return JsonObject()
-      .Number("session_id", h.session_id)
-      .Number("pid", h.pid)
-      .Number("uid", h.uid)
-      .String("command", h.command)
-      .String("client_name", h.client_name)
-      .Number("references", h.references)
-      .Json("references_by_tier", by_tier.str())
-      .str();
+  return JsonOf(h).Remove("tiers").Json("references_by_tier", by_tier.str()).str();
 }
 
 // A holder's references by tier: "host 1, gpu1 2".
@@ -723,20 +632,7 @@ std::string ReplicaText(const Replica& r, const ObjectInfo& o, const std::vector
          ReplicaState(r, o);
 }
 
-std::string ClientJson(const ClientInfo& c) {
-  return JsonObject()
-      .Number("session_id", c.session_id)
-      .Number("pid", c.pid)
-      .Number("uid", c.uid)
-      .String("command", c.command)
-      .String("client_name", c.client_name)
-      .Number("objects_held", c.objects_held)
-      .Number("references", c.references)
-      .Number("bytes_held", c.bytes_held)
-      .Number("requests", c.requests)
-      .Number("connected_time_ns", c.connected_time_ns)
-      .str();
-}
+std::string ClientJson(const ClientInfo& c) { return JsonOf(c).str(); }
 
 std::string Bytes(uint64_t n) {
   return ipc::FormatSize(n) + " (" + std::to_string(n) + " byte" + (n == 1 ? "" : "s") + ")";
@@ -751,24 +647,6 @@ std::string HexBytes(std::span<const std::byte> bytes) {
     out += two;
   }
   return out;
-}
-
-const char* VerifyStateName(VerifyState state) {
-  switch (state) {
-    case VerifyState::kOk:
-      return "ok";
-    case VerifyState::kMismatch:
-      return "mismatch";
-    case VerifyState::kNoChecksum:
-      return "no_checksum";
-    case VerifyState::kNotFound:
-      return "not_found";
-    case VerifyState::kNotSealed:
-      return "not_sealed";
-    case VerifyState::kNotOnHost:
-      return "not_on_host";
-  }
-  return "unknown";
 }
 
 }  // namespace
@@ -1033,9 +911,7 @@ Status EvictObjects(const std::string& socket, const std::string& bytes_text, bo
   DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
   DEPOT_ASSIGN_OR_RETURN(EvictResult evicted, client.Evict(bytes, all_unreferenced));
   if (json) {
-    std::cout << JsonObject()
-                     .Number("objects", evicted.objects)
-                     .Number("bytes", evicted.bytes)
+    std::cout << JsonOf(evicted)
                      .Number("requested_bytes", bytes)
                      .Bool("all_unreferenced", all_unreferenced)
                      .str()

@@ -214,11 +214,44 @@ std::string JsonString(std::string_view text) {
 }
 
 JsonObject& JsonObject::Member(std::string_view key, std::string_view json) {
-  if (text_.size() > 1) text_ += ", ";
-  text_ += JsonString(key);
-  text_ += ": ";
-  text_ += json;
+  auto member = std::ranges::find(members_, key, &std::pair<std::string, std::string>::first);
+  if (member == members_.end()) {
+    members_.emplace_back(key, json);
+  } else {
+    member->second = json;
+  }
   return *this;
+}
+
+JsonObject& JsonObject::Remove(std::string_view key) {
+  std::erase_if(members_, [&](const auto& member) { return member.first == key; });
+  return *this;
+}
+
+JsonObject& JsonObject::MoveBefore(std::string_view key, std::string_view before) {
+  const auto named = [&](std::string_view name) {
+    return std::ranges::find(members_, name, &std::pair<std::string, std::string>::first);
+  };
+  auto from = named(key);
+  auto to = named(before);
+  if (from == members_.end() || to == members_.end() || from == to) return *this;
+  if (from < to) {
+    std::rotate(from, from + 1, to);
+  } else {
+    std::rotate(to, from, from + 1);
+  }
+  return *this;
+}
+
+std::string JsonObject::str() const {
+  std::string text = "{";
+  for (const auto& [key, json] : members_) {
+    if (text.size() > 1) text += ", ";
+    text += JsonString(key);
+    text += ": ";
+    text += json;
+  }
+  return text + "}";
 }
 
 JsonObject& JsonObject::String(std::string_view key, std::string_view value) {
@@ -229,12 +262,16 @@ JsonObject& JsonObject::Number(std::string_view key, uint64_t value) {
   return Member(key, std::to_string(value));
 }
 
-JsonObject& JsonObject::Real(std::string_view key, double value) {
-  if (!std::isfinite(value)) return Member(key, "null");
+std::string JsonReal(double value) {
+  if (!std::isfinite(value)) return "null";
   std::ostringstream out;
   out.precision(9);
   out << value;
-  return Member(key, out.str());
+  return out.str();
+}
+
+JsonObject& JsonObject::Real(std::string_view key, double value) {
+  return Member(key, JsonReal(value));
 }
 
 Target ParseTarget(const std::string& text) {

@@ -73,7 +73,9 @@ class Table {
 // `text` as a JSON string literal, quotes included.
 std::string JsonString(std::string_view text);
 
-// A JSON object built one member at a time, in order. Member names are written as given.
+// `value` as a JSON number: up to 9 significant digits; null if it is not finite.
+std::string JsonReal(double value);
+
 // An object named on the command line: 32 hex digits are an id, anything else is a name.
 struct Target {
   ObjectId id;
@@ -81,6 +83,8 @@ struct Target {
 };
 Target ParseTarget(const std::string& text);
 
+// A JSON object built one member at a time, in order. Member names are written as given; a
+// name set again keeps its place and takes the new value.
 class JsonObject {
  public:
   JsonObject& String(std::string_view key, std::string_view value);
@@ -90,12 +94,16 @@ class JsonObject {
   JsonObject& Null(std::string_view key);
   // A member whose value is already JSON (an array, a nested object).
   JsonObject& Json(std::string_view key, std::string_view json) { return Member(key, json); }
+  // Without the member `key`, if it has one.
+  JsonObject& Remove(std::string_view key);
+  // The member `key` moved to just before the member `before`; unchanged unless both are there.
+  JsonObject& MoveBefore(std::string_view key, std::string_view before);
   // `{...}` on one line.
-  std::string str() const { return text_ + "}"; }
+  std::string str() const;
 
  private:
   JsonObject& Member(std::string_view key, std::string_view json);
-  std::string text_ = "{";  // the members so far, without the closing brace
+  std::vector<std::pair<std::string, std::string>> members_;  // name, value as JSON
 };
 
 }  // namespace depot::ctl

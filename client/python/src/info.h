@@ -1,6 +1,6 @@
 // The info records of the Python binding (StoreStatus, GpuInfo, ObjectInfo, ClientInfo):
 // read-only properties, a repr naming every field, and to_dict(), all made from the field
-// tables of client/src/info_fields.h, so every field of the C++ struct is there.
+// tables of client/fields/info_fields.h, so every field of the C++ struct is there.
 #pragma once
 
 #include <nanobind/nanobind.h>
