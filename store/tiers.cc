@@ -268,10 +268,21 @@ std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes, uint32_t 
     const std::optional<uint32_t> target =
         planner_.SegmentToEmpty({.tier = kHost, .actions = EvictionPlanner::kAtOnce});
     if (!target) break;
+    const EvictionPlanner::Filter in_target{
+        .tier = kHost, .actions = EvictionPlanner::kAtOnce, .region = *target};
+    // First whether a client's lease holds any of them, as for another class's segment: then
+    // none goes (the leased one is no candidate now), and whether the segments left could
+    // still hold the object is asked again.
+    bool leased = false;
+    for (EvictionPlanner::Plan plan = planner_.Require(in_target); auto victim = plan.Next();) {
+      if (!table_.IsFailed(victim->slot) && !owner_.Reclaim(victim->slot)) leased = true;
+    }
+    if (leased) {
+      if (!planner_.SegmentsCouldHold(bytes)) break;
+      continue;
+    }
     bool evicted = false;
-    for (EvictionPlanner::Plan plan = planner_.Require(
-             {.tier = kHost, .actions = EvictionPlanner::kAtOnce, .region = *target});
-         auto victim = plan.Next();) {
+    for (EvictionPlanner::Plan plan = planner_.Require(in_target); auto victim = plan.Next();) {
       if (FreeHostBlock(victim->slot) != Freed::kNothing) evicted = true;
     }
     if (!evicted) break;
