@@ -8,8 +8,10 @@
 // directory, else is evicted with the object, unless the object is pinned or held on some tier;
 // the last copy on a GPU spills to host memory; the last copy on disk is dropped for good (the
 // spill limit is reached). A failed object (no bytes), one created with spill=false, and one
-// larger than the spill limit are never spilled: they are evicted. The policy decides; the
-// store carries it out and tells the policy of every change (Reconsider).
+// larger than the spill limit are never spilled: they are evicted. The policy keeps the
+// candidates and says what each would do; which of them go for a given need is the
+// EvictionPlanner's to choose (eviction_planner.h), and the store carries that out and tells
+// the policy of every change (Reconsider).
 #pragma once
 
 #include <cstdint>
@@ -56,6 +58,8 @@ class EvictionPolicy {
   // room for a block of `bytes` there: its free bytes and its candidates' together are
   // enough. A create that cannot fit anyway must not empty the cache on its way to failing.
   bool WorthFreeing(uint32_t slot, int32_t tier, uint64_t bytes) const;
+  // The pool of `tier`, which sizes its candidates' blocks.
+  const TierPool& pool(int32_t tier) const { return *pools_[Index(tier)]; }
 
  private:
   size_t Index(int32_t tier) const {

@@ -299,26 +299,19 @@ bool ObjectStore::EvictWholeObjects(const std::function<bool()>& enough) {
   if (enough()) return true;
   if (!eviction_) return false;
   // Host copies that are their object's only copy, least recently used first.
-  const LruList& candidates = policy_.candidates(kHost);
-  for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
-    const uint32_t next = candidates.next(victim);
-    if (policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kEvict &&
-        tiers_.FreeHostBlock(victim) == Tiers::Freed::kObject && enough()) {
-      return true;
-    }
-    victim = next;
+  const EvictionPlanner& planner = tiers_.planner();
+  const auto evict = EvictionPlanner::Of(EvictionPolicy::Action::kEvict);
+  for (EvictionPlanner::Plan plan = planner.Require({.tier = kHost, .actions = evict});
+       auto victim = plan.Next();) {
+    if (tiers_.FreeHostBlock(victim->slot) == Tiers::Freed::kObject && enough()) return true;
   }
   // With a spill directory, objects whose only copy is on disk.
   if (tiers_.disk() != nullptr) {
-    const LruList& on_disk = policy_.candidates(kDisk);
-    for (uint32_t victim = on_disk.front(); victim != LruList::kNil;) {
-      const uint32_t next = on_disk.next(victim);
-      if (policy_.ActionFor(victim, kDisk) == EvictionPolicy::Action::kEvict) {
-        tiers_.CountDiskDrop(victim);
-        FreeObject(victim);
-        if (enough()) return true;
-      }
-      victim = next;
+    for (EvictionPlanner::Plan plan = planner.Require({.tier = kDisk, .actions = evict});
+         auto victim = plan.Next();) {
+      tiers_.CountDiskDrop(victim->slot);
+      FreeObject(victim->slot);
+      if (enough()) return true;
     }
   }
   return false;
@@ -1179,12 +1172,12 @@ void ObjectStore::FinishVerify(const std::shared_ptr<VerifyRun>& run) {
 
 EvictOutcome ObjectStore::EvictUnreferenced(uint64_t bytes, bool all) {
   EvictOutcome outcome;
-  const LruList& candidates = policy_.candidates(kHost);
-  while (!candidates.empty() && (all || outcome.bytes < bytes)) {
-    const uint32_t slot = candidates.front();
-    const uint64_t block = tiers_.ReplicaBytes(slot, kHost);
-    const Tiers::Freed freed = tiers_.FreeHostBlock(slot);  // a leased one leaves the list
-    if (freed != Tiers::Freed::kNothing) outcome.bytes += block;
+  EvictionPlanner::Plan plan = tiers_.planner().Require({.tier = kHost});
+  while (all || outcome.bytes < bytes) {
+    const std::optional<EvictionPlanner::Victim> victim = plan.Next();
+    if (!victim) break;
+    const Tiers::Freed freed = tiers_.FreeHostBlock(victim->slot);  // a leased one leaves the list
+    if (freed != Tiers::Freed::kNothing) outcome.bytes += victim->bytes;
     if (freed == Tiers::Freed::kObject) outcome.objects++;
   }
   return outcome;

@@ -96,6 +96,7 @@ Tiers::Tiers(ObjectTable& table, EvictionPolicy& policy, Executor& executor, Are
       policy_(policy),
       executor_(executor),
       arena_(arena),
+      planner_(table, policy, arena),
       gpus_(gpus.begin(), gpus.end()),
       disk_(disk),
       pools_(Pools(arena, gpus, disk)),
@@ -162,29 +163,26 @@ void Tiers::SpillAhead() {
   // Bytes that room can be made of at once: host copies that have a disk copy, and those
   // being written ahead. (Host copies that also have a GPU copy may go at once too: left out.)
   const uint64_t want = used + headroom - arena_.capacity();
-  uint64_t ready = host_bytes_on_disk_ + ahead_in_flight_;
-  constexpr int kMostLooks = 4096;  // a slice of the list per turn of the loop
-  const LruList& candidates = policy_.candidates(kHost);
-  uint32_t victim = candidates.front();
-  for (int looks = 0; victim != LruList::kNil && ready < want && looks < kMostLooks; ++looks) {
-    const uint32_t next = candidates.next(victim);
-    const uint64_t bytes = ReplicaBytes(victim, kHost);
-    const EvictionPolicy::Action action = policy_.ActionFor(victim, kHost);
-    if (action == EvictionPolicy::Action::kSpill && !transfers_.contains({victim, kDisk})) {
-      if (ahead_in_flight_ >= kAheadInFlight) break;
-      // Ahead of need, nothing on disk is dropped for room: only what fits now is written.
-      if (!disk_->HasRoomFor(table_.BytesOn(victim, kDisk))) {
-        victim = next;
-        continue;
-      }
-      ready += bytes;
-      StartTransfer(victim, kDisk, /*spill=*/false, 0);
-      if (auto it = transfers_.find({victim, kDisk}); it != transfers_.end()) {
-        it->second.ahead_bytes = bytes;
-        ahead_in_flight_ += bytes;
-      }
+  const uint64_t ready = host_bytes_on_disk_ + ahead_in_flight_;
+  if (ready >= want) return;
+  // Ahead of need, nothing on disk is dropped for room: only what fits now is written.
+  EvictionPlanner::Plan plan =
+      planner_.Require({.tier = kHost,
+                        .actions = EvictionPlanner::Of(EvictionPolicy::Action::kSpill),
+                        .bytes = want - ready,
+                        .most_looks = 4096,  // a slice of the list per turn of the loop
+                        .skip = [this](const EvictionPlanner::Victim& v) {
+                          return transfers_.contains({v.slot, kDisk}) ||
+                                 !disk_->HasRoomFor(table_.BytesOn(v.slot, kDisk));
+                        }});
+  while (ahead_in_flight_ < kAheadInFlight) {
+    const std::optional<EvictionPlanner::Victim> victim = plan.Next();
+    if (!victim) break;
+    StartTransfer(victim->slot, kDisk, /*spill=*/false, 0);
+    if (auto it = transfers_.find({victim->slot, kDisk}); it != transfers_.end()) {
+      it->second.ahead_bytes = victim->bytes;
+      ahead_in_flight_ += victim->bytes;
     }
-    victim = next;
   }
 }
 
@@ -225,70 +223,36 @@ std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes, uint32_t w
   if (arena_.BlockSize(bytes) > arena_.segment_size()) return EvictSegmentsFor(bytes, writers);
   // Evict in LRU order, but only from the class's own segments (and dedicated ones, whose
   // capacity any class may have next) where evicting everything evictable would make enough
-  // room. (Fragmentation can still defeat a segment that has the bytes.)
-  const LruList& candidates = policy_.candidates(kHost);
-  for (uint32_t victim = candidates.front(); !block && victim != LruList::kNil;) {
-    const uint32_t next = candidates.next(victim);
-    const uint32_t segment = table_.FindReplica(victim, kHost)->region;
-    // A copy that must spill first cannot make room now (AllocateOn waits for spills).
-    if ((Arena::IsDedicated(segment) || arena_.writers(segment) == writers) &&
-        policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill &&
-        policy_.WorthFreeing(victim, kHost, bytes)) {
-      FreeHostBlock(victim);
-      // Only the victim's segment gained room; an object's own segment is gone, and its
-      // capacity is free.
-      block = Arena::IsDedicated(segment) ? arena_.Allocate(bytes, writers)
-                                          : arena_.AllocateIn(segment, bytes, writers);
-    }
-    victim = next;
+  // room. (Fragmentation can still defeat a segment that has the bytes.) A copy that must
+  // spill first cannot make room now (AllocateOn waits for spills).
+  EvictionPlanner::Plan plan = planner_.Require(
+      {.tier = kHost, .actions = EvictionPlanner::kAtOnce, .writers = writers, .room_for = bytes});
+  while (!block) {
+    const std::optional<EvictionPlanner::Victim> victim = plan.Next();
+    if (!victim) break;
+    FreeHostBlock(victim->slot);
+    // Only the victim's segment gained room; an object's own segment is gone, and its
+    // capacity is free.
+    block = Arena::IsDedicated(victim->region) ? arena_.Allocate(bytes, writers)
+                                               : arena_.AllocateIn(victim->region, bytes, writers);
   }
   return block ? block : EvictSegmentOfAnotherClass(bytes, writers);
 }
 
 std::optional<TierPool::Block> Tiers::EvictSegmentOfAnotherClass(uint64_t bytes, uint32_t writers) {
-  // Another class's segment is of use only empty (it then gets a new file): one whose every
-  // object may go now, the one with the least recently used object first, and that one
-  // only, so that one create does not thin out the cache of several. Not one whose new file
-  // a worker still prepares, which cannot change hands yet.
-  if (!arena_.HasOtherClass(writers)) return std::nullopt;
-  std::unordered_map<uint32_t, uint64_t> can_go;  // bytes of each such segment that may go now
-  std::vector<uint32_t> order;                    // in LRU order of their first candidate
-  const LruList& candidates = policy_.candidates(kHost);
-  for (uint32_t victim = candidates.front(); victim != LruList::kNil;
-       victim = candidates.next(victim)) {
-    const uint32_t segment = table_.FindReplica(victim, kHost)->region;
-    if (Arena::IsDedicated(segment) || arena_.writers(segment) == writers ||
-        arena_.BlockSize(bytes) > arena_.segment_bytes(segment) ||
-        !arena_.can_change_hands(segment) ||
-        policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kSpill) {
-      continue;
-    }
-    auto [it, first] = can_go.try_emplace(segment, 0);
-    if (first) order.push_back(segment);
-    it->second += arena_.BlockSize(table_.BytesOn(victim, kHost));
+  const std::optional<uint32_t> segment = planner_.SegmentOfAnotherClass(bytes, writers);
+  if (!segment) return std::nullopt;
+  const EvictionPlanner::Filter in_segment{
+      .tier = kHost, .actions = EvictionPlanner::kAtOnce, .region = *segment};
+  // First whether a client's lease holds any of them: then none goes, and nothing more is
+  // tried (a reclaimed object is no longer leased, and goes when it is next chosen).
+  for (EvictionPlanner::Plan plan = planner_.Require(in_segment); auto victim = plan.Next();) {
+    if (!table_.IsFailed(victim->slot) && !owner_.Reclaim(victim->slot)) return std::nullopt;
   }
-  for (const uint32_t segment : order) {
-    if (arena_.free_bytes(segment) + can_go[segment] < arena_.segment_bytes(segment)) continue;
-    const auto in_segment = [&](uint32_t victim) {
-      return table_.FindReplica(victim, kHost)->region == segment &&
-             policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill;
-    };
-    // First whether a client's lease holds any of them: then none goes, and nothing more is
-    // tried (a reclaimed object is no longer leased, and goes when it is next chosen).
-    for (uint32_t victim = candidates.front(); victim != LruList::kNil;
-         victim = candidates.next(victim)) {
-      if (in_segment(victim) && !table_.IsFailed(victim) && !owner_.Reclaim(victim)) {
-        return std::nullopt;
-      }
-    }
-    for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
-      const uint32_t next = candidates.next(victim);
-      if (in_segment(victim)) FreeHostBlock(victim);
-      victim = next;
-    }
-    return arena_.AllocateIn(segment, bytes, writers);
+  for (EvictionPlanner::Plan plan = planner_.Require(in_segment); auto victim = plan.Next();) {
+    FreeHostBlock(victim->slot);
   }
-  return std::nullopt;
+  return arena_.AllocateIn(*segment, bytes, writers);
 }
 
 std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes, uint32_t writers) {
@@ -296,38 +260,30 @@ std::optional<TierPool::Block> Tiers::EvictSegmentsFor(uint64_t bytes, uint32_t 
   // that eviction can empty whole (dedicated ones, and shared ones that are then retired).
   // First whether that could ever be enough, so that nothing is evicted for a create that
   // fails anyway.
-  const auto emptiable = [&](uint32_t segment) {
-    return arena_.free_bytes(segment) + policy_.candidate_bytes(kHost, segment) >=
-           arena_.segment_bytes(segment);
-  };
-  uint64_t could = arena_.capacity() - arena_.mapped_bytes();
-  for (const uint32_t segment : arena_.segments_in_use()) {
-    if (emptiable(segment)) could += arena_.segment_bytes(segment);
-  }
-  if (could < arena_.BlockSize(bytes)) return std::nullopt;
-  // Then one segment at a time, the least recently used candidate's first, all of it.
-  const LruList& candidates = policy_.candidates(kHost);
+  if (!planner_.SegmentsCouldHold(bytes)) return std::nullopt;
+  // Then one segment at a time, the least recently used candidate's first, all of it. A copy
+  // that must spill first cannot make room now (AllocateOn waits for spills).
   std::optional<TierPool::Block> block;
   while (!block) {
-    uint32_t target = 0;
-    bool found = false;
-    for (uint32_t victim = candidates.front(); !found && victim != LruList::kNil;
-         victim = candidates.next(victim)) {
-      // A copy that must spill first cannot make room now (AllocateOn waits for spills).
-      if (policy_.ActionFor(victim, kHost) == EvictionPolicy::Action::kSpill) continue;
-      target = table_.FindReplica(victim, kHost)->region;
-      found = emptiable(target);
+    const std::optional<uint32_t> target =
+        planner_.SegmentToEmpty({.tier = kHost, .actions = EvictionPlanner::kAtOnce});
+    if (!target) break;
+    const EvictionPlanner::Filter in_target{
+        .tier = kHost, .actions = EvictionPlanner::kAtOnce, .region = *target};
+    // First whether a client's lease holds any of them, as for another class's segment: then
+    // none goes (the leased one is no candidate now), and whether the segments left could
+    // still hold the object is asked again.
+    bool leased = false;
+    for (EvictionPlanner::Plan plan = planner_.Require(in_target); auto victim = plan.Next();) {
+      if (!table_.IsFailed(victim->slot) && !owner_.Reclaim(victim->slot)) leased = true;
     }
-    if (!found) break;
+    if (leased) {
+      if (!planner_.SegmentsCouldHold(bytes)) break;
+      continue;
+    }
     bool evicted = false;
-    for (uint32_t victim = candidates.front(); victim != LruList::kNil;) {
-      const uint32_t next = candidates.next(victim);
-      if (table_.FindReplica(victim, kHost)->region == target &&
-          policy_.ActionFor(victim, kHost) != EvictionPolicy::Action::kSpill &&
-          FreeHostBlock(victim) != Freed::kNothing) {
-        evicted = true;
-      }
-      victim = next;
+    for (EvictionPlanner::Plan plan = planner_.Require(in_target); auto victim = plan.Next();) {
+      if (FreeHostBlock(victim->slot) != Freed::kNothing) evicted = true;
     }
     if (!evicted) break;
     block = arena_.Allocate(bytes, writers);
@@ -656,23 +612,20 @@ std::optional<TierPool::Block> Tiers::AllocateDroppingReplicas(int32_t tier, uin
   // Dropping objects frees room under the spill limit; it does not mend a file system that
   // refuses files (full, a size limit, no descriptors left).
   const auto refused = [&] { return tier == kDisk && !disk_->file_error().ok(); };
-  const LruList& candidates = policy_.candidates(tier);
-  for (uint32_t victim = candidates.front(); !block && !refused() && victim != LruList::kNil;) {
-    const uint32_t next = candidates.next(victim);
-    const EvictionPolicy::Action action = policy_.ActionFor(victim, tier);
-    if (action == EvictionPolicy::Action::kDrop) {
-      const uint32_t region = table_.FindReplica(victim, tier)->region;
-      DropReplica(victim, tier);
+  EvictionPlanner::Plan plan =
+      planner_.Require({.tier = tier, .actions = EvictionPlanner::kAtOnce});
+  while (!block && !refused()) {
+    const std::optional<EvictionPlanner::Victim> victim = plan.Next();
+    if (!victim) break;
+    if (victim->action == EvictionPolicy::Action::kDrop) {
+      DropReplica(victim->slot, tier);
       counters_.replicas_dropped++;
-      block = p.AllocateIn(region, bytes);
-    } else if (action == EvictionPolicy::Action::kEvict) {
+    } else {
       // The disk's last copies: the spill limit is reached, the object goes for good.
-      const uint32_t region = table_.FindReplica(victim, tier)->region;
-      CountDiskDrop(victim);
-      owner_.Evict(victim);
-      block = p.AllocateIn(region, bytes);
+      CountDiskDrop(victim->slot);
+      owner_.Evict(victim->slot);
     }
-    victim = next;
+    block = p.AllocateIn(victim->region, bytes);
   }
   return block;
 }
@@ -701,20 +654,18 @@ bool Tiers::StartSpills(int32_t tier, uint64_t bytes) {
     }
     spill_failure_ = Status::OK();  // time to try again
   }
-  const uint64_t need = pool(tier).BlockSize(bytes);
-  uint64_t started = 0;
-  const LruList& candidates = policy_.candidates(tier);
-  for (uint32_t victim = candidates.front(); victim != LruList::kNil && started < need;) {
-    const uint32_t next = candidates.next(victim);
-    if (policy_.ActionFor(victim, tier) == EvictionPolicy::Action::kSpill &&
-        !transfers_.contains({victim, below})) {
-      table_.FindReplica(victim, tier)->spilling = true;
-      spills_in_flight_[Index(tier)]++;
-      policy_.Reconsider(victim);  // no candidate while it spills
-      started += ReplicaBytes(victim, tier);
-      StartTransfer(victim, below, /*spill=*/true, 0);
-    }
-    victim = next;
+  EvictionPlanner::Plan plan =
+      planner_.Require({.tier = tier,
+                        .actions = EvictionPlanner::Of(EvictionPolicy::Action::kSpill),
+                        .bytes = pool(tier).BlockSize(bytes),
+                        .skip = [&](const EvictionPlanner::Victim& v) {
+                          return transfers_.contains({v.slot, below});
+                        }});
+  while (const std::optional<EvictionPlanner::Victim> victim = plan.Next()) {
+    table_.FindReplica(victim->slot, tier)->spilling = true;
+    spills_in_flight_[Index(tier)]++;
+    policy_.Reconsider(victim->slot);  // no candidate while it spills
+    StartTransfer(victim->slot, below, /*spill=*/true, 0);
   }
   return SpillsInFlight(tier);
 }

@@ -4,7 +4,8 @@
 // least recently used objects for good), and the copies themselves, for gets, prefetches,
 // spills and restores.
 //
-// Which copy may go is the EvictionPolicy's decision; the tiers carry it out. What a copy
+// Which copies may go is the EvictionPolicy's to say, and which of them go for a given need
+// the EvictionPlanner's to choose; the tiers carry that out. What a copy
 // needs of the rest of the store (a reference to its source while it runs, its waiting gets
 // answered, an object evicted) it asks of its Owner, the ObjectStore.
 #pragma once
@@ -24,6 +25,7 @@
 #include "depot/status.h"
 #include "store/arena.h"
 #include "store/disk_pool.h"
+#include "store/eviction_planner.h"
 #include "store/eviction_policy.h"
 #include "store/executor.h"
 #include "store/gpu/pool.h"
@@ -115,6 +117,8 @@ class Tiers {
     return tier >= kHost && tier < static_cast<int32_t>(gpus_.size());
   }
   DiskPool* disk() const { return disk_; }
+  // Which candidates go to make room: every eviction and spill, here and in the store.
+  const EvictionPlanner& planner() const { return planner_; }
   // Counts the object in `slot`, whose last copy is on disk, as dropped for good.
   void CountDiskDrop(uint32_t slot);
   // Copies from or to disk running on the executor.
@@ -258,6 +262,7 @@ class Tiers {
   EvictionPolicy& policy_;
   Executor& executor_;
   Arena& arena_;
+  const EvictionPlanner planner_;
   std::vector<gpu::DevicePool*> gpus_;
   DiskPool* disk_;
   std::vector<TierPool*> pools_;  // by tier

@@ -199,6 +199,18 @@ TEST_F(TiersTest, AnotherUidsCreateEvictsOneWholeSegmentThatCanEmpty) {
   for (const auto& b : {*block, *next, *trusted}) tiers_.pool(kHost).Free(b.region, b.handle);
 }
 
+TEST_F(TiersTest, ALargeObjectEvictsNothingWhenALeaseKeepsTheSegmentsFromHoldingIt) {
+  // Two full segments; a client's lease holds one object of the first, which the store
+  // learns only when it tries to free it. Without it, both segments would hold 5 MiB.
+  std::vector<uint32_t> slots;
+  for (int i = 0; i < 8; ++i) slots.push_back(Sealed({kHost}));
+  owner_.leased.insert(slots[1]);
+  EXPECT_FALSE(tiers_.AllocateOrEvict(5 * kMiB).has_value());
+  // Found before anything went: one segment's 4 MiB cannot hold it, so nothing was evicted.
+  EXPECT_TRUE(owner_.evicted.empty());
+  EXPECT_EQ(tiers_.counters().evictions, 0u);
+}
+
 TEST_F(TiersTest, ACopyThatFindsNoRoomFreesNothingItDidNotMakeAndSaysWhy) {
   // Host memory full of pinned objects; the object to copy lives on the GPU only.
   for (int i = 0; i < 8; ++i) Sealed({kHost}, kMiB, /*pin=*/true);
