@@ -144,4 +144,47 @@ class EvictionPlanner {
   const Arena& arena_;
 };
 
+// Inline: a create in a full arena walks the candidate list with these, once per candidate.
+
+inline std::optional<EvictionPlanner::Victim> EvictionPlanner::Plan::Next() {
+  // The candidate to look at next left the list meanwhile: where it was is lost, so the
+  // plan ends (it chooses less, never a copy that is no candidate).
+  if (at_ != LruList::kNil && !list_.contains(at_)) at_ = LruList::kNil;
+  while (at_ != LruList::kNil && bytes_ < filter_.bytes && looks_ < filter_.most_looks) {
+    const uint32_t slot = at_;
+    // Stepped past first: carrying the victim out takes it off the list.
+    at_ = list_.next(slot);
+    ++looks_;
+    if (auto victim = planner_.Consider(slot, filter_)) {
+      bytes_ += victim->bytes;
+      return victim;
+    }
+  }
+  return std::nullopt;
+}
+
+inline uint64_t EvictionPlanner::BlockBytes(uint32_t slot, int32_t tier) const {
+  return policy_.pool(tier).BlockSize(table_.BytesOn(slot, tier));
+}
+
+inline std::optional<EvictionPlanner::Victim> EvictionPlanner::Consider(
+    uint32_t slot, const Filter& filter) const {
+  const int32_t tier = filter.tier;
+  const uint32_t region = table_.FindReplica(slot, tier)->region;
+  if (filter.region && region != *filter.region) return std::nullopt;
+  if (filter.writers && !Arena::IsDedicated(region) && arena_.writers(region) != *filter.writers) {
+    return std::nullopt;
+  }
+  const Action action = policy_.ActionFor(slot, tier);
+  if (action == Action::kNone || (filter.actions & Of(action)) == 0) return std::nullopt;
+  if (filter.room_for && !policy_.WorthFreeing(slot, tier, *filter.room_for)) return std::nullopt;
+  Victim victim{.slot = slot,
+                .tier = tier,
+                .action = action,
+                .region = region,
+                .bytes = BlockBytes(slot, tier)};
+  if (filter.skip && filter.skip(victim)) return std::nullopt;
+  return victim;
+}
+
 }  // namespace depot::store
