@@ -1697,6 +1697,8 @@ TEST_F(SharedWritersTest, AnotherUidCreatesItsOwnObjectsAndReachesNoOneElses) {
           }
         };
         expect_denied(client->Delete(victim_id_), "deleting root's object");
+        expect_denied(client->DeleteAfterTasks(std::span(&victim_id_, 1)),
+                      "deleting root's object after tasks");
         // A handoff ends the object's name as a delete does.
         expect_denied(client->Handoff(std::span(&victim_id_, 1)), "handing off root's object");
         CreateOptions pinned;

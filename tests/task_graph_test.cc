@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -276,6 +277,61 @@ TEST_F(TaskGraphTest, ARetryKeepsWhatAnEarlierAttemptSealedUntilItIsOver) {
   EXPECT_EQ(store_.HoldsOn(outs[1]), 1);
   Run(task);
   EXPECT_EQ(store_.TotalHolds(), 0);
+}
+
+TEST_F(TaskGraphTest, AnOutputGivenUpIsDeletedOnceItsLastReaderHasFinished) {
+  const auto made = Add(Spec());
+  const auto first = Add(Spec({made[0]}));
+  const auto second = Add(Spec({made[0], made[0]}));
+  EXPECT_TRUE(graph_.DeleteAfterTasks(made[0]));  // before it is even made
+  Run(Producer(made[0]));
+  EXPECT_EQ(store_.HoldsOn(made[0]), 1);
+  Run(Producer(first[0]));
+  EXPECT_TRUE(store_.deleted.empty());
+  Run(Producer(second[0]));
+  EXPECT_EQ(store_.deleted, std::vector<ObjectId>{made[0]});
+  EXPECT_FALSE(store_.objects.contains(made[0]));
+  EXPECT_TRUE(store_.objects.contains(second[0]));  // results are the client's to delete
+  EXPECT_EQ(graph_.nodes(), 0u);
+}
+
+TEST_F(TaskGraphTest, AnObjectNoPendingTaskReadsOrMakesIsLeftToTheCaller) {
+  const ObjectId put = store_.Put(10);
+  EXPECT_FALSE(graph_.DeleteAfterTasks(put));
+  EXPECT_FALSE(graph_.DeleteAfterTasks(ObjectId::Random()));
+  const auto done = Add(Spec());
+  Run(Producer(done[0]));
+  EXPECT_FALSE(graph_.DeleteAfterTasks(done[0]));
+  EXPECT_TRUE(store_.deleted.empty());
+  // An input a client put, given up while a task reads it, goes after that task.
+  const auto reader = Add(Spec({put}));
+  EXPECT_TRUE(graph_.DeleteAfterTasks(put));
+  Run(Producer(reader[0]));
+  EXPECT_EQ(store_.deleted, std::vector<ObjectId>{put});
+}
+
+TEST_F(TaskGraphTest, AnOutputGivenUpWithNoReaderGoesWhenItsProducerFinishes) {
+  const auto made = Add(Spec());
+  EXPECT_TRUE(graph_.DeleteAfterTasks(made[0]));
+  Run(Producer(made[0]));
+  EXPECT_EQ(store_.deleted, std::vector<ObjectId>{made[0]});
+}
+
+TEST_F(TaskGraphTest, FailedIntermediatesGivenUpAreDeletedToo) {
+  const auto made = Add(Spec());
+  const auto middle = Add(Spec({made[0]}));
+  const auto last = Add(Spec({middle[0]}));
+  EXPECT_TRUE(graph_.DeleteAfterTasks(made[0]));
+  EXPECT_TRUE(graph_.DeleteAfterTasks(middle[0]));
+  graph_.Finish(Producer(made[0]), TaskState::kFailed, "boom");
+  graph_.Settle();
+  EXPECT_EQ(graph_.counters().failed, 3u);
+  std::sort(store_.deleted.begin(), store_.deleted.end());
+  std::vector<ObjectId> expected{made[0], middle[0]};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(store_.deleted, expected);
+  // The result the client kept is there, failed, for its get to say why.
+  EXPECT_EQ(store_.objects.at(last[0]).state, StoreAccess::State::kFailed);
 }
 
 TEST_F(TaskGraphTest, DerivedOutputIdsAreDistinctAcrossTasksAndIndices) {

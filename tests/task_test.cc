@@ -467,6 +467,46 @@ TEST_F(TaskTest, ADiamondRunsEachTaskAfterItsInputs) {
   EXPECT_EQ(first, 2.0);
 }
 
+TEST_F(TaskTest, IntermediatesGivenUpAreDeletedOnceTheirReadersAreDoneAcrossBatches) {
+  ChildProcess worker = StartWorker({"--cpus", "2"});
+  const ObjectId top = ObjectId::Random(), left = ObjectId::Random(), right = ObjectId::Random(),
+                 bottom = ObjectId::Random();
+  // The graph in two batches; the first may have run before the second is submitted.
+  ASSERT_OK(client_->Submit({.function = "fill", .args = "8192", .outputs = {top}}).status());
+  ASSERT_OK(client_->Get(top, kPatience).status());
+  ASSERT_OK(client_
+                ->Submit(std::vector<TaskRequest>{
+                    {.function = "add", .inputs = {left, right}, .outputs = {bottom}},
+                    {.function = "add", .inputs = {top}, .outputs = {left}},
+                    {.function = "add", .inputs = {top}, .outputs = {right}}})
+                .status());
+  // Every reader of the intermediates is submitted: the client gives them up. `top` is
+  // sealed and read by pending tasks, `left` and `right` not made yet.
+  const std::vector<ObjectId> intermediates{top, left, right};
+  ASSERT_OK(client_->DeleteAfterTasks(intermediates));
+  ASSERT_OK_AND_ASSIGN(Buffer result, client_->Get(bottom, kPatience));
+  double first;
+  std::memcpy(&first, result.data().data(), sizeof first);
+  EXPECT_EQ(first, 2.0);
+  const auto found = [&](const ObjectId& id) {
+    auto contains = client_->Contains(id);
+    EXPECT_TRUE(contains.ok()) << contains.status().ToString();
+    return !contains.ok() || *contains;
+  };
+  // They go once the tasks reading them have completed (just after `bottom` is sealed).
+  EXPECT_TRUE(
+      Eventually([&] { return std::none_of(intermediates.begin(), intermediates.end(), found); }));
+  EXPECT_TRUE(found(bottom));
+
+  // What no pending task reads or makes goes at once, as with Delete; an unknown id is
+  // NotFound, and the others are deleted all the same.
+  const ObjectId put = PutArray(10);
+  const ObjectId unknown = ObjectId::Random();
+  const std::vector<ObjectId> now{unknown, put};
+  EXPECT_EQ(client_->DeleteAfterTasks(now).code(), StatusCode::kNotFound);
+  EXPECT_FALSE(found(put));
+}
+
 TEST_F(TaskTest, ATreeReductionOfAThousandTasksRunsInAStoreMuchSmallerThanItsIntermediates) {
   // 512 leaves and 511 sums of 16 MiB each (smaller under the sanitizers, which are slow):
   // 16 GiB of intermediates through a store of 256 MiB. Each sum's inputs are let go of as

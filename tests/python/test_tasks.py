@@ -152,6 +152,23 @@ def test_refs_between_tasks_move_no_bytes(client, workers):
     assert status.replicas_made == 0
 
 
+def test_intermediates_given_up_go_once_their_readers_are_done(client, workers):
+    workers(1)
+    first = client.submit(lambda n: np.ones(n), 1_000_000)
+    second = client.submit(lambda a: a * 2, first)
+    total = client.submit(lambda a: float(a.sum()), second)
+    # Every reader is submitted: the intermediates are given up before they are even made.
+    client.delete([first, second], after_tasks=True)
+    assert client.get(total, timeout=60) == 2_000_000.0
+    assert wait_for(lambda: first not in client and second not in client, timeout=60)
+    assert total in client
+    # Nothing reads or makes it any more: it goes at once, as delete does.
+    client.delete(total, after_tasks=True)
+    assert total not in client
+    with pytest.raises(depot.ObjectNotFound):
+        client.delete(total, after_tasks=True)
+
+
 def test_several_outputs_and_named_ones(client, workers):
     workers(1)
     values, count = client.submit("split", 5, num_outputs=2, name="parts")

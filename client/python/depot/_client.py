@@ -623,13 +623,20 @@ class Client:
 
     # Managing.
 
-    def delete(self, refs: Union[RefLike, Iterable[RefLike]]) -> None:
+    def delete(
+        self, refs: Union[RefLike, Iterable[RefLike]], *, after_tasks: bool = False
+    ) -> None:
         """Deletes objects. One still referenced goes when its last reference is released;
         new gets no longer find it. Raises ObjectNotFound for an unknown one (the others
-        are still deleted)."""
+        are still deleted).
+
+        With ``after_tasks``, each object goes once no pending task reads or makes it: how a
+        graph's intermediate results are given up, once every task reading them has been
+        submitted (an output of a task not run yet counts as found). Those no pending task
+        reads or makes are deleted at once."""
         if isinstance(refs, (ObjectRef, str)):
             refs = [refs]
-        self._native.delete([_ref(r).id for r in refs])
+        self._native.delete([_ref(r).id for r in refs], after_tasks)
 
     def contains(self, ref: RefLike) -> bool:
         """Whether a sealed object with this reference (or name) exists."""

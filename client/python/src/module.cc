@@ -316,14 +316,14 @@ class Client {
     return Blocking(client(), [&](depot::Client& c) { return c.Locate(ids); });
   }
 
-  void Delete(const std::vector<nb::bytes>& id_bytes) {
+  void Delete(const std::vector<nb::bytes>& id_bytes, bool after_tasks) {
     std::vector<ObjectId> ids;
     for (const auto& b : id_bytes) ids.push_back(ToId(b));
     depot::Client& c = client();
     Status st;
     {
       nb::gil_scoped_release release;
-      st = c.Delete(ids);
+      st = after_tasks ? c.DeleteAfterTasks(ids) : c.Delete(ids);
     }
     RaiseIfError(st);
   }
@@ -540,7 +540,7 @@ NB_MODULE(_depot, m) {
       .def("pump", &Client::Pump)
       .def("completion_fd", &Client::CompletionFd)
       .def("take_completed", &Client::TakeCompleted)
-      .def("delete", &Client::Delete, "ids"_a)
+      .def("delete", &Client::Delete, "ids"_a, "after_tasks"_a = false)
       .def("prefetch", &Client::Prefetch, "ids"_a, "device"_a)
       .def("locate", &Client::Locate, "ids"_a)
       .def("contains", &Client::Contains, "id"_a)
