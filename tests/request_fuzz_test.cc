@@ -365,6 +365,9 @@ class RequestFuzzer {
       case 36:
         CancelWait();
         break;
+      case 37:
+        Ids("deleteAfterTasks", [](auto r, unsigned n) { return r.initDeleteAfterTasks(n); });
+        break;
       default:
         break;  // only the replies
     }
