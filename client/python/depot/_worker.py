@@ -8,7 +8,7 @@ import threading
 import traceback
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from . import _codec, _depot, _tasks
+from . import _codec, _dask_graphs, _depot, _tasks
 from ._client import Client
 from ._errors import ConnectionError
 from ._ref import ObjectRef
@@ -128,6 +128,9 @@ class Worker:
         self._serving = False
         self._served = threading.Condition()
         self._worker.register(_tasks.CALL, self._run_by_value)
+        # The functions depot.dask's scheduler runs, by name: no object per function.
+        for builtin, fn in _dask_graphs.BUILTINS.items():
+            self._worker.register(builtin, lambda task, fn=fn: self._run(fn, task, 0))
 
     @property
     def client(self) -> Client:

@@ -1,4 +1,13 @@
-"""depot.dask: Dask distributed workers that keep large results in the host's depotd.
+"""depot.dask: Dask graphs run by depot's own scheduler on one host, and Dask distributed
+workers that keep large results in the host's depotd.
+
+    import depot.dask
+    with depot.dask.Scheduler(workers=8):                 # or attach to a running depotd
+        dask.compute(x, scheduler=depot.dask.get)
+
+``get`` runs a graph's tasks on depotd's worker processes, which read each other's results
+from the store with no copy (depot._dask_graphs says how). Across hosts, Dask distributed
+with the plugin below:
 
     import depot.dask
     client.register_plugin(depot.dask.DepotPlugin())   # or: dask worker --preload depot.dask
@@ -75,12 +84,15 @@ from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 from . import _codec, _depot, _gpus
 from ._client import Client
 from ._daemon import Daemon, _accepts, start_daemon
+from ._dask_graphs import Scheduler, get
 from ._errors import ConnectionError, DepotError, InvalidArgument, ProtocolMismatch, StoreFull
 from ._identity import ByIdentity
 from ._ref import ObjectRef
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "Scheduler",
+    "get",
     "DepotNannyPlugin",
     "DepotPlugin",
     "DepotUnavailableWarning",

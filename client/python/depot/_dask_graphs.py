@@ -1,0 +1,411 @@
+"""Dask graphs run by depot's own scheduler, on one host (depot.dask.get, depot.dask.Scheduler).
+
+Each task of the graph becomes a depot task (Client.submit's form): the function ``_run``,
+which every Python worker registers as ``depot.dask.run``, with the task's GraphNode pickled into the task's arguments and the outputs of
+the tasks it depends on as its inputs. depotd places each where its inputs are, its workers
+read them from the store with no copy, and each output stays where it was made. The graph is
+checked whole before anything runs (keys asked for that it does not have, dependencies it
+lacks, cycles, functions that cannot be pickled), submitted in batches, and each
+intermediate result is given up (Client.delete(after_tasks=True)) once the batch holding its
+last reader is submitted, so that the daemon deletes it as soon as that reader is done. The
+results asked for are read with one get; their values view the store.
+
+An exception in a task's function is carried, as a value, to the tasks that read its output
+(which do not run) and on to the results: the caller then re-raises the first one, as Dask's
+own schedulers do, with the worker's traceback as a note. Ctrl-C cancels what has not
+started and deletes everything the graph made once what runs is done.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import traceback
+from typing import (
+    Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple,
+)
+
+from . import _depot, _tasks
+from ._client import Client
+from ._errors import DepotError, InvalidArgument, ObjectNotFound
+from ._ref import ObjectRef
+
+BATCH = 1000
+"""Tasks submitted in one request."""
+
+_MOST_INPUTS = 4000
+"""Inputs of one depot task at most (the daemon takes 4,096, and a task may read its stored
+arguments too). A Dask task that depends on more reads
+them through tasks that gather them in lists of this many."""
+
+_GATHER = 10_000
+"""Results read with one get."""
+
+Key = Hashable
+
+
+class _Raised:
+    """An exception a task's function raised, as the task's output: pickled if it can be, and
+    the worker's traceback."""
+
+    __slots__ = ("pickled", "text", "key")
+
+    def __init__(self, error: BaseException, text: str, key: Any) -> None:
+        try:
+            self.pickled: Optional[bytes] = pickle.dumps(error, protocol=5)
+            pickle.loads(self.pickled)
+        except Exception:  # an exception that does not survive pickling: its text only
+            self.pickled = None
+        self.text = text
+        self.key = key
+
+    def error(self) -> BaseException:
+        """The exception to raise in the caller, with the worker's traceback as a note."""
+        error: BaseException
+        if self.pickled is not None:
+            error = pickle.loads(self.pickled)
+        else:
+            error = DepotError(f"task {self.key!r} failed")
+        error.add_note(f"in depot task {self.key!r}, on a worker:\n{self.text}")
+        return error
+
+    def __reduce__(self) -> Any:
+        return (_raised_of, (self.pickled, self.text, self.key))
+
+
+def _raised_of(pickled: Optional[bytes], text: str, key: Any) -> _Raised:
+    raised = _Raised.__new__(_Raised)
+    raised.pickled, raised.text, raised.key = pickled, text, key
+    return raised
+
+
+def _run(node: Any, keys: Sequence[Key], *values: Any) -> Any:
+    """One task of a graph, on a worker: ``node`` (a dask GraphNode) given the values of its
+    dependencies ``keys``, in order. What an upstream task raised goes on unchanged."""
+    for value in values:
+        if isinstance(value, _Raised):
+            return value
+    try:
+        return node(dict(zip(keys, values)))
+    except Exception as error:
+        return _Raised(error, traceback.format_exc(), node.key)
+
+
+def _run_gathered(node: Any, keys: Sequence[Key], *lists: List[Any]) -> Any:
+    """``_run`` for a task with more dependencies than a depot task has inputs: their values
+    come in lists, each made by a ``_gather`` task."""
+    return _run(node, keys, *[value for values in lists for value in values])
+
+
+def _gather(*values: Any) -> List[Any]:
+    """Values of a Dask task's dependencies, in a list for the task (``_run_gathered``)."""
+    return list(values)
+
+
+# What every Python worker registers (depot.Worker), by the names tasks run them under.
+BUILTINS = {"depot.dask.run": _run, "depot.dask.run_gathered": _run_gathered,
+            "depot.dask.gather": _gather}
+
+
+class _Plan:
+    """A graph checked and put in order: the tasks to submit (producers first), where each
+    key's value will be (an alias's: its target's), and which keys are read last by which
+    task."""
+
+    def __init__(self, dsk: Any, keys: Sequence[Key]) -> None:
+        from dask._task_spec import Alias, DataNode, convert_legacy_graph
+
+        # Dask hands a scheduler an expression (dask-expr) or a mapping.
+        if not isinstance(dsk, Mapping):
+            dsk = dsk.__dask_graph__()
+        graph = convert_legacy_graph(dsk)
+        missing = [k for k in keys if k not in graph]
+        if missing:
+            raise InvalidArgument(
+                f"{len(missing)} key(s) asked for are not in the graph, such as {missing[0]!r}"
+            )
+        # What the keys asked for need, and in which order (producers first).
+        self.order: List[Key] = []
+        state: Dict[Key, int] = {}  # 1: being visited, 2: done
+        for root in keys:
+            if root in state:
+                continue
+            state[root] = 1
+            stack: List[Tuple[Key, Iterator[Key]]] = [
+                (root, iter(sorted(graph[root].dependencies, key=repr)))
+            ]
+            while stack:
+                key, deps = stack[-1]
+                dep = next(deps, None)
+                if dep is None:
+                    stack.pop()
+                    state[key] = 2
+                    self.order.append(key)
+                    continue
+                if dep not in graph:
+                    raise InvalidArgument(
+                        f"task {key!r} depends on {dep!r}, which is not in the graph"
+                    )
+                seen = state.get(dep)
+                if seen == 1:
+                    raise InvalidArgument(f"the graph has a cycle through {dep!r}")
+                if seen is None:
+                    state[dep] = 1
+                    stack.append((dep, iter(sorted(graph[dep].dependencies, key=repr))))
+        self.graph = graph
+        self.aliases: Dict[Key, Key] = {}
+        for key in self.order:
+            node = graph[key]
+            if isinstance(node, Alias):
+                target = node.target
+                self.aliases[key] = self.aliases.get(target, target)
+        self.data = {k for k in self.order if isinstance(graph[k], DataNode)}
+        # The task (by its place in order) that reads each key last.
+        self.last_reader: Dict[Key, int] = {}
+        for i, key in enumerate(self.order):
+            for dep in graph[key].dependencies:
+                self.last_reader[self.resolve(dep)] = i
+
+    def resolve(self, key: Key) -> Key:
+        return self.aliases.get(key, key)
+
+
+class _Run:
+    """One graph's run: what it submitted, to give up or clean up."""
+
+    def __init__(self, client: Client, plan: _Plan, keys: Sequence[Key], batch: int) -> None:
+        self.client = client
+        self.plan = plan
+        self.wanted = {plan.resolve(k) for k in keys}
+        self.batch = batch
+        # Where each key's value is: the output of its task, named before it is submitted
+        # (so that tasks in any batch can read it), or the object of a data node.
+        self.refs: Dict[Key, ObjectRef] = {}
+        # The arguments of tasks too large to travel in the task (Client.submit stores
+        # them): read by their task only.
+        self.extra: List[ObjectRef] = []
+        self.given_up: Set[Key] = set()
+
+    def encode(self) -> List[Tuple[int, Dict[str, Any]]]:
+        """Every task of the graph as submit takes it, producers first, with its place in
+        the plan's order: all of them pickled before any is submitted, so that one that
+        cannot be is refused before anything runs."""
+        plan = self.plan
+        token = _depot.random_id().hex()
+        tasks = []
+        for i, key in enumerate(plan.order):
+            if key in plan.aliases:
+                continue
+            node = plan.graph[key]
+            if key in plan.data:
+                self.refs[key] = self.client.put(node.value)
+                continue
+            deps = sorted(node.dependencies, key=repr)
+            inputs = [self.refs[plan.resolve(d)] for d in deps]
+            fn = "depot.dask.run"
+            if len(inputs) > _MOST_INPUTS:
+                fn, inputs = "depot.dask.run_gathered", self.gathered(inputs, token, i, tasks)
+            task = self.encode_one(key, fn, (node, deps, *inputs), f"depot.dask/{token}/{i}")
+            self.refs[key] = ObjectRef(task["outputs"][0], task["names"][0])
+            tasks.append((i, task))
+        return tasks
+
+    def encode_one(self, key: Key, fn: str, args: Sequence[Any], name: str) -> Dict[str, Any]:
+        try:
+            task = self.client._task(fn, args, name=name)
+        except Exception as error:
+            raise InvalidArgument(f"task {key!r} cannot be sent to a worker: {error}") from error
+        if _tasks.args_stored(task["args"]):
+            self.extra.append(ObjectRef(task["inputs"][-1]))
+        return task
+
+    def gathered(
+        self, inputs: List[ObjectRef], token: str, i: int, tasks: List[Tuple[int, Dict[str, Any]]]
+    ) -> List[ObjectRef]:
+        """Tasks that gather ``inputs`` in lists of _MOST_INPUTS (appended to ``tasks``, at
+        the place of the task ``i`` that reads them); the refs of their lists."""
+        lists = []
+        for start in range(0, len(inputs), _MOST_INPUTS):
+            name = f"depot.dask/{token}/{i}/{start}"
+            task = self.encode_one(name, "depot.dask.gather", inputs[start : start + _MOST_INPUTS], name)
+            tasks.append((i, task))
+            lists.append(ObjectRef(task["outputs"][0], task["names"][0]))
+            self.extra.append(lists[-1])  # read by task i only
+        if len(lists) > _MOST_INPUTS:
+            raise InvalidArgument(f"a task depends on {len(inputs)} others: too many")
+        return lists
+
+    def submit(self, tasks: List[Tuple[int, Dict[str, Any]]]) -> None:
+        """Submits the tasks in batches, giving up each intermediate once its last reader is
+        submitted."""
+        plan = self.plan
+        # Keys by the place in order of the task reading them last.
+        read_last: Dict[int, List[Key]] = {}
+        for key, last in plan.last_reader.items():
+            if key not in self.wanted:
+                read_last.setdefault(last, []).append(key)
+        given = -1
+        for start in range(0, len(tasks), self.batch):
+            chunk = tasks[start : start + self.batch]
+            self.client._submit([task for _, task in chunk])
+            through = chunk[-1][0]
+            self.give_up(k for i in range(given + 1, through + 1) for k in read_last.get(i, ()))
+            given = through
+        self.delete_after_tasks(self.extra)
+        self.extra = []
+
+    def give_up(self, keys: Iterable[Key]) -> None:
+        refs = []
+        for key in keys:
+            if key in self.refs and key not in self.given_up:
+                self.given_up.add(key)
+                refs.append(self.refs[key])
+        self.delete_after_tasks(refs)
+
+    def delete_after_tasks(self, refs: List[ObjectRef]) -> None:
+        for start in range(0, len(refs), self.batch):
+            try:
+                self.client.delete(refs[start : start + self.batch], after_tasks=True)
+            except ObjectNotFound:
+                pass  # gone already: deleted (its readers done) or evicted
+
+    def gather(self, keys: Sequence[Key]) -> Dict[Key, Any]:
+        refs = [self.refs[self.plan.resolve(k)] for k in keys]
+        values = []
+        for start in range(0, len(refs), _GATHER):
+            values += self.client.get_many(refs[start : start + _GATHER])
+        for value in values:
+            if isinstance(value, _Raised):
+                raise value.error()
+        return dict(zip(keys, values))
+
+    def clean_up(self) -> None:
+        """After a failure or an interrupt: what has not started is cancelled, and all the
+        graph made goes once no task of it runs any more."""
+        refs = list(self.refs.values()) + self.extra
+        try:
+            for start in range(0, len(refs), self.batch):
+                self.client.cancel(refs[start : start + self.batch])
+        finally:
+            self.delete_after_tasks(refs)
+
+
+def _flatten(keys: Any) -> List[Key]:
+    if isinstance(keys, list):
+        out: List[Key] = []
+        for k in keys:
+            out.extend(_flatten(k))
+        return out
+    return [keys]
+
+
+def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:
+    if isinstance(keys, list):
+        return [_pack(k, values) for k in keys]
+    return values[keys]
+
+
+def _run_graph(client: Client, dsk: Mapping[Key, Any], keys: Any, batch: int) -> Any:
+    flat = _flatten(keys)
+    plan = _Plan(dsk, flat)
+    run = _Run(client, plan, flat, batch)
+    try:
+        tasks = run.encode()
+        run.submit(tasks)
+        values = run.gather(flat)
+    except BaseException:
+        run.clean_up()
+        raise
+    # The values view the store; the objects go once they are collected.
+    run.give_up(run.wanted)
+    return _pack(keys, values)
+
+
+_active: List["Scheduler"] = []
+_lock = threading.Lock()
+
+
+class Scheduler:
+    """depot's scheduler for Dask graphs: ``dask.compute(x, scheduler=s.get)``.
+
+    Attaches to the depotd at ``socket`` (default: ``DEPOT_SOCKET`` or the user's default
+    socket), whose worker processes (``depot-worker``) run the tasks; or, with ``workers=N``
+    and no socket, starts a private depotd of ``memory`` bytes (default 1 GiB) with N Python
+    worker processes, stopped again by :meth:`close`. As a context manager it is also what
+    :func:`get` uses inside the ``with`` block.
+    """
+
+    def __init__(
+        self,
+        workers: Optional[int] = None,
+        *,
+        memory: Optional[str] = None,
+        socket: Optional[str] = None,
+        batch: int = BATCH,
+    ) -> None:
+        if workers is not None and workers < 1:
+            raise InvalidArgument("workers is a count of worker processes, 1 or more")
+        if batch < 1:
+            raise InvalidArgument("batch is a count of tasks, 1 or more")
+        self.batch = batch
+        self._daemon = None
+        if workers is not None and socket is None:
+            from ._daemon import start_daemon
+
+            self._daemon = start_daemon(memory or "1GiB", workers=workers, stop_with_parent=True)
+            socket = self._daemon.socket
+        self.client = Client(socket, name="depot.dask scheduler")
+        if self.client.status().scheduler.workers == 0:
+            path = self.client.socket
+            self.close()
+            raise DepotError(
+                f"no worker process is attached to the depotd at {path}: start some "
+                "(depot-worker --socket PATH), or use depot.dask.Scheduler(workers=N)"
+            )
+
+    def get(self, dsk: Mapping[Key, Any], keys: Any, **kwargs: Any) -> Any:
+        """A Dask scheduler's get: the values of ``keys`` (a key, or nested lists of them)
+        of the graph ``dsk``. Other keyword arguments (those Dask passes to every scheduler)
+        are accepted and not used."""
+        return _run_graph(self.client, dsk, keys, self.batch)
+
+    def close(self) -> None:
+        self.client.close()
+        if self._daemon is not None:
+            self._daemon.close()
+            self._daemon = None
+
+    def __enter__(self) -> "Scheduler":
+        with _lock:
+            _active.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _lock:
+            _active.remove(self)
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<depot.dask.Scheduler on {self.client.socket!r}>"
+
+
+_default: Optional[Scheduler] = None
+
+
+def get(dsk: Mapping[Key, Any], keys: Any, **kwargs: Any) -> Any:
+    """A Dask scheduler: ``dask.compute(x, scheduler=depot.dask.get)``, or
+    ``dask.config.set(scheduler=depot.dask.get)``. Runs the graph on the innermost
+    :class:`Scheduler` of a ``with`` block, or else on the workers of the depotd at
+    ``DEPOT_SOCKET`` (or the user's default socket), attached to once."""
+    global _default
+    with _lock:
+        scheduler = _active[-1] if _active else None
+        if scheduler is None:
+            if _default is None:
+                _default = Scheduler(socket=os.environ.get("DEPOT_SOCKET"))
+            scheduler = _default
+    return scheduler.get(dsk, keys, **kwargs)
+
+
+__all__ = ["Scheduler", "get", "BATCH"]

@@ -1,0 +1,243 @@
+"""Dask graphs on depot's own scheduler (depot.dask.get, depot.dask.Scheduler): results equal
+to Dask's threaded scheduler's, intermediates deleted as their readers finish, exceptions
+re-raised with the worker's traceback, bad graphs refused before anything runs, a worker
+killed mid-graph, Ctrl-C; and the store empty after each test."""
+
+import operator
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+dask = pytest.importorskip("dask")
+da = pytest.importorskip("dask.array")
+pd = pytest.importorskip("pandas")
+dd = pytest.importorskip("dask.dataframe")
+
+import depot  # noqa: E402
+import depot.dask  # noqa: E402
+from conftest import wait_for  # noqa: E402
+from dask import delayed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    """Two Python worker processes on a private depotd, for the whole module."""
+    with depot.dask.Scheduler(workers=2, memory="512MiB") as s:
+        yield s
+
+
+@pytest.fixture
+def sched(scheduler):
+    """The module's scheduler; each test must leave its store empty (values returned to the
+    test view the store until collected, and workers let go of their inputs just after)."""
+    yield scheduler
+    import gc
+
+    gc.collect()
+    assert wait_for(lambda: scheduler.client.list() == [], timeout=30), scheduler.client.list()
+
+
+def same(expr, sched):
+    """Computes ``expr`` with depot's scheduler and Dask's threaded one; both results."""
+    ours = expr.compute(scheduler=sched.get)
+    theirs = expr.compute(scheduler="threads")
+    return ours, theirs
+
+
+def array():
+    return da.random.RandomState(7).random((600, 600), chunks=150)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: ((x + 1) * 2 - 3) / 4 + x ** 2,
+        lambda x: (x * x.T).sum(),
+        lambda x: x.rechunk((60, 600)),
+        lambda x: x.std(axis=0),
+        lambda x: x.max(),
+        lambda x: x.map_blocks(lambda b: b * 2 + 1),
+        lambda x: x[10:500:3, ::7],
+        lambda x: da.concatenate([x, x], axis=1).sum(axis=1),
+    ],
+    ids=["elementwise", "a-times-a-T-sum", "rechunk", "std", "max", "map_blocks", "slice",
+         "concatenate"],
+)
+def test_dask_array_results_equal_the_threaded_schedulers(sched, make):
+    ours, theirs = same(make(array()), sched)
+    assert type(ours) is type(theirs)
+    np.testing.assert_allclose(ours, theirs)
+
+
+def test_dask_dataframe_results_equal_the_threaded_schedulers(sched):
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame(
+        {"k": rng.integers(0, 9, 2000), "v": rng.random(2000), "i": np.arange(2000)}
+    )
+    df = dd.from_pandas(frame, npartitions=5)
+    ours, theirs = same(df.groupby("k").v.agg(["sum", "mean", "count"]), sched)
+    pd.testing.assert_frame_equal(ours, theirs)
+    ours, theirs = same(df.set_index("v"), sched)
+    pd.testing.assert_frame_equal(ours, theirs)
+    names = dd.from_pandas(pd.DataFrame({"k": range(9), "name": list("abcdefghi")}), npartitions=2)
+    ours, theirs = same(df.merge(names, on="k"), sched)
+    pd.testing.assert_frame_equal(
+        ours.sort_values("i").reset_index(drop=True), theirs.sort_values("i").reset_index(drop=True)
+    )
+
+
+def test_delayed_graphs_and_several_collections_at_once(sched):
+    @delayed
+    def inc(i):
+        return i + 1
+
+    parts = [inc(i) for i in range(50)]
+    total = delayed(sum)(parts)
+    pairs = delayed(lambda *xs: dict(enumerate(xs)))(*parts[:3])
+    values = dask.compute(total, pairs, parts[7], {"literal": 5}, scheduler=sched.get)
+    assert values == (sum(range(1, 51)), {0: 1, 1: 2, 2: 3}, 8, {"literal": 5})
+
+
+def test_a_task_reading_more_outputs_than_a_depot_task_has_inputs(sched):
+    @delayed
+    def inc(i):
+        return i + 1
+
+    n = 9000  # over 4,096: read through tasks that gather them
+    assert delayed(sum)([inc(i) for i in range(n)]).compute(scheduler=sched.get) == n * (n + 1) // 2
+
+
+def test_legacy_graphs_with_aliases_literals_and_nested_tasks(sched):
+    dsk = {
+        "x": 1,
+        "y": (operator.add, "x", 10),
+        "alias": "y",
+        "nested": (sum, [(operator.mul, "x", 3), "alias", (operator.neg, (operator.add, "y", 1))]),
+        "unused": (operator.truediv, 1, 0),
+    }
+    assert depot.dask.get(dsk, "nested") == 3 + 11 - 12
+    assert sched.get(dsk, ["alias", ["x", "y"]]) == [11, [1, 11]]
+
+
+def test_intermediates_are_deleted_as_their_readers_finish(sched):
+    # A chain whose every link is 8 MB: were intermediates kept, 40 of them would not fit
+    # the daemon's 512 MiB without eviction; with each deleted after its reader, at most a
+    # few exist at once, and none is evicted.
+    x = da.ones((1000, 1000), chunks=(1000, 1000))
+    for _ in range(40):
+        x = x + 1
+    before = sched.client.status()
+    assert float(x.sum().compute(scheduler=sched.get)) == 41e6
+    status = sched.client.status()
+    assert status.evictions == before.evictions
+
+
+def test_an_exception_in_a_task_is_re_raised_with_the_workers_traceback(sched):
+    def divide(a, b):
+        return a / b
+
+    downstream = delayed(operator.add)(delayed(divide)(1, 0), 1)
+    with pytest.raises(ZeroDivisionError) as raised:
+        downstream.compute(scheduler=sched.get)
+    note = "\n".join(getattr(raised.value, "__notes__", []))
+    assert "on a worker" in note and "divide" in note and "Traceback" in note
+
+    class Unpicklable(Exception):
+        def __reduce__(self):
+            raise TypeError("no")
+
+    def raise_unpicklable():
+        raise Unpicklable("odd")
+
+    with pytest.raises(depot.DepotError, match="failed") as raised:
+        delayed(raise_unpicklable)().compute(scheduler=sched.get)
+    assert "Unpicklable" in "\n".join(raised.value.__notes__)
+
+
+def test_bad_graphs_are_refused_before_anything_runs(sched):
+    before = sched.client.status().scheduler.submitted
+    with pytest.raises(depot.InvalidArgument, match="cycle"):
+        sched.get({"a": (operator.neg, "b"), "b": (operator.neg, "a")}, "a")
+    from dask._task_spec import Task, TaskRef
+
+    with pytest.raises(depot.InvalidArgument, match="'missing', which is not in the graph"):
+        sched.get({"a": Task("a", operator.neg, TaskRef("missing"))}, "a")
+    with pytest.raises(depot.InvalidArgument, match="not in the graph"):
+        sched.get({"a": 1}, ["a", "nowhere"])
+    lock = threading.Lock()  # cannot be pickled
+    with pytest.raises(depot.InvalidArgument, match="cannot be sent to a worker"):
+        sched.get({"a": (operator.add, 1, 2), "b": (lambda x, l: x, "a", lock)}, "b")
+    assert sched.client.status().scheduler.submitted == before
+
+
+def test_a_worker_killed_mid_graph_has_its_task_retried():
+    with depot.dask.Scheduler(workers=2) as s:
+        started = os.path.join(os.path.dirname(s.client.socket), "started")
+
+        def slow(i, path=started):
+            import time
+
+            open(path, "a").close()
+            time.sleep(0.5)
+            return i
+
+        parts = [delayed(slow)(i) for i in range(4)]
+        result = {}
+        thread = threading.Thread(
+            target=lambda: result.setdefault("v", delayed(sum)(parts).compute(scheduler=s.get))
+        )
+        thread.start()
+        assert wait_for(lambda: os.path.exists(started), timeout=60)
+        os.kill(s._daemon.workers[0], signal.SIGKILL)
+        thread.join(120)
+        assert result.get("v") == 6
+        assert s.client.status().scheduler.retried >= 1
+        assert wait_for(lambda: s.client.list() == [], timeout=30)
+
+
+def test_ctrl_c_cancels_the_graph_and_leaves_the_store_as_it_was(sched):
+    script = textwrap.dedent(
+        f"""
+        import signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        import dask, depot.dask
+        from dask import delayed
+        def slow(i):
+            time.sleep(0.2)
+            return i
+        s = depot.dask.Scheduler(socket={sched.client.socket!r})
+        print("computing", flush=True)
+        try:
+            delayed(sum)([delayed(slow)(i) for i in range(200)]).compute(scheduler=s.get)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(0)
+        sys.exit(3)
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert child.stdout.readline().strip() == "computing"
+    assert wait_for(lambda: sched.client.status().scheduler.tasks_pending > 0, timeout=60)
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 0, out
+    assert "interrupted" in out
+    # Nothing of it runs any more, and all it made goes once its running tasks are done.
+    assert wait_for(lambda: sched.client.status().scheduler.tasks_pending == 0, timeout=60)
+    assert sched.client.status().scheduler.cancelled > 0
+
+
+def test_a_scheduler_needs_workers_and_says_so():
+    with depot.start_daemon(memory="64MiB") as d:
+        with pytest.raises(depot.DepotError, match="no worker process is attached"):
+            depot.dask.Scheduler(socket=d.socket)
+    with pytest.raises(depot.InvalidArgument, match="workers"):
+        depot.dask.Scheduler(workers=0)
