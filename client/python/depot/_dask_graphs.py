@@ -193,7 +193,7 @@ class _Run:
         cannot be is refused before anything runs."""
         plan = self.plan
         token = _depot.random_id().hex()
-        tasks = []
+        tasks: List[Tuple[int, Dict[str, Any]]] = []
         for i, key in enumerate(plan.order):
             if key in plan.aliases:
                 continue
