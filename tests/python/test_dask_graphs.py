@@ -241,3 +241,30 @@ def test_a_scheduler_needs_workers_and_says_so():
             depot.dask.Scheduler(socket=d.socket)
     with pytest.raises(depot.InvalidArgument, match="workers"):
         depot.dask.Scheduler(workers=0)
+
+
+def test_dask_local_callbacks_and_the_progress_bar_see_every_task(sched):
+    import io
+
+    from dask.callbacks import Callback
+    from dask.diagnostics import ProgressBar
+
+    seen = {"start": 0, "post": set(), "finish": None}
+
+    class Counter(Callback):
+        def _start(self, dsk):
+            seen["start"] += 1
+
+        def _posttask(self, key, result, dsk, state, worker_id):
+            seen["post"].add(key)
+
+        def _finish(self, dsk, state, errored):
+            seen["finish"] = (len(state["finished"]), errored)
+
+    parts = [delayed(operator.add)(i, 1) for i in range(40)]
+    out = io.StringIO()
+    with Counter(), ProgressBar(out=out, dt=0.01):
+        assert delayed(sum)(parts).compute(scheduler=sched.get) == sum(range(1, 41))
+    assert seen["start"] == 1
+    assert len(seen["post"]) == 41 and seen["finish"] == (41, False)
+    assert "100% Completed" in out.getvalue()

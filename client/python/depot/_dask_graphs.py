@@ -280,6 +280,30 @@ class _Run:
                 raise value.error()
         return dict(zip(keys, values))
 
+    def follow(self, state: Dict[str, Any], pretask: List[Any], posttask: List[Any]) -> None:
+        """For Dask's local callbacks (a ProgressBar): waits for the tasks to end, moving
+        each key from state["waiting"] to state["finished"] and telling the callbacks,
+        whose ``result`` is None (the values stay in the store). One wait request a turn,
+        answered when a twentieth of what is left has ended or after 100 ms."""
+        pending = {ref: key for key, ref in self.refs.items() if key in state["waiting"]}
+        while pending:
+            refs = list(pending)
+            enough = max(1, len(refs) // 20)
+            done: List[ObjectRef] = []
+            for start in range(0, len(refs), _GATHER):
+                part = refs[start : start + _GATHER]
+                ids = [r.id for r in part]
+                sealed = self.client._native.wait(ids, min(enough, len(ids)), 100)
+                done += [r for r, s in zip(part, sealed) if s]
+            for ref in done:
+                key = pending.pop(ref)
+                state["waiting"].discard(key)
+                state["finished"].add(key)
+                for f in pretask:
+                    f(key, self.plan.graph, state)
+                for f in posttask:
+                    f(key, None, self.plan.graph, state, None)
+
     def clean_up(self) -> None:
         """After a failure or an interrupt: what has not started is cancelled, and all the
         graph made goes once no task of it runs any more."""
@@ -306,17 +330,36 @@ def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:
     return values[keys]
 
 
-def _run_graph(client: Client, dsk: Mapping[Key, Any], keys: Any, batch: int) -> Any:
+def _run_graph(client: Client, dsk: Any, keys: Any, batch: int, callbacks: Any = None) -> Any:
+    from dask.callbacks import local_callbacks, unpack_callbacks
+
     flat = _flatten(keys)
-    plan = _Plan(dsk, flat)
-    run = _Run(client, plan, flat, batch)
-    try:
-        tasks = run.encode()
-        run.submit(tasks)
-        values = run.gather(flat)
-    except BaseException:
-        run.clean_up()
-        raise
+    with local_callbacks(callbacks) as active:
+        starts, start_states, pretask, posttask, finishes = unpack_callbacks(active)
+        for f in starts:
+            f(dsk)
+        errored = True
+        state: Dict[str, Any] = {"ready": set(), "running": set(), "waiting": set(),
+                                 "finished": set(), "cache": {}}
+        try:
+            plan = _Plan(dsk, flat)
+            run = _Run(client, plan, flat, batch)
+            try:
+                tasks = run.encode()
+                state["waiting"] = {k for k in plan.order if k not in plan.aliases}
+                for f in start_states:
+                    f(plan.graph, state)
+                run.submit(tasks)
+                if pretask or posttask:
+                    run.follow(state, pretask, posttask)
+                values = run.gather(flat)
+            except BaseException:
+                run.clean_up()
+                raise
+            errored = False
+        finally:
+            for f in finishes:
+                f(dsk, state, errored)
     # The values view the store; the objects go once they are collected.
     run.give_up(run.wanted)
     return _pack(keys, values)
@@ -366,9 +409,10 @@ class Scheduler:
 
     def get(self, dsk: Mapping[Key, Any], keys: Any, **kwargs: Any) -> Any:
         """A Dask scheduler's get: the values of ``keys`` (a key, or nested lists of them)
-        of the graph ``dsk``. Other keyword arguments (those Dask passes to every scheduler)
-        are accepted and not used."""
-        return _run_graph(self.client, dsk, keys, self.batch)
+        of the graph ``dsk``. Dask's local callbacks (``dask.diagnostics.ProgressBar``,
+        ``callbacks=``) are told as tasks finish (``pretask`` then, too: when a task starts
+        is the worker's); other keyword arguments Dask passes are accepted and not used."""
+        return _run_graph(self.client, dsk, keys, self.batch, kwargs.get("callbacks"))
 
     def close(self) -> None:
         self.client.close()
