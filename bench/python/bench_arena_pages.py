@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 import depot
-from bench_dask import _store_pages  # beside this script
+from _memory import store_pages as _store_pages  # beside this script
 
 MiB = 1 << 20
 

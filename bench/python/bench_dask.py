@@ -64,22 +64,9 @@ import sys
 import threading
 import time
 
+from _memory import pss as _pss, store_pages as _store_pages  # beside this script
+
 MB = 1_000_000
-
-
-def _pss(pid: int) -> tuple:
-    """(Pss, Pss_Shmem) of a process, in bytes; (0, 0) once it is gone."""
-    pss = shmem = 0
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    pss = int(line.split()[1]) * 1024
-                elif line.startswith("Pss_Shmem:"):
-                    shmem = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return pss, shmem
 
 
 def _replicas(dask_scheduler=None) -> int:
@@ -91,26 +78,6 @@ def _replicas(dask_scheduler=None) -> int:
         for ts in dask_scheduler.tasks.values()
         if ts.who_has and len(ts.who_has) > 1 and ts.nbytes > 0
     )
-
-
-def _store_pages(pid: int) -> int:
-    """The bytes allocated in the files of a depotd (its memfds: segments, header and lease
-    tables), each file once however many descriptors it has."""
-    files = {}
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return 0
-    for fd in fds:
-        path = f"/proc/{pid}/fd/{fd}"
-        try:
-            if not os.readlink(path).startswith("/memfd:depot-"):
-                continue
-            st = os.stat(path)
-        except OSError:  # closed since listed
-            continue
-        files[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-    return sum(files.values())
 
 
 class _Sampler(threading.Thread):
