@@ -375,8 +375,10 @@ class Scheduler:
     Attaches to the depotd at ``socket`` (default: ``DEPOT_SOCKET`` or the user's default
     socket), whose worker processes (``depot-worker``) run the tasks; or, with ``workers=N``
     and no socket, starts a private depotd of ``memory`` bytes (default 1 GiB) with N Python
-    worker processes, stopped again by :meth:`close`. As a context manager it is also what
-    :func:`get` uses inside the ``with`` block.
+    worker processes, stopped again by :meth:`close`; its pages are allocated as objects
+    first use them unless ``prefault`` (``depotd --no-prefault``, as for depot.dask's
+    nannies: a private daemon holds only what the graph used). As a context manager it is
+    also what :func:`get` uses inside the ``with`` block.
     """
 
     def __init__(
@@ -386,6 +388,7 @@ class Scheduler:
         memory: Optional[str] = None,
         socket: Optional[str] = None,
         batch: int = BATCH,
+        prefault: bool = False,
     ) -> None:
         if workers is not None and workers < 1:
             raise InvalidArgument("workers is a count of worker processes, 1 or more")
@@ -396,7 +399,9 @@ class Scheduler:
         if workers is not None and socket is None:
             from ._daemon import start_daemon
 
-            self._daemon = start_daemon(memory or "1GiB", workers=workers, stop_with_parent=True)
+            self._daemon = start_daemon(
+                memory or "1GiB", workers=workers, prefault=prefault, stop_with_parent=True
+            )
             socket = self._daemon.socket
         self.client = Client(socket, name="depot.dask scheduler")
         if self.client.status().scheduler.workers == 0:
