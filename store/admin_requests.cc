@@ -172,15 +172,14 @@ DiskStatus DiskStatusOf(const ObjectStore& store) {
 
 }  // namespace
 
-void AdminRequests::Status(const Responder& reply) const {
-  const ObjectStore& store = store_;
+StoreStatus StatusOf(const ObjectStore& store, const DaemonViews& daemon) {
   const Arena& arena = store.arena();
   const StoreCounters c = store.counters();
   StoreStatus s{
       .daemon_version = kDepotVersion,
       .pid = static_cast<uint32_t>(::getpid()),
-      .uptime_ns = ipc::MonotonicNanos() - daemon_.start_ns(),
-      .socket_path = daemon_.socket_path(),
+      .uptime_ns = ipc::MonotonicNanos() - daemon.start_ns(),
+      .socket_path = daemon.socket_path(),
       .arena_backend = arena.backend(),
       .capacity_bytes = arena.capacity(),
       .mapped_bytes = arena.mapped_bytes(),
@@ -191,14 +190,14 @@ void AdminRequests::Status(const Responder& reply) const {
       .segments = arena.segment_count(),
       .objects_sealed = c.objects_sealed,
       .objects_creating = c.objects_creating,
-      .clients = static_cast<uint32_t>(daemon_.session_count()),
+      .clients = static_cast<uint32_t>(daemon.session_count()),
       .evictions = c.evictions,
       .evicted_bytes = c.evicted_bytes,
       .eviction_enabled = store.eviction_enabled(),
       .header_slots = store.headers().slots(),
-      .requests = daemon_.requests(),
+      .requests = daemon.requests(),
       .gpus = GpusOf(store),
-      .gpu_backend = daemon_.device_backend(),
+      .gpu_backend = daemon.device_backend(),
       .spills = c.spills,
       .spilled_bytes = c.spilled_bytes,
       .replicas_made = c.replicas_made,
@@ -208,17 +207,21 @@ void AdminRequests::Status(const Responder& reply) const {
       .metadata_bytes = c.metadata_bytes,
       .metadata_budget_bytes = store.limits().metadata_budget,
       .request_bytes = c.request_bytes,
-      .scheduler = daemon_.scheduler_status(),
+      .scheduler = daemon.scheduler_status(),
       .disk = DiskStatusOf(store),
-      .config_file = daemon_.config_file(),
+      .config_file = daemon.config_file(),
       .settings = {},
   };
-  for (const SettingValue& value : daemon_.settings()) {
+  for (const SettingValue& value : daemon.settings()) {
     s.settings.push_back({.name = value.name, .value = value.value});
   }
+  return s;
+}
+
+void AdminRequests::Status(const Responder& reply) const {
   capnp::MallocMessageBuilder message;
   auto r = message.initRoot<wire::Reply>();
-  internal::ToWire(s, r.initStatus());
+  internal::ToWire(StatusOf(store_, daemon_), r.initStatus());
   reply.Send(message, r);
 }
 

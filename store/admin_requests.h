@@ -119,4 +119,7 @@ class AdminRequests {
 // A GPU as hello and status describe it (its ordinal is the client's to fill in).
 GpuInfo GpuInfoOf(const ObjectStore& store, uint32_t device);
 
+// The status reply, and what the metrics export of it (Metrics::Render).
+StoreStatus StatusOf(const ObjectStore& store, const DaemonViews& daemon);
+
 }  // namespace depot::store

@@ -1,8 +1,14 @@
 #include "store/metrics.h"
 
+#include <algorithm>
 #include <bit>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "info_fields.h"
 
 #include "store/object_store.h"
 
@@ -10,13 +16,51 @@ namespace depot::store {
 
 namespace {
 
-constexpr const char* kTypeNames[] = {
-    "hello",  "create",       "put",      "seal",   "abort",           "get",     "release",
-    "delete", "contains",     "list",     "status", "metrics",         "clients", "object_info",
-    "verify", "evict",        "prefetch", "locate", "register_worker", "submit",  "complete",
-    "cancel", "drain_worker", "workers",  "tasks",  "handoff",         "wait",    "cancel_wait",
-    "delete_after_tasks"};
+constexpr const char* kTypeNames[] = {"hello",
+                                      "create",
+                                      "put",
+                                      "seal",
+                                      "abort",
+                                      "get",
+                                      "release",
+                                      "delete",
+                                      "contains",
+                                      "list",
+                                      "status",
+                                      "metrics",
+                                      "clients",
+                                      "object_info",
+                                      "verify",
+                                      "evict",
+                                      "prefetch",
+                                      "locate",
+                                      "register_worker",
+                                      "submit",
+                                      "complete",
+                                      "cancel",
+                                      "drain_worker",
+                                      "workers",
+                                      "tasks",
+                                      "handoff",
+                                      "wait",
+                                      "cancel_wait",
+                                      "delete_after_tasks"};
 static_assert(std::size(kTypeNames) == static_cast<size_t>(RequestType::kCount));
+
+// A status field's value as its metric writes it: nanoseconds as seconds to the ms, other
+// seconds (doubles) to the µs, counts as integers.
+template <typename V>
+std::string SampleValue(internal::MetricUnit unit, V value) {
+  char buf[64];
+  if (unit == internal::MetricUnit::kNanosAsSeconds) {
+    std::snprintf(buf, sizeof(buf), "%.3f", static_cast<double>(value) / 1e9);
+  } else if constexpr (std::is_floating_point_v<V>) {
+    std::snprintf(buf, sizeof(buf), "%.6f", static_cast<double>(value));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%" PRIu64, static_cast<uint64_t>(value));
+  }
+  return buf;
+}
 
 // Upper bound of bucket i, in seconds: 2^i microseconds.
 double BucketBound(int i) { return static_cast<double>(uint64_t{1} << i) * 1e-6; }
@@ -33,6 +77,7 @@ class Writer {
     if (n > 0) out_.append(buf, static_cast<size_t>(std::min<int>(n, sizeof(buf) - 1)));
   }
   void Value(const char* name, uint64_t v) { Line("%s %" PRIu64 "\n", name, v); }
+  void Text(const std::string& text) { out_ += text; }
   std::string Take() { return std::move(out_); }
 
  private:
@@ -59,62 +104,47 @@ void Metrics::CountError(StatusCode code) {
   if (enabled_ && c < errors_.size()) ++errors_[c];
 }
 
-std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t uptime_ns,
+std::string Metrics::Render(const StoreStatus& status, const ObjectStore& store,
                             const scheduler::SchedulerCounters& tasks) const {
   Writer w;
-  const Arena& arena = store.arena();
   const StoreCounters& c = store.counters();
 
   w.Help("depot_up", "gauge", "1 while the daemon serves requests.");
   w.Value("depot_up", 1);
-  w.Help("depot_uptime_seconds", "gauge", "Seconds since the daemon started.");
-  w.Line("depot_uptime_seconds %.3f\n", static_cast<double>(uptime_ns) / 1e9);
   w.Help("depot_metrics_enabled", "gauge",
          "0 when started with --no-metrics: request counters stay 0.");
   w.Value("depot_metrics_enabled", enabled_ ? 1 : 0);
 
-  // Memory by tier: the host arena, then each GPU's pool (tier="gpuK", K as in `status`).
+  // The status fields with a metric (info_fields.h), each family's samples together, in the
+  // order of their first field.
+  struct Family {
+    internal::MetricFamily family;
+    std::string samples;
+  };
+  std::vector<Family> families;
+  internal::ForEachMetric(
+      status, [&](const internal::Metric& metric, const std::string& labels, auto value) {
+        auto it = std::find_if(families.begin(), families.end(), [&](const Family& f) {
+          return std::strcmp(f.family.name, metric.family.name) == 0;
+        });
+        if (it == families.end()) it = families.insert(it, Family{metric.family, {}});
+        it->samples += metric.family.name;
+        if (!labels.empty()) it->samples += "{" + labels + "}";
+        it->samples += " " + SampleValue(metric.unit, value) + "\n";
+      });
+  for (const Family& f : families) {
+    w.Help(f.family.name, f.family.type == internal::MetricType::kCounter ? "counter" : "gauge",
+           f.family.help);
+    w.Text(f.samples);
+  }
+
+  // The counters that are not status fields.
   const auto pools = store.pools();
   const auto each_gpu = [&](const char* name, auto value) {
     for (uint32_t d = 0; d < pools.size(); ++d) {
       w.Line("%s{tier=\"gpu%u\"} %" PRIu64 "\n", name, d, static_cast<uint64_t>(value(d)));
     }
   };
-  w.Help("depot_capacity_bytes", "gauge",
-         "What a tier may take: the host arena (--memory), a GPU pool's limit (--gpu-memory).");
-  w.Line("depot_capacity_bytes{tier=\"host\"} %" PRIu64 "\n", arena.capacity());
-  each_gpu("depot_capacity_bytes", [&](uint32_t d) { return pools[d]->limit(); });
-  w.Help("depot_mapped_bytes", "gauge",
-         "Bytes in arena segments, or GPU pool chunks, created so far.");
-  w.Line("depot_mapped_bytes{tier=\"host\"} %" PRIu64 "\n", arena.mapped_bytes());
-  each_gpu("depot_mapped_bytes", [&](uint32_t d) { return pools[d]->reserved_bytes(); });
-  w.Help("depot_used_bytes", "gauge", "Bytes allocated to objects.");
-  w.Line("depot_used_bytes{tier=\"host\"} %" PRIu64 "\n", arena.used_bytes());
-  each_gpu("depot_used_bytes", [&](uint32_t d) { return pools[d]->used_bytes(); });
-  w.Help("depot_held_bytes", "gauge",
-         "Bytes of objects referenced or being created (not evictable, not spillable).");
-  w.Line("depot_held_bytes{tier=\"host\"} %" PRIu64 "\n", c.held_bytes);
-  each_gpu("depot_held_bytes", [&](uint32_t d) { return store.device_usage(d).held_bytes; });
-  w.Help("depot_pinned_bytes", "gauge", "Bytes of pinned objects.");
-  w.Line("depot_pinned_bytes{tier=\"host\"} %" PRIu64 "\n", c.pinned_bytes);
-  w.Help("depot_page_locked_bytes", "gauge",
-         "Host arena bytes page-locked (registered with the CUDA driver) for GPU copies.");
-  w.Line("depot_page_locked_bytes{tier=\"host\"} %" PRIu64 "\n", arena.page_locked_bytes());
-  // Not depot_replicas: Prometheus parsers name the family of depot_replicas_total so.
-  w.Help("depot_tier_objects", "gauge",
-         "Objects with a copy on each tier, copies being made included.");
-  w.Line("depot_tier_objects{tier=\"host\"} %" PRIu64 "\n", store.ObjectsOnHost());
-  each_gpu("depot_tier_objects", [&](uint32_t d) { return store.device_usage(d).replicas; });
-  w.Help("depot_objects", "gauge", "Objects in the store, by state.");
-  w.Line("depot_objects{state=\"sealed\"} %" PRIu64 "\n", c.objects_sealed);
-  w.Line("depot_objects{state=\"creating\"} %" PRIu64 "\n", c.objects_creating);
-  w.Help("depot_clients", "gauge", "Connected client sessions.");
-  w.Value("depot_clients", clients);
-
-  w.Help("depot_evictions_total", "counter", "Objects evicted under memory pressure.");
-  w.Value("depot_evictions_total", c.evictions);
-  w.Help("depot_evicted_bytes_total", "counter", "Bytes evicted under memory pressure.");
-  w.Value("depot_evicted_bytes_total", c.evicted_bytes);
   w.Help("depot_bytes_in_total", "counter",
          "Bytes of objects created, by tier (on GPUs: data only; metadata stays on host).");
   w.Line("depot_bytes_in_total{tier=\"host\"} %" PRIu64 "\n", c.bytes_in);
@@ -122,42 +152,6 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Help("depot_bytes_out_total", "counter", "Bytes of objects handed out by gets, by tier.");
   w.Line("depot_bytes_out_total{tier=\"host\"} %" PRIu64 "\n", c.bytes_out);
   each_gpu("depot_bytes_out_total", [&](uint32_t d) { return store.device_usage(d).bytes_out; });
-  w.Help("depot_replicas_total", "counter",
-         "Copies between tiers: made for a get on another tier, dropped to make room on a GPU.");
-  w.Line("depot_replicas_total{event=\"made\"} %" PRIu64 "\n", c.replicas_made);
-  w.Line("depot_replicas_total{event=\"dropped\"} %" PRIu64 "\n", c.replicas_dropped);
-  w.Help("depot_spills_total", "counter", "Objects moved from a full GPU pool to host memory.");
-  w.Value("depot_spills_total", c.spills);
-  w.Help("depot_spilled_bytes_total", "counter", "Bytes moved from full GPU pools to host memory.");
-  w.Value("depot_spilled_bytes_total", c.spilled_bytes);
-  if (const DiskPool* disk = store.disk()) {
-    const TierCounters& t = store.tier_counters();
-    w.Help("depot_disk_bytes", "gauge",
-           "The spill directory: bytes allocated to objects (used), of its files (files), and "
-           "its limit (limit).");
-    w.Line("depot_disk_bytes{kind=\"used\"} %" PRIu64 "\n", disk->used_bytes());
-    w.Line("depot_disk_bytes{kind=\"files\"} %" PRIu64 "\n", disk->file_bytes());
-    w.Line("depot_disk_bytes{kind=\"limit\"} %" PRIu64 "\n", disk->capacity());
-    w.Help("depot_disk_objects", "gauge", "Objects with a copy in the spill directory.");
-    w.Value("depot_disk_objects", store.ObjectsOnDisk());
-    w.Help("depot_disk_objects_total", "counter",
-           "Objects spilled to disk, restored from it, dropped from it for good (the spill "
-           "limit reached), and spills and restores that failed.");
-    w.Line("depot_disk_objects_total{event=\"spilled\"} %" PRIu64 "\n", t.disk_spills);
-    w.Line("depot_disk_objects_total{event=\"restored\"} %" PRIu64 "\n", t.disk_restores);
-    w.Line("depot_disk_objects_total{event=\"dropped\"} %" PRIu64 "\n", t.disk_drops);
-    w.Line("depot_disk_objects_total{event=\"spill_failed\"} %" PRIu64 "\n", t.disk_spill_failures);
-    w.Line("depot_disk_objects_total{event=\"restore_failed\"} %" PRIu64 "\n",
-           t.disk_restore_failures);
-    w.Help("depot_disk_io_bytes_total", "counter", "Bytes written by spills and read by restores.");
-    w.Line("depot_disk_io_bytes_total{op=\"write\"} %" PRIu64 "\n", t.disk_spilled_bytes);
-    w.Line("depot_disk_io_bytes_total{op=\"read\"} %" PRIu64 "\n", t.disk_restored_bytes);
-    w.Help("depot_disk_io_seconds_total", "counter",
-           "Seconds during which spill writes (restore reads) were under way (bytes / seconds: "
-           "throughput).");
-    w.Line("depot_disk_io_seconds_total{op=\"write\"} %.6f\n", t.disk_spill_seconds);
-    w.Line("depot_disk_io_seconds_total{op=\"read\"} %.6f\n", t.disk_restore_seconds);
-  }
   w.Help("depot_get_objects_total", "counter",
          "Objects asked for by gets: found at once (hit), waited for (wait), never sealed in time "
          "(timeout).");
@@ -183,25 +177,6 @@ std::string Metrics::Render(const ObjectStore& store, uint32_t clients, uint64_t
   w.Line("depot_sessions_total{event=\"closed\"} %" PRIu64 "\n", sessions_closed_);
   w.Line("depot_sessions_total{event=\"protocol_error\"} %" PRIu64 "\n", sessions_failed_);
 
-  w.Help("depot_workers", "gauge", "Workers attached to the scheduler.");
-  w.Value("depot_workers", tasks.workers);
-  w.Help("depot_tasks_pending", "gauge", "Tasks waiting, ready, queued on a worker or running.");
-  w.Value("depot_tasks_pending", tasks.tasks_pending);
-  w.Help("depot_tasks_total", "counter",
-         "Tasks submitted, and those over: done, failed, cancelled; and runs retried after their "
-         "worker died.");
-  w.Line("depot_tasks_total{event=\"submitted\"} %" PRIu64 "\n", tasks.submitted);
-  w.Line("depot_tasks_total{event=\"done\"} %" PRIu64 "\n", tasks.completed);
-  w.Line("depot_tasks_total{event=\"failed\"} %" PRIu64 "\n", tasks.failed);
-  w.Line("depot_tasks_total{event=\"cancelled\"} %" PRIu64 "\n", tasks.cancelled);
-  w.Line("depot_tasks_total{event=\"retried\"} %" PRIu64 "\n", tasks.retried);
-  w.Help("depot_task_input_bytes_total", "counter",
-         "Input bytes of placed tasks: already where they run (local), or to be copied there.");
-  w.Line("depot_task_input_bytes_total{where=\"local\"} %" PRIu64 "\n", tasks.local_bytes);
-  w.Line("depot_task_input_bytes_total{where=\"moved\"} %" PRIu64 "\n", tasks.moved_bytes);
-  w.Help("depot_task_prefetches_total", "counter",
-         "Inputs copied ahead of a task queued on a worker.");
-  w.Value("depot_task_prefetches_total", tasks.prefetches);
   w.Help("depot_placement_duration_seconds", "histogram",
          "Time to place one ready task (choose its worker and device), placed or not.");
   {

@@ -1,5 +1,7 @@
 // The daemon's request counters and latency histograms, and the Prometheus text exposition
-// of them together with the store's own counters (StoreCounters) and gauges.
+// of them together with the store's own counters and gauges: those that are status fields
+// come from the status reply through its field table (info_fields.h), the rest from the
+// store (StoreCounters) and the scheduler.
 //
 // Everything is updated on the loop thread only, so the hot path pays plain increments and,
 // for latencies, two clock reads per request (about 40 ns) — and nothing when metrics are
@@ -10,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "depot/client.h"
 #include "depot/status.h"
 #include "scheduler/scheduler.h"
 
@@ -69,9 +72,11 @@ class Metrics {
     if (protocol_error) ++sessions_failed_;
   }
 
-  // All counters, histograms and the store's gauges in the Prometheus text format (0.0.4).
-  // `tasks`: the scheduler's counters.
-  std::string Render(const ObjectStore& store, uint32_t clients, uint64_t uptime_ns,
+  // All counters, histograms and the store's gauges in the Prometheus text format (0.0.4):
+  // the fields of `status` (the status reply, StatusOf) that their table gives a metric
+  // (info_fields.h), and the counters that are not status fields, of this object, `store`
+  // and the scheduler's `tasks`.
+  std::string Render(const StoreStatus& status, const ObjectStore& store,
                      const scheduler::SchedulerCounters& tasks) const;
 
   // Latency buckets: powers of two from 1 µs to about 8.4 s.

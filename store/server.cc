@@ -241,8 +241,7 @@ std::optional<ClientView> Server::FindClient(ClientId id) const {
 }
 
 std::string Server::RenderMetrics() const {
-  return metrics_.Render(store_, static_cast<uint32_t>(sessions_.size()),
-                         ipc::MonotonicNanos() - start_ns_, tasks_.scheduler().counters());
+  return metrics_.Render(StatusOf(store_, *this), store_, tasks_.scheduler().counters());
 }
 
 void Server::Shutdown() {

@@ -13,7 +13,7 @@
 #include "child_process.h"
 #include "daemon.h"
 #include "depot/client.h"
-#include "json_fields.h"
+#include "depotctl_json.h"
 #include "test_support.h"
 
 #ifndef DEPOTCTL_PATH
@@ -117,37 +117,6 @@ TEST_F(DepotctlTest, LsJsonOfEmptyStoreIsAnEmptyArray) {
   ProgramRun ls = Depotctl({"ls", "--json"});
   ASSERT_EQ(ls.exit_code, 0) << ls.Explain();
   EXPECT_EQ(Trim(ls.out), "[]");
-}
-
-// Whether depotctl's JSON `json` has every field of T's table that is on the wire, as its
-// table names it, with the value of `read` (a record the client read around depotctl's run;
-// `again`, the same read after it). Not compared: values that changed between the two reads,
-// and `shown_apart`, fields depotctl shows differently (commands.cc says how). Nested records
-// and lists of records are looked for field by field.
-template <internal::Info T>
-void ExpectJsonHasEveryField(const std::string& json, const T& read, const T& again,
-                             const std::set<std::string>& shown_apart) {
-  internal::ForEachField<T>([&](const auto& f) {
-    if constexpr (std::decay_t<decltype(f)>::kOnWire) {
-      using V = typename std::decay_t<decltype(f)>::Value;
-      const std::string key = ctl::JsonString(f.name) + ": ";
-      EXPECT_NE(json.find(key), std::string::npos) << "no " << key << "in " << json;
-      if (shown_apart.count(f.name)) return;
-      if constexpr (internal::Info<V>) {
-        ExpectJsonHasEveryField(json, read.*f.member, again.*f.member, shown_apart);
-      } else if constexpr (requires { internal::InfoFields<typename V::value_type>::kName; }) {
-        const V& list = read.*f.member;
-        if (list.size() != (again.*f.member).size()) return;
-        for (size_t i = 0; i < list.size(); ++i) {
-          ExpectJsonHasEveryField(json, list[i], (again.*f.member)[i], shown_apart);
-        }
-      } else {
-        const std::string value = ctl::JsonValue(read.*f.member);
-        if (value != ctl::JsonValue(again.*f.member)) return;
-        EXPECT_NE(json.find(key + value), std::string::npos) << key << value << " not in " << json;
-      }
-    }
-  });
 }
 
 // The one place of a status field is its table: whatever the daemon sends, depotctl prints.

@@ -12,8 +12,10 @@
 #include <capnp/schema.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -327,6 +329,115 @@ TEST(InfoFieldsTest, ClientsFromARealDaemonSayWhoAndSinceWhen) {
   EXPECT_GE(c.requests, 1u);
   EXPECT_GE(c.connected_time_ns, before);
   EXPECT_LE(c.connected_time_ns, after);
+}
+
+// A metric's samples as `name{labels}` and their values, and each family's TYPE and HELP.
+struct ScrapedMetrics {
+  std::map<std::string, double> samples;
+  std::map<std::string, std::string> types;
+  std::map<std::string, std::string> helps;
+};
+
+ScrapedMetrics Scrape(const std::string& text) {
+  ScrapedMetrics out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    const size_t space = line.rfind(' ');
+    if (space == std::string::npos) continue;
+    if (line.starts_with("# TYPE ") || line.starts_with("# HELP ")) {
+      const size_t name_end = line.find(' ', 7);
+      auto& into = line.starts_with("# TYPE ") ? out.types : out.helps;
+      into[line.substr(7, name_end - 7)] = line.substr(name_end + 1);
+    } else if (!line.starts_with("#")) {
+      out.samples[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
+    }
+  }
+  return out;
+}
+
+// A status field as its metric should show it.
+struct ExpectedSample {
+  internal::Metric metric;
+  std::string key;  // name{labels}
+  double value = 0;
+};
+
+std::vector<ExpectedSample> SamplesOf(const StoreStatus& status) {
+  std::vector<ExpectedSample> samples;
+  internal::ForEachMetric(
+      status, [&](const internal::Metric& metric, const std::string& labels, auto value) {
+        double number = static_cast<double>(value);
+        if (metric.unit == internal::MetricUnit::kNanosAsSeconds) number /= 1e9;
+        samples.push_back(
+            {metric, std::string(metric.family.name) + (labels.empty() ? "" : "{" + labels + "}"),
+             number});
+      });
+  return samples;
+}
+
+// The one place of a metric of a status field is its table entry: every field given a metric
+// there is in the daemon's metrics, under its family (type and help as the table says) and
+// labels, with the value the client reads in status; and the table's families have no sample
+// the table does not give. A daemon with GPUs and a spill directory, so that every table with
+// metrics (GpuInfo's per GPU, DiskStatus, SchedulerStatus) has its fields there.
+TEST(InfoFieldsTest, MetricsHaveEveryFieldWithAMetricWithTheValueStatusReads) {
+  TempDir spill;
+  ASSERT_TRUE(spill.error().empty()) << spill.error();
+  TestDaemon daemon({"--memory", "32MiB", "--simulate-gpus", "2", "--spill-dir", spill.path()});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  auto client = Client::Connect(daemon.socket_path());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE(client->Put(ObjectId::FromName("one"), AsBytes(std::string(1000, 'a'))).ok());
+  auto held = client->Get(ObjectId::FromName("one"));
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+
+  auto before = client->GetStatus();
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  auto text = client->Metrics();
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  auto after = client->GetStatus();
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  ASSERT_TRUE(before->disk.enabled);
+  ASSERT_EQ(before->gpus.size(), 2u);
+
+  const ScrapedMetrics scraped = Scrape(*text);
+  const std::vector<ExpectedSample> expected = SamplesOf(*before);
+  const std::vector<ExpectedSample> later = SamplesOf(*after);
+  ASSERT_EQ(expected.size(), later.size());
+  std::map<std::string, size_t> per_family;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const ExpectedSample& e = expected[i];
+    const std::string family = e.metric.family.name;
+    ++per_family[family];
+    const auto it = scraped.samples.find(e.key);
+    if (it == scraped.samples.end()) {
+      ADD_FAILURE() << e.key << " is not in the metrics:\n" << *text;
+      continue;
+    }
+    // Counters and gauges may move between the two reads (the uptime does); the metric was
+    // read between them, and rounded as it is written (seconds to the ms).
+    const double slack = e.metric.unit == internal::MetricUnit::kNanosAsSeconds ? 1e-3 : 1e-6;
+    EXPECT_GE(it->second, std::min(e.value, later[i].value) - slack) << e.key;
+    EXPECT_LE(it->second, std::max(e.value, later[i].value) + slack) << e.key;
+    EXPECT_EQ(scraped.types.at(family),
+              e.metric.family.type == internal::MetricType::kCounter ? "counter" : "gauge")
+        << family;
+    EXPECT_EQ(scraped.helps.at(family), e.metric.family.help) << family;
+  }
+  for (const auto& [family, count] : per_family) {
+    size_t samples = 0;
+    for (const auto& [key, value] : scraped.samples) {
+      samples += key == family || key.starts_with(family + "{");
+    }
+    EXPECT_EQ(samples, count) << family << " has samples its fields do not give:\n" << *text;
+  }
+  // Not a vacuous pass: the per-GPU and disk families are among them.
+  EXPECT_TRUE(per_family.count("depot_capacity_bytes") && per_family.count("depot_disk_bytes") &&
+              per_family.count("depot_tasks_total"));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "depot/client.h"
 #include "depot/ipc/protocol.h"
 #include "depot/worker.h"
+#include "depotctl_json.h"
 #include "test_support.h"
 
 #ifndef DEPOT_EXAMPLE_WORKER_PATH
@@ -801,9 +802,17 @@ TEST_F(TaskTest, DepotctlSubmitsWaitsAndShowsWorkersAndTasks) {
   ASSERT_EQ(workers.exit_code, 0) << workers.Explain();
   EXPECT_NE(workers.out.find("depot-example-worker"), std::string::npos) << workers.out;
   EXPECT_NE(workers.out.find("copy"), std::string::npos) << workers.out;
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerInfo> workers_read, client_->Workers());
   ProgramRun workers_json = depotctl({"workers", "--json"});
+  ASSERT_OK_AND_ASSIGN(std::vector<WorkerInfo> workers_again, client_->Workers());
   EXPECT_NE(workers_json.out.find("\"done\": 2"), std::string::npos) << workers_json.out;
   EXPECT_NE(workers_json.out.find("\"failed\": 1"), std::string::npos) << workers_json.out;
+  // From the table, every field with the value the client reads; a worker's GPUs are objects
+  // of device and free_share (task_commands.cc).
+  ASSERT_EQ(workers_read.size(), 1u);
+  ASSERT_EQ(workers_again.size(), 1u);
+  ExpectJsonHasEveryField(workers_json.out, workers_read[0], workers_again[0], {"gpus"},
+                          {"free_gpu_shares"});
 
   ProgramRun top = depotctl({"top", "--once"});
   ASSERT_EQ(top.exit_code, 0) << top.Explain();
@@ -813,9 +822,18 @@ TEST_F(TaskTest, DepotctlSubmitsWaitsAndShowsWorkersAndTasks) {
   ProgramRun tasks = depotctl({"tasks"});
   ASSERT_EQ(tasks.exit_code, 0) << tasks.Explain();
   EXPECT_NE(tasks.out.find("bad input"), std::string::npos) << tasks.out;
+  ASSERT_OK_AND_ASSIGN(std::vector<TaskInfo> tasks_read, client_->Tasks());
   ProgramRun tasks_json = depotctl({"tasks", "--json"});
+  ASSERT_OK_AND_ASSIGN(std::vector<TaskInfo> tasks_again, client_->Tasks());
   EXPECT_NE(tasks_json.out.find("\"state\": \"done\""), std::string::npos) << tasks_json.out;
   EXPECT_NE(tasks_json.out.find("\"state\": \"failed\""), std::string::npos) << tasks_json.out;
+  // From the table too; a task without a device (these ran on the host) shows null, not -1.
+  ASSERT_FALSE(tasks_read.empty());
+  ASSERT_EQ(tasks_read.size(), tasks_again.size());
+  for (size_t i = 0; i < tasks_read.size(); ++i) {
+    ExpectJsonHasEveryField(tasks_json.out, tasks_read[i], tasks_again[i], {"device"});
+  }
+  EXPECT_NE(tasks_json.out.find("\"device\": null"), std::string::npos) << tasks_json.out;
 }
 
 TEST_F(TaskTest, AWorkerStoppedBySigtermLeavesCleanly) {

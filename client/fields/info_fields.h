@@ -5,10 +5,11 @@
 //
 // The daemon writes its replies through these tables (ToWire), from the client structs it
 // fills; the client reads them through the same tables (FromWire); the Python binding makes
-// each struct's properties, repr and to_dict from them, and depotctl its JSON. So a field
-// added to a struct, its table and the schema reaches every one of them with nothing else to
-// write. A struct member missing from its table fails to compile (the static_asserts below); a
-// schema field missing from its table, or one the daemon does not set, fails info_fields_test.
+// each struct's properties, repr and to_dict from them, depotctl its JSON, and the daemon its
+// metrics of the status fields that have one (ForEachMetric). So a field added to a struct,
+// its table and the schema reaches every one of them with nothing else to write. A struct
+// member missing from its table fails to compile (the static_asserts below); a schema field
+// missing from its table, or one the daemon does not set, fails info_fields_test.
 //
 // Not part of the installed API: the project's own programs (depotd, depotctl, the Python
 // binding, tests) reach it through the depot_info_fields target, over the public structs.
@@ -35,9 +36,43 @@ namespace depot::internal {
 // from the wire.
 struct NotOnWire {};
 
+// The daemon's metrics (`depotctl metrics`, GET /metrics) that export a field: a Prometheus
+// family (name, type, help) and the labels of the field's sample in it. Several fields share
+// a family when they are one quantity per tier or per event (the host's capacity and each
+// GPU's, in depot_capacity_bytes): they name the same MetricFamily, so its type and help are
+// written once.
+enum class MetricType { kGauge, kCounter };
+
+struct MetricFamily {
+  const char* name;
+  MetricType type;
+  const char* help;
+};
+
+// How a field's value is written: as it is (an integer, or seconds as a double to the µs),
+// or nanoseconds as seconds to the ms.
+enum class MetricUnit { kAsIs, kNanosAsSeconds };
+
+struct Metric {
+  constexpr Metric() = default;
+  // A family of its own, with one sample and no labels.
+  constexpr Metric(const char* metric_name, MetricType metric_type, const char* metric_help,
+                   MetricUnit metric_unit = MetricUnit::kAsIs)
+      : family{metric_name, metric_type, metric_help}, unit(metric_unit) {}
+  // A sample of a shared family: `metric_labels` as Prometheus writes them, `tier="host"`.
+  constexpr Metric(const MetricFamily& metric_family, const char* metric_labels)
+      : family(metric_family), labels(metric_labels) {}
+
+  constexpr bool exported() const { return family.name != nullptr; }
+
+  MetricFamily family{nullptr, MetricType::kGauge, nullptr};  // no name: not exported
+  const char* labels = "";
+  MetricUnit unit = MetricUnit::kAsIs;
+};
+
 // One field: `name`, `Struct::*member`, and, for a field on the wire, `getter`, a member
 // function of the wire reader, and `setter`, the builder's setX (a value) or initX (a struct,
-// a list or an id).
+// a list or an id); and `metric`, if the daemon's metrics export it (ForEachMetric).
 template <typename Struct, typename Member, typename Getter = NotOnWire,
           typename Setter = NotOnWire>
 struct Field {
@@ -47,14 +82,69 @@ struct Field {
                 "a field on the wire has both a getter and a setter");
 
   constexpr Field(const char* field_name, Member Struct::*field_member, Getter field_getter = {},
-                  Setter field_setter = {})
-      : name(field_name), member(field_member), getter(field_getter), setter(field_setter) {}
+                  Setter field_setter = {}, Metric field_metric = {})
+      : name(field_name),
+        member(field_member),
+        getter(field_getter),
+        setter(field_setter),
+        metric(field_metric) {}
 
   const char* name;
   Member Struct::*member;
   Getter getter;
   Setter setter;
+  Metric metric;
 };
+
+// The metric families that several fields share (the rest are declared at their field).
+namespace metric {
+inline constexpr MetricFamily kCapacityBytes{
+    "depot_capacity_bytes", MetricType::kGauge,
+    "What a tier may take: the host arena (--memory), a GPU pool's limit (--gpu-memory)."};
+inline constexpr MetricFamily kMappedBytes{
+    "depot_mapped_bytes", MetricType::kGauge,
+    "Bytes in arena segments, or GPU pool chunks, created so far."};
+inline constexpr MetricFamily kUsedBytes{"depot_used_bytes", MetricType::kGauge,
+                                         "Bytes allocated to objects."};
+inline constexpr MetricFamily kHeldBytes{
+    "depot_held_bytes", MetricType::kGauge,
+    "Bytes of objects referenced or being created (not evictable, not spillable)."};
+inline constexpr MetricFamily kPinnedBytes{"depot_pinned_bytes", MetricType::kGauge,
+                                           "Bytes of pinned objects."};
+inline constexpr MetricFamily kPageLockedBytes{
+    "depot_page_locked_bytes", MetricType::kGauge,
+    "Host arena bytes page-locked (registered with the CUDA driver) for GPU copies."};
+// Not depot_replicas: Prometheus parsers name the family of depot_replicas_total so.
+inline constexpr MetricFamily kTierObjects{
+    "depot_tier_objects", MetricType::kGauge,
+    "Objects with a copy on each tier, copies being made included."};
+inline constexpr MetricFamily kObjects{"depot_objects", MetricType::kGauge,
+                                       "Objects in the store, by state."};
+inline constexpr MetricFamily kReplicasTotal{
+    "depot_replicas_total", MetricType::kCounter,
+    "Copies between tiers: made for a get on another tier, dropped to make room on a GPU."};
+inline constexpr MetricFamily kTasksTotal{
+    "depot_tasks_total", MetricType::kCounter,
+    "Tasks submitted, and those over: done, failed, cancelled; and runs retried after their "
+    "worker died."};
+inline constexpr MetricFamily kTaskInputBytesTotal{
+    "depot_task_input_bytes_total", MetricType::kCounter,
+    "Input bytes of placed tasks: already where they run (local), or to be copied there."};
+inline constexpr MetricFamily kDiskBytes{
+    "depot_disk_bytes", MetricType::kGauge,
+    "The spill directory: bytes allocated to objects (used), of its files (files), and its "
+    "limit (limit)."};
+inline constexpr MetricFamily kDiskObjectsTotal{
+    "depot_disk_objects_total", MetricType::kCounter,
+    "Objects spilled to disk, restored from it, dropped from it for good (the spill limit "
+    "reached), and spills and restores that failed."};
+inline constexpr MetricFamily kDiskIoBytesTotal{"depot_disk_io_bytes_total", MetricType::kCounter,
+                                                "Bytes written by spills and read by restores."};
+inline constexpr MetricFamily kDiskIoSecondsTotal{
+    "depot_disk_io_seconds_total", MetricType::kCounter,
+    "Seconds during which spill writes (restore reads) were under way (bytes / seconds: "
+    "throughput)."};
+}  // namespace metric
 
 // InfoFields<T>: T's table. kName is its name in Python, Wire its Cap'n Proto struct (R its
 // reader, B its builder), kFields a tuple of Fields, in the order of the struct's members.
@@ -64,6 +154,10 @@ struct InfoFields;
 template <>
 struct InfoFields<GpuInfo> {
   static constexpr const char* kName = "GpuInfo";
+  // Its metrics' label: tier="gpuK", K its index in StoreStatus::gpus (the daemon's numbering,
+  // as `status` shows it; not this process's ordinal).
+  static constexpr const char* kMetricLabel = "tier";
+  static constexpr const char* kMetricLabelPrefix = "gpu";
   using Wire = wire::Device;
   using R = Wire::Reader;
   using B = Wire::Builder;
@@ -73,12 +167,17 @@ struct InfoFields<GpuInfo> {
       Field{"name", &GpuInfo::name, &R::getName, &B::setName},
       Field{"simulated", &GpuInfo::simulated, &R::getSimulated, &B::setSimulated},
       Field{"total_bytes", &GpuInfo::total_bytes, &R::getTotalBytes, &B::setTotalBytes},
-      Field{"limit_bytes", &GpuInfo::limit_bytes, &R::getLimitBytes, &B::setLimitBytes},
-      Field{"reserved_bytes", &GpuInfo::reserved_bytes, &R::getReservedBytes, &B::setReservedBytes},
-      Field{"used_bytes", &GpuInfo::used_bytes, &R::getUsedBytes, &B::setUsedBytes},
-      Field{"held_bytes", &GpuInfo::held_bytes, &R::getHeldBytes, &B::setHeldBytes},
+      Field{"limit_bytes", &GpuInfo::limit_bytes, &R::getLimitBytes, &B::setLimitBytes,
+            Metric{metric::kCapacityBytes, ""}},
+      Field{"reserved_bytes", &GpuInfo::reserved_bytes, &R::getReservedBytes, &B::setReservedBytes,
+            Metric{metric::kMappedBytes, ""}},
+      Field{"used_bytes", &GpuInfo::used_bytes, &R::getUsedBytes, &B::setUsedBytes,
+            Metric{metric::kUsedBytes, ""}},
+      Field{"held_bytes", &GpuInfo::held_bytes, &R::getHeldBytes, &B::setHeldBytes,
+            Metric{metric::kHeldBytes, ""}},
       Field{"chunks", &GpuInfo::chunks, &R::getChunks, &B::setChunks},
-      Field{"replicas", &GpuInfo::replicas, &R::getReplicas, &B::setReplicas},
+      Field{"replicas", &GpuInfo::replicas, &R::getReplicas, &B::setReplicas,
+            Metric{metric::kTierObjects, ""}},
   };
 };
 
@@ -121,18 +220,30 @@ struct InfoFields<SchedulerStatus> {
   using R = Wire::Reader;
   using B = Wire::Builder;
   static constexpr std::tuple kFields{
-      Field{"workers", &SchedulerStatus::workers, &R::getWorkers, &B::setWorkers},
+      Field{"workers", &SchedulerStatus::workers, &R::getWorkers, &B::setWorkers,
+            Metric{"depot_workers", MetricType::kGauge, "Workers attached to the scheduler."}},
       Field{"tasks_pending", &SchedulerStatus::tasks_pending, &R::getTasksPending,
-            &B::setTasksPending},
-      Field{"submitted", &SchedulerStatus::submitted, &R::getSubmitted, &B::setSubmitted},
-      Field{"completed", &SchedulerStatus::completed, &R::getCompleted, &B::setCompleted},
-      Field{"failed", &SchedulerStatus::failed, &R::getFailed, &B::setFailed},
-      Field{"cancelled", &SchedulerStatus::cancelled, &R::getCancelled, &B::setCancelled},
-      Field{"retried", &SchedulerStatus::retried, &R::getRetried, &B::setRetried},
+            &B::setTasksPending,
+            Metric{"depot_tasks_pending", MetricType::kGauge,
+                   "Tasks waiting, ready, queued on a worker or running."}},
+      Field{"submitted", &SchedulerStatus::submitted, &R::getSubmitted, &B::setSubmitted,
+            Metric{metric::kTasksTotal, R"(event="submitted")"}},
+      Field{"completed", &SchedulerStatus::completed, &R::getCompleted, &B::setCompleted,
+            Metric{metric::kTasksTotal, R"(event="done")"}},
+      Field{"failed", &SchedulerStatus::failed, &R::getFailed, &B::setFailed,
+            Metric{metric::kTasksTotal, R"(event="failed")"}},
+      Field{"cancelled", &SchedulerStatus::cancelled, &R::getCancelled, &B::setCancelled,
+            Metric{metric::kTasksTotal, R"(event="cancelled")"}},
+      Field{"retried", &SchedulerStatus::retried, &R::getRetried, &B::setRetried,
+            Metric{metric::kTasksTotal, R"(event="retried")"}},
       Field{"placements", &SchedulerStatus::placements, &R::getPlacements, &B::setPlacements},
-      Field{"local_bytes", &SchedulerStatus::local_bytes, &R::getLocalBytes, &B::setLocalBytes},
-      Field{"moved_bytes", &SchedulerStatus::moved_bytes, &R::getMovedBytes, &B::setMovedBytes},
-      Field{"prefetches", &SchedulerStatus::prefetches, &R::getPrefetches, &B::setPrefetches},
+      Field{"local_bytes", &SchedulerStatus::local_bytes, &R::getLocalBytes, &B::setLocalBytes,
+            Metric{metric::kTaskInputBytesTotal, R"(where="local")"}},
+      Field{"moved_bytes", &SchedulerStatus::moved_bytes, &R::getMovedBytes, &B::setMovedBytes,
+            Metric{metric::kTaskInputBytesTotal, R"(where="moved")"}},
+      Field{"prefetches", &SchedulerStatus::prefetches, &R::getPrefetches, &B::setPrefetches,
+            Metric{"depot_task_prefetches_total", MetricType::kCounter,
+                   "Inputs copied ahead of a task queued on a worker."}},
       Field{"host_to_gpu", &SchedulerStatus::host_to_gpu, &R::getHostToGpu, &B::setHostToGpu},
       Field{"gpu_to_host", &SchedulerStatus::gpu_to_host, &R::getGpuToHost, &B::setGpuToHost},
       Field{"gpu_to_gpu", &SchedulerStatus::gpu_to_gpu, &R::getGpuToGpu, &B::setGpuToGpu},
@@ -144,31 +255,43 @@ struct InfoFields<SchedulerStatus> {
 template <>
 struct InfoFields<DiskStatus> {
   static constexpr const char* kName = "DiskStatus";
+  // Without a spill directory its metrics are not exported at all (no depot_disk_* families).
+  static constexpr bool DiskStatus::*kMetricsWhen = &DiskStatus::enabled;
   using Wire = wire::DiskStatus;
   using R = Wire::Reader;
   using B = Wire::Builder;
   static constexpr std::tuple kFields{
       Field{"enabled", &DiskStatus::enabled, &R::getEnabled, &B::setEnabled},
       Field{"dir", &DiskStatus::dir, &R::getDir, &B::setDir},
-      Field{"limit_bytes", &DiskStatus::limit_bytes, &R::getLimitBytes, &B::setLimitBytes},
-      Field{"used_bytes", &DiskStatus::used_bytes, &R::getUsedBytes, &B::setUsedBytes},
-      Field{"file_bytes", &DiskStatus::file_bytes, &R::getFileBytes, &B::setFileBytes},
+      Field{"limit_bytes", &DiskStatus::limit_bytes, &R::getLimitBytes, &B::setLimitBytes,
+            Metric{metric::kDiskBytes, R"(kind="limit")"}},
+      Field{"used_bytes", &DiskStatus::used_bytes, &R::getUsedBytes, &B::setUsedBytes,
+            Metric{metric::kDiskBytes, R"(kind="used")"}},
+      Field{"file_bytes", &DiskStatus::file_bytes, &R::getFileBytes, &B::setFileBytes,
+            Metric{metric::kDiskBytes, R"(kind="files")"}},
       Field{"files", &DiskStatus::files, &R::getFiles, &B::setFiles},
-      Field{"objects", &DiskStatus::objects, &R::getObjects, &B::setObjects},
-      Field{"spills", &DiskStatus::spills, &R::getSpills, &B::setSpills},
-      Field{"spilled_bytes", &DiskStatus::spilled_bytes, &R::getSpilledBytes, &B::setSpilledBytes},
-      Field{"spill_seconds", &DiskStatus::spill_seconds, &R::getSpillSeconds, &B::setSpillSeconds},
-      Field{"restores", &DiskStatus::restores, &R::getRestores, &B::setRestores},
+      Field{"objects", &DiskStatus::objects, &R::getObjects, &B::setObjects,
+            Metric{"depot_disk_objects", MetricType::kGauge,
+                   "Objects with a copy in the spill directory."}},
+      Field{"spills", &DiskStatus::spills, &R::getSpills, &B::setSpills,
+            Metric{metric::kDiskObjectsTotal, R"(event="spilled")"}},
+      Field{"spilled_bytes", &DiskStatus::spilled_bytes, &R::getSpilledBytes, &B::setSpilledBytes,
+            Metric{metric::kDiskIoBytesTotal, R"(op="write")"}},
+      Field{"spill_seconds", &DiskStatus::spill_seconds, &R::getSpillSeconds, &B::setSpillSeconds,
+            Metric{metric::kDiskIoSecondsTotal, R"(op="write")"}},
+      Field{"restores", &DiskStatus::restores, &R::getRestores, &B::setRestores,
+            Metric{metric::kDiskObjectsTotal, R"(event="restored")"}},
       Field{"restored_bytes", &DiskStatus::restored_bytes, &R::getRestoredBytes,
-            &B::setRestoredBytes},
+            &B::setRestoredBytes, Metric{metric::kDiskIoBytesTotal, R"(op="read")"}},
       Field{"restore_seconds", &DiskStatus::restore_seconds, &R::getRestoreSeconds,
-            &B::setRestoreSeconds},
-      Field{"drops", &DiskStatus::drops, &R::getDrops, &B::setDrops},
+            &B::setRestoreSeconds, Metric{metric::kDiskIoSecondsTotal, R"(op="read")"}},
+      Field{"drops", &DiskStatus::drops, &R::getDrops, &B::setDrops,
+            Metric{metric::kDiskObjectsTotal, R"(event="dropped")"}},
       Field{"dropped_bytes", &DiskStatus::dropped_bytes, &R::getDroppedBytes, &B::setDroppedBytes},
       Field{"spill_failures", &DiskStatus::spill_failures, &R::getSpillFailures,
-            &B::setSpillFailures},
+            &B::setSpillFailures, Metric{metric::kDiskObjectsTotal, R"(event="spill_failed")"}},
       Field{"restore_failures", &DiskStatus::restore_failures, &R::getRestoreFailures,
-            &B::setRestoreFailures},
+            &B::setRestoreFailures, Metric{metric::kDiskObjectsTotal, R"(event="restore_failed")"}},
       Field{"copies_in_flight", &DiskStatus::copies_in_flight, &R::getCopiesInFlight,
             &B::setCopiesInFlight},
       Field{"direct_io", &DiskStatus::direct_io, &R::getDirectIo, &B::setDirectIo},
@@ -197,40 +320,57 @@ struct InfoFields<StoreStatus> {
       Field{"daemon_version", &StoreStatus::daemon_version, &R::getDaemonVersion,
             &B::setDaemonVersion},
       Field{"pid", &StoreStatus::pid, &R::getPid, &B::setPid},
-      Field{"uptime_ns", &StoreStatus::uptime_ns, &R::getUptimeNs, &B::setUptimeNs},
+      Field{"uptime_ns", &StoreStatus::uptime_ns, &R::getUptimeNs, &B::setUptimeNs,
+            Metric{"depot_uptime_seconds", MetricType::kGauge, "Seconds since the daemon started.",
+                   MetricUnit::kNanosAsSeconds}},
       Field{"socket_path", &StoreStatus::socket_path, &R::getSocketPath, &B::setSocketPath},
       Field{"arena_backend", &StoreStatus::arena_backend, &R::getArenaBackend, &B::setArenaBackend},
       Field{"capacity_bytes", &StoreStatus::capacity_bytes, &R::getCapacityBytes,
-            &B::setCapacityBytes},
-      Field{"mapped_bytes", &StoreStatus::mapped_bytes, &R::getMappedBytes, &B::setMappedBytes},
-      Field{"used_bytes", &StoreStatus::used_bytes, &R::getUsedBytes, &B::setUsedBytes},
-      Field{"held_bytes", &StoreStatus::held_bytes, &R::getHeldBytes, &B::setHeldBytes},
-      Field{"pinned_bytes", &StoreStatus::pinned_bytes, &R::getPinnedBytes, &B::setPinnedBytes},
+            &B::setCapacityBytes, Metric{metric::kCapacityBytes, R"(tier="host")"}},
+      Field{"mapped_bytes", &StoreStatus::mapped_bytes, &R::getMappedBytes, &B::setMappedBytes,
+            Metric{metric::kMappedBytes, R"(tier="host")"}},
+      Field{"used_bytes", &StoreStatus::used_bytes, &R::getUsedBytes, &B::setUsedBytes,
+            Metric{metric::kUsedBytes, R"(tier="host")"}},
+      Field{"held_bytes", &StoreStatus::held_bytes, &R::getHeldBytes, &B::setHeldBytes,
+            Metric{metric::kHeldBytes, R"(tier="host")"}},
+      Field{"pinned_bytes", &StoreStatus::pinned_bytes, &R::getPinnedBytes, &B::setPinnedBytes,
+            Metric{metric::kPinnedBytes, R"(tier="host")"}},
       Field{"largest_free_block", &StoreStatus::largest_free_block, &R::getLargestFreeBlock,
             &B::setLargestFreeBlock},
       Field{"segments", &StoreStatus::segments, &R::getSegments, &B::setSegments},
       Field{"objects_sealed", &StoreStatus::objects_sealed, &R::getObjectsSealed,
-            &B::setObjectsSealed},
+            &B::setObjectsSealed, Metric{metric::kObjects, R"(state="sealed")"}},
       Field{"objects_creating", &StoreStatus::objects_creating, &R::getObjectsCreating,
-            &B::setObjectsCreating},
-      Field{"clients", &StoreStatus::clients, &R::getClients, &B::setClients},
-      Field{"evictions", &StoreStatus::evictions, &R::getEvictions, &B::setEvictions},
-      Field{"evicted_bytes", &StoreStatus::evicted_bytes, &R::getEvictedBytes, &B::setEvictedBytes},
+            &B::setObjectsCreating, Metric{metric::kObjects, R"(state="creating")"}},
+      Field{"clients", &StoreStatus::clients, &R::getClients, &B::setClients,
+            Metric{"depot_clients", MetricType::kGauge, "Connected client sessions."}},
+      Field{"evictions", &StoreStatus::evictions, &R::getEvictions, &B::setEvictions,
+            Metric{"depot_evictions_total", MetricType::kCounter,
+                   "Objects evicted under memory pressure."}},
+      Field{"evicted_bytes", &StoreStatus::evicted_bytes, &R::getEvictedBytes, &B::setEvictedBytes,
+            Metric{"depot_evicted_bytes_total", MetricType::kCounter,
+                   "Bytes evicted under memory pressure."}},
       Field{"eviction_enabled", &StoreStatus::eviction_enabled, &R::getEvictionEnabled,
             &B::setEvictionEnabled},
       Field{"header_slots", &StoreStatus::header_slots, &R::getHeaderSlots, &B::setHeaderSlots},
       Field{"requests", &StoreStatus::requests, &R::getRequests, &B::setRequests},
       Field{"gpus", &StoreStatus::gpus, &R::getDevices, &B::initDevices},
       Field{"gpu_backend", &StoreStatus::gpu_backend, &R::getDeviceBackend, &B::setDeviceBackend},
-      Field{"spills", &StoreStatus::spills, &R::getSpills, &B::setSpills},
-      Field{"spilled_bytes", &StoreStatus::spilled_bytes, &R::getSpilledBytes, &B::setSpilledBytes},
-      Field{"replicas_made", &StoreStatus::replicas_made, &R::getReplicasMade, &B::setReplicasMade},
+      Field{"spills", &StoreStatus::spills, &R::getSpills, &B::setSpills,
+            Metric{"depot_spills_total", MetricType::kCounter,
+                   "Objects moved from a full GPU pool to host memory."}},
+      Field{"spilled_bytes", &StoreStatus::spilled_bytes, &R::getSpilledBytes, &B::setSpilledBytes,
+            Metric{"depot_spilled_bytes_total", MetricType::kCounter,
+                   "Bytes moved from full GPU pools to host memory."}},
+      Field{"replicas_made", &StoreStatus::replicas_made, &R::getReplicasMade, &B::setReplicasMade,
+            Metric{metric::kReplicasTotal, R"(event="made")"}},
       Field{"replicas_dropped", &StoreStatus::replicas_dropped, &R::getReplicasDropped,
-            &B::setReplicasDropped},
+            &B::setReplicasDropped, Metric{metric::kReplicasTotal, R"(event="dropped")"}},
       Field{"arena_page_locked_bytes", &StoreStatus::arena_page_locked_bytes,
-            &R::getArenaPageLockedBytes, &B::setArenaPageLockedBytes},
+            &R::getArenaPageLockedBytes, &B::setArenaPageLockedBytes,
+            Metric{metric::kPageLockedBytes, R"(tier="host")"}},
       Field{"objects_on_host", &StoreStatus::objects_on_host, &R::getObjectsOnHost,
-            &B::setObjectsOnHost},
+            &B::setObjectsOnHost, Metric{metric::kTierObjects, R"(tier="host")"}},
       Field{"metadata_bytes", &StoreStatus::metadata_bytes, &R::getMetadataBytes,
             &B::setMetadataBytes},
       Field{"metadata_budget_bytes", &StoreStatus::metadata_budget_bytes,
@@ -430,8 +570,78 @@ constexpr void ForEachField(F&& f) {
   std::apply([&](const auto&... field) { (f(field), ...); }, InfoFields<T>::kFields);
 }
 
+template <typename V>
+inline constexpr bool kIsVector = false;
+template <typename V>
+inline constexpr bool kIsVector<std::vector<V>> = true;
+
 template <Info T>
 inline constexpr size_t kFieldCount = std::tuple_size_v<decltype(InfoFields<T>::kFields)>;
+
+// Whether any field of T, or of a struct in it, is exported as a metric.
+template <Info T>
+consteval bool HasMetrics();
+
+namespace detail {
+template <typename V>
+consteval bool HasMetricsIn() {
+  if constexpr (Info<V>) {
+    return HasMetrics<V>();
+  } else if constexpr (requires { typename V::value_type; }) {
+    if constexpr (Info<typename V::value_type>) return HasMetrics<typename V::value_type>();
+  }
+  return false;
+}
+}  // namespace detail
+
+template <Info T>
+consteval bool HasMetrics() {
+  return std::apply(
+      [](const auto&... field) {
+        return ((field.metric.exported() ||
+                 detail::HasMetricsIn<typename std::decay_t<decltype(field)>::Value>()) ||
+                ...);
+      },
+      InfoFields<T>::kFields);
+}
+
+// Calls `f(metric, labels, value)` for each field of `record` that the daemon's metrics
+// export (a number), in table order, and so on into the structs and lists of structs in it:
+// `labels` are the field's own, after those of the list element it is in (tier="gpu0"). How
+// the daemon writes its metrics, and how a test finds every one of them.
+template <Info T, typename F>
+void ForEachMetric(const T& record, F&& f, const std::string& outer_labels = {}) {
+  if constexpr (requires { InfoFields<T>::kMetricsWhen; }) {
+    if (!(record.*InfoFields<T>::kMetricsWhen)) return;
+  }
+  ForEachField<T>([&](const auto& field) {
+    using V = typename std::decay_t<decltype(field)>::Value;
+    const V& value = record.*field.member;
+    if constexpr (std::is_arithmetic_v<V>) {
+      if (!field.metric.exported()) return;
+      std::string labels = outer_labels;
+      if (*field.metric.labels != '\0') {
+        labels += (labels.empty() ? "" : ",") + std::string(field.metric.labels);
+      }
+      f(field.metric, labels, value);
+    } else if constexpr (Info<V>) {
+      if constexpr (HasMetrics<V>()) ForEachMetric(value, f, outer_labels);
+    } else if constexpr (kIsVector<V>) {
+      using E = typename V::value_type;
+      if constexpr (Info<E>) {
+        if constexpr (HasMetrics<E>()) {
+          // Each element's samples need a label of their own to tell them apart.
+          for (size_t i = 0; i < value.size(); ++i) {
+            ForEachMetric(value[i], f,
+                          (outer_labels.empty() ? "" : outer_labels + ",") +
+                              InfoFields<E>::kMetricLabel + "=\"" +
+                              InfoFields<E>::kMetricLabelPrefix + std::to_string(i) + "\"");
+          }
+        }
+      }
+    }
+  });
+}
 
 // How many members an aggregate has: the most initialisers it takes.
 namespace detail {
@@ -447,12 +657,25 @@ consteval size_t MemberCount() {
     return sizeof...(Initialisers);
   }
 }
+
+// Whether every field of T that has a metric is a number (a metric's value).
+template <Info T>
+consteval bool OnlyNumbersExported() {
+  return std::apply(
+      [](const auto&... field) {
+        return ((!field.metric.exported() ||
+                 std::is_arithmetic_v<typename std::decay_t<decltype(field)>::Value>)&&...);
+      },
+      InfoFields<T>::kFields);
+}
 }  // namespace detail
 
 #define DEPOT_CHECK_INFO_FIELDS(T)                                  \
   static_assert(detail::MemberCount<T>() == kFieldCount<T>,         \
                 "a member of " #T " is missing from InfoFields<" #T \
-                "> (or the table has one too many)")
+                "> (or the table has one too many)");               \
+  static_assert(detail::OnlyNumbersExported<T>(),                   \
+                "a field of InfoFields<" #T "> with a metric is not a number")
 DEPOT_CHECK_INFO_FIELDS(GpuInfo);
 DEPOT_CHECK_INFO_FIELDS(ObjectInfo);
 DEPOT_CHECK_INFO_FIELDS(SchedulerStatus);
@@ -616,11 +839,6 @@ void WriteElement(ListBuilder list, unsigned i, const V& value) {
     list.set(i, WireValue(value));
   }
 }
-
-template <typename V>
-inline constexpr bool kIsVector = false;
-template <typename V>
-inline constexpr bool kIsVector<std::vector<V>> = true;
 
 // One member into its wire field, through the field's setter (or init).
 template <typename Builder, typename Setter, typename V>

@@ -598,22 +598,23 @@ std::string ReplicaState(const Replica& r, const ObjectInfo& o) {
   return o.state == ObjectState::kCreating ? "being created" : "copying";
 }
 
+// A replica as its table writes it, with, as before the table: its tier by name (`tier`) in
+// place of the daemon's device number; on a GPU, the GPU's index and name, and its segment
+// as `chunk` (a GPU pool's chunk, not an arena segment); and `state`, ReplicaState.
 std::string ReplicaJson(const Replica& r, const ObjectInfo& o, const std::vector<GpuInfo>& gpus) {
-  JsonObject json;
-  json.String("tier", TierName(r.device));
-  if (r.device < 0) {
-    json.Number("segment", r.segment);
-  } else {
+  JsonObject json = JsonOf(r);
+  json.String("tier", TierName(r.device)).MoveBefore("tier", "device").Remove("device");
+  if (r.device >= 0) {
     const size_t d = static_cast<size_t>(r.device);
     json.Number("gpu", d)
         .String("gpu_name", d < gpus.size() ? gpus[d].name : "")
-        .Number("chunk", r.segment);
+        .Number("chunk", r.segment)
+        .MoveBefore("gpu", "segment")
+        .MoveBefore("gpu_name", "segment")
+        .MoveBefore("chunk", "segment")
+        .Remove("segment");
   }
-  return json.Number("offset", r.offset)
-      .Number("references", r.references)
-      .Bool("ready", r.ready)
-      .String("state", ReplicaState(r, o))
-      .str();
+  return json.String("state", ReplicaState(r, o)).str();
 }
 
 // One replica for people: "host tier, segment 0, offset 4096 (0x1000): 1 reference, ready".
@@ -833,9 +834,12 @@ Status VerifyObjects(const std::string& socket, const std::vector<std::string>& 
   if (json) {
     std::vector<std::string> objects;
     for (const VerifyResult& r : results) {
-      JsonObject o;
-      o.String("id", r.id.Hex()).String("name", name_of(r.id));
-      o.String("result", VerifyStateName(r.state));
+      // Its table's fields, with, as before the table: the object's name after its id; the
+      // state as `result`; and the checksums as hex digits (as show's), null where none was
+      // computed.
+      JsonObject o = JsonOf(r);
+      o.String("name", name_of(r.id)).MoveBefore("name", "state");
+      o.String("result", VerifyStateName(r.state)).MoveBefore("result", "state").Remove("state");
       if (r.state == VerifyState::kOk || r.state == VerifyState::kMismatch) {
         o.String("expected", Hex64(r.expected)).String("actual", Hex64(r.actual));
       } else {

@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "depot/ipc/units.h"
 #include "format.h"
+#include "json_fields.h"
 
 namespace depot::ctl {
 
@@ -59,14 +60,6 @@ std::string FormatShare(double share) {
 
 std::string DeviceName(int device) { return device < 0 ? "host" : "gpu" + std::to_string(device); }
 
-std::string JsonIds(const std::vector<ObjectId>& ids) {
-  std::string out = "[";
-  for (size_t i = 0; i < ids.size(); ++i) {
-    out += (i == 0 ? "" : ",") + JsonString(ids[i].Hex());
-  }
-  return out + "]";
-}
-
 std::string ResourcesText(const std::map<std::string, double>& resources) {
   std::string out;
   for (const auto& [name, amount] : resources) {
@@ -75,69 +68,31 @@ std::string ResourcesText(const std::map<std::string, double>& resources) {
   return out.empty() ? "-" : out;
 }
 
+// A worker as its table writes it, with its GPUs as one list of {device, free_share} (the
+// table has two lists side by side, gpus and free_gpu_shares, as the wire does), and
+// gpu_functions after functions, as depotctl wrote them before the table.
 std::string WorkerJson(const WorkerInfo& w) {
   std::string gpus = "[";
   for (size_t k = 0; k < w.gpus.size(); ++k) {
-    gpus += (k == 0 ? "" : ",") + JsonObject()
-                                      .Number("device", static_cast<uint64_t>(w.gpus[k]))
-                                      .Real("free_share", w.free_gpu_shares[k])
-                                      .str();
+    const double free_share = k < w.free_gpu_shares.size() ? w.free_gpu_shares[k] : 0;
+    gpus += (k == 0 ? "" : ", ") + JsonObject()
+                                       .Number("device", static_cast<uint64_t>(w.gpus[k]))
+                                       .Real("free_share", free_share)
+                                       .str();
   }
-  std::string resources = "{";
-  for (const auto& [name, amount] : w.resources) {
-    if (resources.size() > 1) resources += ",";
-    std::ostringstream value;
-    value << amount;
-    resources += JsonString(name) + ":" + value.str();
-  }
-  auto names = [](const std::vector<std::string>& list) {
-    std::string out = "[";
-    for (size_t k = 0; k < list.size(); ++k) out += (k == 0 ? "" : ",") + JsonString(list[k]);
-    return out + "]";
-  };
-  return JsonObject()
-      .Number("session_id", w.session_id)
-      .String("name", w.name)
-      .Real("cpus", w.cpus)
-      .Real("free_cpus", w.free_cpus)
+  return JsonOf(w)
       .Json("gpus", gpus + "]")
-      .Json("resources", resources + "}")
-      .Json("functions", names(w.functions))
-      .Json("gpu_functions", names(w.gpu_functions))
-      .Number("running", w.running)
-      .Number("queued", w.queued)
-      .Number("done", w.done)
-      .Number("failed", w.failed)
-      .Bool("draining", w.draining)
-      .Real("attached_s", w.attached_s)
+      .Remove("free_gpu_shares")
+      .MoveBefore("gpu_functions", "running")
       .str();
 }
 
+// A task as its table writes it, with its device null while it has none (on the host, or
+// not placed yet) rather than the table's -1, as before the table.
 std::string TaskJson(const TaskInfo& t) {
-  JsonObject o;
-  o.Number("task", t.task)
-      .String("function", t.function)
-      .String("state", TaskStateName(t.state))
-      .Number("submitter", t.submitter)
-      .Number("worker", t.worker);
-  if (t.device < 0) {
-    o.Null("device");
-  } else {
-    o.Number("device", static_cast<uint64_t>(t.device));
-  }
-  return o.Json("outputs", JsonIds(t.outputs))
-      .Real("priority", t.priority)
-      .Number("attempts", t.attempts)
-      .Number("inputs_missing", t.inputs_missing)
-      .Number("local_bytes", t.local_bytes)
-      .Number("moved_bytes", t.moved_bytes)
-      .Real("wait_s", t.wait_s)
-      .Real("transfer_s", t.transfer_s)
-      .Real("duration_s", t.duration_s)
-      .String("reason", t.reason)
-      .String("variant", t.variant)
-      .String("variant_reason", t.variant_reason)
-      .str();
+  JsonObject json = JsonOf(t);
+  if (t.device < 0) json.Null("device");
+  return json.str();
 }
 
 }  // namespace
