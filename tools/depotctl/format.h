@@ -44,6 +44,12 @@ std::string TierName(int device);
 // "-" when it has none yet (being created on a GPU).
 std::string TiersText(const ObjectInfo& o);
 
+// The share of the worker's k-th GPU that is free; 0 where the reply lists fewer shares than
+// GPUs (it comes from the daemon, and is read as untrusted).
+inline double FreeShare(const WorkerInfo& w, size_t k) {
+  return k < w.free_gpu_shares.size() ? w.free_gpu_shares[k] : 0;
+}
+
 // A GPU's name, marked "(simulated)" for a simulated device whose name does not say so.
 std::string GpuName(const GpuInfo& gpu);
 

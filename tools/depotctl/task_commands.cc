@@ -74,7 +74,7 @@ std::string ResourcesText(const std::map<std::string, double>& resources) {
 std::string WorkerJson(const WorkerInfo& w) {
   std::string gpus = "[";
   for (size_t k = 0; k < w.gpus.size(); ++k) {
-    const double free_share = k < w.free_gpu_shares.size() ? w.free_gpu_shares[k] : 0;
+    const double free_share = FreeShare(w, k);
     gpus += (k == 0 ? "" : ", ") + JsonObject()
                                        .Number("device", static_cast<uint64_t>(w.gpus[k]))
                                        .Real("free_share", free_share)
@@ -163,7 +163,7 @@ Status ListWorkers(const std::string& socket, bool json) {
     std::string gpus;
     for (size_t k = 0; k < w.gpus.size(); ++k) {
       gpus += (gpus.empty() ? "" : " ") + DeviceName(w.gpus[k]) + ":" +
-              FormatShare(1 - w.free_gpu_shares[k]) + "/1";
+              FormatShare(1 - FreeShare(w, k)) + "/1";
     }
     // Each name once: "f" runs as registered, "f(cpu,gpu)" has two variants, "f(gpu)" only
     // a GPU one.

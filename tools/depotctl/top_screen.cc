@@ -263,7 +263,7 @@ void AddWorkers(std::vector<std::string>& lines, const Sample& now, const Sample
     std::string gpus;
     for (size_t k = 0; k < w.gpus.size(); ++k) {
       char share[32];
-      std::snprintf(share, sizeof(share), ":%g", 1 - w.free_gpu_shares[k]);
+      std::snprintf(share, sizeof(share), ":%g", 1 - FreeShare(w, k));
       gpus += (gpus.empty() ? "" : " ") + TierName(w.gpus[k]) + share;
     }
     char cpus[48];
