@@ -268,3 +268,32 @@ def test_dask_local_callbacks_and_the_progress_bar_see_every_task(sched):
     assert seen["start"] == 1
     assert len(seen["post"]) == 41 and seen["finish"] == (41, False)
     assert "100% Completed" in out.getvalue()
+
+
+def test_callbacks_see_intermediates_whose_readers_finished_before_they_were_looked_at(sched):
+    from dask.callbacks import Callback
+
+    # One task a request: the first links of the chain, and their readers, are done long
+    # before the last is submitted and the callbacks start to look.
+    seen = set()
+
+    class Counter(Callback):
+        def _posttask(self, key, result, dsk, state, worker_id):
+            seen.add(key)
+
+    chain = delayed(operator.add)(0, 1)
+    for _ in range(30):
+        chain = delayed(operator.add)(chain, 1)
+    one_by_one = depot.dask.Scheduler(socket=sched.client.socket, batch=1)
+    result = {}
+
+    def compute():
+        with Counter():
+            result["value"] = chain.compute(scheduler=one_by_one.get)
+
+    thread = threading.Thread(target=compute, daemon=True)
+    thread.start()
+    thread.join(120)
+    one_by_one.close()
+    assert not thread.is_alive(), "the callbacks waited for an intermediate deleted already"
+    assert result["value"] == 31 and len(seen) == 31

@@ -186,6 +186,7 @@ class _Run:
         # them): read by their task only.
         self.extra: List[ObjectRef] = []
         self.given_up: Set[Key] = set()
+        self.key_of: Dict[ObjectRef, Key] = {}  # while following: each task's key by its output
 
     def encode(self) -> List[Tuple[int, Dict[str, Any]]]:
         """Every task of the graph as submit takes it, producers first, with its place in
@@ -236,9 +237,9 @@ class _Run:
             raise InvalidArgument(f"a task depends on {len(inputs)} others: too many")
         return lists
 
-    def submit(self, tasks: List[Tuple[int, Dict[str, Any]]]) -> None:
+    def submit(self, tasks: List[Tuple[int, Dict[str, Any]]], give_up: bool = True) -> None:
         """Submits the tasks in batches, giving up each intermediate once its last reader is
-        submitted."""
+        submitted (unless not ``give_up``: then ``follow`` does, once it has seen it)."""
         plan = self.plan
         # Keys by the place in order of the task reading them last.
         read_last: Dict[int, List[Key]] = {}
@@ -250,7 +251,10 @@ class _Run:
             chunk = tasks[start : start + self.batch]
             self.client._submit([task for _, task in chunk])
             through = chunk[-1][0]
-            self.give_up(k for i in range(given + 1, through + 1) for k in read_last.get(i, ()))
+            if give_up:
+                self.give_up(
+                    k for i in range(given + 1, through + 1) for k in read_last.get(i, ())
+                )
             given = through
         self.delete_after_tasks(self.extra)
         self.extra = []
@@ -284,8 +288,11 @@ class _Run:
         """For Dask's local callbacks (a ProgressBar): waits for the tasks to end, moving
         each key from state["waiting"] to state["finished"] and telling the callbacks,
         whose ``result`` is None (the values stay in the store). One wait request a turn,
-        answered when a twentieth of what is left has ended or after 100 ms."""
+        answered when a twentieth of what is left has ended or after 100 ms. The graph's
+        intermediates are given up here, each once it has been seen sealed (submit did not):
+        one deleted before that would never be."""
         pending = {ref: key for key, ref in self.refs.items() if key in state["waiting"]}
+        self.key_of = dict(pending)
         while pending:
             refs = list(pending)
             enough = max(1, len(refs) // 20)
@@ -303,6 +310,7 @@ class _Run:
                     f(key, self.plan.graph, state)
                 for f in posttask:
                     f(key, None, self.plan.graph, state, None)
+            self.give_up(self.key_of[ref] for ref in done if self.key_of[ref] not in self.wanted)
 
     def clean_up(self) -> None:
         """After a failure or an interrupt: what has not started is cancelled, and all the
@@ -349,8 +357,9 @@ def _run_graph(client: Client, dsk: Any, keys: Any, batch: int, callbacks: Any =
                 state["waiting"] = {k for k in plan.order if k not in plan.aliases}
                 for f in start_states:
                     f(plan.graph, state)
-                run.submit(tasks)
-                if pretask or posttask:
+                following = bool(pretask or posttask)
+                run.submit(tasks, give_up=not following)
+                if following:
                     run.follow(state, pretask, posttask)
                 values = run.gather(flat)
             except BaseException:
