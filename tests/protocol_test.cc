@@ -584,7 +584,8 @@ TEST_F(SmallBatchProtocolTest, GetOfExactlyMaxBatchIdsIsAnswered) {
 TEST_F(SmallBatchProtocolTest, ReleaseDeleteAndContainsOfMoreIdsThanMaxBatchAreLimitExceeded) {
   auto s = OpenSession();
   uint64_t id = 2;
-  for (IdList kind : {IdList::kRelease, IdList::kDelete, IdList::kContains}) {
+  for (IdList kind :
+       {IdList::kRelease, IdList::kDelete, IdList::kContains, IdList::kDeleteAfterTasks}) {
     auto reply = s->Call(id++, ListOf(kind, Ids("protocol/batch", 9)));
     ASSERT_TRUE(reply);
     EXPECT_EQ(reply->get().getError(), wire::ErrorCode::LIMIT_EXCEEDED)

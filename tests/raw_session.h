@@ -179,15 +179,17 @@ inline auto CancelWaitOf(uint64_t request) {
   return [=](wire::Request::Builder r) { r.setCancelWait(request); };
 }
 
-// release (of host references), delete and contains all take a list of ids.
-enum class IdList { kRelease, kDelete, kContains, kLocate };
+// release (of host references), delete, contains, locate and deleteAfterTasks all take a
+// list of ids.
+enum class IdList { kRelease, kDelete, kContains, kLocate, kDeleteAfterTasks };
 inline auto ListOf(IdList kind, const std::vector<ObjectId>& ids) {
   return [=](wire::Request::Builder r) {
     const auto n = static_cast<unsigned>(ids.size());
     auto list = kind == IdList::kRelease    ? r.initRelease(1)[0].initIds(n)
                 : kind == IdList::kDelete   ? r.initDelete(n)
                 : kind == IdList::kContains ? r.initContains(n)
-                                            : r.initLocate(n);
+                : kind == IdList::kLocate   ? r.initLocate(n)
+                                            : r.initDeleteAfterTasks(n);
     for (unsigned i = 0; i < n; ++i) ipc::ToWire(ids[i], list[i]);
   };
 }
