@@ -125,16 +125,21 @@ class _Plan:
             raise InvalidArgument(
                 f"{len(missing)} key(s) asked for are not in the graph, such as {missing[0]!r}"
             )
-        # What the keys asked for need, and in which order (producers first).
+        # What the keys asked for need, and in which order (producers first); each task's
+        # dependencies in a fixed order (its inputs' order), sorted once.
         self.order: List[Key] = []
+        self.deps: Dict[Key, List[Key]] = {}
         state: Dict[Key, int] = {}  # 1: being visited, 2: done
+
+        def visit(key: Key) -> Iterator[Key]:
+            state[key] = 1
+            self.deps[key] = sorted(graph[key].dependencies, key=repr)
+            return iter(self.deps[key])
+
         for root in keys:
             if root in state:
                 continue
-            state[root] = 1
-            stack: List[Tuple[Key, Iterator[Key]]] = [
-                (root, iter(sorted(graph[root].dependencies, key=repr)))
-            ]
+            stack: List[Tuple[Key, Iterator[Key]]] = [(root, visit(root))]
             while stack:
                 key, deps = stack[-1]
                 dep = next(deps, None)
@@ -151,8 +156,7 @@ class _Plan:
                 if seen == 1:
                     raise InvalidArgument(f"the graph has a cycle through {dep!r}")
                 if seen is None:
-                    state[dep] = 1
-                    stack.append((dep, iter(sorted(graph[dep].dependencies, key=repr))))
+                    stack.append((dep, visit(dep)))
         self.graph = graph
         self.aliases: Dict[Key, Key] = {}
         for key in self.order:
@@ -164,7 +168,7 @@ class _Plan:
         # The task (by its place in order) that reads each key last.
         self.last_reader: Dict[Key, int] = {}
         for i, key in enumerate(self.order):
-            for dep in graph[key].dependencies:
+            for dep in self.deps[key]:
                 self.last_reader[self.resolve(dep)] = i
 
     def resolve(self, key: Key) -> Key:
@@ -202,7 +206,7 @@ class _Run:
             if key in plan.data:
                 self.refs[key] = self.client.put(node.value)
                 continue
-            deps = sorted(node.dependencies, key=repr)
+            deps = plan.deps[key]
             inputs = [self.refs[plan.resolve(d)] for d in deps]
             fn = "depot.dask.run"
             if len(inputs) > _MOST_INPUTS:
