@@ -297,3 +297,67 @@ def test_callbacks_see_intermediates_whose_readers_finished_before_they_were_loo
     one_by_one.close()
     assert not thread.is_alive(), "the callbacks waited for an intermediate deleted already"
     assert result["value"] == 31 and len(seen) == 31
+
+
+def test_callables_a_graph_shares_are_stored_once_a_graph_and_go_with_it(sched, monkeypatch):
+    from depot import _dask_graphs
+
+    stored = []
+    store = _dask_graphs._Functions.store
+
+    def counting(self, data):
+        stored.append(data)
+        return store(self, data)
+
+    monkeypatch.setattr(_dask_graphs._Functions, "store", counting)
+    offset = 3
+
+    def shift(b):  # a closure of the test module: pickle cannot name it, so it goes by value
+        return b + offset
+
+    def run(chunks):
+        del stored[:]
+        x = da.ones((400, 400), chunks=chunks).map_blocks(shift).map_blocks(lambda b: b * 2)
+        assert float(x.sum().compute(scheduler=sched.get)) == 400 * 400 * 8
+        return len(stored)
+
+    # 16 blocks or 256: the closure, the lambda and da.ones's curried function are each
+    # stored once a graph, not once a task; the fixture checks that they are gone from the
+    # store after the run.
+    assert 2 <= run(100) == run(25) <= 4
+
+
+def test_a_graph_of_100000_tasks_runs_in_batches(sched):
+    # 100,000 tasks of dask.array (a 1000 × 100 grid of tiny chunks, a sum); the graph is
+    # submitted in batches of the scheduler's size, with no round trip a task.
+    before = sched.client.status().scheduler.submitted
+    x = da.ones((1000, 100), chunks=1)
+    total = (x + 1).sum()
+    assert len(dict(total.__dask_graph__())) > 100_000
+    assert float(total.compute(scheduler=sched.get)) == 2 * 1000 * 100
+    assert sched.client.status().scheduler.submitted - before >= 100_000
+
+
+def test_a_graph_past_the_clients_metadata_limit_waits_for_room_instead_of_failing():
+    # The daemon keeps at most 200 KiB of this client's tasks at once; the graph's tasks take
+    # 9 MB, and one request of them up to 256 KiB: batches are halved, and submitted as
+    # earlier tasks end.
+    with depot.start_daemon(
+        "256MiB", args=["--client-max-metadata", "200KiB"], workers=2, prefault=False
+    ) as d:
+        with depot.dask.Scheduler(socket=d.socket) as s:
+            padding = "p" * 3000  # in every task's arguments
+
+            @delayed
+            def inc(i, pad):
+                return i + 1
+
+            parts = [inc(i, padding + str(i)) for i in range(3000)]
+            sums = [delayed(sum)(parts[i : i + 100]) for i in range(0, 3000, 100)]
+            assert delayed(sum)(sums).compute(scheduler=s.get) == sum(range(1, 3001))
+            assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
+            # One task past the limit on its own (its arguments name 3,000 keys): refused,
+            # with the daemon's reason, and nothing of the graph is left.
+            with pytest.raises(depot.LimitExceeded, match="client-max-metadata"):
+                delayed(sum)(parts).compute(scheduler=s.get)
+            assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)

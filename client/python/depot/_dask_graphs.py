@@ -18,21 +18,31 @@ started and deletes everything the graph made once what runs is done.
 
 from __future__ import annotations
 
+import collections
+import functools
+import io
+import itertools
 import os
 import pickle
 import threading
 import traceback
+import types
 from typing import (
     Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple,
 )
 
 from . import _depot, _tasks
 from ._client import Client
-from ._errors import DepotError, InvalidArgument, ObjectNotFound
+from ._errors import DepotError, InvalidArgument, LimitExceeded, ObjectNotFound
 from ._ref import ObjectRef
 
 BATCH = 1000
 """Tasks submitted in one request."""
+
+_BATCH_BYTES = 256 * 1024
+"""Bytes of tasks submitted in one request at most: the daemon reads a request of up to
+1 MiB into a buffer every client has, beyond which the buffer counts against the client's
+limit (``--client-max-metadata``), and one it cannot count closes the client's session."""
 
 _MOST_INPUTS = 4000
 """Inputs of one depot task at most (the daemon takes 4,096, and a task may read its stored
@@ -80,12 +90,129 @@ def _raised_of(pickled: Optional[bytes], text: str, key: Any) -> _Raised:
     return raised
 
 
-def _run(node: Any, keys: Sequence[Key], *values: Any) -> Any:
-    """One task of a graph, on a worker: ``node`` (a dask GraphNode) given the values of its
-    dependencies ``keys``, in order. What an upstream task raised goes on unchanged."""
+class _NodePickler(pickle.Pickler):
+    """Pickles a GraphNode with the callables a graph shares among its tasks as references
+    to objects of their own, each stored once a graph and loaded once by a worker, instead
+    of once a task: functions that plain pickle cannot name (lambdas, closures, functions of
+    __main__, which go by value through cloudpickle), and partials and curried functions
+    that more than one task holds and whose pickle is large (dask.array's carry their
+    function's docstring: 2.4 KB a task for ``da.ones``). Those objects are no task's
+    inputs: they are kept until the graph's run ends."""
+
+    def __init__(self, out: io.BytesIO, store: "_Functions") -> None:
+        super().__init__(out, protocol=5)
+        self.store = store
+
+    def reducer_override(self, obj: Any) -> Any:
+        # Called for objects other than the builtin containers, strings and numbers only:
+        # a persistent_id would be called for every object of the node.
+        if isinstance(obj, types.FunctionType):
+            ref = self.store.function(obj)
+        elif isinstance(obj, _SHARED_KINDS):
+            ref = self.store.shared(obj)
+        else:
+            return NotImplemented
+        return NotImplemented if ref is None else (_shared, (ref,))
+
+
+def _shared_kinds() -> Tuple[type, ...]:
+    kinds: List[type] = [functools.partial]
+    try:
+        from toolz import curry  # type: ignore[import-untyped]
+
+        kinds.append(curry)
+    except ImportError:
+        pass
+    return tuple(kinds)
+
+
+_SHARED_KINDS = _shared_kinds()
+_SHARED_LEAST = 256  # bytes: a shared callable pickled smaller than this travels in each task
+
+
+class _Functions:
+    """The callables of one run that travel as objects of their own: stored once each."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        # id(callable) -> its object's id, or None: pickled in each task that holds it.
+        self.refs: Dict[int, Optional[bytes]] = {}
+        self.seen_once: Set[int] = set()  # shared callables seen in one task so far
+        self.keep: List[Any] = []  # the callables looked at, so that their ids stay theirs
+        self.stored: List[ObjectRef] = []
+
+    def function(self, fn: Any) -> Optional[bytes]:
+        key = id(fn)
+        if key not in self.refs:
+            self.keep.append(fn)
+            self.refs[key] = None if _by_reference(fn) else self.store(_tasks._dumps_function(fn))
+        return self.refs[key]
+
+    def shared(self, obj: Any) -> Optional[bytes]:
+        key = id(obj)
+        if key in self.refs:
+            return self.refs[key]
+        if key not in self.seen_once:  # the first task holding it carries it
+            self.seen_once.add(key)
+            self.keep.append(obj)
+            return None
+        data = _tasks._dumps_function(obj)
+        self.refs[key] = self.store(data) if len(data) >= _SHARED_LEAST else None
+        return self.refs[key]
+
+    def store(self, data: bytes) -> bytes:
+        ref = self.client.put(data)
+        self.stored.append(ref)
+        return ref.id
+
+    def dumps(self, node: Any) -> bytes:
+        out = io.BytesIO()
+        _NodePickler(out, self).dump(node)
+        return out.getvalue()
+
+
+def _by_reference(fn: Any) -> bool:
+    """Whether plain pickle pickles ``fn`` by its name, for a worker to import."""
+    try:
+        return b"__main__" not in pickle.dumps(fn, protocol=5)
+    except Exception:
+        return False
+
+
+# On a worker: functions by the id of the object holding them, the most recently used
+# going first when there are too many. Object ids are never reused, so an entry is never stale; the
+# bound keeps a long-lived worker from holding every function of every graph it ran.
+_loaded: "collections.OrderedDict[bytes, Any]" = collections.OrderedDict()
+_LOADED_MOST = 1024
+_loaded_lock = threading.Lock()
+
+
+def _shared(pid: bytes) -> Any:
+    """On a worker: the callable stored in the object ``pid`` (see _NodePickler)."""
+    with _loaded_lock:
+        fn = _loaded.get(pid)
+        if fn is not None:
+            _loaded.move_to_end(pid)
+            return fn
+    from ._worker import get_client
+
+    # Stored before the task was submitted, and kept until the graph's run ends.
+    fn = pickle.loads(get_client().get(ObjectRef(pid), timeout=0))
+    with _loaded_lock:
+        _loaded[pid] = fn
+        while len(_loaded) > _LOADED_MOST:
+            _loaded.popitem(last=False)
+    return fn
+
+
+def _run(node_bytes: bytes, keys: Sequence[Key], *values: Any) -> Any:
+    """One task of a graph, on a worker: the GraphNode pickled in ``node_bytes`` given the
+    values of its dependencies ``keys``, in order. What an upstream task raised goes on
+    unchanged."""
     for value in values:
         if isinstance(value, _Raised):
             return value
+    node = pickle.loads(node_bytes)
     try:
         return node(dict(zip(keys, values)))
     except Exception as error:
@@ -191,6 +318,9 @@ class _Run:
         self.extra: List[ObjectRef] = []
         self.given_up: Set[Key] = set()
         self.key_of: Dict[ObjectRef, Key] = {}  # while following: each task's key by its output
+        self.functions = _Functions(client)
+        # The outputs of submitted tasks not given up nor seen to have ended, oldest first.
+        self.running: Dict[ObjectRef, None] = {}
 
     def encode(self) -> List[Tuple[int, Dict[str, Any]]]:
         """Every task of the graph as submit takes it, producers first, with its place in
@@ -211,7 +341,11 @@ class _Run:
             fn = "depot.dask.run"
             if len(inputs) > _MOST_INPUTS:
                 fn, inputs = "depot.dask.run_gathered", self.gathered(inputs, token, i, tasks)
-            task = self.encode_one(key, fn, (node, deps, *inputs), f"depot.dask/{token}/{i}")
+            try:
+                node_bytes = self.functions.dumps(node)
+            except Exception as error:
+                raise InvalidArgument(f"task {key!r} cannot be sent to a worker: {error}") from error
+            task = self.encode_one(key, fn, (node_bytes, deps, *inputs), f"depot.dask/{token}/{i}")
             self.refs[key] = ObjectRef(task["outputs"][0], task["names"][0])
             tasks.append((i, task))
         return tasks
@@ -251,9 +385,8 @@ class _Run:
             if key not in self.wanted:
                 read_last.setdefault(last, []).append(key)
         given = -1
-        for start in range(0, len(tasks), self.batch):
-            chunk = tasks[start : start + self.batch]
-            self.client._submit([task for _, task in chunk])
+        for chunk in self.batches(tasks):
+            self.submit_batch([task for _, task in chunk])
             through = chunk[-1][0]
             if give_up:
                 self.give_up(
@@ -263,12 +396,70 @@ class _Run:
         self.delete_after_tasks(self.extra)
         self.extra = []
 
+    def batches(
+        self, tasks: List[Tuple[int, Dict[str, Any]]]
+    ) -> Iterator[List[Tuple[int, Dict[str, Any]]]]:
+        """The tasks in batches of self.batch tasks and _BATCH_BYTES at most."""
+        chunk: List[Tuple[int, Dict[str, Any]]] = []
+        size = 0
+        for item in tasks:
+            task = item[1]
+            cost = 64 + len(task["function"]) + len(task["args"] or b"") + 16 * (
+                len(task["inputs"]) + len(task.get("outputs", ()))
+            )
+            if chunk and (len(chunk) == self.batch or size + cost > _BATCH_BYTES):
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(item)
+            size += cost
+        if chunk:
+            yield chunk
+
+    def submit_batch(self, batch: List[Dict[str, Any]]) -> None:
+        """Submits one batch. The daemon keeps each task until it ends, counted against this
+        client (``depotd --client-max-metadata``): a batch past that limit is refused
+        whole, and is submitted again once some of the tasks before it have ended, or in
+        halves if none is known to run."""
+        while True:
+            try:
+                outputs = self.client._submit(batch)
+                break
+            except LimitExceeded as error:
+                if "requests in progress" not in str(error):
+                    raise
+                if self.make_room():
+                    continue
+                if len(batch) == 1:
+                    raise
+                half = len(batch) // 2
+                self.submit_batch(batch[:half])
+                self.submit_batch(batch[half:])
+                return
+        for refs in outputs:
+            for ref in refs:
+                self.running[ref] = None
+
+    def make_room(self) -> bool:
+        """Waits until a task this run submitted has ended; False if none is known to run.
+        Known: those whose outputs are still this run's (given up ones may be deleted, and
+        one deleted would never be seen sealed)."""
+        while self.running:
+            part = list(itertools.islice(self.running, _GATHER))
+            sealed = self.client._native.wait([r.id for r in part], 1, -1)
+            ended = [r for r, s in zip(part, sealed) if s]
+            for ref in ended:
+                del self.running[ref]
+            if ended:
+                return True
+        return False
+
     def give_up(self, keys: Iterable[Key]) -> None:
         refs = []
         for key in keys:
             if key in self.refs and key not in self.given_up:
                 self.given_up.add(key)
                 refs.append(self.refs[key])
+                self.running.pop(self.refs[key], None)
         self.delete_after_tasks(refs)
 
     def delete_after_tasks(self, refs: List[ObjectRef]) -> None:
@@ -324,7 +515,13 @@ class _Run:
             for start in range(0, len(refs), self.batch):
                 self.client.cancel(refs[start : start + self.batch])
         finally:
-            self.delete_after_tasks(refs)
+            self.delete_after_tasks(refs + self.functions.stored)
+
+    def end(self) -> None:
+        """The run is over: the results and the functions sent by value go (the values
+        returned view the store until collected)."""
+        self.give_up(self.wanted)
+        self.delete_after_tasks(self.functions.stored)
 
 
 def _flatten(keys: Any) -> List[Key]:
@@ -373,8 +570,7 @@ def _run_graph(client: Client, dsk: Any, keys: Any, batch: int, callbacks: Any =
         finally:
             for f in finishes:
                 f(dsk, state, errored)
-    # The values view the store; the objects go once they are collected.
-    run.give_up(run.wanted)
+    run.end()
     return _pack(keys, values)
 
 
