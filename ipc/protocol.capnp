@@ -315,6 +315,9 @@ struct TaskSpec {
   # Indices of inputs the task reads in host memory wherever it runs (a Python function's
   # pickle, its stored arguments): never copied to its GPU, nor counted as copies there.
   hostInputs @14 :List(UInt32);
+  # What people see of it in `depotctl tasks` and `tasks` (a Dask key, say): display only,
+  # at most 256 bytes. A daemon older than the field ignores it (no version bump).
+  label @15 :Text;
 }
 
 # Which implementation of a function a task runs, where some worker has a GPU variant.
@@ -409,6 +412,7 @@ struct TaskInfo {
   reason @15 :Text;          # why it waits (ready) or failed
   variant @16 :Text;         # "cpu" or "gpu" for a task placed by variant, else empty
   variantReason @17 :Text;   # why that one: the estimates compared, or exploring
+  label @18 :Text;           # its submitter's label (TaskSpec.label)
 }
 
 # The scheduler's totals (StoreStatus.scheduler).

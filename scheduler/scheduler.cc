@@ -261,7 +261,8 @@ TaskInfo Scheduler::Describe(const Task& t) const {
                 .duration_s = t.duration_s,
                 .reason = t.reason,
                 .variant = t.variant,
-                .variant_reason = t.variant_reason};
+                .variant_reason = t.variant_reason,
+                .label = t.spec.label};
   if (ahead) {
     info.reason = "sent to its worker, to start when task " + std::to_string(t.after) + " ends";
   } else if (t.state == TaskState::kReady) {

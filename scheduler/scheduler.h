@@ -69,6 +69,7 @@ struct TaskInfo {
   // For a task whose function has two variants, placed: which ("cpu" or "gpu") and why.
   std::string variant;
   std::string variant_reason;
+  std::string label;  // TaskSpec::label
 };
 
 struct SchedulerCounters {

@@ -19,6 +19,7 @@ using TaskId = uint64_t;
 // Bounds on what one task may ask for; a submission past one is refused with its name.
 inline constexpr size_t kMaxFunctionName = 256;
 inline constexpr size_t kMaxInlineArgs = 64 * 1024;
+inline constexpr size_t kMaxLabel = 256;
 inline constexpr size_t kMaxInputs = 4096;
 inline constexpr uint32_t kMaxOutputs = 64;
 inline constexpr uint32_t kMaxRetries = 100;
@@ -67,6 +68,9 @@ struct TaskSpec {
   // Indices of inputs it reads in host memory wherever it runs: placement counts them as
   // read there, and they are not prefetched to its GPU.
   std::vector<uint32_t> host_inputs;
+  // Its submitter's name for it, for people (a Dask key): at most kMaxLabel bytes, shown,
+  // never interpreted; kept while the task is listed.
+  std::string label;
 };
 
 }  // namespace depot::scheduler

@@ -54,6 +54,10 @@ Status CheckSpec(const TaskSpec& spec, size_t outputs) {
                                    " bytes are over " + std::to_string(kMaxInlineArgs) +
                                    "; pass an object");
   }
+  if (spec.label.size() > kMaxLabel) {
+    return Status::InvalidArgument("a label of " + std::to_string(spec.label.size()) +
+                                   " bytes is over " + std::to_string(kMaxLabel));
+  }
   if (spec.inputs.size() > kMaxInputs) {
     return Status::InvalidArgument(std::to_string(spec.inputs.size()) + " inputs are more than " +
                                    std::to_string(kMaxInputs));
@@ -135,7 +139,7 @@ Result<std::vector<std::vector<ObjectId>>> TaskGraph::Add(
   uint64_t total = 0;
   for (size_t i = 0; i < tasks.size(); ++i) {
     const TaskSpec& t = tasks[i];
-    costs[i] = kTaskBytes + t.function.size() + t.args.size() +
+    costs[i] = kTaskBytes + t.function.size() + t.args.size() + t.label.size() +
                (t.inputs.size() + outputs[i].size()) * kIdBytes +
                t.host_inputs.size() * sizeof(uint32_t);
     total += costs[i];

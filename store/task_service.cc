@@ -52,6 +52,7 @@ TaskSpec SpecOf(wire::TaskSpec::Reader in) {
   spec.output_bytes = in.getOutputBytes();
   spec.detach = in.getDetach();
   for (uint32_t k : in.getHostInputs()) spec.host_inputs.push_back(k);
+  spec.label = ipc::ToString(in.getLabel());
   switch (in.getVariant()) {
     case wire::Variant::CPU:
       spec.variant = scheduler::Variant::kCpu;
@@ -308,7 +309,8 @@ void TaskService::Tasks(const Responder& reply) const {
                                      .duration_s = t.duration_s,
                                      .reason = t.reason,
                                      .variant = t.variant,
-                                     .variant_reason = t.variant_reason},
+                                     .variant_reason = t.variant_reason,
+                                     .label = t.label},
                      out[i]);
   }
   reply.Send(message, r);

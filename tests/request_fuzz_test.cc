@@ -76,6 +76,7 @@ const std::vector<std::string> kDaemonFlags = {
 // probe a little beside it.
 constexpr uint64_t kMaxNameBytes = 4096;
 constexpr uint64_t kMaxFunctionName = 256;
+constexpr uint64_t kMaxLabel = 256;
 constexpr uint64_t kMaxInlineArgs = 64 * 1024;
 constexpr uint64_t kMaxInputs = 4096;
 constexpr uint64_t kMaxOutputs = 64;
@@ -819,6 +820,10 @@ class RequestFuzzer {
       t.setOutputBytes(
           Said(o, "outputBytes", Wild() ? x_.U64({kArenaBytes, kGpuBytes}) : uint64_t{0}));
       t.setVariant(static_cast<wire::Variant>(Said(o, "variant", x_.Pick(Wild() ? 8 : 3))));
+      // Any bytes, shown (escaped) by depotctl, never read otherwise.
+      const std::string label = Text(Said(o, "label", Wild() ? x_.Length(kMaxLabel) : x_.Pick(16)),
+                                     static_cast<char>(x_.Pick(256)));
+      t.setLabel(capnp::Text::Reader(label.data(), label.size()));
       if (x_.OneIn(4)) {
         FillResources(o, t.initResources(static_cast<unsigned>(
                              Wild() ? x_.Length(kMaxWorkerResources) : 1 + x_.Pick(2))));

@@ -235,6 +235,10 @@ TEST_F(TaskGraphTest, ABatchIsAddedWholeOrNotAtAllAndSaysWhy) {
   TaskSpec no_name = Spec();
   no_name.function.clear();
   expect({no_name}, StatusCode::kInvalidArgument, "task 0: a function name must have");
+  TaskSpec long_label = Spec();
+  long_label.label.assign(kMaxLabel + 1, 'k');
+  expect({Spec(), long_label}, StatusCode::kInvalidArgument,
+         "task 1: a label of 257 bytes is over 256");
   runnable_ = [](const TaskSpec&) { return false; };
   expect({Spec()}, StatusCode::kInvalidArgument, "task 0: no worker attached can run 'f'");
   runnable_ = [](const TaskSpec&) { return true; };

@@ -782,13 +782,19 @@ TEST_F(TaskTest, DepotctlSubmitsWaitsAndShowsWorkersAndTasks) {
   ASSERT_OK_AND_ASSIGN(Buffer copied_later, client_->Get(*detached_output, kPatience));
   EXPECT_TRUE(SameBytes(copied_later.data(), bytes));
 
-  ProgramRun fail = depotctl({"submit", "fail", "--args", "bad input", "--wait"});
+  // A label is shown, its control characters made harmless; one past 256 bytes is refused.
+  ProgramRun fail = depotctl(
+      {"submit", "fail", "--args", "bad input", "--label", "('x', 1)\x1b[2J\n", "--wait"});
   EXPECT_EQ(fail.exit_code, 1) << fail.Explain();
   EXPECT_NE(fail.err.find("bad input"), std::string::npos) << fail.Explain();
   ProgramRun unknown = depotctl({"submit", "nothere"});
   EXPECT_EQ(unknown.exit_code, 1);
   EXPECT_NE(unknown.err.find("no worker attached can run 'nothere'"), std::string::npos)
       << unknown.Explain();
+  ProgramRun long_label = depotctl({"submit", "noop", "--label", std::string(257, 'k')});
+  EXPECT_EQ(long_label.exit_code, 1);
+  EXPECT_NE(long_label.err.find("a label of 257 bytes is over 256"), std::string::npos)
+      << long_label.Explain();
   ProgramRun bad = depotctl({"submit", "noop", "--resources", "GPU=lots"});
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("--resources wants NAME=AMOUNT"), std::string::npos) << bad.Explain();
@@ -822,6 +828,8 @@ TEST_F(TaskTest, DepotctlSubmitsWaitsAndShowsWorkersAndTasks) {
   ProgramRun tasks = depotctl({"tasks"});
   ASSERT_EQ(tasks.exit_code, 0) << tasks.Explain();
   EXPECT_NE(tasks.out.find("bad input"), std::string::npos) << tasks.out;
+  EXPECT_NE(tasks.out.find("('x', 1)?[2J?"), std::string::npos) << tasks.out;
+  EXPECT_EQ(tasks.out.find('\x1b'), std::string::npos) << tasks.out;
   ASSERT_OK_AND_ASSIGN(std::vector<TaskInfo> tasks_read, client_->Tasks());
   ProgramRun tasks_json = depotctl({"tasks", "--json"});
   ASSERT_OK_AND_ASSIGN(std::vector<TaskInfo> tasks_again, client_->Tasks());

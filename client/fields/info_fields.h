@@ -540,6 +540,7 @@ struct InfoFields<TaskInfo> {
       Field{"variant", &TaskInfo::variant, &R::getVariant, &B::setVariant},
       Field{"variant_reason", &TaskInfo::variant_reason, &R::getVariantReason,
             &B::setVariantReason},
+      Field{"label", &TaskInfo::label, &R::getLabel, &B::setLabel},
   };
 };
 

@@ -49,6 +49,7 @@ void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
   out.setVariant(t.variant == Variant::kCpu   ? wire::Variant::CPU
                  : t.variant == Variant::kGpu ? wire::Variant::GPU
                                               : wire::Variant::AUTO);
+  out.setLabel(t.label);
 }
 
 }  // namespace

@@ -361,3 +361,19 @@ def test_a_graph_past_the_clients_metadata_limit_waits_for_room_instead_of_faili
             with pytest.raises(depot.LimitExceeded, match="client-max-metadata"):
                 delayed(sum)(parts).compute(scheduler=s.get)
             assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
+
+
+def test_depotctl_tasks_shows_each_tasks_dask_key(sched):
+    import shutil
+
+    # The tasks stay listed a while after they finish: their labels are their Dask keys.
+    dsk = {"first-key": (operator.add, 1, 2), ("second", 1): (operator.neg, "first-key")}
+    assert sched.get(dsk, ("second", 1)) == -3
+    labels = {t.label for t in sched.client.tasks()}
+    assert {"first-key", "('second', 1)"} <= labels, labels
+    depotctl = shutil.which("depotctl") or os.path.join(os.path.dirname(sys.executable), "depotctl")
+    out = subprocess.run(
+        [depotctl, "--socket", sched.client.socket, "tasks"], capture_output=True, text=True,
+        check=True,
+    ).stdout
+    assert "LABEL" in out and "('second', 1)" in out, out

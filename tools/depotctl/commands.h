@@ -84,6 +84,7 @@ struct SubmitOptions {
   std::string variant;    // auto, cpu or gpu
   int32_t priority = 0;
   uint32_t retries = 1;
+  std::string label;  // what `tasks` shows of it
   bool wait = false;  // wait for the outputs; fail with the task's message if it failed
 };
 // Submits one task and prints its output ids, one per line.

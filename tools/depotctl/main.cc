@@ -156,6 +156,10 @@ int main(int argc, char** argv) {
       ->add_option("--retries", submit_options.retries,
                    "runs again after its worker died, at most N times (default 1)")
       ->option_text("N");
+  submit
+      ->add_option("--label", submit_options.label,
+                   "what depotctl tasks shows of it (at most 256 bytes)")
+      ->option_text("TEXT");
   submit->add_flag("--wait", submit_options.wait,
                    "wait for the outputs; exit 1 with the task's message if it failed");
   submit->callback([&] { result = SubmitTask(socket, submit_options); });

@@ -122,6 +122,7 @@ Status SubmitTask(const std::string& socket, const SubmitOptions& options) {
   }
   task.priority = options.priority;
   task.retries = options.retries;
+  task.label = options.label;
   // depotctl leaves at once unless it waits: the task must outlive it.
   task.detach = !options.wait;
   DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
@@ -203,6 +204,7 @@ Status ListTasks(const std::string& socket, bool json) {
   using Align = Table::Align;
   Table table({{"TASK", Align::kRight},
                {"FUNCTION"},
+               {"LABEL"},
                {"STATE"},
                {"WORKER", Align::kRight},
                {"DEVICE"},
@@ -216,7 +218,8 @@ Status ListTasks(const std::string& socket, bool json) {
   for (const TaskInfo& t : tasks) {
     const bool placed = t.worker != 0;
     table.AddRow(
-        {std::to_string(t.task), Printable(t.function), TaskStateName(t.state),
+        {std::to_string(t.task), Printable(t.function),
+         t.label.empty() ? "-" : Printable(FitWidth(t.label, 40)), TaskStateName(t.state),
          placed ? std::to_string(t.worker) : "-", placed ? DeviceName(t.device) : "-",
          t.variant.empty() ? "-" : Printable(t.variant), std::to_string(t.attempts),
          placed ? ipc::FormatSize(t.local_bytes) : "-",

@@ -58,6 +58,8 @@ struct TaskRequest {
   // Indices of inputs the function reads in host memory wherever it runs (a Python
   // function's pickle, say): not copied to its GPU, nor counted as copies there.
   std::vector<uint32_t> host_inputs;
+  // What `depotctl tasks` shows of it (a Dask key, say): at most 256 bytes, display only.
+  std::string label;
 };
 
 enum class CancelOutcome : uint8_t {
@@ -103,6 +105,7 @@ struct TaskInfo {
   // estimates compared, or exploring a variant not measured yet).
   std::string variant;
   std::string variant_reason;
+  std::string label;  // TaskRequest::label
 };
 
 // One attached worker (Client::Workers).

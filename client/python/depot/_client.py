@@ -446,6 +446,7 @@ class Client:
         raw_args: Optional[bytes] = None,
         detach: bool = False,
         variant: Optional[str] = None,
+        label: Optional[str] = None,
     ) -> Union[ObjectRef, Tuple[ObjectRef, ...]]:
         """Runs ``fn(*args)`` as a task on a worker; returns its output's ObjectRef at once
         (a tuple of ``num_outputs`` refs when it has several). :meth:`get` of it waits for
@@ -469,13 +470,15 @@ class Client:
         with a CPU and a GPU variant, the scheduler chooses per task (``variant=None``,
         for a task that asks no GPU) or ``variant="cpu"``/``"gpu"`` pins one; the GPU
         variant holds one GPU and no CPU slot unless ``resources`` ask a GPU share.
+        ``label`` is what :meth:`tasks` and ``depotctl tasks`` show of it (at most 256
+        bytes of UTF-8).
 
         Raises InvalidArgument for a function no worker runs, resources no worker offers or
         bad options, ObjectNotFound for a ref that neither exists nor is made by a task,
         ObjectExists for a taken name.
         """
         task = self._task(fn, args, resources, affinity, priority, retries, num_outputs, name,
-                          raw_args, detach, variant)
+                          raw_args, detach, variant, label)
         outputs = self._submit([task])[0]
         return outputs[0] if num_outputs == 1 else tuple(outputs)
 
@@ -524,7 +527,7 @@ class Client:
         self, fn: Union[str, Callable], args: Sequence[Any], resources: Optional[Mapping[str, float]] = None,
         affinity: Optional[str] = None, priority: int = 0, retries: int = 1, num_outputs: int = 1,
         name: Optional[str] = None, raw_args: Optional[bytes] = None, detach: bool = False,
-        variant: Optional[str] = None,
+        variant: Optional[str] = None, label: Optional[str] = None,
     ) -> Dict[str, Any]:
         """The fields of the task running ``fn(*args)``, as _depot.Client.submit takes."""
         inputs: List[ObjectRef] = []
@@ -565,6 +568,8 @@ class Client:
             "variant": variant or "auto",
             "host_inputs": host_inputs,
         }
+        if label:
+            task["label"] = label
         if name is not None:
             names = [name] if num_outputs == 1 else [f"{name}/{k}" for k in range(num_outputs)]
             task["outputs"] = [ObjectRef.from_name(n).id for n in names]
@@ -683,7 +688,7 @@ class Client:
 
 def _task_options(options: Dict[str, Any]) -> Dict[str, Any]:
     known = ("resources", "affinity", "priority", "retries", "num_outputs", "raw_args", "detach",
-             "variant")
+             "variant", "label")
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise TypeError(f"unexpected option(s) {', '.join(unknown)}")

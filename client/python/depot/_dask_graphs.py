@@ -340,19 +340,23 @@ class _Run:
             inputs = [self.refs[plan.resolve(d)] for d in deps]
             fn = "depot.dask.run"
             if len(inputs) > _MOST_INPUTS:
-                fn, inputs = "depot.dask.run_gathered", self.gathered(inputs, token, i, tasks)
+                fn, inputs = "depot.dask.run_gathered", self.gathered(key, inputs, token, i, tasks)
             try:
                 node_bytes = self.functions.dumps(node)
             except Exception as error:
                 raise InvalidArgument(f"task {key!r} cannot be sent to a worker: {error}") from error
-            task = self.encode_one(key, fn, (node_bytes, deps, *inputs), f"depot.dask/{token}/{i}")
+            task = self.encode_one(
+                key, fn, (node_bytes, deps, *inputs), f"depot.dask/{token}/{i}", _label(key)
+            )
             self.refs[key] = ObjectRef(task["outputs"][0], task["names"][0])
             tasks.append((i, task))
         return tasks
 
-    def encode_one(self, key: Key, fn: str, args: Sequence[Any], name: str) -> Dict[str, Any]:
+    def encode_one(
+        self, key: Key, fn: str, args: Sequence[Any], name: str, label: str
+    ) -> Dict[str, Any]:
         try:
-            task = self.client._task(fn, args, name=name)
+            task = self.client._task(fn, args, name=name, label=label)
         except Exception as error:
             raise InvalidArgument(f"task {key!r} cannot be sent to a worker: {error}") from error
         if _tasks.args_stored(task["args"]):
@@ -360,14 +364,18 @@ class _Run:
         return task
 
     def gathered(
-        self, inputs: List[ObjectRef], token: str, i: int, tasks: List[Tuple[int, Dict[str, Any]]]
+        self, key: Key, inputs: List[ObjectRef], token: str, i: int,
+        tasks: List[Tuple[int, Dict[str, Any]]],
     ) -> List[ObjectRef]:
         """Tasks that gather ``inputs`` in lists of _MOST_INPUTS (appended to ``tasks``, at
         the place of the task ``i`` that reads them); the refs of their lists."""
         lists = []
         for start in range(0, len(inputs), _MOST_INPUTS):
             name = f"depot.dask/{token}/{i}/{start}"
-            task = self.encode_one(name, "depot.dask.gather", inputs[start : start + _MOST_INPUTS], name)
+            task = self.encode_one(
+                key, "depot.dask.gather", inputs[start : start + _MOST_INPUTS], name,
+                _label(key, f" (inputs {start}-{start + _MOST_INPUTS - 1})"),
+            )
             tasks.append((i, task))
             lists.append(ObjectRef(task["outputs"][0], task["names"][0]))
             self.extra.append(lists[-1])  # read by task i only
@@ -522,6 +530,14 @@ class _Run:
         returned view the store until collected)."""
         self.give_up(self.wanted)
         self.delete_after_tasks(self.functions.stored)
+
+
+def _label(key: Key, suffix: str = "") -> str:
+    """What ``depotctl tasks`` shows of the task of ``key``: the key, cut to the daemon's
+    256 bytes."""
+    text = key if isinstance(key, str) else repr(key)
+    room = 256 - len(suffix.encode())
+    return text.encode()[:room].decode(errors="ignore") + suffix
 
 
 def _flatten(keys: Any) -> List[Key]:

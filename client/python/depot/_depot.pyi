@@ -724,6 +724,9 @@ class TaskInfo:
     @property
     def variant_reason(self) -> str: ...
 
+    @property
+    def label(self) -> str: ...
+
     def __repr__(self) -> str: ...
 
     def to_dict(self) -> dict:

@@ -80,6 +80,8 @@ TaskRequest RequestOf(nb::dict d) {
       r.host_inputs = nb::cast<std::vector<uint32_t>>(value);
     } else if (k == "variant") {
       r.variant = VariantOf(nb::cast<std::string>(value));
+    } else if (k == "label") {
+      r.label = nb::cast<std::string>(value);
     } else {
       throw nb::value_error(("a task has no field '" + k + "'").c_str());
     }
