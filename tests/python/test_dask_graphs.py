@@ -377,3 +377,48 @@ def test_depotctl_tasks_shows_each_tasks_dask_key(sched):
         check=True,
     ).stdout
     assert "LABEL" in out and "('second', 1)" in out, out
+
+
+def test_tasks_annotated_with_a_gpu_run_on_one_with_their_arrays_there():
+    # Simulated GPUs (this machine has none): the first worker has GPU 0.
+    with depot.dask.Scheduler(workers=2, gpus=1, simulate_gpus="1:64MiB", memory="256MiB") as s:
+
+        @delayed
+        def make():
+            return np.arange(1000.0)
+
+        @delayed
+        def where(x):
+            return depot.task_device(), type(x).__name__, getattr(x, "shape", None)
+
+        @delayed
+        def scale(x):
+            return x.shape
+
+        a = make()
+        with dask.annotate(resources={"GPU": 1}, priority=5):
+            on_gpu = where(a)
+            shaped = scale(a)
+        on_host = where(a)
+        got = dask.compute(on_gpu, shaped, on_host, scheduler=s.get)
+        assert got[0] == (0, "DeviceArray", (1000,))  # CuPy is not installed here
+        assert got[1] == (1000,)
+        assert got[2] == (None, "ndarray", (1000,))
+        placed = {t.label: t.device for t in s.client.tasks()}
+        assert placed[str(on_gpu.key)] == 0 and placed[str(on_host.key)] == -1, placed
+
+        with dask.annotate(resources={"GPU": "lots"}):
+            bad = where(make())
+        before = s.client.status().scheduler.submitted
+        with pytest.raises(depot.InvalidArgument, match="annotated with resources"):
+            bad.compute(scheduler=s.get)
+        # (Dask itself refuses a priority that is no number.)
+        assert s.client.status().scheduler.submitted == before
+        assert wait_for(lambda: s.client.list() == [], timeout=30)
+
+
+def test_gpus_are_for_a_private_daemons_workers_one_each():
+    with pytest.raises(depot.InvalidArgument, match="one GPU a worker"):
+        depot.dask.Scheduler(workers=1, gpus=[0, 1])
+    with pytest.raises(depot.InvalidArgument, match="private daemon"):
+        depot.dask.Scheduler(socket="/nowhere", gpus=1)

@@ -29,10 +29,12 @@ import traceback
 import types
 from typing import (
     Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple,
+    Union,
 )
 
 from . import _depot, _tasks
 from ._client import Client
+from ._device import DeviceArray
 from ._errors import DepotError, InvalidArgument, LimitExceeded, ObjectNotFound
 from ._ref import ObjectRef
 
@@ -214,9 +216,24 @@ def _run(node_bytes: bytes, keys: Sequence[Key], *values: Any) -> Any:
             return value
     node = pickle.loads(node_bytes)
     try:
-        return node(dict(zip(keys, values)))
+        return node(dict(zip(keys, _on_device(values))))
     except Exception as error:
         return _Raised(error, traceback.format_exc(), node.key)
+
+
+def _on_device(values: Sequence[Any]) -> Sequence[Any]:
+    """In a task that runs on a GPU (annotated ``resources={"GPU": ...}``), its array inputs
+    come as depot.DeviceArray on that GPU; as CuPy arrays viewing the same memory where
+    CuPy is installed, for the Dask functions to compute with."""
+    from ._worker import task_device
+
+    if task_device() is None or not any(isinstance(v, DeviceArray) for v in values):
+        return values
+    try:
+        import cupy
+    except ImportError:
+        return values
+    return [cupy.asarray(v) if isinstance(v, DeviceArray) else v for v in values]
 
 
 def _run_gathered(node: Any, keys: Sequence[Key], *lists: List[Any]) -> Any:
@@ -243,7 +260,10 @@ class _Plan:
     def __init__(self, dsk: Any, keys: Sequence[Key]) -> None:
         from dask._task_spec import Alias, DataNode, convert_legacy_graph
 
-        # Dask hands a scheduler an expression (dask-expr) or a mapping.
+        # Dask hands a scheduler an expression (dask-expr) or a mapping; either may carry
+        # annotations (dask.annotate): {"resources": {key: {...}}, "priority": ...}.
+        annotations = getattr(dsk, "__dask_annotations__", None)
+        self.annotations: Dict[str, Dict[Key, Any]] = dict(annotations() if annotations else {})
         if not isinstance(dsk, Mapping):
             dsk = dsk.__dask_graph__()
         graph = convert_legacy_graph(dsk)
@@ -301,6 +321,34 @@ class _Plan:
     def resolve(self, key: Key) -> Key:
         return self.aliases.get(key, key)
 
+    def options(self, key: Key) -> Dict[str, Any]:
+        """submit's options for the task of ``key`` from its annotations: ``resources``
+        (``{"GPU": 1}`` runs it on a GPU, its array inputs there), ``priority`` (higher
+        first, as in Dask) and ``retries``; other annotations are Dask distributed's and
+        mean nothing on one host. Bad values are refused before anything runs."""
+        out: Dict[str, Any] = {}
+        resources = self.annotations.get("resources", {}).get(key)
+        if resources is not None:
+            try:
+                out["resources"] = {str(k): float(v) for k, v in dict(resources).items()}
+            except (TypeError, ValueError):
+                raise InvalidArgument(
+                    f"task {key!r} is annotated with resources {resources!r}: a mapping of "
+                    "names to amounts, such as {'GPU': 1}"
+                ) from None
+        for name in ("priority", "retries"):
+            value = self.annotations.get(name, {}).get(key)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    value != int(value)
+                ):
+                    raise InvalidArgument(
+                        f"task {key!r} is annotated with {name} {value!r}: depot takes a "
+                        "whole number"
+                    )
+                out[name] = int(value)
+        return out
+
 
 class _Run:
     """One graph's run: what it submitted, to give up or clean up."""
@@ -346,17 +394,19 @@ class _Run:
             except Exception as error:
                 raise InvalidArgument(f"task {key!r} cannot be sent to a worker: {error}") from error
             task = self.encode_one(
-                key, fn, (node_bytes, deps, *inputs), f"depot.dask/{token}/{i}", _label(key)
+                key, fn, (node_bytes, deps, *inputs), f"depot.dask/{token}/{i}", _label(key),
+                plan.options(key),
             )
             self.refs[key] = ObjectRef(task["outputs"][0], task["names"][0])
             tasks.append((i, task))
         return tasks
 
     def encode_one(
-        self, key: Key, fn: str, args: Sequence[Any], name: str, label: str
+        self, key: Key, fn: str, args: Sequence[Any], name: str, label: str,
+        options: Optional[Dict[str, Any]] = None,
     ) -> Dict[str, Any]:
         try:
-            task = self.client._task(fn, args, name=name, label=label)
+            task = self.client._task(fn, args, name=name, label=label, **(options or {}))
         except Exception as error:
             raise InvalidArgument(f"task {key!r} cannot be sent to a worker: {error}") from error
         if _tasks.args_stored(task["args"]):
@@ -602,8 +652,13 @@ class Scheduler:
     and no socket, starts a private depotd of ``memory`` bytes (default 1 GiB) with N Python
     worker processes, stopped again by :meth:`close`; its pages are allocated as objects
     first use them unless ``prefault`` (``depotd --no-prefault``, as for depot.dask's
-    nannies: a private daemon holds only what the graph used). As a context manager it is
-    also what :func:`get` uses inside the ``with`` block.
+    nannies: a private daemon holds only what the graph used). ``gpus`` gives the private
+    daemon's workers GPUs, one each: a count (the first ones) or CUDA ordinals; tasks
+    annotated ``dask.annotate(resources={"GPU": 1})`` run there, their array inputs on that
+    GPU (CuPy arrays where CuPy is installed, else :class:`depot.DeviceArray`), and a
+    result left on the GPU stays there for the next GPU task. ``simulate_gpus`` serves
+    simulated GPUs instead (see :func:`depot.start_daemon`), for trying this without one.
+    As a context manager it is also what :func:`get` uses inside the ``with`` block.
     """
 
     def __init__(
@@ -614,9 +669,18 @@ class Scheduler:
         socket: Optional[str] = None,
         batch: int = BATCH,
         prefault: bool = False,
+        gpus: Union[int, Sequence[int], None] = None,
+        simulate_gpus: Union[int, str, None] = None,
     ) -> None:
         if workers is not None and workers < 1:
             raise InvalidArgument("workers is a count of worker processes, 1 or more")
+        ordinals = list(range(gpus)) if isinstance(gpus, int) else list(gpus or [])
+        if (gpus is not None or simulate_gpus is not None) and (workers is None or socket):
+            raise InvalidArgument(
+                "gpus and simulate_gpus are for a private daemon (workers=N, no socket)"
+            )
+        if workers is not None and len(ordinals) > workers:
+            raise InvalidArgument(f"{len(ordinals)} GPUs for {workers} workers: one GPU a worker")
         if batch < 1:
             raise InvalidArgument("batch is a count of tasks, 1 or more")
         self.batch = batch
@@ -625,7 +689,8 @@ class Scheduler:
             from ._daemon import start_daemon
 
             self._daemon = start_daemon(
-                memory or "1GiB", workers=workers, prefault=prefault, stop_with_parent=True
+                memory or "1GiB", workers=workers, prefault=prefault, stop_with_parent=True,
+                worker_gpus=ordinals, simulate_gpus=simulate_gpus,
             )
             socket = self._daemon.socket
         self.client = Client(socket, name="depot.dask scheduler")
