@@ -422,3 +422,14 @@ def test_gpus_are_for_a_private_daemons_workers_one_each():
         depot.dask.Scheduler(workers=1, gpus=[0, 1])
     with pytest.raises(depot.InvalidArgument, match="private daemon"):
         depot.dask.Scheduler(socket="/nowhere", gpus=1)
+
+
+def test_labels_are_keys_cut_to_the_daemons_256_bytes():
+    from depot._dask_graphs import _label
+
+    assert _label(("sum-abc", 0, 1)) == "('sum-abc', 0, 1)"
+    assert _label("k" * 300) == "k" * 256
+    cut = _label("é" * 200)  # two bytes each: cut on a character, not inside one
+    assert cut == "é" * 128 and len(cut.encode()) == 256
+    assert len(_label("x" * 300, " (inputs 0-3999)").encode()) == 256
+    assert _label("\udcff") == "\\udcff"  # a lone surrogate cannot be UTF-8: escaped

@@ -587,7 +587,7 @@ def _label(key: Key, suffix: str = "") -> str:
     256 bytes."""
     text = key if isinstance(key, str) else repr(key)
     room = 256 - len(suffix.encode())
-    return text.encode()[:room].decode(errors="ignore") + suffix
+    return text.encode("utf-8", "backslashreplace")[:room].decode(errors="ignore") + suffix
 
 
 def _flatten(keys: Any) -> List[Key]:
