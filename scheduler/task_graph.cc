@@ -4,6 +4,8 @@
 #include <cmath>
 #include <utility>
 
+#include "depot/ipc/units.h"
+
 namespace depot::scheduler {
 
 namespace {
@@ -57,6 +59,10 @@ Status CheckSpec(const TaskSpec& spec, size_t outputs) {
   if (spec.label.size() > kMaxLabel) {
     return Status::InvalidArgument("a label of " + std::to_string(spec.label.size()) +
                                    " bytes is over " + std::to_string(kMaxLabel));
+  }
+  if (!ipc::IsDisplayText(spec.label)) {
+    return Status::InvalidArgument(
+        "a label is UTF-8 text without control characters (it is shown to people)");
   }
   if (spec.inputs.size() > kMaxInputs) {
     return Status::InvalidArgument(std::to_string(spec.inputs.size()) + " inputs are more than " +

@@ -200,5 +200,22 @@ TEST_F(DepotctlTest, SocketCanComeFromTheEnvironment) {
   EXPECT_NE(ls.out.find("\"ctl/env\""), std::string::npos) << ls.out;
 }
 
+// What clients name (client names, function names, labels) reaches a terminal and JSON
+// readers harmlessly: control characters (C1 too) and bytes that are not UTF-8 become '?' on
+// a terminal and escapes in JSON, which stays valid UTF-8.
+TEST(DepotctlFormat, TextFromClientsCannotDriveATerminalOrBreakJson) {
+  EXPECT_EQ(ctl::Printable("ok \xc3\xa9"), "ok \xc3\xa9");
+  EXPECT_EQ(ctl::Printable("\x1b[2J\n"), "?[2J?");
+  const std::string csi = "\xc2\x9b";  // U+009B, a C1 control: "control sequence introducer"
+  EXPECT_EQ(ctl::Printable(csi + "31m"), "?31m");
+  EXPECT_EQ(ctl::Printable(std::string("\x9b") + "31m\x7f"), "?31m?");
+  EXPECT_EQ(ctl::Printable("\xe2\x82"), "??");  // a cut character
+  EXPECT_EQ(ctl::JsonString("\"\xc3\xa9\n"), "\"\\\"\xc3\xa9\\n\"");
+  EXPECT_EQ(ctl::JsonString("\xc2\x9b"), "\"\\u009b\"");
+  EXPECT_EQ(ctl::JsonString("a\xff"
+                            "b"),
+            "\"a\\ufffdb\"");
+}
+
 }  // namespace
 }  // namespace depot::testing

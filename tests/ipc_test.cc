@@ -48,6 +48,29 @@ TEST(CutUtf8, CutsAtACharacterBoundaryAtMostThatLong) {
   EXPECT_EQ(ipc::CutUtf8("\xe2\x82\xac", 2), "");
 }
 
+TEST(NextUtf8, ReadsWellFormedCharactersAndNothingElse) {
+  EXPECT_EQ(ipc::NextUtf8("a", 0).code, U'a');
+  EXPECT_EQ(ipc::NextUtf8("\xc3\xa9", 0).code, U'\u00e9');
+  EXPECT_EQ(ipc::NextUtf8("\xe2\x82\xac", 0).length, 3u);
+  EXPECT_EQ(ipc::NextUtf8("\xf0\x9f\x98\x80", 0).code, U'\U0001f600');
+  for (const char* bad :
+       {"\x80", "\xc3", "\xc0\xaf" /* overlong '/' */, "\xed\xa0\x80" /* U+D800 */,
+        "\xf4\x90\x80\x80" /* past U+10FFFF */, "\xff", "\xe2\x82"}) {
+    EXPECT_EQ(ipc::NextUtf8(bad, 0).length, 0u) << bad;
+  }
+}
+
+TEST(IsDisplayText, TakesPrintableUtf8Only) {
+  EXPECT_TRUE(ipc::IsDisplayText(""));
+  EXPECT_TRUE(ipc::IsDisplayText("('sum-abc', 0, 1) \xc3\xa9\xe2\x82\xac"));
+  EXPECT_FALSE(ipc::IsDisplayText("a\nb"));
+  EXPECT_FALSE(ipc::IsDisplayText("\x1b[2J"));
+  EXPECT_FALSE(ipc::IsDisplayText("\x7f"));
+  EXPECT_FALSE(ipc::IsDisplayText("\xc2\x9b"));  // U+009B, a C1 control
+  EXPECT_FALSE(ipc::IsDisplayText("\x9b"));      // the raw byte: not UTF-8
+  EXPECT_FALSE(ipc::IsDisplayText(std::string_view("a\0b", 3)));
+}
+
 TEST(FormatSize, WritesHumanSizes) {
   EXPECT_EQ(FormatSize(0), "0 B");
   EXPECT_EQ(FormatSize(1023), "1023 B");

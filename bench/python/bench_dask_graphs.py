@@ -307,6 +307,7 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
         start = time.perf_counter()
         values = dask.compute(*WORKLOADS[kind](args))
         seconds = time.perf_counter() - start
+        first = _digest(values)
         del values
         gc.collect()
         start = time.perf_counter()
@@ -314,6 +315,9 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
         warm = time.perf_counter() - start
         say("done")
         digest = _digest(values)
+        why = _differs(first, digest)
+        if why:
+            raise RuntimeError(f"the first compute's values differ from the second's: {why}")
         del values
         gc.collect()
         left = None if started.store is None else _objects_left(started.store)

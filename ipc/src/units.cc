@@ -90,6 +90,40 @@ static uint64_t ClockNanos(clockid_t clock) {
 uint64_t WallNanos() { return ClockNanos(CLOCK_REALTIME); }
 uint64_t MonotonicNanos() { return ClockNanos(CLOCK_MONOTONIC); }
 
+Utf8Char NextUtf8(std::string_view text, size_t at) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[at + k]); };
+  const unsigned char lead = byte(0);
+  if (lead < 0x80) return {lead, 1};
+  size_t length;
+  char32_t code;
+  char32_t least;  // the smallest code point of that length: shorter forms are overlong
+  if ((lead & 0xE0) == 0xC0) {
+    length = 2, code = lead & 0x1F, least = 0x80;
+  } else if ((lead & 0xF0) == 0xE0) {
+    length = 3, code = lead & 0x0F, least = 0x800;
+  } else if ((lead & 0xF8) == 0xF0) {
+    length = 4, code = lead & 0x07, least = 0x10000;
+  } else {
+    return {};  // a continuation byte, or 0xF8 and above
+  }
+  if (text.size() - at < length) return {};
+  for (size_t k = 1; k < length; ++k) {
+    if ((byte(k) & 0xC0) != 0x80) return {};
+    code = (code << 6) | (byte(k) & 0x3F);
+  }
+  if (code < least || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return {};
+  return {code, length};
+}
+
+bool IsDisplayText(std::string_view text) {
+  for (size_t at = 0; at < text.size();) {
+    const Utf8Char c = NextUtf8(text, at);
+    if (c.length == 0 || IsControl(c.code)) return false;
+    at += c.length;
+  }
+  return true;
+}
+
 std::string_view CutUtf8(std::string_view text, size_t bytes) {
   if (text.size() <= bytes) return text;
   size_t end = bytes;

@@ -338,7 +338,14 @@ def test_a_graph_of_100000_tasks_runs_in_batches(sched):
     assert sched.client.status().scheduler.submitted - before >= 100_000
 
 
-def test_a_graph_past_the_clients_metadata_limit_waits_for_room_instead_of_failing():
+def test_a_graph_past_the_clients_metadata_limit_waits_for_room_instead_of_failing(monkeypatch):
+    from depot import _dask_graphs
+
+    waits = []
+    make_room = _dask_graphs._Run.make_room
+    monkeypatch.setattr(
+        _dask_graphs._Run, "make_room", lambda run: waits.append(1) or make_room(run)
+    )
     # The daemon keeps at most 200 KiB of this client's tasks at once; the graph's tasks take
     # 9 MB, and one request of them up to 256 KiB: batches are halved, and submitted as
     # earlier tasks end.
@@ -355,6 +362,7 @@ def test_a_graph_past_the_clients_metadata_limit_waits_for_room_instead_of_faili
             parts = [inc(i, padding + str(i)) for i in range(3000)]
             sums = [delayed(sum)(parts[i : i + 100]) for i in range(0, 3000, 100)]
             assert delayed(sum)(sums).compute(scheduler=s.get) == sum(range(1, 3001))
+            assert waits, "the limit was never reached: the test tests nothing"
             assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
             # One task past the limit on its own (its arguments name 3,000 keys): refused,
             # with the daemon's reason, and nothing of the graph is left.
@@ -407,10 +415,15 @@ def test_tasks_annotated_with_a_gpu_run_on_one_with_their_arrays_there():
         placed = {t.label: t.device for t in s.client.tasks()}
         assert placed[str(on_gpu.key)] == 0 and placed[str(on_host.key)] == -1, placed
 
-        with dask.annotate(resources={"GPU": "lots"}):
-            bad = where(make())
         before = s.client.status().scheduler.submitted
-        with pytest.raises(depot.InvalidArgument, match="annotated with resources"):
+        for resources in ({"GPU": "lots"}, {"GPU": 2}, {"CPU": -1}, {"ssd": float("nan")}):
+            with dask.annotate(resources=resources):
+                bad = where(make())
+            with pytest.raises(depot.InvalidArgument, match="annotated with resources"):
+                bad.compute(scheduler=s.get)
+        with dask.annotate(retries=101):
+            bad = where(make())
+        with pytest.raises(depot.InvalidArgument, match="retries 101: .* from 0 to 100"):
             bad.compute(scheduler=s.get)
         # (Dask itself refuses a priority that is no number.)
         assert s.client.status().scheduler.submitted == before
@@ -433,3 +446,35 @@ def test_labels_are_keys_cut_to_the_daemons_256_bytes():
     assert cut == "é" * 128 and len(cut.encode()) == 256
     assert len(_label("x" * 300, " (inputs 0-3999)").encode()) == 256
     assert _label("\udcff") == "\\udcff"  # a lone surrogate cannot be UTF-8: escaped
+    assert _label("a\nb\x1b[2J\x9b") == "a?b?[2J?"  # the daemon takes no control character
+
+
+def test_callables_of_main_and_local_classes_travel_by_value(sched):
+    # A callable object of a class defined in __main__ (a script) or inside a function:
+    # plain pickle would name a class the worker cannot import.
+    class Scale:
+        def __init__(self, k):
+            self.k = k
+
+        def __call__(self, block):
+            return block * self.k
+
+    x = da.ones((40, 40), chunks=20).map_blocks(Scale(3))
+    assert float(x.sum().compute(scheduler=sched.get)) == 4800.0
+    script = textwrap.dedent(
+        f"""
+        import dask.array as da, depot.dask
+        class Scale:
+            def __init__(self, k):
+                self.k = k
+            def __call__(self, block):
+                return block * self.k
+        s = depot.dask.Scheduler(socket={sched.client.socket!r})
+        x = da.ones((40, 40), chunks=20).map_blocks(Scale(2))
+        print(float(x.sum().compute(scheduler=s.get)))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "3200.0", out.stderr

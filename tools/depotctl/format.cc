@@ -8,6 +8,8 @@
 #include <ostream>
 #include <sstream>
 
+#include "depot/ipc/units.h"
+
 namespace depot::ctl {
 
 namespace {
@@ -101,9 +103,17 @@ void HexDump(std::ostream& out, const unsigned char* bytes, size_t size) {
 }
 
 std::string Printable(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  std::string out;
+  out.reserve(text.size());
+  for (size_t at = 0; at < text.size();) {
+    const ipc::Utf8Char c = ipc::NextUtf8(text, at);
+    if (c.length == 0 || ipc::IsControl(c.code)) {
+      out += '?';
+      at += c.length == 0 ? 1 : c.length;
+    } else {
+      out.append(text.substr(at, c.length));
+      at += c.length;
+    }
   }
   return out;
 }
@@ -176,7 +186,25 @@ void Table::Print(std::ostream& out) const {
 
 std::string JsonString(std::string_view text) {
   std::string out = "\"";
-  for (char c : text) {
+  for (size_t at = 0; at < text.size();) {
+    const ipc::Utf8Char utf8 = ipc::NextUtf8(text, at);
+    if (utf8.length == 0) {  // not UTF-8, which JSON text must be
+      out += "\\ufffd";
+      ++at;
+      continue;
+    }
+    if (utf8.length > 1) {
+      if (utf8.code <= 0x9f) {  // C1
+        char escaped[8];
+        std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned>(utf8.code));
+        out += escaped;
+      } else {
+        out.append(text.substr(at, utf8.length));
+      }
+      at += utf8.length;
+      continue;
+    }
+    const char c = text[at++];
     switch (c) {
       case '"':
         out += "\\\"";

@@ -470,8 +470,8 @@ class Client:
         with a CPU and a GPU variant, the scheduler chooses per task (``variant=None``,
         for a task that asks no GPU) or ``variant="cpu"``/``"gpu"`` pins one; the GPU
         variant holds one GPU and no CPU slot unless ``resources`` ask a GPU share.
-        ``label`` is what :meth:`tasks` and ``depotctl tasks`` show of it (at most 256
-        bytes of UTF-8).
+        ``label`` is what :meth:`tasks` and ``depotctl tasks`` show of it: at most 256 bytes
+        of UTF-8 without control characters.
 
         Raises InvalidArgument for a function no worker runs, resources no worker offers or
         bad options, ObjectNotFound for a ref that neither exists nor is made by a task,

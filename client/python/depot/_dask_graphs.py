@@ -22,9 +22,11 @@ import collections
 import functools
 import io
 import itertools
+import math
 import os
 import pickle
 import threading
+import time
 import traceback
 import types
 from typing import (
@@ -40,6 +42,13 @@ from ._ref import ObjectRef
 
 BATCH = 1000
 """Tasks submitted in one request."""
+
+_MOST_RETRIES = 100
+"""A task's retries at most (the daemon's bound)."""
+
+_IDLE_RETRIES = 2
+"""Times a batch refused at the client's limit is tried again, with no task known to run,
+before it is halved."""
 
 _BATCH_BYTES = 256 * 1024
 """Bytes of tasks submitted in one request at most: the daemon reads a request of up to
@@ -92,33 +101,73 @@ def _raised_of(pickled: Optional[bytes], text: str, key: Any) -> _Raised:
     return raised
 
 
-class _NodePickler(pickle.Pickler):
-    """Pickles a GraphNode with the callables a graph shares among its tasks as references
-    to objects of their own, each stored once a graph and loaded once by a worker, instead
-    of once a task: functions that plain pickle cannot name (lambdas, closures, functions of
-    __main__, which go by value through cloudpickle), and partials and curried functions
-    that more than one task holds and whose pickle is large (dask.array's carry their
-    function's docstring: 2.4 KB a task for ``da.ones``). Those objects are no task's
-    inputs: they are kept until the graph's run ends."""
+class _ByValue(Exception):
+    """A plain pickle of a node met a function to pickle by value for the first time."""
+
+
+class _SharingPickler:
+    """What both node picklers share: the callables a graph's tasks share are pickled as
+    references to objects of their own, each stored once a graph and loaded once by a
+    worker, instead of once a task. They are functions pickle cannot name (lambdas,
+    closures, functions of __main__: by value, through cloudpickle), and partials and
+    curried functions whose pickle is large (dask.array's carry their function's docstring:
+    2.4 KB a task for ``da.ones``); each is stored from the second node holding it (the
+    first carries it inline). The objects are pinned, so that the store does not evict them
+    under memory pressure, and deleted when the run ends."""
+
+    store: "_Functions"
+
+    def shared_reduction(self, obj: Any) -> Any:
+        """A reduction naming the stored object of ``obj``, or None: pickle it in place."""
+        if isinstance(obj, types.FunctionType) and self.store.by_name(obj):
+            return None
+        if isinstance(obj, _SHARED_KINDS):
+            ref = self.store.shared(obj)
+            if ref is not None:
+                return (_shared, (ref,))
+        return None
+
+
+class _PlainNodePickler(_SharingPickler, pickle.Pickler):
+    """The fast one: plain pickle. Refuses (_ByValue) a node holding a function to pickle
+    by value that is not stored yet, for cloudpickle to carry it."""
 
     def __init__(self, out: io.BytesIO, store: "_Functions") -> None:
         super().__init__(out, protocol=5)
         self.store = store
 
     def reducer_override(self, obj: Any) -> Any:
-        # Called for objects other than the builtin containers, strings and numbers only:
-        # a persistent_id would be called for every object of the node.
-        if isinstance(obj, types.FunctionType):
-            ref = self.store.function(obj)
-        elif isinstance(obj, _SHARED_KINDS):
-            ref = self.store.shared(obj)
-        else:
-            return NotImplemented
-        return NotImplemented if ref is None else (_shared, (ref,))
+        # Called for objects other than builtin containers, strings and numbers only.
+        reduction = self.shared_reduction(obj)
+        if reduction is not None:
+            return reduction
+        if isinstance(obj, types.FunctionType) and not self.store.by_name(obj):
+            raise _ByValue()
+        return NotImplemented
+
+
+def _cloud_pickler() -> type:
+    """The node pickler for what plain pickle cannot load on a worker: cloudpickle's, which
+    pickles functions and classes of __main__ and closures by value."""
+    try:
+        import cloudpickle
+    except ImportError:  # then what plain pickle cannot do cannot be done
+        return _PlainNodePickler
+
+    class _CloudNodePickler(_SharingPickler, cloudpickle.Pickler):
+        def __init__(self, out: io.BytesIO, store: "_Functions") -> None:
+            super().__init__(out, protocol=5)
+            self.store = store
+
+        def reducer_override(self, obj: Any) -> Any:
+            reduction = self.shared_reduction(obj)
+            return reduction if reduction is not None else super().reducer_override(obj)
+
+    return _CloudNodePickler
 
 
 def _shared_kinds() -> Tuple[type, ...]:
-    kinds: List[type] = [functools.partial]
+    kinds: List[type] = [types.FunctionType, functools.partial]
     try:
         from toolz import curry  # type: ignore[import-untyped]
 
@@ -139,23 +188,27 @@ class _Functions:
         self.client = client
         # id(callable) -> its object's id, or None: pickled in each task that holds it.
         self.refs: Dict[int, Optional[bytes]] = {}
-        self.seen_once: Set[int] = set()  # shared callables seen in one task so far
+        self.first_node: Dict[int, int] = {}  # id(callable) -> the node that held it first
+        self.named: Dict[int, bool] = {}  # id(function) -> whether pickle names it
         self.keep: List[Any] = []  # the callables looked at, so that their ids stay theirs
         self.stored: List[ObjectRef] = []
+        self.node = 0  # the node being pickled
+        self.cloud = _cloud_pickler()
 
-    def function(self, fn: Any) -> Optional[bytes]:
+    def by_name(self, fn: Any) -> bool:
         key = id(fn)
-        if key not in self.refs:
+        named = self.named.get(key)
+        if named is None:
             self.keep.append(fn)
-            self.refs[key] = None if _by_reference(fn) else self.store(_tasks._dumps_function(fn))
-        return self.refs[key]
+            named = self.named[key] = _by_reference(fn)
+        return named
 
     def shared(self, obj: Any) -> Optional[bytes]:
         key = id(obj)
         if key in self.refs:
             return self.refs[key]
-        if key not in self.seen_once:  # the first task holding it carries it
-            self.seen_once.add(key)
+        first = self.first_node.setdefault(key, self.node)
+        if first == self.node:  # the first node holding it carries it
             self.keep.append(obj)
             return None
         data = _tasks._dumps_function(obj)
@@ -163,13 +216,24 @@ class _Functions:
         return self.refs[key]
 
     def store(self, data: bytes) -> bytes:
-        ref = self.client.put(data)
+        ref = self.client.put(data, pin=True)
         self.stored.append(ref)
         return ref.id
 
     def dumps(self, node: Any) -> bytes:
+        """The node pickled: plainly where a worker can load that (nothing of __main__
+        named), else with cloudpickle."""
+        self.node += 1
         out = io.BytesIO()
-        _NodePickler(out, self).dump(node)
+        try:
+            _PlainNodePickler(out, self).dump(node)
+            data = out.getvalue()
+            if b"__main__" not in data:
+                return data
+        except (_ByValue, pickle.PicklingError, TypeError, AttributeError):
+            pass  # what cloudpickle may pickle by value; if it cannot either, it says why
+        out = io.BytesIO()
+        self.cloud(out, self).dump(node)
         return out.getvalue()
 
 
@@ -181,59 +245,79 @@ def _by_reference(fn: Any) -> bool:
         return False
 
 
-# On a worker: functions by the id of the object holding them, the most recently used
-# going first when there are too many. Object ids are never reused, so an entry is never stale; the
-# bound keeps a long-lived worker from holding every function of every graph it ran.
-_loaded: "collections.OrderedDict[bytes, Any]" = collections.OrderedDict()
+# On a worker: the callables loaded from the store, by the id of their object, with the
+# size of their pickle; the least recently used go first when there are more than
+# _LOADED_MOST or their pickles pass _LOADED_BYTES (a closure may hold a large array). Object
+# ids are never reused, so an entry is never stale.
+_loaded: "collections.OrderedDict[bytes, Tuple[Any, int]]" = collections.OrderedDict()
+_loaded_bytes = 0
 _LOADED_MOST = 1024
+_LOADED_BYTES = 64 << 20
 _loaded_lock = threading.Lock()
 
 
 def _shared(pid: bytes) -> Any:
-    """On a worker: the callable stored in the object ``pid`` (see _NodePickler)."""
+    """On a worker: the callable stored in the object ``pid`` (see _SharingPickler)."""
+    global _loaded_bytes
     with _loaded_lock:
-        fn = _loaded.get(pid)
-        if fn is not None:
+        entry = _loaded.get(pid)
+        if entry is not None:
             _loaded.move_to_end(pid)
-            return fn
+            return entry[0]
     from ._worker import get_client
 
-    # Stored before the task was submitted, and kept until the graph's run ends.
-    fn = pickle.loads(get_client().get(ObjectRef(pid), timeout=0))
+    # Stored (pinned) before the task was submitted, and kept until the graph's run ends.
+    data = get_client().get(ObjectRef(pid), timeout=0)
+    fn, size = pickle.loads(data), len(data)
     with _loaded_lock:
-        _loaded[pid] = fn
-        while len(_loaded) > _LOADED_MOST:
-            _loaded.popitem(last=False)
+        if pid not in _loaded:
+            _loaded[pid] = (fn, size)
+            _loaded_bytes += size
+        while len(_loaded) > _LOADED_MOST or (_loaded_bytes > _LOADED_BYTES and len(_loaded) > 1):
+            _loaded_bytes -= _loaded.popitem(last=False)[1][1]
     return fn
 
 
 def _run(node_bytes: bytes, keys: Sequence[Key], *values: Any) -> Any:
     """One task of a graph, on a worker: the GraphNode pickled in ``node_bytes`` given the
     values of its dependencies ``keys``, in order. What an upstream task raised goes on
-    unchanged."""
+    unchanged; what this one raises (loading the node included) is its value."""
     for value in values:
         if isinstance(value, _Raised):
             return value
-    node = pickle.loads(node_bytes)
+    node = None
     try:
-        return node(dict(zip(keys, _on_device(values))))
+        node = pickle.loads(node_bytes)
+        inputs, device = _on_device(values)
+        if device is None:
+            return node(dict(zip(keys, inputs)))
+        with device:
+            return node(dict(zip(keys, inputs)))
     except Exception as error:
-        return _Raised(error, traceback.format_exc(), node.key)
+        return _Raised(error, traceback.format_exc(), getattr(node, "key", None))
 
 
-def _on_device(values: Sequence[Any]) -> Sequence[Any]:
+def _on_device(values: Sequence[Any]) -> Tuple[Sequence[Any], Any]:
     """In a task that runs on a GPU (annotated ``resources={"GPU": ...}``), its array inputs
-    come as depot.DeviceArray on that GPU; as CuPy arrays viewing the same memory where
-    CuPy is installed, for the Dask functions to compute with."""
+    come as depot.DeviceArray on that GPU; where CuPy is installed and the GPU is real, as
+    CuPy arrays viewing the same memory, with that GPU CuPy's current device while the task
+    runs (so that what it makes is made there). The values, and that device's context (None:
+    nothing to enter)."""
     from ._worker import task_device
 
-    if task_device() is None or not any(isinstance(v, DeviceArray) for v in values):
-        return values
+    device = task_device()
+    if device is None or not any(
+        isinstance(v, DeviceArray) and not v.simulated for v in values
+    ):
+        return values, None
     try:
         import cupy
     except ImportError:
-        return values
-    return [cupy.asarray(v) if isinstance(v, DeviceArray) else v for v in values]
+        return values, None
+    converted = [
+        cupy.asarray(v) if isinstance(v, DeviceArray) and not v.simulated else v for v in values
+    ]
+    return converted, cupy.cuda.Device(device)
 
 
 def _run_gathered(node: Any, keys: Sequence[Key], *lists: List[Any]) -> Any:
@@ -324,27 +408,36 @@ class _Plan:
     def options(self, key: Key) -> Dict[str, Any]:
         """submit's options for the task of ``key`` from its annotations: ``resources``
         (``{"GPU": 1}`` runs it on a GPU, its array inputs there), ``priority`` (higher
-        first, as in Dask) and ``retries``; other annotations are Dask distributed's and
-        mean nothing on one host. Bad values are refused before anything runs."""
+        first, as in Dask) and ``retries`` (depot's: runs again after its worker died; an
+        exception the function raises is the task's result, never retried); other
+        annotations are Dask distributed's and mean nothing on one host. Values out of
+        depot's bounds are refused before anything runs; a resource no worker offers is
+        refused by the daemon when its batch is submitted."""
         out: Dict[str, Any] = {}
         resources = self.annotations.get("resources", {}).get(key)
         if resources is not None:
             try:
-                out["resources"] = {str(k): float(v) for k, v in dict(resources).items()}
+                amounts = {str(k): float(v) for k, v in dict(resources).items()}
             except (TypeError, ValueError):
+                amounts = None
+            if amounts is None or not all(
+                math.isfinite(v) and v >= 0 for v in amounts.values()
+            ) or not amounts.get("GPU", 0) <= 1:
                 raise InvalidArgument(
-                    f"task {key!r} is annotated with resources {resources!r}: a mapping of "
-                    "names to amounts, such as {'GPU': 1}"
-                ) from None
-        for name in ("priority", "retries"):
+                    f"task {key!r} is annotated with resources {resources!r}: depot takes a "
+                    "mapping of names to amounts of 0 or more, a GPU share at most 1, such as "
+                    "{'GPU': 1}"
+                )
+            out["resources"] = amounts
+        for name, least, most in (("priority", -(2**31), 2**31 - 1), ("retries", 0, _MOST_RETRIES)):
             value = self.annotations.get(name, {}).get(key)
             if value is not None:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                    value != int(value)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value == int(value) and least <= value <= most
                 ):
                     raise InvalidArgument(
                         f"task {key!r} is annotated with {name} {value!r}: depot takes a "
-                        "whole number"
+                        f"whole number from {least} to {most}"
                     )
                 out[name] = int(value)
         return out
@@ -367,8 +460,11 @@ class _Run:
         self.given_up: Set[Key] = set()
         self.key_of: Dict[ObjectRef, Key] = {}  # while following: each task's key by its output
         self.functions = _Functions(client)
-        # The outputs of submitted tasks not given up nor seen to have ended, oldest first.
+        self.batch_bytes = _BATCH_BYTES
+        # The outputs of submitted tasks not seen to have ended, oldest first; and those
+        # given up (deleted once their readers are done: one may never be seen sealed).
         self.running: Dict[ObjectRef, None] = {}
+        self.given_refs: Set[ObjectRef] = set()
 
     def encode(self) -> List[Tuple[int, Dict[str, Any]]]:
         """Every task of the graph as submit takes it, producers first, with its place in
@@ -457,15 +553,13 @@ class _Run:
     def batches(
         self, tasks: List[Tuple[int, Dict[str, Any]]]
     ) -> Iterator[List[Tuple[int, Dict[str, Any]]]]:
-        """The tasks in batches of self.batch tasks and _BATCH_BYTES at most."""
+        """The tasks in batches of self.batch tasks and self.batch_bytes at most (which
+        submit_batch lowers when a batch alone is past the client's limit)."""
         chunk: List[Tuple[int, Dict[str, Any]]] = []
         size = 0
         for item in tasks:
-            task = item[1]
-            cost = 64 + len(task["function"]) + len(task["args"] or b"") + 16 * (
-                len(task["inputs"]) + len(task.get("outputs", ()))
-            )
-            if chunk and (len(chunk) == self.batch or size + cost > _BATCH_BYTES):
+            cost = _cost(item[1])
+            if chunk and (len(chunk) == self.batch or size + cost > self.batch_bytes):
                 yield chunk
                 chunk, size = [], 0
             chunk.append(item)
@@ -476,8 +570,12 @@ class _Run:
     def submit_batch(self, batch: List[Dict[str, Any]]) -> None:
         """Submits one batch. The daemon keeps each task until it ends, counted against this
         client (``depotd --client-max-metadata``): a batch past that limit is refused
-        whole, and is submitted again once some of the tasks before it have ended, or in
-        halves if none is known to run."""
+        whole, and is submitted again once some of the tasks before it have ended. When none
+        is known to run, it is tried again twice over 30 ms (a task's output may be sealed a
+        moment before the daemon hears that the task ended), then in halves, and the
+        batches after it are made no larger than a half; a single task past the limit is
+        refused with the daemon's reason."""
+        idle = 0  # refusals in a row with no task known to run
         while True:
             try:
                 outputs = self.client._submit(batch)
@@ -486,10 +584,16 @@ class _Run:
                 if "requests in progress" not in str(error):
                     raise
                 if self.make_room():
+                    idle = 0
+                    continue
+                if idle < _IDLE_RETRIES:
+                    time.sleep(0.01 * 2**idle)
+                    idle += 1
                     continue
                 if len(batch) == 1:
                     raise
                 half = len(batch) // 2
+                self.batch_bytes = max(1, min(self.batch_bytes, sum(map(_cost, batch[:half]))))
                 self.submit_batch(batch[:half])
                 self.submit_batch(batch[half:])
                 return
@@ -498,18 +602,21 @@ class _Run:
                 self.running[ref] = None
 
     def make_room(self) -> bool:
-        """Waits until a task this run submitted has ended; False if none is known to run.
-        Known: those whose outputs are still this run's (given up ones may be deleted, and
-        one deleted would never be seen sealed)."""
-        while self.running:
-            part = list(itertools.islice(self.running, _GATHER))
-            sealed = self.client._native.wait([r.id for r in part], 1, -1)
-            ended = [r for r, s in zip(part, sealed) if s]
-            for ref in ended:
-                del self.running[ref]
-            if ended:
-                return True
-        return False
+        """Waits until one of the oldest tasks this run submitted and has not seen end has
+        ended, or a second has passed; False if none is left. An output given up may have
+        been deleted once its readers were done, and one evicted once sealed: neither would
+        be seen sealed, so after a second with none seen, the given up ones waited on are
+        taken to have ended."""
+        if not self.running:
+            return False
+        part = list(itertools.islice(self.running, _GATHER))
+        sealed = self.client._native.wait([r.id for r in part], 1, 1000)
+        ended = [r for r, s in zip(part, sealed) if s]
+        if not ended:
+            ended = [r for r in part if r in self.given_refs]
+        for ref in ended:
+            del self.running[ref]
+        return True
 
     def give_up(self, keys: Iterable[Key]) -> None:
         refs = []
@@ -517,7 +624,7 @@ class _Run:
             if key in self.refs and key not in self.given_up:
                 self.given_up.add(key)
                 refs.append(self.refs[key])
-                self.running.pop(self.refs[key], None)
+                self.given_refs.add(self.refs[key])
         self.delete_after_tasks(refs)
 
     def delete_after_tasks(self, refs: List[ObjectRef]) -> None:
@@ -582,10 +689,26 @@ class _Run:
         self.delete_after_tasks(self.functions.stored)
 
 
+_CONTROLS = {c: "?" for c in [*range(0x20), *range(0x7F, 0xA0)]}
+
+
+def _cost(task: Dict[str, Any]) -> int:
+    """What a task takes in a submit request, with room for capnp's structure."""
+    return (
+        192 + len(task["function"]) + len(task["args"] or b"")
+        + len(task.get("label", "").encode())
+        + 16 * (len(task["inputs"]) + len(task.get("outputs", ())))
+        + 4 * len(task["host_inputs"])
+        + sum(32 + len(name) for name in task["resources"])
+    )
+
+
 def _label(key: Key, suffix: str = "") -> str:
     """What ``depotctl tasks`` shows of the task of ``key``: the key, cut to the daemon's
     256 bytes."""
     text = key if isinstance(key, str) else repr(key)
+    # The daemon takes printable text only: control characters (C0, DEL, C1) become '?'.
+    text = text.translate(_CONTROLS)
     room = 256 - len(suffix.encode())
     return text.encode("utf-8", "backslashreplace")[:room].decode(errors="ignore") + suffix
 

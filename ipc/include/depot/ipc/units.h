@@ -26,6 +26,23 @@ std::string FormatSeconds(double seconds);
 // `text` cut to at most `bytes` bytes, at a UTF-8 character boundary.
 std::string_view CutUtf8(std::string_view text, size_t bytes);
 
+// The character of well-formed UTF-8 (RFC 3629: shortest form, no surrogates, at most
+// U+10FFFF) that starts at `text[at]`, and its length in bytes; length 0 where the bytes
+// there are not one.
+struct Utf8Char {
+  char32_t code = 0;
+  size_t length = 0;
+};
+Utf8Char NextUtf8(std::string_view text, size_t at);
+
+// A control character: C0 (below U+0020), DEL, or C1 (U+0080 to U+009F), which a terminal
+// may act on.
+constexpr bool IsControl(char32_t c) { return c < 0x20 || (c >= 0x7f && c <= 0x9f); }
+
+// Whether `text` is well-formed UTF-8 without control characters: what the daemon takes
+// as text to show people (a task's label).
+bool IsDisplayText(std::string_view text);
+
 // Nanoseconds since the epoch (CLOCK_REALTIME) and on the monotonic clock.
 uint64_t WallNanos();
 uint64_t MonotonicNanos();
