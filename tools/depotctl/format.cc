@@ -187,25 +187,13 @@ void Table::Print(std::ostream& out) const {
 std::string JsonString(std::string_view text) {
   std::string out = "\"";
   for (size_t at = 0; at < text.size();) {
-    const ipc::Utf8Char utf8 = ipc::NextUtf8(text, at);
-    if (utf8.length == 0) {  // not UTF-8, which JSON text must be
+    const ipc::Utf8Char c = ipc::NextUtf8(text, at);
+    if (c.length == 0) {  // not UTF-8, which JSON text must be
       out += "\\ufffd";
       ++at;
       continue;
     }
-    if (utf8.length > 1) {
-      if (utf8.code <= 0x9f) {  // C1
-        char escaped[8];
-        std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned>(utf8.code));
-        out += escaped;
-      } else {
-        out.append(text.substr(at, utf8.length));
-      }
-      at += utf8.length;
-      continue;
-    }
-    const char c = text[at++];
-    switch (c) {
+    switch (c.code) {
       case '"':
         out += "\\\"";
         break;
@@ -228,14 +216,15 @@ std::string JsonString(std::string_view text) {
         out += "\\t";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
+        if (ipc::IsControl(c.code) && c.code != 0x7f) {  // C0 and C1; DEL may stand as it is
           char escaped[8];
-          std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned>(c));
+          std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned>(c.code));
           out += escaped;
         } else {
-          out += c;
+          out.append(text.substr(at, c.length));
         }
     }
+    at += c.length;
   }
   out += '"';
   return out;
