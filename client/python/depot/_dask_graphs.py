@@ -19,6 +19,7 @@ started and deletes everything the graph made once what runs is done.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import io
 import itertools
@@ -101,7 +102,7 @@ def _raised_of(pickled: Optional[bytes], text: str, key: Any) -> _Raised:
     return raised
 
 
-class _ByValue(Exception):
+class _ByValue(pickle.PicklingError):
     """A plain pickle of a node met a function to pickle by value for the first time."""
 
 
@@ -221,20 +222,14 @@ class _Functions:
         return ref.id
 
     def dumps(self, node: Any) -> bytes:
-        """The node pickled: plainly where a worker can load that (nothing of __main__
-        named), else with cloudpickle."""
+        """The node pickled as _tasks._dumps pickles arguments (plainly where a worker can
+        load that, else with cloudpickle), with these picklers."""
         self.node += 1
-        out = io.BytesIO()
-        try:
-            _PlainNodePickler(out, self).dump(node)
-            data = out.getvalue()
-            if b"__main__" not in data:
-                return data
-        except (_ByValue, pickle.PicklingError, TypeError, AttributeError):
-            pass  # what cloudpickle may pickle by value; if it cannot either, it says why
-        out = io.BytesIO()
-        self.cloud(out, self).dump(node)
-        return out.getvalue()
+        return _tasks._dumps(
+            node,
+            plain=lambda out: _PlainNodePickler(out, self),
+            by_value=lambda out: self.cloud(out, self),
+        )
 
 
 def _by_reference(fn: Any) -> bool:
@@ -289,8 +284,6 @@ def _run(node_bytes: bytes, keys: Sequence[Key], *values: Any) -> Any:
     try:
         node = pickle.loads(node_bytes)
         inputs, device = _on_device(values)
-        if device is None:
-            return node(dict(zip(keys, inputs)))
         with device:
             return node(dict(zip(keys, inputs)))
     except Exception as error:
@@ -301,19 +294,18 @@ def _on_device(values: Sequence[Any]) -> Tuple[Sequence[Any], Any]:
     """In a task that runs on a GPU (annotated ``resources={"GPU": ...}``), its array inputs
     come as depot.DeviceArray on that GPU; where CuPy is installed and the GPU is real, as
     CuPy arrays viewing the same memory, with that GPU CuPy's current device while the task
-    runs (so that what it makes is made there). The values, and that device's context (None:
-    nothing to enter)."""
+    runs (so that what it makes is made there). The values, and the context to run it in."""
     from ._worker import task_device
 
     device = task_device()
     if device is None or not any(
         isinstance(v, DeviceArray) and not v.simulated for v in values
     ):
-        return values, None
+        return values, contextlib.nullcontext()
     try:
         import cupy
     except ImportError:
-        return values, None
+        return values, contextlib.nullcontext()
     converted = [
         cupy.asarray(v) if isinstance(v, DeviceArray) and not v.simulated else v for v in values
     ]

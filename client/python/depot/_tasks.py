@@ -18,6 +18,7 @@ runs the worker's built-in ``CALL`` function with that object as its first input
 from __future__ import annotations
 
 import hashlib
+import io
 import pickle
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -46,17 +47,29 @@ class Input:
         return (Input, (self.index,))
 
 
-def _dumps(value: Any) -> bytes:
+def _dumps(
+    value: Any,
+    plain: Optional[Callable[[io.BytesIO], pickle.Pickler]] = None,
+    by_value: Optional[Callable[[io.BytesIO], pickle.Pickler]] = None,
+) -> bytes:
     """``value`` pickled: by pickle when it can (fast, and what most arguments need), else by
-    cloudpickle (lambdas, closures, functions of __main__)."""
+    cloudpickle (lambdas, closures, functions of __main__). ``plain`` and ``by_value`` make
+    the picklers to use instead (of the buffer they write), pickle's and cloudpickle's
+    subclasses."""
     try:
-        data = pickle.dumps(value, protocol=5)
+        data = _pickled(value, plain) if plain else pickle.dumps(value, protocol=5)
         # What pickle names in __main__ a worker cannot import: that goes by value.
         if b"__main__" not in data:
             return data
     except (pickle.PicklingError, AttributeError, TypeError):
         pass  # a lambda, a closure, a local class...
-    return _dumps_function(value)
+    return _pickled(value, by_value) if by_value else _dumps_function(value)
+
+
+def _pickled(value: Any, pickler: Callable[[io.BytesIO], pickle.Pickler]) -> bytes:
+    out = io.BytesIO()
+    pickler(out).dump(value)
+    return out.getvalue()
 
 
 def _dumps_function(fn: Callable) -> bytes:
