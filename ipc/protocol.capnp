@@ -336,6 +336,10 @@ struct Completion {
   # Small outputs carried here rather than put by the worker (no round trip each): the
   # daemon stores each in host memory as the worker's put would, before it reads `ok`.
   outputs @3 :List(OutputValue);
+  # Indices of outputs this session created and filled and has not sealed: with `ok`, the
+  # daemon seals each as this session's seal request would, before it counts the task done
+  # (no round trip each). A seal it cannot make fails the task, with why.
+  seal @4 :List(UInt32);
 }
 
 struct OutputValue {

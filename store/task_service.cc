@@ -170,6 +170,9 @@ void TaskService::Complete(const Responder& reply, const Requester& who,
         d.message = st.message().substr(0, scheduler::kMaxFailureMessage);
       }
     }
+    if (d.ok && c.hasSeal() && !SealOutputs(who.client, d, c.getSeal())) {
+      done.pop_back();  // it completes once its seals are done
+    }
   }
   Status st = scheduler_.Complete(who.client, done);
   // A worker that wants no reply learns nothing of a refusal: say it in the log.
@@ -212,6 +215,52 @@ Status TaskService::StoreOutputs(ClientId worker, uint64_t task,
     }
   }
   return Status::OK();
+}
+
+bool TaskService::SealOutputs(ClientId worker, scheduler::Completion& completion,
+                              capnp::List<uint32_t>::Reader indices) {
+  const std::span<const ObjectId> outputs = scheduler_.RunningOutputs(worker, completion.task);
+  // Not running here: the scheduler refuses the completion, and nothing is sealed for it.
+  if (outputs.empty()) return true;
+  // Copied: a seal answers gets, and a reply that cannot be written ends that client's
+  // session, which may be this one (the task then runs elsewhere).
+  std::vector<std::pair<uint32_t, ObjectId>> sealed;
+  for (uint32_t index : indices) {
+    if (index >= outputs.size()) {
+      completion.ok = false;
+      completion.message = "its worker sealed output " + std::to_string(index) +
+                           " of a task with " + std::to_string(outputs.size()) + " outputs";
+      return true;
+    }
+    sealed.emplace_back(index, outputs[index]);
+  }
+  // Seals finish at once, or after a checksum off the loop; the completion goes to the
+  // scheduler after the last. `left` counts one more until every seal has been started.
+  struct Sealing {
+    scheduler::Completion completion;
+    size_t left = 0;
+  };
+  auto sealing = std::make_shared<Sealing>(Sealing{.completion = completion, .left = 1});
+  auto finish = [this, worker, sealing] {
+    const Status st = scheduler_.Complete(worker, std::span(&sealing->completion, 1));
+    if (!st.ok()) spdlog::warn("session {}: complete: {}", worker, st.message());
+  };
+  for (const auto& [index, id] : sealed) {
+    ++sealing->left;
+    store_.Seal(worker, id, [sealing, index, finish](Status st) {
+      scheduler::Completion& c = sealing->completion;
+      if (!st.ok() && c.ok) {
+        c.ok = false;
+        c.message =
+            ("its output " + std::to_string(index) + " could not be sealed: " + st.message())
+                .substr(0, scheduler::kMaxFailureMessage);
+      }
+      if (--sealing->left == 0) finish();
+    });
+  }
+  if (--sealing->left > 0) return false;
+  completion = std::move(sealing->completion);
+  return true;
 }
 
 void TaskService::Cancel(const Responder& reply, const Requester& who,

@@ -65,6 +65,13 @@ class TaskService final : private scheduler::WorkerLink, private scheduler::Obje
   // fails the task, with why. Nothing, if the task is not running on the worker.
   Status StoreOutputs(ClientId worker, uint64_t task,
                       capnp::List<wire::OutputValue>::Reader values);
+  // Seals the outputs a worker created and listed in its completion of `task`, as its seal
+  // requests would have; the first that cannot be sealed (a bad index, not its own, sealed
+  // already) fails the task, with why. Returns true when `completion` is ready for the
+  // scheduler now; false when a seal runs on (a checksum off the loop), and the completion
+  // goes to the scheduler once it is done. Nothing, if the task is not running on the worker.
+  bool SealOutputs(ClientId worker, scheduler::Completion& completion,
+                   capnp::List<uint32_t>::Reader indices);
   // scheduler::WorkerLink: sends `tasks` to `worker`'s session as one assign message.
   void Assign(scheduler::SessionId worker, std::span<const scheduler::Assignment> tasks) override;
   void Drained(scheduler::SessionId worker) override;

@@ -771,6 +771,86 @@ TEST_F(HostileTest, OutputsCarriedInCompletionsAreCheckedAndReachNoOtherObject) 
   expect_failed(outputs[4][1], "without sealing output");
 }
 
+// A completion may ask the daemon to seal outputs its worker created (Completion.seal): only
+// outputs of that task, only objects that worker's own session is creating. Anything else
+// fails the task, saying why, and no other client's object is touched.
+TEST_F(HostileTest, SealsAskedInCompletionsAreOnlyOfTheWorkersOwnOutputs) {
+  constexpr uint64_t kMiB = 1 << 20;
+  auto attacker = OpenSession();
+  auto accomplice = OpenSession();
+  auto reply = attacker->Call(2, [](auto r) {
+    auto reg = r.initRegisterWorker();
+    reg.setCpus(8);
+    reg.initFunctions(1).set(0, "noop");
+  });
+  ASSERT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+  std::vector<TaskRequest> requests(4, TaskRequest{.function = "noop", .num_outputs = 2});
+  ASSERT_OK_AND_ASSIGN(auto outputs, victim_->Submit(requests));
+  std::map<ObjectId, uint64_t> task_of;
+  while (task_of.size() < 4 * 2) {
+    auto assign = attacker->Receive();
+    ASSERT_TRUE(assign && assign->get().isAssign());
+    for (auto a : assign->get().getAssign()) {
+      for (auto id : a.getOutputs()) task_of[ipc::FromWire(id)] = a.getTask();
+    }
+  }
+  const auto create = [](RawSession& session, uint64_t rid, const ObjectId& id, uint64_t size) {
+    return session.Call(rid, [&](auto r) {
+      auto c = r.initCreate();
+      ipc::ToWire(id, c.initId());
+      c.setDataSize(size);
+      c.setChecksum(true);  // from 1 MiB, the seal's checksum runs off the loop
+    });
+  };
+  const auto complete = [&](uint64_t rid, uint64_t task, const std::vector<uint32_t>& seal) {
+    return attacker->Call(rid, [&](auto r) {
+      auto c = r.initComplete(1)[0];
+      c.setTask(task);
+      c.setOk(true);
+      auto list = c.initSeal(static_cast<unsigned>(seal.size()));
+      for (unsigned i = 0; i < list.size(); ++i) list.set(i, seal[i]);
+    });
+  };
+  const auto expect_failed = [&](const ObjectId& output, const std::string& why) {
+    auto got = victim_->Get(output, std::chrono::seconds(30));
+    EXPECT_EQ(got.status().code(), StatusCode::kTaskFailed) << got.status().ToString();
+    EXPECT_NE(got.status().message().find(why), std::string::npos) << got.status().ToString();
+  };
+
+  // An index past the task's outputs; an output nobody is creating.
+  reply = complete(3, task_of.at(outputs[0][0]), {2});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+  expect_failed(outputs[0][0], "sealed output 2 of a task with 2 outputs");
+  reply = complete(4, task_of.at(outputs[1][0]), {0});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK);
+  expect_failed(outputs[1][1], "its output 0 could not be sealed");
+
+  // An output another session is creating: the seal is refused, and that session's object
+  // is left to it, unsealed, for it to seal itself.
+  reply = create(*accomplice, 2, outputs[2][0], 2 * kMiB);
+  ASSERT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+  reply = complete(5, task_of.at(outputs[2][0]), {0});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK);
+  expect_failed(outputs[2][1], "being created by another client");
+  reply = accomplice->Call(3, [&](auto r) { ipc::ToWire(outputs[2][0], r.initSeal()); });
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+
+  // Its own outputs, one large enough that its seal finishes off the loop: both sealed, and
+  // the task done once they are.
+  reply = create(*attacker, 6, outputs[3][0], 2 * kMiB);
+  ASSERT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+  reply = create(*attacker, 7, outputs[3][1], 0);
+  ASSERT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+  reply = complete(8, task_of.at(outputs[3][0]), {0, 1});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+  ASSERT_OK_AND_ASSIGN(auto made, victim_->Get(outputs[3], std::chrono::seconds(30)));
+  EXPECT_EQ(made[0].size(), 2 * kMiB);
+  EXPECT_EQ(made[1].size(), 0u);
+  // Sealed already: a second completion is refused, as the task is over.
+  reply = complete(9, task_of.at(outputs[3][0]), {0});
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
+}
+
 TEST_F(HostileTest, AnnouncingHugeFramesAndSendingNothingCostsTheDaemonNothing) {
   const uint64_t before = PrivateResidentKiB(daemon_->pid());
   std::vector<std::unique_ptr<RawSession>> attackers;

@@ -654,6 +654,77 @@ TEST_F(TaskTest, SmallOutputsTravelWithTheCompletionAndLargeOnesArePut) {
   runner.join();
 }
 
+// The value of the metric line starting `series` (a name and labels), 0 where there is none.
+double MetricValue(const std::string& metrics, const std::string& series) {
+  const size_t at = metrics.find("\n" + series + " ");
+  if (at == std::string::npos) return 0;
+  return std::stod(metrics.substr(at + series.size() + 2));
+}
+
+// Outputs larger than a completion carries are created by the worker and filled in place
+// (TaskContext::Create), or created and copied into (Put, PutParts); the daemon seals them
+// with the completion, so no task here sends a seal request of its own.
+TEST_F(TaskTest, LargeOutputsAreSealedWithTheCompletionWithoutASealRequest) {
+  ASSERT_OK_AND_ASSIGN(auto worker,
+                       Worker::Connect({.socket_path = daemon_.socket_path(), .cpus = 2}));
+  std::atomic<int> checks_failed{0};
+  constexpr uint64_t kLarge = 3 * kMiB;
+  worker->Register("three_ways", [&](TaskContext& task) -> Status {
+    DEPOT_ASSIGN_OR_RETURN(MutableBuffer made, task.Create(0, kLarge));
+    const std::vector<std::byte> bytes = SeededBytes(kLarge, 41);
+    std::memcpy(made.ptr(), bytes.data(), bytes.size());
+    if (task.Create(0, 1).status().code() != StatusCode::kAlreadyExists) ++checks_failed;
+    if (task.Put(0, {}).code() != StatusCode::kAlreadyExists) ++checks_failed;
+    if (task.Create(3, 1).status().code() != StatusCode::kInvalidArgument) ++checks_failed;
+    // Two parts with a gap between them, which reads as zeros.
+    const std::span<const std::byte> all(bytes);
+    const PutPart parts[] = {{.offset = 0, .data = all.first(kMiB)},
+                             {.offset = 2 * kMiB, .data = all.subspan(2 * kMiB)}};
+    const std::string meta = "parts";
+    DEPOT_RETURN_NOT_OK(task.PutParts(1, kLarge, parts, std::as_bytes(std::span(meta))));
+    // Made, then dropped, then put small: what was put is what is kept.
+    DEPOT_RETURN_NOT_OK(task.Create(2, kLarge).status());
+    DEPOT_RETURN_NOT_OK(task.Abort(2));
+    if (task.Abort(2).code() != StatusCode::kInvalidArgument) ++checks_failed;
+    return task.Put(2, all.first(100));
+  });
+  worker->Register("create_then_fail", [](TaskContext& task) -> Status {
+    DEPOT_RETURN_NOT_OK(task.Create(0, kLarge).status());
+    return Status::Internal("failed after a create");
+  });
+  std::thread runner([&] { EXPECT_OK(worker->Run()); });
+  ASSERT_TRUE(Eventually([&] { return WorkerCount() == 1; }));
+
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "three_ways", .num_outputs = 3}));
+  ASSERT_OK_AND_ASSIGN(auto out, client_->Get(outputs, kPatience));
+  const std::vector<std::byte> expected = SeededBytes(kLarge, 41);
+  EXPECT_TRUE(SameBytes(out[0].data(), expected));
+  std::vector<std::byte> gapped = expected;
+  std::fill(gapped.begin() + kMiB, gapped.begin() + 2 * kMiB, std::byte{0});
+  EXPECT_TRUE(SameBytes(out[1].data(), gapped));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(out[1].metadata().data()),
+                        out[1].metadata().size()),
+            "parts");
+  EXPECT_TRUE(SameBytes(out[2].data(), std::span(expected).first(100)));
+  EXPECT_EQ(checks_failed.load(), 0);
+
+  // A function that fails after a create: its output is dropped, and the task fails.
+  ASSERT_OK_AND_ASSIGN(auto failed, client_->Submit({.function = "create_then_fail"}));
+  auto got = client_->Get(failed[0], kPatience);
+  EXPECT_EQ(got.status().code(), StatusCode::kTaskFailed) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("failed after a create"), std::string::npos);
+  ASSERT_TRUE(Eventually([&] {
+    auto status = client_->GetStatus();
+    return status.ok() && status->objects_creating == 0;
+  }));
+  ASSERT_OK_AND_ASSIGN(std::string metrics, client_->Metrics());
+  EXPECT_EQ(MetricValue(metrics, "depot_requests_total{type=\"seal\"}"), 0) << metrics;
+  EXPECT_GE(MetricValue(metrics, "depot_requests_total{type=\"create\"}"), 4) << metrics;
+
+  worker->Stop();
+  runner.join();
+}
+
 // Tasks sent ahead (pipelined) run one after another on a slot: a worker of two slots never
 // runs more than two at once, whatever the daemon sent it ahead.
 TEST_F(TaskTest, TasksSentAheadNeverRunBesideWhatTheyFollow) {

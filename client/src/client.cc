@@ -11,6 +11,7 @@
 #include "connection.h"
 #include "holding.h"
 #include "info_fields.h"
+#include "parts.h"
 #include "pending_call.h"
 
 namespace depot {
@@ -18,8 +19,11 @@ namespace depot {
 using internal::CheckBatch;
 using internal::Connection;
 using internal::Decode;
+using internal::FillParts;
 using internal::FromWire;
 using internal::Holding;
+using internal::IsOnePart;
+using internal::JoinParts;
 using internal::Reply;
 using internal::RequestMessage;
 using internal::UnexpectedReply;
@@ -459,12 +463,16 @@ Status Client::Seal(const ObjectId& id) {
   ipc::ToWire(id, request.root().initSeal());
   Reply reply;
   DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  Sealed(id);
+  return Status::OK();
+}
+
+void Client::Sealed(const ObjectId& id) {
   // From now on Gets of it are answered from the creator's Holding, and after it from leases.
   if (auto holding = conn_->holdings().Find(id)) {
     holding->sealed.store(true, std::memory_order_release);
     RememberPlace(*conn_, id, *holding);
   }
-  return Status::OK();
 }
 
 Status Client::Abort(const ObjectId& id) {
@@ -585,36 +593,6 @@ Status CheckParts(std::span<const PutPart> parts, uint64_t data_size) {
   }
   return Status::OK();
 }
-
-namespace {
-
-// Whether `parts` are one buffer of the whole object.
-bool IsOnePart(std::span<const PutPart> parts, uint64_t size) {
-  return parts.size() == 1 && parts[0].offset == 0 && parts[0].data.size() == size;
-}
-
-// Writes `parts` (CheckParts passed them) at their offsets into `dst`, `size` bytes, zeroing
-// the gaps between them and after the last.
-void FillParts(std::byte* dst, std::span<const PutPart> parts, uint64_t size) {
-  uint64_t pos = 0;
-  for (const PutPart& part : parts) {
-    if (part.offset > pos) std::memset(dst + pos, 0, part.offset - pos);
-    if (!part.data.empty()) std::memcpy(dst + part.offset, part.data.data(), part.data.size());
-    pos = part.offset + part.data.size();
-  }
-  if (size > pos) std::memset(dst + pos, 0, size - pos);
-}
-
-// The object's bytes in one span: the one part's own, or the parts joined in `*scratch`.
-std::span<const std::byte> JoinParts(std::span<const PutPart> parts, uint64_t size,
-                                     std::vector<std::byte>* scratch) {
-  if (IsOnePart(parts, size)) return parts[0].data;
-  scratch->resize(size);
-  FillParts(scratch->data(), parts, size);
-  return *scratch;
-}
-
-}  // namespace
 
 Status Client::PutParts(const ObjectId& id, uint64_t data_size, std::span<const PutPart> parts,
                         const CreateOptions& options) {

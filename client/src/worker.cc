@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "connection.h"
 #include "depot/ipc/protocol.h"
 #include "depot/ipc/units.h"
+#include "parts.h"
 
 namespace depot {
 
@@ -60,21 +62,30 @@ Result<std::vector<DeviceBuffer>> TaskContext::DeviceInputs() {
   return client_.GetOnDevice(inputs_, device_);
 }
 
-Status TaskContext::Put(size_t output, std::span<const std::byte> data,
-                        std::span<const std::byte> metadata) {
+Status TaskContext::CheckNew(size_t output) const {
   if (output >= outputs_.size()) {
     return Status::InvalidArgument("task " + std::to_string(task_) + " has " +
                                    std::to_string(outputs_.size()) + " outputs, not an output " +
                                    std::to_string(output));
   }
-  if (sealed(output)) return Status::OK();
-  if (std::ranges::any_of(values_, [&](const Value& v) { return v.index == output; })) {
+  const auto index = static_cast<uint32_t>(output);
+  if (std::ranges::any_of(values_, [&](const Value& v) { return v.index == index; }) ||
+      std::ranges::any_of(created_, [&](const Created& c) { return c.index == index; })) {
     return Status::AlreadyExists("output " + std::to_string(output) + " of task " +
-                                 std::to_string(task_) + " was put already");
+                                 std::to_string(task_) + " was made already");
   }
+  return Status::OK();
+}
+
+Status TaskContext::Put(size_t output, std::span<const std::byte> data,
+                        std::span<const std::byte> metadata) {
+  if (output < outputs_.size() && sealed(output)) return Status::OK();
+  DEPOT_RETURN_NOT_OK(CheckNew(output));
   const size_t bytes = data.size() + metadata.size();
   if (bytes > ipc::kMaxInlineOutputBytes || inline_bytes_ + bytes > inline_budget_) {
-    return client_.Put(outputs_[output], data, {.metadata = metadata});
+    DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(output, data.size(), metadata));
+    if (!data.empty()) std::memcpy(buffer.ptr(), data.data(), data.size());
+    return Status::OK();
   }
   inline_bytes_ += bytes;
   values_.push_back(
@@ -82,6 +93,45 @@ Status TaskContext::Put(size_t output, std::span<const std::byte> data,
        .data = std::string(reinterpret_cast<const char*>(data.data()), data.size()),
        .metadata = std::string(reinterpret_cast<const char*>(metadata.data()), metadata.size())});
   return Status::OK();
+}
+
+Status TaskContext::PutParts(size_t output, uint64_t data_size, std::span<const PutPart> parts,
+                             std::span<const std::byte> metadata) {
+  DEPOT_RETURN_NOT_OK(CheckParts(parts, data_size));
+  if (internal::IsOnePart(parts, data_size) ||
+      data_size + metadata.size() <= ipc::kMaxInlineOutputBytes) {
+    std::vector<std::byte> scratch;
+    return Put(output, internal::JoinParts(parts, data_size, &scratch), metadata);
+  }
+  if (output < outputs_.size() && sealed(output)) return Status::OK();
+  DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(output, data_size, metadata));
+  internal::FillParts(buffer.ptr(), parts, data_size);
+  return Status::OK();
+}
+
+Result<MutableBuffer> TaskContext::Create(size_t output, uint64_t data_size,
+                                          std::span<const std::byte> metadata) {
+  DEPOT_RETURN_NOT_OK(CheckNew(output));
+  if (sealed(output)) {
+    return Status::AlreadySealed("output " + std::to_string(output) + " of task " +
+                                 std::to_string(task_) + " was sealed by an earlier attempt");
+  }
+  DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer,
+                         client_.Create(outputs_[output], data_size, {.metadata = metadata}));
+  created_.push_back({.index = static_cast<uint32_t>(output), .buffer = buffer});
+  return buffer;
+}
+
+Status TaskContext::Abort(size_t output) {
+  auto it = std::ranges::find_if(created_, [&](const Created& c) { return c.index == output; });
+  if (it == created_.end()) {
+    return Status::InvalidArgument("output " + std::to_string(output) + " of task " +
+                                   std::to_string(task_) + " was not created by Create");
+  }
+  // Aborted before its last handle here goes: that handle's release would abort it first.
+  Status st = client_.Abort(outputs_[output]);
+  created_.erase(it);
+  return st;
 }
 
 // The threads that run tasks and read the daemon's pushes (Worker::Serve), and the
@@ -101,8 +151,9 @@ struct Worker::Pool {
   struct Done {
     uint64_t task = 0;
     Status status;
-    std::vector<TaskContext::Value> values;  // empty unless it succeeded
-    size_t bytes = 0;                        // of the values
+    std::vector<TaskContext::Value> values;     // empty unless it succeeded
+    std::vector<TaskContext::Created> created;  // for the daemon to seal; empty unless it succeeded
+    size_t bytes = 0;                           // of the values (and the indices to seal)
   };
 
   // Makes sure some thread comes for the work there is (a job queued, or the reader's turn):
@@ -298,6 +349,10 @@ void Worker::Serve() {
           c.setTask(d.task);
           c.setOk(d.status.ok());
           if (!d.status.ok()) c.setMessage(d.status.message());
+          if (!d.created.empty()) {
+            auto seal = c.initSeal(static_cast<unsigned>(d.created.size()));
+            for (unsigned k = 0; k < seal.size(); ++k) seal.set(k, d.created[k].index);
+          }
           if (d.values.empty()) continue;
           auto values = c.initOutputs(static_cast<unsigned>(d.values.size()));
           for (unsigned v = 0; v < values.size(); ++v) {
@@ -311,6 +366,12 @@ void Worker::Serve() {
           }
         }
         (void)conn.Post(request);  // a broken connection ends Run, which reports that
+        // The creator's references to the outputs sealed with these completions go after
+        // them: the daemon reads the seal first (a release of an unsealed object aborts it).
+        for (size_t k = first; k < end; ++k) {
+          for (const TaskContext::Created& c : gathered[k].created) client_.Sealed(c.buffer.id());
+          gathered[k].created.clear();
+        }
         first = end;
       }
       lock.lock();
@@ -360,8 +421,12 @@ void Worker::Serve() {
     Pool::Done done{.task = job.task, .status = std::move(status)};
     if (done.status.ok()) {
       done.values = std::move(context.values_);
-      done.bytes = context.inline_bytes_;
+      done.created = std::move(context.created_);
+      done.bytes = context.inline_bytes_ + sizeof(uint32_t) * done.created.size();
     } else {
+      // Its outputs made here go now, not with their last handle: one the function kept (a
+      // Python array) would hold them being created.
+      for (const TaskContext::Created& c : context.created_) (void)client_.Abort(c.buffer.id());
       done.status =
           Status(done.status.code(),
                  std::string(ipc::CutUtf8(done.status.message(),

@@ -111,6 +111,56 @@ def test_an_output_filled_in_place_is_sealed_as_it_is(client, workers):
         depot.output_array(4)
 
 
+def _seal_requests(client):
+    for line in client.metrics().splitlines():
+        if line.startswith('depot_requests_total{type="seal"} '):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_large_results_are_sealed_with_the_completion(client, workers):
+    # One buffer, several (a DataFrame), an array that is not contiguous, and one filled in
+    # place: each made through the task, and sealed by the daemon with its completion, with
+    # no seal request of the worker's.
+    pd = pytest.importorskip("pandas")
+    workers(1)
+    before = _seal_requests(client)
+
+    def one_buffer(n):
+        return np.arange(n, dtype=np.float64)
+
+    def frame(n):
+        return pd.DataFrame({"a": np.arange(n), "b": np.arange(n) * 0.5, "c": ["x"] * n})
+
+    def strided(n):
+        return np.arange(2 * n, dtype=np.int64).reshape(n, 2)[:, ::2]
+
+    def in_place(n):
+        out = depot.output_array(n, "float64")
+        out[:] = 3.0
+        return out
+
+    n = 200_000  # 1.6 MB: past what a completion carries
+    np.testing.assert_array_equal(client.get(client.submit(one_buffer, n), timeout=60),
+                                  np.arange(n, dtype=np.float64))
+    pd.testing.assert_frame_equal(client.get(client.submit(frame, n), timeout=60), frame(n))
+    np.testing.assert_array_equal(client.get(client.submit(strided, n), timeout=60), strided(n))
+    np.testing.assert_array_equal(client.get(client.submit(in_place, n), timeout=60),
+                                  np.full(n, 3.0))
+    assert _seal_requests(client) == before
+
+    # A function that keeps what it made and then fails: it is dropped all the same.
+    kept = []
+
+    def keeps_then_fails(n):
+        kept.append(depot.output_array(n))
+        raise ValueError("kept it")
+
+    with pytest.raises(depot.TaskFailed, match="kept it"):
+        client.get(client.submit(keeps_then_fails, n), timeout=60)
+    assert client.status().objects_creating == 0
+
+
 def test_closures_and_lambdas_run_by_value(client, workers):
     workers(1)
     offset = 7

@@ -640,6 +640,9 @@ class Client {
   friend class Worker;  // runs tasks over a Client's connection
   explicit Client(std::shared_ptr<internal::Connection> conn);
   Status Delete(std::span<const ObjectId> ids, bool after_tasks);
+  // `id`, which this client created, is sealed (by its seal, or by the daemon with a task's
+  // completion): what this client holds of it is now read as sealed.
+  void Sealed(const ObjectId& id);
   std::shared_ptr<internal::Connection> conn_;
 };
 

@@ -10,10 +10,11 @@
 //
 // A worker registers its resources (CPU slots, GPUs, custom ones) and its functions; the
 // daemon sends it tasks as they fit those resources, over the worker's own connection. A
-// function reads its inputs, makes each of its outputs (TaskContext::Put, or the Client's
-// Create/Seal, CreateOnDevice... with the task's output ids), and returns OK, or an error
-// whose message becomes the task's failure: a get of its outputs then answers TaskFailed
-// with it. The outputs it created but did not seal are aborted. If the worker dies, the
+// function reads its inputs, makes each of its outputs (TaskContext::Put, PutParts or
+// Create, which the daemon seals with the task's completion; or the Client's Create/Seal,
+// CreateOnDevice... with the task's output ids), and returns OK, or an error whose message
+// becomes the task's failure: a get of its outputs then answers TaskFailed with it. The
+// outputs it created but did not seal are aborted. If the worker dies, the
 // daemon runs its tasks again elsewhere (up to their retries), keeping the outputs it had
 // sealed (TaskContext::sealed).
 //
@@ -64,11 +65,26 @@ class TaskContext {
   // Client::Put would. Up to 64 KiB (ipc::kMaxInlineOutputBytes) of data and metadata, the
   // bytes are copied and travel to the daemon with the task's completion: no round trip
   // now, and the daemon stores them before it counts the task done (a value it cannot
-  // store fails the task, with why). Larger values are put at once. OK without doing
-  // anything for an output an earlier attempt sealed; InvalidArgument for an index out of
-  // range, AlreadyExists for an output put twice.
+  // store fails the task, with why). Larger values are created at once (one round trip)
+  // and copied in, and the daemon seals them with the completion, as Create's outputs.
+  // OK without doing anything for an output an earlier attempt sealed; InvalidArgument for
+  // an index out of range, AlreadyExists for an output put or created twice.
   Status Put(size_t output, std::span<const std::byte> data,
              std::span<const std::byte> metadata = {});
+  // Put of an output given as parts (Client::PutParts): InvalidArgument for parts that
+  // CheckParts refuses.
+  Status PutParts(size_t output, uint64_t data_size, std::span<const PutPart> parts,
+                  std::span<const std::byte> metadata = {});
+  // Output `output` in host memory, `data_size` bytes, to fill in place: the daemon seals it
+  // with the task's completion when the function returns OK (no round trip for the seal),
+  // and it is aborted when the function fails. The buffer must not be written after the
+  // function returns. Errors as Put's, and as Client::Create's; for an output an earlier
+  // attempt sealed, AlreadySealed (check sealed() first).
+  Result<MutableBuffer> Create(size_t output, uint64_t data_size,
+                               std::span<const std::byte> metadata = {});
+  // Drops output `output` made by Create and not sealed: it may then be put again.
+  // InvalidArgument for an output this task did not create.
+  Status Abort(size_t output);
 
  private:
   friend class Worker;
@@ -78,6 +94,13 @@ class TaskContext {
     std::string data;
     std::string metadata;
   };
+  // An output created and filled here, for the daemon to seal with the completion.
+  struct Created {
+    uint32_t index;
+    MutableBuffer buffer;  // the creator's reference, held until the completion is sent
+  };
+  // InvalidArgument for an index out of range, AlreadyExists for an output made already.
+  Status CheckNew(size_t output) const;
   TaskContext(Client& client, uint64_t task, uint32_t attempt, int device, size_t inline_budget)
       : client_(client),
         task_(task),
@@ -94,6 +117,7 @@ class TaskContext {
   std::vector<ObjectId> outputs_;
   std::vector<uint32_t> sealed_;
   std::vector<Value> values_;
+  std::vector<Created> created_;
   size_t inline_budget_;  // bytes the completion may carry in all
   size_t inline_bytes_ = 0;
 };

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union,
+)
 
 from . import _codec, _depot, _device, _tasks
 from ._device import DeviceArray
@@ -323,17 +325,9 @@ class Client:
     def _create_array(
         self, ref: ObjectRef, shape: Union[int, Sequence[int]], dtype: Any, pin: bool
     ) -> Any:
-        import numpy as np
-
-        dtype = np.dtype(dtype)
-        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
-        if not _codec._plain_dtype(dtype):
-            raise InvalidArgument(f"create_array needs a plain dtype, not {dtype}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        metadata = _codec.array_metadata(dtype, "C", shape)
-        writable = self._native.create(ref.id, nbytes, metadata, ref.name or "", pin)
-        # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
-        return np.frombuffer(memoryview(writable), dtype=dtype).reshape(shape)
+        layout = _array_layout(shape, dtype)
+        writable = self._native.create(ref.id, layout.nbytes, layout.metadata, ref.name or "", pin)
+        return layout.view(writable)
 
     def seal(self, target: Union[RefLike, memoryview, Any]) -> ObjectRef:
         """Seals an object made with :meth:`create` or :meth:`create_array`: it becomes
@@ -706,3 +700,30 @@ def _wait_request(refs: List[ObjectRef], return_when: str) -> Tuple[List[bytes],
 def _split_done(refs: List[ObjectRef], sealed: List[bool]) -> Tuple[List[ObjectRef], List[ObjectRef]]:
     """(done, not_done) of a wait's answer."""
     return [r for r, s in zip(refs, sealed) if s], [r for r, s in zip(refs, sealed) if not s]
+
+
+class _ArrayLayout(NamedTuple):
+    """A C-order array's shape, dtype, size and metadata, for an object to make it in."""
+
+    shape: Tuple[int, ...]
+    dtype: Any
+    nbytes: int
+    metadata: bytes
+
+    def view(self, writable: Any) -> Any:
+        """The array over an object's writable bytes."""
+        import numpy as np
+
+        # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
+        return np.frombuffer(memoryview(writable), dtype=self.dtype).reshape(self.shape)
+
+
+def _array_layout(shape: Union[int, Sequence[int]], dtype: Any) -> _ArrayLayout:
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    if not _codec._plain_dtype(dtype):
+        raise InvalidArgument(f"create_array needs a plain dtype, not {dtype}")
+    nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    return _ArrayLayout(dims, dtype, nbytes, _codec.array_metadata(dtype, "C", dims))

@@ -9,7 +9,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _codec, _dask_graphs, _depot, _tasks
-from ._client import Client
+from ._client import Client, _array_layout
 from ._errors import ConnectionError
 from ._ref import ObjectRef
 
@@ -70,7 +70,9 @@ def output_array(shape: Any, dtype: Any = "float64", *, index: int = 0) -> Any:
         import numpy as np
 
         return np.empty(shape, dtype=dtype)
-    array = _running.client._create_array(ObjectRef(task.outputs[index]), shape, dtype, False)
+    layout = _array_layout(shape, dtype)
+    # Made through the task: the daemon seals it with the task's completion.
+    array = layout.view(task.create(index, layout.nbytes, layout.metadata))
     created[index] = array
     return array
 
@@ -80,11 +82,6 @@ def task_device() -> Optional[int]:
     task on host memory. Raises RuntimeError anywhere else."""
     get_client()  # only in a task
     return getattr(_running, "device", None)
-
-
-# What a task's completion carries of one output, data and metadata together; larger
-# outputs are put into the store while the task runs (as TaskContext::Put in C++).
-_INLINE_OUTPUT = 64 << 10
 
 
 class Worker:
@@ -315,8 +312,11 @@ class Worker:
                 _running.client = None
                 _running.task = None
                 _running.created = None
-                for array in created.values():  # not returned, or a failure: dropped
-                    self._client.abort(array)
+                for k in created:  # not returned, or a failure: dropped
+                    try:
+                        task.abort(k)
+                    except Exception:
+                        pass  # the failure already reported says more
         except Exception:
             return traceback.format_exc()
         return None
@@ -344,33 +344,27 @@ class Worker:
             made = created.pop(k, None)
             if made is not None:
                 if value is made:
-                    self._client.seal(made)  # filled in place: no copy
-                    continue
-                self._client.abort(made)  # something else was returned: that is stored
+                    continue  # filled in place: the daemon seals it with the completion
+                task.abort(k)  # something else was returned: that is stored
+            # Host values are made through the task, and sealed with its completion (small
+            # ones travel in it); a GPU array goes to its own GPU, and one whose GPU its
+            # pointer does not tell (a simulated GPU's) to the task's.
             encoded = _codec.encode(value)
             if isinstance(encoded, _codec.Encoded):
-                data = _one_buffer(encoded)
-                if data is not None:
-                    task.put(k, data, encoded.metadata)
-                    continue
-            # A GPU array goes to its own GPU; one whose GPU its pointer does not tell (a
-            # simulated GPU's) to the task's.
+                task.put_parts(k, encoded.parts, encoded.offsets, encoded.size, encoded.metadata)
+                continue
+            if isinstance(encoded, _codec.StridedArray):
+                _copy_strided(task.create(k, encoded.array.nbytes, encoded.metadata), encoded.array)
+                continue
             device = task.device if task.device >= 0 else None
             self._client._put_encoded(
                 ObjectRef(outputs[k]), value, encoded, False, default_device=device
             )
 
 
-def _one_buffer(encoded: "_codec.Encoded") -> Optional[Any]:
-    """The encoded value as one buffer, if it is one already or small enough to join."""
-    if len(encoded.parts) == 1 and encoded.offsets[0] == 0:
-        part = encoded.parts[0]
-        if memoryview(part).nbytes == encoded.size:
-            return part
-    if encoded.size + len(encoded.metadata) > _INLINE_OUTPUT:
-        return None
-    joined = bytearray(encoded.size)
-    for part, offset in zip(encoded.parts, encoded.offsets):
-        data = memoryview(part).tobytes(order="A")
-        joined[offset : offset + len(data)] = data
-    return joined
+def _copy_strided(writable: Any, array: Any) -> None:
+    """Copies a numpy array that is not contiguous into an object's bytes, in C order."""
+    import numpy as np
+
+    # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
+    np.copyto(np.frombuffer(memoryview(writable), dtype=array.dtype).reshape(array.shape), array)

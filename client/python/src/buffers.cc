@@ -69,6 +69,18 @@ void BindCommon(nb::class_<T>& cls) {
 
 }  // namespace
 
+Parts ViewParts(nb::list buffers, const std::vector<uint64_t>& offsets) {
+  if (offsets.size() != buffers.size()) throw nb::value_error("one offset per part");
+  Parts out;
+  out.views.reserve(buffers.size());
+  out.parts.reserve(buffers.size());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    out.views.push_back(std::make_unique<ReadView>(buffers[i]));
+    out.parts.push_back(PutPart{offsets[i], out.views.back()->bytes()});
+  }
+  return out;
+}
+
 void BindBuffers(nb::module_& m) {
   // Their type slots make both buffers; the signatures say so to type checkers too (the stubs
   // derive them from typing_extensions.Buffer), so that memoryview(...) and the like check.

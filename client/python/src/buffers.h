@@ -10,9 +10,13 @@
 #include <nanobind/nanobind.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "depot/buffer.h"
+#include "depot/client.h"
 
 namespace depot::python {
 
@@ -45,6 +49,16 @@ class ReadView {
  private:
   Py_buffer view_{};
 };
+
+// A value's parts as depot::Client::PutParts takes them, over views of the Python buffers,
+// which stay exported while the GIL is released.
+struct Parts {
+  std::vector<std::unique_ptr<ReadView>> views;
+  std::vector<PutPart> parts;
+};
+
+// The parts of a value: `buffers` at `offsets`, one each.
+Parts ViewParts(nanobind::list buffers, const std::vector<uint64_t>& offsets);
 
 void BindBuffers(nanobind::module_& m);
 

@@ -57,26 +57,6 @@ struct Held {
   Buffer reference;
 };
 
-// A value's parts as depot::Client::PutParts takes them, over views of the Python buffers,
-// which stay exported while the GIL is released.
-struct Parts {
-  std::vector<std::unique_ptr<ReadView>> views;
-  std::vector<PutPart> parts;
-};
-
-// The parts of a value: `buffers` at `offsets`, one each.
-Parts ViewParts(nb::list buffers, const std::vector<uint64_t>& offsets) {
-  if (offsets.size() != buffers.size()) throw nb::value_error("one offset per part");
-  Parts out;
-  out.views.reserve(buffers.size());
-  out.parts.reserve(buffers.size());
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    out.views.push_back(std::make_unique<ReadView>(buffers[i]));
-    out.parts.push_back(PutPart{offsets[i], out.views.back()->bytes()});
-  }
-  return out;
-}
-
 // _depot.Client: one depot::Client, for depot.Client (Python) to wrap. Thread-safe.
 class Client {
  public:

@@ -120,8 +120,43 @@ class TaskView {
     }
     RaiseIfError(st);
   }
+  // Output `output` given as parts: `parts` at `offsets` of `size` bytes, as
+  // TaskContext::PutParts.
+  void PutParts(size_t output, nb::list parts, const std::vector<uint64_t>& offsets, uint64_t size,
+                nb::bytes metadata) {
+    TaskContext& task = context();
+    const Parts viewed = ViewParts(parts, offsets);
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = task.PutParts(output, size, viewed.parts, Bytes(metadata));
+    }
+    RaiseIfError(st);
+  }
+  // Output `output`'s writable memory, `size` bytes, sealed with the task's completion
+  // (TaskContext::Create).
+  WritableBuffer Create(size_t output, uint64_t size, nb::bytes metadata) {
+    TaskContext& task = context();
+    Result<MutableBuffer> r = [&] {
+      nb::gil_scoped_release release;
+      return task.Create(output, size, Bytes(metadata));
+    }();
+    return WritableBuffer{ValueOrRaise(std::move(r))};
+  }
+  void Abort(size_t output) {
+    TaskContext& task = context();
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = task.Abort(output);
+    }
+    RaiseIfError(st);
+  }
 
  private:
+  static std::span<const std::byte> Bytes(const nb::bytes& b) {
+    return {reinterpret_cast<const std::byte*>(b.c_str()), b.size()};
+  }
   TaskContext& context() const {
     if (task_ == nullptr) throw nb::value_error("the task is over: its context is gone");
     return *task_;
@@ -250,7 +285,11 @@ void BindTasks(nb::module_& m) {
       .def_prop_ro("outputs", &TaskView::outputs)
       .def_prop_ro("args", &TaskView::args)
       .def("sealed", &TaskView::sealed, "output"_a)
-      .def("put", &TaskView::Put, "output"_a, "data"_a, "metadata"_a);
+      .def("put", &TaskView::Put, "output"_a, "data"_a, "metadata"_a)
+      .def("put_parts", &TaskView::PutParts, "output"_a, "parts"_a, "offsets"_a, "size"_a,
+           "metadata"_a)
+      .def("create", &TaskView::Create, "output"_a, "size"_a, "metadata"_a)
+      .def("abort", &TaskView::Abort, "output"_a);
   nb::class_<PyWorker>(m, "Worker", "A worker process's attachment to depotd's scheduler.")
       .def(nb::init<const std::string&, const std::string&, double, std::vector<int>,
                     std::map<std::string, double>>(),
