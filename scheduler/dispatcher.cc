@@ -125,12 +125,17 @@ bool Dispatcher::TryPlace(Task& task) {
   const std::vector<InputView> inputs = InputsOf(task.spec);
   task.input_bytes = 0;
   for (const InputView& in : inputs) task.input_bytes += in.bytes;
-  // Devices without room for the outputs are left out of every view.
+  // Devices without room for the outputs, beside those the tasks placed there will make,
+  // are left out of every view.
   std::map<int32_t, bool> roomy;
   const std::function<bool(int32_t)> has_room = [&](int32_t device) {
     if (task.spec.output_bytes == 0) return true;
     auto [it, fresh] = roomy.emplace(device, false);
-    if (fresh) it->second = store_.Room(device) >= task.spec.output_bytes;
+    if (fresh) {
+      const uint64_t room = store_.Room(device);
+      const uint64_t reserved = workers_.Reserved(device);
+      it->second = room >= reserved && room - reserved >= task.spec.output_bytes;
+    }
     return it->second;
   };
 

@@ -164,6 +164,7 @@ bool WorkerTable::Place(Worker& worker, Task& task, bool now) {
   task.worker = worker.id;
   task.placed = true;
   worker.pending_s += task.duration_s;
+  if (task.spec.output_bytes > 0) reserved_[task.device] += task.spec.output_bytes;
   if (now && worker.running.size() < kMaxRunningPerWorker &&
       worker.resources.Reserve(task.request, task.device)) {
     Start(worker, task);
@@ -251,6 +252,11 @@ void WorkerTable::Start(Worker& worker, Task& task) {
 void WorkerTable::Unplace(Task& task) {
   if (!task.placed) return;
   task.placed = false;
+  if (task.spec.output_bytes > 0) {
+    auto it = reserved_.find(task.device);
+    it->second -= task.spec.output_bytes;
+    if (it->second == 0) reserved_.erase(it);
+  }
   Worker& w = *workers_.at(task.worker);
   if (task.state == TaskState::kRunning) {
     w.running.erase(task.id);

@@ -166,8 +166,15 @@ class WorkerTable {
 
   // Places `task` on `worker`, with the request, device and duration the dispatcher set in
   // it: started at once when `now` and it fits, queued otherwise (and sent ahead where it
-  // can be). Whether it started at once.
+  // can be). Whether it started at once. Its declared output bytes (TaskSpec.output_bytes)
+  // are reserved on its device until it is unplaced.
   bool Place(Worker& worker, Task& task, bool now);
+  // Output bytes declared by the tasks placed to make their outputs on `device` (queued,
+  // sent ahead or running): room the store may not count as taken yet.
+  uint64_t Reserved(int32_t device) const {
+    auto it = reserved_.find(device);
+    return it == reserved_.end() ? 0 : it->second;
+  }
   // Starts the tasks queued on `worker` that fit now, in queue order.
   void StartQueued(Worker& worker);
   // Takes a placed (queued or running) task off its worker, giving back what it held there.
@@ -192,6 +199,7 @@ class WorkerTable {
   std::unordered_map<std::string, std::vector<SessionId>> runners_;  // function -> workers
   std::unordered_map<std::string, size_t> gpu_variants_;             // function -> workers with one
   std::unordered_map<SessionId, std::vector<Assignment>> outbox_;
+  std::map<int32_t, uint64_t> reserved_;  // by device: Reserved
 };
 
 }  // namespace depot::scheduler

@@ -116,6 +116,33 @@ TEST_F(DispatcherTest, DevicesWithoutRoomForTheOutputsAreLeftOut) {
   EXPECT_EQ(Round().size(), 1u);
 }
 
+// The outputs a placed task will make count against the room before they exist: many
+// producers placed at once cannot together overshoot what the store has.
+TEST_F(DispatcherTest, TheOutputsOfPlacedTasksCountAgainstTheRoom) {
+  AddWorker(1, 8);
+  store_.room[kHostMemory] = 10'000;
+  std::vector<TaskId> tasks;
+  for (int i = 0; i < 4; ++i) tasks.push_back(Submit({.function = "f", .output_bytes = 4096}).id);
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 2u) << "two outputs of 4096 fit in 10,000, a third does not";
+  EXPECT_EQ(table_.Reserved(kHostMemory), 2u * 4096);
+  EXPECT_EQ(dispatcher_.ready(), 2u);
+
+  // One ends: its reservation goes with it (its output, now stored, is the store's to
+  // count), and the next one starts.
+  Task& first = graph_.at(sent[0].task);
+  dispatcher_.Forget(first);
+  table_.Unplace(first);
+  graph_.Finish(first, TaskState::kDone, "");
+  EXPECT_EQ(table_.Reserved(kHostMemory), 4096u);
+  sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(table_.Reserved(kHostMemory), 2u * 4096);
+  // A task that declares nothing is not held back by what others reserved.
+  Submit({.function = "f"});
+  EXPECT_EQ(Round().size(), 1u);
+}
+
 TEST_F(DispatcherTest, TasksOfAShapeThatFoundNoPlaceArePassedOverInARound) {
   AddWorker(1, 4);
   store_.room[kHostMemory] = 0;

@@ -161,6 +161,21 @@ def test_large_results_are_sealed_with_the_completion(client, workers):
     assert client.status().objects_creating == 0
 
 
+def test_a_task_declaring_more_output_than_there_is_room_for_waits(client, workers):
+    workers(1)
+    for bad in (-1, 1 << 64, 1.5, "1MiB", True):
+        with pytest.raises(depot.InvalidArgument, match="output_bytes"):
+            client.submit("noop", output_bytes=bad)
+    # More than the whole store: it waits, saying why, while a task declaring little runs.
+    capacity = client.status().capacity_bytes
+    big = client.submit(np.zeros, 10, output_bytes=capacity + 1, label="big")
+    small = client.submit(np.zeros, 10, output_bytes=80)
+    np.testing.assert_array_equal(client.get(small, timeout=60), np.zeros(10))
+    (waiting,) = [t for t in client.tasks() if t.label == "big"]
+    assert waiting.state == "ready"
+    assert client.cancel([big]) == ["cancelled"]
+
+
 def test_closures_and_lambdas_run_by_value(client, workers):
     workers(1)
     offset = 7

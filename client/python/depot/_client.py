@@ -441,6 +441,7 @@ class Client:
         detach: bool = False,
         variant: Optional[str] = None,
         label: Optional[str] = None,
+        output_bytes: int = 0,
     ) -> Union[ObjectRef, Tuple[ObjectRef, ...]]:
         """Runs ``fn(*args)`` as a task on a worker; returns its output's ObjectRef at once
         (a tuple of ``num_outputs`` refs when it has several). :meth:`get` of it waits for
@@ -465,14 +466,16 @@ class Client:
         for a task that asks no GPU) or ``variant="cpu"``/``"gpu"`` pins one; the GPU
         variant holds one GPU and no CPU slot unless ``resources`` ask a GPU share.
         ``label`` is what :meth:`tasks` and ``depotctl tasks`` show of it: at most 256 bytes
-        of UTF-8 without control characters.
+        of UTF-8 without control characters. ``output_bytes``, when known, is what its
+        outputs will take: the task then starts only where that much room is left beside
+        what the tasks placed before it declared (0: unknown).
 
         Raises InvalidArgument for a function no worker runs, resources no worker offers or
         bad options, ObjectNotFound for a ref that neither exists nor is made by a task,
         ObjectExists for a taken name.
         """
         task = self._task(fn, args, resources, affinity, priority, retries, num_outputs, name,
-                          raw_args, detach, variant, label)
+                          raw_args, detach, variant, label, output_bytes)
         outputs = self._submit([task])[0]
         return outputs[0] if num_outputs == 1 else tuple(outputs)
 
@@ -521,9 +524,15 @@ class Client:
         self, fn: Union[str, Callable], args: Sequence[Any], resources: Optional[Mapping[str, float]] = None,
         affinity: Optional[str] = None, priority: int = 0, retries: int = 1, num_outputs: int = 1,
         name: Optional[str] = None, raw_args: Optional[bytes] = None, detach: bool = False,
-        variant: Optional[str] = None, label: Optional[str] = None,
+        variant: Optional[str] = None, label: Optional[str] = None, output_bytes: int = 0,
     ) -> Dict[str, Any]:
         """The fields of the task running ``fn(*args)``, as _depot.Client.submit takes."""
+        if isinstance(output_bytes, bool) or not isinstance(output_bytes, int) or not (
+            0 <= output_bytes < 1 << 64
+        ):
+            raise InvalidArgument(
+                f"output_bytes is a number of bytes from 0 to 2**64 - 1, not {output_bytes!r}"
+            )
         inputs: List[ObjectRef] = []
         host_inputs: List[int] = []  # read on host wherever the task runs
         function = _tasks.function_name(fn)
@@ -564,6 +573,8 @@ class Client:
         }
         if label:
             task["label"] = label
+        if output_bytes:
+            task["output_bytes"] = output_bytes
         if name is not None:
             names = [name] if num_outputs == 1 else [f"{name}/{k}" for k in range(num_outputs)]
             task["outputs"] = [ObjectRef.from_name(n).id for n in names]
@@ -682,7 +693,7 @@ class Client:
 
 def _task_options(options: Dict[str, Any]) -> Dict[str, Any]:
     known = ("resources", "affinity", "priority", "retries", "num_outputs", "raw_args", "detach",
-             "variant", "label")
+             "variant", "label", "output_bytes")
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise TypeError(f"unexpected option(s) {', '.join(unknown)}")
