@@ -21,6 +21,9 @@ namespace {
 // it has this many.
 constexpr int kMaxJobsPerSession = 4;
 
+// The most bytes of the name a client gives itself in hello that the daemon keeps.
+constexpr size_t kMaxClientName = 256;
+
 // How the metrics name a request; nullopt for one of an unknown type.
 std::optional<RequestType> TypeOf(wire::Request::Reader request) {
   switch (request.which()) {
@@ -403,7 +406,10 @@ void Session::HandleHello(const Responder& reply, wire::Request::Hello::Reader h
     requester_.group = *group;
   }
   said_hello_ = true;
-  client_name_ = hello.getClientName().cStr();
+  // What a client calls itself is for people (logs, `depotctl clients`): bounded, so that
+  // no one's name can swell every listing of the clients.
+  const auto name = hello.getClientName();
+  client_name_ = ipc::CutUtf8(std::string_view(name.cStr(), name.size()), kMaxClientName);
   spdlog::info("session {}: hello from {} (pid {}, uid {})", id_,
                client_name_.empty() ? peer_.command : client_name_, peer_.pid, peer_.uid);
   capnp::MallocMessageBuilder message;

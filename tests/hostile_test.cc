@@ -851,6 +851,31 @@ TEST_F(HostileTest, SealsAskedInCompletionsAreOnlyOfTheWorkersOwnOutputs) {
   EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::INVALID_ARGUMENT);
 }
 
+// A client's name is for people: one of a megabyte is cut to 256 bytes, at a character's
+// boundary, so that listing the clients stays small for everyone.
+TEST_F(HostileTest, AHugeClientNameIsCutAndListingClientsStillWorks) {
+  std::vector<std::unique_ptr<RawSession>> attackers;
+  for (int i = 0; i < 20; ++i) {
+    attackers.push_back(std::make_unique<RawSession>(daemon_->socket_path()));
+    auto reply = attackers.back()->Call(1, [](auto r) {
+      auto hello = r.initHello();
+      hello.setProtocolVersion(ipc::kProtocolVersion);
+      hello.setClientName(std::string(1 << 20, 'n') + "\xc3\xa9");  // ends in an "é"
+    });
+    ASSERT_TRUE(reply && reply->get().isHello());
+  }
+  ASSERT_OK_AND_ASSIGN(auto clients, victim_->Clients());
+  size_t named = 0;
+  for (const ClientInfo& c : clients) {
+    EXPECT_LE(c.client_name.size(), 256u);
+    if (c.client_name.starts_with("nnnn")) {
+      EXPECT_EQ(c.client_name, std::string(256, 'n'));
+      ++named;
+    }
+  }
+  EXPECT_EQ(named, attackers.size());
+}
+
 TEST_F(HostileTest, AnnouncingHugeFramesAndSendingNothingCostsTheDaemonNothing) {
   const uint64_t before = PrivateResidentKiB(daemon_->pid());
   std::vector<std::unique_ptr<RawSession>> attackers;

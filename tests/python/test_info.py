@@ -163,3 +163,50 @@ def test_client_info(daemon):
         assert d["client_name"] == "info-client" and "client_name='info-client'" in repr(me)
         assert d["pid"] == os.getpid() and d["uid"] == os.getuid()
         assert re.search(r"connected_time_ns=\d+\)$", repr(me))
+
+
+def _depotctl():
+    import shutil
+    import sys
+
+    return shutil.which("depotctl") or os.path.join(os.path.dirname(sys.executable), "depotctl")
+
+
+def test_names_that_are_not_utf8_read_as_replacement_characters(client, tmp_path):
+    # What other clients name things is not trusted to be UTF-8: an object's name given as
+    # bytes (depotctl takes argv as it is), a process's command as it named itself. Listing
+    # them must work for everyone, with U+FFFD for the bytes that are not UTF-8.
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    data.write_bytes(b"x" * 100)
+    subprocess.run(
+        [_depotctl().encode(), b"--socket", client.socket.encode(), b"put", bytes(data),
+         b"--name", b"bad\xff\xfename"],
+        check=True, capture_output=True, timeout=60,
+    )
+    (listed,) = [o for o in client.list() if o.name.startswith("bad")]
+    assert listed.name == "bad\ufffd\ufffdname"
+    assert "bad" in repr(listed) and "bad" in json.dumps(listed.to_dict())
+
+    # A client whose process named itself with bytes that are not UTF-8, and stays.
+    renamed = (
+        "import ctypes, sys, depot\n"
+        "ctypes.CDLL(None).prctl(15, b'odd\\xff\\xfe', 0, 0, 0)\n"  # PR_SET_NAME
+        "c = depot.Client(sys.argv[1])\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", renamed, client.socket], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        commands = [c.command for c in client.clients()]
+        assert "odd\ufffd\ufffd" in commands, commands
+        assert all(isinstance(c.to_dict()["command"], str) for c in client.clients())
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)

@@ -3,6 +3,8 @@
 #include <array>
 #include <string>
 
+#include "text.h"
+
 namespace nb = nanobind;
 
 namespace depot::python {
@@ -36,9 +38,9 @@ nb::object ErrorOf(const Status& status) {
   PyObject* type =
       index < kCodes && g_types[index] != nullptr ? g_types[index] : PyExc_RuntimeError;
   const std::string_view code = StatusCodeName(status.code());
-  return type == PyExc_RuntimeError ? nb::handle(type)(nb::str(status.ToString().c_str()))
-                                    : nb::handle(type)(nb::str(status.message().c_str()),
-                                                       nb::str(code.data(), code.size()));
+  return type == PyExc_RuntimeError
+             ? nb::handle(type)(Text(status.ToString()))
+             : nb::handle(type)(Text(status.message()), nb::str(code.data(), code.size()));
 }
 
 void Raise(const Status& status) {

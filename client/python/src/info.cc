@@ -12,6 +12,7 @@
 #include "depot/client.h"
 #include "depot/ipc/gpu.h"
 #include "info_fields.h"
+#include "text.h"
 
 namespace nb = nanobind;
 
@@ -45,12 +46,18 @@ nb::object PropertyValue(const V& v) {
     return nb::str(v == ObjectState::kSealed ? "sealed" : "creating");
   } else if constexpr (std::is_same_v<V, TaskState>) {
     return nb::str(TaskStateName(v));
+  } else if constexpr (std::is_same_v<V, std::string>) {
+    return Text(v);
   } else if constexpr (IsVector<V>::value) {
     nb::list out;
     for (const auto& element : v) out.append(PropertyValue(element));
     return out;
+  } else if constexpr (IsMap<V>::value) {
+    nb::dict out;
+    for (const auto& [key, value] : v) out[PropertyValue(key)] = PropertyValue(value);
+    return out;
   } else {
-    return nb::cast(v, nb::rv_policy::copy);  // numbers, bools, strings; records
+    return nb::cast(v, nb::rv_policy::copy);  // numbers, bools; records
   }
 }
 

@@ -19,6 +19,7 @@
 #include "ids.h"
 #include "info.h"
 #include "tasks.h"
+#include "text.h"
 #include "waits.h"
 
 namespace nb = nanobind;
@@ -325,8 +326,8 @@ class Client {
     return Blocking(client(), [](depot::Client& c) { return c.GetStatus(); });
   }
 
-  std::string Metrics() {
-    return Blocking(client(), [](depot::Client& c) { return c.Metrics(); });
+  nb::str Metrics() {
+    return Text(Blocking(client(), [](depot::Client& c) { return c.Metrics(); }));
   }
   std::vector<ClientInfo> Clients() {
     return Blocking(client(), [](depot::Client& c) { return c.Clients(); });
