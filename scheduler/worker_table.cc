@@ -157,7 +157,18 @@ bool WorkerTable::CouldEverRun(const TaskSpec& spec, std::optional<int32_t> gpu)
 }
 
 double WorkerTable::QueueWait(const Worker& worker) const {
-  return std::max(0.0, worker.pending_s) / worker.slots();
+  // A task that has run past its expected duration is expected to run as long again as it
+  // has so far: a stalled or underestimated task makes its worker look busier the longer it
+  // runs, and new tasks stop queueing behind it.
+  const double now = Now();
+  double overrun = 0;
+  for (TaskId id : worker.running) {
+    const Task* task = graph_.Find(id);
+    if (task == nullptr || task->after != 0) continue;  // sent ahead: it has not started
+    const double elapsed = now - task->started_at;
+    if (elapsed > task->duration_s) overrun += elapsed - task->duration_s;
+  }
+  return (std::max(0.0, worker.pending_s) + overrun) / worker.slots();
 }
 
 bool WorkerTable::Place(Worker& worker, Task& task, bool now) {

@@ -161,7 +161,9 @@ class WorkerTable {
   }
   // Tasks placed on `worker` and not started: queued in the daemon, or sent ahead.
   size_t Waiting(const Worker& worker) const { return worker.queue.size() + worker.pipelined; }
-  // Seconds until `worker` could start one more task, by the expected durations of its own.
+  // Seconds until `worker` could start one more task, by the expected durations of its own;
+  // a running task past its expected duration counts as running as long again as it has.
+  // Costs a look at each task running there.
   double QueueWait(const Worker& worker) const;
 
   // Places `task` on `worker`, with the request, device and duration the dispatcher set in

@@ -112,6 +112,24 @@ TEST_F(WorkerTableTest, TasksThatDoNotFitQueueInOrderAndFillTheWindow) {
   EXPECT_DOUBLE_EQ(table_.QueueWait(w), 2 * kLong);
 }
 
+// A task running past its expected duration is expected to run as long again as it has:
+// the longer a task stalls, the less a task queued behind it is expected to gain there.
+TEST_F(WorkerTableTest, ATaskRunningPastItsEstimateMakesItsWorkersWaitGrow) {
+  Worker& w = AddWorker(1, 1);
+  Task& running = NewTask();
+  Task& queued = NewTask();
+  ASSERT_TRUE(table_.Place(w, running, true));
+  EXPECT_FALSE(table_.Place(w, queued, false));
+  now_ = kLong / 2;  // within its estimate: the estimates alone
+  EXPECT_DOUBLE_EQ(table_.QueueWait(w), 2 * kLong);
+  now_ = 5 * kLong;  // four past it: expected to run five more
+  EXPECT_DOUBLE_EQ(table_.QueueWait(w), 2 * kLong + 4 * kLong);
+  // Once it ends, only what is left counts.
+  table_.Unplace(running);
+  table_.StartQueued(w);
+  EXPECT_DOUBLE_EQ(table_.QueueWait(w), kLong);
+}
+
 TEST_F(WorkerTableTest, ADrainingWorkerIsNeverOpen) {
   Worker& w = AddWorker(1, 4);
   EXPECT_TRUE(table_.Open(w));
