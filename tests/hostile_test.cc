@@ -134,6 +134,13 @@ size_t CountLines(const std::string& text, const std::string& what) {
   return count;
 }
 
+// The code and message of a raw reply's error.
+std::pair<wire::ErrorCode, std::string> ErrorOf(std::optional<RawReply>& reply) {
+  if (!reply) return {wire::ErrorCode::OK, "no reply"};
+  auto r = reply->get();
+  return {r.getError(), r.getMessage().cStr()};
+}
+
 class HostileTest : public ::testing::Test {
  protected:
   explicit HostileTest(std::vector<std::string> flags = {}) : flags_(std::move(flags)) {}
@@ -170,6 +177,28 @@ class HostileTest : public ::testing::Test {
     EXPECT_TRUE(reply && reply->get().isHello());
     if (hello) *hello = std::move(reply);
     return s;
+  }
+
+  // Registers `attacker` as a worker of "noop" with 8 CPUs, has the victim submit `tasks`
+  // tasks of two outputs each, and reads the assignments (in one push or several): the task
+  // making each output, and the outputs by task, as the victim's Submit returned them.
+  void AssignNoops(RawSession& attacker, size_t tasks, std::map<ObjectId, uint64_t>& task_of,
+                   std::vector<std::vector<ObjectId>>& outputs) {
+    auto reply = attacker.Call(2, [](auto r) {
+      auto reg = r.initRegisterWorker();
+      reg.setCpus(8);
+      reg.initFunctions(1).set(0, "noop");
+    });
+    ASSERT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+    std::vector<TaskRequest> requests(tasks, TaskRequest{.function = "noop", .num_outputs = 2});
+    ASSERT_OK_AND_ASSIGN(outputs, victim_->Submit(requests));
+    while (task_of.size() < tasks * 2) {
+      auto assign = attacker.Receive();
+      ASSERT_TRUE(assign && assign->get().isAssign());
+      for (auto a : assign->get().getAssign()) {
+        for (auto id : a.getOutputs()) task_of[ipc::FromWire(id)] = a.getTask();
+      }
+    }
   }
 
   std::vector<std::string> flags_;
@@ -484,13 +513,6 @@ TEST_F(GpuReaderTest, AReadersChunkDescriptorCannotBeMadeWritable) {
   ASSERT_TRUE(attacker->Call(4, ReleaseOf({{0, {id}}})));
 }
 
-// The code and message of a raw reply's error.
-std::pair<wire::ErrorCode, std::string> ErrorOf(std::optional<RawReply>& reply) {
-  if (!reply) return {wire::ErrorCode::OK, "no reply"};
-  auto r = reply->get();
-  return {r.getError(), r.getMessage().cStr()};
-}
-
 // A copy of the shared header table as a session sees it (hello's first descriptor).
 std::vector<std::byte> HeaderTableOf(RawReply& hello) {
   const size_t bytes = size_t{hello.get().getHello().getHeaderSlots()} * sizeof(ipc::ObjectHeader);
@@ -683,23 +705,10 @@ TEST_F(HostileTest, TaskRequestsThatLieOrOverreachAreRefusedSayingWhy) {
 
 TEST_F(HostileTest, OutputsCarriedInCompletionsAreCheckedAndReachNoOtherObject) {
   auto attacker = OpenSession();
-  auto reply = attacker->Call(2, [](auto r) {
-    auto reg = r.initRegisterWorker();
-    reg.setCpus(8);
-    reg.initFunctions(1).set(0, "noop");
-  });
-  ASSERT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
-  std::vector<TaskRequest> requests(5, TaskRequest{.function = "noop", .num_outputs = 2});
-  ASSERT_OK_AND_ASSIGN(auto outputs, victim_->Submit(requests));
-  // The five assignments, in one push or several, by task.
   std::map<ObjectId, uint64_t> task_of;
-  while (task_of.size() < 5 * 2) {
-    auto assign = attacker->Receive();
-    ASSERT_TRUE(assign && assign->get().isAssign());
-    for (auto a : assign->get().getAssign()) {
-      for (auto id : a.getOutputs()) task_of[ipc::FromWire(id)] = a.getTask();
-    }
-  }
+  std::vector<std::vector<ObjectId>> outputs;
+  ASSERT_NO_FATAL_FAILURE(AssignNoops(*attacker, 5, task_of, outputs));
+  std::optional<RawReply> reply;
   struct Value {
     uint32_t index;
     std::string data;
@@ -778,22 +787,10 @@ TEST_F(HostileTest, SealsAskedInCompletionsAreOnlyOfTheWorkersOwnOutputs) {
   constexpr uint64_t kMiB = 1 << 20;
   auto attacker = OpenSession();
   auto accomplice = OpenSession();
-  auto reply = attacker->Call(2, [](auto r) {
-    auto reg = r.initRegisterWorker();
-    reg.setCpus(8);
-    reg.initFunctions(1).set(0, "noop");
-  });
-  ASSERT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
-  std::vector<TaskRequest> requests(4, TaskRequest{.function = "noop", .num_outputs = 2});
-  ASSERT_OK_AND_ASSIGN(auto outputs, victim_->Submit(requests));
   std::map<ObjectId, uint64_t> task_of;
-  while (task_of.size() < 4 * 2) {
-    auto assign = attacker->Receive();
-    ASSERT_TRUE(assign && assign->get().isAssign());
-    for (auto a : assign->get().getAssign()) {
-      for (auto id : a.getOutputs()) task_of[ipc::FromWire(id)] = a.getTask();
-    }
-  }
+  std::vector<std::vector<ObjectId>> outputs;
+  ASSERT_NO_FATAL_FAILURE(AssignNoops(*attacker, 4, task_of, outputs));
+  std::optional<RawReply> reply;
   const auto create = [](RawSession& session, uint64_t rid, const ObjectId& id, uint64_t size) {
     return session.Call(rid, [&](auto r) {
       auto c = r.initCreate();
