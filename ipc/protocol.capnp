@@ -436,6 +436,7 @@ struct SchedulerStatus {
   gpuToHost @12 :Float64;
   gpuToGpu @13 :Float64;
   bandwidthsMeasured @14 :Bool;  # they are the store's measured copies (assumed until one is made)
+  steals @15 :UInt64;        # queued tasks taken from a busy worker for an idle one
 }
 
 # A GPU the daemon serves (Reply.Hello.devices, StoreStatus.devices).

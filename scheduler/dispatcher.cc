@@ -20,6 +20,10 @@ namespace {
 constexpr int kMaxMissesPerRound = 64;
 constexpr size_t kMaxShapesPerRound = 64;
 
+// A task queued on a worker expected to be busy this long or longer moves to a worker left
+// idle, where it starts at once (Rebalance).
+constexpr double kStealAfterWaitS = 0.01;
+
 // A variant passed over this many times in a row, for tasks of its function and input size,
 // is chosen once more: so that its estimate follows changes, and one slow run is not its last.
 constexpr uint32_t kExploreEvery = 32;
@@ -67,6 +71,53 @@ void Dispatcher::Unstall() {
 }
 
 void Dispatcher::Round() {
+  PlaceReady();
+  if (Rebalance()) PlaceReady();
+}
+
+bool Dispatcher::Rebalance() {
+  if (!ready_.empty() || options_.random_placement) return false;
+  std::vector<const Worker*> idle;
+  for (auto& [id, w] : workers_.workers()) {
+    if (!w->draining && w->running.empty() && w->queue.empty()) idle.push_back(w.get());
+  }
+  // Whether an idle worker could run `task`: else it would only come back where it was.
+  auto could_take = [&](const Task& task) {
+    for (const Way& way : workers_.Ways(task.spec)) {
+      for (const Worker* v : idle) {
+        if (way.eligible(*v, task.spec.function) && v->resources.CouldEverFit(way.request)) {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  std::vector<Task*> moving;
+  for (auto& [id, w] : workers_.workers()) {
+    if (moving.size() >= idle.size()) break;
+    if (w->queue.empty()) continue;
+    const double wait = workers_.QueueWait(*w);
+    if (wait < kStealAfterWaitS) continue;
+    for (TaskId queued : w->queue) {
+      Task& task = graph_.at(queued);
+      // A task bound to its worker's GPU could only come back to it; one shorter than the
+      // wait is worth a copy of its inputs.
+      if (task.spec.affinity == Affinity::kHard || 2 * task.duration_s > wait ||
+          !could_take(task)) {
+        continue;
+      }
+      moving.push_back(&task);
+      break;  // one a worker a round: the next one's wait is then looked at afresh
+    }
+  }
+  for (Task* task : moving) {
+    Requeue(*task);
+    ++counters_.steals;
+  }
+  return !moving.empty();
+}
+
+void Dispatcher::PlaceReady() {
   size_t open = 0;
   for (auto& [id, w] : workers_.workers()) {
     if (w->freed) workers_.StartQueued(*w);

@@ -8,7 +8,9 @@
 // finish first, given where its inputs are now, the workers' queues and the function's
 // measured durations. Where a task has two variants the plan expected to finish first wins,
 // except that a variant passed over too often is tried again, so that its estimate follows
-// changes. Inputs a queued task lacks where it will run are prefetched there.
+// changes. Inputs a queued task lacks where it will run are prefetched there. When the ready
+// tasks run out while a worker sits idle, tasks queued behind a long wait elsewhere are
+// placed afresh (Rebalance).
 //
 // A task no worker attached could ever run is set aside (stalled) until a worker attaches.
 // All of it runs on the daemon's loop thread.
@@ -47,6 +49,7 @@ struct PlacementCounters {
   uint64_t local_bytes = 0;  // input bytes where placed tasks read them
   uint64_t moved_bytes = 0;  // input bytes that had to be copied there
   uint64_t prefetches = 0;   // inputs asked for ahead of a queued task
+  uint64_t steals = 0;       // queued tasks taken from a busy worker to be placed afresh
   // How long placements took (a task placed or not): bucket i counts those of
   // (2^(i-1), 2^i] x 64 ns, bucket 0 those up to 64 ns, the last everything longer.
   static constexpr int kBuckets = 20;
@@ -73,6 +76,9 @@ class Dispatcher {
   // Places ready tasks while some worker's window is open (workers whose resources were
   // freed start what they queued first). A round stops after a run of tasks that found no
   // place: the rest wait for the next change rather than cost each event a whole scan.
+  // With no task left ready and a worker idle, a task queued behind a long wait on another
+  // worker (a task running long, or stalled) is placed afresh, once a round for each idle
+  // worker: work stealing, so that a straggler holds back only itself.
   void Round();
 
   // Whether `task` is set aside for want of a worker that could ever run it.
@@ -95,6 +101,10 @@ class Dispatcher {
     const Way* way = nullptr;
   };
 
+  // Round's two parts: placing the ready tasks, and taking queued tasks from busy workers
+  // when one is idle (whether any was taken).
+  void PlaceReady();
+  bool Rebalance();
   // Places one ready task; false if no worker can take it now. Timed (PlacementCounters).
   bool PlaceOne(Task& task);
   bool TryPlace(Task& task);

@@ -306,6 +306,7 @@ SchedulerCounters Scheduler::counters() const {
           .local_bytes = p.local_bytes,
           .moved_bytes = p.moved_bytes,
           .prefetches = p.prefetches,
+          .steals = p.steals,
           .workers = workers_.workers().size(),
           .tasks_pending = graph_.pending().size(),
           .placement_ns_buckets = p.ns_buckets,

@@ -380,6 +380,7 @@ SchedulerStatus TaskService::Totals() const {
       .local_bytes = c.local_bytes,
       .moved_bytes = c.moved_bytes,
       .prefetches = c.prefetches,
+      .steals = c.steals,
       .host_to_gpu = bw.host_to_gpu,
       .gpu_to_host = bw.gpu_to_host,
       .gpu_to_gpu = bw.gpu_to_gpu,

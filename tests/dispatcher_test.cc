@@ -17,7 +17,7 @@ class DispatcherTest : public ::testing::Test {
  protected:
   DispatcherTest()
       : graph_(store_, 16, [this](Task& t) { dispatcher_.MakeReady(t); }),
-        table_(graph_, link_, {.window = 2, .pipeline = false, .clock = [] { return 0.0; }}),
+        table_(graph_, link_, {.window = 2, .pipeline = false, .clock = [this] { return now_; }}),
         dispatcher_(graph_, table_, store_, durations_,
                     {.measure_bandwidths = false, .random_placement = false}) {}
 
@@ -42,6 +42,7 @@ class DispatcherTest : public ::testing::Test {
     return link_.Take();
   }
 
+  double now_ = 0;
   FakeStore store_;
   FakeLink link_;
   DurationModel durations_;
@@ -141,6 +142,46 @@ TEST_F(DispatcherTest, TheOutputsOfPlacedTasksCountAgainstTheRoom) {
   // A task that declares nothing is not held back by what others reserved.
   Submit({.function = "f"});
   EXPECT_EQ(Round().size(), 1u);
+}
+
+// Work stealing: once the ready tasks have run out, a worker left idle takes a task queued
+// behind a long wait on another (here a task running far past its estimate); behind a
+// short wait, or bound to its worker's GPU, a queued task stays.
+TEST_F(DispatcherTest, AnIdleWorkerTakesATaskQueuedBehindAStraggler) {
+  AddWorker(1, 1, {0});
+  const TaskId straggler = Submit({.function = "f"}).id;
+  const TaskId behind = Submit({.function = "f"}).id;
+  Submit({.function = "f", .resources = {.cpu = 0, .gpu = 1}});  // holds the GPU
+  const ObjectId on_gpu0 = store_.Put(1 << 20, 0);
+  const TaskId bound = Submit({.function = "f",
+                               .inputs = {on_gpu0},
+                               .resources = {.cpu = 0, .gpu = 1},
+                               .affinity = Affinity::kHard})
+                           .id;
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 2u);  // the straggler on the CPU, the other on the GPU
+  EXPECT_EQ(graph_.at(behind).state, TaskState::kQueued);
+  EXPECT_EQ(graph_.at(bound).state, TaskState::kQueued);
+  EXPECT_EQ(graph_.at(straggler).state, TaskState::kRunning);
+
+  // A second worker attaches while the wait is short (estimates of 1 ms): nothing moves.
+  AddWorker(2, 1, {1});
+  EXPECT_TRUE(Round().empty());
+  EXPECT_EQ(dispatcher_.counters().steals, 0u);
+
+  // A second later, the tasks there have run far past their estimates: the CPU task moves
+  // to the idle worker and starts; the one bound to GPU 0 stays.
+  now_ = 1.0;
+  sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].task, behind);
+  EXPECT_EQ(sent[0].worker, 2u);
+  EXPECT_EQ(dispatcher_.counters().steals, 1u);
+  EXPECT_EQ(graph_.at(bound).state, TaskState::kQueued);
+  EXPECT_EQ(graph_.at(bound).worker, 1u);
+  // Nothing else to take: later rounds move nothing.
+  EXPECT_TRUE(Round().empty());
+  EXPECT_EQ(dispatcher_.counters().steals, 1u);
 }
 
 TEST_F(DispatcherTest, TasksOfAShapeThatFoundNoPlaceArePassedOverInARound) {

@@ -309,6 +309,9 @@ class SchedulerStatus:
     def prefetches(self) -> int: ...
 
     @property
+    def steals(self) -> int: ...
+
+    @property
     def host_to_gpu(self) -> float: ...
 
     @property
