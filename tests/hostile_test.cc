@@ -519,8 +519,10 @@ std::vector<std::byte> HeaderTableOf(RawReply& hello) {
   void* table = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, hello.fds.at(0).get(), 0);
   EXPECT_NE(table, MAP_FAILED);
   if (table == MAP_FAILED) return {};
-  const auto* begin = static_cast<const std::byte*>(table);
-  std::vector<std::byte> copy(begin, begin + bytes);
+  // One memcpy, not a loop over bytes: under ThreadSanitizer each byte read is checked, and
+  // the table is tens of MiB.
+  std::vector<std::byte> copy(bytes);
+  std::memcpy(copy.data(), table, bytes);
   ::munmap(table, bytes);
   return copy;
 }
@@ -529,7 +531,14 @@ std::vector<std::byte> HeaderTableOf(RawReply& hello) {
 // metadata copied to block + dataSize: before the block, over other clients' objects, the
 // header table or unmapped memory (which killed the daemon). Each such create is refused,
 // naming the sizes, and writes nothing anywhere.
-TEST_F(HostileTest, ACreateWhoseSizesOverflowIsRefusedAndWritesNothing) {
+// A header table of 6 MiB rather than the default 384 MiB, which the test copies and
+// compares whole (seconds under ThreadSanitizer).
+class SmallTableHostileTest : public HostileTest {
+ protected:
+  SmallTableHostileTest() : HostileTest({"--max-objects", "65536"}) {}
+};
+
+TEST_F(SmallTableHostileTest, ACreateWhoseSizesOverflowIsRefusedAndWritesNothing) {
   std::vector<std::pair<ObjectId, std::vector<std::byte>>> guards;
   CreateOptions checked;
   checked.checksum = true;
@@ -561,7 +570,8 @@ TEST_F(HostileTest, ACreateWhoseSizesOverflowIsRefusedAndWritesNothing) {
     EXPECT_NE(message.find("dataSize plus the metadata's size"), std::string::npos) << message;
     EXPECT_NE(message.find("overflows"), std::string::npos) << message;
   }
-  EXPECT_TRUE(HeaderTableOf(*hello) == table_before) << "a refused create changed the header table";
+  EXPECT_TRUE(SameBytes(HeaderTableOf(*hello), table_before))
+      << "a refused create changed the header table";
   for (const auto& [id, data] : guards) {
     ASSERT_OK_AND_ASSIGN(Buffer buffer, victim_->Get(id));
     EXPECT_TRUE(SameBytes(buffer.data(), data)) << id.Hex();

@@ -67,6 +67,8 @@ class TaskContext {
   // now, and the daemon stores them before it counts the task done (a value it cannot
   // store fails the task, with why). Larger values are created at once (one round trip)
   // and copied in, and the daemon seals them with the completion, as Create's outputs.
+  // Either way an output is sealed only once the function has returned: a get of it from
+  // inside the function waits (for its timeout).
   // OK without doing anything for an output an earlier attempt sealed; InvalidArgument for
   // an index out of range, AlreadyExists for an output put or created twice.
   Status Put(size_t output, std::span<const std::byte> data,
