@@ -85,9 +85,7 @@ bool Dispatcher::Rebalance() {
   auto could_take = [&](const Task& task) {
     for (const Way& way : workers_.Ways(task.spec)) {
       for (const Worker* v : idle) {
-        if (way.eligible(*v, task.spec.function) && v->resources.CouldEverFit(way.request)) {
-          return true;
-        }
+        if (WorkerTable::CouldEverTake(*v, way, task.spec.function)) return true;
       }
     }
     return false;

@@ -144,9 +144,7 @@ bool WorkerTable::CouldEverRun(const TaskSpec& spec, std::optional<int32_t> gpu)
     const bool needs_gpu = gpu && way.request.gpu > 0;
     for (SessionId id : runners) {
       const Worker& w = *workers_.at(id);
-      if (w.draining || !way.eligible(w, spec.function) || !w.resources.CouldEverFit(way.request)) {
-        continue;
-      }
+      if (!CouldEverTake(w, way, spec.function)) continue;
       if (!needs_gpu || std::find(w.capacity.gpus.begin(), w.capacity.gpus.end(), *gpu) !=
                             w.capacity.gpus.end()) {
         return true;

@@ -154,6 +154,11 @@ class WorkerTable {
   // Whether some worker attached and not draining could ever run `spec`, idle; with `gpu`,
   // a way on a GPU needs a worker offering that one.
   bool CouldEverRun(const TaskSpec& spec, std::optional<int32_t> gpu = std::nullopt) const;
+  // Whether `worker`, not draining, could ever run `function` `way`, idle.
+  static bool CouldEverTake(const Worker& worker, const Way& way, const std::string& function) {
+    return !worker.draining && way.eligible(worker, function) &&
+           worker.resources.CouldEverFit(way.request);
+  }
 
   // Whether `worker` may have one more task placed on it (its window is not full).
   bool Open(const Worker& worker) const {

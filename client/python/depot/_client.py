@@ -221,11 +221,7 @@ class Client:
         if isinstance(encoded, _codec.StridedArray):
             array = encoded.array
             writable = self._native.create(ref.id, array.nbytes, encoded.metadata, name, pin, spill)
-            import numpy as np
-
-            # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
-            target = np.frombuffer(memoryview(writable), dtype=array.dtype).reshape(array.shape)
-            np.copyto(target, array)
+            _copy_strided(writable, array)
             if handoff:  # while `writable` holds the creator's reference
                 self._native.seal_and_handoff(ref.id)
                 return None, writable
@@ -723,10 +719,7 @@ class _ArrayLayout(NamedTuple):
 
     def view(self, writable: Any) -> Any:
         """The array over an object's writable bytes."""
-        import numpy as np
-
-        # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
-        return np.frombuffer(memoryview(writable), dtype=self.dtype).reshape(self.shape)
+        return _array_over(writable, self.dtype, self.shape)
 
 
 def _array_layout(shape: Union[int, Sequence[int]], dtype: Any) -> _ArrayLayout:
@@ -738,3 +731,18 @@ def _array_layout(shape: Union[int, Sequence[int]], dtype: Any) -> _ArrayLayout:
         raise InvalidArgument(f"create_array needs a plain dtype, not {dtype}")
     nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
     return _ArrayLayout(dims, dtype, nbytes, _codec.array_metadata(dtype, "C", dims))
+
+
+def _array_over(writable: Any, dtype: Any, shape: Tuple[int, ...]) -> Any:
+    """A C-order numpy array over an object's writable bytes."""
+    import numpy as np
+
+    # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
+    return np.frombuffer(memoryview(writable), dtype=dtype).reshape(shape)
+
+
+def _copy_strided(writable: Any, array: Any) -> None:
+    """Copies a numpy array that is not contiguous into an object's bytes, in C order."""
+    import numpy as np
+
+    np.copyto(_array_over(writable, array.dtype, array.shape), array)

@@ -9,7 +9,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _codec, _dask_graphs, _depot, _tasks
-from ._client import Client, _array_layout
+from ._client import Client, _array_layout, _copy_strided
 from ._errors import ConnectionError
 from ._ref import ObjectRef
 
@@ -360,11 +360,3 @@ class Worker:
             self._client._put_encoded(
                 ObjectRef(outputs[k]), value, encoded, False, default_device=device
             )
-
-
-def _copy_strided(writable: Any, array: Any) -> None:
-    """Copies a numpy array that is not contiguous into an object's bytes, in C order."""
-    import numpy as np
-
-    # Through a memoryview: numpy's types take only built-in buffers before Python 3.12.
-    np.copyto(np.frombuffer(memoryview(writable), dtype=array.dtype).reshape(array.shape), array)

@@ -50,6 +50,11 @@ class ReadView {
   Py_buffer view_{};
 };
 
+// The bytes of a Python bytes object, valid while it lives.
+inline std::span<const std::byte> BytesOf(const nanobind::bytes& b) {
+  return {reinterpret_cast<const std::byte*>(b.c_str()), b.size()};
+}
+
 // A value's parts as depot::Client::PutParts takes them, over views of the Python buffers,
 // which stay exported while the GIL is released.
 struct Parts {

@@ -34,7 +34,7 @@ using std::chrono::milliseconds;
 CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& name, bool pin,
                                 bool spill = true) {
   CreateOptions options;
-  options.metadata = {reinterpret_cast<const std::byte*>(metadata.c_str()), metadata.size()};
+  options.metadata = BytesOf(metadata);
   options.name = name;
   options.pin = pin;
   options.spill = spill;

@@ -111,12 +111,10 @@ class TaskView {
   void Put(size_t output, nb::handle data, nb::bytes metadata) {
     TaskContext& task = context();
     const ReadView view(data);
-    const std::span<const std::byte> meta{reinterpret_cast<const std::byte*>(metadata.c_str()),
-                                          metadata.size()};
     Status st;
     {
       nb::gil_scoped_release release;
-      st = task.Put(output, view.bytes(), meta);
+      st = task.Put(output, view.bytes(), BytesOf(metadata));
     }
     RaiseIfError(st);
   }
@@ -129,7 +127,7 @@ class TaskView {
     Status st;
     {
       nb::gil_scoped_release release;
-      st = task.PutParts(output, size, viewed.parts, Bytes(metadata));
+      st = task.PutParts(output, size, viewed.parts, BytesOf(metadata));
     }
     RaiseIfError(st);
   }
@@ -139,7 +137,7 @@ class TaskView {
     TaskContext& task = context();
     Result<MutableBuffer> r = [&] {
       nb::gil_scoped_release release;
-      return task.Create(output, size, Bytes(metadata));
+      return task.Create(output, size, BytesOf(metadata));
     }();
     return WritableBuffer{ValueOrRaise(std::move(r))};
   }
@@ -154,9 +152,6 @@ class TaskView {
   }
 
  private:
-  static std::span<const std::byte> Bytes(const nb::bytes& b) {
-    return {reinterpret_cast<const std::byte*>(b.c_str()), b.size()};
-  }
   TaskContext& context() const {
     if (task_ == nullptr) throw nb::value_error("the task is over: its context is gone");
     return *task_;
