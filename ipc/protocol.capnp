@@ -360,6 +360,11 @@ struct Assignment {
   sealed @7 :List(UInt32);   # indices of outputs an earlier attempt sealed: not to be made again
   after @8 :UInt64;          # 0, or a task running on this worker: start this one when that
                              # one's function has returned (it takes over its resources)
+  # With the tasks of this push, nothing is left on the worker that a task could start on
+  # (no CPU and no GPU share): until one of its tasks ends, the daemon sends it only tasks
+  # to follow them (`after`). The worker need not read while they run; the thread whose task
+  # ends reads next. Added within protocol 18: a worker that ignores it reads as before.
+  workerFull @9 :Bool;
 }
 
 enum CancelOutcome {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "scheduler/task.h"
+
 namespace depot::scheduler {
 
 Result<Resources> Resources::Make(const Capacity& capacity) {
@@ -59,6 +61,13 @@ void Resources::Release(const Reservation& r) {
     if (amount > 0)
       free_.custom[name] = std::min(total_.custom.at(name), free_.custom[name] + amount);
   }
+}
+
+bool Resources::Exhausted() const {
+  if (free_.cpu + kResourceEpsilon >= kMinResourceAmount) return false;
+  return std::none_of(free_.gpu_share.begin(), free_.gpu_share.end(), [](const auto& gpu) {
+    return gpu.second + kResourceEpsilon >= kMinResourceAmount;
+  });
 }
 
 bool Resources::CouldEverFit(const ResourceRequest& request) const {

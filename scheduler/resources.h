@@ -43,6 +43,10 @@ class Resources {
   // What the worker has when idle: the view of a task that waits `queue_wait_s` for its turn.
   WorkerView IdleView(double queue_wait_s) const;
 
+  // Whether no task could start on what is free now: every task asks for some CPU or some
+  // GPU (CheckResources), and neither is left.
+  bool Exhausted() const;
+
   double free_cpu() const { return free_.cpu; }
   double free_share(int32_t device) const;
 

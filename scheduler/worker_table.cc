@@ -304,7 +304,10 @@ void WorkerTable::Flush() {
       const Task* task = graph_.Find(a.task);
       return task == nullptr || task->state != TaskState::kRunning || task->worker != worker;
     });
-    if (!assignments.empty()) link_.Assign(worker, assignments);
+    if (assignments.empty()) continue;
+    const bool full = workers_.at(worker)->resources.Exhausted();
+    for (Assignment& a : assignments) a.worker_full = full;
+    link_.Assign(worker, assignments);
   }
 }
 

@@ -48,6 +48,9 @@ struct Assignment {
   // 0, or a task running on the same worker: this one starts when that one's function has
   // returned, on the resources it held (pipelined: no round trip to the daemon between).
   TaskId after = 0;
+  // With the tasks sent with it, the worker has nothing free that a task could start on:
+  // until one of them ends it gets only tasks that follow them (Resources::Exhausted).
+  bool worker_full = false;
 };
 
 // How the scheduler reaches workers: the daemon's sessions implement it.

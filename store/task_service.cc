@@ -403,6 +403,7 @@ void TaskService::Assign(scheduler::SessionId worker,
     o.setAttempt(a.attempt);
     o.setDevice(a.device);
     o.setAfter(a.after);
+    o.setWorkerFull(a.worker_full);
     o.setFunction(a.spec->function);
     ipc::ToWire(a.spec->inputs, o.initInputs(static_cast<unsigned>(a.spec->inputs.size())));
     o.setArgs(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(a.spec->args.data()),

@@ -44,6 +44,25 @@ TEST(ResourcesTest, AGpuTaskWithNoCpuFitsWhenEveryCpuSlotIsTaken) {
   EXPECT_FALSE(r.Reserve({.cpu = 0, .gpu = 0.5}, 7)) << "not one of its GPUs";
 }
 
+TEST(ResourcesTest, ExhaustedOnlyWhenNeitherACpuNorAGpuShareIsLeftForAnyTask) {
+  Resources r = Make({.cpu = 1, .gpus = {0}, .custom = {{"ssd", 1}}});
+  EXPECT_FALSE(r.Exhausted());
+  ASSERT_TRUE(r.Reserve({.cpu = 0.5}, kHostMemory));
+  EXPECT_FALSE(r.Exhausted()) << "half a CPU is room for a task";
+  ASSERT_TRUE(r.Reserve({.cpu = 0.5}, kHostMemory));
+  EXPECT_FALSE(r.Exhausted()) << "a GPU task asking no CPU could start";
+  ASSERT_TRUE(r.Reserve({.cpu = 0, .gpu = 1}, 0));
+  EXPECT_TRUE(r.Exhausted()) << "every task asks some CPU or GPU: a custom resource is no room";
+  r.Release({{.cpu = 0, .gpu = 1}, 0});
+  EXPECT_FALSE(r.Exhausted());
+
+  // Shares summed in floating point leave dust, which is no room either.
+  Resources thirds = Make({.cpu = 1});
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(thirds.Reserve({.cpu = 0.1}, kHostMemory)) << i;
+  EXPECT_TRUE(thirds.Exhausted());
+  EXPECT_TRUE(Make({.cpu = 0}).Exhausted()) << "a worker that offers nothing";
+}
+
 TEST(ResourcesTest, CouldEverFitSaysWhichRequestsNoStateOfTheWorkerCanServe) {
   Resources r = Make({.cpu = 2, .gpus = {0}, .custom = {{"ssd", 1}}});
   EXPECT_TRUE(r.CouldEverFit({.cpu = 2}));

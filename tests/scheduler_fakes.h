@@ -158,6 +158,7 @@ struct Sent {
   ResourceRequest resources;
   std::vector<uint32_t> sealed;
   TaskId after = 0;
+  bool worker_full = false;
 };
 
 class FakeLink final : public WorkerLink {
@@ -167,7 +168,7 @@ class FakeLink final : public WorkerLink {
     for (const Assignment& a : tasks) {
       sent.push_back({worker, a.task, a.attempt, a.device, a.spec->function, a.spec->inputs,
                       std::vector<ObjectId>(a.outputs.begin(), a.outputs.end()), a.spec->resources,
-                      a.sealed, a.after});
+                      a.sealed, a.after, a.worker_full});
     }
   }
   void Drained(SessionId worker) override { drained.push_back(worker); }

@@ -464,6 +464,25 @@ TEST_F(TaskTest, AGpuTaskHoldingNoCpuStartsWhileEveryCpuSlotIsBusy) {
   EXPECT_EQ(out.size(), kMiB);
 }
 
+// A worker told that a push filled it reads nothing more until a task ends: half a CPU left
+// is room, and the second half-CPU task starts beside one that never ends.
+TEST_F(TaskTest, TwoHalfCpuTasksRunTogetherOnAOneCpuWorker) {
+  ChildProcess worker = StartWorker({"--cpus", "1"});
+  ASSERT_OK_AND_ASSIGN(auto busy, client_->Submit({.function = "stall_once", .cpu = 0.5}));
+  ASSERT_TRUE(Eventually([&] {
+    auto t = TaskOf(busy[0]);
+    return t.ok() && t->state == TaskState::kRunning;
+  }));
+  const ObjectId input = PutArray(1000);
+  ASSERT_OK_AND_ASSIGN(auto outputs,
+                       client_->Submit({.function = "copy", .inputs = {input}, .cpu = 0.5}));
+  ASSERT_OK_AND_ASSIGN(Buffer out, client_->Get(outputs[0], kPatience));
+  EXPECT_EQ(out.size(), 1000 * sizeof(double));
+  ASSERT_OK_AND_ASSIGN(auto workers, client_->Workers());
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_NEAR(workers[0].free_cpus, 0.5, 1e-9) << "the stalled task holds its half";
+}
+
 TEST_F(TaskTest, ADiamondRunsEachTaskAfterItsInputs) {
   ChildProcess worker = StartWorker({"--cpus", "2"});
   const ObjectId top = ObjectId::Random(), left = ObjectId::Random(), right = ObjectId::Random(),

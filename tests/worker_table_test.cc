@@ -87,6 +87,32 @@ TEST_F(WorkerTableTest, ATaskThatFitsStartsAtOnceAndIsSentAtFlush) {
   EXPECT_EQ(link_.sent[0].after, 0u);
 }
 
+TEST_F(WorkerTableTest, EachMessageSaysWhetherItLeavesItsWorkerRoomForAnotherTask) {
+  Worker& w = AddWorker(1, 2);
+  Task& first = NewTask();
+  ASSERT_TRUE(table_.Place(w, first, true));
+  table_.Flush();
+  ASSERT_EQ(link_.sent.size(), 1u);
+  EXPECT_FALSE(link_.sent[0].worker_full) << "a CPU is left";
+
+  Task& second = NewTask();
+  Task& third = NewTask();
+  ASSERT_TRUE(table_.Place(w, second, true));
+  EXPECT_FALSE(table_.Place(w, third, true));  // queued: not sent
+  table_.Flush();
+  ASSERT_EQ(link_.sent.size(), 2u);
+  EXPECT_EQ(link_.sent[1].task, second.id);
+  EXPECT_TRUE(link_.sent[1].worker_full);
+
+  // One ends: the queued one takes its CPU, and the worker is full again.
+  table_.Unplace(first);
+  table_.StartQueued(w);
+  table_.Flush();
+  ASSERT_EQ(link_.sent.size(), 3u);
+  EXPECT_EQ(link_.sent[2].task, third.id);
+  EXPECT_TRUE(link_.sent[2].worker_full);
+}
+
 TEST_F(WorkerTableTest, TasksThatDoNotFitQueueInOrderAndFillTheWindow) {
   Worker& w = AddWorker(1, 1);
   Task& running = NewTask();

@@ -214,6 +214,12 @@ struct Worker::Pool {
   size_t idle = 0;           // threads waiting on cv
   bool waking = false;       // a thread was woken or started and has not looked for work yet
   bool reading = false;      // a thread reads the daemon's pushes
+  // The daemon's last push left nothing free on this worker for another task to start on
+  // (Assignment.workerFull): nobody reads beside the running jobs, whose calls to the
+  // daemon then read their own replies (a reader beside them would take each reply and wake
+  // its caller: two scheduler wake-ups for one on the path of every call, which on a busy
+  // machine cost more than the call). The thread whose job ends reads next.
+  bool full = false;
   bool ended = false;        // no job comes any more: drained, or the connection ended
   Status end;                // why, for Run
   size_t inline_budget = 0;  // bytes of outputs (and messages) one completion message may carry
@@ -445,7 +451,7 @@ void Worker::Serve() {
   };
 
   // Reads the next push: its jobs, or the end (OK once drained).
-  auto read = [&](std::vector<Pool::Job>& jobs) -> std::optional<Status> {
+  auto read = [&](std::vector<Pool::Job>& jobs, bool* full) -> std::optional<Status> {
     Reply push;
     if (Status st = conn.AwaitPush(&push); !st.ok()) return st;
     bool drained = false;
@@ -457,6 +463,7 @@ void Worker::Serve() {
       }
       if (!r.isAssign()) return Status::Internal("the daemon pushed an unknown message");
       for (auto a : r.getAssign()) {
+        *full = a.getWorkerFull();  // the same in each of a push's assignments
         const int32_t device = a.getDevice();
         auto args = a.getArgs();
         std::vector<uint32_t> sealed;
@@ -488,8 +495,11 @@ void Worker::Serve() {
     if (!pool.jobs.empty()) {
       Pool::Job job = std::move(pool.jobs.front());
       pool.jobs.pop_front();
-      // Someone takes the next job, or reads while this thread runs one.
-      if (!pool.jobs.empty() || (!pool.reading && !pool.ended)) pool.WakeOne(*this);
+      // Someone takes the next job, or reads while this thread runs one if another could
+      // start beside it.
+      if (!pool.jobs.empty() || (!pool.reading && !pool.ended && !pool.full)) {
+        pool.WakeOne(*this);
+      }
       lock.unlock();
       // A completion held back waits for no task that may be long.
       if (!held.empty() && !is_short(job)) report(held);
@@ -509,10 +519,12 @@ void Worker::Serve() {
     if (pool.ended) break;
     if (!pool.reading) {
       pool.reading = true;
+      bool full = pool.full;  // a push that assigns nothing (drained) leaves it
       lock.unlock();
-      std::optional<Status> end = read(incoming);
+      std::optional<Status> end = read(incoming, &full);
       lock.lock();
       pool.reading = false;
+      pool.full = full;
       if (end) {
         incoming.clear();  // a push that did not decode whole runs nothing
         pool.ended = true;
