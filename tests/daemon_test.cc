@@ -1,8 +1,10 @@
 // depotd as a process: starting where another daemon listens or a dead one left its socket,
 // the socket's permissions, bad flags, and shutting down with clients still connected.
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -23,6 +25,24 @@ namespace depot::testing {
 namespace {
 
 using std::chrono::milliseconds;
+
+// The time slice the kernel gives thread `tid` (sched_getattr's runtime for a normal
+// thread: Linux 6.12 and later), or nullopt where it says none.
+std::optional<uint64_t> SliceOf(pid_t tid) {
+  struct {
+    uint32_t size = 48;
+    uint32_t policy = 0;
+    uint64_t flags = 0;
+    int32_t nice = 0;
+    uint32_t priority = 0;
+    uint64_t runtime = 0;
+    uint64_t deadline = 0;
+    uint64_t period = 0;
+  } attr;
+  if (::syscall(SYS_sched_getattr, tid, &attr, sizeof attr, 0) != 0) return std::nullopt;
+  if (attr.policy != SCHED_OTHER || attr.runtime == 0) return std::nullopt;
+  return attr.runtime;
+}
 
 TEST(DaemonTest, RefusesToStartWhereAnotherDaemonListens) {
   TestDaemon first;
@@ -213,6 +233,22 @@ TEST(DaemonTest, StatusDescribesTheDaemon) {
   EXPECT_EQ(status.used_bytes, 0u);
   EXPECT_GE(status.clients, 1u);
   EXPECT_FALSE(status.daemon_version.empty());
+}
+
+// The loop asks for the kernel's shortest slice, so that its answers preempt clients' batch
+// work; this test process's threads keep the default, longer one.
+TEST(DaemonTest, TheLoopRunsWithAShortTimeSliceWhereTheKernelGrantsOne) {
+  const std::optional<uint64_t> mine = SliceOf(static_cast<pid_t>(::syscall(SYS_gettid)));
+  if (!mine) GTEST_SKIP() << "this kernel reports no time slices (custom slices: Linux 6.12)";
+  TestDaemon daemon({"--memory", "8MiB"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  // An answer comes from the loop, which asks for its slice before it runs.
+  ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.socket_path()));
+  ASSERT_OK(client.GetStatus().status());
+  const std::optional<uint64_t> loop = SliceOf(daemon.pid());  // the loop is its main thread
+  ASSERT_TRUE(loop.has_value());
+  EXPECT_EQ(*loop, 100'000u);
+  EXPECT_GT(*mine, *loop);
 }
 
 TEST(DaemonTest, ShutdownWithClientsConnectedIsCleanAndDisconnectsThem) {
