@@ -204,6 +204,23 @@ std::span<const ObjectId> Scheduler::RunningOutputs(SessionId worker, TaskId tas
   return t->outputs;
 }
 
+bool Scheduler::MakesNow(SessionId worker, const ObjectId& id) const {
+  const Task* t = graph_.ProducerOf(id);
+  return t != nullptr && t->state == TaskState::kRunning && t->worker == worker && t->after == 0;
+}
+
+void Scheduler::LendWhileWaiting(SessionId worker, const ObjectId& id) {
+  if (!MakesNow(worker, id)) return;
+  Task& task = *graph_.ProducerOf(id);
+  if (workers_.Lend(task)) Dispatch();  // a task queued there, or a ready one, starts
+}
+
+size_t Scheduler::StartedTasks() const {
+  size_t n = 0;
+  for (const auto& [id, w] : workers_.workers()) n += w->running.size() - w->pipelined;
+  return n;
+}
+
 std::vector<Scheduler::CancelOutcome> Scheduler::Cancel(std::span<const ObjectId> outputs) {
   std::vector<CancelOutcome> outcomes;
   outcomes.reserve(outputs.size());

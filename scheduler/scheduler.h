@@ -91,6 +91,11 @@ struct SchedulerCounters {
   std::array<uint64_t, kPlacementBuckets> placement_ns_buckets{};
   uint64_t placement_ns_sum = 0;
   uint64_t placement_tries = 0;
+  // Workers' creates of task outputs that found no room (the daemon's RoomWaits fills these
+  // in): waiting now, ever waited, and failed once nothing could free room.
+  uint64_t room_waiting = 0;
+  uint64_t room_waits = 0;
+  uint64_t room_waits_failed = 0;
 };
 
 struct SchedulerOptions {
@@ -145,6 +150,16 @@ class Scheduler final : public ObjectEvents {
   // The outputs of `task` if it is running on `worker` (which may store them before it
   // completes the task); empty otherwise.
   std::span<const ObjectId> RunningOutputs(SessionId worker, TaskId task) const;
+  // Whether `id` is an output of a task whose function runs on `worker` now (started, not
+  // sent ahead to follow another).
+  bool MakesNow(SessionId worker, const ObjectId& id) const;
+  // Tasks whose functions run now, on every worker (not those sent ahead).
+  size_t StartedTasks() const;
+  // The task making `id` on `worker` waits for room for it: its resources go to another
+  // task meanwhile (WorkerTable::Lend), which is placed at once.
+  void LendWhileWaiting(SessionId worker, const ObjectId& id);
+  // Whether nobody wants `id` any more (TaskGraph::Unwanted): a create of it need not wait.
+  bool Unwanted(const ObjectId& id) const { return graph_.Unwanted(id); }
 
   enum class CancelOutcome : uint8_t { kCancelled, kRunning, kFinished, kUnknown };
   // Cancels the tasks producing `outputs` that have not started: their outputs are sealed as

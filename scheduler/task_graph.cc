@@ -487,6 +487,10 @@ const Task* TaskGraph::Find(TaskId id) const {
 }
 
 Task* TaskGraph::ProducerOf(const ObjectId& id) {
+  return const_cast<Task*>(std::as_const(*this).ProducerOf(id));
+}
+
+const Task* TaskGraph::ProducerOf(const ObjectId& id) const {
   auto it = nodes_.find(id);
   return it == nodes_.end() || it->second.producer == 0 ? nullptr : Find(it->second.producer);
 }

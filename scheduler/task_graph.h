@@ -90,6 +90,9 @@ struct Task {
   // (`after`: the one before, until then); a task has at most one such `follower`.
   TaskId after = 0;
   TaskId follower = 0;
+  // Running, its function waits for room for an output (the daemon's RoomWaits): it gave
+  // its resources back for another task to use meanwhile, and holds none until it ends.
+  bool lent = false;
   // Times a worker ended while this task was sent ahead there: it may have started (its
   // worker starts it when the task before it returns, before the daemon hears of that),
   // so a retry is told what it sealed, and these count against its retries but one.
@@ -151,8 +154,15 @@ class TaskGraph {
   Task& at(TaskId id) { return *Find(id); }
   // The pending task making `id`, or nullptr.
   Task* ProducerOf(const ObjectId& id);
+  const Task* ProducerOf(const ObjectId& id) const;
   // Whether a pending task reads `id`.
   bool IsRead(const ObjectId& id) const;
+  // Whether nobody wants `id` any more: it is to be deleted once it goes (DeleteAfterTasks)
+  // and no pending task reads it (a graph given up, its readers cancelled).
+  bool Unwanted(const ObjectId& id) const {
+    auto it = nodes_.find(id);
+    return it != nodes_.end() && it->second.deleted && it->second.consumers == 0;
+  }
   // Whether a finished task still kept made `id`.
   bool MadeByFinished(const ObjectId& id) const { return finished_outputs_.contains(id); }
 

@@ -215,8 +215,8 @@ void WorkerTable::Pipeline(Worker& worker) {
     double soonest = std::numeric_limits<double>::infinity();
     for (TaskId id : worker.running) {
       Task& r = graph_.at(id);
-      if (r.follower != 0 || r.duration_s >= kSendAheadBelowS || r.device != task.device ||
-          r.request != task.request) {
+      if (r.follower != 0 || r.lent || r.duration_s >= kSendAheadBelowS ||
+          r.device != task.device || r.request != task.request) {
         continue;
       }
       // Its line's head started at started_at; each task of the line runs after the last.
@@ -284,15 +284,35 @@ void WorkerTable::Unplace(Task& task) {
       ++next.attempts;
       next.started_at = Now();
     } else {
-      w.resources.Release({task.request, task.device});
+      if (task.lent) {
+        --w.lent;
+      } else {
+        w.resources.Release({task.request, task.device});
+      }
       w.freed = true;
     }
     task.after = 0;
     task.follower = 0;
+    task.lent = false;
   } else {
     std::erase(w.queue, task.id);
   }
   w.pending_s = std::max(0.0, w.pending_s - task.duration_s);
+}
+
+bool WorkerTable::Lend(Task& task) {
+  if (task.state != TaskState::kRunning || task.lent || task.after != 0 || task.follower != 0) {
+    return false;
+  }
+  Worker* w = Find(task.worker);
+  // As many lent at once as it has slots: what the tasks that take their place make may
+  // have to wait too, and each holds its output in the worker's own memory while it does.
+  if (w == nullptr || static_cast<double>(w->lent) >= w->slots()) return false;
+  w->resources.Release({task.request, task.device});
+  w->freed = true;
+  ++w->lent;
+  task.lent = true;
+  return true;
 }
 
 void WorkerTable::Flush() {

@@ -97,6 +97,7 @@ struct Worker {
   std::unordered_set<TaskId> running;
   std::deque<TaskId> queue;  // placed here, waiting for resources
   size_t pipelined = 0;      // of `running`, those sent ahead that have not taken over yet
+  size_t lent = 0;           // of `running`, those waiting for room that lent what they held
   double pending_s = 0;      // expected seconds of its running and queued tasks
   uint64_t done = 0;
   uint64_t failed = 0;
@@ -192,6 +193,12 @@ class WorkerTable {
   // Sends what started since the last Flush, a message per worker, and only what still runs
   // there (a send may end a session).
   void Flush();
+  // `task` (running on its worker, not sent ahead) waits for room for an output: its
+  // resources go back to its worker for another task to use meanwhile (a reader of what
+  // holds the room, most often), and it holds none until it ends. False, changing nothing,
+  // for a task lent already, not started, or with a task sent to follow it (which would take
+  // over what it holds), and on a worker with as many lent already as it has slots.
+  bool Lend(Task& task);
 
   std::vector<WorkerInfo> Info() const;
   double Now() const { return options_.clock ? options_.clock() : 0; }

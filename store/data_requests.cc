@@ -137,6 +137,15 @@ void DataRequests::Create(const Responder& reply, const Requester& who,
         "a GPU object is written by its creator, so its create cannot seal; create it, write "
         "it, then seal it"));
   }
+  if (!seal && data.size() == 0 && outputs_ != nullptr && outputs_->MakesNow(who.client, params.id)) {
+    auto kept = std::make_shared<KeptCreate>();
+    kept->metadata.assign(params.metadata.begin(), params.metadata.end());
+    kept->name = std::string(params.name);
+    kept->params = params;
+    kept->params.metadata = kept->metadata;
+    kept->params.name = kept->name;
+    return CreateOutput(reply, who.client, std::move(kept));
+  }
   // Answered at once for host objects; a GPU create may wait for room (spills).
   store_.Create(who.client, params,
                 [&store = store_, reply, client = who.client, seal, release,
@@ -146,6 +155,38 @@ void DataRequests::Create(const Responder& reply, const Requester& who,
                   if (!seal) return SendLocation(reply, *created, /*writable=*/true);
                   SealAfterPut(store, reply, client, id, release, *created);
                 });
+}
+
+void DataRequests::CreateOutput(const Responder& reply, ClientId client,
+                                std::shared_ptr<KeptCreate> kept, bool again) {
+  store_.Create(client, kept->params, [this, reply, client, kept, again](Result<Location> created) {
+    if (reply.gone()) return;
+    if (created.ok()) return SendLocation(reply, *created, /*writable=*/true);
+    // Room may come as other tasks end; nothing else will change (a size over the store's
+    // capacity is InvalidArgument, a client over its limits LimitExceeded).
+    const ObjectId& id = kept->params.id;
+    if (created.status().code() != StatusCode::kOutOfMemory || !outputs_->MakesNow(client, id) ||
+        outputs_->Unwanted(id)) {
+      return reply.Error(created.status());
+    }
+    RoomWaits& waits = outputs_->room_waits();
+    // One wait per output: the daemon keeps what waits, so a worker sending the same create
+    // again and again must not make it keep more.
+    if (!again && waits.Waiting(id)) {
+      return reply.Error(Status::AlreadyExists("a create of " + kept->params.id.Hex() +
+                                               " waits for room already"));
+    }
+    waits.Park(
+        client, kept->params.id, kept->params.data_size + kept->metadata.size(),
+        created.status(),
+        [this, reply, client, kept] {
+          if (!reply.gone()) CreateOutput(reply, client, kept, /*again=*/true);
+        },
+        [reply](Status why) {
+          if (!reply.gone()) reply.Error(why);
+        },
+        again);
+  });
 }
 
 void DataRequests::Seal(const Responder& reply, const Requester& who, const ObjectId& id) {

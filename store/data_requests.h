@@ -8,6 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "depot/object_id.h"
@@ -15,6 +18,7 @@
 #include "store/object_store.h"
 #include "store/requester.h"
 #include "store/responder.h"
+#include "store/room_waits.h"
 
 namespace depot::store {
 
@@ -23,6 +27,21 @@ class DataRequests {
   explicit DataRequests(ObjectStore& store) : store_(store) {}
   DataRequests(const DataRequests&) = delete;
   DataRequests& operator=(const DataRequests&) = delete;
+
+  // What decides whether a worker's create that finds no room waits (RoomWaits): the
+  // scheduler's view of the task making it.
+  class OutputRoom {
+   public:
+    virtual ~OutputRoom() = default;
+    // Whether `creator` runs the task making `id` now.
+    virtual bool MakesNow(ClientId creator, const ObjectId& id) const = 0;
+    // Whether nobody wants `id` any more (its graph given up): no wait for it.
+    virtual bool Unwanted(const ObjectId& id) const = 0;
+    virtual RoomWaits& room_waits() = 0;
+  };
+  // Where a worker's create of an output of a task it runs now waits when it finds no room,
+  // instead of failing. Without it, every create is answered at once.
+  void WaitForRoomOfOutputs(OutputRoom* outputs) { outputs_ = outputs; }
 
   void Create(const Responder& reply, const Requester& who, wire::Request::Create::Reader create);
   void Seal(const Responder& reply, const Requester& who, const ObjectId& id);
@@ -45,8 +64,19 @@ class DataRequests {
 
  private:
   void Claim(const Responder& reply, const Requester& who, wire::Request::Get::Reader get);
+  // A create that may wait for room: its parameters, kept beyond the request.
+  struct KeptCreate {
+    CreateParams params;
+    std::vector<std::byte> metadata;
+    std::string name;
+  };
+  // Creates an output of a task `client` runs now; with no room, waits in room_waits_.
+  // `again`: a wait for room tries it again.
+  void CreateOutput(const Responder& reply, ClientId client, std::shared_ptr<KeptCreate> kept,
+                    bool again = false);
 
   ObjectStore& store_;
+  OutputRoom* outputs_ = nullptr;
 };
 
 // A create's reply, naming where the object is; `writable`: the creator will write the

@@ -193,6 +193,16 @@ std::string Metrics::Render(const StoreStatus& status, const ObjectStore& store,
     w.Line("depot_placement_duration_seconds_count %" PRIu64 "\n", tasks.placement_tries);
   }
 
+  w.Help("depot_task_outputs_waiting_for_room", "gauge",
+         "Workers' creates of task outputs waiting for room that other tasks will free.");
+  w.Line("depot_task_outputs_waiting_for_room %" PRIu64 "\n", tasks.room_waiting);
+  w.Help("depot_task_output_room_waits_total", "counter",
+         "Workers' creates of task outputs that waited for room.");
+  w.Line("depot_task_output_room_waits_total %" PRIu64 "\n", tasks.room_waits);
+  w.Help("depot_task_output_room_waits_failed_total", "counter",
+         "Waits for room that failed: every task that ran waited, and nothing was freed.");
+  w.Line("depot_task_output_room_waits_failed_total %" PRIu64 "\n", tasks.room_waits_failed);
+
   w.Help("depot_errors_total", "counter", "Requests answered with an error, by error code.");
   for (size_t code = 1; code < errors_.size(); ++code) {
     if (errors_[code] == 0) continue;

@@ -98,9 +98,11 @@ Server::Server(boost::asio::io_context& loop, ObjectStore& store, ServerOptions 
       accept_retry_(loop, "depotd"),
       data_(store),
       admin_(store, *this),
-      tasks_(static_cast<Pushes&>(*this), store, options_.scheduler),
+      tasks_(loop, static_cast<Pushes&>(*this), store, options_.scheduler),
       epoch_(RandomEpoch()),
-      start_ns_(ipc::MonotonicNanos()) {}
+      start_ns_(ipc::MonotonicNanos()) {
+  data_.WaitForRoomOfOutputs(&tasks_);
+}
 
 Server::~Server() { Shutdown(); }
 
@@ -241,7 +243,7 @@ std::optional<ClientView> Server::FindClient(ClientId id) const {
 }
 
 std::string Server::RenderMetrics() const {
-  return metrics_.Render(StatusOf(store_, *this), store_, tasks_.scheduler().counters());
+  return metrics_.Render(StatusOf(store_, *this), store_, tasks_.counters());
 }
 
 void Server::Shutdown() {

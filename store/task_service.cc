@@ -91,11 +91,17 @@ scheduler::SchedulerOptions WithClock(scheduler::SchedulerOptions options) {
 
 }  // namespace
 
-TaskService::TaskService(Pushes& pushes, ObjectStore& store, scheduler::SchedulerOptions options)
+TaskService::TaskService(boost::asio::io_context& loop, Pushes& pushes, ObjectStore& store,
+                         scheduler::SchedulerOptions options)
     : pushes_(pushes),
       store_(store),
       access_(store, *this),
-      scheduler_(access_, *this, WithClock(std::move(options))) {
+      scheduler_(access_, *this, WithClock(std::move(options))),
+      room_waits_(
+          loop, [this] { return scheduler_.StartedTasks(); },
+          [this](ClientId worker, const ObjectId& id) {
+            scheduler_.LendWhileWaiting(worker, id);
+          }) {
   const scheduler::Bandwidths bw = scheduler_.bandwidths();
   spdlog::info("scheduler: places tasks {}; copies assumed at {}/s host<->GPU, {}/s GPU<->GPU{}",
                scheduler_.random_placement() ? "at random (--placement random)"
@@ -175,6 +181,7 @@ void TaskService::Complete(const Responder& reply, const Requester& who,
     }
   }
   Status st = scheduler_.Complete(who.client, done);
+  room_waits_.TasksChanged();
   // A worker that wants no reply learns nothing of a refusal: say it in the log.
   if (reply.rid() == 0 && !st.ok())
     spdlog::warn("session {}: complete: {}", who.client, st.message());
@@ -243,6 +250,7 @@ bool TaskService::SealOutputs(ClientId worker, scheduler::Completion& completion
   auto sealing = std::make_shared<Sealing>(Sealing{.completion = completion, .left = 1});
   auto finish = [this, worker, sealing] {
     const Status st = scheduler_.Complete(worker, std::span(&sealing->completion, 1));
+    room_waits_.TasksChanged();
     if (!st.ok()) spdlog::warn("session {}: complete: {}", worker, st.message());
   };
   for (const auto& [index, id] : sealed) {
@@ -270,6 +278,7 @@ void TaskService::Cancel(const Responder& reply, const Requester& who,
                                              std::to_string(who.max_batch) + " outputs"));
   }
   const auto outcomes = scheduler_.Cancel(ipc::FromWire(outputs));
+  EndUnwantedWaits();
   capnp::MallocMessageBuilder message;
   auto r = message.initRoot<wire::Reply>();
   auto out = r.initCancel(static_cast<unsigned>(outcomes.size()));
@@ -282,6 +291,7 @@ void TaskService::DeleteAfterTasks(const Responder& reply, const Requester& who,
   if (Status st = who.CheckBatch(list.size()); !st.ok()) return reply.Error(st);
   const std::vector<ObjectId> ids = ipc::FromWire(list);
   const std::vector<bool> later = scheduler_.DeleteAfterTasks(ids);
+  EndUnwantedWaits();
   std::vector<ObjectId> now;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (!later[i]) now.push_back(ids[i]);
@@ -388,7 +398,24 @@ SchedulerStatus TaskService::Totals() const {
   };
 }
 
-void TaskService::SessionClosed(uint64_t session) { scheduler_.RemoveSession(session); }
+void TaskService::EndUnwantedWaits() {
+  if (room_waits_.size() == 0) return;
+  room_waits_.EndUnwanted([this](const ObjectId& id) { return scheduler_.Unwanted(id); });
+}
+
+scheduler::SchedulerCounters TaskService::counters() const {
+  scheduler::SchedulerCounters c = scheduler_.counters();
+  c.room_waiting = room_waits_.size();
+  c.room_waits = room_waits_.waited();
+  c.room_waits_failed = room_waits_.failed();
+  return c;
+}
+
+void TaskService::SessionClosed(uint64_t session) {
+  room_waits_.SessionEnded(static_cast<ClientId>(session));
+  scheduler_.RemoveSession(session);
+  room_waits_.TasksChanged();
+}
 
 void TaskService::Assign(scheduler::SessionId worker,
                          std::span<const scheduler::Assignment> tasks) {
@@ -416,6 +443,7 @@ void TaskService::Assign(scheduler::SessionId worker,
   }
   // A worker that has gone gets nothing: RemoveSession takes its tasks back.
   pushes_.Push(worker, message, reply);
+  room_waits_.TasksChanged();  // one that starts may free room
 }
 
 void TaskService::Drained(scheduler::SessionId worker) {

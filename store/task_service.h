@@ -14,9 +14,11 @@
 #include "depot/task.h"
 #include "protocol.capnp.h"
 #include "scheduler/scheduler.h"
+#include "store/data_requests.h"
 #include "store/object_store.h"
 #include "store/requester.h"
 #include "store/responder.h"
+#include "store/room_waits.h"
 #include "store/scheduler_store.h"
 
 namespace depot::store {
@@ -30,9 +32,12 @@ class Pushes {
                     wire::Reply::Builder reply) = 0;
 };
 
-class TaskService final : private scheduler::WorkerLink, private scheduler::ObjectEvents {
+class TaskService final : public DataRequests::OutputRoom,
+                          private scheduler::WorkerLink,
+                          private scheduler::ObjectEvents {
  public:
-  TaskService(Pushes& pushes, ObjectStore& store, scheduler::SchedulerOptions options);
+  TaskService(boost::asio::io_context& loop, Pushes& pushes, ObjectStore& store,
+              scheduler::SchedulerOptions options);
   TaskService(const TaskService&) = delete;
   TaskService& operator=(const TaskService&) = delete;
 
@@ -58,6 +63,14 @@ class TaskService final : private scheduler::WorkerLink, private scheduler::Obje
   void SessionClosed(uint64_t session);
 
   const scheduler::Scheduler& scheduler() const { return scheduler_; }
+  // The scheduler's counters, with the waits for room of outputs.
+  scheduler::SchedulerCounters counters() const;
+  // Where workers' creates of outputs wait for room (DataRequests::WaitForRoomOfOutputs).
+  RoomWaits& room_waits() override { return room_waits_; }
+  bool MakesNow(ClientId worker, const ObjectId& id) const override {
+    return scheduler_.MakesNow(worker, id);
+  }
+  bool Unwanted(const ObjectId& id) const override { return scheduler_.Unwanted(id); }
 
  private:
   // Stores the small outputs a worker sent with its completion of `task`, as its puts would
@@ -77,12 +90,19 @@ class TaskService final : private scheduler::WorkerLink, private scheduler::Obje
   void Drained(scheduler::SessionId worker) override;
   // scheduler::ObjectEvents, passed on to the scheduler.
   void OnSealed(const ObjectId& id, bool failed) override { scheduler_.OnSealed(id, failed); }
-  void OnFreed(const ObjectId& id) override { scheduler_.OnFreed(id); }
+  void OnFreed(const ObjectId& id) override {
+    scheduler_.OnFreed(id);
+    room_waits_.Freed();
+  }
+
+  // Fails the waits for room of outputs nobody wants any more (a graph given up).
+  void EndUnwantedWaits();
 
   Pushes& pushes_;
   ObjectStore& store_;
   SchedulerStore access_;
   scheduler::Scheduler scheduler_;
+  RoomWaits room_waits_;
 };
 
 }  // namespace depot::store

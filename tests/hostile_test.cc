@@ -793,6 +793,50 @@ TEST_F(HostileTest, OutputsCarriedInCompletionsAreCheckedAndReachNoOtherObject) 
 // A completion may ask the daemon to seal outputs its worker created (Completion.seal): only
 // outputs of that task, only objects that worker's own session is creating. Anything else
 // fails the task, saying why, and no other client's object is touched.
+// A worker's create of an output of a task it runs waits for room instead of failing (see
+// RoomWaits): only its own task's output, one wait per output, and nothing kept once it goes.
+TEST_F(HostileTest, OnlyAWorkersOwnRunningOutputsWaitForRoomOnceEachUntilItLeaves) {
+  auto attacker = OpenSession();
+  auto accomplice = OpenSession();
+  std::map<ObjectId, uint64_t> task_of;
+  std::vector<std::vector<ObjectId>> outputs;
+  ASSERT_NO_FATAL_FAILURE(AssignNoops(*attacker, 2, task_of, outputs));
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, victim_->GetStatus());
+  // Within the store's capacity, past what is free beside the victim's object.
+  const uint64_t size = status.capacity_bytes - 16 * 1024;
+  const auto create = [&](const ObjectId& id) {
+    return [&, id](wire::Request::Builder r) {
+      auto c = r.initCreate();
+      ipc::ToWire(id, c.initId());
+      c.setDataSize(size);
+    };
+  };
+  const auto waiting = [&] {
+    auto metrics = victim_->Metrics();
+    EXPECT_TRUE(metrics.ok()) << metrics.status().ToString();
+    const std::string series = "\ndepot_task_outputs_waiting_for_room ";
+    const size_t at = metrics.ok() ? metrics->find(series) : std::string::npos;
+    return at == std::string::npos ? -1 : std::stoi(metrics->substr(at + series.size()));
+  };
+
+  // Its own running task's output: no answer, it waits.
+  ASSERT_OK(attacker->Send(3, create(outputs[0][0])));
+  ASSERT_TRUE(Eventually([&] { return waiting() == 1; }));
+  // The same again: refused, and nothing more is kept.
+  std::optional<RawReply> reply = attacker->Call(4, create(outputs[0][0]));
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::ALREADY_EXISTS);
+  EXPECT_NE(ErrorOf(reply).second.find("waits for room already"), std::string::npos);
+  EXPECT_EQ(waiting(), 1);
+  // Another session's create of an output of a task it does not run: answered at once.
+  reply = accomplice->Call(2, create(outputs[1][0]));
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OUT_OF_MEMORY) << ErrorOf(reply).second;
+  EXPECT_EQ(waiting(), 1);
+
+  // It leaves: its wait goes, unanswered, and its tasks run elsewhere or wait for a worker.
+  attacker.reset();
+  EXPECT_TRUE(Eventually([&] { return waiting() == 0; }));
+}
+
 TEST_F(HostileTest, SealsAskedInCompletionsAreOnlyOfTheWorkersOwnOutputs) {
   constexpr uint64_t kMiB = 1 << 20;
   auto attacker = OpenSession();

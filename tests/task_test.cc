@@ -36,22 +36,16 @@ constexpr uint64_t kMiB = 1u << 20;
 // Far above what any wait here needs (10x and more), so that a busy machine does not fail.
 constexpr auto kPatience = std::chrono::seconds(30);
 
-// Polls `done` until it holds or kPatience runs out; whether it held.
-bool Eventually(const std::function<bool()>& done) {
-  const auto deadline = Clock::now() + kPatience;
-  while (!done()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-  return true;
-}
-
 class TaskTest : public ::testing::Test {
  protected:
   explicit TaskTest(std::vector<std::string> more_flags = {}) : daemon_(Flags(more_flags)) {}
 
+  // The defaults, and `more`, which may give --memory instead.
   static std::vector<std::string> Flags(const std::vector<std::string>& more) {
-    std::vector<std::string> flags{"--simulate-gpus", "2:64MiB", "--memory", "256MiB"};
+    std::vector<std::string> flags{"--simulate-gpus", "2:64MiB"};
+    if (std::find(more.begin(), more.end(), "--memory") == more.end()) {
+      flags.insert(flags.end(), {"--memory", "256MiB"});
+    }
     flags.insert(flags.end(), more.begin(), more.end());
     return flags;
   }
@@ -678,6 +672,99 @@ double MetricValue(const std::string& metrics, const std::string& series) {
   const size_t at = metrics.find("\n" + series + " ");
   if (at == std::string::npos) return 0;
   return std::stod(metrics.substr(at + series.size() + 2));
+}
+
+// A store of 8 MiB, for outputs that find no room.
+class SmallStoreTaskTest : public TaskTest {
+ protected:
+  SmallStoreTaskTest() : TaskTest({"--memory", "8MiB"}) {}
+
+  // Puts `size` bytes under a new id, pinned: never evicted to make room.
+  ObjectId Occupy(size_t size) {
+    const ObjectId id = ObjectId::Random();
+    const std::vector<char> bytes(size, 'x');
+    EXPECT_OK(client_->Put(id, std::as_bytes(std::span(bytes)), {.pin = true}));
+    return id;
+  }
+  double Metric(const std::string& series) {
+    auto metrics = client_->Metrics();
+    EXPECT_TRUE(metrics.ok()) << metrics.status().ToString();
+    return metrics.ok() ? MetricValue(*metrics, series) : -1;
+  }
+};
+
+// A task's output that finds no room waits for room that others free, instead of failing:
+// here a stalled task runs beside it, so it waits on, until the client's object goes.
+TEST_F(SmallStoreTaskTest, AnOutputWithNoRoomWaitsForRoomWhileOtherTasksRun) {
+  ChildProcess worker = StartWorker({"--cpus", "2"});
+  ASSERT_OK_AND_ASSIGN(auto stalled, client_->Submit({.function = "stall_once"}));
+  ASSERT_TRUE(Eventually([&] {
+    auto t = TaskOf(stalled[0]);
+    return t.ok() && t->state == TaskState::kRunning;
+  }));
+  const ObjectId occupant = Occupy(5 * kMiB);
+  ASSERT_OK_AND_ASSIGN(auto filled,
+                       client_->Submit({.function = "fill", .args = std::to_string(5 * kMiB)}));
+  ASSERT_TRUE(Eventually([&] {
+    return Metric("depot_task_outputs_waiting_for_room") == 1;
+  })) << "the fill's create did not wait";
+  ASSERT_OK(client_->Delete(occupant));
+  ASSERT_OK_AND_ASSIGN(Buffer out, client_->Get(filled[0], kPatience));
+  EXPECT_EQ(out.size(), 5 * kMiB);
+  EXPECT_EQ(Metric("depot_task_outputs_waiting_for_room"), 0);
+  EXPECT_EQ(Metric("depot_task_output_room_waits_total"), 1);
+  EXPECT_EQ(Metric("depot_task_output_room_waits_failed_total"), 0);
+}
+
+// An output given up while it waits (its graph failed or was cancelled: nobody will read
+// it) stops waiting at once, rather than take room from others once some is freed.
+TEST_F(SmallStoreTaskTest, AnOutputGivenUpWhileItWaitsForRoomStopsWaiting) {
+  ChildProcess worker = StartWorker({"--cpus", "2"});
+  ASSERT_OK_AND_ASSIGN(auto stalled, client_->Submit({.function = "stall_once"}));
+  ASSERT_TRUE(Eventually([&] {
+    auto t = TaskOf(stalled[0]);
+    return t.ok() && t->state == TaskState::kRunning;
+  }));
+  const ObjectId occupant = Occupy(5 * kMiB);
+  ASSERT_OK_AND_ASSIGN(auto filled,
+                       client_->Submit({.function = "fill", .args = std::to_string(5 * kMiB)}));
+  ASSERT_TRUE(Eventually([&] { return Metric("depot_task_outputs_waiting_for_room") == 1; }));
+  ASSERT_OK(client_->DeleteAfterTasks(filled));
+  EXPECT_TRUE(Eventually([&] {
+    auto tasks = client_->Tasks();
+    if (!tasks.ok()) return false;
+    for (const TaskInfo& t : *tasks) {
+      if (t.outputs == filled && t.state == TaskState::kFailed) {
+        EXPECT_NE(t.reason.find("nobody wants this output any more"), std::string::npos)
+            << t.reason;
+        return true;
+      }
+    }
+    return false;
+  }));
+  EXPECT_EQ(Metric("depot_task_outputs_waiting_for_room"), 0);
+  ASSERT_OK(client_->Delete(occupant));
+}
+
+// When every task that runs waits for room and nothing is freed, nothing will be: the wait
+// fails, saying why, instead of waiting forever; the daemon and the worker go on.
+TEST_F(SmallStoreTaskTest, AnOutputNothingCanMakeRoomForFailsItsTaskSayingWhy) {
+  ChildProcess worker = StartWorker({"--cpus", "1"});
+  const ObjectId occupant = Occupy(5 * kMiB);
+  ASSERT_OK_AND_ASSIGN(auto filled,
+                       client_->Submit({.function = "fill", .args = std::to_string(5 * kMiB)}));
+  auto got = client_->Get(filled[0], kPatience);
+  ASSERT_EQ(got.status().code(), StatusCode::kTaskFailed) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("every task that runs waits for room too"),
+            std::string::npos)
+      << got.status().message();
+  EXPECT_EQ(Metric("depot_task_output_room_waits_failed_total"), 1);
+  // The store is as it was, and the worker takes the next task.
+  ASSERT_OK(client_->Delete(occupant));
+  ASSERT_OK_AND_ASSIGN(auto again,
+                       client_->Submit({.function = "fill", .args = std::to_string(5 * kMiB)}));
+  ASSERT_OK_AND_ASSIGN(Buffer out, client_->Get(again[0], kPatience));
+  EXPECT_EQ(out.size(), 5 * kMiB);
 }
 
 // Outputs larger than a completion carries are created by the worker and filled in place

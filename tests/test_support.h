@@ -6,12 +6,15 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "depot/status.h"
@@ -63,6 +66,18 @@ Status StatusOf(const Result<T>& r) {
 namespace depot::testing {
 
 // `size` bytes determined by `seed` (splitmix64), the same in every process.
+// Looks at `done` every 2 ms until it holds or 30 s have passed (far above what any state a
+// test waits for needs, 10x and more, so that a busy machine does not fail); whether it held.
+// For states the daemon shows only when asked (its status, metrics, tasks).
+inline bool Eventually(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
 inline std::vector<std::byte> SeededBytes(size_t size, uint64_t seed) {
   std::vector<std::byte> out(size);
   uint64_t x = seed;

@@ -113,6 +113,29 @@ TEST_F(WorkerTableTest, EachMessageSaysWhetherItLeavesItsWorkerRoomForAnotherTas
   EXPECT_TRUE(link_.sent[2].worker_full);
 }
 
+// A task waiting for room for an output lends its CPU to another task; at most as many are
+// lent at once as the worker has slots, and a lent task gives nothing back when it ends.
+TEST_F(WorkerTableTest, ATaskWaitingForRoomLendsItsResourcesOnceAndGivesNothingBackTwice) {
+  Worker& w = AddWorker(1, 1);
+  Task& waiting = NewTask();
+  Task& next = NewTask();
+  ASSERT_TRUE(table_.Place(w, waiting, true));
+  EXPECT_FALSE(table_.Place(w, next, true));  // queued: no CPU
+  ASSERT_TRUE(table_.Lend(waiting));
+  EXPECT_FALSE(table_.Lend(waiting)) << "lent already";
+  EXPECT_EQ(w.resources.free_cpu(), 1);
+  table_.StartQueued(w);
+  EXPECT_EQ(next.state, TaskState::kRunning);
+  EXPECT_EQ(w.resources.free_cpu(), 0);
+  EXPECT_FALSE(table_.Lend(next)) << "one slot, one lent";
+
+  table_.Unplace(waiting);
+  EXPECT_EQ(w.resources.free_cpu(), 0) << "the lent task held nothing";
+  EXPECT_EQ(w.lent, 0u);
+  table_.Unplace(next);
+  EXPECT_EQ(w.resources.free_cpu(), 1);
+}
+
 TEST_F(WorkerTableTest, TasksThatDoNotFitQueueInOrderAndFillTheWindow) {
   Worker& w = AddWorker(1, 1);
   Task& running = NewTask();

@@ -833,13 +833,16 @@ Result<bool> Connection::Dispatch(ipc::FrameReader::Frame frame, const Waiter* m
   }
   // Copied out: the payload lives in the reader's buffer, which the next read reuses.
   std::vector<capnp::word> words(frame.payload.begin(), frame.payload.end());
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   if (id == 0) {
     // Pushed by the daemon, unasked (the daemon answers no request with id 0): to the
     // thread waiting in AwaitPush, or kept until one does.
     auto it = std::find_if(waiters_.begin(), waiters_.end(), [](Waiter* w) { return w->id == 0; });
     if (it == waiters_.end()) {
       pushes_.emplace_back(std::move(words), std::move(frame.fds));
+      const std::function<void()> hook = push_hook_;
+      lock.unlock();
+      if (hook) hook();
       return false;
     }
     Waiter* w = *it;

@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -212,6 +213,13 @@ class Connection {
   // while nobody waited are kept, in order. Disconnected when the connection breaks.
   // Thread-safe; meant for one thread at a time.
   Status AwaitPush(Reply* push);
+  // Called, on the thread that read it and with no lock held, for each push that arrives
+  // while no thread waits in AwaitPush (it is kept for the next one): the worker wakes a
+  // thread to take it.
+  void SetPushHook(std::function<void()> hook) {
+    std::lock_guard lock(mu_);
+    push_hook_ = std::move(hook);
+  }
 
   // Gives a reference back, asking for no reply: queues `id` on `device` (host memory, or
   // the daemon's index of a GPU) for the next release frame (see the top of this file).
@@ -361,6 +369,7 @@ class Connection {
   bool reading_ = false;          // some caller is the reader
   size_t awaiting_ = 0;           // threads in Await (Waiter::awaited)
   std::vector<Waiter*> waiters_;  // callers whose reply has not arrived; id 0: AwaitPush's
+  std::function<void()> push_hook_;  // SetPushHook's
   // Pushes read while no AwaitPush waited, oldest first.
   std::deque<std::pair<std::vector<capnp::word>, std::vector<ipc::UniqueFd>>> pushes_;
   Status broken_;  // why the connection is unusable; OK while it works

@@ -313,6 +313,14 @@ Status Worker::Run() {
     pool.ended = false;
     pool.end = Status::OK();
   }
+  // A push read by a task's own call (nobody reads beside a full worker's tasks, and a task
+  // waiting for room has lent its slot to the task this push starts) wakes a thread to take
+  // it.
+  conn.SetPushHook([this] {
+    Pool& p = *pool_;
+    std::lock_guard lock(p.mu);
+    if (!p.reading && !p.ended) p.WakeOne(*this);
+  });
   Serve();
   // Every thread ends once the pool has ended and holds no job: none starts another then.
   std::vector<std::thread> threads;

@@ -371,6 +371,50 @@ def test_a_graph_past_the_clients_metadata_limit_waits_for_room_instead_of_faili
             assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
 
 
+def _room_waits(client):
+    """The daemon's counts of outputs that waited for room: begun, failed."""
+    import re
+
+    metrics = client.metrics()
+    return tuple(
+        int(re.search(rf"\n{name} (\d+)", metrics).group(1))
+        for name in ("depot_task_output_room_waits_total",
+                     "depot_task_output_room_waits_failed_total")
+    )
+
+
+def test_outputs_wait_for_room_others_free_and_a_graph_that_cannot_fit_says_so():
+    # 5 MiB results in a store of 12 MiB: two fit beside each other, not three.
+    mib5 = 5 * 2**20 // 8
+    with depot.dask.Scheduler(workers=2, memory="12MiB") as s:
+
+        @delayed
+        def block(i):
+            return np.full(mib5, float(i))
+
+        @delayed
+        def total(b):
+            return float(b.sum())
+
+        # Each block is read once, then goes: blocks made while two others wait for their
+        # readers wait for room instead of failing.
+        sums = [total(block(i)) for i in range(8)]
+        assert dask.compute(*sums, scheduler=s.get) == tuple(float(i * mib5) for i in range(8))
+        begun, failed = _room_waits(s.client)
+        assert begun >= 1 and failed == 0, "no output waited: the test tests nothing"
+        assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
+
+        # Three blocks kept at once, as results: the third can never be made. The graph stops
+        # with the daemon's reason instead of waiting forever, and leaves nothing behind.
+        with pytest.raises(depot.TaskFailed, match="every task that runs waits for room too"):
+            dask.compute(block(1), block(2), block(3), scheduler=s.get)
+        assert _room_waits(s.client)[1] >= 1
+        import gc
+
+        gc.collect()
+        assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
+
+
 def test_depotctl_tasks_shows_each_tasks_dask_key(sched):
     import shutil
 
