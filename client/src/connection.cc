@@ -509,6 +509,20 @@ Status Connection::Post(RequestMessage& request) {
   return broken_;
 }
 
+Result<bool> Connection::TakePush(Reply* push) {
+  if (forked()) return Status::Disconnected(kForkedMessage);
+  std::lock_guard lock(mu_);
+  if (pushes_.empty()) {
+    if (!broken_.ok()) return broken_;
+    return false;
+  }
+  push->words_ = std::move(pushes_.front().first);
+  push->fds_ = std::move(pushes_.front().second);
+  push->message_.reset();
+  pushes_.pop_front();
+  return true;
+}
+
 Status Connection::AwaitPush(Reply* push) {
   if (forked()) return Status::Disconnected(kForkedMessage);
   Waiter me{0, push};

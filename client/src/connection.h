@@ -213,6 +213,9 @@ class Connection {
   // while nobody waited are kept, in order. Disconnected when the connection breaks.
   // Thread-safe; meant for one thread at a time.
   Status AwaitPush(Reply* push);
+  // A push read already and kept (no thread waited in AwaitPush when it came), without
+  // reading the socket: whether there was one. Disconnected once the connection breaks.
+  Result<bool> TakePush(Reply* push);
   // Called, on the thread that read it and with no lock held, for each push that arrives
   // while no thread waits in AwaitPush (it is kept for the next one): the worker wakes a
   // thread to take it.

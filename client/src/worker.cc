@@ -458,10 +458,19 @@ void Worker::Serve() {
     return ns >= 0 && ns < kShortTaskNs;
   };
 
-  // Reads the next push: its jobs, or the end (OK once drained).
-  auto read = [&](std::vector<Pool::Job>& jobs, bool* full) -> std::optional<Status> {
+  // Reads the next push: its jobs, or the end (OK once drained). Unless `block`, takes only
+  // a push read already (by a task's call), setting `*took` if there was one.
+  auto read = [&](std::vector<Pool::Job>& jobs, bool* full, bool block,
+                  bool* took) -> std::optional<Status> {
     Reply push;
-    if (Status st = conn.AwaitPush(&push); !st.ok()) return st;
+    if (block) {
+      if (Status st = conn.AwaitPush(&push); !st.ok()) return st;
+    } else {
+      Result<bool> taken = conn.TakePush(&push);
+      if (!taken.ok()) return taken.status();
+      if (!*taken) return std::nullopt;
+    }
+    *took = true;
     bool drained = false;
     Status decoded = Decode([&]() -> Status {
       auto r = push.get();
@@ -516,6 +525,9 @@ void Worker::Serve() {
       held.push_back(execute(job));
       lock.lock();
       const bool followed = pool.Finished(task);
+      // Its resources are free again, unless the job sent to follow it takes them over: the
+      // daemon may send another task at once, which someone must read.
+      if (!followed) pool.full = false;
       if (followed || pool.jobs.empty() || held.size() >= kMaxHeldCompletions ||
           Clock::now() - held_since > kMaxHoldTime) {
         lock.unlock();
@@ -526,11 +538,18 @@ void Worker::Serve() {
     }
     if (pool.ended) break;
     if (!pool.reading) {
+      // Blocks for the next push unless the worker is full and runs a job: then its running
+      // jobs' calls read, and a push one of them reads wakes a thread (the push hook) to take
+      // it here.
+      const bool block = !pool.full || pool.live.size() == pool.parked.size();
       pool.reading = true;
       bool full = pool.full;  // a push that assigns nothing (drained) leaves it
-      lock.unlock();
-      std::optional<Status> end = read(incoming, &full);
-      lock.lock();
+      bool took = false;
+      // Taken under the pool's lock when not blocking: a push the hook announces meanwhile
+      // then finds nobody reading, and wakes this thread once it waits.
+      if (block) lock.unlock();
+      std::optional<Status> end = read(incoming, &full, block, &took);
+      if (block) lock.lock();
       pool.reading = false;
       pool.full = full;
       if (end) {
@@ -540,7 +559,8 @@ void Worker::Serve() {
         pool.cv.notify_all();
       }
       pool.Add(incoming);
-      continue;
+      if (block || took || pool.ended) continue;
+      // Nothing was waiting: this thread waits to be woken, below.
     }
     ++pool.idle;
     pool.cv.wait(lock);
