@@ -212,7 +212,14 @@ bool Scheduler::MakesNow(SessionId worker, const ObjectId& id) const {
 void Scheduler::LendWhileWaiting(SessionId worker, const ObjectId& id) {
   if (!MakesNow(worker, id)) return;
   Task& task = *graph_.ProducerOf(id);
-  if (workers_.Lend(task)) Dispatch();  // a task queued there, or a ready one, starts
+  if (!workers_.Lend(task)) return;
+  // What was queued there goes back among the ready tasks: the slot lent is for the ready
+  // task that comes first (consumers of data before producers of more, as ready tasks are
+  // ordered), not for the producer queued next, which would wait for room too.
+  Worker& w = *workers_.Find(worker);
+  const std::vector<TaskId> queued(w.queue.begin(), w.queue.end());
+  for (TaskId id : queued) dispatcher_.Requeue(graph_.at(id));
+  Dispatch();
 }
 
 size_t Scheduler::StartedTasks() const {

@@ -156,7 +156,8 @@ class Scheduler final : public ObjectEvents {
   // Tasks whose functions run now, on every worker (not those sent ahead).
   size_t StartedTasks() const;
   // The task making `id` on `worker` waits for room for it: its resources go to another
-  // task meanwhile (WorkerTable::Lend), which is placed at once.
+  // task meanwhile (WorkerTable::Lend), placed at once in ready order, the tasks queued on
+  // that worker among the others.
   void LendWhileWaiting(SessionId worker, const ObjectId& id);
   // Whether nobody wants `id` any more (TaskGraph::Unwanted): a create of it need not wait.
   bool Unwanted(const ObjectId& id) const { return graph_.Unwanted(id); }
