@@ -137,7 +137,8 @@ void DataRequests::Create(const Responder& reply, const Requester& who,
         "a GPU object is written by its creator, so its create cannot seal; create it, write "
         "it, then seal it"));
   }
-  if (!seal && data.size() == 0 && outputs_ != nullptr && outputs_->MakesNow(who.client, params.id)) {
+  if (!seal && data.size() == 0 && outputs_ != nullptr &&
+      outputs_->MakesNow(who.client, params.id)) {
     auto kept = std::make_shared<KeptCreate>();
     kept->metadata.assign(params.metadata.begin(), params.metadata.end());
     kept->name = std::string(params.name);
@@ -177,8 +178,7 @@ void DataRequests::CreateOutput(const Responder& reply, ClientId client,
                                                " waits for room already"));
     }
     waits.Park(
-        client, kept->params.id, kept->params.data_size + kept->metadata.size(),
-        created.status(),
+        client, kept->params.id, kept->params.data_size + kept->metadata.size(), created.status(),
         [this, reply, client, kept] {
           if (!reply.gone()) CreateOutput(reply, client, kept, /*again=*/true);
         },

@@ -4,15 +4,14 @@
 #include <utility>
 #include <vector>
 
-
 namespace depot::store {
 
 RoomWaits::RoomWaits(boost::asio::io_context& loop, std::function<size_t()> started_tasks,
                      std::function<void(ClientId, const ObjectId&)> waiting)
     : started_tasks_(std::move(started_tasks)), waiting_(std::move(waiting)), timer_(loop) {}
 
-void RoomWaits::Park(ClientId creator, const ObjectId& id, uint64_t bytes, Status why,
-                     Retry retry, Fail fail, bool again) {
+void RoomWaits::Park(ClientId creator, const ObjectId& id, uint64_t bytes, Status why, Retry retry,
+                     Fail fail, bool again) {
   waits_.push_back({creator, id, bytes, std::move(why), std::move(retry), std::move(fail)});
   if (!again) {
     ++waited_;
@@ -59,9 +58,10 @@ void RoomWaits::EndUnwanted(const std::function<bool(const ObjectId&)>& unwanted
     }
   }
   for (Wait& w : ended) {
-    w.fail(Status::OutOfMemory("nobody wants this output any more (its readers were cancelled "
-                               "and it was given up), so it does not wait for room: " +
-                               w.why.message()));
+    w.fail(
+        Status::OutOfMemory("nobody wants this output any more (its readers were cancelled "
+                            "and it was given up), so it does not wait for room: " +
+                            w.why.message()));
   }
   if (!ended.empty()) Check();
 }
@@ -91,7 +91,8 @@ void RoomWaits::GiveUp() {
   ++failed_;
   newest.fail(Status::OutOfMemory(
       "no room for a task's output while every task that runs waits for room too (nothing "
-      "freed for " + std::to_string(kGrace.count()) + " ms): " + newest.why.message()));
+      "freed for " +
+      std::to_string(kGrace.count()) + " ms): " + newest.why.message()));
   Check();
 }
 

@@ -87,7 +87,7 @@ class RoomWaits {
   boost::asio::steady_timer timer_;
   bool timing_ = false;
   uint64_t generation_ = 0;  // of the grace period: a handler of an earlier one does nothing
-  std::deque<Wait> waits_;  // oldest first
+  std::deque<Wait> waits_;   // oldest first
   uint64_t waited_ = 0;
   uint64_t failed_ = 0;
 };

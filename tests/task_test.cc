@@ -705,9 +705,8 @@ TEST_F(SmallStoreTaskTest, AnOutputWithNoRoomWaitsForRoomWhileOtherTasksRun) {
   const ObjectId occupant = Occupy(5 * kMiB);
   ASSERT_OK_AND_ASSIGN(auto filled,
                        client_->Submit({.function = "fill", .args = std::to_string(5 * kMiB)}));
-  ASSERT_TRUE(Eventually([&] {
-    return Metric("depot_task_outputs_waiting_for_room") == 1;
-  })) << "the fill's create did not wait";
+  ASSERT_TRUE(Eventually([&] { return Metric("depot_task_outputs_waiting_for_room") == 1; }))
+      << "the fill's create did not wait";
   ASSERT_OK(client_->Delete(occupant));
   ASSERT_OK_AND_ASSIGN(Buffer out, client_->Get(filled[0], kPatience));
   EXPECT_EQ(out.size(), 5 * kMiB);

@@ -369,9 +369,9 @@ class Connection {
   bool no_flusher_ = false;  // its thread could not start: releases go at once
 
   std::mutex mu_;
-  bool reading_ = false;          // some caller is the reader
-  size_t awaiting_ = 0;           // threads in Await (Waiter::awaited)
-  std::vector<Waiter*> waiters_;  // callers whose reply has not arrived; id 0: AwaitPush's
+  bool reading_ = false;             // some caller is the reader
+  size_t awaiting_ = 0;              // threads in Await (Waiter::awaited)
+  std::vector<Waiter*> waiters_;     // callers whose reply has not arrived; id 0: AwaitPush's
   std::function<void()> push_hook_;  // SetPushHook's
   // Pushes read while no AwaitPush waited, oldest first.
   std::deque<std::pair<std::vector<capnp::word>, std::vector<ipc::UniqueFd>>> pushes_;

@@ -211,9 +211,9 @@ struct Worker::Pool {
   std::unordered_set<uint64_t> live;         // tasks received and not finished
   std::unordered_map<uint64_t, Job> parked;  // jobs sent to follow another, by that task
   std::vector<std::thread> threads;
-  size_t idle = 0;           // threads waiting on cv
-  bool waking = false;       // a thread was woken or started and has not looked for work yet
-  bool reading = false;      // a thread reads the daemon's pushes
+  size_t idle = 0;       // threads waiting on cv
+  bool waking = false;   // a thread was woken or started and has not looked for work yet
+  bool reading = false;  // a thread reads the daemon's pushes
   // The daemon's last push left nothing free on this worker for another task to start on
   // (Assignment.workerFull): nobody reads beside the running jobs, whose calls to the
   // daemon then read their own replies (a reader beside them would take each reply and wake
