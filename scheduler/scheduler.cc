@@ -204,13 +204,15 @@ std::span<const ObjectId> Scheduler::RunningOutputs(SessionId worker, TaskId tas
   return t->outputs;
 }
 
-bool Scheduler::MakesNow(SessionId worker, const ObjectId& id) const {
+TaskId Scheduler::MakesNow(SessionId worker, const ObjectId& id) const {
   const Task* t = graph_.ProducerOf(id);
-  return t != nullptr && t->state == TaskState::kRunning && t->worker == worker && t->after == 0;
+  const bool now =
+      t != nullptr && t->state == TaskState::kRunning && t->worker == worker && t->after == 0;
+  return now ? t->id : 0;
 }
 
 void Scheduler::LendWhileWaiting(SessionId worker, const ObjectId& id) {
-  if (!MakesNow(worker, id)) return;
+  if (MakesNow(worker, id) == 0) return;
   Task& task = *graph_.ProducerOf(id);
   if (!workers_.Lend(task)) return;
   // What was queued there goes back among the ready tasks: the slot lent is for the ready

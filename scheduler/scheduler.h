@@ -150,9 +150,9 @@ class Scheduler final : public ObjectEvents {
   // The outputs of `task` if it is running on `worker` (which may store them before it
   // completes the task); empty otherwise.
   std::span<const ObjectId> RunningOutputs(SessionId worker, TaskId task) const;
-  // Whether `id` is an output of a task whose function runs on `worker` now (started, not
-  // sent ahead to follow another).
-  bool MakesNow(SessionId worker, const ObjectId& id) const;
+  // The task making `id` if its function runs on `worker` now (started, not sent ahead to
+  // follow another), else 0.
+  TaskId MakesNow(SessionId worker, const ObjectId& id) const;
   // Tasks whose functions run now, on every worker (not those sent ahead).
   size_t StartedTasks() const;
   // The task making `id` on `worker` waits for room for it: its resources go to another

@@ -138,7 +138,7 @@ void DataRequests::Create(const Responder& reply, const Requester& who,
         "it, then seal it"));
   }
   if (!seal && data.size() == 0 && outputs_ != nullptr &&
-      outputs_->MakesNow(who.client, params.id)) {
+      outputs_->MakesNow(who.client, params.id) != 0) {
     auto kept = std::make_shared<KeptCreate>();
     kept->metadata.assign(params.metadata.begin(), params.metadata.end());
     kept->name = std::string(params.name);
@@ -166,19 +166,25 @@ void DataRequests::CreateOutput(const Responder& reply, ClientId client,
     // Room may come as other tasks end; nothing else will change (a size over the store's
     // capacity is InvalidArgument, a client over its limits LimitExceeded).
     const ObjectId& id = kept->params.id;
-    if (created.status().code() != StatusCode::kOutOfMemory || !outputs_->MakesNow(client, id) ||
+    const uint64_t task = outputs_->MakesNow(client, id);
+    if (created.status().code() != StatusCode::kOutOfMemory || task == 0 ||
         outputs_->Unwanted(id)) {
       return reply.Error(created.status());
     }
     RoomWaits& waits = outputs_->room_waits();
-    // One wait per output: the daemon keeps what waits, so a worker sending the same create
-    // again and again must not make it keep more.
+    // One wait a task (a task makes its outputs one at a time): the daemon keeps what waits,
+    // so a worker sending creates again and again must not make it keep more.
     if (!again && waits.Waiting(id)) {
-      return reply.Error(Status::AlreadyExists("a create of " + kept->params.id.Hex() +
-                                               " waits for room already"));
+      return reply.Error(
+          Status::AlreadyExists("a create of " + id.Hex() + " waits for room already"));
+    }
+    if (!again && waits.TaskWaits(task)) {
+      return reply.Error(Status::LimitExceeded(
+          "a create of another output of the task making " + id.Hex() +
+          " waits for room already: a task's outputs wait for room one at a time"));
     }
     waits.Park(
-        client, kept->params.id, kept->params.data_size + kept->metadata.size(), created.status(),
+        client, task, id, created.status(),
         [this, reply, client, kept] {
           if (!reply.gone()) CreateOutput(reply, client, kept, /*again=*/true);
         },

@@ -33,8 +33,8 @@ class DataRequests {
   class OutputRoom {
    public:
     virtual ~OutputRoom() = default;
-    // Whether `creator` runs the task making `id` now.
-    virtual bool MakesNow(ClientId creator, const ObjectId& id) const = 0;
+    // The task making `id` if `creator` runs it now, else 0.
+    virtual uint64_t MakesNow(ClientId creator, const ObjectId& id) const = 0;
     // Whether nobody wants `id` any more (its graph given up): no wait for it.
     virtual bool Unwanted(const ObjectId& id) const = 0;
     virtual RoomWaits& room_waits() = 0;

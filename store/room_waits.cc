@@ -10,9 +10,9 @@ RoomWaits::RoomWaits(boost::asio::io_context& loop, std::function<size_t()> star
                      std::function<void(ClientId, const ObjectId&)> waiting)
     : started_tasks_(std::move(started_tasks)), waiting_(std::move(waiting)), timer_(loop) {}
 
-void RoomWaits::Park(ClientId creator, const ObjectId& id, uint64_t bytes, Status why, Retry retry,
+void RoomWaits::Park(ClientId creator, uint64_t task, const ObjectId& id, Status why, Retry retry,
                      Fail fail, bool again) {
-  waits_.push_back({creator, id, bytes, std::move(why), std::move(retry), std::move(fail)});
+  waits_.push_back({creator, task, id, std::move(why), std::move(retry), std::move(fail)});
   if (!again) {
     ++waited_;
     waiting_(creator, id);  // may start tasks: looked at below
@@ -24,13 +24,25 @@ bool RoomWaits::Waiting(const ObjectId& id) const {
   return std::any_of(waits_.begin(), waits_.end(), [&](const Wait& w) { return w.id == id; });
 }
 
+bool RoomWaits::TaskWaits(uint64_t task) const {
+  return std::any_of(waits_.begin(), waits_.end(), [&](const Wait& w) { return w.task == task; });
+}
+
+void RoomWaits::LendAgain() {
+  std::vector<std::pair<ClientId, ObjectId>> waiting;
+  for (const Wait& w : waits_) waiting.emplace_back(w.creator, w.id);
+  for (const auto& [creator, id] : waiting) waiting_(creator, id);  // lends at most once
+}
+
 void RoomWaits::Freed() {
   if (waits_.empty()) return;
   // Each comes back to Park, at the end and in the same order, if it still finds no room.
   std::deque<Wait> tried = std::exchange(waits_, {});
+  const size_t before = tried.size();
   for (Wait& w : tried) w.retry();
-  // Something was freed: the grace period starts again, if nothing else runs.
-  if (timing_) {
+  // Room was made for one: the grace period starts again, if nothing else runs. A free
+  // that let no wait go (another client's small object) is no sign that more will come.
+  if (timing_ && waits_.size() < before) {
     timing_ = false;
     ++generation_;
     timer_.cancel();
@@ -67,6 +79,7 @@ void RoomWaits::EndUnwanted(const std::function<bool(const ObjectId&)>& unwanted
 }
 
 void RoomWaits::Check() {
+  // One wait a task (DataRequests refuses a second), so waits count waiting tasks.
   const bool stuck = !waits_.empty() && started_tasks_() <= waits_.size();
   if (stuck == timing_) return;
   timing_ = stuck;

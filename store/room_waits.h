@@ -48,14 +48,17 @@ class RoomWaits {
   RoomWaits(const RoomWaits&) = delete;
   RoomWaits& operator=(const RoomWaits&) = delete;
 
-  // `creator`'s create of `id` (`bytes`, which fit the store when empty) found no room, for
-  // `why`: it waits. `again`: it is a wait tried again (Retry) that still found none.
-  void Park(ClientId creator, const ObjectId& id, uint64_t bytes, Status why, Retry retry,
-            Fail fail, bool again);
+  // `creator`'s create of `id`, an output of `task`, found no room, for `why`: it waits.
+  // `again`: it is a wait tried again (Retry) that still found none.
+  void Park(ClientId creator, uint64_t task, const ObjectId& id, Status why, Retry retry, Fail fail,
+            bool again);
   // An object was freed: every wait is tried again, oldest first.
   void Freed();
   // A task started or ended: whether nothing but waits runs is looked at again.
   void TasksChanged();
+  // A task ended: each waiting task that could not lend its resources when it began to
+  // wait (its worker had lent as many as it has slots) is offered `waiting` again.
+  void LendAgain();
   // `creator`'s session has ended: its waits go, unanswered.
   void SessionEnded(ClientId creator);
   // The waits for outputs nobody wants any more (`unwanted`: a graph given up while they
@@ -63,16 +66,17 @@ class RoomWaits {
   void EndUnwanted(const std::function<bool(const ObjectId&)>& unwanted);
 
   size_t size() const { return waits_.size(); }
-  // Whether a create of `id` waits now.
+  // Whether a create of `id` waits now; whether one of an output of `task` does.
   bool Waiting(const ObjectId& id) const;
+  bool TaskWaits(uint64_t task) const;
   uint64_t waited() const { return waited_; }  // waits ever begun
   uint64_t failed() const { return failed_; }
 
  private:
   struct Wait {
     ClientId creator;
+    uint64_t task;
     ObjectId id;
-    uint64_t bytes;
     Status why;
     Retry retry;
     Fail fail;

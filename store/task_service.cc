@@ -181,6 +181,7 @@ void TaskService::Complete(const Responder& reply, const Requester& who,
     }
   }
   Status st = scheduler_.Complete(who.client, done);
+  room_waits_.LendAgain();
   room_waits_.TasksChanged();
   // A worker that wants no reply learns nothing of a refusal: say it in the log.
   if (reply.rid() == 0 && !st.ok())
@@ -250,6 +251,7 @@ bool TaskService::SealOutputs(ClientId worker, scheduler::Completion& completion
   auto sealing = std::make_shared<Sealing>(Sealing{.completion = completion, .left = 1});
   auto finish = [this, worker, sealing] {
     const Status st = scheduler_.Complete(worker, std::span(&sealing->completion, 1));
+    room_waits_.LendAgain();
     room_waits_.TasksChanged();
     if (!st.ok()) spdlog::warn("session {}: complete: {}", worker, st.message());
   };
@@ -414,6 +416,7 @@ scheduler::SchedulerCounters TaskService::counters() const {
 void TaskService::SessionClosed(uint64_t session) {
   room_waits_.SessionEnded(static_cast<ClientId>(session));
   scheduler_.RemoveSession(session);
+  room_waits_.LendAgain();
   room_waits_.TasksChanged();
 }
 

@@ -67,7 +67,7 @@ class TaskService final : public DataRequests::OutputRoom,
   scheduler::SchedulerCounters counters() const;
   // Where workers' creates of outputs wait for room (DataRequests::WaitForRoomOfOutputs).
   RoomWaits& room_waits() override { return room_waits_; }
-  bool MakesNow(ClientId worker, const ObjectId& id) const override {
+  uint64_t MakesNow(ClientId worker, const ObjectId& id) const override {
     return scheduler_.MakesNow(worker, id);
   }
   bool Unwanted(const ObjectId& id) const override { return scheduler_.Unwanted(id); }

@@ -790,11 +790,8 @@ TEST_F(HostileTest, OutputsCarriedInCompletionsAreCheckedAndReachNoOtherObject) 
   expect_failed(outputs[4][1], "without sealing output");
 }
 
-// A completion may ask the daemon to seal outputs its worker created (Completion.seal): only
-// outputs of that task, only objects that worker's own session is creating. Anything else
-// fails the task, saying why, and no other client's object is touched.
 // A worker's create of an output of a task it runs waits for room instead of failing (see
-// RoomWaits): only its own task's output, one wait per output, and nothing kept once it goes.
+// RoomWaits): only its own task's output, one wait a task, and nothing kept once it goes.
 TEST_F(HostileTest, OnlyAWorkersOwnRunningOutputsWaitForRoomOnceEachUntilItLeaves) {
   auto attacker = OpenSession();
   auto accomplice = OpenSession();
@@ -827,6 +824,10 @@ TEST_F(HostileTest, OnlyAWorkersOwnRunningOutputsWaitForRoomOnceEachUntilItLeave
   EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::ALREADY_EXISTS);
   EXPECT_NE(ErrorOf(reply).second.find("waits for room already"), std::string::npos);
   EXPECT_EQ(waiting(), 1);
+  // Another output of the same task: a task's outputs wait one at a time.
+  reply = attacker->Call(5, create(outputs[0][1]));
+  EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::LIMIT_EXCEEDED) << ErrorOf(reply).second;
+  EXPECT_EQ(waiting(), 1);
   // Another session's create of an output of a task it does not run: answered at once.
   reply = accomplice->Call(2, create(outputs[1][0]));
   EXPECT_EQ(ErrorOf(reply).first, wire::ErrorCode::OUT_OF_MEMORY) << ErrorOf(reply).second;
@@ -837,6 +838,9 @@ TEST_F(HostileTest, OnlyAWorkersOwnRunningOutputsWaitForRoomOnceEachUntilItLeave
   EXPECT_TRUE(Eventually([&] { return waiting() == 0; }));
 }
 
+// A completion may ask the daemon to seal outputs its worker created (Completion.seal): only
+// outputs of that task, only objects that worker's own session is creating. Anything else
+// fails the task, saying why, and no other client's object is touched.
 TEST_F(HostileTest, SealsAskedInCompletionsAreOnlyOfTheWorkersOwnOutputs) {
   constexpr uint64_t kMiB = 1 << 20;
   auto attacker = OpenSession();

@@ -65,7 +65,6 @@ Status StatusOf(const Result<T>& r) {
 
 namespace depot::testing {
 
-// `size` bytes determined by `seed` (splitmix64), the same in every process.
 // Looks at `done` every 2 ms until it holds or 30 s have passed (far above what any state a
 // test waits for needs, 10x and more, so that a busy machine does not fail); whether it held.
 // For states the daemon shows only when asked (its status, metrics, tasks).
@@ -78,6 +77,7 @@ inline bool Eventually(const std::function<bool()>& done) {
   return true;
 }
 
+// `size` bytes determined by `seed` (splitmix64), the same in every process.
 inline std::vector<std::byte> SeededBytes(size_t size, uint64_t seed) {
   std::vector<std::byte> out(size);
   uint64_t x = seed;

@@ -220,6 +220,10 @@ struct Worker::Pool {
   // its caller: two scheduler wake-ups for one on the path of every call, which on a busy
   // machine cost more than the call). The thread whose job ends reads next.
   bool full = false;
+  uint64_t freed = 0;  // jobs that ended with no job sent to follow them, ever
+  // Pushes the hook announced (read by running jobs' calls) since the last read took every
+  // one read by then: someone must come and take them.
+  uint64_t announced = 0;
   bool ended = false;        // no job comes any more: drained, or the connection ended
   Status end;                // why, for Run
   size_t inline_budget = 0;  // bytes of outputs (and messages) one completion message may carry
@@ -319,9 +323,11 @@ Status Worker::Run() {
   conn.SetPushHook([this] {
     Pool& p = *pool_;
     std::lock_guard lock(p.mu);
+    ++p.announced;
     if (!p.reading && !p.ended) p.WakeOne(*this);
   });
   Serve();
+  conn.SetPushHook(nullptr);
   // Every thread ends once the pool has ended and holds no job: none starts another then.
   std::vector<std::thread> threads;
   {
@@ -458,19 +464,9 @@ void Worker::Serve() {
     return ns >= 0 && ns < kShortTaskNs;
   };
 
-  // Reads the next push: its jobs, or the end (OK once drained). Unless `block`, takes only
-  // a push read already (by a task's call), setting `*took` if there was one.
-  auto read = [&](std::vector<Pool::Job>& jobs, bool* full, bool block,
-                  bool* took) -> std::optional<Status> {
-    Reply push;
-    if (block) {
-      if (Status st = conn.AwaitPush(&push); !st.ok()) return st;
-    } else {
-      Result<bool> taken = conn.TakePush(&push);
-      if (!taken.ok()) return taken.status();
-      if (!*taken) return std::nullopt;
-    }
-    *took = true;
+  // A push's jobs, or the end (OK once drained).
+  auto decode = [&](Reply& push, std::vector<Pool::Job>& jobs,
+                    bool* full) -> std::optional<Status> {
     bool drained = false;
     Status decoded = Decode([&]() -> Status {
       auto r = push.get();
@@ -502,6 +498,20 @@ void Worker::Serve() {
     if (drained) return Status::OK();
     return std::nullopt;
   };
+  // Takes every push read already (by the calls of running jobs) without reading the
+  // socket, setting `*took` if there was one; called with the pool's lock held, so that a
+  // push the hook announces after it finds `reading` false and wakes a thread.
+  auto take_read = [&](std::vector<Pool::Job>& jobs, bool* full,
+                       bool* took) -> std::optional<Status> {
+    for (;;) {
+      Reply push;
+      Result<bool> taken = conn.TakePush(&push);
+      if (!taken.ok()) return taken.status();
+      if (!*taken) return std::nullopt;
+      *took = true;
+      if (std::optional<Status> end = decode(push, jobs, full)) return end;
+    }
+  };
 
   std::vector<Pool::Done> held;  // completions of short tasks, not sent yet
   Clock::time_point held_since;
@@ -514,7 +524,8 @@ void Worker::Serve() {
       pool.jobs.pop_front();
       // Someone takes the next job, or reads while this thread runs one if another could
       // start beside it.
-      if (!pool.jobs.empty() || (!pool.reading && !pool.ended && !pool.full)) {
+      if (!pool.jobs.empty() ||
+          (!pool.reading && !pool.ended && (!pool.full || pool.announced > 0))) {
         pool.WakeOne(*this);
       }
       lock.unlock();
@@ -527,7 +538,10 @@ void Worker::Serve() {
       const bool followed = pool.Finished(task);
       // Its resources are free again, unless the job sent to follow it takes them over: the
       // daemon may send another task at once, which someone must read.
-      if (!followed) pool.full = false;
+      if (!followed) {
+        pool.full = false;
+        ++pool.freed;
+      }
       if (followed || pool.jobs.empty() || held.size() >= kMaxHeldCompletions ||
           Clock::now() - held_since > kMaxHoldTime) {
         lock.unlock();
@@ -545,13 +559,24 @@ void Worker::Serve() {
       pool.reading = true;
       bool full = pool.full;  // a push that assigns nothing (drained) leaves it
       bool took = false;
-      // Taken under the pool's lock when not blocking: a push the hook announces meanwhile
-      // then finds nobody reading, and wakes this thread once it waits.
-      if (block) lock.unlock();
-      std::optional<Status> end = read(incoming, &full, block, &took);
-      if (block) lock.lock();
+      const uint64_t freed_before = pool.freed;
+      std::optional<Status> end;
+      if (block) {
+        lock.unlock();
+        Reply push;
+        Status st = conn.AwaitPush(&push);
+        end = st.ok() ? decode(push, incoming, &full) : std::optional<Status>(st);
+        took = true;
+        lock.lock();
+      }
+      // Then, under the pool's lock, whatever else came meanwhile: every push read by now is
+      // taken, and one the hook announces later finds nobody reading and wakes a thread.
+      if (!end) end = take_read(incoming, &full, &took);
+      pool.announced = 0;
       pool.reading = false;
-      pool.full = full;
+      // A job that ended during the read freed resources the daemon may not have known of
+      // when it said the worker was full: it is not.
+      pool.full = full && pool.freed == freed_before;
       if (end) {
         incoming.clear();  // a push that did not decode whole runs nothing
         pool.ended = true;

@@ -188,7 +188,11 @@ def classify(value: Any) -> Any:
                 f"cannot put a {type(value).__name__} on DLPack device type {device_type}: "
                 "depot stores host memory and CUDA GPU memory only; copy it to one of them"
             )
-    if not hasattr(kind, "__cuda_array_interface__"):
+    # The interface may be an attribute of the value itself (the spec allows it): looked up
+    # in its __dict__, which costs no __getattr__.
+    if not hasattr(kind, "__cuda_array_interface__") and "__cuda_array_interface__" not in (
+        getattr(value, "__dict__", None) or ()
+    ):
         return None
     try:
         interface = getattr(value, "__cuda_array_interface__", None)
