@@ -691,24 +691,34 @@ class SmallStoreTaskTest : public TaskTest {
     EXPECT_TRUE(metrics.ok()) << metrics.status().ToString();
     return metrics.ok() ? MetricValue(*metrics, series) : -1;
   }
+  // A worker of 2 CPUs running a task that never ends on one, the store filled by a pinned
+  // object of 5 MiB (occupant_), and a task making 5 MiB (filled_) waiting for room on the
+  // other.
+  void FillWaitingBesideAStalledTask() {
+    worker_.emplace(StartWorker({"--cpus", "2"}));
+    ASSERT_OK_AND_ASSIGN(auto stalled, client_->Submit({.function = "stall_once"}));
+    ASSERT_TRUE(Eventually([&] {
+      auto t = TaskOf(stalled[0]);
+      return t.ok() && t->state == TaskState::kRunning;
+    }));
+    occupant_ = Occupy(5 * kMiB);
+    ASSERT_OK_AND_ASSIGN(filled_,
+                         client_->Submit({.function = "fill", .args = std::to_string(5 * kMiB)}));
+    ASSERT_TRUE(Eventually([&] { return Metric("depot_task_outputs_waiting_for_room") == 1; }))
+        << "the fill's create did not wait";
+  }
+
+  std::optional<ChildProcess> worker_;
+  ObjectId occupant_;
+  std::vector<ObjectId> filled_;
 };
 
 // A task's output that finds no room waits for room that others free, instead of failing:
 // here a stalled task runs beside it, so it waits on, until the client's object goes.
 TEST_F(SmallStoreTaskTest, AnOutputWithNoRoomWaitsForRoomWhileOtherTasksRun) {
-  ChildProcess worker = StartWorker({"--cpus", "2"});
-  ASSERT_OK_AND_ASSIGN(auto stalled, client_->Submit({.function = "stall_once"}));
-  ASSERT_TRUE(Eventually([&] {
-    auto t = TaskOf(stalled[0]);
-    return t.ok() && t->state == TaskState::kRunning;
-  }));
-  const ObjectId occupant = Occupy(5 * kMiB);
-  ASSERT_OK_AND_ASSIGN(auto filled,
-                       client_->Submit({.function = "fill", .args = std::to_string(5 * kMiB)}));
-  ASSERT_TRUE(Eventually([&] { return Metric("depot_task_outputs_waiting_for_room") == 1; }))
-      << "the fill's create did not wait";
-  ASSERT_OK(client_->Delete(occupant));
-  ASSERT_OK_AND_ASSIGN(Buffer out, client_->Get(filled[0], kPatience));
+  ASSERT_NO_FATAL_FAILURE(FillWaitingBesideAStalledTask());
+  ASSERT_OK(client_->Delete(occupant_));
+  ASSERT_OK_AND_ASSIGN(Buffer out, client_->Get(filled_[0], kPatience));
   EXPECT_EQ(out.size(), 5 * kMiB);
   EXPECT_EQ(Metric("depot_task_outputs_waiting_for_room"), 0);
   EXPECT_EQ(Metric("depot_task_output_room_waits_total"), 1);
@@ -718,22 +728,13 @@ TEST_F(SmallStoreTaskTest, AnOutputWithNoRoomWaitsForRoomWhileOtherTasksRun) {
 // An output given up while it waits (its graph failed or was cancelled: nobody will read
 // it) stops waiting at once, rather than take room from others once some is freed.
 TEST_F(SmallStoreTaskTest, AnOutputGivenUpWhileItWaitsForRoomStopsWaiting) {
-  ChildProcess worker = StartWorker({"--cpus", "2"});
-  ASSERT_OK_AND_ASSIGN(auto stalled, client_->Submit({.function = "stall_once"}));
-  ASSERT_TRUE(Eventually([&] {
-    auto t = TaskOf(stalled[0]);
-    return t.ok() && t->state == TaskState::kRunning;
-  }));
-  const ObjectId occupant = Occupy(5 * kMiB);
-  ASSERT_OK_AND_ASSIGN(auto filled,
-                       client_->Submit({.function = "fill", .args = std::to_string(5 * kMiB)}));
-  ASSERT_TRUE(Eventually([&] { return Metric("depot_task_outputs_waiting_for_room") == 1; }));
-  ASSERT_OK(client_->DeleteAfterTasks(filled));
+  ASSERT_NO_FATAL_FAILURE(FillWaitingBesideAStalledTask());
+  ASSERT_OK(client_->DeleteAfterTasks(filled_));
   EXPECT_TRUE(Eventually([&] {
     auto tasks = client_->Tasks();
     if (!tasks.ok()) return false;
     for (const TaskInfo& t : *tasks) {
-      if (t.outputs == filled && t.state == TaskState::kFailed) {
+      if (t.outputs == filled_ && t.state == TaskState::kFailed) {
         EXPECT_NE(t.reason.find("nobody wants this output any more"), std::string::npos)
             << t.reason;
         return true;
@@ -742,7 +743,7 @@ TEST_F(SmallStoreTaskTest, AnOutputGivenUpWhileItWaitsForRoomStopsWaiting) {
     return false;
   }));
   EXPECT_EQ(Metric("depot_task_outputs_waiting_for_room"), 0);
-  ASSERT_OK(client_->Delete(occupant));
+  ASSERT_OK(client_->Delete(occupant_));
 }
 
 // When every task that runs waits for room and nothing is freed, nothing will be: the wait
