@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -175,10 +176,11 @@ bool Dispatcher::TryPlace(Task& task) {
   task.input_bytes = 0;
   for (const InputView& in : inputs) task.input_bytes += in.bytes;
   // Devices without room for the outputs, beside those the tasks placed there will make,
-  // are left out of every view.
+  // are left out of every view, while some placed task may still end and free room.
   std::map<int32_t, bool> roomy;
+  bool any_room = true;  // false: room left every device out
   const std::function<bool(int32_t)> has_room = [&](int32_t device) {
-    if (task.spec.output_bytes == 0) return true;
+    if (task.spec.output_bytes == 0 || !any_room) return true;
     auto [it, fresh] = roomy.emplace(device, false);
     if (fresh) {
       const uint64_t room = store_.Room(device);
@@ -190,8 +192,17 @@ bool Dispatcher::TryPlace(Task& task) {
 
   const std::vector<Way> ways = workers_.Ways(task.spec);
   std::optional<Plan> plans[2];
-  for (size_t i = 0; i < ways.size(); ++i) {
-    plans[i] = PlanWay(task, ways[i], runners, inputs, has_room);
+  const auto plan_ways = [&] {
+    for (size_t i = 0; i < ways.size(); ++i) {
+      plans[i] = PlanWay(task, ways[i], runners, inputs, has_room);
+    }
+  };
+  plan_ways();
+  if (!plans[0] && !plans[1] && task.spec.output_bytes > 0 &&
+      std::ranges::none_of(roomy, [](const auto& d) { return d.second; }) &&
+      workers_.NoneMoving()) {
+    any_room = false;
+    plan_ways();
   }
   const Plan* plan = nullptr;
   if (ways.size() == 2 && plans[0] && plans[1]) {

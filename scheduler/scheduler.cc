@@ -298,7 +298,12 @@ TaskInfo Scheduler::Describe(const Task& t) const {
     } else if (dispatcher_.Stalled(t.id)) {
       info.reason = "no worker attached offers the GPU holding its inputs (hard affinity)";
     } else {
-      info.reason = "no worker has room for it now";
+      info.reason = t.spec.output_bytes == 0
+                        ? "no worker has room for it now"
+                        : "no worker has room for it now, or the store none for the " +
+                              std::to_string(t.spec.output_bytes) +
+                              " output bytes it declared beside those of the tasks placed "
+                              "before it";
     }
   }
   return info;

@@ -1,5 +1,6 @@
 #include "scheduler/worker_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -256,6 +257,13 @@ void WorkerTable::Start(Worker& worker, Task& task) {
                                                              .outputs = task.outputs,
                                                              .after = task.after});
   if (attempt > 1) a.sealed = graph_.KeepSealedOutputs(task);
+}
+
+bool WorkerTable::NoneMoving() const {
+  return std::ranges::all_of(workers_, [](const auto& entry) {
+    const Worker& w = *entry.second;
+    return w.queue.empty() && w.running.size() == w.lent;
+  });
 }
 
 void WorkerTable::Unplace(Task& task) {

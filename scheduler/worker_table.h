@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -184,8 +185,14 @@ class WorkerTable {
   // sent ahead or running): room the store may not count as taken yet.
   uint64_t Reserved(int32_t device) const {
     auto it = reserved_.find(device);
-    return it == reserved_.end() ? 0 : it->second;
+    if (it == reserved_.end()) return 0;
+    constexpr uint64_t kMost = std::numeric_limits<uint64_t>::max();
+    return it->second > kMost ? kMost : static_cast<uint64_t>(it->second);
   }
+  // Whether every task placed on a worker, if any, waits for room (lent what it held): none
+  // will end or free anything by itself. A ready task whose declared output finds no room
+  // then starts all the same (Dispatcher): a declaration never holds a graph up for good.
+  bool NoneMoving() const;
   // Starts the tasks queued on `worker` that fit now, in queue order.
   void StartQueued(Worker& worker);
   // Takes a placed (queued or running) task off its worker, giving back what it held there.
@@ -216,7 +223,8 @@ class WorkerTable {
   std::unordered_map<std::string, std::vector<SessionId>> runners_;  // function -> workers
   std::unordered_map<std::string, size_t> gpu_variants_;             // function -> workers with one
   std::unordered_map<SessionId, std::vector<Assignment>> outbox_;
-  std::map<int32_t, uint64_t> reserved_;  // by device: Reserved
+  // By device: Reserved, exact (declarations are each up to 2**64 - 1).
+  std::map<int32_t, unsigned __int128> reserved_;
 };
 
 }  // namespace depot::scheduler

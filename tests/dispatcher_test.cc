@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,51 @@ TEST_F(DispatcherTest, DevicesWithoutRoomForTheOutputsAreLeftOut) {
   EXPECT_EQ(Round().size(), 1u);
 }
 
+// A declared size is a hint: when no placed task could end and free room, the first ready
+// task starts whatever it declared (its create then meets the store's own check), so that a
+// declaration too large, or a store filled by others, never holds a graph up for good.
+TEST_F(DispatcherTest, ADeclaredOutputWithoutRoomStartsWhenNothingElseCouldFreeAny) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000;
+  Task& first = Submit({.function = "f", .output_bytes = 4096});
+  Task& second = Submit({.function = "f", .output_bytes = 4096});
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 1u) << "one starts: then it may free room for the other";
+  EXPECT_EQ(sent[0].task, first.id);
+  EXPECT_EQ(second.state, TaskState::kReady);
+  EXPECT_TRUE(Round().empty()) << "the other waits while the first runs";
+
+  // The first waits for room itself (it lent what it held): nothing placed could free any.
+  ASSERT_TRUE(table_.Lend(first));
+  sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].task, second.id);
+}
+
+// Declarations are summed exactly: huge ones (a hostile client may declare 2**64 - 1 each)
+// neither wrap the reservation nor make room appear for others.
+TEST_F(DispatcherTest, HugeDeclaredOutputsDoNotWrapTheReservation) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1 << 20;
+  constexpr uint64_t kMost = std::numeric_limits<uint64_t>::max();
+  Task& huge = Submit({.function = "f", .output_bytes = kMost});
+  EXPECT_EQ(Round().size(), 1u) << "nothing else runs: it starts all the same";
+  Task& another = Submit({.function = "f", .output_bytes = kMost});
+  ASSERT_TRUE(table_.Lend(huge));
+  EXPECT_EQ(Round().size(), 1u);
+  EXPECT_EQ(table_.Reserved(kHostMemory), kMost) << "2 * (2**64 - 1), saturated for the view";
+  Task& small = Submit({.function = "f", .output_bytes = 4096});
+  EXPECT_TRUE(Round().empty()) << "the sum did not wrap to a small number";
+  EXPECT_EQ(small.state, TaskState::kReady);
+  for (Task* t : {&huge, &another}) {
+    dispatcher_.Forget(*t);
+    table_.Unplace(*t);
+    graph_.Finish(*t, TaskState::kDone, "");
+  }
+  EXPECT_EQ(table_.Reserved(kHostMemory), 0u);
+  EXPECT_EQ(Round().size(), 1u);
+}
+
 // The outputs a placed task will make count against the room before they exist: many
 // producers placed at once cannot together overshoot what the store has.
 TEST_F(DispatcherTest, TheOutputsOfPlacedTasksCountAgainstTheRoom) {
@@ -186,10 +232,13 @@ TEST_F(DispatcherTest, AnIdleWorkerTakesATaskQueuedBehindAStraggler) {
 
 TEST_F(DispatcherTest, TasksOfAShapeThatFoundNoPlaceArePassedOverInARound) {
   AddWorker(1, 4);
+  Submit({.function = "f"});
+  EXPECT_EQ(Round().size(), 1u);  // runs, and may free room
   store_.room[kHostMemory] = 0;
   for (int i = 0; i < 10; ++i) Submit({.function = "f", .output_bytes = 100});
+  const uint64_t tries = dispatcher_.counters().tries;
   EXPECT_TRUE(Round().empty());
-  EXPECT_EQ(dispatcher_.counters().tries, 1u);  // one looked at; nine of its shape not
+  EXPECT_EQ(dispatcher_.counters().tries, tries + 1);  // one looked at; nine of its shape not
   EXPECT_EQ(dispatcher_.ready(), 10u);
 }
 

@@ -415,6 +415,101 @@ def test_outputs_wait_for_room_others_free_and_a_graph_that_cannot_fit_says_so()
         assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
 
 
+def _filler():
+    """A function making a chunk of a map_blocks array, filled with its block's number (row *
+    10 + column); made here, so that it travels by value (workers cannot import tests)."""
+
+    def filled(block_info=None):
+        row, column = block_info[None]["chunk-location"]
+        return np.full(block_info[None]["chunk-shape"], float(row * 10 + column))
+
+    return filled
+
+
+def _pairs(blocks, side):
+    """The #7449 problem, (a * a.T).sum(), on ``blocks`` x ``blocks`` blocks of ``side`` x
+    ``side`` doubles; and its value."""
+    a = da.map_blocks(_filler(), chunks=((side,) * blocks,) * 2, dtype=float)
+    value = sum(
+        float(i * 10 + j) * float(j * 10 + i) * side * side
+        for i in range(blocks) for j in range(blocks)
+    )
+    return (a * a.T).sum(), value
+
+
+def test_array_tasks_declare_their_chunks_so_no_output_waits_for_room():
+    # 16 blocks of 2 MiB in a store of 12 MiB, each read by two tasks: (i, j) and (j, i).
+    # Each producer declares its chunk (shape and dtype from the graph), and the daemon
+    # starts one only where its output has room beside what is held and what the tasks
+    # placed before it declared: no worker is left holding a result the store cannot take.
+    # (Without the declarations, 3 to 11 outputs a run waited for room here.)
+    x, value = _pairs(4, 512)
+    with depot.dask.Scheduler(workers=2, memory="12MiB") as s:
+        for _ in range(3):
+            assert dask.compute(x, scheduler=s.get)[0] == value
+        assert _room_waits(s.client) == (0, 0)
+        assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
+
+
+def test_plan_projects_the_peak_from_the_graphs_metadata_before_anything_runs():
+    x, _ = _pairs(4, 512)  # 2 MiB blocks
+    plan = depot.dask.plan(x, memory="12MiB")
+    assert plan.fits and plan.memory == 12 * 2**20
+    # The blocks off the diagonal are stored, each read by two products; those on it are
+    # fused with their product (filled-sum-...).
+    (made,) = [s for s in plan.stages if s.name.startswith("filled-") and "sum" not in s.name]
+    assert made.tasks == 12 and made.each == 2 * 2**20 and made.total == 24 * 2**20
+    assert made.known
+    # The first stage of the sum reduces each block to one number (keepdims), fused with
+    # the product: it makes 8 bytes, not a block.
+    assert max(s.each for s in plan.stages if s is not made) < 1024
+    # Consumers run before more producers: two blocks and a pair's reader at most, not 16.
+    assert 4 * 2**20 <= plan.peak <= 6 * 2**20, plan.peak
+    assert plan.largest[1] >= 4 * 2**20  # a product reads two blocks
+    text = str(plan)
+    assert "fits" in text and "filled" in text and "tasks" in text
+
+    # Below what the largest task needs at once: no order fits, and the stage is named.
+    tight = depot.dask.plan(x, memory=3 * 2**20)
+    assert not tight.fits
+    assert "needs 4.0 MiB at once" in tight.reason() and "stage" in tight.reason()
+    assert "does not fit" in str(tight) and "does not fit" in repr(tight)
+
+    # A task without metadata counts as the sum of its inputs.
+    listed = depot.dask.plan(delayed(list)([delayed(np.zeros)(1000) for _ in range(3)]))
+    assert listed.unknown == listed.tasks and listed.peak >= 0
+
+    for bad in ("lots", "-1GiB", 0, -5, True, 1.5, None.__class__):
+        with pytest.raises(depot.InvalidArgument, match="memory is a size"):
+            depot.dask.plan(x, memory=bad)
+    with pytest.raises(depot.InvalidArgument, match="dask collections"):
+        depot.dask.plan(np.zeros(3))
+
+
+def test_check_refuses_a_graph_that_cannot_fit_before_anything_runs():
+    x, value = _pairs(4, 512)
+    whole = da.map_blocks(_filler(), chunks=((512,) * 4,) * 2, dtype=float)  # a 32 MiB result
+    with depot.dask.Scheduler(workers=1, memory="12MiB", check=True) as s:
+        assert s.memory == s.client.status().capacity_bytes
+        ours, default = s.plan(x), depot.dask.plan(x)  # default: the with block's bound
+        assert ours.memory == default.memory == s.memory and ours.peak == default.peak
+        assert dask.compute(x, scheduler=s.get)[0] == value
+        submitted = s.client.status().scheduler.submitted
+        with pytest.raises(depot.StoreFull, match="cannot run within its bound.*stage") as e:
+            dask.compute(whole, scheduler=s.get)
+        assert isinstance(e.value, MemoryError)
+        assert s.client.status().scheduler.submitted == submitted, "something was submitted"
+        # check=False for this graph: it runs, and meets the store's own limit.
+        with pytest.raises(depot.TaskFailed):
+            dask.compute(whole, scheduler=s.get, check=False)
+        import gc
+
+        gc.collect()
+        assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
+    with pytest.raises(depot.InvalidArgument, match="memory is a size"):
+        depot.dask.Scheduler(socket="/nonexistent", memory="lots")
+
+
 def test_depotctl_tasks_shows_each_tasks_dask_key(sched):
     import shutil
 

@@ -161,11 +161,15 @@ def test_large_results_are_sealed_with_the_completion(client, workers):
     assert client.status().objects_creating == 0
 
 
-def test_a_task_declaring_more_output_than_there_is_room_for_waits(client, workers):
-    workers(1)
+def test_a_task_declaring_more_output_than_there_is_room_for_waits_while_others_run(
+    client, workers, daemon
+):
+    workers(1, cpus=2)
     for bad in (-1, 1 << 64, 1.5, "1MiB", True):
         with pytest.raises(depot.InvalidArgument, match="output_bytes"):
             client.submit("noop", output_bytes=bad)
+    busy = client.submit("wait_for_go", daemon.socket, "busy")
+    assert wait_for(lambda: any(o.name.startswith("started/busy/") for o in client.list()), 60)
     # More than the whole store: it waits, saying why, while a task declaring little runs.
     capacity = client.status().capacity_bytes
     big = client.submit(np.zeros, 10, output_bytes=capacity + 1, label="big")
@@ -173,7 +177,12 @@ def test_a_task_declaring_more_output_than_there_is_room_for_waits(client, worke
     np.testing.assert_array_equal(client.get(small, timeout=60), np.zeros(10))
     (waiting,) = [t for t in client.tasks() if t.label == "big"]
     assert waiting.state == "ready"
-    assert client.cancel([big]) == ["cancelled"]
+    assert f"{capacity + 1} output bytes it declared" in waiting.reason
+    # Once no task runs that could free room, the declaration holds it back no longer: it
+    # starts, and what it really makes fits.
+    client.put(b"", name="go")
+    assert client.get(busy, timeout=60) == "busy"
+    np.testing.assert_array_equal(client.get(big, timeout=60), np.zeros(10))
 
 
 def test_closures_and_lambdas_run_by_value(client, workers):

@@ -37,8 +37,10 @@ from typing import (
 
 from . import _depot, _tasks
 from ._client import Client
+from ._dask_plan import GraphPlan, parse_memory, project
+from ._dask_sizes import Sizes
 from ._device import DeviceArray
-from ._errors import DepotError, InvalidArgument, LimitExceeded, ObjectNotFound
+from ._errors import DepotError, InvalidArgument, LimitExceeded, ObjectNotFound, StoreFull
 from ._ref import ObjectRef
 
 BATCH = 1000
@@ -340,6 +342,7 @@ class _Plan:
         # annotations (dask.annotate): {"resources": {key: {...}}, "priority": ...}.
         annotations = getattr(dsk, "__dask_annotations__", None)
         self.annotations: Dict[str, Dict[Key, Any]] = dict(annotations() if annotations else {})
+        source = dsk
         if not isinstance(dsk, Mapping):
             dsk = dsk.__dask_graph__()
         graph = convert_legacy_graph(dsk)
@@ -388,6 +391,8 @@ class _Plan:
                 target = node.target
                 self.aliases[key] = self.aliases.get(target, target)
         self.data = {k for k in self.order if isinstance(graph[k], DataNode)}
+        # What each task will make, where the graph's metadata says (dask.array chunks).
+        self.sizes = Sizes(source, self.order, self.aliases)
         # The task (by its place in order) that reads each key last.
         self.last_reader: Dict[Key, int] = {}
         for i, key in enumerate(self.order):
@@ -481,9 +486,15 @@ class _Run:
                 node_bytes = self.functions.dumps(node)
             except Exception as error:
                 raise InvalidArgument(f"task {key!r} cannot be sent to a worker: {error}") from error
+            options = plan.options(key)
+            declared = plan.sizes.declared(key)
+            if declared:
+                # Reserved before it starts: producers placed at once cannot together
+                # overshoot the store's room (a hint: it never holds the graph up for good).
+                options["output_bytes"] = declared
             task = self.encode_one(
                 key, fn, (node_bytes, deps, *inputs), f"depot.dask/{token}/{i}", _label(key),
-                plan.options(key),
+                options,
             )
             self.refs[key] = ObjectRef(task["outputs"][0], task["names"][0])
             tasks.append((i, task))
@@ -720,7 +731,10 @@ def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:
     return values[keys]
 
 
-def _run_graph(client: Client, dsk: Any, keys: Any, batch: int, callbacks: Any = None) -> Any:
+def _run_graph(
+    client: Client, dsk: Any, keys: Any, batch: int, callbacks: Any = None,
+    check: Optional[int] = None,
+) -> Any:
     from dask.callbacks import local_callbacks, unpack_callbacks
 
     flat = _flatten(keys)
@@ -733,6 +747,10 @@ def _run_graph(client: Client, dsk: Any, keys: Any, batch: int, callbacks: Any =
                                  "finished": set(), "cache": {}}
         try:
             plan = _Plan(dsk, flat)
+            if check is not None:
+                projected = project(plan, flat, check)
+                if not projected.fits:
+                    raise StoreFull(f"the graph cannot run within its bound: {projected.reason()}")
             run = _Run(client, plan, flat, batch)
             try:
                 tasks = run.encode()
@@ -774,6 +792,14 @@ class Scheduler:
     result left on the GPU stays there for the next GPU task. ``simulate_gpus`` serves
     simulated GPUs instead (see :func:`depot.start_daemon`), for trying this without one.
     As a context manager it is also what :func:`get` uses inside the ``with`` block.
+
+    ``memory`` is also the graphs' bound (on a daemon of its own, its capacity; attached to
+    a running one, the size given, else that daemon's capacity): with ``check``, a graph
+    whose projected peak (:func:`plan`) exceeds it is refused before anything runs
+    (StoreFull, naming the stage); ``get(..., check=...)`` decides per graph. Tasks whose
+    output size the graph's metadata gives (``dask.array`` chunks) declare it to the
+    daemon, which starts a task only where its output has room beside those of the tasks
+    placed before it.
     """
 
     def __init__(
@@ -786,6 +812,7 @@ class Scheduler:
         prefault: bool = False,
         gpus: Union[int, Sequence[int], None] = None,
         simulate_gpus: Union[int, str, None] = None,
+        check: bool = False,
     ) -> None:
         if workers is not None and workers < 1:
             raise InvalidArgument("workers is a count of worker processes, 1 or more")
@@ -798,7 +825,10 @@ class Scheduler:
             raise InvalidArgument(f"{len(ordinals)} GPUs for {workers} workers: one GPU a worker")
         if batch < 1:
             raise InvalidArgument("batch is a count of tasks, 1 or more")
+        private = workers is not None and socket is None
+        bound = parse_memory(memory) if memory is not None and not private else None
         self.batch = batch
+        self.check = check
         self._daemon = None
         if workers is not None and socket is None:
             from ._daemon import start_daemon
@@ -809,7 +839,10 @@ class Scheduler:
             )
             socket = self._daemon.socket
         self.client = Client(socket, name="depot.dask scheduler")
-        if self.client.status().scheduler.workers == 0:
+        status = self.client.status()
+        self.memory: int = bound if bound is not None else status.capacity_bytes
+        """The bound a graph's projected peak is checked against (``check``), in bytes."""
+        if status.scheduler.workers == 0:
             path = self.client.socket
             self.close()
             raise DepotError(
@@ -821,8 +854,18 @@ class Scheduler:
         """A Dask scheduler's get: the values of ``keys`` (a key, or nested lists of them)
         of the graph ``dsk``. Dask's local callbacks (``dask.diagnostics.ProgressBar``,
         ``callbacks=``) are told as tasks finish (``pretask`` then, too: when a task starts
-        is the worker's); other keyword arguments Dask passes are accepted and not used."""
-        return _run_graph(self.client, dsk, keys, self.batch, kwargs.get("callbacks"))
+        is the worker's); ``check`` (default: the scheduler's) refuses a graph whose
+        projected peak exceeds :attr:`memory`; other keyword arguments Dask passes are
+        accepted and not used."""
+        check = kwargs.get("check", self.check)
+        return _run_graph(
+            self.client, dsk, keys, self.batch, kwargs.get("callbacks"),
+            self.memory if check else None,
+        )
+
+    def plan(self, *collections: Any) -> GraphPlan:
+        """:func:`plan` within this scheduler's :attr:`memory`."""
+        return plan(*collections, memory=self.memory)
 
     def close(self) -> None:
         self.client.close()
@@ -862,4 +905,32 @@ def get(dsk: Mapping[Key, Any], keys: Any, **kwargs: Any) -> Any:
     return scheduler.get(dsk, keys, **kwargs)
 
 
-__all__ = ["Scheduler", "get", "BATCH"]
+def plan(*collections: Any, memory: Union[str, int, None] = None) -> GraphPlan:
+    """The memory the computation of ``collections`` (as ``dask.compute`` takes them)
+    needs, projected before anything runs: the peak of what is live when depot's scheduler
+    runs its tasks one at a time in its order (see depot._dask_plan), the stages (each
+    layer: its tasks, the bytes each makes), the task that needs most at once, and whether
+    it fits ``memory`` (a size such as ``"8GiB"`` or bytes; default: the bound of the
+    innermost :class:`Scheduler` of a ``with`` block, else this host's memory). Sizes come
+    from the graph's metadata (``dask.array`` chunks and dtypes); a task without any counts
+    as the sum of its inputs. ``print`` it for a table."""
+    import dask
+    from dask._expr import FinalizeCompute
+    from dask.base import collections_to_expr
+    from dask.core import flatten
+
+    if memory is None:
+        with _lock:
+            active = _active[-1] if _active else None
+        bound = active.memory if active else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        bound = parse_memory(memory)
+    collections = tuple(c for c in collections if dask.is_dask_collection(c))
+    if not collections:
+        raise InvalidArgument("plan takes dask collections (arrays, dataframes, delayed)")
+    expr = FinalizeCompute(collections_to_expr(collections, True)).optimize()
+    keys = list(flatten(expr.__dask_keys__()))
+    return project(_Plan(expr, keys), keys, bound)
+
+
+__all__ = ["Scheduler", "get", "plan", "BATCH"]

@@ -84,7 +84,8 @@ from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 from . import _codec, _depot, _gpus
 from ._client import Client
 from ._daemon import Daemon, _accepts, start_daemon
-from ._dask_graphs import Scheduler, get
+from ._dask_graphs import Scheduler, get, plan
+from ._dask_plan import GraphPlan, Stage
 from ._errors import ConnectionError, DepotError, InvalidArgument, ProtocolMismatch, StoreFull
 from ._identity import ByIdentity
 from ._ref import ObjectRef
@@ -93,6 +94,9 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "Scheduler",
     "get",
+    "plan",
+    "GraphPlan",
+    "Stage",
     "DepotNannyPlugin",
     "DepotPlugin",
     "DepotUnavailableWarning",
