@@ -284,7 +284,7 @@ def test_callbacks_see_intermediates_whose_readers_finished_before_they_were_loo
     chain = delayed(operator.add)(0, 1)
     for _ in range(30):
         chain = delayed(operator.add)(chain, 1)
-    one_by_one = depot.dask.Scheduler(socket=sched.client.socket, batch=1)
+    one_by_one = depot.dask.Scheduler(socket=sched.client.socket, batch=1, fuse=False)
     result = {}
 
     def compute():
@@ -386,7 +386,8 @@ def _room_waits(client):
 def test_outputs_wait_for_room_others_free_and_a_graph_that_cannot_fit_says_so():
     # 5 MiB results in a store of 12 MiB: two fit beside each other, not three.
     mib5 = 5 * 2**20 // 8
-    with depot.dask.Scheduler(workers=2, memory="12MiB") as s:
+    # Unfused: each block is stored, not made inside its reader.
+    with depot.dask.Scheduler(workers=2, memory="12MiB", fuse=False) as s:
 
         @delayed
         def block(i):
@@ -510,12 +511,55 @@ def test_check_refuses_a_graph_that_cannot_fit_before_anything_runs():
         depot.dask.Scheduler(socket="/nonexistent", memory="lots")
 
 
+def _bytes_in(client):
+    """Bytes of objects the daemon created in host memory so far."""
+    import re
+
+    return int(re.search(r'\ndepot_bytes_in_total\{tier="host"\} (\d+)', client.metrics()).group(1))
+
+
+def test_slices_run_inside_the_tasks_that_read_them_and_are_never_stored(sched):
+    def graph():
+        # Six row blocks rechunked into six column blocks: each output block is made of a
+        # slice of every input block (36 "splits", 320 KB each), then two elementwise steps
+        # and a sum that Dask fuses into the merge.
+        a = da.random.RandomState(3).random((1200, 1200), chunks=(200, 1200))
+        return ((a.rechunk((1200, 200), method="tasks") + 1) * 2).sum(axis=0)
+
+    plan = sched.plan(graph())
+    (fused,) = plan.fused
+    assert fused.stage.startswith("rechunk-split") and fused.into.startswith("rechunk-merge")
+    assert fused.tasks == 36 and fused.bytes == 1200 * 1200 * 8
+    assert "36 tasks of rechunk-split" in str(plan)
+    expected = graph().compute(scheduler="threads")
+
+    before = _bytes_in(sched.client)
+    np.testing.assert_allclose(dask.compute(graph(), scheduler=sched.get)[0], expected)
+    middle = _bytes_in(sched.client)
+    np.testing.assert_allclose(dask.compute(graph(), scheduler=sched.get, fuse=False)[0], expected)
+    after = _bytes_in(sched.client)
+    # Unfused, the splits are stored as well: 11 MB more made in the store.
+    assert (after - middle) - (middle - before) >= 1200 * 1200 * 8, (before, middle, after)
+
+    # A bound whose share a worker cannot hold a merge and one input block in fuses nothing.
+    assert depot.dask.plan(graph(), memory=6 * 2**20, workers=2).fused == []
+    # Chains fuse too: a task that is the only input of its one reader runs inside it.
+    chain = delayed(operator.add)(0, 1)
+    for _ in range(30):
+        chain = delayed(operator.add)(chain, 1)
+    linked = sched.plan(chain)
+    assert sum(f.tasks for f in linked.fused) == 30 and linked.tasks == 1
+    assert chain.compute(scheduler=sched.get) == 31
+    with pytest.raises(depot.InvalidArgument, match="workers is a count"):
+        depot.dask.plan(chain, workers=0)
+
+
 def test_depotctl_tasks_shows_each_tasks_dask_key(sched):
     import shutil
 
     # The tasks stay listed a while after they finish: their labels are their Dask keys.
     dsk = {"first-key": (operator.add, 1, 2), ("second", 1): (operator.neg, "first-key")}
-    assert sched.get(dsk, ("second", 1)) == -3
+    assert sched.get(dsk, ("second", 1), fuse=False) == -3
     labels = {t.label for t in sched.client.tasks()}
     assert {"first-key", "('second', 1)"} <= labels, labels
     depotctl = shutil.which("depotctl") or os.path.join(os.path.dirname(sys.executable), "depotctl")

@@ -35,7 +35,7 @@ from typing import (
     Union,
 )
 
-from . import _depot, _tasks
+from . import _dask_fusion, _depot, _tasks
 from ._client import Client
 from ._dask_plan import GraphPlan, parse_memory, project
 from ._dask_sizes import Sizes
@@ -333,10 +333,12 @@ BUILTINS = {"depot.dask.run": _run, "depot.dask.run_gathered": _run_gathered,
 class _Plan:
     """A graph checked and put in order: the tasks to submit (producers first), where each
     key's value will be (an alias's: its target's), and which keys are read last by which
-    task."""
+    task. With ``share`` (bytes: the bound over the workers), tasks that fit are fused into
+    the tasks that read them (depot._dask_fusion): ``fused`` says which, by the key of the
+    task that runs them."""
 
-    def __init__(self, dsk: Any, keys: Sequence[Key]) -> None:
-        from dask._task_spec import Alias, DataNode, convert_legacy_graph
+    def __init__(self, dsk: Any, keys: Sequence[Key], share: Optional[int] = None) -> None:
+        from dask._task_spec import convert_legacy_graph
 
         # Dask hands a scheduler an expression (dask-expr) or a mapping; either may carry
         # annotations (dask.annotate): {"resources": {key: {...}}, "priority": ...}.
@@ -351,8 +353,23 @@ class _Plan:
             raise InvalidArgument(
                 f"{len(missing)} key(s) asked for are not in the graph, such as {missing[0]!r}"
             )
-        # What the keys asked for need, and in which order (producers first); each task's
-        # dependencies in a fixed order (its inputs' order), sorted once.
+        self._walk(graph, keys)
+        # What each task will make, where the graph's metadata says (dask.array chunks).
+        self.sizes = Sizes(source, graph, self.order, self.aliases)
+        self.fused: Dict[Key, List[Key]] = {}
+        if share is not None:
+            self._fuse(keys, share)
+        # The task (by its place in order) that reads each key last.
+        self.last_reader: Dict[Key, int] = {}
+        for i, key in enumerate(self.order):
+            for dep in self.deps[key]:
+                self.last_reader[self.resolve(dep)] = i
+
+    def _walk(self, graph: Dict[Key, Any], keys: Sequence[Key]) -> None:
+        """What the keys asked for need, and in which order (producers first); each task's
+        dependencies in a fixed order (its inputs' order), sorted once; aliases and data."""
+        from dask._task_spec import Alias, DataNode
+
         self.order: List[Key] = []
         self.deps: Dict[Key, List[Key]] = {}
         state: Dict[Key, int] = {}  # 1: being visited, 2: done
@@ -391,13 +408,29 @@ class _Plan:
                 target = node.target
                 self.aliases[key] = self.aliases.get(target, target)
         self.data = {k for k in self.order if isinstance(graph[k], DataNode)}
-        # What each task will make, where the graph's metadata says (dask.array chunks).
-        self.sizes = Sizes(source, self.order, self.aliases)
-        # The task (by its place in order) that reads each key last.
-        self.last_reader: Dict[Key, int] = {}
-        for i, key in enumerate(self.order):
-            for dep in self.deps[key]:
-                self.last_reader[self.resolve(dep)] = i
+
+    def _fuse(self, keys: Sequence[Key], share: int) -> None:
+        """Fuses what fits (depot._dask_fusion) and walks the graph again."""
+        wanted = {self.resolve(k) for k in keys}
+        found = _dask_fusion.groups(
+            self.order, self.graph, self.deps, self.resolve, self.aliases, self.data, wanted,
+            self.sizes, self.options, share,
+        )
+        if not found:
+            return
+        graph = dict(self.graph)
+        for leader, members in found.items():
+            inside = set(members[1:])
+            # Aliases of absorbed tasks: read by the group only (their targets' one reader).
+            aliases = [a for a, target in self.aliases.items() if target in inside]
+            node, folded = _dask_fusion.fused_nodes(self.graph, members, aliases)
+            graph[leader] = node
+            for key in members[1:]:
+                del graph[key]
+            for alias in folded:
+                graph.pop(alias, None)
+        self.fused = found
+        self._walk(graph, keys)
 
     def resolve(self, key: Key) -> Key:
         return self.aliases.get(key, key)
@@ -733,7 +766,7 @@ def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:
 
 def _run_graph(
     client: Client, dsk: Any, keys: Any, batch: int, callbacks: Any = None,
-    check: Optional[int] = None,
+    check: Optional[int] = None, share: Optional[int] = None,
 ) -> Any:
     from dask.callbacks import local_callbacks, unpack_callbacks
 
@@ -746,7 +779,7 @@ def _run_graph(
         state: Dict[str, Any] = {"ready": set(), "running": set(), "waiting": set(),
                                  "finished": set(), "cache": {}}
         try:
-            plan = _Plan(dsk, flat)
+            plan = _Plan(dsk, flat, share)
             if check is not None:
                 projected = project(plan, flat, check)
                 if not projected.fits:
@@ -799,7 +832,10 @@ class Scheduler:
     (StoreFull, naming the stage); ``get(..., check=...)`` decides per graph. Tasks whose
     output size the graph's metadata gives (``dask.array`` chunks) declare it to the
     daemon, which starts a task only where its output has room beside those of the tasks
-    placed before it.
+    placed before it. With ``fuse`` (the default), tasks that only slice a chunk, or that
+    are the only input of their one reader, run inside that reader while the fused task
+    fits ``memory`` over the workers (depot._dask_fusion): their outputs are never stored;
+    ``get(..., fuse=False)`` turns it off for a graph.
     """
 
     def __init__(
@@ -813,6 +849,7 @@ class Scheduler:
         gpus: Union[int, Sequence[int], None] = None,
         simulate_gpus: Union[int, str, None] = None,
         check: bool = False,
+        fuse: bool = True,
     ) -> None:
         if workers is not None and workers < 1:
             raise InvalidArgument("workers is a count of worker processes, 1 or more")
@@ -829,6 +866,7 @@ class Scheduler:
         bound = parse_memory(memory) if memory is not None and not private else None
         self.batch = batch
         self.check = check
+        self.fuse = fuse
         self._daemon = None
         if workers is not None and socket is None:
             from ._daemon import start_daemon
@@ -842,6 +880,9 @@ class Scheduler:
         status = self.client.status()
         self.memory: int = bound if bound is not None else status.capacity_bytes
         """The bound a graph's projected peak is checked against (``check``), in bytes."""
+        self.workers: int = status.scheduler.workers
+        """Worker processes attached when it started: a fused task's share of the bound is
+        :attr:`memory` over them."""
         if status.scheduler.workers == 0:
             path = self.client.socket
             self.close()
@@ -854,18 +895,23 @@ class Scheduler:
         """A Dask scheduler's get: the values of ``keys`` (a key, or nested lists of them)
         of the graph ``dsk``. Dask's local callbacks (``dask.diagnostics.ProgressBar``,
         ``callbacks=``) are told as tasks finish (``pretask`` then, too: when a task starts
-        is the worker's); ``check`` (default: the scheduler's) refuses a graph whose
-        projected peak exceeds :attr:`memory`; other keyword arguments Dask passes are
-        accepted and not used."""
+        is the worker's); ``check`` and ``fuse`` (default: the scheduler's) as above; other
+        keyword arguments Dask passes are accepted and not used."""
         check = kwargs.get("check", self.check)
+        fuse = kwargs.get("fuse", self.fuse)
         return _run_graph(
             self.client, dsk, keys, self.batch, kwargs.get("callbacks"),
-            self.memory if check else None,
+            self.memory if check else None, self.share if fuse else None,
         )
 
+    @property
+    def share(self) -> int:
+        """A fused task's share of the bound, in bytes."""
+        return self.memory // max(1, self.workers)
+
     def plan(self, *collections: Any) -> GraphPlan:
-        """:func:`plan` within this scheduler's :attr:`memory`."""
-        return plan(*collections, memory=self.memory)
+        """:func:`plan` within this scheduler's :attr:`memory`, fused as it would be."""
+        return plan(*collections, memory=self.memory, workers=self.workers, fuse=self.fuse)
 
     def close(self) -> None:
         self.client.close()
@@ -905,12 +951,17 @@ def get(dsk: Mapping[Key, Any], keys: Any, **kwargs: Any) -> Any:
     return scheduler.get(dsk, keys, **kwargs)
 
 
-def plan(*collections: Any, memory: Union[str, int, None] = None) -> GraphPlan:
+def plan(
+    *collections: Any, memory: Union[str, int, None] = None, workers: Optional[int] = None,
+    fuse: bool = True,
+) -> GraphPlan:
     """The memory the computation of ``collections`` (as ``dask.compute`` takes them)
     needs, projected before anything runs: the peak of what is live when depot's scheduler
     runs its tasks one at a time in its order (see depot._dask_plan), the stages (each
-    layer: its tasks, the bytes each makes), the task that needs most at once, and whether
-    it fits ``memory`` (a size such as ``"8GiB"`` or bytes; default: the bound of the
+    layer: its tasks, the bytes each makes), the stages fused into others (with ``fuse``,
+    as a :class:`Scheduler` of ``workers`` fuses them: default, the innermost one of a
+    ``with`` block's, else one a CPU), the task that needs most at once, and whether it
+    fits ``memory`` (a size such as ``"8GiB"`` or bytes; default: the bound of the
     innermost :class:`Scheduler` of a ``with`` block, else this host's memory). Sizes come
     from the graph's metadata (``dask.array`` chunks and dtypes); a task without any counts
     as the sum of its inputs. ``print`` it for a table."""
@@ -919,18 +970,22 @@ def plan(*collections: Any, memory: Union[str, int, None] = None) -> GraphPlan:
     from dask.base import collections_to_expr
     from dask.core import flatten
 
+    with _lock:
+        active = _active[-1] if _active else None
     if memory is None:
-        with _lock:
-            active = _active[-1] if _active else None
         bound = active.memory if active else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     else:
         bound = parse_memory(memory)
+    if workers is None:
+        workers = active.workers if active else os.cpu_count() or 1
+    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InvalidArgument(f"workers is a count of worker processes, 1 or more, not {workers!r}")
     collections = tuple(c for c in collections if dask.is_dask_collection(c))
     if not collections:
         raise InvalidArgument("plan takes dask collections (arrays, dataframes, delayed)")
     expr = FinalizeCompute(collections_to_expr(collections, True)).optimize()
     keys = list(flatten(expr.__dask_keys__()))
-    return project(_Plan(expr, keys), keys, bound)
+    return project(_Plan(expr, keys, bound // workers if fuse else None), keys, bound)
 
 
 __all__ = ["Scheduler", "get", "plan", "BATCH"]

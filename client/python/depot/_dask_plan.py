@@ -30,15 +30,25 @@ class Stage(NamedTuple):
     known: bool  # from the graph's metadata (else counted from their inputs)
 
 
+class Fused(NamedTuple):
+    """Tasks of one stage run inside the tasks of another: their outputs are never stored."""
+
+    stage: str
+    tasks: int
+    into: str
+    bytes: int  # what they make, all of them
+
+
 class GraphPlan:
     """What :func:`depot.dask.plan` found: ``peak`` (bytes, projected), ``memory`` (the
     bound), ``fits``, the ``stages``, the task that needs most at once (``largest``, with
     its inputs and output: no order can run the graph in less), where the peak is reached
-    (``peak_key``), and how many tasks had no metadata (``unknown``)."""
+    (``peak_key``), how many tasks had no metadata (``unknown``) and which stages were
+    fused into others (``fused``)."""
 
     def __init__(
         self, memory: int, peak: int, peak_key: Key, largest: Tuple[Key, int],
-        stages: List[Stage], tasks: int, unknown: int,
+        stages: List[Stage], tasks: int, unknown: int, fused: List[Fused],
     ) -> None:
         self.memory = memory
         self.peak = peak
@@ -47,6 +57,7 @@ class GraphPlan:
         self.stages = stages
         self.tasks = tasks
         self.unknown = unknown
+        self.fused = fused
 
     @property
     def fits(self) -> bool:
@@ -78,6 +89,11 @@ class GraphPlan:
         if self.unknown:
             lines.append(
                 f"{self.unknown} tasks without metadata, each counted as the sum of its inputs"
+            )
+        for f in self.fused:
+            lines.append(
+                f"fused: {f.tasks} tasks of {f.stage} into {f.into}, their "
+                f"{_bytes(f.bytes)} never stored"
             )
         width = min(60, max((len(s.name) for s in self.stages), default=5))
         lines.append(f"{'stage':<{width}}  {'tasks':>6}  {'each':>10}  {'all':>10}")
@@ -142,6 +158,16 @@ def project(plan: Any, keys: Sequence[Key], memory: int) -> GraphPlan:
             consumers.setdefault(d, []).append(key)
         tasks.append(key)
 
+    transient = {
+        leader: sum(sizes.known.get(m, 0) for m in members[1:])
+        for leader, members in plan.fused.items()
+    }
+    fused: Dict[Tuple[str, str], List[int]] = {}
+    for leader, members in plan.fused.items():
+        for m in members[1:]:
+            entry = fused.setdefault((_name(m), _name(leader)), [0, 0])
+            entry[0] += 1
+            entry[1] += sizes.known.get(m, 0)
     readers = {k: len(v) for k, v in consumers.items()}
     place = {k: i for i, k in enumerate(tasks)}
     waiting = {k: sum(1 for d in inputs[k] if d in depth) for k in tasks}
@@ -161,7 +187,11 @@ def project(plan: Any, keys: Sequence[Key], memory: int) -> GraphPlan:
         live += size[key]
         if live > peak:
             peak, peak_key = live, key
-        need = size[key] + sum(size[d] for d in inputs[key])
+        # Outputs made inside a fused task live while it runs.
+        inside = transient.get(key, 0)
+        if live + inside > peak:
+            peak, peak_key = live + inside, key
+        need = size[key] + sum(size[d] for d in inputs[key]) + inside
         if need > largest[1]:
             largest = (key, need)
         for d in inputs[key]:
@@ -184,6 +214,7 @@ def project(plan: Any, keys: Sequence[Key], memory: int) -> GraphPlan:
         memory, peak, peak_key, largest,
         [Stage(name, *values) for name, values in stages.items()],
         len(tasks), sum(1 for k in tasks if k not in sizes.known),
+        [Fused(stage, n, into, total) for (stage, into), (n, total) in fused.items()],
     )
 
 
@@ -213,5 +244,5 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
-__all__ = ["GraphPlan", "Stage", "parse_memory", "project"]
+__all__ = ["Fused", "GraphPlan", "Stage", "parse_memory", "project"]
 

@@ -10,8 +10,9 @@ has ``prod(chunk shape) * itemsize`` bytes. Three things keep that from being ex
 - The first stage of a reduction (``sum``, ``mean``, ``max``, the contraction of ``@``) is a
   blockwise layer that keeps the metadata of its input, though it reduces each chunk along
   ``axis`` (with ``keepdims``): those axes count as length 1 here.
-- Tasks whose keys name no layer (a rechunk's splits, dataframes, delayed) have no
-  metadata. They are unknown: nothing is declared to the daemon for them, and a plan counts
+- A task that slices a chunk of known shape (``operator.getitem`` with slices and
+  integers: a rechunk's splits, an array's ``x[a:b]``) makes the slice's shape.
+- Other tasks whose keys name no layer (dataframes, delayed) have no metadata. They are unknown: nothing is declared to the daemon for them, and a plan counts
   each as the sum of its inputs (:meth:`Sizes.projected`): right for the merges and
   concatenations most of them are, more than enough for the rest.
 
@@ -19,6 +20,8 @@ A ``map_blocks`` whose function changes its chunks' shape without saying so (``c
 is misdescribed by its own graph: its declared size is wrong the same way.
 """
 
+import math
+import operator
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 Key = Any
@@ -80,30 +83,79 @@ class _Layer:
         self.itemsize = int(itemsize)
         self.reduced = set(_reduced_axes(layer, len(self.chunks)))
 
-    def bytes(self, index: Sequence[Any]) -> Optional[int]:
+    def shape(self, index: Sequence[Any]) -> Optional[Tuple[int, ...]]:
+        """The shape of the chunk at ``index`` (a key's block index)."""
         chunks = self.chunks
         if chunks is None or len(index) != len(chunks):
             return None
-        size = self.itemsize
+        shape = []
         for axis, (i, dim) in enumerate(zip(index, chunks)):
             if not isinstance(i, int) or not 0 <= i < len(dim):
                 return None
-            size *= 1 if axis in self.reduced else dim[i]
-        return size
+            shape.append(1 if axis in self.reduced else dim[i])
+        return tuple(shape)
+
+
+def _getitems() -> Tuple[Any, ...]:
+    """The functions a task slices a chunk with: Python's and dask.array's (which copies a
+    slice smaller than half its chunk)."""
+    try:
+        from dask.array.chunk import getitem
+    except ImportError:  # dask without its array extra
+        return (operator.getitem,)
+    return (operator.getitem, getitem)
+
+
+def is_slice(node: Any) -> bool:
+    """Whether ``node`` only slices the output of another task: ``getitem`` of a TaskRef
+    with slices and integers (a view, or a copy of a small part)."""
+    from dask._task_spec import Task, TaskRef
+
+    if not isinstance(node, Task) or node.func not in _getitems():
+        return False
+    args = node.args
+    if len(args) != 2 or node.kwargs or not isinstance(args[0], TaskRef):
+        return False
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return all(
+        isinstance(i, slice) or (isinstance(i, int) and not isinstance(i, bool)) for i in index
+    )
+
+
+def _sliced(shape: Tuple[int, ...], index: Any) -> Optional[Tuple[int, ...]]:
+    """The shape of ``x[index]`` for an ``x`` of ``shape``: for an index of slices and
+    integers only (else None)."""
+    index = index if isinstance(index, tuple) else (index,)
+    if len(index) > len(shape):
+        return None
+    out = []
+    for n, i in zip(shape, index):
+        if isinstance(i, slice):
+            out.append(len(range(*i.indices(n))))
+        elif isinstance(i, int) and not isinstance(i, bool) and -n <= i < n:
+            continue
+        else:
+            return None
+    return tuple(out) + tuple(shape[len(index) :])
 
 
 class Sizes:
     """The output bytes of a graph's tasks, from its metadata where it has it."""
 
-    def __init__(self, dsk: Any, keys: Iterable[Key], aliases: Mapping[Key, Key]) -> None:
+    def __init__(
+        self, dsk: Any, graph: Mapping[Key, Any], order: Iterable[Key], aliases: Mapping[Key, Key]
+    ) -> None:
         layers = _layers(dsk)
         self._layers = {name: _Layer(layer) for name, layer in layers.items()}
         self._named: Dict[str, Optional[_Layer]] = {}
+        # Each key's array shape and item size, where known; producers come first in order.
+        self.shapes: Dict[Key, Tuple[Tuple[int, ...], int]] = {}
         self.known: Dict[Key, int] = {}
-        for key in keys:
-            size = self._of(key)
-            if size is not None:
-                self.known[key] = size
+        for key in order:
+            found = self._of(key) or self._slice_of(graph.get(key))
+            if found is not None:
+                self.shapes[key] = found
+                self.known[key] = math.prod(found[0]) * found[1]
         # An alias's metadata is its target's, if the target has none of its own (a fused
         # chain's output keeps its last layer's key as an alias).
         for alias, target in aliases.items():
@@ -121,7 +173,8 @@ class Sizes:
             self._named[name] = found
         return self._named[name]
 
-    def _of(self, key: Key) -> Optional[int]:
+    def _of(self, key: Key) -> Optional[Tuple[Tuple[int, ...], int]]:
+        """The shape and item size the metadata of the key's layer gives its chunk."""
         if isinstance(key, tuple) and key and isinstance(key[0], str):
             name, index = key[0], key[1:]
         elif isinstance(key, str):
@@ -129,7 +182,19 @@ class Sizes:
         else:
             return None
         layer = self._layer(name)
-        return layer.bytes(index) if layer is not None else None
+        shape = layer.shape(index) if layer is not None else None
+        return (shape, layer.itemsize) if shape is not None and layer is not None else None
+
+    def _slice_of(self, node: Any) -> Optional[Tuple[Tuple[int, ...], int]]:
+        """The shape and item size of what a getitem task of a chunk of known shape makes."""
+        if not is_slice(node):
+            return None
+        args = node.args
+        source = self.shapes.get(args[0].key)
+        if source is None:
+            return None
+        shape = _sliced(source[0], args[1])
+        return (shape, source[1]) if shape is not None else None
 
     def declared(self, key: Key) -> int:
         """What to declare to the daemon for the task of ``key`` (``output_bytes``): its

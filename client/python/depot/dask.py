@@ -85,7 +85,7 @@ from . import _codec, _depot, _gpus
 from ._client import Client
 from ._daemon import Daemon, _accepts, start_daemon
 from ._dask_graphs import Scheduler, get, plan
-from ._dask_plan import GraphPlan, Stage
+from ._dask_plan import Fused, GraphPlan, Stage
 from ._errors import ConnectionError, DepotError, InvalidArgument, ProtocolMismatch, StoreFull
 from ._identity import ByIdentity
 from ._ref import ObjectRef
@@ -97,6 +97,7 @@ __all__ = [
     "plan",
     "GraphPlan",
     "Stage",
+    "Fused",
     "DepotNannyPlugin",
     "DepotPlugin",
     "DepotUnavailableWarning",

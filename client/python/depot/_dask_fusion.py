@@ -1,0 +1,129 @@
+"""Fusion of what fits: tasks of a Dask graph run inside the one task that reads them, so that
+their outputs are never stored (``depot.dask``'s part of issue 40).
+
+Dask fuses chains of blockwise operations before a scheduler sees the graph, but only
+between stages with the same number of tasks. A rechunk is cut into pieces (its "splits",
+slices of the input chunks) that the next stage's tasks read several at a time: Dask stores
+each piece. Here a task is absorbed into its reader when
+
+- it has one reader, among the tasks (an alias to it counts as its target), and is neither
+  a result asked for nor data;
+- absorbing it serialises no work: it only slices a chunk (``getitem`` with slices and
+  integers: a view, or a small copy), or it is the only input of the task reading it (a
+  chain);
+- it is annotated as its reader is (the same resources, priority and retries);
+- and the fused task still fits its share of the bound: its inputs, every output made
+  inside it and its own output, by the sizes of :mod:`._dask_sizes` (a task without
+  metadata counted as the sum of its inputs), at most ``share`` bytes (the bound over the
+  workers).
+
+Absorbed tasks are absorbed in turn into nothing else; their own producers may join the
+same fused task by the same rules (a slice of a slice). The fused task is Dask's
+``Task.fuse`` of its members (a subgraph run by ``execute_graph`` on the worker), under the
+key of the task that read them, which makes the same output: results are unchanged.
+"""
+
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Sequence, Set, Tuple
+
+from ._dask_sizes import Sizes, is_slice
+
+Key = Any
+
+
+def groups(
+    order: Sequence[Key],
+    graph: Mapping[Key, Any],
+    deps: Mapping[Key, Sequence[Key]],
+    resolve: Callable[[Key], Key],
+    aliases: Mapping[Key, Key],
+    data: Set[Key],
+    wanted: Set[Key],
+    sizes: Sizes,
+    options: Callable[[Key], Dict[str, Any]],
+    share: int,
+) -> Dict[Key, List[Key]]:
+    """The tasks to fuse: by the key of the task that runs them, its members (itself first).
+    Only groups of two or more."""
+    # Each task's inputs, by resolved key, once each; and the tasks reading each key.
+    inputs: Dict[Key, List[Key]] = {}
+    readers: Dict[Key, Set[Key]] = {}
+    for key in order:
+        if key in aliases or key in data:
+            continue
+        inputs[key] = list(dict.fromkeys(resolve(d) for d in deps[key]))
+        for d in inputs[key]:
+            readers.setdefault(d, set()).add(key)
+
+    size: Dict[Key, int] = {}
+
+    def size_of(key: Key) -> int:
+        if key not in size:
+            if key in data or key not in inputs:
+                size[key] = sizes.known.get(key, 0)
+            else:
+                size[key] = sizes.projected(key, (size_of(d) for d in inputs[key]))
+        return size[key]
+
+    for key in order:  # producers first: no deep recursion
+        if key not in aliases:
+            size_of(key)
+
+    leader_of: Dict[Key, Key] = {}
+    out: Dict[Key, List[Key]] = {}
+    for key in reversed(order):  # readers before what they read
+        if key not in inputs or key in leader_of:
+            continue
+        leader_of[key] = key
+        members = [key]
+        outside = dict.fromkeys(inputs[key])  # the group's inputs from outside it
+        held = size_of(key) + sum(size_of(d) for d in outside)
+        candidates = list(inputs[key])
+        while candidates:
+            p = candidates.pop()
+            if p not in inputs or p in leader_of or p in wanted or p in data:
+                continue
+            reader = next(iter(readers[p]))
+            if len(readers[p]) != 1 or getattr(graph[p], "block_fusion", False):
+                continue
+            if not (is_slice(graph[p]) or len(inputs[reader]) == 1):
+                continue
+            if options(p) != options(reader):
+                continue
+            fresh = [d for d in inputs[p] if d not in outside and d not in leader_of]
+            if held + sum(size_of(d) for d in fresh) > share:
+                continue
+            held += sum(size_of(d) for d in fresh)
+            # p's output is made inside now, no longer read from outside: it stays counted.
+            del outside[p]
+            outside.update(dict.fromkeys(fresh))
+            leader_of[p] = key
+            members.append(p)
+            candidates.extend(inputs[p])
+        if len(members) > 1:
+            out[key] = members
+    return out
+
+
+def fused_nodes(
+    graph: Mapping[Key, Any], members: List[Key], aliases: Iterable[Key]
+) -> Tuple[Any, Set[Key]]:
+    """The node that runs ``members`` (its key first) as one task: Dask's Task.fuse of them
+    and of those of ``aliases`` (of members absorbed) they read; and those aliases."""
+    from dask._task_spec import Task
+
+    nodes = [graph[m] for m in members]
+    needed: Set[Key] = set()
+    for node in nodes:
+        needed |= set(node.dependencies)
+    pending = list(aliases)
+    taken: Set[Key] = set()
+    changed = True
+    while changed:  # an alias read by a member, or by an alias taken (a chain of them)
+        changed = False
+        for a in pending:
+            if a in needed and a not in taken:
+                taken.add(a)
+                needed |= set(graph[a].dependencies)
+                changed = True
+    nodes += [graph[a] for a in taken]
+    return Task.fuse(*nodes, key=members[0]), taken
