@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A dask.array computation run by depot's scheduler: Python worker processes that read each
 other's chunks from the store with no copy, and intermediates deleted as soon as their last
-reader is done. Checks its result against Dask's threaded scheduler.
+reader is done. Prints the plan first (the projected peak, stage by stage), runs the graph
+with check=True (refused before anything runs if it cannot fit the store), and checks its
+result against Dask's threaded scheduler.
 
     python examples/dask_arrays.py [--workers 2] [--size 4000] [--chunk 1000]
 """
@@ -26,7 +28,8 @@ def main() -> None:
     x = da.random.RandomState(0).random((args.size, args.size), chunks=args.chunk)
     y = (x * x.T).sum() + (x + 1).std(axis=0).max()
 
-    with depot.dask.Scheduler(workers=args.workers, memory="2GiB") as scheduler:
+    with depot.dask.Scheduler(workers=args.workers, memory="2GiB", check=True) as scheduler:
+        print(scheduler.plan(y))
         start = time.perf_counter()
         (ours,) = dask.compute(y, scheduler=scheduler.get)
         seconds = time.perf_counter() - start

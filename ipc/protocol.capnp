@@ -318,6 +318,13 @@ struct TaskSpec {
   # What people see of it in `depotctl tasks` and `tasks` (a Dask key, say): display only,
   # at most 256 bytes. A daemon older than the field ignores it (no version bump).
   label @15 :Text;
+  # A memory bound it shares with the submitter's other tasks naming the same `boundId`
+  # (a graph's: depot.dask's memory= on a shared daemon): it starts only while the outputs
+  # of that bound's tasks still stored, those its placed tasks declared and its own
+  # declared `outputBytes` fit `boundBytes`. 0: none. Every task naming a bound gives the
+  # same bytes. A daemon older than the fields ignores them (no version bump).
+  boundId @16 :UInt64;
+  boundBytes @17 :UInt64;
 }
 
 # Which implementation of a function a task runs, where some worker has a GPU variant.

@@ -34,7 +34,7 @@ constexpr uint32_t kExploreEvery = 32;
 bool SameShape(const TaskSpec& a, const TaskSpec& b) {
   return a.function == b.function && a.resources.cpu == b.resources.cpu &&
          a.resources.gpu == b.resources.gpu && a.resources.custom == b.resources.custom &&
-         a.output_bytes == b.output_bytes && a.variant == b.variant;
+         a.output_bytes == b.output_bytes && a.variant == b.variant && a.bound_id == b.bound_id;
 }
 
 }  // namespace
@@ -116,7 +116,35 @@ bool Dispatcher::Rebalance() {
   return !moving.empty();
 }
 
+std::vector<TaskId> Dispatcher::OverBound() const {
+  std::vector<TaskId> out;
+  const Bounds* bounds = workers_.bounds();
+  if (over_bound_.empty() || bounds == nullptr) return out;
+  auto stuck = over_bound_;
+  std::erase_if(stuck, [&](const auto& key) {
+    return !bounds->Idle(key.first, TaskSpec{.bound_id = key.second});
+  });
+  if (stuck.empty()) return out;
+  std::map<std::pair<SessionId, uint64_t>, std::vector<TaskId>> held;
+  std::set<std::pair<SessionId, uint64_t>> fitting;
+  for (const ReadyKey& r : ready_) {
+    const Task& t = graph_.at(r.id);
+    const std::pair key{t.submitter, t.spec.bound_id};
+    if (!stuck.contains(key)) continue;
+    if (bounds->Fits(t.submitter, t.spec)) {
+      fitting.insert(key);
+    } else {
+      held[key].push_back(t.id);
+    }
+  }
+  for (auto& [key, ids] : held) {
+    if (!fitting.contains(key)) out.insert(out.end(), ids.begin(), ids.end());
+  }
+  return out;
+}
+
 void Dispatcher::PlaceReady() {
+  over_bound_.clear();
   size_t open = 0;
   for (auto& [id, w] : workers_.workers()) {
     if (w->freed) workers_.StartQueued(*w);
@@ -171,6 +199,11 @@ bool Dispatcher::PlaceOne(Task& task) {
 bool Dispatcher::TryPlace(Task& task) {
   const std::span<const SessionId> runners = workers_.Runners(task.spec.function);
   if (runners.empty()) return false;
+  if (const Bounds* bounds = workers_.bounds();
+      bounds != nullptr && !bounds->Fits(task.submitter, task.spec)) {
+    over_bound_.emplace(task.submitter, task.spec.bound_id);
+    return false;
+  }
 
   const std::vector<InputView> inputs = InputsOf(task.spec);
   task.input_bytes = 0;

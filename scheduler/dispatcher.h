@@ -81,6 +81,13 @@ class Dispatcher {
   // worker: work stealing, so that a straggler holds back only itself.
   void Round();
 
+  // Whether the last round held back a task for its memory bound (Bounds).
+  bool AnyOverBound() const { return !over_bound_.empty(); }
+  // The ready tasks of memory bounds that nothing can make room in any more: of each bound
+  // that held back a task in the last round, has no task placed, and holds none of its
+  // ready tasks. Costs a look at every ready task.
+  std::vector<TaskId> OverBound() const;
+
   // Whether `task` is set aside for want of a worker that could ever run it.
   bool Stalled(TaskId task) const { return stalled_.contains(task); }
   size_t ready() const { return ready_.size(); }
@@ -129,7 +136,9 @@ class Dispatcher {
   DispatcherOptions options_;
   std::set<ReadyKey> ready_;
   std::unordered_set<TaskId> stalled_;  // ready, but for no worker attached: set aside
-  std::minstd_rand random_;             // for random_placement
+  // Bounds (submitter, bound id) that held back a task in the last round.
+  std::set<std::pair<SessionId, uint64_t>> over_bound_;
+  std::minstd_rand random_;  // for random_placement
   PlacementCounters counters_;
 };
 

@@ -9,9 +9,14 @@ Scheduler::Scheduler(StoreAccess& store, WorkerLink& link, SchedulerOptions opti
     : store_(store),
       link_(link),
       options_(std::move(options)),
-      graph_(store, options_.finished_kept, [this](Task& task) { dispatcher_.MakeReady(task); }),
+      graph_(
+          store, options_.finished_kept, [this](Task& task) { dispatcher_.MakeReady(task); },
+          [this](const Task& task) { bounds_.Leave(task.submitter, task.spec); }),
       workers_(graph_, link,
-               {.window = options_.window, .pipeline = options_.pipeline, .clock = options_.clock}),
+               {.window = options_.window,
+                .pipeline = options_.pipeline,
+                .clock = options_.clock,
+                .bounds = &bounds_}),
       dispatcher_(graph_, workers_, store, durations_,
                   {.bandwidths = options_.bandwidths,
                    .measure_bandwidths = options_.measure_bandwidths,
@@ -114,9 +119,21 @@ void Scheduler::Forget(Worker& worker) {
 
 Result<std::vector<std::vector<ObjectId>>> Scheduler::Submit(SessionId submitter,
                                                              std::span<const TaskSpec> tasks) {
+  std::map<uint64_t, uint64_t> bounds;  // those this batch names, by id
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (Status s = bounds_.Check(submitter, tasks[i], bounds); !s.ok()) {
+      return Status::InvalidArgument("task " + std::to_string(i) + ": " + s.message());
+    }
+  }
+  // Joined first: a task may end inside Add (an input that failed), leaving its bound.
+  for (const TaskSpec& t : tasks) bounds_.Join(submitter, t);
   auto outputs = graph_.Add(submitter, tasks,
                             [&](const TaskSpec& spec) { return workers_.CouldEverRun(spec); });
-  if (outputs.ok()) Dispatch();
+  if (!outputs.ok()) {
+    for (const TaskSpec& t : tasks) bounds_.Leave(submitter, t);
+    return outputs;
+  }
+  Dispatch();
   return outputs;
 }
 
@@ -141,6 +158,17 @@ void Scheduler::Dispatch() {
     workers_.Flush();
   } while (dispatch_again_);
   dispatching_ = false;
+  if (options_.bounds_stuck && dispatcher_.AnyOverBound()) options_.bounds_stuck();
+}
+
+void Scheduler::FailStuckBounds() {
+  Dispatch();  // afresh: what was freed since may have let the tasks start
+  std::vector<TaskId> stuck = dispatcher_.OverBound();
+  for (TaskId id : stuck) {
+    Task& t = graph_.at(id);
+    Finish(t, TaskState::kFailed, Describe(id) + ": " + bounds_.Why(t.submitter, t.spec));
+  }
+  if (!stuck.empty()) Dispatch();
 }
 
 Status Scheduler::Complete(SessionId worker, std::span<const Completion> completions) {
@@ -166,10 +194,11 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
                         now - task->started_at);
     }
     std::string failure;
+    std::vector<StoreAccess::Object> found;
     if (!c.ok) {
       failure = c.message;
     } else {
-      std::vector<StoreAccess::Object> found(task->outputs.size());
+      found.resize(task->outputs.size());
       store_.Locate(task->outputs, found);
       for (size_t k = 0; k < found.size() && failure.empty(); ++k) {
         if (found[k].state != StoreAccess::State::kSealed) {
@@ -184,6 +213,9 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
       continue;
     }
     ++w->done;
+    for (size_t k = 0; k < found.size(); ++k) {
+      bounds_.Made(task->submitter, task->spec, task->outputs[k], found[k].where.bytes);
+    }
     Finish(*task, TaskState::kDone, "");
   }
   if (w->draining) {
@@ -224,6 +256,14 @@ void Scheduler::LendWhileWaiting(SessionId worker, const ObjectId& id) {
   Dispatch();
 }
 
+std::string Scheduler::Describe(TaskId id) const {
+  std::string out = "task " + std::to_string(id);
+  if (const Task* t = graph_.Find(id)) {
+    out += t->spec.label.empty() ? " of '" + t->spec.function + "'" : " (" + t->spec.label + ")";
+  }
+  return out;
+}
+
 size_t Scheduler::StartedTasks() const {
   size_t n = 0;
   for (const auto& [id, w] : workers_.workers()) n += w->running.size() - w->pipelined;
@@ -262,7 +302,9 @@ void Scheduler::OnSealed(const ObjectId& id, bool failed) {
 }
 
 void Scheduler::OnFreed(const ObjectId& id) {
-  if (graph_.OnFreed(id)) Dispatch();
+  // Room in a bound lets its tasks start; an input gone fails its readers.
+  const bool room = bounds_.Freed(id);
+  if (graph_.OnFreed(id) || room) Dispatch();
 }
 
 std::vector<WorkerInfo> Scheduler::Workers() const { return workers_.Info(); }

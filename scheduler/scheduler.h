@@ -29,6 +29,7 @@
 
 #include "depot/object_id.h"
 #include "depot/status.h"
+#include "scheduler/bounds.h"
 #include "scheduler/dispatcher.h"
 #include "scheduler/durations.h"
 #include "scheduler/placement.h"
@@ -117,6 +118,10 @@ struct SchedulerOptions {
   // Places each task on a worker and device chosen at random among those that fit, with no
   // regard for locality or queues: the baseline placement is measured against.
   bool random_placement = false;
+  // Called after a dispatch that held back a task for its memory bound (Bounds): the caller
+  // calls FailStuckBounds a grace period later (the inputs of a task that ended are freed a
+  // moment after it ends, which may make the room).
+  std::function<void()> bounds_stuck;
 };
 
 class Scheduler final : public ObjectEvents {
@@ -155,6 +160,13 @@ class Scheduler final : public ObjectEvents {
   TaskId MakesNow(SessionId worker, const ObjectId& id) const;
   // Tasks whose functions run now, on every worker (not those sent ahead).
   size_t StartedTasks() const;
+  // How people know task `id` in a message: "task N" and its label (its function's name if
+  // it has none).
+  std::string Describe(TaskId id) const;
+  // Fails the ready tasks of memory bounds that nothing can make room in any more (no task
+  // of the bound is placed, and none of its ready tasks fits), naming each, its size and
+  // the bound, rather than let them wait for ever (Dispatcher::OverBound).
+  void FailStuckBounds();
   // The task making `id` on `worker` waits for room for it: its resources go to another
   // task meanwhile (WorkerTable::Lend), placed at once in ready order, the tasks queued on
   // that worker among the others.
@@ -208,6 +220,7 @@ class Scheduler final : public ObjectEvents {
   WorkerLink& link_;
   SchedulerOptions options_;
   DurationModel durations_;
+  Bounds bounds_;
   TaskGraph graph_;
   WorkerTable workers_;
   Dispatcher dispatcher_;

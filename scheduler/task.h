@@ -71,6 +71,11 @@ struct TaskSpec {
   // Its submitter's name for it, for people (a Dask key): at most kMaxLabel bytes, shown,
   // never interpreted; kept while the task is listed.
   std::string label;
+  // A memory bound shared with its submitter's other tasks naming `bound_id` (Bounds):
+  // `bound_bytes` for the outputs of those tasks still stored and those placed tasks
+  // declared. 0: none; both or neither.
+  uint64_t bound_id = 0;
+  uint64_t bound_bytes = 0;
 };
 
 }  // namespace depot::scheduler

@@ -113,10 +113,12 @@ std::string_view TaskStateName(TaskState state) {
   return "unknown";
 }
 
-TaskGraph::TaskGraph(StoreAccess& store, size_t finished_kept, std::function<void(Task&)> ready)
+TaskGraph::TaskGraph(StoreAccess& store, size_t finished_kept, std::function<void(Task&)> ready,
+                     std::function<void(const Task&)> over)
     : store_(store),
       finished_kept_(finished_kept),
       ready_(std::move(ready)),
+      over_(std::move(over)),
       nonce_(ObjectId::Random()) {}
 
 TaskGraph::~TaskGraph() {
@@ -312,6 +314,7 @@ void TaskGraph::Admit(Task& task) {
 }
 
 void TaskGraph::Finish(Task& task, TaskState state, std::string_view reason) {
+  if (over_) over_(task);
   task.state = state;
   task.reason = Cut(reason);
   if (state == TaskState::kDone) {

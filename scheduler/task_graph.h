@@ -113,8 +113,10 @@ struct GraphCounters {
 class TaskGraph {
  public:
   // `ready` is told of each task whose inputs have all been sealed (its state still
-  // kWaiting); it may not call back into the graph.
-  TaskGraph(StoreAccess& store, size_t finished_kept, std::function<void(Task&)> ready);
+  // kWaiting); `over`, of each task as it ends (Finish: done, failed or cancelled). Neither
+  // may call back into the graph.
+  TaskGraph(StoreAccess& store, size_t finished_kept, std::function<void(Task&)> ready,
+            std::function<void(const Task&)> over = {});
   ~TaskGraph();
   TaskGraph(const TaskGraph&) = delete;
   TaskGraph& operator=(const TaskGraph&) = delete;
@@ -201,6 +203,7 @@ class TaskGraph {
   StoreAccess& store_;
   const size_t finished_kept_;
   const std::function<void(Task&)> ready_;
+  const std::function<void(const Task&)> over_;
   const ObjectId nonce_;  // derived output ids: unique to this daemon
   TaskId next_task_ = 1;
   std::unordered_map<TaskId, std::unique_ptr<Task>> tasks_;  // pending

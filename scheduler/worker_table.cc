@@ -175,6 +175,7 @@ bool WorkerTable::Place(Worker& worker, Task& task, bool now) {
   task.placed = true;
   worker.pending_s += task.duration_s;
   if (task.spec.output_bytes > 0) reserved_[task.device] += task.spec.output_bytes;
+  if (options_.bounds != nullptr) options_.bounds->Placed(task.submitter, task.spec);
   if (now && worker.running.size() < kMaxRunningPerWorker &&
       worker.resources.Reserve(task.request, task.device)) {
     Start(worker, task);
@@ -269,6 +270,7 @@ bool WorkerTable::NoneMoving() const {
 void WorkerTable::Unplace(Task& task) {
   if (!task.placed) return;
   task.placed = false;
+  if (options_.bounds != nullptr) options_.bounds->Unplaced(task.submitter, task.spec);
   if (task.spec.output_bytes > 0) {
     auto it = reserved_.find(task.device);
     it->second -= task.spec.output_bytes;

@@ -30,6 +30,7 @@
 
 #include "depot/object_id.h"
 #include "depot/status.h"
+#include "scheduler/bounds.h"
 #include "scheduler/placement.h"
 #include "scheduler/resources.h"
 #include "scheduler/task.h"
@@ -136,6 +137,9 @@ struct WorkerTableOptions {
   bool pipeline = true;
   // Seconds since some fixed point.
   std::function<double()> clock;
+  // The memory bounds of groups of tasks, told what is placed and unplaced (none: no task
+  // names one).
+  Bounds* bounds = nullptr;
 };
 
 class WorkerTable {
@@ -209,6 +213,7 @@ class WorkerTable {
 
   std::vector<WorkerInfo> Info() const;
   double Now() const { return options_.clock ? options_.clock() : 0; }
+  const Bounds* bounds() const { return options_.bounds; }
 
  private:
   void Start(Worker& worker, Task& task);

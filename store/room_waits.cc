@@ -7,8 +7,12 @@
 namespace depot::store {
 
 RoomWaits::RoomWaits(boost::asio::io_context& loop, std::function<size_t()> started_tasks,
-                     std::function<void(ClientId, const ObjectId&)> waiting)
-    : started_tasks_(std::move(started_tasks)), waiting_(std::move(waiting)), timer_(loop) {}
+                     std::function<void(ClientId, const ObjectId&)> waiting,
+                     std::function<std::string(uint64_t)> describe)
+    : started_tasks_(std::move(started_tasks)),
+      waiting_(std::move(waiting)),
+      describe_(std::move(describe)),
+      timer_(loop) {}
 
 void RoomWaits::Park(ClientId creator, uint64_t task, const ObjectId& id, Status why, Retry retry,
                      Fail fail, bool again) {
@@ -102,10 +106,11 @@ void RoomWaits::GiveUp() {
   Wait newest = std::move(waits_.back());
   waits_.pop_back();
   ++failed_;
-  newest.fail(Status::OutOfMemory(
-      "no room for a task's output while every task that runs waits for room too (nothing "
-      "freed for " +
-      std::to_string(kGrace.count()) + " ms): " + newest.why.message()));
+  newest.fail(Status::OutOfMemory("no room for an output of " + describe_(newest.task) +
+                                  " while every task that runs waits for room too (nothing "
+                                  "freed for " +
+                                  std::to_string(kGrace.count()) +
+                                  " ms): " + newest.why.message()));
   Check();
 }
 

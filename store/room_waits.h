@@ -43,8 +43,10 @@ class RoomWaits {
   // once a wait begins, with the creator and the id (the scheduler lends the task's
   // resources to another task meanwhile: a worker's slot that waits for room may run the
   // reader that frees it).
+  // `describe`: how a message names a task (Scheduler::Describe).
   RoomWaits(boost::asio::io_context& loop, std::function<size_t()> started_tasks,
-            std::function<void(ClientId, const ObjectId&)> waiting);
+            std::function<void(ClientId, const ObjectId&)> waiting,
+            std::function<std::string(uint64_t)> describe);
   RoomWaits(const RoomWaits&) = delete;
   RoomWaits& operator=(const RoomWaits&) = delete;
 
@@ -88,6 +90,7 @@ class RoomWaits {
 
   std::function<size_t()> started_tasks_;
   std::function<void(ClientId, const ObjectId&)> waiting_;
+  std::function<std::string(uint64_t)> describe_;
   boost::asio::steady_timer timer_;
   bool timing_ = false;
   uint64_t generation_ = 0;  // of the grace period: a handler of an earlier one does nothing

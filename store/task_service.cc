@@ -53,6 +53,8 @@ TaskSpec SpecOf(wire::TaskSpec::Reader in) {
   spec.detach = in.getDetach();
   for (uint32_t k : in.getHostInputs()) spec.host_inputs.push_back(k);
   spec.label = ipc::ToString(in.getLabel());
+  spec.bound_id = in.getBoundId();
+  spec.bound_bytes = in.getBoundBytes();
   switch (in.getVariant()) {
     case wire::Variant::CPU:
       spec.variant = scheduler::Variant::kCpu;
@@ -81,11 +83,14 @@ wire::CancelOutcome ToWire(scheduler::Scheduler::CancelOutcome outcome) {
 
 namespace {
 
-// Task durations are measured on the monotonic clock.
-scheduler::SchedulerOptions WithClock(scheduler::SchedulerOptions options) {
+// Task durations are measured on the monotonic clock; a memory bound that holds its tasks
+// back is looked at again a grace period later (`stuck`).
+scheduler::SchedulerOptions WithHooks(scheduler::SchedulerOptions options,
+                                      std::function<void()> stuck) {
   if (!options.clock) {
     options.clock = [] { return static_cast<double>(ipc::MonotonicNanos()) * 1e-9; };
   }
+  options.bounds_stuck = std::move(stuck);
   return options;
 }
 
@@ -96,12 +101,12 @@ TaskService::TaskService(boost::asio::io_context& loop, Pushes& pushes, ObjectSt
     : pushes_(pushes),
       store_(store),
       access_(store, *this),
-      scheduler_(access_, *this, WithClock(std::move(options))),
+      scheduler_(access_, *this, WithHooks(std::move(options), [this] { BoundsStuck(); })),
+      bounds_timer_(loop),
       room_waits_(
           loop, [this] { return scheduler_.StartedTasks(); },
-          [this](ClientId worker, const ObjectId& id) {
-            scheduler_.LendWhileWaiting(worker, id);
-          }) {
+          [this](ClientId worker, const ObjectId& id) { scheduler_.LendWhileWaiting(worker, id); },
+          [this](uint64_t task) { return scheduler_.Describe(task); }) {
   const scheduler::Bandwidths bw = scheduler_.bandwidths();
   spdlog::info("scheduler: places tasks {}; copies assumed at {}/s host<->GPU, {}/s GPU<->GPU{}",
                scheduler_.random_placement() ? "at random (--placement random)"
@@ -398,6 +403,17 @@ SchedulerStatus TaskService::Totals() const {
       .gpu_to_gpu = bw.gpu_to_gpu,
       .bandwidths_measured = scheduler_.bandwidths_measured(),
   };
+}
+
+void TaskService::BoundsStuck() {
+  if (bounds_timer_armed_) return;
+  bounds_timer_armed_ = true;
+  bounds_timer_.expires_after(RoomWaits::kGrace);
+  bounds_timer_.async_wait([this](const boost::system::error_code& error) {
+    if (error) return;  // cancelled: the service is going
+    bounds_timer_armed_ = false;
+    scheduler_.FailStuckBounds();
+  });
 }
 
 void TaskService::EndUnwantedWaits() {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <capnp/message.h>
+#include <boost/asio/steady_timer.hpp>
 
 #include <cstdint>
 #include <string>
@@ -97,11 +98,16 @@ class TaskService final : public DataRequests::OutputRoom,
 
   // Fails the waits for room of outputs nobody wants any more (a graph given up).
   void EndUnwantedWaits();
+  // A memory bound held a task back (SchedulerOptions::bounds_stuck): its graph's tasks that
+  // cannot fit fail RoomWaits::kGrace later if nothing of it runs or was freed by then.
+  void BoundsStuck();
 
   Pushes& pushes_;
   ObjectStore& store_;
   SchedulerStore access_;
   scheduler::Scheduler scheduler_;
+  boost::asio::steady_timer bounds_timer_;
+  bool bounds_timer_armed_ = false;
   RoomWaits room_waits_;
 };
 

@@ -32,6 +32,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -836,6 +837,68 @@ TEST_F(HostileTest, OnlyAWorkersOwnRunningOutputsWaitForRoomOnceEachUntilItLeave
   // It leaves: its wait goes, unanswered, and its tasks run elsewhere or wait for a worker.
   attacker.reset();
   EXPECT_TRUE(Eventually([&] { return waiting() == 0; }));
+}
+
+// Memory bounds (TaskSpec.boundId, boundBytes) are each submitter's own: another client naming
+// the same id has its own bound; a bound without bytes, or with other bytes than its pending
+// tasks', is refused; a client's bounds at once are bounded; declarations of 2^64 - 1 bytes
+// neither wrap a bound nor hold anyone else up; and a task its bound can never hold fails,
+// saying why, a grace period later.
+TEST_F(HostileTest, MemoryBoundsAreEachSubmittersOwnAndBounded) {
+  auto worker = OpenSession();
+  auto reply = worker->Call(2, [](auto r) {
+    auto reg = r.initRegisterWorker();
+    reg.setCpus(8);
+    reg.initFunctions(1).set(0, "noop");
+  });
+  ASSERT_EQ(ErrorOf(reply).first, wire::ErrorCode::OK) << ErrorOf(reply).second;
+  ASSERT_OK_AND_ASSIGN(Client attacker, Client::Connect(daemon_->socket_path()));
+  const auto bounded = [](uint64_t id, uint64_t bytes, uint64_t output) {
+    return TaskRequest{
+        .function = "noop", .output_bytes = output, .bound_id = id, .bound_bytes = bytes};
+  };
+  const auto refused = [&](std::vector<TaskRequest> tasks, const std::string& why) {
+    auto out = attacker.Submit(tasks);
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(out.status().message().find(why), std::string::npos) << out.status().ToString();
+  };
+  refused({bounded(1, 0, 0)}, "needs an id and a number of bytes");
+  refused({bounded(0, 1 << 20, 0)}, "needs an id and a number of bytes");
+  refused({bounded(9, 1 << 20, 0), bounded(9, 2 << 20, 0)}, "memory bound 9 is 1048576 bytes");
+  std::vector<TaskRequest> many;
+  for (uint64_t i = 0; i <= 1024; ++i) many.push_back(bounded(100 + i, 1 << 20, 0));
+  refused(many, "memory bounds at once");
+
+  // Declarations of 2^64 - 1 bytes in a bound of as many: summed exactly, never wrapped.
+  constexpr uint64_t kMost = std::numeric_limits<uint64_t>::max();
+  ASSERT_OK_AND_ASSIGN(auto huge, attacker.Submit({bounded(5, kMost, kMost)}));
+  // The victim names the same bound id, with other bytes: its own bound, its task runs. (It
+  // declares no output: a declared one would wait for room in the store beside the huge one
+  // placed, as beside an object of that size.)
+  ASSERT_OK_AND_ASSIGN(auto own, victim_->Submit({bounded(5, 1 << 20, 0)}));
+  std::set<uint64_t> assigned;
+  while (assigned.size() < 2) {
+    auto assign = worker->Receive();
+    ASSERT_TRUE(assign && assign->get().isAssign());
+    for (auto a : assign->get().getAssign()) assigned.insert(a.getTask());
+  }
+  // A second huge one does not fit beside the first (placed, and its bound full): it waits
+  // while the first runs, and nobody else's task is held up meanwhile.
+  ASSERT_OK_AND_ASSIGN(auto second, attacker.Submit({bounded(5, kMost, kMost)}));
+  ASSERT_OK_AND_ASSIGN(auto other, victim_->Submit({bounded(6, 1 << 20, 0)}));
+  auto next = worker->Receive();
+  ASSERT_TRUE(next && next->get().isAssign());
+  ASSERT_EQ(next->get().getAssign().size(), 1u);
+  EXPECT_EQ(ipc::FromWire(next->get().getAssign()[0].getOutputs()[0]), other[0]);
+
+  // A task no bound of its size could hold, alone: it fails a grace period later.
+  ASSERT_OK_AND_ASSIGN(auto never, attacker.Submit({bounded(7, 1 << 20, 2 << 20)}));
+  auto got = attacker.Get(never[0], std::chrono::seconds(30));
+  ASSERT_EQ(got.status().code(), StatusCode::kTaskFailed) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("does not fit its graph's memory bound of 1.00 MiB"),
+            std::string::npos)
+      << got.status().message();
 }
 
 // A completion may ask the daemon to seal outputs its worker created (Completion.seal): only

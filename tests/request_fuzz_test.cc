@@ -819,6 +819,11 @@ class RequestFuzzer {
       t.setRetries(Said(o, "retries", Wild() ? x_.U32({kMaxRetries}) : uint32_t{1}));
       t.setOutputBytes(
           Said(o, "outputBytes", Wild() ? x_.U64({kArenaBytes, kGpuBytes}) : uint64_t{0}));
+      if (x_.OneIn(4)) {  // a memory bound shared by the tasks naming its id
+        t.setBoundId(Said(o, "boundId", Wild() ? x_.U64({1, 2}) : uint64_t(1 + x_.Pick(2))));
+        t.setBoundBytes(
+            Said(o, "boundBytes", Wild() ? x_.U64({kArenaBytes, 1}) : uint64_t{kArenaBytes}));
+      }
       t.setVariant(static_cast<wire::Variant>(Said(o, "variant", x_.Pick(Wild() ? 8 : 3))));
       // Any bytes, shown (escaped) by depotctl, never read otherwise.
       const std::string label = Text(Said(o, "label", Wild() ? x_.Length(kMaxLabel) : x_.Pick(16)),

@@ -29,6 +29,7 @@ class SchedulerTest : public ::testing::Test {
     o.window = 2;
     o.pipeline = pipeline;
     o.clock = [this] { return now_; };
+    o.bounds_stuck = [this] { ++bounds_stuck_; };
     return o;
   }
 
@@ -78,6 +79,7 @@ class SchedulerTest : public ::testing::Test {
     store_.Deliver(scheduler_);
   }
 
+  int bounds_stuck_ = 0;  // calls of SchedulerOptions::bounds_stuck
   FakeStore store_;
   FakeLink link_;
   double now_ = 0;
@@ -806,6 +808,107 @@ TEST_F(SchedulerTest, AGpuTaskStartsOnlyWhereItsOutputsFit) {
   auto sent = link_.Take();
   ASSERT_EQ(sent.size(), 1u);
   EXPECT_EQ(sent[0].device, 1);
+}
+
+// A graph's memory bound on a shared daemon: its tasks start only while the bound holds the
+// outputs of its tasks still stored, those its placed tasks declared and their own.
+TEST_F(SchedulerTest, ATasksBoundHoldsWhatItsGraphStoredAndDeclared) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000 * kMiB;  // the store itself has room for everything
+  auto bounded = [](uint64_t bytes) {
+    TaskSpec t = Task();
+    t.output_bytes = bytes;
+    t.bound_id = 7;
+    t.bound_bytes = 10 * kMiB;
+    return t;
+  };
+  const ObjectId a = Submit(bounded(4 * kMiB))[0];
+  const ObjectId b = Submit(bounded(4 * kMiB))[0];
+  Submit(bounded(4 * kMiB));
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 2u) << "4 + 4 MiB fit 10 MiB; a third does not, though CPU is free";
+  // Another client's bound of the same id is its own.
+  TaskSpec other = bounded(8 * kMiB);
+  Submit(other, /*submitter=*/200);
+  ASSERT_EQ(link_.Take().size(), 1u);
+
+  // Done, an output counts as stored until freed: still no room for the third.
+  Run(sent[0], 4 * kMiB);
+  EXPECT_TRUE(link_.Take().empty());
+  store_.Free(a);
+  store_.Deliver(scheduler_);
+  auto third = link_.Take();
+  ASSERT_EQ(third.size(), 1u) << "freed: room for it";
+  Run(sent[1], 4 * kMiB);
+  Run(third[0], 4 * kMiB);
+  store_.Free(b);
+  store_.Deliver(scheduler_);
+
+  // A task declaring nothing is not held back.
+  Submit(bounded(0));
+  EXPECT_EQ(link_.Take().size(), 1u);
+}
+
+// When nothing of a graph runs and none of its ready tasks fits its bound, nothing of it will
+// free any: those tasks fail, naming themselves, their size and the bound.
+TEST_F(SchedulerTest, ATaskItsIdleBoundCannotHoldFailsSayingWhy) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000 * kMiB;
+  TaskSpec big = Task();
+  big.output_bytes = 12 * kMiB;
+  big.bound_id = 3;
+  big.bound_bytes = 10 * kMiB;
+  big.label = "('big', 0)";
+  const ObjectId out = Submit(big)[0];
+  EXPECT_TRUE(link_.Take().empty());
+  // The daemon looks again a grace period later (a task's inputs are freed a moment after
+  // it ends), then fails what still cannot fit.
+  EXPECT_GE(bounds_stuck_, 1);
+  scheduler_.FailStuckBounds();
+  StoreAccess::Object found;
+  store_.Locate(std::span(&out, 1), std::span(&found, 1));
+  ASSERT_EQ(found.state, StoreAccess::State::kFailed);
+  const std::string why = store_.objects[out].message;
+  for (const char* part : {"task 1 (('big', 0)): its declared output of 12.0 MiB",
+                           "memory bound of 10.0 MiB", "no task of the graph runs"}) {
+    EXPECT_NE(why.find(part), std::string::npos) << why;
+  }
+  // A task of the bound that runs keeps the others waiting, not failing: it may free room.
+  TaskSpec fits = big;
+  fits.output_bytes = 2 * kMiB;
+  fits.label = "fits";
+  Submit(fits);
+  EXPECT_EQ(link_.Take().size(), 1u);
+  big.label = "('big', 1)";
+  const ObjectId waits = Submit(big)[0];
+  scheduler_.FailStuckBounds();
+  store_.Locate(std::span(&waits, 1), std::span(&found, 1));
+  EXPECT_EQ(found.state, StoreAccess::State::kMissing) << "it waits";
+}
+
+TEST_F(SchedulerTest, BoundsAreCheckedAtSubmission) {
+  AddWorker(1, 1);
+  TaskSpec half = Task();
+  half.bound_id = 1;
+  EXPECT_EQ(SubmitStatus({half}).code(), StatusCode::kInvalidArgument);
+  TaskSpec a = Task(), b = Task();
+  a.bound_id = b.bound_id = 5;
+  a.bound_bytes = kMiB;
+  b.bound_bytes = 2 * kMiB;
+  const Status mixed = SubmitStatus({a, b});
+  EXPECT_EQ(mixed.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(mixed.message().find("task 1: memory bound 5 is 1048576 bytes"), std::string::npos)
+      << mixed.ToString();
+  EXPECT_TRUE(SubmitStatus({a}).ok());
+  EXPECT_EQ(SubmitStatus({b}).code(), StatusCode::kInvalidArgument) << "against a pending one";
+  // A client's bounds at once are bounded.
+  std::vector<TaskSpec> many(Bounds::kMaxPerSubmitter);
+  for (size_t i = 0; i < many.size(); ++i) {
+    many[i] = Task();
+    many[i].bound_id = 100 + i;
+    many[i].bound_bytes = kMiB;
+  }
+  EXPECT_EQ(SubmitStatus(many).code(), StatusCode::kInvalidArgument);
 }
 
 void SchedulerTest::RandomLoad() {

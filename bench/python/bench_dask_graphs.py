@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Dask graphs on depot's own scheduler against Dask's schedulers, in the same run (issue 39).
+"""Dask graphs on depot's own scheduler against Dask's schedulers, in the same run (issues 39, 40).
 
   python bench/python/bench_dask_graphs.py [--workers 2] [--repeat 1]
-      [--workloads product,rechunk,elementwise,tree,groupby,set_index,delayed]
-      [--schedulers threads,processes,local,local-depot,depot]
+      [--workloads product,rechunk,elementwise,chain,tree,groupby,set_index,delayed]
+      [--schedulers threads,processes,local,local-depot,depot,depot-unfused]
       [--n 6000] [--chunk 1000] [--rows 1000000] [--partitions 16] [--delayed 10000]
       [--store-memory 50%] [--timeout 600] [--json]
 
@@ -17,7 +17,8 @@ Each workload runs on each scheduler with --workers workers:
   ``--no-prefault``, as DepotNannyPlugin starts them) through ``depot.dask.DepotPlugin``
   (default threshold and keep) and ``DepotNannyPlugin``;
 - depot: ``depot.dask.Scheduler(workers=N, memory=--store-memory)``: a private depotd with N
-  Python worker processes, its ``get`` as the scheduler.
+  Python worker processes, its ``get`` as the scheduler;
+- depot-unfused: the same with ``fuse=False``: only Dask's own fusion.
 
 The workloads, all generated from seed 0 inside the graph:
 - product: the problem of dask/dask#7449, ``(a * a.T).sum()`` of ``a``, an --n x --n array of
@@ -26,6 +27,9 @@ The workloads, all generated from seed 0 inside the graph:
   every output chunk takes a piece of every input chunk;
 - elementwise: ten elementwise operations in a row on ``a`` (+, *, sqrt, log, -, abs, sin,
   **, exp, /), summed; Dask fuses them into one task per chunk;
+- chain: the same ten operations after rechunk's change of chunks (rows to columns), summed:
+  Dask fuses them into each column's merge but stores the rechunk's pieces (slices of the
+  row chunks, n / chunk of them per merge); depot also fuses those into the merges;
 - tree: ``a`` in chunks of (--chunk / 4, --chunk), ``var(axis=0, split_every=2)``: a tree
   reduction of the chunks' moments, two at a time;
 - groupby: a dataframe of --rows rows of 4 random float64 columns in --partitions
@@ -94,7 +98,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import _memory  # beside this script
 
 MiB = 1 << 20
-SCHEDULERS = ("threads", "processes", "local", "local-depot", "depot")
+SCHEDULERS = ("threads", "processes", "local", "local-depot", "depot", "depot-unfused")
 
 
 # The workloads: each returns the collections that one dask.compute runs.
@@ -120,6 +124,16 @@ def _elementwise(args) -> tuple:
     import numpy as np
 
     a = _array(args, args.chunk)
+    a = np.sqrt((a + 1) * 2)
+    a = np.abs(np.log(a) - 0.25)
+    a = np.exp(np.sin(a) ** 2) / 3
+    return (a.sum(),)
+
+
+def _chain(args) -> tuple:
+    import numpy as np
+
+    a = _array(args, (args.chunk, args.n)).rechunk((args.n, args.chunk), method="tasks")
     a = np.sqrt((a + 1) * 2)
     a = np.abs(np.log(a) - 0.25)
     a = np.exp(np.sin(a) ** 2) / 3
@@ -163,6 +177,7 @@ WORKLOADS: Dict[str, Callable[[Any], tuple]] = {
     "product": _product,
     "rechunk": _rechunk,
     "elementwise": _elementwise,
+    "chain": _chain,
     "tree": _tree,
     "groupby": _groupby,
     "set_index": _set_index,
@@ -253,16 +268,20 @@ def _local(args, with_depot: bool = False) -> Iterator[_Started]:
 
 
 @contextlib.contextmanager
-def _depot(args) -> Iterator[_Started]:
+def _depot(args, fuse: bool = True) -> Iterator[_Started]:
     import depot.dask
 
-    with depot.dask.Scheduler(workers=args.workers, memory=args.store_memory) as scheduler:
+    with depot.dask.Scheduler(
+        workers=args.workers, memory=args.store_memory, fuse=fuse
+    ) as scheduler:
         yield _Started({"scheduler": scheduler.get}, scheduler.client)
 
 
 def _started(scheduler: str, args) -> contextlib.AbstractContextManager:
     if scheduler == "local-depot":
         return _local(args, with_depot=True)
+    if scheduler == "depot-unfused":
+        return _depot(args, fuse=False)
     return {"threads": _threads, "processes": _processes, "local": _local,
             "depot": _depot}[scheduler](args)
 

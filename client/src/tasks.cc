@@ -50,6 +50,8 @@ void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
                  : t.variant == Variant::kGpu ? wire::Variant::GPU
                                               : wire::Variant::AUTO);
   out.setLabel(t.label);
+  out.setBoundId(t.bound_id);
+  out.setBoundBytes(t.bound_bytes);
 }
 
 }  // namespace

@@ -511,6 +511,39 @@ def test_check_refuses_a_graph_that_cannot_fit_before_anything_runs():
         depot.dask.Scheduler(socket="/nonexistent", memory="lots")
 
 
+def test_a_graphs_bound_on_a_shared_daemon_is_kept_and_one_it_cannot_hold_says_so(sched):
+    # The module's daemon (512 MiB, two workers) is shared: memory= bounds each graph's use
+    # of it. Blocks of 2 MiB, a product reading two: unbounded, the daemon ran 6 to 8 blocks
+    # at once here; bounded to 6 MiB, the store never holds more than that.
+    x, value = _pairs(4, 512)
+    used, stop = [0], threading.Event()
+
+    def sample():
+        with depot.Client(sched.client.socket) as watcher:
+            while not stop.is_set():
+                used[0] = max(used[0], watcher.status().used_bytes)
+                stop.wait(0.001)
+
+    with depot.dask.Scheduler(socket=sched.client.socket, memory="6MiB") as bounded:
+        watching = threading.Thread(target=sample)
+        watching.start()
+        try:
+            assert dask.compute(x, scheduler=bounded.get)[0] == value
+        finally:
+            stop.set()
+            watching.join()
+        assert 0 < used[0] <= 6 * 2**20, used[0]
+
+    # 3 MiB holds one block and not a second beside it: the graph fails, naming the task,
+    # its size and the bound, instead of waiting for ever.
+    with depot.dask.Scheduler(socket=sched.client.socket, memory="3MiB") as tight:
+        with pytest.raises(depot.TaskFailed) as failure:
+            dask.compute(x, scheduler=tight.get)
+    for part in ("('filled-", "its declared output of 2.00 MiB does not fit its graph's memory "
+                 "bound of 3.00 MiB", "no task of the graph runs"):
+        assert part in str(failure.value), str(failure.value)
+
+
 def _bytes_in(client):
     """Bytes of objects the daemon created in host memory so far."""
     import re

@@ -185,6 +185,24 @@ def test_a_task_declaring_more_output_than_there_is_room_for_waits_while_others_
     np.testing.assert_array_equal(client.get(big, timeout=60), np.zeros(10))
 
 
+def test_a_group_of_tasks_shares_a_memory_bound(client, workers):
+    workers(1, cpus=1)
+    for bad in ("lots", 0, -1, True, "1 XB"):
+        with pytest.raises(depot.InvalidArgument, match="a size is"):
+            client.map(np.ones, [10], memory=bad)
+    # Four outputs of 1 MiB declared, a bound of 2.5 MiB: two are made, and kept (this client
+    # holds them); the other two cannot fit while nothing of the group runs, and fail a grace
+    # period later, naming the task, its size and the bound.
+    mib = 2**20
+    refs = client.map(np.ones, [mib // 8] * 4, output_bytes=mib + 4096, memory="2.5MiB")
+    for ref in refs[:2]:
+        np.testing.assert_array_equal(client.get(ref, timeout=60), np.ones(mib // 8))
+    for ref in refs[2:]:
+        with pytest.raises(depot.TaskFailed, match="does not fit its graph's memory bound of 2.50 MiB"):
+            client.get(ref, timeout=60)
+    client.delete(refs[:2])
+
+
 def test_closures_and_lambdas_run_by_value(client, workers):
     workers(1)
     offset = 7

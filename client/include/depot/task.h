@@ -60,6 +60,12 @@ struct TaskRequest {
   std::vector<uint32_t> host_inputs;
   // What `depotctl tasks` shows of it (a Dask key, say): at most 256 bytes, display only.
   std::string label;
+  // A memory bound shared with this client's other tasks naming `bound_id` (a graph's on
+  // a shared daemon): the task starts only while the outputs of that bound's tasks still
+  // stored, those its placed tasks declared and its own `output_bytes` fit `bound_bytes`.
+  // 0: none; both or neither, and the same bytes for every task naming the bound.
+  uint64_t bound_id = 0;
+  uint64_t bound_bytes = 0;
 };
 
 enum class CancelOutcome : uint8_t {

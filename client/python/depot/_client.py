@@ -480,11 +480,22 @@ class Client:
     ) -> List[Union[ObjectRef, Tuple[ObjectRef, ...]]]:
         """``submit(fn, *items)`` for each tuple of items of ``iterables`` (as the builtin
         map zips them), submitted in batches of 1,000 tasks; the refs in order. Takes
-        submit's keyword options, but not ``name``."""
+        submit's keyword options, but not ``name``; and ``memory``, a bound the tasks share
+        (bytes, or a size such as ``"2GiB"``): a task starts only while the outputs of the
+        group's tasks still stored, those declared by its tasks placed, and its own declared
+        ``output_bytes`` fit it; one that cannot fit while none of the group runs fails,
+        naming itself, its size and the bound."""
         if "name" in options:
             raise InvalidArgument("map names no outputs: give names with submit")
+        memory = options.pop("memory", None)
+        bound = None
+        if memory is not None:
+            bound = (int.from_bytes(_depot.random_id()[:8], "little") | 1, _codec.parse_size(memory))
         num_outputs = options.get("num_outputs", 1)
         tasks = [self._task(fn, items, **_task_options(options)) for items in zip(*iterables)]
+        if bound is not None:
+            for task in tasks:
+                task["bound_id"], task["bound_bytes"] = bound
         refs: List[Union[ObjectRef, Tuple[ObjectRef, ...]]] = []
         for start in range(0, len(tasks), 1000):
             for outputs in self._submit(tasks[start : start + 1000]):

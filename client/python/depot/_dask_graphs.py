@@ -476,9 +476,16 @@ class _Plan:
 class _Run:
     """One graph's run: what it submitted, to give up or clean up."""
 
-    def __init__(self, client: Client, plan: _Plan, keys: Sequence[Key], batch: int) -> None:
+    def __init__(
+        self, client: Client, plan: _Plan, keys: Sequence[Key], batch: int,
+        bound: Optional[int] = None,
+    ) -> None:
         self.client = client
         self.plan = plan
+        # The graph's memory bound on a shared daemon: every task names it (an id of this
+        # run's), and the daemon starts a task only while the outputs of the graph's tasks
+        # still stored, and those declared by its placed tasks, leave room for its own.
+        self.bound = (int.from_bytes(_depot.random_id()[:8], "little") | 1, bound) if bound else None
         self.wanted = {plan.resolve(k) for k in keys}
         self.batch = batch
         # Where each key's value is: the output of its task, named before it is submitted
@@ -541,6 +548,8 @@ class _Run:
             task = self.client._task(fn, args, name=name, label=label, **(options or {}))
         except Exception as error:
             raise InvalidArgument(f"task {key!r} cannot be sent to a worker: {error}") from error
+        if self.bound is not None:
+            task["bound_id"], task["bound_bytes"] = self.bound
         if _tasks.args_stored(task["args"]):
             self.extra.append(ObjectRef(task["inputs"][-1]))
         return task
@@ -766,7 +775,7 @@ def _pack(keys: Any, values: Mapping[Key, Any]) -> Any:
 
 def _run_graph(
     client: Client, dsk: Any, keys: Any, batch: int, callbacks: Any = None,
-    check: Optional[int] = None, share: Optional[int] = None,
+    check: Optional[int] = None, share: Optional[int] = None, bound: Optional[int] = None,
 ) -> Any:
     from dask.callbacks import local_callbacks, unpack_callbacks
 
@@ -784,7 +793,7 @@ def _run_graph(
                 projected = project(plan, flat, check)
                 if not projected.fits:
                     raise StoreFull(f"the graph cannot run within its bound: {projected.reason()}")
-            run = _Run(client, plan, flat, batch)
+            run = _Run(client, plan, flat, batch, bound)
             try:
                 tasks = run.encode()
                 state["waiting"] = {k for k in plan.order if k not in plan.aliases}
@@ -826,9 +835,12 @@ class Scheduler:
     simulated GPUs instead (see :func:`depot.start_daemon`), for trying this without one.
     As a context manager it is also what :func:`get` uses inside the ``with`` block.
 
-    ``memory`` is also the graphs' bound (on a daemon of its own, its capacity; attached to
-    a running one, the size given, else that daemon's capacity): with ``check``, a graph
-    whose projected peak (:func:`plan`) exceeds it is refused before anything runs
+    ``memory`` is also the graphs' bound: on a daemon of its own, its capacity; attached to
+    a running one, each graph's own bound there (the daemon starts a task only while the
+    outputs of the graph's tasks still stored, those declared by its tasks placed and its
+    own declared output fit; a task that cannot fit while nothing of the graph runs fails,
+    naming itself, its size and the bound), else that daemon's capacity. With ``check``, a
+    graph whose projected peak (:func:`plan`) exceeds it is refused before anything runs
     (StoreFull, naming the stage); ``get(..., check=...)`` decides per graph. Tasks whose
     output size the graph's metadata gives (``dask.array`` chunks) declare it to the
     daemon, which starts a task only where its output has room beside those of the tasks
@@ -864,6 +876,8 @@ class Scheduler:
             raise InvalidArgument("batch is a count of tasks, 1 or more")
         private = workers is not None and socket is None
         bound = parse_memory(memory) if memory is not None and not private else None
+        # On a shared daemon, memory= is each graph's bound there (a private one's store is).
+        self._bound = bound
         self.batch = batch
         self.check = check
         self.fuse = fuse
@@ -901,7 +915,7 @@ class Scheduler:
         fuse = kwargs.get("fuse", self.fuse)
         return _run_graph(
             self.client, dsk, keys, self.batch, kwargs.get("callbacks"),
-            self.memory if check else None, self.share if fuse else None,
+            self.memory if check else None, self.share if fuse else None, self._bound,
         )
 
     @property

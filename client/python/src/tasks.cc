@@ -82,6 +82,10 @@ TaskRequest RequestOf(nb::dict d) {
       r.variant = VariantOf(nb::cast<std::string>(value));
     } else if (k == "label") {
       r.label = nb::cast<std::string>(value);
+    } else if (k == "bound_id") {
+      r.bound_id = nb::cast<uint64_t>(value);
+    } else if (k == "bound_bytes") {
+      r.bound_bytes = nb::cast<uint64_t>(value);
     } else {
       throw nb::value_error(("a task has no field '" + k + "'").c_str());
     }

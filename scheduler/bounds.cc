@@ -1,0 +1,134 @@
+#include "scheduler/bounds.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "depot/ipc/units.h"
+
+namespace depot::scheduler {
+
+Status Bounds::Check(SessionId submitter, const TaskSpec& spec,
+                     std::map<uint64_t, uint64_t>& batch) const {
+  if ((spec.bound_id == 0) != (spec.bound_bytes == 0)) {
+    return Status::InvalidArgument(
+        "a task's memory bound needs an id and a number of bytes, both "
+        "above 0 (or neither)");
+  }
+  if (spec.bound_id == 0) return Status::OK();
+  uint64_t bytes = spec.bound_bytes;
+  if (auto it = bounds_.find({submitter, spec.bound_id}); it != bounds_.end()) {
+    bytes = it->second.bytes;
+  } else if (auto seen = batch.find(spec.bound_id); seen != batch.end()) {
+    bytes = seen->second;
+  } else {
+    const auto count = per_submitter_.find(submitter);
+    const size_t have = count == per_submitter_.end() ? 0 : count->second;
+    if (have + batch.size() >= kMaxPerSubmitter) {
+      return Status::InvalidArgument("a client may have " + std::to_string(kMaxPerSubmitter) +
+                                     " memory bounds at once");
+    }
+    batch.emplace(spec.bound_id, spec.bound_bytes);
+  }
+  if (bytes != spec.bound_bytes) {
+    return Status::InvalidArgument("memory bound " + std::to_string(spec.bound_id) + " is " +
+                                   std::to_string(bytes) + " bytes, not " +
+                                   std::to_string(spec.bound_bytes));
+  }
+  return Status::OK();
+}
+
+const Bounds::Bound* Bounds::Find(SessionId submitter, const TaskSpec& spec) const {
+  if (spec.bound_id == 0) return nullptr;
+  auto it = bounds_.find({submitter, spec.bound_id});
+  return it == bounds_.end() ? nullptr : &it->second;
+}
+
+Bounds::Bound* Bounds::Find(SessionId submitter, const TaskSpec& spec) {
+  return const_cast<Bound*>(std::as_const(*this).Find(submitter, spec));
+}
+
+void Bounds::Join(SessionId submitter, const TaskSpec& spec) {
+  if (spec.bound_id == 0) return;
+  auto [it, fresh] = bounds_.try_emplace({submitter, spec.bound_id});
+  if (fresh) {
+    it->second.bytes = spec.bound_bytes;
+    ++per_submitter_[submitter];
+  }
+  ++it->second.tasks;
+}
+
+void Bounds::Leave(SessionId submitter, const TaskSpec& spec) {
+  Bound* b = Find(submitter, spec);
+  if (b == nullptr) return;
+  --b->tasks;
+  Tidy({submitter, spec.bound_id});
+}
+
+void Bounds::Tidy(const Key& key) {
+  auto it = bounds_.find(key);
+  if (it == bounds_.end() || it->second.tasks > 0 || it->second.outputs > 0) return;
+  bounds_.erase(it);
+  auto count = per_submitter_.find(key.first);
+  if (--count->second == 0) per_submitter_.erase(count);
+}
+
+bool Bounds::Fits(SessionId submitter, const TaskSpec& spec) const {
+  const Bound* b = Find(submitter, spec);
+  if (b == nullptr || spec.output_bytes == 0) return true;
+  const unsigned __int128 taken = static_cast<unsigned __int128>(b->live) + b->reserved;
+  return taken <= b->bytes && b->bytes - static_cast<uint64_t>(taken) >= spec.output_bytes;
+}
+
+bool Bounds::Idle(SessionId submitter, const TaskSpec& spec) const {
+  const Bound* b = Find(submitter, spec);
+  return b == nullptr || b->placed == 0;
+}
+
+std::string Bounds::Why(SessionId submitter, const TaskSpec& spec) const {
+  const Bound* b = Find(submitter, spec);
+  if (b == nullptr) return "";
+  return "its declared output of " + ipc::FormatSize(spec.output_bytes) +
+         " does not fit its graph's memory bound of " + ipc::FormatSize(b->bytes) + " beside the " +
+         ipc::FormatSize(b->live) + " of the graph's results still stored, " +
+         "and no task of the graph runs that could free any";
+}
+
+void Bounds::Placed(SessionId submitter, const TaskSpec& spec) {
+  if (Bound* b = Find(submitter, spec)) {
+    ++b->placed;
+    b->reserved += spec.output_bytes;
+  }
+}
+
+void Bounds::Unplaced(SessionId submitter, const TaskSpec& spec) {
+  if (Bound* b = Find(submitter, spec)) {
+    --b->placed;
+    b->reserved -= spec.output_bytes;
+  }
+}
+
+void Bounds::Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes) {
+  Bound* b = Find(submitter, spec);
+  if (b == nullptr || !made_.try_emplace(id, Output{{submitter, spec.bound_id}, bytes}).second) {
+    return;
+  }
+  b->live = bytes > std::numeric_limits<uint64_t>::max() - b->live
+                ? std::numeric_limits<uint64_t>::max()
+                : b->live + bytes;
+  ++b->outputs;
+}
+
+bool Bounds::Freed(const ObjectId& id) {
+  auto it = made_.find(id);
+  if (it == made_.end()) return false;
+  const Output out = it->second;
+  made_.erase(it);
+  auto b = bounds_.find(out.bound);
+  b->second.live -= std::min(b->second.live, out.bytes);
+  --b->second.outputs;
+  Tidy(out.bound);
+  return true;
+}
+
+}  // namespace depot::scheduler

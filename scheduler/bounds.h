@@ -1,0 +1,85 @@
+// Memory bounds of groups of tasks: a client's graph on a shared daemon that must not take
+// more than so many bytes of the store at once (depot.dask's `memory=`).
+//
+// A task names its bound (TaskSpec.bound_id, with bound_bytes): its submitter's tasks naming
+// the same id share it. What a bound counts is the outputs of its tasks still stored (live:
+// from the completion of their task until they are freed) and the outputs its placed tasks
+// declared (TaskSpec.output_bytes: reserved from placement until the task is unplaced, as
+// WorkerTable reserves room on a device). A task starts only while the bound holds its own
+// declared output beside those (Fits); a task that declares nothing is not held back. When
+// no task of a bound is placed and none of its ready tasks fits, nothing of the graph will
+// free any of it: the scheduler fails the first such task, naming it, its size and the
+// bound (Why), rather than let the graph wait for ever.
+//
+// All of it runs on the daemon's loop thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "depot/object_id.h"
+#include "depot/status.h"
+#include "scheduler/task.h"
+
+namespace depot::scheduler {
+
+class Bounds {
+ public:
+  // At most this many bounds a submitter has at once.
+  static constexpr size_t kMaxPerSubmitter = 1024;
+
+  // Whether `submitter` may submit `spec`: its bound's id and bytes are both 0 or both not,
+  // and the bytes are those of the bound's other tasks, pending or in this batch (`batch`:
+  // the bounds seen so far in it, by id). InvalidArgument, saying which, otherwise.
+  Status Check(SessionId submitter, const TaskSpec& spec,
+               std::map<uint64_t, uint64_t>& batch) const;
+
+  // A task of `submitter` naming a bound was added / is over.
+  void Join(SessionId submitter, const TaskSpec& spec);
+  void Leave(SessionId submitter, const TaskSpec& spec);
+
+  // Whether the task's bound holds its declared output now (true without a bound).
+  bool Fits(SessionId submitter, const TaskSpec& spec) const;
+  // Whether no task of its bound is placed (true without a bound).
+  bool Idle(SessionId submitter, const TaskSpec& spec) const;
+  // Why the task's bound cannot hold its output, for its failure.
+  std::string Why(SessionId submitter, const TaskSpec& spec) const;
+
+  // The task was placed on a worker / taken off it: its declared output is reserved / not.
+  void Placed(SessionId submitter, const TaskSpec& spec);
+  void Unplaced(SessionId submitter, const TaskSpec& spec);
+  // Its task's output `id` of `bytes` is stored (the task completed); `id` was freed.
+  void Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes);
+  // Whether `id` was a live output of a bound task (its bound has more room now).
+  bool Freed(const ObjectId& id);
+
+  size_t size() const { return bounds_.size(); }
+
+ private:
+  using Key = std::pair<SessionId, uint64_t>;
+  struct Bound {
+    uint64_t bytes = 0;
+    uint64_t live = 0;
+    unsigned __int128 reserved = 0;  // summed exactly: each declaration may be 2^64 - 1
+    size_t tasks = 0;                // pending
+    size_t placed = 0;
+    size_t outputs = 0;  // live ones (made_ holds them)
+  };
+  const Bound* Find(SessionId submitter, const TaskSpec& spec) const;
+  Bound* Find(SessionId submitter, const TaskSpec& spec);
+  // Drops a bound no pending task names and no live output counts against.
+  void Tidy(const Key& key);
+
+  std::map<Key, Bound> bounds_;
+  std::map<SessionId, size_t> per_submitter_;
+  struct Output {
+    Key bound;
+    uint64_t bytes;
+  };
+  std::unordered_map<ObjectId, Output> made_;  // live outputs of bound tasks
+};
+
+}  // namespace depot::scheduler
