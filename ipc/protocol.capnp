@@ -325,6 +325,11 @@ struct TaskSpec {
   # same bytes. A daemon older than the fields ignores them (no version bump).
   boundId @16 :UInt64;
   boundBytes @17 :UInt64;
+  # Its kind (a Dask layer, say; at most 256 bytes): a task that declares no `outputBytes`
+  # is expected to make as much as the most a task of its kind, of this submitter, made so
+  # far, and is placed and bounded as if it had declared that. A daemon older than the field
+  # ignores it (no version bump).
+  kind @18 :Text;
 }
 
 # Which implementation of a function a task runs, where some worker has a GPU variant.

@@ -73,38 +73,57 @@ void Bounds::Tidy(const Key& key) {
   if (--count->second == 0) per_submitter_.erase(count);
 }
 
-bool Bounds::Fits(SessionId submitter, const TaskSpec& spec) const {
+bool Bounds::Fits(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const {
   const Bound* b = Find(submitter, spec);
-  if (b == nullptr || spec.output_bytes == 0) return true;
+  if (b == nullptr) return true;
+  // Nothing known of its size yet, but its kind will be measured: it runs alone, so that the
+  // first of each kind cannot overshoot the bound unseen beside others.
+  if (bytes == 0) return spec.kind.empty() || b->placed == 0;
   const unsigned __int128 taken = static_cast<unsigned __int128>(b->live) + b->reserved;
-  return taken <= b->bytes && b->bytes - static_cast<uint64_t>(taken) >= spec.output_bytes;
+  return taken <= b->bytes && b->bytes - static_cast<uint64_t>(taken) >= bytes;
 }
 
-bool Bounds::Idle(SessionId submitter, const TaskSpec& spec) const {
-  const Bound* b = Find(submitter, spec);
-  return b == nullptr || b->placed == 0;
+bool Bounds::Idle(SessionId submitter, uint64_t id) const {
+  auto it = bounds_.find({submitter, id});
+  return it == bounds_.end() || it->second.placed == 0;
 }
 
-std::string Bounds::Why(SessionId submitter, const TaskSpec& spec) const {
+void Bounds::HeldBack(SessionId submitter, uint64_t id, double now) {
+  auto it = bounds_.find({submitter, id});
+  if (it != bounds_.end() && it->second.held_since < 0) it->second.held_since = now;
+}
+
+double Bounds::HeldSince(SessionId submitter, uint64_t id) const {
+  auto it = bounds_.find({submitter, id});
+  if (it == bounds_.end() || it->second.held_since < 0) {
+    return std::numeric_limits<double>::infinity();
+  }
+  return it->second.held_since;
+}
+
+std::string Bounds::Why(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const {
   const Bound* b = Find(submitter, spec);
   if (b == nullptr) return "";
-  return "its declared output of " + ipc::FormatSize(spec.output_bytes) +
-         " does not fit its graph's memory bound of " + ipc::FormatSize(b->bytes) + " beside the " +
-         ipc::FormatSize(b->live) + " of the graph's results still stored, " +
+  const char* whose = spec.output_bytes > 0 ? "its declared output of " : "its expected output of ";
+  return whose + ipc::FormatSize(bytes) + " does not fit its graph's memory bound of " +
+         ipc::FormatSize(b->bytes) + " beside the " + ipc::FormatSize(b->live) +
+         " of the graph's results still stored, " +
          "and no task of the graph runs that could free any";
 }
 
-void Bounds::Placed(SessionId submitter, const TaskSpec& spec) {
+void Bounds::Placed(SessionId submitter, const TaskSpec& spec, uint64_t bytes) {
   if (Bound* b = Find(submitter, spec)) {
     ++b->placed;
-    b->reserved += spec.output_bytes;
+    b->reserved += bytes;
+    b->held_since = -1;
   }
 }
 
-void Bounds::Unplaced(SessionId submitter, const TaskSpec& spec) {
+void Bounds::Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t bytes) {
   if (Bound* b = Find(submitter, spec)) {
     --b->placed;
-    b->reserved -= spec.output_bytes;
+    b->reserved -= bytes;
+    b->held_since = -1;
   }
 }
 
@@ -117,6 +136,7 @@ void Bounds::Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id,
                 ? std::numeric_limits<uint64_t>::max()
                 : b->live + bytes;
   ++b->outputs;
+  b->held_since = -1;
 }
 
 bool Bounds::Freed(const ObjectId& id) {
@@ -127,6 +147,7 @@ bool Bounds::Freed(const ObjectId& id) {
   auto b = bounds_.find(out.bound);
   b->second.live -= std::min(b->second.live, out.bytes);
   --b->second.outputs;
+  b->second.held_since = -1;
   Tidy(out.bound);
   return true;
 }

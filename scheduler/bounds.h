@@ -4,12 +4,12 @@
 // A task names its bound (TaskSpec.bound_id, with bound_bytes): its submitter's tasks naming
 // the same id share it. What a bound counts is the outputs of its tasks still stored (live:
 // from the completion of their task until they are freed) and the outputs its placed tasks
-// declared (TaskSpec.output_bytes: reserved from placement until the task is unplaced, as
-// WorkerTable reserves room on a device). A task starts only while the bound holds its own
-// declared output beside those (Fits); a task that declares nothing is not held back. When
-// no task of a bound is placed and none of its ready tasks fits, nothing of the graph will
-// free any of it: the scheduler fails the first such task, naming it, its size and the
-// bound (Why), rather than let the graph wait for ever.
+// declared (TaskSpec.output_bytes, or what OutputSizes expects of its kind: reserved from
+// placement until the task is unplaced, as WorkerTable reserves room on a device). A task starts
+// only while the bound holds its own declared output beside those (Fits); a task that declares
+// nothing is not held back. When no task of a bound is placed and none of its ready tasks fits,
+// nothing of the graph will free any of it: the scheduler fails the first such task, naming it, its
+// size and the bound (Why), rather than let the graph wait for ever.
 //
 // All of it runs on the daemon's loop thread.
 #pragma once
@@ -41,16 +41,25 @@ class Bounds {
   void Join(SessionId submitter, const TaskSpec& spec);
   void Leave(SessionId submitter, const TaskSpec& spec);
 
-  // Whether the task's bound holds its declared output now (true without a bound).
-  bool Fits(SessionId submitter, const TaskSpec& spec) const;
-  // Whether no task of its bound is placed (true without a bound).
-  bool Idle(SessionId submitter, const TaskSpec& spec) const;
-  // Why the task's bound cannot hold its output, for its failure.
-  std::string Why(SessionId submitter, const TaskSpec& spec) const;
+  // Whether the task's bound holds its output of `bytes` (declared, or expected of its
+  // kind: Task::reserve) now. True without a bound, or for 0 bytes (unknown) without a kind;
+  // a task of a kind not measured yet fits only while no task of its bound is placed (it
+  // runs alone until its kind is measured).
+  bool Fits(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const;
+  // Whether no task of the bound is placed (true for none).
+  bool Idle(SessionId submitter, uint64_t id) const;
+  // A round held back a task of the bound, idle, at `now` (seconds): the first such moment
+  // since the bound last changed (a task placed or unplaced, an output made or freed) is
+  // kept. When: that moment, or infinity if it changed since (or there is no such bound).
+  void HeldBack(SessionId submitter, uint64_t id, double now);
+  double HeldSince(SessionId submitter, uint64_t id) const;
+  // Why the task's bound cannot hold its output of `bytes`, for its failure.
+  std::string Why(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const;
 
-  // The task was placed on a worker / taken off it: its declared output is reserved / not.
-  void Placed(SessionId submitter, const TaskSpec& spec);
-  void Unplaced(SessionId submitter, const TaskSpec& spec);
+  // The task was placed on a worker / taken off it: its output of `bytes` (Task::reserve)
+  // is reserved / not.
+  void Placed(SessionId submitter, const TaskSpec& spec, uint64_t bytes);
+  void Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t bytes);
   // Its task's output `id` of `bytes` is stored (the task completed); `id` was freed.
   void Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes);
   // Whether `id` was a live output of a bound task (its bound has more room now).
@@ -66,7 +75,8 @@ class Bounds {
     unsigned __int128 reserved = 0;  // summed exactly: each declaration may be 2^64 - 1
     size_t tasks = 0;                // pending
     size_t placed = 0;
-    size_t outputs = 0;  // live ones (made_ holds them)
+    size_t outputs = 0;      // live ones (made_ holds them)
+    double held_since = -1;  // HeldBack, until the bound changes; -1: not
   };
   const Bound* Find(SessionId submitter, const TaskSpec& spec) const;
   Bound* Find(SessionId submitter, const TaskSpec& spec);

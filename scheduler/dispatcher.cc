@@ -30,21 +30,27 @@ constexpr double kStealAfterWaitS = 0.01;
 constexpr uint32_t kExploreEvery = 32;
 
 // Tasks with no affinity and the same shape ask for the same thing: where one found no
-// place, the others find none either.
-bool SameShape(const TaskSpec& a, const TaskSpec& b) {
-  return a.function == b.function && a.resources.cpu == b.resources.cpu &&
-         a.resources.gpu == b.resources.gpu && a.resources.custom == b.resources.custom &&
-         a.output_bytes == b.output_bytes && a.variant == b.variant && a.bound_id == b.bound_id;
+// place, the others find none either. A bound and a kind are their submitter's.
+bool SameShape(const Task& a, const Task& b) {
+  const TaskSpec& x = a.spec;
+  const TaskSpec& y = b.spec;
+  const bool own = x.bound_id != 0 || !x.kind.empty();
+  return x.function == y.function && x.resources.cpu == y.resources.cpu &&
+         x.resources.gpu == y.resources.gpu && x.resources.custom == y.resources.custom &&
+         x.output_bytes == y.output_bytes && x.variant == y.variant && x.bound_id == y.bound_id &&
+         x.kind == y.kind && (!own || a.submitter == b.submitter);
 }
 
 }  // namespace
 
 Dispatcher::Dispatcher(TaskGraph& graph, WorkerTable& workers, StoreAccess& store,
-                       DurationModel& durations, DispatcherOptions options)
+                       DurationModel& durations, DispatcherOptions options,
+                       const OutputSizes* sizes)
     : graph_(graph),
       workers_(workers),
       store_(store),
       durations_(durations),
+      sizes_(sizes),
       options_(std::move(options)) {}
 
 void Dispatcher::MakeReady(Task& task) {
@@ -116,14 +122,13 @@ bool Dispatcher::Rebalance() {
   return !moving.empty();
 }
 
-std::vector<TaskId> Dispatcher::OverBound() const {
+std::vector<TaskId> Dispatcher::OverBound(
+    const std::function<bool(SessionId, uint64_t)>& stuck_now) const {
   std::vector<TaskId> out;
   const Bounds* bounds = workers_.bounds();
   if (over_bound_.empty() || bounds == nullptr) return out;
   auto stuck = over_bound_;
-  std::erase_if(stuck, [&](const auto& key) {
-    return !bounds->Idle(key.first, TaskSpec{.bound_id = key.second});
-  });
+  std::erase_if(stuck, [&](const auto& key) { return !stuck_now(key.first, key.second); });
   if (stuck.empty()) return out;
   std::map<std::pair<SessionId, uint64_t>, std::vector<TaskId>> held;
   std::set<std::pair<SessionId, uint64_t>> fitting;
@@ -131,7 +136,7 @@ std::vector<TaskId> Dispatcher::OverBound() const {
     const Task& t = graph_.at(r.id);
     const std::pair key{t.submitter, t.spec.bound_id};
     if (!stuck.contains(key)) continue;
-    if (bounds->Fits(t.submitter, t.spec)) {
+    if (bounds->Fits(t.submitter, t.spec, t.reserve)) {
       fitting.insert(key);
     } else {
       held[key].push_back(t.id);
@@ -145,29 +150,49 @@ std::vector<TaskId> Dispatcher::OverBound() const {
 
 void Dispatcher::PlaceReady() {
   over_bound_.clear();
+  held_at_.clear();
   size_t open = 0;
   for (auto& [id, w] : workers_.workers()) {
     if (w->freed) workers_.StartQueued(*w);
     if (workers_.Open(*w)) ++open;
   }
-  std::vector<const TaskSpec*> unplaceable;
+  std::vector<const Task*> unplaceable;
   int misses = 0;
   for (auto it = ready_.begin(); it != ready_.end() && open > 0 && misses < kMaxMissesPerRound;) {
     Task& task = graph_.at(it->id);
+    if (task.spec.bound_id != 0) {
+      // A bound that held back an output this round holds back any as large (fast: many
+      // ready tasks of one graph may wait for room in its bound).
+      auto held = held_at_.find({task.submitter, task.spec.bound_id});
+      if (held != held_at_.end()) {
+        const uint64_t bytes = sizes_ != nullptr ? sizes_->Expected(task.submitter, task.spec)
+                                                 : task.spec.output_bytes;
+        if (bytes == 0 ? held->second.unknown && !task.spec.kind.empty()
+                       : bytes >= held->second.least) {
+          ++it;
+          continue;
+        }
+      }
+    }
     const bool shaped = task.spec.affinity == Affinity::kNone;
     if (shaped && std::any_of(unplaceable.begin(), unplaceable.end(),
-                              [&](const TaskSpec* s) { return SameShape(*s, task.spec); })) {
+                              [&](const Task* t) { return SameShape(*t, task); })) {
       ++it;
       continue;
     }
     if (!PlaceOne(task)) {
+      if (std::exchange(held_by_bound_, false)) {
+        // Its bound, not the workers, holds it back: no miss, and no shape for others.
+        ++it;
+        continue;
+      }
       if (!CouldEverPlace(task)) {
         // Not with the workers attached: it waits aside until another attaches.
         it = ready_.erase(it);
         stalled_.insert(task.id);
         continue;
       }
-      if (shaped && unplaceable.size() < kMaxShapesPerRound) unplaceable.push_back(&task.spec);
+      if (shaped && unplaceable.size() < kMaxShapesPerRound) unplaceable.push_back(&task);
       ++it;
       ++misses;
       continue;
@@ -199,9 +224,21 @@ bool Dispatcher::PlaceOne(Task& task) {
 bool Dispatcher::TryPlace(Task& task) {
   const std::span<const SessionId> runners = workers_.Runners(task.spec.function);
   if (runners.empty()) return false;
+  // Its output: declared, or expected of its kind; reserved where it is placed.
+  task.reserve =
+      sizes_ != nullptr ? sizes_->Expected(task.submitter, task.spec) : task.spec.output_bytes;
   if (const Bounds* bounds = workers_.bounds();
-      bounds != nullptr && !bounds->Fits(task.submitter, task.spec)) {
+      bounds != nullptr && !bounds->Fits(task.submitter, task.spec, task.reserve)) {
     over_bound_.emplace(task.submitter, task.spec.bound_id);
+    // An output of unknown size held back (its kind not measured yet) holds back every other
+    // such one; one of known size every one as large.
+    Held& held = held_at_[{task.submitter, task.spec.bound_id}];
+    if (task.reserve == 0) {
+      held.unknown = true;
+    } else {
+      held.least = std::min(held.least, task.reserve);
+    }
+    held_by_bound_ = true;
     return false;
   }
 
@@ -213,12 +250,12 @@ bool Dispatcher::TryPlace(Task& task) {
   std::map<int32_t, bool> roomy;
   bool any_room = true;  // false: room left every device out
   const std::function<bool(int32_t)> has_room = [&](int32_t device) {
-    if (task.spec.output_bytes == 0 || !any_room) return true;
+    if (task.reserve == 0 || !any_room) return true;
     auto [it, fresh] = roomy.emplace(device, false);
     if (fresh) {
       const uint64_t room = store_.Room(device);
       const uint64_t reserved = workers_.Reserved(device);
-      it->second = room >= reserved && room - reserved >= task.spec.output_bytes;
+      it->second = room >= reserved && room - reserved >= task.reserve;
     }
     return it->second;
   };
@@ -231,7 +268,7 @@ bool Dispatcher::TryPlace(Task& task) {
     }
   };
   plan_ways();
-  if (!plans[0] && !plans[1] && task.spec.output_bytes > 0 &&
+  if (!plans[0] && !plans[1] && task.reserve > 0 &&
       std::ranges::none_of(roomy, [](const auto& d) { return d.second; }) &&
       workers_.NoneMoving()) {
     any_room = false;

@@ -19,6 +19,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "scheduler/durations.h"
+#include "scheduler/output_sizes.h"
 #include "scheduler/placement.h"
 #include "scheduler/store_access.h"
 #include "scheduler/task_graph.h"
@@ -60,8 +62,9 @@ struct PlacementCounters {
 
 class Dispatcher {
  public:
+  // `sizes`: what tasks that declare no output size are expected to make (none: nothing).
   Dispatcher(TaskGraph& graph, WorkerTable& workers, StoreAccess& store, DurationModel& durations,
-             DispatcherOptions options);
+             DispatcherOptions options, const OutputSizes* sizes = nullptr);
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
 
@@ -81,12 +84,12 @@ class Dispatcher {
   // worker: work stealing, so that a straggler holds back only itself.
   void Round();
 
-  // Whether the last round held back a task for its memory bound (Bounds).
-  bool AnyOverBound() const { return !over_bound_.empty(); }
-  // The ready tasks of memory bounds that nothing can make room in any more: of each bound
-  // that held back a task in the last round, has no task placed, and holds none of its
-  // ready tasks. Costs a look at every ready task.
-  std::vector<TaskId> OverBound() const;
+  // The memory bounds (submitter, bound id) that held back a task in the last round.
+  const std::set<std::pair<SessionId, uint64_t>>& held_back() const { return over_bound_; }
+  // The ready tasks of the bounds that held back a task in the last round, that `stuck`
+  // says nothing can make room in any more, and that hold none of their ready tasks. Costs
+  // a look at every ready task.
+  std::vector<TaskId> OverBound(const std::function<bool(SessionId, uint64_t)>& stuck) const;
 
   // Whether `task` is set aside for want of a worker that could ever run it.
   bool Stalled(TaskId task) const { return stalled_.contains(task); }
@@ -133,11 +136,20 @@ class Dispatcher {
   WorkerTable& workers_;
   StoreAccess& store_;
   DurationModel& durations_;
+  const OutputSizes* sizes_;
   DispatcherOptions options_;
   std::set<ReadyKey> ready_;
   std::unordered_set<TaskId> stalled_;  // ready, but for no worker attached: set aside
   // Bounds (submitter, bound id) that held back a task in the last round.
   std::set<std::pair<SessionId, uint64_t>> over_bound_;
+  bool held_by_bound_ = false;  // the last TryPlace's task was held back by its bound
+  // This round, by bound: the least output bytes it held back, and whether it held back one
+  // of unknown size (its kind not measured yet).
+  struct Held {
+    uint64_t least = UINT64_MAX;
+    bool unknown = false;
+  };
+  std::map<std::pair<SessionId, uint64_t>, Held> held_at_;
   std::minstd_rand random_;  // for random_placement
   PlacementCounters counters_;
 };

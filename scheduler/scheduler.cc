@@ -20,7 +20,8 @@ Scheduler::Scheduler(StoreAccess& store, WorkerLink& link, SchedulerOptions opti
       dispatcher_(graph_, workers_, store, durations_,
                   {.bandwidths = options_.bandwidths,
                    .measure_bandwidths = options_.measure_bandwidths,
-                   .random_placement = options_.random_placement}) {}
+                   .random_placement = options_.random_placement},
+                  &output_sizes_) {}
 
 Scheduler::~Scheduler() = default;
 
@@ -89,6 +90,7 @@ void Scheduler::WorkerEnded(Worker& w) {
 }
 
 void Scheduler::SubmitterEnded(SessionId session) {
+  output_sizes_.Forget(session);
   // Its tasks that have not started and whose outputs no other task reads. Consumers are
   // deeper than their producers, so going deepest first lets a task's cancelled consumers
   // let go of its outputs before it is looked at.
@@ -158,15 +160,25 @@ void Scheduler::Dispatch() {
     workers_.Flush();
   } while (dispatch_again_);
   dispatching_ = false;
-  if (options_.bounds_stuck && dispatcher_.AnyOverBound()) options_.bounds_stuck();
+  const auto& held = dispatcher_.held_back();
+  if (held.empty()) return;
+  const double now = workers_.Now();
+  for (const auto& [submitter, id] : held) {
+    if (bounds_.Idle(submitter, id)) bounds_.HeldBack(submitter, id, now);
+  }
+  if (options_.bounds_stuck) options_.bounds_stuck();
 }
 
-void Scheduler::FailStuckBounds() {
+void Scheduler::FailStuckBounds(double grace_s) {
   Dispatch();  // afresh: what was freed since may have let the tasks start
-  std::vector<TaskId> stuck = dispatcher_.OverBound();
+  const double now = workers_.Now();
+  std::vector<TaskId> stuck = dispatcher_.OverBound([&](SessionId submitter, uint64_t id) {
+    return bounds_.Idle(submitter, id) && bounds_.HeldSince(submitter, id) <= now - grace_s;
+  });
   for (TaskId id : stuck) {
     Task& t = graph_.at(id);
-    Finish(t, TaskState::kFailed, Describe(id) + ": " + bounds_.Why(t.submitter, t.spec));
+    Finish(t, TaskState::kFailed,
+           Describe(id) + ": " + bounds_.Why(t.submitter, t.spec, t.reserve));
   }
   if (!stuck.empty()) Dispatch();
 }
@@ -213,9 +225,12 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
       continue;
     }
     ++w->done;
+    uint64_t made = 0;
     for (size_t k = 0; k < found.size(); ++k) {
       bounds_.Made(task->submitter, task->spec, task->outputs[k], found[k].where.bytes);
+      made += found[k].where.bytes;
     }
+    output_sizes_.Record(task->submitter, task->spec.kind, made);
     Finish(*task, TaskState::kDone, "");
   }
   if (w->draining) {
@@ -337,15 +352,18 @@ TaskInfo Scheduler::Describe(const Task& t) const {
     if (!workers_.CouldEverRun(t.spec)) {
       info.reason =
           "no worker attached can run '" + t.spec.function + "' with the resources it asks for";
+    } else if (!bounds_.Fits(t.submitter, t.spec, t.reserve)) {
+      info.reason = "its graph's memory bound has no room for the " + std::to_string(t.reserve) +
+                    " output bytes it declared (or its kind made) now";
     } else if (dispatcher_.Stalled(t.id)) {
       info.reason = "no worker attached offers the GPU holding its inputs (hard affinity)";
     } else {
-      info.reason = t.spec.output_bytes == 0
+      info.reason = t.reserve == 0
                         ? "no worker has room for it now"
                         : "no worker has room for it now, or the store none for the " +
-                              std::to_string(t.spec.output_bytes) +
-                              " output bytes it declared beside those of the tasks placed "
-                              "before it";
+                              std::to_string(t.reserve) +
+                              " output bytes it declared (or its kind made) beside those of "
+                              "the tasks placed before it";
     }
   }
   return info;

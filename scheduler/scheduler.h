@@ -32,6 +32,7 @@
 #include "scheduler/bounds.h"
 #include "scheduler/dispatcher.h"
 #include "scheduler/durations.h"
+#include "scheduler/output_sizes.h"
 #include "scheduler/placement.h"
 #include "scheduler/resources.h"
 #include "scheduler/store_access.h"
@@ -164,9 +165,10 @@ class Scheduler final : public ObjectEvents {
   // it has none).
   std::string Describe(TaskId id) const;
   // Fails the ready tasks of memory bounds that nothing can make room in any more (no task
-  // of the bound is placed, and none of its ready tasks fits), naming each, its size and
-  // the bound, rather than let them wait for ever (Dispatcher::OverBound).
-  void FailStuckBounds();
+  // of the bound is placed, none of its ready tasks fits, and so it has been for `grace_s`
+  // seconds with nothing of the bound changing: Bounds::HeldSince), naming each, its size
+  // and the bound, rather than let them wait for ever (Dispatcher::OverBound).
+  void FailStuckBounds(double grace_s);
   // The task making `id` on `worker` waits for room for it: its resources go to another
   // task meanwhile (WorkerTable::Lend), placed at once in ready order, the tasks queued on
   // that worker among the others.
@@ -220,6 +222,7 @@ class Scheduler final : public ObjectEvents {
   WorkerLink& link_;
   SchedulerOptions options_;
   DurationModel durations_;
+  OutputSizes output_sizes_;
   Bounds bounds_;
   TaskGraph graph_;
   WorkerTable workers_;

@@ -76,6 +76,9 @@ struct TaskSpec {
   // declared. 0: none; both or neither.
   uint64_t bound_id = 0;
   uint64_t bound_bytes = 0;
+  // Its kind, for people and for output sizes (OutputSizes): tasks of a kind make outputs
+  // of about one size. At most kMaxLabel bytes.
+  std::string kind;
 };
 
 }  // namespace depot::scheduler

@@ -56,6 +56,10 @@ Status CheckSpec(const TaskSpec& spec, size_t outputs) {
                                    " bytes are over " + std::to_string(kMaxInlineArgs) +
                                    "; pass an object");
   }
+  if (spec.kind.size() > kMaxLabel) {
+    return Status::InvalidArgument("a kind of " + std::to_string(spec.kind.size()) +
+                                   " bytes is over " + std::to_string(kMaxLabel));
+  }
   if (spec.label.size() > kMaxLabel) {
     return Status::InvalidArgument("a label of " + std::to_string(spec.label.size()) +
                                    " bytes is over " + std::to_string(kMaxLabel));
@@ -147,7 +151,7 @@ Result<std::vector<std::vector<ObjectId>>> TaskGraph::Add(
   uint64_t total = 0;
   for (size_t i = 0; i < tasks.size(); ++i) {
     const TaskSpec& t = tasks[i];
-    costs[i] = kTaskBytes + t.function.size() + t.args.size() + t.label.size() +
+    costs[i] = kTaskBytes + t.function.size() + t.args.size() + t.label.size() + t.kind.size() +
                (t.inputs.size() + outputs[i].size()) * kIdBytes +
                t.host_inputs.size() * sizeof(uint32_t);
     total += costs[i];

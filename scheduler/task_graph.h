@@ -90,6 +90,9 @@ struct Task {
   // (`after`: the one before, until then); a task has at most one such `follower`.
   TaskId after = 0;
   TaskId follower = 0;
+  // Output bytes reserved for it while placed: declared, or expected of its kind
+  // (OutputSizes), as of its placement.
+  uint64_t reserve = 0;
   // Running, its function waits for room for an output (the daemon's RoomWaits): it gave
   // its resources back for another task to use meanwhile, and holds none until it ends.
   bool lent = false;

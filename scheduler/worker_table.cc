@@ -174,8 +174,8 @@ bool WorkerTable::Place(Worker& worker, Task& task, bool now) {
   task.worker = worker.id;
   task.placed = true;
   worker.pending_s += task.duration_s;
-  if (task.spec.output_bytes > 0) reserved_[task.device] += task.spec.output_bytes;
-  if (options_.bounds != nullptr) options_.bounds->Placed(task.submitter, task.spec);
+  if (task.reserve > 0) reserved_[task.device] += task.reserve;
+  if (options_.bounds != nullptr) options_.bounds->Placed(task.submitter, task.spec, task.reserve);
   if (now && worker.running.size() < kMaxRunningPerWorker &&
       worker.resources.Reserve(task.request, task.device)) {
     Start(worker, task);
@@ -270,10 +270,12 @@ bool WorkerTable::NoneMoving() const {
 void WorkerTable::Unplace(Task& task) {
   if (!task.placed) return;
   task.placed = false;
-  if (options_.bounds != nullptr) options_.bounds->Unplaced(task.submitter, task.spec);
-  if (task.spec.output_bytes > 0) {
+  if (options_.bounds != nullptr) {
+    options_.bounds->Unplaced(task.submitter, task.spec, task.reserve);
+  }
+  if (task.reserve > 0) {
     auto it = reserved_.find(task.device);
-    it->second -= task.spec.output_bytes;
+    it->second -= task.reserve;
     if (it->second == 0) reserved_.erase(it);
   }
   Worker& w = *workers_.at(task.worker);

@@ -55,6 +55,7 @@ TaskSpec SpecOf(wire::TaskSpec::Reader in) {
   spec.label = ipc::ToString(in.getLabel());
   spec.bound_id = in.getBoundId();
   spec.bound_bytes = in.getBoundBytes();
+  spec.kind = ipc::ToString(in.getKind());
   switch (in.getVariant()) {
     case wire::Variant::CPU:
       spec.variant = scheduler::Variant::kCpu;
@@ -412,7 +413,7 @@ void TaskService::BoundsStuck() {
   bounds_timer_.async_wait([this](const boost::system::error_code& error) {
     if (error) return;  // cancelled: the service is going
     bounds_timer_armed_ = false;
-    scheduler_.FailStuckBounds();
+    scheduler_.FailStuckBounds(std::chrono::duration<double>(RoomWaits::kGrace).count());
   });
 }
 

@@ -827,9 +827,9 @@ TEST_F(SchedulerTest, ATasksBoundHoldsWhatItsGraphStoredAndDeclared) {
   Submit(bounded(4 * kMiB));
   auto sent = link_.Take();
   ASSERT_EQ(sent.size(), 2u) << "4 + 4 MiB fit 10 MiB; a third does not, though CPU is free";
-  // Another client's bound of the same id is its own.
-  TaskSpec other = bounded(8 * kMiB);
-  Submit(other, /*submitter=*/200);
+  // Another client's bound of the same id is its own, and its task of the same shape as the
+  // one held back is not passed over for it.
+  Submit(bounded(4 * kMiB), /*submitter=*/200);
   ASSERT_EQ(link_.Take().size(), 1u);
 
   // Done, an output counts as stored until freed: still no room for the third.
@@ -862,10 +862,15 @@ TEST_F(SchedulerTest, ATaskItsIdleBoundCannotHoldFailsSayingWhy) {
   const ObjectId out = Submit(big)[0];
   EXPECT_TRUE(link_.Take().empty());
   // The daemon looks again a grace period later (a task's inputs are freed a moment after
-  // it ends), then fails what still cannot fit.
+  // it ends), and fails what still cannot fit once it has been so for the whole period.
   EXPECT_GE(bounds_stuck_, 1);
-  scheduler_.FailStuckBounds();
   StoreAccess::Object found;
+  now_ = 0.4;
+  scheduler_.FailStuckBounds(0.5);
+  store_.Locate(std::span(&out, 1), std::span(&found, 1));
+  EXPECT_EQ(found.state, StoreAccess::State::kMissing) << "held back for 0.4 s only";
+  now_ = 0.6;
+  scheduler_.FailStuckBounds(0.5);
   store_.Locate(std::span(&out, 1), std::span(&found, 1));
   ASSERT_EQ(found.state, StoreAccess::State::kFailed);
   const std::string why = store_.objects[out].message;
@@ -881,9 +886,72 @@ TEST_F(SchedulerTest, ATaskItsIdleBoundCannotHoldFailsSayingWhy) {
   EXPECT_EQ(link_.Take().size(), 1u);
   big.label = "('big', 1)";
   const ObjectId waits = Submit(big)[0];
-  scheduler_.FailStuckBounds();
+  now_ = 10;
+  scheduler_.FailStuckBounds(0.5);
   store_.Locate(std::span(&waits, 1), std::span(&found, 1));
   EXPECT_EQ(found.state, StoreAccess::State::kMissing) << "it waits";
+}
+
+// A task that declares no output size is expected to make as much as the most its kind
+// made: placed and reserved as if it had declared that.
+TEST_F(SchedulerTest, ATaskOfAKindIsReservedWhatItsKindMade) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 10 * kMiB;
+  TaskSpec t = Task();
+  t.kind = "chunk";
+  Submit(t);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u) << "nothing known of its kind yet";
+  Run(sent[0], 4 * kMiB);
+  for (int i = 0; i < 3; ++i) Submit(t);
+  EXPECT_EQ(link_.Take().size(), 2u) << "4 + 4 MiB fit 10 MiB, a third does not";
+  // Another kind, or another submitter's task of this kind, is expected to make nothing.
+  TaskSpec other = t;
+  other.kind = "other";
+  Submit(other);
+  Submit(t, /*submitter=*/200);
+  EXPECT_EQ(link_.Take().size(), 2u);
+}
+
+TEST(OutputSizesTest, ASubmittersKindsAreBoundedAndTheLeastRecentlyLearnedGoFirst) {
+  OutputSizes sizes;
+  TaskSpec spec;
+  spec.kind = "k0";
+  sizes.Record(1, "k0", 100);
+  sizes.Record(1, "k0", 50);
+  EXPECT_EQ(sizes.Expected(1, spec), 100u) << "the most its kind made";
+  spec.output_bytes = 7;
+  EXPECT_EQ(sizes.Expected(1, spec), 7u) << "what it declared comes first";
+  spec.output_bytes = 0;
+  for (size_t i = 1; i < OutputSizes::kMaxKinds; ++i) sizes.Record(1, "k" + std::to_string(i), i);
+  sizes.Record(1, "k0", 10);  // learned again: the most recent now
+  sizes.Record(1, "new", 1);  // one past the bound: k1 goes
+  EXPECT_EQ(sizes.kinds(1), OutputSizes::kMaxKinds);
+  EXPECT_EQ(sizes.Expected(1, spec), 100u);
+  spec.kind = "k1";
+  EXPECT_EQ(sizes.Expected(1, spec), 0u);
+  sizes.Forget(1);
+  EXPECT_EQ(sizes.kinds(1), 0u);
+}
+
+// Tasks held back by their bound are no misses of a round: many of them ahead in ready order
+// (a higher priority, each of its own size) do not keep another client's task from a place.
+TEST_F(SchedulerTest, TasksHeldBackByTheirBoundKeepNoOtherTaskFromAPlace) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000 * kMiB;
+  TaskSpec full = Task();
+  full.output_bytes = 10 * kMiB;
+  full.bound_id = 1;
+  full.bound_bytes = 10 * kMiB;
+  full.priority = 5;
+  Submit(full);
+  ASSERT_EQ(link_.Take().size(), 1u);
+  std::vector<TaskSpec> held(200, full);
+  for (size_t i = 0; i < held.size(); ++i) held[i].output_bytes = kMiB + i;
+  ASSERT_TRUE(SubmitStatus(held).ok());
+  EXPECT_TRUE(link_.Take().empty());
+  Submit(Task(), /*submitter=*/200);
+  EXPECT_EQ(link_.Take().size(), 1u);
 }
 
 TEST_F(SchedulerTest, BoundsAreCheckedAtSubmission) {

@@ -66,6 +66,9 @@ struct TaskRequest {
   // 0: none; both or neither, and the same bytes for every task naming the bound.
   uint64_t bound_id = 0;
   uint64_t bound_bytes = 0;
+  // Its kind (a Dask layer, say; at most 256 bytes): a task that declares no output_bytes is
+  // expected to make as much as the most a task of its kind of this client made so far.
+  std::string kind;
 };
 
 enum class CancelOutcome : uint8_t {

@@ -53,13 +53,13 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 def parse_size(size: Any) -> int:
     """A size above 0 as depotd reads one: bytes, or a number with K, M, G or T (optionally
     followed by i and B, any case; powers of 1024): ``"512MiB"``, ``"1.5 GiB"``."""
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+    if isinstance(size, int) and not isinstance(size, bool) and 0 < size < 1 << 64:
         return size
     found = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(I?B?)\s*", size, re.IGNORECASE) if (
         isinstance(size, str)) else None
     if found and (found[2] or found[3].upper() in ("", "B")):
         value = int(float(found[1]) * _UNITS[found[2].upper()])
-        if value > 0:
+        if 0 < value < 1 << 64:
             return value
     raise InvalidArgument(f"a size is a number of bytes above 0, or such as '2GiB', not {size!r}")
 

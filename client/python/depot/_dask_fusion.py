@@ -41,9 +41,10 @@ def groups(
     sizes: Sizes,
     options: Callable[[Key], Dict[str, Any]],
     share: int,
-) -> Dict[Key, List[Key]]:
-    """The tasks to fuse: by the key of the task that runs them, its members (itself first).
-    Only groups of two or more."""
+) -> Tuple[Dict[Key, List[Key]], Dict[Key, int]]:
+    """The tasks to fuse: by the key of the task that runs them, its members (itself first),
+    only groups of two or more; and by the same key, what its absorbed members make (their
+    sizes as above)."""
     # Each task's inputs, by resolved key, once each; and the tasks reading each key.
     inputs: Dict[Key, List[Key]] = {}
     readers: Dict[Key, Set[Key]] = {}
@@ -70,6 +71,7 @@ def groups(
 
     leader_of: Dict[Key, Key] = {}
     out: Dict[Key, List[Key]] = {}
+    inside: Dict[Key, int] = {}
     for key in reversed(order):  # readers before what they read
         if key not in inputs or key in leader_of:
             continue
@@ -83,7 +85,9 @@ def groups(
             if p not in inputs or p in leader_of or p in wanted or p in data:
                 continue
             reader = next(iter(readers[p]))
-            if len(readers[p]) != 1 or getattr(graph[p], "block_fusion", False):
+            if len(readers[p]) != 1 or any(
+                getattr(graph[k], "block_fusion", False) for k in (p, reader)
+            ):
                 continue
             if not (is_slice(graph[p]) or len(inputs[reader]) == 1):
                 continue
@@ -101,7 +105,8 @@ def groups(
             candidates.extend(inputs[p])
         if len(members) > 1:
             out[key] = members
-    return out
+            inside[key] = sum(size_of(m) for m in members[1:])
+    return out, inside
 
 
 def fused_nodes(

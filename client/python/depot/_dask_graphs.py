@@ -357,6 +357,7 @@ class _Plan:
         # What each task will make, where the graph's metadata says (dask.array chunks).
         self.sizes = Sizes(source, graph, self.order, self.aliases)
         self.fused: Dict[Key, List[Key]] = {}
+        self.fused_bytes: Dict[Key, int] = {}  # what the absorbed tasks make, by fused task
         if share is not None:
             self._fuse(keys, share)
         # The task (by its place in order) that reads each key last.
@@ -412,17 +413,19 @@ class _Plan:
     def _fuse(self, keys: Sequence[Key], share: int) -> None:
         """Fuses what fits (depot._dask_fusion) and walks the graph again."""
         wanted = {self.resolve(k) for k in keys}
-        found = _dask_fusion.groups(
+        found, inside = _dask_fusion.groups(
             self.order, self.graph, self.deps, self.resolve, self.aliases, self.data, wanted,
             self.sizes, self.options, share,
         )
         if not found:
             return
         graph = dict(self.graph)
+        aliases_of: Dict[Key, List[Key]] = {}
+        for alias, target in self.aliases.items():
+            aliases_of.setdefault(target, []).append(alias)
         for leader, members in found.items():
-            inside = set(members[1:])
             # Aliases of absorbed tasks: read by the group only (their targets' one reader).
-            aliases = [a for a, target in self.aliases.items() if target in inside]
+            aliases = [a for m in members[1:] for a in aliases_of.get(m, ())]
             node, folded = _dask_fusion.fused_nodes(self.graph, members, aliases)
             graph[leader] = node
             for key in members[1:]:
@@ -430,6 +433,7 @@ class _Plan:
             for alias in folded:
                 graph.pop(alias, None)
         self.fused = found
+        self.fused_bytes = inside
         self._walk(graph, keys)
 
     def resolve(self, key: Key) -> Key:
@@ -532,10 +536,14 @@ class _Run:
                 # Reserved before it starts: producers placed at once cannot together
                 # overshoot the store's room (a hint: it never holds the graph up for good).
                 options["output_bytes"] = declared
+            kind = None if declared else _kind(key)
             task = self.encode_one(
                 key, fn, (node_bytes, deps, *inputs), f"depot.dask/{token}/{i}", _label(key),
                 options,
             )
+            if kind:
+                # No metadata: the daemon expects what the most of its layer made so far.
+                task["kind"] = kind
             self.refs[key] = ObjectRef(task["outputs"][0], task["names"][0])
             tasks.append((i, task))
         return tasks
@@ -741,11 +749,20 @@ def _cost(task: Dict[str, Any]) -> int:
     """What a task takes in a submit request, with room for capnp's structure."""
     return (
         192 + len(task["function"]) + len(task["args"] or b"")
-        + len(task.get("label", "").encode())
+        + len(task.get("label", "").encode()) + len(task.get("kind", "").encode())
         + 16 * (len(task["inputs"]) + len(task.get("outputs", ())))
         + 4 * len(task["host_inputs"])
         + sum(32 + len(name) for name in task["resources"])
     )
+
+
+def _kind(key: Key) -> str:
+    """A task's kind for the daemon's output sizes: its layer (a tuple key's name; a string
+    key's name without its token, as Dask's key_split gives it), cut to 256 bytes."""
+    from dask.utils import key_split
+
+    name = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else key_split(key)
+    return name.encode("utf-8", "backslashreplace")[:256].decode(errors="ignore")
 
 
 def _label(key: Key, suffix: str = "") -> str:

@@ -14,6 +14,7 @@ import heapq
 import sys
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+from ._codec import parse_size
 from ._dask_sizes import Sizes
 from ._errors import InvalidArgument
 
@@ -113,23 +114,14 @@ class GraphPlan:
 
 
 def parse_memory(memory: Union[str, int]) -> int:
-    """A bound given as bytes or a size such as ``"8GiB"`` or ``"500 MB"`` (Dask's
-    ``parse_bytes``); InvalidArgument for anything else."""
-    from dask.utils import parse_bytes
-
-    value: Optional[int] = None
-    if isinstance(memory, int) and not isinstance(memory, bool):
-        value = memory
-    elif isinstance(memory, str):
-        try:
-            value = int(parse_bytes(memory))
-        except (ValueError, TypeError):
-            value = None
-    if value is None or value <= 0:
+    """A bound given as bytes or a size as depotd reads one (``"8GiB"``, ``"500M"``: powers
+    of 1024); InvalidArgument for anything else."""
+    try:
+        return parse_size(memory)
+    except InvalidArgument:
         raise InvalidArgument(
             f"memory is a size such as '8GiB' or a number of bytes above 0, not {memory!r}"
-        )
-    return value
+        ) from None
 
 
 def project(plan: Any, keys: Sequence[Key], memory: int) -> GraphPlan:
@@ -158,10 +150,7 @@ def project(plan: Any, keys: Sequence[Key], memory: int) -> GraphPlan:
             consumers.setdefault(d, []).append(key)
         tasks.append(key)
 
-    transient = {
-        leader: sum(sizes.known.get(m, 0) for m in members[1:])
-        for leader, members in plan.fused.items()
-    }
+    transient = plan.fused_bytes
     fused: Dict[Tuple[str, str], List[int]] = {}
     for leader, members in plan.fused.items():
         for m in members[1:]:

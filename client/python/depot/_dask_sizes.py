@@ -38,7 +38,10 @@ def _layers(dsk: Any) -> Dict[str, Any]:
     layers = getattr(dsk, "layers", None)
     if isinstance(layers, Mapping):
         return dict(layers)
-    from dask._expr import Expr, HLGExpr
+    try:
+        from dask._expr import Expr, HLGExpr
+    except ImportError:  # a Dask before expressions: graphs come as mappings
+        return {}
 
     found: Dict[str, Any] = {}
     if isinstance(dsk, Expr):
