@@ -136,7 +136,7 @@ std::vector<TaskId> Dispatcher::OverBound(
     const Task& t = graph_.at(r.id);
     const std::pair key{t.submitter, t.spec.bound_id};
     if (!stuck.contains(key)) continue;
-    if (bounds->Fits(t.submitter, t.spec, t.reserve)) {
+    if (bounds->Fits(t.submitter, t.spec, Expected(t))) {
       fitting.insert(key);
     } else {
       held[key].push_back(t.id);
@@ -146,6 +146,10 @@ std::vector<TaskId> Dispatcher::OverBound(
     if (!fitting.contains(key)) out.insert(out.end(), ids.begin(), ids.end());
   }
   return out;
+}
+
+uint64_t Dispatcher::Expected(const Task& task) const {
+  return sizes_ != nullptr ? sizes_->Expected(task.submitter, task.spec) : task.spec.output_bytes;
 }
 
 void Dispatcher::PlaceReady() {
@@ -165,8 +169,7 @@ void Dispatcher::PlaceReady() {
       // ready tasks of one graph may wait for room in its bound).
       auto held = held_at_.find({task.submitter, task.spec.bound_id});
       if (held != held_at_.end()) {
-        const uint64_t bytes = sizes_ != nullptr ? sizes_->Expected(task.submitter, task.spec)
-                                                 : task.spec.output_bytes;
+        const uint64_t bytes = Expected(task);
         if (bytes == 0 ? held->second.unknown && !task.spec.kind.empty()
                        : bytes >= held->second.least) {
           ++it;

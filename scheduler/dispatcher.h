@@ -91,6 +91,9 @@ class Dispatcher {
   // a look at every ready task.
   std::vector<TaskId> OverBound(const std::function<bool(SessionId, uint64_t)>& stuck) const;
 
+  // The output bytes `task` is expected to make now: declared, or what its kind made.
+  uint64_t Expected(const Task& task) const;
+
   // Whether `task` is set aside for want of a worker that could ever run it.
   bool Stalled(TaskId task) const { return stalled_.contains(task); }
   size_t ready() const { return ready_.size(); }

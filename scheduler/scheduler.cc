@@ -178,7 +178,7 @@ void Scheduler::FailStuckBounds(double grace_s) {
   for (TaskId id : stuck) {
     Task& t = graph_.at(id);
     Finish(t, TaskState::kFailed,
-           Describe(id) + ": " + bounds_.Why(t.submitter, t.spec, t.reserve));
+           Describe(id) + ": " + bounds_.Why(t.submitter, t.spec, dispatcher_.Expected(t)));
   }
   if (!stuck.empty()) Dispatch();
 }
@@ -352,16 +352,17 @@ TaskInfo Scheduler::Describe(const Task& t) const {
     if (!workers_.CouldEverRun(t.spec)) {
       info.reason =
           "no worker attached can run '" + t.spec.function + "' with the resources it asks for";
-    } else if (!bounds_.Fits(t.submitter, t.spec, t.reserve)) {
-      info.reason = "its graph's memory bound has no room for the " + std::to_string(t.reserve) +
+    } else if (const uint64_t bytes = dispatcher_.Expected(t);
+               !bounds_.Fits(t.submitter, t.spec, bytes)) {
+      info.reason = "its graph's memory bound has no room for the " + std::to_string(bytes) +
                     " output bytes it declared (or its kind made) now";
     } else if (dispatcher_.Stalled(t.id)) {
       info.reason = "no worker attached offers the GPU holding its inputs (hard affinity)";
     } else {
-      info.reason = t.reserve == 0
+      info.reason = dispatcher_.Expected(t) == 0
                         ? "no worker has room for it now"
                         : "no worker has room for it now, or the store none for the " +
-                              std::to_string(t.reserve) +
+                              std::to_string(dispatcher_.Expected(t)) +
                               " output bytes it declared (or its kind made) beside those of "
                               "the tasks placed before it";
     }

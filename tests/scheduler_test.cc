@@ -860,6 +860,8 @@ TEST_F(SchedulerTest, ATaskItsIdleBoundCannotHoldFailsSayingWhy) {
   big.bound_bytes = 10 * kMiB;
   big.label = "('big', 0)";
   const ObjectId out = Submit(big)[0];
+  big.label = "('big', 2)";
+  const ObjectId second = Submit(big)[0];  // held back too (passed over in a round: as large)
   EXPECT_TRUE(link_.Take().empty());
   // The daemon looks again a grace period later (a task's inputs are freed a moment after
   // it ends), and fails what still cannot fit once it has been so for the whole period.
@@ -878,6 +880,10 @@ TEST_F(SchedulerTest, ATaskItsIdleBoundCannotHoldFailsSayingWhy) {
                            "memory bound of 10.0 MiB", "no task of the graph runs"}) {
     EXPECT_NE(why.find(part), std::string::npos) << why;
   }
+  EXPECT_NE(store_.objects[second].message.find("task 2 (('big', 2)): its declared output of "
+                                                "12.0 MiB"),
+            std::string::npos)
+      << store_.objects[second].message;
   // A task of the bound that runs keeps the others waiting, not failing: it may free room.
   TaskSpec fits = big;
   fits.output_bytes = 2 * kMiB;

@@ -31,8 +31,8 @@ import time
 import traceback
 import types
 from typing import (
-    Any, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple,
-    Union,
+    Any, Callable, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Sequence, Set,
+    Tuple, Union,
 )
 
 from . import _dask_fusion, _depot, _tasks
@@ -40,7 +40,9 @@ from ._client import Client
 from ._dask_plan import GraphPlan, parse_memory, project
 from ._dask_sizes import Sizes
 from ._device import DeviceArray
-from ._errors import DepotError, InvalidArgument, LimitExceeded, ObjectNotFound, StoreFull
+from ._errors import (
+    DepotError, InvalidArgument, LimitExceeded, ObjectNotFound, StoreFull, Timeout,
+)
 from ._ref import ObjectRef
 
 BATCH = 1000
@@ -65,6 +67,10 @@ them through tasks that gather them in lists of this many."""
 
 _GATHER = 10_000
 """Results read with one get."""
+
+_GATHER_SLICE = 5.0
+"""Seconds a get of results waits before it is asked again (so that it ends with a run that
+failed: results that will never be made)."""
 
 Key = Hashable
 
@@ -506,6 +512,7 @@ class _Run:
         # given up (deleted once their readers are done: one may never be seen sealed).
         self.running: Dict[ObjectRef, None] = {}
         self.given_refs: Set[ObjectRef] = set()
+        self.stopped = threading.Event()  # the gets of the results give up (clean_up)
 
     def encode(self) -> List[Tuple[int, Dict[str, Any]]]:
         """Every task of the graph as submit takes it, producers first, with its place in
@@ -687,15 +694,50 @@ class _Run:
             except ObjectNotFound:
                 pass  # gone already: deleted (its readers done) or evicted
 
-    def gather(self, keys: Sequence[Key]) -> Dict[Key, Any]:
+    def start_gather(self, keys: Sequence[Key]) -> Callable[[], Dict[Key, Any]]:
+        """Asks for the results now, before their tasks are submitted: a waiting get takes
+        each result as it is sealed, so the store cannot evict one before it is read (a
+        result is read by no task, so nothing else holds it). One get of up to _GATHER ids
+        on a thread of its own for each part (a Client is thread-safe), asked again every
+        _GATHER_SLICE seconds until the run ends (``stop_gather``: after a failure, results
+        that will never be made); the function returned waits for them (interruptibly)
+        and returns the values by key."""
         refs = [self.refs[self.plan.resolve(k)] for k in keys]
-        values = []
-        for start in range(0, len(refs), _GATHER):
-            values += self.client.get_many(refs[start : start + _GATHER])
-        for value in values:
-            if isinstance(value, _Raised):
-                raise value.error()
-        return dict(zip(keys, values))
+        parts = [refs[start : start + _GATHER] for start in range(0, len(refs), _GATHER)]
+        got: List[Any] = [None] * len(parts)
+
+        def get(i: int) -> None:
+            while True:
+                try:
+                    got[i] = ("ok", self.client.get_many(parts[i], timeout=_GATHER_SLICE))
+                    return
+                except Timeout:
+                    if self.stopped.is_set():
+                        got[i] = ("error", DepotError("the run ended before its results"))
+                        return
+                except BaseException as error:  # noqa: BLE001 - re-raised by the caller
+                    got[i] = ("error", error)
+                    return
+
+        threads = [threading.Thread(target=get, args=(i,), daemon=True) for i in range(len(parts))]
+        for t in threads:
+            t.start()
+
+        def wait() -> Dict[Key, Any]:
+            values: List[Any] = []
+            for i, t in enumerate(threads):
+                while t.is_alive():
+                    t.join(0.2)  # a Ctrl-C gets through between the slices
+                kind, value = got[i]
+                if kind == "error":
+                    raise value
+                values += value
+            for value in values:
+                if isinstance(value, _Raised):
+                    raise value.error()
+            return dict(zip(keys, values))
+
+        return wait
 
     def follow(self, state: Dict[str, Any], pretask: List[Any], posttask: List[Any]) -> None:
         """For Dask's local callbacks (a ProgressBar): waits for the tasks to end, moving
@@ -727,7 +769,8 @@ class _Run:
 
     def clean_up(self) -> None:
         """After a failure or an interrupt: what has not started is cancelled, and all the
-        graph made goes once no task of it runs any more."""
+        graph made goes once no task of it runs any more; the gets of its results end."""
+        self.stopped.set()
         refs = list(self.refs.values()) + self.extra
         try:
             for start in range(0, len(refs), self.batch):
@@ -817,10 +860,11 @@ def _run_graph(
                 for f in start_states:
                     f(plan.graph, state)
                 following = bool(pretask or posttask)
+                gathered = run.start_gather(flat)
                 run.submit(tasks, give_up=not following)
                 if following:
                     run.follow(state, pretask, posttask)
-                values = run.gather(flat)
+                values = gathered()
             except BaseException:
                 run.clean_up()
                 raise
