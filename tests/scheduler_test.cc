@@ -62,6 +62,15 @@ class SchedulerTest : public ::testing::Test {
     return out.ok() ? out.value()[0] : std::vector<ObjectId>{};
   }
 
+  // A task declaring `output` bytes, in the memory bound `id` of `bytes`.
+  static TaskSpec Bounded(uint64_t id, uint64_t bytes, uint64_t output) {
+    TaskSpec t = Task();
+    t.output_bytes = output;
+    t.bound_id = id;
+    t.bound_bytes = bytes;
+    return t;
+  }
+
   Status SubmitStatus(std::vector<TaskSpec> specs) {
     return scheduler_.Submit(100, specs).status();
   }
@@ -815,13 +824,7 @@ TEST_F(SchedulerTest, AGpuTaskStartsOnlyWhereItsOutputsFit) {
 TEST_F(SchedulerTest, ATasksBoundHoldsWhatItsGraphStoredAndDeclared) {
   AddWorker(1, 4);
   store_.room[kHostMemory] = 1000 * kMiB;  // the store itself has room for everything
-  auto bounded = [](uint64_t bytes) {
-    TaskSpec t = Task();
-    t.output_bytes = bytes;
-    t.bound_id = 7;
-    t.bound_bytes = 10 * kMiB;
-    return t;
-  };
+  auto bounded = [](uint64_t bytes) { return Bounded(7, 10 * kMiB, bytes); };
   const ObjectId a = Submit(bounded(4 * kMiB))[0];
   const ObjectId b = Submit(bounded(4 * kMiB))[0];
   Submit(bounded(4 * kMiB));
@@ -854,10 +857,7 @@ TEST_F(SchedulerTest, ATasksBoundHoldsWhatItsGraphStoredAndDeclared) {
 TEST_F(SchedulerTest, ATaskItsIdleBoundCannotHoldFailsSayingWhy) {
   AddWorker(1, 4);
   store_.room[kHostMemory] = 1000 * kMiB;
-  TaskSpec big = Task();
-  big.output_bytes = 12 * kMiB;
-  big.bound_id = 3;
-  big.bound_bytes = 10 * kMiB;
+  TaskSpec big = Bounded(3, 10 * kMiB, 12 * kMiB);
   big.label = "('big', 0)";
   const ObjectId out = Submit(big)[0];
   big.label = "('big', 2)";
@@ -945,10 +945,7 @@ TEST(OutputSizesTest, ASubmittersKindsAreBoundedAndTheLeastRecentlyLearnedGoFirs
 TEST_F(SchedulerTest, TasksHeldBackByTheirBoundKeepNoOtherTaskFromAPlace) {
   AddWorker(1, 4);
   store_.room[kHostMemory] = 1000 * kMiB;
-  TaskSpec full = Task();
-  full.output_bytes = 10 * kMiB;
-  full.bound_id = 1;
-  full.bound_bytes = 10 * kMiB;
+  TaskSpec full = Bounded(1, 10 * kMiB, 10 * kMiB);
   full.priority = 5;
   Submit(full);
   ASSERT_EQ(link_.Take().size(), 1u);
@@ -977,11 +974,7 @@ TEST_F(SchedulerTest, BoundsAreCheckedAtSubmission) {
   EXPECT_EQ(SubmitStatus({b}).code(), StatusCode::kInvalidArgument) << "against a pending one";
   // A client's bounds at once are bounded.
   std::vector<TaskSpec> many(Bounds::kMaxPerSubmitter);
-  for (size_t i = 0; i < many.size(); ++i) {
-    many[i] = Task();
-    many[i].bound_id = 100 + i;
-    many[i].bound_bytes = kMiB;
-  }
+  for (size_t i = 0; i < many.size(); ++i) many[i] = Bounded(100 + i, kMiB, 0);
   EXPECT_EQ(SubmitStatus(many).code(), StatusCode::kInvalidArgument);
 }
 

@@ -194,22 +194,17 @@ def test_a_group_of_tasks_shares_a_memory_bound(client, workers):
     # holds them); the other two cannot fit while nothing of the group runs, and fail a grace
     # period later, naming the task, its size and the bound.
     mib = 2**20
-    refs = client.map(np.ones, [mib // 8] * 4, output_bytes=mib + 4096, memory="2.5MiB")
-    for ref in refs[:2]:
-        np.testing.assert_array_equal(client.get(ref, timeout=60), np.ones(mib // 8))
-    for ref in refs[2:]:
-        with pytest.raises(depot.TaskFailed, match="does not fit its graph's memory bound of 2.50 MiB"):
-            client.get(ref, timeout=60)
-    client.delete(refs[:2])
-    # Undeclared, each is expected to make what the most of the group made: after the first
-    # (1 MiB), one more fits a bound of 2.5 MiB, and a third fails as above.
-    refs = client.map(np.ones, [mib // 8] * 4, memory="2.5MiB")
-    for ref in refs[:2]:
-        np.testing.assert_array_equal(client.get(ref, timeout=60), np.ones(mib // 8))
-    for ref in refs[2:]:
-        with pytest.raises(depot.TaskFailed, match="its expected output of 1.00 MiB"):
-            client.get(ref, timeout=60)
-    client.delete(refs[:2])
+    # Then undeclared: each is expected to make what the most of the group made; after the
+    # first (1 MiB), one more fits a bound of 2.5 MiB, and a third fails as above.
+    for options, why in (({"output_bytes": mib + 4096}, "does not fit its graph's memory bound "
+                          "of 2.50 MiB"), ({}, "its expected output of 1.00 MiB")):
+        refs = client.map(np.ones, [mib // 8] * 4, memory="2.5MiB", **options)
+        for ref in refs[:2]:
+            np.testing.assert_array_equal(client.get(ref, timeout=60), np.ones(mib // 8))
+        for ref in refs[2:]:
+            with pytest.raises(depot.TaskFailed, match=why):
+                client.get(ref, timeout=60)
+        client.delete(refs[:2])
 
 
 def test_closures_and_lambdas_run_by_value(client, workers):

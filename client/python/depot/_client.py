@@ -491,7 +491,7 @@ class Client:
         memory = options.pop("memory", None)
         bound = None
         if memory is not None:
-            bound = (int.from_bytes(_depot.random_id()[:8], "little") | 1, _codec.parse_size(memory))
+            bound = _tasks.new_bound(_codec.parse_size(memory))
         num_outputs = options.get("num_outputs", 1)
         tasks = [self._task(fn, items, **_task_options(options)) for items in zip(*iterables)]
         if bound is not None:

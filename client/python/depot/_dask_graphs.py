@@ -495,7 +495,7 @@ class _Run:
         # The graph's memory bound on a shared daemon: every task names it (an id of this
         # run's), and the daemon starts a task only while the outputs of the graph's tasks
         # still stored, and those declared by its placed tasks, leave room for its own.
-        self.bound = (int.from_bytes(_depot.random_id()[:8], "little") | 1, bound) if bound else None
+        self.bound = _tasks.new_bound(bound) if bound else None
         self.wanted = {plan.resolve(k) for k in keys}
         self.batch = batch
         # Where each key's value is: the output of its task, named before it is submitted

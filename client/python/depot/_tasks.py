@@ -82,6 +82,14 @@ def _dumps_function(fn: Callable) -> bytes:
     return cloudpickle.dumps(fn, protocol=5)
 
 
+def new_bound(bytes_: int) -> Tuple[int, int]:
+    """A memory bound of its own for a group of tasks (TaskSpec.boundId, boundBytes): a
+    random id above 0 (a submitter's bounds are its own) and ``bytes_``."""
+    from . import _depot
+
+    return int.from_bytes(_depot.random_id()[:8], "little") | 1, bytes_
+
+
 def function_name(fn: Any) -> Optional[str]:
     """The registered name a task runs for ``fn``, or None for a callable sent by value."""
     if isinstance(fn, str):
