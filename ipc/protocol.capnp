@@ -454,6 +454,7 @@ struct SchedulerStatus {
   gpuToGpu @13 :Float64;
   bandwidthsMeasured @14 :Bool;  # they are the store's measured copies (assumed until one is made)
   steals @15 :UInt64;        # queued tasks taken from a busy worker for an idle one
+  preemptions @16 :UInt64;   # queued tasks that gave their place to a ready task outranking them
 }
 
 # A GPU the daemon serves (Reply.Hello.devices, StoreStatus.devices).

@@ -25,6 +25,9 @@ constexpr size_t kMaxShapesPerRound = 64;
 // idle, where it starts at once (Rebalance).
 constexpr double kStealAfterWaitS = 0.01;
 
+// Ready tasks looked at, a round, for one that outranks a queued task (Preempt).
+constexpr size_t kMaxPreemptLooks = 64;
+
 // A variant passed over this many times in a row, for tasks of its function and input size,
 // is chosen once more: so that its estimate follows changes, and one slow run is not its last.
 constexpr uint32_t kExploreEvery = 32;
@@ -78,8 +81,57 @@ void Dispatcher::Unstall() {
 }
 
 void Dispatcher::Round() {
+  Preempt();
   PlaceReady();
   if (Rebalance()) PlaceReady();
+}
+
+bool Dispatcher::Preempt() {
+  if (ready_.empty() || options_.random_placement) return false;
+  std::vector<Task*> moving;
+  std::set<SessionId> taken;  // a place on each worker, at most, a round
+  size_t looked = 0;
+  for (auto it = ready_.begin(); it != ready_.end() && looked < kMaxPreemptLooks; ++it, ++looked) {
+    const Task& task = graph_.at(it->id);
+    // The ready queue is in order: once a task outranks no worker's last queued task, none
+    // after it does (the usual case costs a look at each worker).
+    bool outranks_any = false;
+    for (auto& [id, w] : workers_.workers()) {
+      if (!w->queue.empty() && Outranks(task, graph_.at(w->queue.back()))) outranks_any = true;
+    }
+    if (!outranks_any) break;
+    // Held back by its bound last round, it would not take the place.
+    if (over_bound_.contains({task.submitter, task.spec.bound_id})) continue;
+    const std::vector<Way> ways = workers_.Ways(task.spec);
+    const auto could_run = [&](const Worker& w) {
+      return std::ranges::any_of(ways, [&](const Way& way) {
+        return WorkerTable::CouldEverTake(w, way, task.spec.function);
+      });
+    };
+    Task* last = nullptr;  // the queued task it outranks most, where it could run
+    bool open = false;     // a worker that could run it has room in its window
+    for (auto& [id, w] : workers_.workers()) {
+      if (!could_run(*w)) continue;
+      if (workers_.Open(*w)) {
+        open = true;
+        break;
+      }
+      if (w->queue.empty() || taken.contains(id)) continue;
+      Task& queued = graph_.at(w->queue.back());
+      if (Outranks(task, queued) && (last == nullptr || last->key() < queued.key())) {
+        last = &queued;
+      }
+    }
+    if (open || last == nullptr) continue;
+    taken.insert(last->worker);
+    moving.push_back(last);
+    if (taken.size() == workers_.workers().size()) break;
+  }
+  for (Task* task : moving) {
+    Requeue(*task);
+    ++counters_.preemptions;
+  }
+  return !moving.empty();
 }
 
 bool Dispatcher::Rebalance() {
@@ -155,9 +207,12 @@ uint64_t Dispatcher::Expected(const Task& task) const {
 void Dispatcher::PlaceReady() {
   over_bound_.clear();
   held_at_.clear();
+  // Workers whose resources were freed start what they queued, but not before a ready
+  // task that outranks it has had its chance at them; the rest once the ready tasks have.
+  const Task* best = ready_.empty() ? nullptr : &graph_.at(ready_.begin()->id);
   size_t open = 0;
   for (auto& [id, w] : workers_.workers()) {
-    if (w->freed) workers_.StartQueued(*w);
+    if (w->freed) workers_.StartQueued(*w, best);
     if (workers_.Open(*w)) ++open;
   }
   std::vector<const Task*> unplaceable;
@@ -206,6 +261,9 @@ void Dispatcher::PlaceReady() {
     if (task.state != TaskState::kRunning || task.after != 0) {
       if (!workers_.Open(*workers_.Find(task.worker))) --open;
     }
+  }
+  for (auto& [id, w] : workers_.workers()) {
+    if (w->freed) workers_.StartQueued(*w);
   }
 }
 

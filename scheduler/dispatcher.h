@@ -8,7 +8,10 @@
 // finish first, given where its inputs are now, the workers' queues and the function's
 // measured durations. Where a task has two variants the plan expected to finish first wins,
 // except that a variant passed over too often is tried again, so that its estimate follows
-// changes. Inputs a queued task lacks where it will run are prefetched there. When the ready
+// changes. Inputs a queued task lacks where it will run are prefetched there. A worker's
+// queue keeps the ready queue's order, and a task made ready while every window is full
+// takes the place of a queued task it outranks (higher priority, or deeper: a consumer of
+// data before a producer of more), which goes back to wait (Preempt). When the ready
 // tasks run out while a worker sits idle, tasks queued behind a long wait elsewhere are
 // placed afresh (Rebalance).
 //
@@ -52,6 +55,7 @@ struct PlacementCounters {
   uint64_t moved_bytes = 0;  // input bytes that had to be copied there
   uint64_t prefetches = 0;   // inputs asked for ahead of a queued task
   uint64_t steals = 0;       // queued tasks taken from a busy worker to be placed afresh
+  uint64_t preemptions = 0;  // queued tasks that gave their place to a ready one (Preempt)
   // How long placements took (a task placed or not): bucket i counts those of
   // (2^(i-1), 2^i] x 64 ns, bucket 0 those up to 64 ns, the last everything longer.
   static constexpr int kBuckets = 20;
@@ -114,9 +118,11 @@ class Dispatcher {
     const Way* way = nullptr;
   };
 
-  // Round's two parts: placing the ready tasks, and taking queued tasks from busy workers
-  // when one is idle (whether any was taken).
+  // Round's parts: placing the ready tasks; with every window full, giving a ready task
+  // the place of a queued one it outranks; and taking queued tasks from busy workers when
+  // one is idle (each: whether any was taken back).
   void PlaceReady();
+  bool Preempt();
   bool Rebalance();
   // Places one ready task; false if no worker can take it now. Timed (PlacementCounters).
   bool PlaceOne(Task& task);

@@ -238,9 +238,9 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
       Forget(*w);
       link_.Drained(worker);
     }
-  } else {
-    workers_.StartQueued(*w);
   }
+  // What its worker queued starts in the round, after any ready task that outranks it (a
+  // consumer of what just completed) has had its chance at the freed resources.
   Dispatch();
   return result;
 }
@@ -399,6 +399,7 @@ SchedulerCounters Scheduler::counters() const {
           .moved_bytes = p.moved_bytes,
           .prefetches = p.prefetches,
           .steals = p.steals,
+          .preemptions = p.preemptions,
           .workers = workers_.workers().size(),
           .tasks_pending = graph_.pending().size(),
           .placement_ns_buckets = p.ns_buckets,

@@ -85,6 +85,7 @@ struct SchedulerCounters {
   uint64_t moved_bytes = 0;    // input bytes that had to be copied there
   uint64_t prefetches = 0;     // inputs asked for ahead of a queued task
   uint64_t steals = 0;         // queued tasks taken from a busy worker for an idle one
+  uint64_t preemptions = 0;    // queued tasks that gave their place to one outranking them
   uint64_t workers = 0;        // attached now
   uint64_t tasks_pending = 0;  // waiting, ready, queued or running
   // How long placements took (a task placed or not): bucket i counts those of

@@ -105,6 +105,13 @@ struct Task {
   bool on_gpu() const { return request.gpu > 0; }
 };
 
+// Whether `a` should start before `b` by the ready queue's order, not counting submission:
+// higher priority, or deeper at the same priority (tasks alike are not moved for nothing).
+inline bool Outranks(const Task& a, const Task& b) {
+  if (a.spec.priority != b.spec.priority) return a.spec.priority > b.spec.priority;
+  return a.depth > b.depth;
+}
+
 // Tasks by how they ended, and those submitted.
 struct GraphCounters {
   uint64_t submitted = 0;

@@ -177,21 +177,33 @@ bool WorkerTable::Place(Worker& worker, Task& task, bool now) {
   if (task.reserve > 0) reserved_[task.device] += task.reserve;
   if (options_.bounds != nullptr) options_.bounds->Placed(task.submitter, task.spec, task.reserve);
   if (now && worker.running.size() < kMaxRunningPerWorker &&
+      (worker.queue.empty() || !Outranks(graph_.at(worker.queue.front()), task)) &&
       worker.resources.Reserve(task.request, task.device)) {
     Start(worker, task);
     return true;
   }
   task.state = TaskState::kQueued;
-  worker.queue.push_back(task.id);
+  // In the ready queue's order: a consumer of data placed after producers of new data
+  // starts before them.
+  const ReadyKey key = task.key();
+  worker.queue.insert(std::upper_bound(worker.queue.begin(), worker.queue.end(), key,
+                                       [&](const ReadyKey& k, TaskId queued) {
+                                         return k < graph_.at(queued).key();
+                                       }),
+                      task.id);
   StartQueued(worker);  // it may fit beside what runs there (a CPU task beside a GPU one)
   return task.state == TaskState::kRunning && task.after == 0;
 }
 
-void WorkerTable::StartQueued(Worker& worker) {
+void WorkerTable::StartQueued(Worker& worker, const Task* unless) {
   worker.freed = false;
   for (auto it = worker.queue.begin(); it != worker.queue.end();) {
     Task& task = graph_.at(*it);
     if (worker.running.size() >= kMaxRunningPerWorker) return;
+    if (unless != nullptr && Outranks(*unless, task)) {
+      worker.freed = true;  // what is left is started once `unless` had its chance
+      return;
+    }
     if (worker.resources.Reserve(task.request, task.device)) {
       it = worker.queue.erase(it);
       Start(worker, task);

@@ -97,7 +97,7 @@ struct Worker {
   std::vector<std::string> functions;      // sorted
   std::vector<std::string> gpu_functions;  // sorted
   std::unordered_set<TaskId> running;
-  std::deque<TaskId> queue;  // placed here, waiting for resources
+  std::deque<TaskId> queue;  // placed here, waiting for resources, in ReadyKey order
   size_t pipelined = 0;      // of `running`, those sent ahead that have not taken over yet
   size_t lent = 0;           // of `running`, those waiting for room that lent what they held
   double pending_s = 0;      // expected seconds of its running and queued tasks
@@ -181,8 +181,8 @@ class WorkerTable {
   double QueueWait(const Worker& worker) const;
 
   // Places `task` on `worker`, with the request, device and duration the dispatcher set in
-  // it: started at once when `now` and it fits, queued otherwise (and sent ahead where it
-  // can be). Whether it started at once. Its output bytes (Task::reserve: declared, or
+  // it: started at once when `now`, it fits and no task queued there outranks it, queued
+  // otherwise (and sent ahead where it can be). Whether it started at once. Its output bytes (Task::reserve: declared, or
   // expected of its kind) are reserved on its device until it is unplaced.
   bool Place(Worker& worker, Task& task, bool now);
   // Output bytes declared by the tasks placed to make their outputs on `device` (queued,
@@ -197,8 +197,9 @@ class WorkerTable {
   // will end or free anything by itself. A ready task whose declared output finds no room
   // then starts all the same (Dispatcher): a declaration never holds a graph up for good.
   bool NoneMoving() const;
-  // Starts the tasks queued on `worker` that fit now, in queue order.
-  void StartQueued(Worker& worker);
+  // Starts the tasks queued on `worker` that fit now, in queue order; with `unless`, only
+  // until one that `unless` outranks (the worker stays marked freed then).
+  void StartQueued(Worker& worker, const Task* unless = nullptr);
   // Takes a placed (queued or running) task off its worker, giving back what it held there.
   void Unplace(Task& task);
   // Sends what started since the last Flush, a message per worker, and only what still runs

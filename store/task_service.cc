@@ -399,6 +399,7 @@ SchedulerStatus TaskService::Totals() const {
       .moved_bytes = c.moved_bytes,
       .prefetches = c.prefetches,
       .steals = c.steals,
+      .preemptions = c.preemptions,
       .host_to_gpu = bw.host_to_gpu,
       .gpu_to_host = bw.gpu_to_host,
       .gpu_to_gpu = bw.gpu_to_gpu,

@@ -76,6 +76,56 @@ TEST_F(DispatcherTest, ReadyTasksGoByPriorityThenDepthThenSubmission) {
   EXPECT_EQ(dispatcher_.counters().placements, 3u);
 }
 
+// A consumer made ready while every window is full of producers takes the place of the last
+// of them, and starts before the others queued there: data is consumed before more is made
+// (the producers otherwise fill the store first: dask/distributed#7449's product).
+TEST_F(DispatcherTest, AConsumerMadeReadyTakesTheQueuedPlaceOfAProducer) {
+  AddWorker(1, 1);
+  Task& first = Submit({.function = "f"});
+  const ObjectId made = first.outputs[0];
+  const TaskId consumer = Submit({.function = "f", .inputs = {made}}).id;
+  std::vector<TaskId> producers;
+  for (int i = 0; i < 3; ++i) producers.push_back(Submit({.function = "f"}).id);
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].task, first.id);
+  Worker& w = *table_.Find(1);
+  EXPECT_EQ(std::vector<TaskId>(w.queue.begin(), w.queue.end()),
+            (std::vector<TaskId>{producers[0], producers[1]}));
+  EXPECT_EQ(dispatcher_.ready(), 1u);
+
+  store_.Seal(made, 10);
+  table_.Unplace(first);
+  graph_.Finish(first, TaskState::kDone, "");
+  sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].task, consumer) << "it starts on the freed CPU, ahead of those queued";
+  EXPECT_EQ(dispatcher_.counters().preemptions, 1u);
+  EXPECT_EQ(std::vector<TaskId>(w.queue.begin(), w.queue.end()),
+            (std::vector<TaskId>{producers[0], producers[1]}))
+      << "the last queued went back to wait, and came back to the window, in order";
+  EXPECT_EQ(graph_.at(producers[2]).state, TaskState::kReady);
+
+  // Tasks alike (the producers left, all at depth 0) are not moved for nothing.
+  EXPECT_TRUE(Round().empty());
+  EXPECT_EQ(dispatcher_.counters().preemptions, 1u);
+}
+
+// With a window open, a ready task queues in order among those queued there: one of higher
+// priority ahead of one placed earlier.
+TEST_F(DispatcherTest, AWorkersQueueKeepsTheReadyOrder) {
+  AddWorker(1, 1);
+  Submit({.function = "f"});
+  const TaskId early = Submit({.function = "f"}).id;
+  ASSERT_EQ(Round().size(), 1u);
+  const TaskId urgent = Submit({.function = "f", .priority = 3}).id;
+  EXPECT_TRUE(Round().empty());
+  Worker& w = *table_.Find(1);
+  EXPECT_EQ(std::vector<TaskId>(w.queue.begin(), w.queue.end()),
+            (std::vector<TaskId>{urgent, early}));
+  EXPECT_EQ(dispatcher_.counters().preemptions, 0u) << "a window was open";
+}
+
 TEST_F(DispatcherTest, ATaskNoWorkerCouldEverRunIsSetAsideUntilOneAttaches) {
   AddWorker(1, 1, {0});
   const ObjectId on_gpu1 = store_.Put(1 << 20, 1);

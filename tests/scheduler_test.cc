@@ -573,7 +573,8 @@ std::vector<ObjectId> RunAll(Scheduler& scheduler, FakeStore& store, FakeLink& l
 
 TEST_F(SchedulerTest, HigherPriorityGoesFirst) {
   AddWorker(1, 1);
-  // One running and two in the worker's window: the rest wait in the daemon's queue.
+  // One running and two in the worker's window: the rest wait in the daemon's queue. The
+  // task of higher priority takes the window's last place, and starts next.
   std::vector<ObjectId> first;
   for (int i = 0; i < 3; ++i) first.push_back(Submit(Task())[0]);
   TaskSpec high = Task();
@@ -581,13 +582,13 @@ TEST_F(SchedulerTest, HigherPriorityGoesFirst) {
   const ObjectId low_out = Submit(Task())[0];
   const ObjectId high_out = Submit(high)[0];
   auto order = RunAll(scheduler_, store_, link_);
-  EXPECT_EQ(order, (std::vector{first[0], first[1], first[2], high_out, low_out}));
+  EXPECT_EQ(order, (std::vector{first[0], high_out, first[1], first[2], low_out}));
 }
 
 TEST_F(SchedulerTest, AmongReadyTasksOfEqualPriorityConsumersOfDataGoFirst) {
   AddWorker(1, 1);
-  // A leaf, then more leaves, then a task reading the first leaf: it goes before the leaves
-  // still waiting in the daemon once its input is made.
+  // A leaf, then more leaves, then a task reading the first leaf: once its input is made it
+  // goes before the leaves, those waiting in the daemon and those queued on the worker.
   const ObjectId leaf0 = ObjectId::Random();
   TaskSpec l0 = Task();
   l0.outputs = {leaf0};
@@ -599,8 +600,9 @@ TEST_F(SchedulerTest, AmongReadyTasksOfEqualPriorityConsumersOfDataGoFirst) {
   auto order = RunAll(scheduler_, store_, link_);
   ASSERT_EQ(order.size(), batch.size());
   const auto join = std::find(order.begin(), order.end(), out.value()[7][0]);
-  // Started: the first leaf, the two in the window, then the join.
-  EXPECT_EQ(join - order.begin(), 3);
+  // Started: the first leaf, then the join.
+  EXPECT_EQ(join - order.begin(), 1);
+  EXPECT_EQ(scheduler_.counters().preemptions, 1u);
 }
 
 TEST_F(SchedulerTest, TheGraphHoldsAnInputUntilItsLastConsumerIsDone) {

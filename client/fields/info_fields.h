@@ -247,6 +247,10 @@ struct InfoFields<SchedulerStatus> {
       Field{"steals", &SchedulerStatus::steals, &R::getSteals, &B::setSteals,
             Metric{"depot_task_steals_total", MetricType::kCounter,
                    "Tasks queued on a busy worker that were placed afresh for an idle one."}},
+      Field{"preemptions", &SchedulerStatus::preemptions, &R::getPreemptions, &B::setPreemptions,
+            Metric{"depot_task_preemptions_total", MetricType::kCounter,
+                   "Tasks queued on a worker that gave their place to a ready task outranking "
+                   "them (a consumer of data before a producer of more)."}},
       Field{"host_to_gpu", &SchedulerStatus::host_to_gpu, &R::getHostToGpu, &B::setHostToGpu},
       Field{"gpu_to_host", &SchedulerStatus::gpu_to_host, &R::getGpuToHost, &B::setGpuToHost},
       Field{"gpu_to_gpu", &SchedulerStatus::gpu_to_gpu, &R::getGpuToGpu, &B::setGpuToGpu},

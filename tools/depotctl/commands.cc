@@ -240,7 +240,8 @@ void AddTaskFields(std::vector<std::pair<std::string, std::string>>& fields, con
   fields.emplace_back("", "inputs " + FormatSize(t.local_bytes) + " where their tasks ran, " +
                               FormatSize(t.moved_bytes) + " moved; " +
                               std::to_string(t.prefetches) + " prefetched, " +
-                              std::to_string(t.steals) + " stolen; bandwidths " +
+                              std::to_string(t.steals) + " stolen, " +
+                              std::to_string(t.preemptions) + " preempted; bandwidths " +
                               (t.bandwidths_measured ? "measured " : "set ") +
                               FormatSize(static_cast<uint64_t>(t.host_to_gpu)) + "/s host<->GPU, " +
                               FormatSize(static_cast<uint64_t>(t.gpu_to_gpu)) + "/s GPU<->GPU");

@@ -312,6 +312,9 @@ class SchedulerStatus:
     def steals(self) -> int: ...
 
     @property
+    def preemptions(self) -> int: ...
+
+    @property
     def host_to_gpu(self) -> float: ...
 
     @property
