@@ -155,8 +155,26 @@ void OffsetAllocator::LinkAfter(uint32_t b, uint32_t n, uint64_t offset) {
   nodes_[b].next_phys = n;
 }
 
+// A block of the request's own class that holds it, among the first kTightFitLooks there
+// (kNone if none): the tightest fit, found in O(1). TLSF alone searches from the class above
+// the request's, so a hole exactly as large as the request is passed over for a larger block
+// while one exists; a workload of same-sized objects would then spread over the whole region,
+// touching pages the holes it leaves could have served.
+uint32_t OffsetAllocator::TightFit(uint64_t units, uint64_t bytes, uint64_t alignment) const {
+  constexpr int kTightFitLooks = 8;
+  const SizeClass own = ClassOf(units);
+  if (own.first >= kFirstLevelCount) return kNone;
+  int looks = 0;
+  for (uint32_t b = heads_[FlatIndex(own)]; b != kNone && looks < kTightFitLooks;
+       b = nodes_[b].next_free, ++looks) {
+    if (Fits(b, bytes, alignment)) return b;
+  }
+  return kNone;
+}
+
 uint32_t OffsetAllocator::FindFreeBlock(uint64_t bytes) const {
   const uint64_t units = bytes >> alignment_log2_;
+  if (const uint32_t tight = TightFit(units, bytes, alignment_); tight != kNone) return tight;
   // Searching from the class above the request's (unless the request starts its class)
   // makes every block found big enough: no list walking.
   const SizeClass from = FitClassOf(units);
@@ -173,7 +191,9 @@ uint32_t OffsetAllocator::FindAlignedFreeBlock(uint64_t bytes, uint64_t alignmen
   // offset: large objects are mostly page multiples, so their holes mostly start on pages,
   // and this keeps the fit as tight as unaligned requests get.
   const uint64_t units = bytes >> alignment_log2_;
-  uint32_t b = FirstFreeFrom(FitClassOf(units));
+  uint32_t b = TightFit(units, bytes, alignment);
+  if (b != kNone) return b;
+  b = FirstFreeFrom(FitClassOf(units));
   if (b != kNone && Fits(b, bytes, alignment)) return b;
   // Any block of bytes + alignment - alignment() holds it, wherever the block starts.
   const uint64_t slack = alignment - alignment_;

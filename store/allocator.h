@@ -7,7 +7,10 @@
 // The scheme is TLSF (two-level segregated fit): free blocks sit in size classes, a power of
 // two split into kSecondLevelCount linear steps, with one bitmap bit per non-empty class, so
 // finding a free block and freeing one are O(1) (a few bit scans). A freed block merges with
-// free physical neighbours at once, so no two free blocks are ever adjacent.
+// free physical neighbours at once, so no two free blocks are ever adjacent. Before taking a
+// block of a larger class, a request looks at the first few blocks of its own class for one
+// that holds it: a hole left by an object of the same size (the chunks of an array) is
+// filled again, rather than a fresh part of the region, whose pages have not been touched.
 //
 // Per-block cost is one 24-byte node in a vector (see sizeof(Block)); a node's size is not
 // stored but implied by the next block's offset. The node pool grows by 1.5x, so metadata stays
@@ -136,6 +139,7 @@ class OffsetAllocator {
   uint32_t FindFreeBlock(uint64_t bytes) const;
   uint32_t FindAlignedFreeBlock(uint64_t bytes, uint64_t alignment) const;
   uint32_t FirstFreeFrom(SizeClass c) const;
+  uint32_t TightFit(uint64_t units, uint64_t bytes, uint64_t alignment) const;
   uint32_t ScanClassesForFit(int from, int to, uint64_t bytes, uint64_t alignment) const;
   bool Fits(uint32_t b, uint64_t bytes, uint64_t alignment) const;
   std::optional<Allocation> TakeFront(uint32_t b, uint64_t bytes);

@@ -17,6 +17,7 @@ namespace {
 
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
+constexpr uint64_t kGiB = 1024 * kMiB;
 
 using Allocation = OffsetAllocator::Allocation;
 
@@ -465,6 +466,31 @@ TEST(OffsetAllocatorTest, AlignedRequestReusesPageAlignedHoleOfItsSize) {
   ASSERT_TRUE(a.Free(first.handle));
   EXPECT_EQ(MustAllocate(a, 256 * kKiB, 4096).offset, first.offset);
   EXPECT_EQ(a.CheckInvariants(), "");
+}
+
+// Objects of one size off a class boundary (an array's chunks, each with its header): a hole
+// one left is filled by the next, not passed over for the untouched free tail (TLSF alone
+// searches from the class above the request's). Else a store whose live objects never exceed
+// a few chunks touches the pages of its whole segment.
+TEST(OffsetAllocatorTest, AHoleLeftByAnObjectIsFilledByTheNextOfItsSizeBeforeTheFreeTail) {
+  constexpr uint64_t kChunk = 128 * kMiB + 4096;
+  OffsetAllocator a(kGiB, 64);
+  Allocation first = MustAllocate(a, kChunk, 4096);
+  MustAllocate(a, kChunk, 4096);  // walls the hole off from the free tail
+  ASSERT_TRUE(a.Free(first.handle));
+  for (int i = 0; i < 4; ++i) {
+    Allocation again = MustAllocate(a, kChunk, 4096);
+    EXPECT_EQ(again.offset, first.offset) << "round " << i;
+    ASSERT_TRUE(a.Free(again.handle));
+  }
+  // The same with the allocator's own alignment.
+  OffsetAllocator b(2000 * 64);
+  Allocation hole = MustAllocate(b, 1030 * 64);
+  MustAllocate(b, 10 * 64);
+  ASSERT_TRUE(b.Free(hole.handle));
+  EXPECT_EQ(MustAllocate(b, 1030 * 64).offset, hole.offset);
+  EXPECT_EQ(a.CheckInvariants(), "");
+  EXPECT_EQ(b.CheckInvariants(), "");
 }
 
 TEST(OffsetAllocatorTest, AlignedRequestIsRefusedWhenNoBlockHoldsItAtAnAlignedOffset) {
