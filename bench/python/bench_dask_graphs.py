@@ -5,7 +5,7 @@
       [--workloads product,rechunk,elementwise,chain,tree,groupby,set_index,delayed]
       [--schedulers threads,processes,local,local-depot,depot,depot-unfused]
       [--n 6000] [--chunk 1000] [--rows 1000000] [--partitions 16] [--delayed 10000]
-      [--store-memory 50%] [--timeout 600] [--json]
+      [--store-memory 50%] [--bound half] [--timeout 600] [--json]
 
 Each workload runs on each scheduler with --workers workers:
 - threads: Dask's threaded scheduler, a pool of --workers threads in one process;
@@ -18,7 +18,12 @@ Each workload runs on each scheduler with --workers workers:
   (default threshold and keep) and ``DepotNannyPlugin``;
 - depot: ``depot.dask.Scheduler(workers=N, memory=--store-memory)``: a private depotd with N
   Python worker processes, its ``get`` as the scheduler;
-- depot-unfused: the same with ``fuse=False``: only Dask's own fusion.
+- depot-unfused: the same with ``fuse=False``: only Dask's own fusion;
+- depot-bound (not run unless named): ``depot.dask.Scheduler(workers=N, memory=--bound)``,
+  the graph's bound and its store's size; ``--bound half`` (the default) is half of the
+  peak memory LocalCluster's run of the same workload reached just before it (so "local"
+  must come before it in --schedulers), the issue's test of a graph run inside half of plain
+  Dask's memory.
 
 The workloads, all generated from seed 0 inside the graph:
 - product: the problem of dask/dask#7449, ``(a * a.T).sum()`` of ``a``, an --n x --n array of
@@ -99,6 +104,7 @@ import _memory  # beside this script
 
 MiB = 1 << 20
 SCHEDULERS = ("threads", "processes", "local", "local-depot", "depot", "depot-unfused")
+OPTIONAL_SCHEDULERS = ("depot-bound",)
 
 
 # The workloads: each returns the collections that one dask.compute runs.
@@ -268,11 +274,11 @@ def _local(args, with_depot: bool = False) -> Iterator[_Started]:
 
 
 @contextlib.contextmanager
-def _depot(args, fuse: bool = True) -> Iterator[_Started]:
+def _depot(args, fuse: bool = True, memory: Optional[str] = None) -> Iterator[_Started]:
     import depot.dask
 
     with depot.dask.Scheduler(
-        workers=args.workers, memory=args.store_memory, fuse=fuse
+        workers=args.workers, memory=memory or args.store_memory, fuse=fuse
     ) as scheduler:
         yield _Started({"scheduler": scheduler.get}, scheduler.client)
 
@@ -282,6 +288,8 @@ def _started(scheduler: str, args) -> contextlib.AbstractContextManager:
         return _local(args, with_depot=True)
     if scheduler == "depot-unfused":
         return _depot(args, fuse=False)
+    if scheduler == "depot-bound":
+        return _depot(args, memory=args.bound)
     return {"threads": _threads, "processes": _processes, "local": _local,
             "depot": _depot}[scheduler](args)
 
@@ -399,12 +407,13 @@ def _expect(proc: subprocess.Popen, event: str) -> Dict[str, Any]:
     return message
 
 
-def _run(kind: str, scheduler: str, args) -> Dict[str, Any]:
+def _run(kind: str, scheduler: str, args, extra: Optional[List[str]] = None) -> Dict[str, Any]:
     """One run of a workload on a scheduler, in a fresh process: its figures, or
-    {"error": why} if it failed or took longer than --timeout."""
+    {"error": why} if it failed or took longer than --timeout. ``extra``: arguments for the
+    run beyond the benchmark's own."""
     command = [sys.executable, os.path.abspath(__file__), "--child", f"{kind}:{scheduler}"]
     proc = subprocess.Popen(
-        command + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        command + sys.argv[1:] + (extra or []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         start_new_session=True,  # its process group: everything it started, to stop at once
     )
     timer = threading.Timer(args.timeout, os.killpg, (proc.pid, signal.SIGKILL))
@@ -453,7 +462,16 @@ def _runs(kind: str, args, schedulers: List[str]) -> Dict[str, List[Dict[str, An
     runs: Dict[str, List[Dict[str, Any]]] = {s: [] for s in schedulers}
     for _ in range(args.repeat):
         for scheduler in schedulers:
-            run = _run(kind, scheduler, args)
+            extra = None
+            if scheduler == "depot-bound" and args.bound == "half":
+                local = runs.get("local", [])
+                if not local or "peak_memory" not in local[-1]:
+                    runs[scheduler].append({"error": "--bound half needs a run of local before"})
+                    continue
+                extra = ["--bound", str(local[-1]["peak_memory"] // 2)]
+            run = _run(kind, scheduler, args, extra)
+            if extra:
+                run["bound"] = int(extra[1])
             if "digest" in run:
                 reference = reference or run["digest"]
                 why = _differs(run["digest"], reference)
@@ -505,6 +523,10 @@ def _report(kind: str, runs: Dict[str, List[Dict[str, Any]]]) -> None:
               f"{_ratio(local, m['warm_seconds']) if local else '-':>8}"
               f"{m['peak_memory'] / MiB:10.0f}{_ratio(m['peak_memory'], lowest):>9}"
               f"{m['idle_memory'] / MiB:10.0f}{max(left) if left else '-':>14}")
+    bounds = [r["bound"] for r in runs.get("depot-bound", []) if "bound" in r]
+    if bounds:
+        print(f"  depot-bound: memory= {statistics.median(bounds) / MiB:.0f} MiB (half of "
+              f"LocalCluster's peak in the same repetition)")
 
 
 def _sizes(args) -> str:
@@ -530,11 +552,13 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--delayed", type=int, default=10_000, help="delayed tasks")
     parser.add_argument("--store-memory", default="50%", help="depotd's --memory")
+    parser.add_argument("--bound", default="half",
+                        help="depot-bound's memory=: a size, or half of LocalCluster's peak")
     parser.add_argument("--timeout", type=float, default=600, help="seconds, per run")
     parser.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # WORKLOAD:SCHEDULER, one run
     args = parser.parse_args()
-    for name, known in (("workloads", WORKLOADS), ("schedulers", SCHEDULERS)):
+    for name, known in (("workloads", WORKLOADS), ("schedulers", SCHEDULERS + OPTIONAL_SCHEDULERS)):
         unknown = set(getattr(args, name).split(",")) - set(known)
         if unknown:
             parser.error(f"unknown {name}: {', '.join(sorted(unknown))}; known: {', '.join(known)}")
