@@ -149,9 +149,9 @@ struct SchedulerStatus {
   uint64_t local_bytes = 0;  // input bytes placed tasks found where they ran
   uint64_t moved_bytes = 0;  // input bytes copied to where they ran
   uint64_t prefetches = 0;
-  uint64_t steals = 0;     // queued tasks taken from a busy worker for an idle one
+  uint64_t steals = 0;       // queued tasks taken from a busy worker for an idle one
   uint64_t preemptions = 0;  // queued tasks that gave their place to one outranking them
-  double host_to_gpu = 0;  // bandwidths placement assumes, bytes per second
+  double host_to_gpu = 0;    // bandwidths placement assumes, bytes per second
   double gpu_to_host = 0;
   double gpu_to_gpu = 0;
   bool bandwidths_measured = false;  // from the store's copies (as set by flag if false)
