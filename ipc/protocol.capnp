@@ -330,6 +330,13 @@ struct TaskSpec {
   # far, and is placed and bounded as if it had declared that. A daemon older than the field
   # ignores it (no version bump).
   kind @18 :Text;
+  # With a bound: held back by it, the task waits for the submitter to free the bound's
+  # outputs it holds, however long (depot's Client.map(memory=), whose caller frees results
+  # as it goes), instead of failing once nothing of the bound has run or changed for the
+  # grace period (a graph's bound, whose stored outputs only its own tasks free). It fails
+  # only if its output alone is larger than the bound. A daemon older than the field ignores
+  # it (no version bump).
+  boundWaits @19 :Bool;
 }
 
 # Which implementation of a function a task runs, where some worker has a GPU variant.

@@ -65,6 +65,11 @@ void Bounds::Leave(SessionId submitter, const TaskSpec& spec) {
   Tidy({submitter, spec.bound_id});
 }
 
+void Bounds::Changed(Bound& b, const Key& key) {
+  b.held_since = -1;
+  changed_.push_back(key);
+}
+
 void Bounds::Tidy(const Key& key) {
   auto it = bounds_.find(key);
   if (it == bounds_.end() || it->second.tasks > 0 || it->second.outputs > 0) return;
@@ -105,6 +110,10 @@ std::string Bounds::Why(SessionId submitter, const TaskSpec& spec, uint64_t byte
   const Bound* b = Find(submitter, spec);
   if (b == nullptr) return "";
   const char* whose = spec.output_bytes > 0 ? "its declared output of " : "its expected output of ";
+  if (spec.bound_waits) {
+    return whose + ipc::FormatSize(bytes) + " is larger than its group's memory bound of " +
+           ipc::FormatSize(b->bytes);
+  }
   return whose + ipc::FormatSize(bytes) + " does not fit its graph's memory bound of " +
          ipc::FormatSize(b->bytes) + " beside the " + ipc::FormatSize(b->live) +
          " of the graph's results still stored, " +
@@ -115,7 +124,7 @@ void Bounds::Placed(SessionId submitter, const TaskSpec& spec, uint64_t bytes) {
   if (Bound* b = Find(submitter, spec)) {
     ++b->placed;
     b->reserved += bytes;
-    b->held_since = -1;
+    Changed(*b, {submitter, spec.bound_id});
   }
 }
 
@@ -123,7 +132,7 @@ void Bounds::Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t bytes)
   if (Bound* b = Find(submitter, spec)) {
     --b->placed;
     b->reserved -= bytes;
-    b->held_since = -1;
+    Changed(*b, {submitter, spec.bound_id});
   }
 }
 
@@ -136,7 +145,7 @@ void Bounds::Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id,
                 ? std::numeric_limits<uint64_t>::max()
                 : b->live + bytes;
   ++b->outputs;
-  b->held_since = -1;
+  Changed(*b, {submitter, spec.bound_id});
 }
 
 bool Bounds::Freed(const ObjectId& id) {
@@ -147,7 +156,7 @@ bool Bounds::Freed(const ObjectId& id) {
   auto b = bounds_.find(out.bound);
   b->second.live -= std::min(b->second.live, out.bytes);
   --b->second.outputs;
-  b->second.held_since = -1;
+  Changed(b->second, out.bound);
   Tidy(out.bound);
   return true;
 }

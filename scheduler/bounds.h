@@ -19,6 +19,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "depot/object_id.h"
 #include "depot/status.h"
@@ -67,8 +68,12 @@ class Bounds {
 
   size_t size() const { return bounds_.size(); }
 
- private:
   using Key = std::pair<SessionId, uint64_t>;
+  // The bounds that changed (a task placed or unplaced, an output made or freed) since the
+  // last call, each at least once: where tasks it held back may fit now.
+  std::vector<Key> TakeChanged() { return std::exchange(changed_, {}); }
+
+ private:
   struct Bound {
     uint64_t bytes = 0;
     uint64_t live = 0;
@@ -82,6 +87,8 @@ class Bounds {
   Bound* Find(SessionId submitter, const TaskSpec& spec);
   // Drops a bound no pending task names and no live output counts against.
   void Tidy(const Key& key);
+  // `b`, the bound `key`, changed: it is held no more, and is listed for TakeChanged.
+  void Changed(Bound& b, const Key& key);
 
   std::map<Key, Bound> bounds_;
   std::map<SessionId, size_t> per_submitter_;
@@ -90,6 +97,7 @@ class Bounds {
     uint64_t bytes;
   };
   std::unordered_map<ObjectId, Output> made_;  // live outputs of bound tasks
+  std::vector<Key> changed_;
 };
 
 }  // namespace depot::scheduler

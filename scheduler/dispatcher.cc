@@ -74,6 +74,37 @@ void Dispatcher::Forget(Task& task) {
   if (task.state != TaskState::kReady) return;
   ready_.erase(task.key());
   stalled_.erase(task.id);
+  if (task.spec.bound_id == 0) return;
+  auto it = parked_.find({task.submitter, task.spec.bound_id});
+  if (it != parked_.end() && it->second.erase(task.key()) > 0) {
+    --parked_count_;
+    if (it->second.empty()) {
+      over_bound_.erase(it->first);
+      parked_.erase(it);
+    }
+  }
+}
+
+std::set<ReadyKey>::iterator Dispatcher::Park(std::set<ReadyKey>::iterator it) {
+  const Task& task = graph_.at(it->id);
+  const Bounds::Key key{task.submitter, task.spec.bound_id};
+  parked_[key].insert(*it);
+  over_bound_.insert(key);
+  ++parked_count_;
+  return ready_.erase(it);
+}
+
+void Dispatcher::Unpark() {
+  Bounds* bounds = workers_.bounds();
+  if (bounds == nullptr) return;
+  for (const Bounds::Key& key : bounds->TakeChanged()) {
+    auto it = parked_.find(key);
+    if (it == parked_.end()) continue;
+    parked_count_ -= it->second.size();
+    ready_.merge(it->second);
+    parked_.erase(it);
+    over_bound_.erase(key);
+  }
 }
 
 void Dispatcher::Unstall() {
@@ -184,14 +215,25 @@ std::vector<TaskId> Dispatcher::OverBound(
   if (stuck.empty()) return out;
   std::map<std::pair<SessionId, uint64_t>, std::vector<TaskId>> held;
   std::set<std::pair<SessionId, uint64_t>> fitting;
+  // The stuck bounds' tasks: those held back, and any in the ready queue (not tried yet).
+  std::vector<TaskId> tasks;
   for (const ReadyKey& r : ready_) {
     const Task& t = graph_.at(r.id);
+    if (stuck.contains({t.submitter, t.spec.bound_id})) tasks.push_back(r.id);
+  }
+  for (const Bounds::Key& key : stuck) {
+    for (const ReadyKey& r : parked_.at(key)) tasks.push_back(r.id);
+  }
+  for (TaskId id : tasks) {
+    const Task& t = graph_.at(id);
     const std::pair key{t.submitter, t.spec.bound_id};
-    if (!stuck.contains(key)) continue;
-    if (bounds->Fits(t.submitter, t.spec, Expected(t))) {
+    const uint64_t bytes = Expected(t);
+    if (bounds->Fits(t.submitter, t.spec, bytes)) {
       fitting.insert(key);
-    } else {
+    } else if (!t.spec.bound_waits) {
       held[key].push_back(t.id);
+    } else if (bytes > t.spec.bound_bytes) {
+      out.push_back(t.id);  // it waits for frees, but none could make it fit
     }
   }
   for (auto& [key, ids] : held) {
@@ -205,8 +247,8 @@ uint64_t Dispatcher::Expected(const Task& task) const {
 }
 
 void Dispatcher::PlaceReady() {
-  over_bound_.clear();
   held_at_.clear();
+  Unpark();
   // Workers whose resources were freed start what they queued, but not before a ready
   // task that outranks it has had its chance at them; the rest once the ready tasks have.
   const Task* best = ready_.empty() ? nullptr : &graph_.at(ready_.begin()->id);
@@ -227,7 +269,7 @@ void Dispatcher::PlaceReady() {
         const uint64_t bytes = Expected(task);
         if (bytes == 0 ? held->second.unknown && !task.spec.kind.empty()
                        : bytes >= held->second.least) {
-          ++it;
+          it = Park(it);
           continue;
         }
       }
@@ -240,8 +282,9 @@ void Dispatcher::PlaceReady() {
     }
     if (!PlaceOne(task)) {
       if (std::exchange(held_by_bound_, false)) {
-        // Its bound, not the workers, holds it back: no miss, and no shape for others.
-        ++it;
+        // Its bound, not the workers, holds it back: no miss, and no shape for others; it
+        // waits out of the ready queue until the bound changes.
+        it = Park(it);
         continue;
       }
       if (!CouldEverPlace(task)) {
@@ -290,7 +333,6 @@ bool Dispatcher::TryPlace(Task& task) {
       sizes_ != nullptr ? sizes_->Expected(task.submitter, task.spec) : task.spec.output_bytes;
   if (const Bounds* bounds = workers_.bounds();
       bounds != nullptr && !bounds->Fits(task.submitter, task.spec, task.reserve)) {
-    over_bound_.emplace(task.submitter, task.spec.bound_id);
     // An output of unknown size held back (its kind not measured yet) holds back every other
     // such one; one of known size every one as large.
     Held& held = held_at_[{task.submitter, task.spec.bound_id}];

@@ -15,7 +15,8 @@
 // tasks run out while a worker sits idle, tasks queued behind a long wait elsewhere are
 // placed afresh (Rebalance).
 //
-// A task no worker attached could ever run is set aside (stalled) until a worker attaches.
+// A task no worker attached could ever run is set aside (stalled) until a worker attaches;
+// one its memory bound holds back (bounds.h) waits aside until the bound changes (parked).
 // All of it runs on the daemon's loop thread.
 #pragma once
 
@@ -88,11 +89,12 @@ class Dispatcher {
   // worker: work stealing, so that a straggler holds back only itself.
   void Round();
 
-  // The memory bounds (submitter, bound id) that held back a task in the last round.
+  // The memory bounds (submitter, bound id) holding back tasks now.
   const std::set<std::pair<SessionId, uint64_t>>& held_back() const { return over_bound_; }
   // The ready tasks of the bounds that held back a task in the last round, that `stuck`
-  // says nothing can make room in any more, and that hold none of their ready tasks. Costs
-  // a look at every ready task.
+  // says nothing can make room in any more, and that hold none of their ready tasks; of
+  // tasks that wait for their submitter's frees (TaskSpec::bound_waits), only those whose
+  // output alone is larger than the bound. Costs a look at every ready task.
   std::vector<TaskId> OverBound(const std::function<bool(SessionId, uint64_t)>& stuck) const;
 
   // The output bytes `task` is expected to make now: declared, or what its kind made.
@@ -100,7 +102,8 @@ class Dispatcher {
 
   // Whether `task` is set aside for want of a worker that could ever run it.
   bool Stalled(TaskId task) const { return stalled_.contains(task); }
-  size_t ready() const { return ready_.size(); }
+  // Ready tasks: waiting for a place, or held back by their bound.
+  size_t ready() const { return ready_.size() + parked_count_; }
   // The bandwidths placement goes by now: measured, or as set.
   Bandwidths bandwidths() const {
     return options_.measure_bandwidths ? store_.CopyBandwidths(options_.bandwidths)
@@ -122,6 +125,10 @@ class Dispatcher {
   // the place of a queued one it outranks; and taking queued tasks from busy workers when
   // one is idle (each: whether any was taken back).
   void PlaceReady();
+  // Takes the ready task at `it`, held back by its bound, out of the ready queue; the next.
+  std::set<ReadyKey>::iterator Park(std::set<ReadyKey>::iterator it);
+  // Puts back the tasks of the bounds that changed since the last round.
+  void Unpark();
   bool Preempt();
   bool Rebalance();
   // Places one ready task; false if no worker can take it now. Timed (PlacementCounters).
@@ -149,9 +156,12 @@ class Dispatcher {
   DispatcherOptions options_;
   std::set<ReadyKey> ready_;
   std::unordered_set<TaskId> stalled_;  // ready, but for no worker attached: set aside
-  // Bounds (submitter, bound id) that held back a task in the last round.
-  std::set<std::pair<SessionId, uint64_t>> over_bound_;
-  bool held_by_bound_ = false;  // the last TryPlace's task was held back by its bound
+  // Ready tasks held back by their memory bound, by bound (submitter, bound id): out of the
+  // ready queue, so that rounds do not look at them again, until the bound changes (Unpark).
+  std::map<Bounds::Key, std::set<ReadyKey>> parked_;
+  size_t parked_count_ = 0;
+  std::set<Bounds::Key> over_bound_;  // the keys of parked_
+  bool held_by_bound_ = false;        // the last TryPlace's task was held back by its bound
   // This round, by bound: the least output bytes it held back, and whether it held back one
   // of unknown size (its kind not measured yet).
   struct Held {

@@ -168,7 +168,9 @@ class Scheduler final : public ObjectEvents {
   // Fails the ready tasks of memory bounds that nothing can make room in any more (no task
   // of the bound is placed, none of its ready tasks fits, and so it has been for `grace_s`
   // seconds with nothing of the bound changing: Bounds::HeldSince), naming each, its size
-  // and the bound, rather than let them wait for ever (Dispatcher::OverBound).
+  // and the bound, rather than let them wait for ever (Dispatcher::OverBound). A task that
+  // waits for its submitter's frees (TaskSpec::bound_waits) fails only if its output alone
+  // is larger than the bound.
   void FailStuckBounds(double grace_s);
   // The task making `id` on `worker` waits for room for it: its resources go to another
   // task meanwhile (WorkerTable::Lend), placed at once in ready order, the tasks queued on

@@ -76,6 +76,10 @@ struct TaskSpec {
   // declared. 0: none; both or neither.
   uint64_t bound_id = 0;
   uint64_t bound_bytes = 0;
+  // Held back by its bound, it waits for its submitter to free the bound's outputs, however
+  // long, rather than failing when nothing of the bound moves; only an output larger than
+  // the bound alone fails (Scheduler::FailStuckBounds).
+  bool bound_waits = false;
   // Its kind, for people and for output sizes (OutputSizes): tasks of a kind make outputs
   // of about one size. At most kMaxLabel bytes.
   std::string kind;

@@ -216,6 +216,7 @@ class WorkerTable {
   std::vector<WorkerInfo> Info() const;
   double Now() const { return options_.clock ? options_.clock() : 0; }
   const Bounds* bounds() const { return options_.bounds; }
+  Bounds* bounds() { return options_.bounds; }
 
  private:
   void Start(Worker& worker, Task& task);

@@ -55,6 +55,7 @@ TaskSpec SpecOf(wire::TaskSpec::Reader in) {
   spec.label = ipc::ToString(in.getLabel());
   spec.bound_id = in.getBoundId();
   spec.bound_bytes = in.getBoundBytes();
+  spec.bound_waits = in.getBoundWaits();
   spec.kind = ipc::ToString(in.getKind());
   switch (in.getVariant()) {
     case wire::Variant::CPU:

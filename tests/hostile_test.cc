@@ -899,6 +899,31 @@ TEST_F(HostileTest, MemoryBoundsAreEachSubmittersOwnAndBounded) {
   EXPECT_NE(got.status().message().find("does not fit its graph's memory bound of 1.00 MiB"),
             std::string::npos)
       << got.status().message();
+
+  // Tasks that wait for their submitter's frees (boundWaits) wait however long: thousands of
+  // them, held back behind one placed (of a kind not measured yet: it runs alone), hold up
+  // nobody else's task; one whose output alone is larger than its bound fails, saying so.
+  auto waiting = bounded(8, 1 << 20, 0);
+  waiting.kind = "unmeasured";
+  waiting.bound_waits = true;
+  ASSERT_OK_AND_ASSIGN(auto held, attacker.Submit(std::vector<TaskRequest>(2000, waiting)));
+  auto first = worker->Receive();
+  ASSERT_TRUE(first && first->get().isAssign());
+  ASSERT_EQ(first->get().getAssign().size(), 1u) << "one fits the bound; the others wait";
+  ASSERT_OK_AND_ASSIGN(auto after, victim_->Submit({TaskRequest{.function = "noop"}}));
+  auto victims = worker->Receive();
+  ASSERT_TRUE(victims && victims->get().isAssign());
+  ASSERT_EQ(victims->get().getAssign().size(), 1u);
+  EXPECT_EQ(ipc::FromWire(victims->get().getAssign()[0].getOutputs()[0]), after[0]);
+  auto larger = bounded(9, 1 << 20, 2 << 20);
+  larger.bound_waits = true;
+  ASSERT_OK_AND_ASSIGN(auto too_large, attacker.Submit({larger}));
+  got = attacker.Get(too_large[0], std::chrono::seconds(30));
+  ASSERT_EQ(got.status().code(), StatusCode::kTaskFailed) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("its declared output of 2.00 MiB is larger than its "
+                                        "group's memory bound of 1.00 MiB"),
+            std::string::npos)
+      << got.status().message();
 }
 
 // A completion may ask the daemon to seal outputs its worker created (Completion.seal): only

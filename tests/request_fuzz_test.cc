@@ -823,6 +823,7 @@ class RequestFuzzer {
         t.setBoundId(Said(o, "boundId", Wild() ? x_.U64({1, 2}) : uint64_t(1 + x_.Pick(2))));
         t.setBoundBytes(
             Said(o, "boundBytes", Wild() ? x_.U64({kArenaBytes, 1}) : uint64_t{kArenaBytes}));
+        t.setBoundWaits(Said(o, "boundWaits", x_.OneIn(2)));
       }
       t.setVariant(static_cast<wire::Variant>(Said(o, "variant", x_.Pick(Wild() ? 8 : 3))));
       // Any bytes, shown (escaped) by depotctl, never read otherwise.

@@ -900,6 +900,42 @@ TEST_F(SchedulerTest, ATaskItsIdleBoundCannotHoldFailsSayingWhy) {
   EXPECT_EQ(found.state, StoreAccess::State::kMissing) << "it waits";
 }
 
+// A group whose caller frees results as it goes (Client.map(memory=)): a task held back by
+// its bound waits for those frees however long nothing of the group moves; only one whose
+// output alone is larger than the bound fails.
+TEST_F(SchedulerTest, ATaskWaitingForItsSubmittersFreesIsNotFailedWhileItCouldFit) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000 * kMiB;
+  TaskSpec t = Bounded(5, 10 * kMiB, 6 * kMiB);
+  t.bound_waits = true;
+  const ObjectId first = Submit(t)[0];
+  const ObjectId waits = Submit(t)[0];
+  TaskSpec huge = t;
+  huge.output_bytes = 11 * kMiB;
+  huge.label = "huge";
+  const ObjectId too_large = Submit(huge)[0];
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  Run(sent[0], 6 * kMiB);  // its result, held by the caller: the group is idle
+  EXPECT_TRUE(link_.Take().empty());
+  now_ = 100;
+  scheduler_.FailStuckBounds(0.5);
+  StoreAccess::Object found;
+  store_.Locate(std::span(&waits, 1), std::span(&found, 1));
+  EXPECT_EQ(found.state, StoreAccess::State::kMissing) << "it waits for the caller's free";
+  store_.Locate(std::span(&too_large, 1), std::span(&found, 1));
+  ASSERT_EQ(found.state, StoreAccess::State::kFailed);
+  const std::string why = store_.objects[too_large].message;
+  EXPECT_NE(why.find("task 3 (huge): its declared output of 11.0 MiB is larger than its "
+                     "group's memory bound of 10.0 MiB"),
+            std::string::npos)
+      << why;
+  // The caller frees the first result: the waiting task starts.
+  store_.Free(first);
+  store_.Deliver(scheduler_);
+  EXPECT_EQ(link_.Take().size(), 1u);
+}
+
 // A task that declares no output size is expected to make as much as the most its kind
 // made: placed and reserved as if it had declared that.
 TEST_F(SchedulerTest, ATaskOfAKindIsReservedWhatItsKindMade) {
@@ -957,6 +993,36 @@ TEST_F(SchedulerTest, TasksHeldBackByTheirBoundKeepNoOtherTaskFromAPlace) {
   EXPECT_TRUE(link_.Take().empty());
   Submit(Task(), /*submitter=*/200);
   EXPECT_EQ(link_.Take().size(), 1u);
+  // Held back, they wait aside: later rounds do not look at them again while their bound
+  // stays as it is (a client's thousands of waiting tasks cost other clients' events
+  // nothing), and they are tried again once it changes.
+  const uint64_t tries = scheduler_.counters().placement_tries;
+  for (int i = 0; i < 2; ++i) Submit(Task(), /*submitter=*/200);
+  EXPECT_EQ(link_.Take().size(), 2u);
+  EXPECT_EQ(scheduler_.counters().placement_tries, tries + 2);
+  EXPECT_EQ(scheduler_.counters().tasks_pending, 204u);
+}
+
+// Those of a bound that changes are tried again: the output that filled it is freed.
+TEST_F(SchedulerTest, TasksHeldBackByTheirBoundAreTriedAgainWhenItChanges) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000 * kMiB;
+  const TaskSpec full = Bounded(1, 10 * kMiB, 10 * kMiB);
+  Submit(full);
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  Submit(Bounded(1, 10 * kMiB, 4 * kMiB));
+  EXPECT_TRUE(link_.Take().empty());
+  const uint64_t tries = scheduler_.counters().placement_tries;
+  Submit(Task(), /*submitter=*/200);  // another client's event: the held task is not tried
+  EXPECT_EQ(link_.Take().size(), 1u);
+  EXPECT_EQ(scheduler_.counters().placement_tries, tries + 1);
+  // Done, its output still fills the bound: tried once more, and held back again.
+  Run(sent[0], 10 * kMiB);
+  EXPECT_TRUE(link_.Take().empty());
+  store_.Free(sent[0].outputs[0]);
+  store_.Deliver(scheduler_);
+  EXPECT_EQ(link_.Take().size(), 1u) << "freed: room for it";
 }
 
 TEST_F(SchedulerTest, BoundsAreCheckedAtSubmission) {

@@ -52,6 +52,7 @@ void ToWire(const TaskRequest& t, wire::TaskSpec::Builder out) {
   out.setLabel(t.label);
   out.setBoundId(t.bound_id);
   out.setBoundBytes(t.bound_bytes);
+  out.setBoundWaits(t.bound_waits);
   out.setKind(t.kind);
 }
 

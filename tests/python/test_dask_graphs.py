@@ -386,8 +386,9 @@ def _room_waits(client):
 def test_outputs_wait_for_room_others_free_and_a_graph_that_cannot_fit_says_so():
     # 5 MiB results in a store of 12 MiB: two fit beside each other, not three.
     mib5 = 5 * 2**20 // 8
-    # Unfused: each block is stored, not made inside its reader.
-    with depot.dask.Scheduler(workers=2, memory="12MiB", fuse=False) as s:
+    # Unfused: each block is stored, not made inside its reader. One worker: the order in
+    # which tasks run is the scheduler's alone.
+    with depot.dask.Scheduler(workers=1, memory="12MiB", fuse=False) as s:
 
         @delayed
         def block(i):
@@ -398,10 +399,16 @@ def test_outputs_wait_for_room_others_free_and_a_graph_that_cannot_fit_says_so()
             return float(b.sum())
 
         # Each block is read once, then goes: blocks made while two others wait for their
-        # readers wait for room instead of failing.
+        # readers wait for room instead of failing. The first three outrank every reader
+        # (depot runs the readers of data first among tasks alike): the third is made while
+        # the first two wait for theirs, and must wait for room, lending the worker to the
+        # first reader.
         # Each block a kind of its own (its key's name): none is expected to make what
         # another made, so each finds the store full only when it creates its output.
-        sums = [total(block(i, dask_key_name=f"block{i}")) for i in range(8)]
+        with dask.annotate(priority=10):
+            first = [block(i, dask_key_name=f"block{i}") for i in range(3)]
+        blocks = first + [block(i, dask_key_name=f"block{i}") for i in range(3, 8)]
+        sums = [total(b) for b in blocks]
         assert dask.compute(*sums, scheduler=s.get) == tuple(float(i * mib5) for i in range(8))
         begun, failed = _room_waits(s.client)
         assert begun >= 1 and failed == 0, "no output waited: the test tests nothing"

@@ -191,20 +191,27 @@ def test_a_group_of_tasks_shares_a_memory_bound(client, workers):
         with pytest.raises(depot.InvalidArgument, match="a size is"):
             client.map(np.ones, [10], memory=bad)
     # Four outputs of 1 MiB declared, a bound of 2.5 MiB: two are made, and kept (this client
-    # holds them); the other two cannot fit while nothing of the group runs, and fail a grace
-    # period later, naming the task, its size and the bound.
+    # holds them); the other two wait for it to free results, far past the half second after
+    # which a graph's idle bound fails its tasks, and each starts once one is freed.
     mib = 2**20
     # Then undeclared: each is expected to make what the most of the group made; after the
-    # first (1 MiB), one more fits a bound of 2.5 MiB, and a third fails as above.
-    for options, why in (({"output_bytes": mib + 4096}, "does not fit its graph's memory bound "
-                          "of 2.50 MiB"), ({}, "its expected output of 1.00 MiB")):
+    # first (1 MiB), one more fits a bound of 2.5 MiB, and the others wait as above.
+    for options in ({"output_bytes": mib + 4096}, {}):
         refs = client.map(np.ones, [mib // 8] * 4, memory="2.5MiB", **options)
         for ref in refs[:2]:
             np.testing.assert_array_equal(client.get(ref, timeout=60), np.ones(mib // 8))
-        for ref in refs[2:]:
-            with pytest.raises(depot.TaskFailed, match=why):
-                client.get(ref, timeout=60)
-        client.delete(refs[:2])
+        done, waiting = client.wait(refs[2:], timeout=5)  # ten times that half second
+        assert (done, len(waiting)) == ([], 2)
+        for freed, then in zip(refs[:2], refs[2:]):
+            client.delete([freed])
+            np.testing.assert_array_equal(client.get(then, timeout=60), np.ones(mib // 8))
+        client.delete(refs[2:])
+    # A task whose output alone is larger than the bound could never start: it fails, naming
+    # itself, its size and the bound.
+    (too_large,) = client.map(np.ones, [10], memory="1MiB", output_bytes=2 * mib)
+    with pytest.raises(depot.TaskFailed, match="its declared output of 2.00 MiB is larger "
+                       "than its group's memory bound of 1.00 MiB"):
+        client.get(too_large, timeout=60)
 
 
 def test_closures_and_lambdas_run_by_value(client, workers):

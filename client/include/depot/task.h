@@ -66,6 +66,10 @@ struct TaskRequest {
   // 0: none; both or neither, and the same bytes for every task naming the bound.
   uint64_t bound_id = 0;
   uint64_t bound_bytes = 0;
+  // Held back by its bound, the task waits for this client to free the bound's outputs it
+  // holds, however long, instead of failing once nothing of the bound has moved for a
+  // while; it fails only if its output alone is larger than the bound.
+  bool bound_waits = false;
   // Its kind (a Dask layer, say; at most 256 bytes): a task that declares no output_bytes is
   // expected to make as much as the most a task of its kind of this client made so far.
   std::string kind;

@@ -483,9 +483,10 @@ class Client:
         submit's keyword options, but not ``name``; and ``memory``, a bound the tasks share
         (bytes, or a size such as ``"2GiB"``): a task starts only while the outputs of the
         group's tasks still stored, those declared by its tasks placed, and its own declared
-        ``output_bytes`` (else the most a task of the group made so far) fit it; one that
-        cannot fit while none of the group runs fails, naming itself, its size and the
-        bound."""
+        ``output_bytes`` (else the most a task of the group made so far) fit it. The others
+        wait, however long, for results to be freed (each ref dropped or deleted): consume
+        them as they come. A task whose output alone is larger than the bound fails, naming
+        itself, its size and the bound."""
         if "name" in options:
             raise InvalidArgument("map names no outputs: give names with submit")
         memory = options.pop("memory", None)
@@ -497,6 +498,7 @@ class Client:
         if bound is not None:
             for task in tasks:
                 task["bound_id"], task["bound_bytes"] = bound
+                task["bound_waits"] = True  # the caller frees results as it goes
                 if "output_bytes" not in task:
                     # Undeclared: each is expected to make what the most of the group made.
                     task["kind"] = f"map/{bound[0]:x}"

@@ -86,6 +86,8 @@ TaskRequest RequestOf(nb::dict d) {
       r.bound_id = nb::cast<uint64_t>(value);
     } else if (k == "bound_bytes") {
       r.bound_bytes = nb::cast<uint64_t>(value);
+    } else if (k == "bound_waits") {
+      r.bound_waits = nb::cast<bool>(value);
     } else if (k == "kind") {
       r.kind = nb::cast<std::string>(value);
     } else {
