@@ -97,14 +97,16 @@ std::set<ReadyKey>::iterator Dispatcher::Park(std::set<ReadyKey>::iterator it) {
 void Dispatcher::Unpark() {
   Bounds* bounds = workers_.bounds();
   if (bounds == nullptr) return;
-  for (const Bounds::Key& key : bounds->TakeChanged()) {
-    auto it = parked_.find(key);
-    if (it == parked_.end()) continue;
-    parked_count_ -= it->second.size();
-    ready_.merge(it->second);
-    parked_.erase(it);
-    over_bound_.erase(key);
-  }
+  for (const Bounds::Key& key : bounds->TakeChanged()) Unpark(key);
+}
+
+void Dispatcher::Unpark(const Bounds::Key& key) {
+  auto it = parked_.find(key);
+  if (it == parked_.end()) return;
+  parked_count_ -= it->second.size();
+  ready_.merge(it->second);
+  parked_.erase(it);
+  over_bound_.erase(key);
 }
 
 void Dispatcher::Unstall() {
@@ -112,13 +114,25 @@ void Dispatcher::Unstall() {
 }
 
 void Dispatcher::Round() {
-  Preempt();
   PlaceReady();
   if (Rebalance()) PlaceReady();
 }
 
-bool Dispatcher::Preempt() {
-  if (ready_.empty() || options_.random_placement) return false;
+bool Dispatcher::WouldFit(const Task& task) const {
+  const uint64_t bytes = Expected(task);
+  if (const Bounds* bounds = workers_.bounds();
+      bounds != nullptr && !bounds->Fits(task.submitter, task.spec, bytes)) {
+    return false;
+  }
+  // A GPU task's device is not known yet: only a CPU task's room is looked at.
+  if (bytes == 0 || task.spec.resources.gpu > 0) return true;
+  const uint64_t room = store_.Room(kHostMemory);
+  const uint64_t reserved = workers_.Reserved(kHostMemory);
+  return room >= reserved && room - reserved >= bytes;
+}
+
+void Dispatcher::Preempt() {
+  if (ready_.empty() || options_.random_placement) return;
   std::vector<Task*> moving;
   std::set<SessionId> taken;  // a place on each worker, at most, a round
   size_t looked = 0;
@@ -131,16 +145,26 @@ bool Dispatcher::Preempt() {
       if (!w->queue.empty() && Outranks(task, graph_.at(w->queue.back()))) outranks_any = true;
     }
     if (!outranks_any) break;
-    // Held back by its bound last round, it would not take the place.
-    if (over_bound_.contains({task.submitter, task.spec.bound_id})) continue;
+    // Only a task that would take the place: not one bound to a GPU (it waits for that
+    // GPU's worker), nor one its bound or the store's room would hold back.
+    if (task.spec.affinity == Affinity::kHard || !WouldFit(task)) continue;
     const std::vector<Way> ways = workers_.Ways(task.spec);
     const auto could_run = [&](const Worker& w) {
       return std::ranges::any_of(ways, [&](const Way& way) {
         return WorkerTable::CouldEverTake(w, way, task.spec.function);
       });
     };
-    Task* last = nullptr;  // the queued task it outranks most, where it could run
-    bool open = false;     // a worker that could run it has room in its window
+    // The queued task to take back: on a worker whose resources a completion freed (the
+    // task starts there at once), else the one it outranks most, where it could run.
+    Task* last = nullptr;
+    bool open = false;  // a worker that could run it has room in its window
+    const auto better = [&](const Task& queued) {
+      if (last == nullptr) return true;
+      const bool freed = workers_.Find(queued.worker)->freed;
+      const bool last_freed = workers_.Find(last->worker)->freed;
+      if (freed != last_freed) return freed;
+      return last->key() < queued.key();
+    };
     for (auto& [id, w] : workers_.workers()) {
       if (!could_run(*w)) continue;
       if (workers_.Open(*w)) {
@@ -149,9 +173,7 @@ bool Dispatcher::Preempt() {
       }
       if (w->queue.empty() || taken.contains(id)) continue;
       Task& queued = graph_.at(w->queue.back());
-      if (Outranks(task, queued) && (last == nullptr || last->key() < queued.key())) {
-        last = &queued;
-      }
+      if (Outranks(task, queued) && better(queued)) last = &queued;
     }
     if (open || last == nullptr) continue;
     taken.insert(last->worker);
@@ -162,7 +184,6 @@ bool Dispatcher::Preempt() {
     Requeue(*task);
     ++counters_.preemptions;
   }
-  return !moving.empty();
 }
 
 bool Dispatcher::Rebalance() {
@@ -206,7 +227,7 @@ bool Dispatcher::Rebalance() {
 }
 
 std::vector<TaskId> Dispatcher::OverBound(
-    const std::function<bool(SessionId, uint64_t)>& stuck_now) const {
+    const std::function<bool(SessionId, uint64_t)>& stuck_now) {
   std::vector<TaskId> out;
   const Bounds* bounds = workers_.bounds();
   if (over_bound_.empty() || bounds == nullptr) return out;
@@ -239,6 +260,9 @@ std::vector<TaskId> Dispatcher::OverBound(
   for (auto& [key, ids] : held) {
     if (!fitting.contains(key)) out.insert(out.end(), ids.begin(), ids.end());
   }
+  // A parked task that fits now, with no change to its bound (what its kind is expected to
+  // make was forgotten), goes back to the ready queue with its bound's others.
+  for (const Bounds::Key& key : fitting) Unpark(key);
   return out;
 }
 
@@ -252,9 +276,12 @@ void Dispatcher::PlaceReady() {
   // Workers whose resources were freed start what they queued, but not before a ready
   // task that outranks it has had its chance at them; the rest once the ready tasks have.
   const Task* best = ready_.empty() ? nullptr : &graph_.at(ready_.begin()->id);
-  size_t open = 0;
   for (auto& [id, w] : workers_.workers()) {
     if (w->freed) workers_.StartQueued(*w, best);
+  }
+  Preempt();
+  size_t open = 0;
+  for (auto& [id, w] : workers_.workers()) {
     if (workers_.Open(*w)) ++open;
   }
   std::vector<const Task*> unplaceable;

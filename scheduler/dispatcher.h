@@ -94,8 +94,9 @@ class Dispatcher {
   // The ready tasks of the bounds that held back a task in the last round, that `stuck`
   // says nothing can make room in any more, and that hold none of their ready tasks; of
   // tasks that wait for their submitter's frees (TaskSpec::bound_waits), only those whose
-  // output alone is larger than the bound. Costs a look at every ready task.
-  std::vector<TaskId> OverBound(const std::function<bool(SessionId, uint64_t)>& stuck) const;
+  // output alone is larger than the bound. The held tasks of a bound with a task that fits
+  // now go back to the ready queue. Costs a look at every ready task.
+  std::vector<TaskId> OverBound(const std::function<bool(SessionId, uint64_t)>& stuck);
 
   // The output bytes `task` is expected to make now: declared, or what its kind made.
   uint64_t Expected(const Task& task) const;
@@ -121,15 +122,18 @@ class Dispatcher {
     const Way* way = nullptr;
   };
 
-  // Round's parts: placing the ready tasks; with every window full, giving a ready task
-  // the place of a queued one it outranks; and taking queued tasks from busy workers when
-  // one is idle (each: whether any was taken back).
+  // Round's parts: placing the ready tasks (where a ready task takes the place of a queued
+  // one it outranks in a full window: Preempt); and taking queued tasks from busy workers
+  // when one is idle (whether any was taken).
   void PlaceReady();
   // Takes the ready task at `it`, held back by its bound, out of the ready queue; the next.
   std::set<ReadyKey>::iterator Park(std::set<ReadyKey>::iterator it);
-  // Puts back the tasks of the bounds that changed since the last round.
+  // Puts back the tasks of the bounds that changed since the last round / of `key`.
   void Unpark();
-  bool Preempt();
+  void Unpark(const Bounds::Key& key);
+  void Preempt();
+  // Whether `task`'s output fits its bound and, for a CPU task, the store's room now.
+  bool WouldFit(const Task& task) const;
   bool Rebalance();
   // Places one ready task; false if no worker can take it now. Timed (PlacementCounters).
   bool PlaceOne(Task& task);

@@ -180,7 +180,7 @@ void Scheduler::FailStuckBounds(double grace_s) {
     Finish(t, TaskState::kFailed,
            Describe(id) + ": " + bounds_.Why(t.submitter, t.spec, dispatcher_.Expected(t)));
   }
-  if (!stuck.empty()) Dispatch();
+  Dispatch();  // what failed, and held tasks that fit now, change what can be placed
 }
 
 Status Scheduler::Complete(SessionId worker, std::span<const Completion> completions) {

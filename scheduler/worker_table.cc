@@ -177,7 +177,6 @@ bool WorkerTable::Place(Worker& worker, Task& task, bool now) {
   if (task.reserve > 0) reserved_[task.device] += task.reserve;
   if (options_.bounds != nullptr) options_.bounds->Placed(task.submitter, task.spec, task.reserve);
   if (now && worker.running.size() < kMaxRunningPerWorker &&
-      (worker.queue.empty() || !Outranks(graph_.at(worker.queue.front()), task)) &&
       worker.resources.Reserve(task.request, task.device)) {
     Start(worker, task);
     return true;

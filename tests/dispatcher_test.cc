@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <limits>
 #include <string>
 #include <vector>
@@ -109,6 +110,56 @@ TEST_F(DispatcherTest, AConsumerMadeReadyTakesTheQueuedPlaceOfAProducer) {
   // Tasks alike (the producers left, all at depth 0) are not moved for nothing.
   EXPECT_TRUE(Round().empty());
   EXPECT_EQ(dispatcher_.counters().preemptions, 1u);
+}
+
+// The queued task that gives its place is the one on the worker whose CPU the completion
+// freed: the consumer starts there at once, not behind a task running on the other worker.
+TEST_F(DispatcherTest, AConsumerTakesAPlaceOnTheWorkerThatFreedItsCpu) {
+  AddWorker(1, 1);
+  AddWorker(2, 1);
+  Task& first = Submit({.function = "f"});
+  const ObjectId made = first.outputs[0];
+  const TaskId consumer = Submit({.function = "f", .inputs = {made}}).id;
+  for (int i = 0; i < 5; ++i) Submit({.function = "f"});
+  ASSERT_EQ(Round().size(), 2u);
+  const SessionId freed = first.worker;
+  Worker& w = *table_.Find(freed);
+  Worker& other = *table_.Find(freed == 1 ? 2 : 1);
+  ASSERT_EQ(w.queue.size(), 2u);
+  ASSERT_EQ(other.queue.size(), 2u);
+  const std::deque<TaskId> others_queue = other.queue;
+  const std::deque<TaskId> queued = w.queue;
+
+  store_.Seal(made, 10);
+  table_.Unplace(first);
+  graph_.Finish(first, TaskState::kDone, "");
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].task, consumer);
+  EXPECT_EQ(sent[0].worker, freed);
+  EXPECT_EQ(other.queue, others_queue) << "the busy worker's queue is left alone";
+  EXPECT_EQ(dispatcher_.counters().preemptions, 1u);
+  EXPECT_EQ(w.queue, queued) << "the one that gave its place took it back behind the first";
+}
+
+// A ready task that would not be placed (its output does not fit the store's room) takes
+// no queued task's place: nothing is moved for nothing, round after round.
+TEST_F(DispatcherTest, AConsumerThatWouldNotFitTakesNoPlace) {
+  AddWorker(1, 1);
+  store_.room[kHostMemory] = 1 << 20;
+  Task& first = Submit({.function = "f"});
+  const ObjectId made = first.outputs[0];
+  const TaskId consumer = Submit({.function = "f", .inputs = {made}, .output_bytes = 2 << 20}).id;
+  for (int i = 0; i < 3; ++i) Submit({.function = "f"});
+  ASSERT_EQ(Round().size(), 1u);
+  store_.Seal(made, 10);
+  table_.Unplace(first);
+  graph_.Finish(first, TaskState::kDone, "");
+  for (int i = 0; i < 3; ++i) {
+    for (const Sent& s : Round()) EXPECT_NE(s.task, consumer);
+  }
+  EXPECT_EQ(dispatcher_.counters().preemptions, 0u);
+  EXPECT_EQ(graph_.at(consumer).state, TaskState::kReady);
 }
 
 // With a window open, a ready task queues in order among those queued there: one of higher
