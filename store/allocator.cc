@@ -156,10 +156,10 @@ void OffsetAllocator::LinkAfter(uint32_t b, uint32_t n, uint64_t offset) {
 }
 
 // A block of the request's own class that holds it, among the first kTightFitLooks there
-// (kNone if none): the tightest fit, found in O(1). TLSF alone searches from the class above
-// the request's, so a hole exactly as large as the request is passed over for a larger block
-// while one exists; a workload of same-sized objects would then spread over the whole region,
-// touching pages the holes it leaves could have served.
+// (kNone if none), found in O(1). TLSF alone searches from the class above the request's, so
+// a hole exactly as large as the request is passed over for a larger block while one exists;
+// a workload of same-sized objects would then spread over the whole region, touching pages
+// the holes it leaves could have served.
 uint32_t OffsetAllocator::TightFit(uint64_t units, uint64_t bytes, uint64_t alignment) const {
   constexpr int kTightFitLooks = 8;
   const SizeClass own = ClassOf(units);
