@@ -78,10 +78,7 @@ void Dispatcher::Forget(Task& task) {
   auto it = parked_.find({task.submitter, task.spec.bound_id});
   if (it != parked_.end() && it->second.erase(task.key()) > 0) {
     --parked_count_;
-    if (it->second.empty()) {
-      over_bound_.erase(it->first);
-      parked_.erase(it);
-    }
+    if (it->second.empty()) parked_.erase(it);
   }
 }
 
@@ -89,7 +86,6 @@ std::set<ReadyKey>::iterator Dispatcher::Park(std::set<ReadyKey>::iterator it) {
   const Task& task = graph_.at(it->id);
   const Bounds::Key key{task.submitter, task.spec.bound_id};
   parked_[key].insert(*it);
-  over_bound_.insert(key);
   ++parked_count_;
   return ready_.erase(it);
 }
@@ -106,7 +102,6 @@ void Dispatcher::Unpark(const Bounds::Key& key) {
   parked_count_ -= it->second.size();
   ready_.merge(it->second);
   parked_.erase(it);
-  over_bound_.erase(key);
 }
 
 void Dispatcher::Unstall() {
@@ -125,9 +120,12 @@ bool Dispatcher::WouldFit(const Task& task) const {
     return false;
   }
   // A GPU task's device is not known yet: only a CPU task's room is looked at.
-  if (bytes == 0 || task.spec.resources.gpu > 0) return true;
-  const uint64_t room = store_.Room(kHostMemory);
-  const uint64_t reserved = workers_.Reserved(kHostMemory);
+  return bytes == 0 || task.spec.resources.gpu > 0 || HasRoom(kHostMemory, bytes);
+}
+
+bool Dispatcher::HasRoom(int32_t device, uint64_t bytes) const {
+  const uint64_t room = store_.Room(device);
+  const uint64_t reserved = workers_.Reserved(device);
   return room >= reserved && room - reserved >= bytes;
 }
 
@@ -230,9 +228,11 @@ std::vector<TaskId> Dispatcher::OverBound(
     const std::function<bool(SessionId, uint64_t)>& stuck_now) {
   std::vector<TaskId> out;
   const Bounds* bounds = workers_.bounds();
-  if (over_bound_.empty() || bounds == nullptr) return out;
-  auto stuck = over_bound_;
-  std::erase_if(stuck, [&](const auto& key) { return !stuck_now(key.first, key.second); });
+  if (parked_.empty() || bounds == nullptr) return out;
+  std::set<Bounds::Key> stuck;
+  for (const auto& [key, parked] : parked_) {
+    if (stuck_now(key.first, key.second)) stuck.insert(key);
+  }
   if (stuck.empty()) return out;
   std::map<std::pair<SessionId, uint64_t>, std::vector<TaskId>> held;
   std::set<std::pair<SessionId, uint64_t>> fitting;
@@ -356,8 +356,7 @@ bool Dispatcher::TryPlace(Task& task) {
   const std::span<const SessionId> runners = workers_.Runners(task.spec.function);
   if (runners.empty()) return false;
   // Its output: declared, or expected of its kind; reserved where it is placed.
-  task.reserve =
-      sizes_ != nullptr ? sizes_->Expected(task.submitter, task.spec) : task.spec.output_bytes;
+  task.reserve = Expected(task);
   if (const Bounds* bounds = workers_.bounds();
       bounds != nullptr && !bounds->Fits(task.submitter, task.spec, task.reserve)) {
     // An output of unknown size held back (its kind not measured yet) holds back every other
@@ -382,11 +381,7 @@ bool Dispatcher::TryPlace(Task& task) {
   const std::function<bool(int32_t)> has_room = [&](int32_t device) {
     if (task.reserve == 0 || !any_room) return true;
     auto [it, fresh] = roomy.emplace(device, false);
-    if (fresh) {
-      const uint64_t room = store_.Room(device);
-      const uint64_t reserved = workers_.Reserved(device);
-      it->second = room >= reserved && room - reserved >= task.reserve;
-    }
+    if (fresh) it->second = HasRoom(device, task.reserve);
     return it->second;
   };
 

@@ -89,8 +89,8 @@ class Dispatcher {
   // worker: work stealing, so that a straggler holds back only itself.
   void Round();
 
-  // The memory bounds (submitter, bound id) holding back tasks now.
-  const std::set<std::pair<SessionId, uint64_t>>& held_back() const { return over_bound_; }
+  // The memory bounds (submitter, bound id) holding back tasks now, with those tasks.
+  const std::map<Bounds::Key, std::set<ReadyKey>>& held_back() const { return parked_; }
   // The ready tasks of the bounds that held back a task in the last round, that `stuck`
   // says nothing can make room in any more, and that hold none of their ready tasks; of
   // tasks that wait for their submitter's frees (TaskSpec::bound_waits), only those whose
@@ -134,6 +134,9 @@ class Dispatcher {
   void Preempt();
   // Whether `task`'s output fits its bound and, for a CPU task, the store's room now.
   bool WouldFit(const Task& task) const;
+  // Whether the store has room on `device` for `bytes` more beside what the tasks placed to
+  // make their outputs there reserved.
+  bool HasRoom(int32_t device, uint64_t bytes) const;
   bool Rebalance();
   // Places one ready task; false if no worker can take it now. Timed (PlacementCounters).
   bool PlaceOne(Task& task);
@@ -164,8 +167,7 @@ class Dispatcher {
   // ready queue, so that rounds do not look at them again, until the bound changes (Unpark).
   std::map<Bounds::Key, std::set<ReadyKey>> parked_;
   size_t parked_count_ = 0;
-  std::set<Bounds::Key> over_bound_;  // the keys of parked_
-  bool held_by_bound_ = false;        // the last TryPlace's task was held back by its bound
+  bool held_by_bound_ = false;  // the last TryPlace's task was held back by its bound
   // This round, by bound: the least output bytes it held back, and whether it held back one
   // of unknown size (its kind not measured yet).
   struct Held {

@@ -163,8 +163,8 @@ void Scheduler::Dispatch() {
   const auto& held = dispatcher_.held_back();
   if (held.empty()) return;
   const double now = workers_.Now();
-  for (const auto& [submitter, id] : held) {
-    if (bounds_.Idle(submitter, id)) bounds_.HeldBack(submitter, id, now);
+  for (const auto& [key, tasks] : held) {
+    if (bounds_.Idle(key.first, key.second)) bounds_.HeldBack(key.first, key.second, now);
   }
   if (options_.bounds_stuck) options_.bounds_stuck();
 }
@@ -349,22 +349,21 @@ TaskInfo Scheduler::Describe(const Task& t) const {
   if (ahead) {
     info.reason = "sent to its worker, to start when task " + std::to_string(t.after) + " ends";
   } else if (t.state == TaskState::kReady) {
+    const uint64_t bytes = dispatcher_.Expected(t);
     if (!workers_.CouldEverRun(t.spec)) {
       info.reason =
           "no worker attached can run '" + t.spec.function + "' with the resources it asks for";
-    } else if (const uint64_t bytes = dispatcher_.Expected(t);
-               !bounds_.Fits(t.submitter, t.spec, bytes)) {
+    } else if (!bounds_.Fits(t.submitter, t.spec, bytes)) {
       info.reason = "its graph's memory bound has no room for the " + std::to_string(bytes) +
                     " output bytes it declared (or its kind made) now";
     } else if (dispatcher_.Stalled(t.id)) {
       info.reason = "no worker attached offers the GPU holding its inputs (hard affinity)";
     } else {
-      info.reason = dispatcher_.Expected(t) == 0
-                        ? "no worker has room for it now"
-                        : "no worker has room for it now, or the store none for the " +
-                              std::to_string(dispatcher_.Expected(t)) +
-                              " output bytes it declared (or its kind made) beside those of "
-                              "the tasks placed before it";
+      info.reason = bytes == 0 ? "no worker has room for it now"
+                               : "no worker has room for it now, or the store none for the " +
+                                     std::to_string(bytes) +
+                                     " output bytes it declared (or its kind made) beside those of "
+                                     "the tasks placed before it";
     }
   }
   return info;

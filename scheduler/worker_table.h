@@ -182,9 +182,9 @@ class WorkerTable {
 
   // Places `task` on `worker`, with the request, device and duration the dispatcher set in
   // it: started at once when `now` (the dispatcher offers that only where nothing is
-  // queued) and it fits, queued otherwise (and sent ahead where it can be). Whether it started at
-  // once. Its output bytes (Task::reserve: declared, or expected of its kind) are reserved on its
-  // device until it is unplaced.
+  // queued) and it fits, queued otherwise (and sent ahead where it can be). Whether it
+  // started at once. Its output bytes (Task::reserve: declared, or expected of its kind) are
+  // reserved on its device until it is unplaced.
   bool Place(Worker& worker, Task& task, bool now);
   // Output bytes declared by the tasks placed to make their outputs on `device` (queued,
   // sent ahead or running): room the store may not count as taken yet.
