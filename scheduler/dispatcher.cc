@@ -410,7 +410,7 @@ bool Dispatcher::TryPlace(Task& task) {
       task.variant = gpu ? "gpu" : "cpu";
       task.variant_reason =
           std::string("the ") + (gpu ? "CPU" : "GPU") + " variant found no place now";
-      durations_.Chose(task.spec.function, gpu, task.input_bytes);
+      durations_.Chose(DurationModel::Of(task.spec), gpu, task.input_bytes);
     }
   }
   if (ways.size() == 1) {
@@ -493,7 +493,8 @@ std::optional<Dispatcher::Plan> Dispatcher::PlanWay(const Task& task, const Way&
     }
     if (!free_now) affinity = Affinity::kNone;
   }
-  const Durations expected = durations_.ExpectedDurations(task.spec.function, task.input_bytes);
+  const Durations expected =
+      durations_.ExpectedDurations(DurationModel::Of(task.spec), task.input_bytes);
   Durations durations = expected;
   Bandwidths bandwidths = this->bandwidths();
   if (options_.random_placement) {
@@ -526,7 +527,7 @@ std::optional<Dispatcher::Plan> Dispatcher::PlanWay(const Task& task, const Way&
 }
 
 const Dispatcher::Plan& Dispatcher::ChooseVariant(Task& task, const Plan& cpu, const Plan& gpu) {
-  const std::string& f = task.spec.function;
+  const DurationModel::Of f(task.spec);
   if (options_.random_placement) {
     const bool on_gpu = (random_() & 1) != 0;
     task.variant = on_gpu ? "gpu" : "cpu";

@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
+#include <iterator>
 
 namespace depot::scheduler {
 
 int DurationModel::SizeClass(uint64_t bytes) { return std::bit_width(bytes) / 2; }
 
-DurationModel::Estimate DurationModel::Estimated(const std::map<int, Size>& sizes, bool on_gpu,
-                                                 uint64_t bytes) {
+DurationModel::Estimate DurationModel::Estimated(const Sizes& sizes, bool on_gpu, uint64_t bytes) {
   const int wanted = SizeClass(bytes);
   const Variant* nearest = nullptr;
   int distance = 0;
@@ -31,26 +31,43 @@ DurationModel::Estimate DurationModel::Estimated(const std::map<int, Size>& size
   return {.seconds = nearest->seconds * scale, .measured = false};
 }
 
-DurationModel::Estimates DurationModel::Expected(std::string_view function,
-                                                 uint64_t input_bytes) const {
-  auto it = functions_.find(function);
-  if (it == functions_.end()) return {};
-  return {.cpu = Estimated(it->second, false, input_bytes),
-          .gpu = Estimated(it->second, true, input_bytes)};
+const DurationModel::Sizes* DurationModel::Find(Of of) const {
+  auto f = functions_.find(of.function);
+  if (f == functions_.end()) return nullptr;
+  auto k = f->second.kinds.find(of.kind);
+  return k == f->second.kinds.end() ? nullptr : &k->second.sizes;
 }
 
-DurationModel::Size& DurationModel::At(std::string_view function, uint64_t bytes) {
-  auto it = functions_.find(function);
-  if (it == functions_.end())
-    it = functions_.emplace(std::string(function), std::map<int, Size>{}).first;
-  return it->second[SizeClass(bytes)];
+DurationModel::Sizes& DurationModel::Touch(Of of) {
+  auto f = functions_.find(of.function);
+  if (f == functions_.end()) f = functions_.emplace(std::string(of.function), Function{}).first;
+  Function& function = f->second;
+  auto k = function.kinds.find(of.kind);
+  if (k != function.kinds.end()) {
+    function.order.splice(function.order.end(), function.order, k->second.at);
+    return k->second.sizes;
+  }
+  if (function.kinds.size() >= kMaxKinds) {
+    function.kinds.erase(function.order.front());
+    function.order.pop_front();
+  }
+  function.order.emplace_back(of.kind);
+  Kind& kind = function.kinds[function.order.back()];
+  kind.at = std::prev(function.order.end());
+  return kind.sizes;
 }
 
-void DurationModel::Record(std::string_view function, bool on_gpu, uint64_t input_bytes,
-                           double seconds) {
+DurationModel::Estimates DurationModel::Expected(Of of, uint64_t input_bytes) const {
+  const Sizes* sizes = Find(of);
+  if (sizes == nullptr) return {};
+  return {.cpu = Estimated(*sizes, false, input_bytes),
+          .gpu = Estimated(*sizes, true, input_bytes)};
+}
+
+void DurationModel::Record(Of of, bool on_gpu, uint64_t input_bytes, double seconds) {
   seconds = std::max(0.0, seconds);
   const double bytes = static_cast<double>(input_bytes);
-  Variant& v = At(function, input_bytes).of(on_gpu);
+  Variant& v = Touch(of)[SizeClass(input_bytes)].of(on_gpu);
   if (v.seconds < 0) {
     v.seconds = seconds;
     v.bytes = bytes;
@@ -60,20 +77,24 @@ void DurationModel::Record(std::string_view function, bool on_gpu, uint64_t inpu
   }
 }
 
-uint32_t DurationModel::PassedOver(std::string_view function, bool on_gpu,
-                                   uint64_t input_bytes) const {
-  auto it = functions_.find(function);
-  if (it == functions_.end()) return 0;
-  auto size = it->second.find(SizeClass(input_bytes));
-  return size == it->second.end() ? 0 : size->second.of(on_gpu).passed_over;
+uint32_t DurationModel::PassedOver(Of of, bool on_gpu, uint64_t input_bytes) const {
+  const Sizes* sizes = Find(of);
+  if (sizes == nullptr) return 0;
+  auto size = sizes->find(SizeClass(input_bytes));
+  return size == sizes->end() ? 0 : size->second.of(on_gpu).passed_over;
 }
 
 void DurationModel::Forget(std::string_view function) {
   if (auto it = functions_.find(function); it != functions_.end()) functions_.erase(it);
 }
 
-void DurationModel::Chose(std::string_view function, bool on_gpu, uint64_t input_bytes) {
-  Size& size = At(function, input_bytes);
+size_t DurationModel::kinds(std::string_view function) const {
+  auto it = functions_.find(function);
+  return it == functions_.end() ? 0 : it->second.kinds.size();
+}
+
+void DurationModel::Chose(Of of, bool on_gpu, uint64_t input_bytes) {
+  Size& size = Touch(of)[SizeClass(input_bytes)];
   size.of(on_gpu).passed_over = 0;
   ++size.of(!on_gpu).passed_over;
 }

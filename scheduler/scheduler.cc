@@ -202,7 +202,7 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
     // One sent ahead and reported before the task it followed: its start is not known.
     // Only runs that succeeded are measured: a variant that fails fast must not look fast.
     if (task->after == 0 && c.ok) {
-      durations_.Record(task->spec.function, task->on_gpu(), task->input_bytes,
+      durations_.Record(DurationModel::Of(task->spec), task->on_gpu(), task->input_bytes,
                         now - task->started_at);
     }
     std::string failure;

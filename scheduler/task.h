@@ -80,8 +80,9 @@ struct TaskSpec {
   // long, rather than failing when nothing of the bound moves; only an output larger than
   // the bound alone fails (Scheduler::FailStuckBounds).
   bool bound_waits = false;
-  // Its kind, for people and for output sizes (OutputSizes): tasks of a kind make outputs
-  // of about one size. At most kMaxLabel bytes.
+  // Its kind, for people, for output sizes (OutputSizes: tasks of a kind make outputs of
+  // about one size) and for durations (DurationModel: tasks of a kind do the same work). At
+  // most kMaxLabel bytes.
   std::string kind;
 };
 

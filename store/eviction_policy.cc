@@ -14,18 +14,22 @@ EvictionPolicy::Action EvictionPolicy::ActionFor(uint32_t slot, int32_t tier) co
   const Object& o = table_.at(slot);
   const Replica* r = o.replicas.Find(tier);
   if (r == nullptr || !table_.IsUsable(slot) || o.sealing || !r->ready || r->spilling ||
-      r->refs != 0 || (tier == kHost && o.leased)) {
+      r->held_here(GraphHoldMoves(tier)) || (tier == kHost && o.leased)) {
     return Action::kNone;
   }
-  if (table_.HasOtherCopy(slot, tier)) return Action::kDrop;
+  // Referenced by the task graph alone, where its reference may move: a last copy spills,
+  // the reference going with it; one with another copy stays, its reference with it.
+  const bool graph_held = r->refs != 0;
+  if (table_.HasOtherCopy(slot, tier)) return graph_held ? Action::kNone : Action::kDrop;
   if (tier != kHost && tier != kDisk) return Action::kSpill;
-  const bool held = table_.headers().refs(slot) != 0;
+  const bool held = !graph_held && table_.headers().refs(slot) != 0;
   if (held || table_.IsPinned(slot)) return Action::kNone;
   // The disk is the last pool (Tiers::Pools): an object larger than the spill limit is
   // evicted, since no spill of it can ever succeed.
   const bool spills = host_spills_ && !o.failed && !table_.IsNoSpill(slot) &&
                       pools_.back()->CouldFit(table_.BytesOn(slot, kDisk));
-  return tier == kHost && spills ? Action::kSpill : Action::kEvict;
+  if (tier == kHost && spills) return Action::kSpill;
+  return graph_held ? Action::kNone : Action::kEvict;
 }
 
 uint64_t EvictionPolicy::BlockBytes(uint32_t slot, int32_t tier) const {

@@ -2,7 +2,10 @@
 // of the replicas that nobody holds.
 //
 // A replica is a candidate on its tier when its object is sealed and not deleted, its bytes
-// are ready and nobody holds a reference to it there (nor, in host memory, a lease). What going
+// are ready and nobody holds a reference to it there (nor, in host memory, a lease), except
+// the task graph where its reference can move (GraphHoldMoves): the last copy of an object
+// that tasks wait to read may spill, from a GPU to host memory and from there to disk, the
+// graph's reference going with it; it never goes for good. What going
 // means depends on the rest of the object: a replica with a ready copy elsewhere is dropped (the
 // object stays); the last copy of an object in host memory spills to disk when there is a spill
 // directory, else is evicted with the object, unless the object is pinned or held on some tier;
@@ -40,6 +43,11 @@ class EvictionPolicy {
   };
   // What making room with the replica of `slot` on `tier` would do, as the table is now.
   Action ActionFor(uint32_t slot, int32_t tier) const;
+  // Whether a copy on `tier` that the task graph alone holds may spill, the graph's
+  // reference moving with it: a GPU's, and host memory's where it spills to disk.
+  bool GraphHoldMoves(int32_t tier) const {
+    return tier != kDisk && (tier != kHost || host_spills_);
+  }
 
   // Puts each replica of the object in `slot` in, or takes it out of, its tier's candidates,
   // as ActionFor says now. A replica that stays a candidate keeps its place in the order.

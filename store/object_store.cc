@@ -173,8 +173,27 @@ void ObjectStore::CopyDone(uint32_t slot, int32_t tier, const Status& status,
   if (status.ok() && tier != kDisk) {
     Notify([id, tier](StoreListener& l) { l.OnReplicaReady(id, tier); });
   }
+  if (status.ok()) MoveGraphHold(slot, tier);
   // The waiting gets take their references before the copy lets go of its source.
   for (WaitingGets::Id waiter : waiters) Answer(waiter, slot, id, status);
+}
+
+void ObjectStore::MoveGraphHold(uint32_t slot, int32_t to) {
+  // Down the tiers only: a GPU's to host memory, host memory's to disk. A copy made up the
+  // tiers (a restore, a prefetch) leaves the reference where it is, so that the copy made
+  // for a reader may go again under pressure.
+  const auto rank = [](int32_t tier) { return tier == kDisk ? 2 : tier == kHost ? 1 : 0; };
+  int32_t from = kAnyTier;
+  table_.at(slot).replicas.ForEach([&](const Replica& r) {
+    if (r.graph_held && from == kAnyTier && rank(r.tier) < rank(to)) from = r.tier;
+  });
+  if (from == kAnyTier) return;
+  // Taken before the other goes, so that the object is never unreferenced between.
+  Account& graph = accounts_.at(kSchedulerClient);
+  for (uint32_t n = accounts_.RefsOf(graph, slot, from); n > 0; --n) {
+    AddRef(graph, slot, to);
+    DropRef(graph, slot, from);
+  }
 }
 
 void ObjectStore::Evict(uint32_t slot) { FreeObject(slot); }
@@ -231,19 +250,31 @@ void ObjectStore::FreeObject(uint32_t slot) {
 
 void ObjectStore::AddRef(Account& account, uint32_t slot, int32_t tier) {
   const uint64_t bytes = tiers_.ReplicaBytes(slot, tier);
-  if (table_.FindReplica(slot, tier)->refs++ == 0 && !tiers_.IsLeased(slot, tier)) {
+  accounts_.AddRef(account, slot, tier, bytes);
+  Replica& r = *table_.FindReplica(slot, tier);
+  const bool moves = policy_.GraphHoldMoves(tier);
+  const bool held = r.held_here(moves);
+  r.refs++;
+  if (account.client == kSchedulerClient) r.graph_held = true;
+  if (!held && r.held_here(moves) && !tiers_.IsLeased(slot, tier)) {
     tiers_.usage(tier).held_bytes += bytes;
   }
   HeaderTable& headers = table_.headers();
   headers.SetStateRefs(slot, headers.state(slot), headers.refs(slot) + 1);
-  accounts_.AddRef(account, slot, tier, bytes);
   policy_.Reconsider(slot);
 }
 
 void ObjectStore::DropRef(Account& account, uint32_t slot, int32_t tier) {
   const uint64_t bytes = tiers_.ReplicaBytes(slot, tier);
   accounts_.DropRef(account, slot, tier, bytes);
-  if (--table_.FindReplica(slot, tier)->refs == 0 && !tiers_.IsLeased(slot, tier)) {
+  Replica& r = *table_.FindReplica(slot, tier);
+  const bool moves = policy_.GraphHoldMoves(tier);
+  const bool held = r.held_here(moves);
+  r.refs--;
+  if (account.client == kSchedulerClient) {
+    r.graph_held = accounts_.RefsOf(account, slot, tier) > 0;
+  }
+  if (held && !r.held_here(moves) && !tiers_.IsLeased(slot, tier)) {
     tiers_.usage(tier).held_bytes -= bytes;
   }
   HeaderTable& headers = table_.headers();
@@ -999,17 +1030,29 @@ int32_t ObjectStore::Hold(ClientId client, const ObjectId& id, int32_t tier) {
   const uint32_t slot = table_.Find(id);
   if (slot == HeaderTable::kNoSlot || !table_.IsUsable(slot)) return kAnyTier;
   if (tier == kAnyTier) {
-    // Host memory first, then the GPUs in order.
+    // Host memory first, then the GPUs in order, then the disk.
     for (int32_t t = kHost; tiers_.Has(t); ++t) {
       if (table_.IsReady(slot, t)) {
         tier = t;
         break;
       }
     }
+    if (tier == kAnyTier && tiers_.disk() != nullptr && table_.IsReady(slot, kDisk)) tier = kDisk;
   }
-  if (!tiers_.Has(tier) || !table_.IsReady(slot, tier)) return kAnyTier;
+  const bool known = tiers_.Has(tier) || (tier == kDisk && tiers_.disk() != nullptr);
+  if (!known || !table_.IsReady(slot, tier)) return kAnyTier;
   AddRef(accounts_.at(client), slot, tier);
   return tier;
+}
+
+void ObjectStore::ReleaseGraphHold(const ObjectId& id) {
+  const uint32_t slot = table_.Find(id);
+  if (slot == HeaderTable::kNoSlot) return;
+  int32_t tier = kAnyTier;
+  table_.at(slot).replicas.ForEach([&](const Replica& r) {
+    if (r.graph_held && tier == kAnyTier) tier = r.tier;
+  });
+  if (tier != kAnyTier) DropRef(accounts_.at(kSchedulerClient), slot, tier);
 }
 
 uint64_t ObjectStore::Room(int32_t tier) const {

@@ -304,10 +304,14 @@ class ObjectStore final : private Tiers::Owner {
   // object `id` on `tier`, as a get there would, but with no wait and no copy: the object is
   // neither evicted nor freed, nor that replica dropped or spilled, until Release(client,
   // {id}, tier). With kAnyTier, on its host replica if that is ready, else on the ready
-  // replica of the lowest GPU. Returns the tier held, or kAnyTier, holding nothing, if the
-  // object is not sealed or has no ready replica there.
+  // replica of the lowest GPU, else on the disk's. Returns the tier held, or kAnyTier,
+  // holding nothing, if the object is not sealed or has no ready replica there.
   static constexpr int32_t kAnyTier = -2;
   int32_t Hold(ClientId client, const ObjectId& id, int32_t tier = kAnyTier);
+  // Gives back one reference of the task graph (kSchedulerClient) to `id`, taken with Hold,
+  // on whichever copy it is now: it moves down the tiers as the object spills
+  // (Replica::graph_held). Nothing if the graph holds none.
+  void ReleaseGraphHold(const ObjectId& id);
 
   // Bytes an object could be given on `tier` now without evicting, dropping or spilling
   // anything referenced or being created: the tier's limit less the bytes of such replicas
@@ -399,6 +403,10 @@ class ObjectStore final : private Tiers::Owner {
   void LetGoOfSource(uint32_t slot, int32_t tier) override;
   void CopyDone(uint32_t slot, int32_t tier, const Status& status,
                 std::span<const WaitingGets::Id> waiters) override;
+  // A copy of `slot` is ready on `to`: the task graph's reference to a copy above it (a
+  // GPU's for host memory, host memory's for the disk) moves there, so that the copy above
+  // may go (and a spill of it finish).
+  void MoveGraphHold(uint32_t slot, int32_t to);
   void Evict(uint32_t slot) override;
   bool Reclaim(uint32_t slot) override;
   void ChargeObject(uint32_t slot, uint64_t bytes) override;

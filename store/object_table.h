@@ -34,6 +34,15 @@ struct Replica {
   int8_t tier = kHost;
   bool ready = false;     // its bytes are there: false while being created or copied in
   bool spilling = false;  // being copied to host memory, to be dropped after
+  // The task graph (kSchedulerClient) holds a reference to it for tasks waiting to read it.
+  // Such a copy may still spill, the reference moving with it (ObjectStore::CopyDone): a
+  // GPU's to host memory, host memory's to disk where there is a spill directory
+  // (EvictionPolicy::GraphHoldMoves). Waiting tasks pin no memory the store could free so.
+  bool graph_held = false;
+
+  // Whether its bytes are held where they are: referenced by anyone but the graph alone
+  // where the graph's reference may move (`graph_moves`).
+  bool held_here(bool graph_moves) const { return refs > (graph_held && graph_moves ? 1u : 0u); }
 };
 static_assert(sizeof(Replica) == 16);
 

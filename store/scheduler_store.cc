@@ -44,23 +44,23 @@ void SchedulerStore::Prefetch(std::span<const ObjectId> ids, int32_t device) {
 }
 
 bool SchedulerStore::Hold(const ObjectId& id) {
-  auto it = held_.find(id);
-  const int32_t want = it != held_.end() ? it->second.tier : ObjectStore::kAnyTier;
-  const int32_t tier = store_.Hold(kSchedulerClient, id, want);
-  if (tier == ObjectStore::kAnyTier) return false;
-  Held& held = held_[id];
-  held.tier = tier;
-  held.count++;
+  if (auto it = held_.find(id); it != held_.end()) {
+    // Held anew only while it is not deleted, as a first Hold would be.
+    if (!store_.Locate(std::span(&id, 1))[0].found) return false;
+    ++it->second;
+    return true;
+  }
+  if (store_.Hold(kSchedulerClient, id) == ObjectStore::kAnyTier) return false;
+  held_[id] = 1;
   return true;
 }
 
 void SchedulerStore::Drop(const ObjectId& id) {
   auto it = held_.find(id);
-  if (it == held_.end()) return;
-  const int32_t tier = it->second.tier;
-  if (--it->second.count == 0) held_.erase(it);
-  Status st = store_.Release(kSchedulerClient, std::span(&id, 1), tier);
-  static_cast<void>(st);  // held_ counts exactly the references taken: it cannot fail
+  if (it == held_.end() || --it->second > 0) return;
+  held_.erase(it);
+  // One reference, on whichever copy it is now (it moves down the tiers as the object spills).
+  store_.ReleaseGraphHold(id);
 }
 
 void SchedulerStore::SealFailed(std::span<const ObjectId> ids, std::string_view message) {

@@ -41,9 +41,12 @@ class SchedulerStore final : public scheduler::StoreAccess, private StoreListene
   // Ids that are missing, failed or unknown devices are ignored, and no answer is awaited:
   // an object that goes while its copy is under way simply gets no replica.
   void Prefetch(std::span<const ObjectId> ids, int32_t device) override;
-  // The reference is to one replica: host memory's when ready there, else the lowest GPU
-  // holding it ready; nested Holds of an object take theirs on the same replica, which Drop
-  // gives back. Drop of an object the graph does not hold does nothing.
+  // One reference an object, however many Holds nest: to its host replica when ready there,
+  // else to the lowest GPU's holding it ready, else the disk's. It pins no memory a spill
+  // could free: a GPU's copy spills to host memory, and host memory's to disk where there is
+  // a spill directory, the reference moving down with it (ObjectStore::MoveGraphHold), so
+  // that tasks waiting their turn pin neither. The last Drop gives it back; Drop of an
+  // object the graph does not hold does nothing.
   bool Hold(const ObjectId& id) override;
   void Drop(const ObjectId& id) override;
   void SealFailed(std::span<const ObjectId> ids, std::string_view message) override;
@@ -64,14 +67,9 @@ class SchedulerStore final : public scheduler::StoreAccess, private StoreListene
   void OnSealedFailed(const ObjectId& id) override;
   void OnFreed(const ObjectId& id) override;
 
-  struct Held {
-    int32_t tier = kHost;  // the replica the graph's references are to
-    uint32_t count = 0;    // Holds not yet dropped
-  };
-
   ObjectStore& store_;
   scheduler::ObjectEvents& events_;
-  std::unordered_map<ObjectId, Held> held_;
+  std::unordered_map<ObjectId, uint32_t> held_;  // the objects held, by their Holds not dropped
 };
 
 }  // namespace depot::store

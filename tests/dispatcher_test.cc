@@ -363,8 +363,8 @@ TEST_F(DispatcherTest, TheVariantExpectedToFinishFirstIsChosenAndTheOtherExplore
   std::vector<int32_t> gpus;
   for (int32_t d = 0; d < 40; ++d) gpus.push_back(d);
   AddWorker(1, 64, gpus, {"f"});
-  durations_.Record("f", /*on_gpu=*/false, 0, 1.0);
-  durations_.Record("f", /*on_gpu=*/true, 0, 0.001);
+  durations_.Record({"f"}, /*on_gpu=*/false, 0, 1.0);
+  durations_.Record({"f"}, /*on_gpu=*/true, 0, 0.001);
   std::vector<Task*> tasks;
   for (int i = 0; i < 33; ++i) tasks.push_back(&Submit({.function = "f"}));
   auto sent = Round();
@@ -381,10 +381,26 @@ TEST_F(DispatcherTest, TheVariantExpectedToFinishFirstIsChosenAndTheOtherExplore
   EXPECT_EQ(sent[32].device, kHostMemory);
 }
 
+TEST_F(DispatcherTest, EachKindOfAFunctionGetsTheVariantFastestForIt) {
+  // depot.dask runs every Dask task through one function: a layer of products may be faster
+  // on a GPU while a layer of small sums is faster on a CPU.
+  AddWorker(1, 8, {0, 1, 2, 3}, {"f"});
+  durations_.Record({"f", "product"}, /*on_gpu=*/false, 0, 1.0);
+  durations_.Record({"f", "product"}, /*on_gpu=*/true, 0, 0.001);
+  durations_.Record({"f", "sum"}, /*on_gpu=*/false, 0, 0.001);
+  durations_.Record({"f", "sum"}, /*on_gpu=*/true, 0, 1.0);
+  Task& product = Submit({.function = "f", .kind = "product"});
+  Task& sum = Submit({.function = "f", .kind = "sum"});
+  auto sent = Round();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(product.variant, "gpu") << product.variant_reason;
+  EXPECT_EQ(sum.variant, "cpu") << sum.variant_reason;
+}
+
 TEST_F(DispatcherTest, ARequeuedTaskIsPlacedAfresh) {
   AddWorker(1, 1, {0}, {"f"});
-  durations_.Record("f", false, 0, 1.0);
-  durations_.Record("f", true, 0, 0.001);
+  durations_.Record({"f"}, false, 0, 1.0);
+  durations_.Record({"f"}, true, 0, 0.001);
   Task& task = Submit({.function = "f"});
   ASSERT_EQ(Round().size(), 1u);
   EXPECT_EQ(task.variant, "gpu");

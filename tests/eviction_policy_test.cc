@@ -81,6 +81,39 @@ TEST_F(EvictionPolicyTest, TheLastCopyOnAGpuSpillsAndAnExtraOneIsDropped) {
   EXPECT_EQ(Order(policy_.candidates(0)), (std::vector<uint32_t>{only, extra}));
 }
 
+TEST_F(EvictionPolicyTest, ACopyOnlyTheTaskGraphHoldsSpillsWhereItsHoldCanMoveAndNeverGoes) {
+  // The graph's reference to an object its waiting tasks read moves down the tiers with a
+  // spill (ObjectStore::MoveGraphHold): a GPU's last copy spills to host memory.
+  const uint32_t gpu = Sealed({0});
+  Hold(gpu, 0);
+  table_.FindReplica(gpu, 0)->graph_held = true;
+  policy_.Reconsider(gpu);
+  EXPECT_EQ(policy_.ActionFor(gpu, 0), Action::kSpill);
+  EXPECT_EQ(Order(policy_.candidates(0)), std::vector<uint32_t>{gpu});
+  // A client's reference beside it pins it there.
+  Hold(gpu, 0);
+  EXPECT_EQ(policy_.ActionFor(gpu, 0), Action::kNone);
+  EXPECT_TRUE(policy_.candidates(0).empty());
+  // With another copy, the held one stays (its reference with it); the other may go.
+  const uint32_t both = Sealed({kHost, 0});
+  Hold(both, 0);
+  table_.FindReplica(both, 0)->graph_held = true;
+  policy_.Reconsider(both);
+  EXPECT_EQ(policy_.ActionFor(both, 0), Action::kNone);
+  EXPECT_EQ(policy_.ActionFor(both, kHost), Action::kDrop);
+  // In host memory it spills to disk where there is a spill directory, and else stays: it
+  // is never evicted.
+  const uint32_t host = Sealed({kHost});
+  Hold(host, kHost);
+  table_.FindReplica(host, kHost)->graph_held = true;
+  policy_.Reconsider(host);
+  EXPECT_EQ(policy_.ActionFor(host, kHost), Action::kNone);
+  const EvictionPolicy spilling(table_, pools_, /*host_spills=*/true);
+  EXPECT_EQ(spilling.ActionFor(host, kHost), Action::kSpill);
+  EXPECT_TRUE(spilling.GraphHoldMoves(kHost) && spilling.GraphHoldMoves(0));
+  EXPECT_FALSE(policy_.GraphHoldMoves(kHost) || policy_.GraphHoldMoves(kDisk));
+}
+
 TEST_F(EvictionPolicyTest, CopiesBeingMadeSpilledSealedOrDeletedAreNoCandidates) {
   const uint32_t copying = Sealed({kHost});
   auto block = pools_[1]->Allocate(4096);

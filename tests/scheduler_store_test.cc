@@ -175,6 +175,23 @@ TEST_F(SchedulerStoreTest, HoldKeepsAnObjectFromEvictionUntilDrop) {
   EXPECT_EQ(events_.heard, (std::vector<std::string>{"sealed 1", "freed 1"}));
 }
 
+TEST_F(SchedulerStoreTest, AClientsReferenceBesideTheGraphsPinsAGpuCopy) {
+  Put(1, kMiB, /*tier=*/0, 0, /*seal=*/true, /*keep=*/true);  // the client keeps its reference
+  ASSERT_TRUE(graph_->Hold(Id(1)));
+  EXPECT_EQ(graph_->Room(0), kMiB);
+  Put(2, kMiB, /*tier=*/0);
+  std::optional<Result<Location>> created;
+  store_.Create(kClient, CreateParams{.id = Id(3), .data_size = kMiB, .device = 0},
+                [&](Result<Location> r) { created = std::move(r); });
+  executor_.Drain();
+  ASSERT_TRUE(created && created->ok()) << (created ? created->status().ToString() : "none");
+  EXPECT_EQ(Locate(1).where.tiers, ipc::TierBit(0)) << "referenced: it stays on the GPU";
+  EXPECT_EQ(Locate(2).where.tiers, ipc::kTierHost) << "the unreferenced one spilled";
+  graph_->Drop(Id(1));
+  const ObjectId id = Id(1);
+  EXPECT_TRUE(store_.Release(kClient, std::span(&id, 1), 0).ok());
+}
+
 TEST_F(SchedulerStoreTest, AHeldObjectThatIsDeletedGoesWithTheLastDrop) {
   Put(1, 1000);
   ASSERT_TRUE(graph_->Hold(Id(1)));
@@ -185,11 +202,11 @@ TEST_F(SchedulerStoreTest, AHeldObjectThatIsDeletedGoesWithTheLastDrop) {
   EXPECT_EQ(store_.SlotOf(Id(1)), HeaderTable::kNoSlot);
 }
 
-TEST_F(SchedulerStoreTest, HoldsNestAndEachDropGivesOneBack) {
+TEST_F(SchedulerStoreTest, HoldsNestOnOneReferenceThatTheLastDropGivesBack) {
   Put(1, 1000);
   ASSERT_TRUE(graph_->Hold(Id(1)));
   ASSERT_TRUE(graph_->Hold(Id(1)));
-  EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{kHost, 2}}));
+  EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{kHost, 1}}));
   graph_->Drop(Id(1));
   EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{kHost, 1}}));
   graph_->Drop(Id(1));
@@ -198,24 +215,47 @@ TEST_F(SchedulerStoreTest, HoldsNestAndEachDropGivesOneBack) {
   EXPECT_EQ(store_.UsageOf(kSchedulerClient).references, 0u);
 }
 
-TEST_F(SchedulerStoreTest, HoldTakesTheHostReplicaElseTheLowestGpuAndDropTheSameOne) {
+TEST_F(SchedulerStoreTest, HoldTakesTheHostReplicaElseTheLowestGpuAndMovesToAHostCopy) {
   Put(1, 4096, /*tier=*/1);
   ASSERT_TRUE(graph_->Hold(Id(1)));
   EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{1, 1}}));
-  // A host copy arrives: a nested Hold stays on the replica the graph already holds.
+  // A host copy arrives: the graph's reference moves there, and the GPU copy is free to go.
   const ObjectId id = Id(1);
   graph_->Prefetch(std::span(&id, 1), kHost);
   executor_.Drain();
   ASSERT_EQ(Locate(1).where.tiers, ipc::kTierHost | ipc::TierBit(1));
-  ASSERT_TRUE(graph_->Hold(Id(1)));
-  EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{1, 2}}));
-  graph_->Drop(Id(1));
-  graph_->Drop(Id(1));
-  EXPECT_TRUE(GraphHolds(1).empty());
-  // Held afresh, it is held in host memory.
+  EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{kHost, 1}}));
   ASSERT_TRUE(graph_->Hold(Id(1)));
   EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{kHost, 1}}));
   graph_->Drop(Id(1));
+  graph_->Drop(Id(1));
+  EXPECT_TRUE(GraphHolds(1).empty());
+  EXPECT_EQ(store_.UsageOf(kSchedulerClient).references, 0u);
+}
+
+TEST_F(SchedulerStoreTest, AGpuObjectTasksWaitForSpillsToHostMemoryWhenItsPoolNeedsRoom) {
+  // GPU 0's pool takes 2 MiB: an object only there that the graph holds for its waiting
+  // readers does not pin it. A new object there spills it, the graph's reference moves to
+  // the host copy, and the object stays until the last Drop.
+  Put(1, kMiB, /*tier=*/0);
+  ASSERT_TRUE(graph_->Hold(Id(1)));
+  EXPECT_EQ(graph_->Room(0), 2 * kMiB) << "held by the graph alone, it can spill: room";
+  Put(2, kMiB, /*tier=*/0);
+  ASSERT_TRUE(graph_->Hold(Id(2)));
+  std::optional<Result<Location>> created;
+  store_.Create(kClient, CreateParams{.id = Id(3), .data_size = kMiB, .device = 0},
+                [&](Result<Location> r) { created = std::move(r); });
+  executor_.Drain();
+  ASSERT_TRUE(created && created->ok()) << (created ? created->status().ToString() : "none");
+  EXPECT_EQ(Locate(1).where.tiers, ipc::kTierHost) << "spilled, the GPU copy gone";
+  EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{kHost, 1}}));
+  EXPECT_EQ(GraphHolds(2), (std::vector<std::pair<int32_t, uint32_t>>{{0, 1}}));
+  // In host memory the graph's reference holds it as any other: nothing evicts it.
+  EXPECT_EQ(store_.EvictUnreferenced(0, /*all=*/true).objects, 0u);
+  graph_->Drop(Id(1));
+  EXPECT_EQ(store_.EvictUnreferenced(0, /*all=*/true).objects, 1u);
+  // A client's reference on the GPU still pins it there.
+  graph_->Drop(Id(2));
 }
 
 TEST_F(SchedulerStoreTest, HoldIsFalseForAnObjectThatIsNotSealed) {

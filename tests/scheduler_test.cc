@@ -99,48 +99,72 @@ const ResourceRequest kGpuOnly{.cpu = 0, .gpu = 1};
 
 TEST(DurationModelTest, DurationsAreLearnedPerFunctionAndKindOfDevice) {
   DurationModel model;
-  EXPECT_EQ(model.Expected("f", kMiB).cpu.seconds, DurationModel::kUnmeasured);
-  EXPECT_FALSE(model.Expected("f", kMiB).cpu.measured);
-  model.Record("f", /*on_gpu=*/false, kMiB, 0.5);
-  EXPECT_EQ(model.Expected("f", kMiB).cpu.seconds, 0.5);
-  EXPECT_TRUE(model.Expected("f", kMiB).cpu.measured);
-  EXPECT_EQ(model.Expected("f", kMiB).gpu.seconds, DurationModel::kUnmeasured);
-  for (int i = 0; i < 50; ++i) model.Record("f", false, kMiB, 0.1);
-  EXPECT_NEAR(model.Expected("f", kMiB).cpu.seconds, 0.1, 1e-3);
-  EXPECT_EQ(model.Expected("g", kMiB).cpu.seconds, DurationModel::kUnmeasured);
+  EXPECT_EQ(model.Expected({"f"}, kMiB).cpu.seconds, DurationModel::kUnmeasured);
+  EXPECT_FALSE(model.Expected({"f"}, kMiB).cpu.measured);
+  model.Record({"f"}, /*on_gpu=*/false, kMiB, 0.5);
+  EXPECT_EQ(model.Expected({"f"}, kMiB).cpu.seconds, 0.5);
+  EXPECT_TRUE(model.Expected({"f"}, kMiB).cpu.measured);
+  EXPECT_EQ(model.Expected({"f"}, kMiB).gpu.seconds, DurationModel::kUnmeasured);
+  for (int i = 0; i < 50; ++i) model.Record({"f"}, false, kMiB, 0.1);
+  EXPECT_NEAR(model.Expected({"f"}, kMiB).cpu.seconds, 0.1, 1e-3);
+  EXPECT_EQ(model.Expected({"g"}, kMiB).cpu.seconds, DurationModel::kUnmeasured);
 }
 
 TEST(DurationModelTest, DurationsAreLearnedPerInputSizeWithinAFactorOfFour) {
   DurationModel model;
-  model.Record("f", /*on_gpu=*/false, 4 * kMiB, 0.004);
-  model.Record("f", /*on_gpu=*/true, 4 * kMiB, 0.001);
+  model.Record({"f"}, /*on_gpu=*/false, 4 * kMiB, 0.004);
+  model.Record({"f"}, /*on_gpu=*/true, 4 * kMiB, 0.001);
   // The same size class: measured.
-  EXPECT_TRUE(model.Expected("f", 5 * kMiB).cpu.measured);
-  EXPECT_EQ(model.Expected("f", 5 * kMiB).cpu.seconds, 0.004);
+  EXPECT_TRUE(model.Expected({"f"}, 5 * kMiB).cpu.measured);
+  EXPECT_EQ(model.Expected({"f"}, 5 * kMiB).cpu.seconds, 0.004);
   // Larger: in proportion to the bytes, from the nearest size measured; not measured there.
-  const auto large = model.Expected("f", 64 * kMiB);
+  const auto large = model.Expected({"f"}, 64 * kMiB);
   EXPECT_FALSE(large.cpu.measured);
   EXPECT_NEAR(large.cpu.seconds, 0.064, 1e-9);
   EXPECT_NEAR(large.gpu.seconds, 0.016, 1e-9);
   // Smaller: what the nearest size cost (fixed costs dominate small inputs).
-  EXPECT_EQ(model.Expected("f", 1024).gpu.seconds, 0.001);
-  EXPECT_FALSE(model.Expected("f", 1024).gpu.measured);
+  EXPECT_EQ(model.Expected({"f"}, 1024).gpu.seconds, 0.001);
+  EXPECT_FALSE(model.Expected({"f"}, 1024).gpu.measured);
   // Measured at the small size, that size has its own estimate.
-  model.Record("f", /*on_gpu=*/true, 1000, 0.0005);
-  EXPECT_EQ(model.Expected("f", 1024).gpu.seconds, 0.0005);
-  EXPECT_EQ(model.Expected("f", 4 * kMiB).gpu.seconds, 0.001);
+  model.Record({"f"}, /*on_gpu=*/true, 1000, 0.0005);
+  EXPECT_EQ(model.Expected({"f"}, 1024).gpu.seconds, 0.0005);
+  EXPECT_EQ(model.Expected({"f"}, 4 * kMiB).gpu.seconds, 0.001);
 }
 
 TEST(DurationModelTest, PassedOverCountsPlacementsOfTheOtherVariantSinceThisOnesLast) {
   DurationModel model;
-  EXPECT_EQ(model.PassedOver("f", /*on_gpu=*/true, kMiB), 0u);
-  for (int i = 0; i < 3; ++i) model.Chose("f", /*on_gpu=*/false, kMiB);
-  EXPECT_EQ(model.PassedOver("f", true, kMiB), 3u);
-  EXPECT_EQ(model.PassedOver("f", false, kMiB), 0u);
-  EXPECT_EQ(model.PassedOver("f", true, 256 * kMiB), 0u);  // another size
-  model.Chose("f", true, kMiB);
-  EXPECT_EQ(model.PassedOver("f", true, kMiB), 0u);
-  EXPECT_EQ(model.PassedOver("f", false, kMiB), 1u);
+  EXPECT_EQ(model.PassedOver({"f"}, /*on_gpu=*/true, kMiB), 0u);
+  for (int i = 0; i < 3; ++i) model.Chose({"f"}, /*on_gpu=*/false, kMiB);
+  EXPECT_EQ(model.PassedOver({"f"}, true, kMiB), 3u);
+  EXPECT_EQ(model.PassedOver({"f"}, false, kMiB), 0u);
+  EXPECT_EQ(model.PassedOver({"f"}, true, 256 * kMiB), 0u);  // another size
+  model.Chose({"f"}, true, kMiB);
+  EXPECT_EQ(model.PassedOver({"f"}, true, kMiB), 0u);
+  EXPECT_EQ(model.PassedOver({"f"}, false, kMiB), 1u);
+}
+
+TEST(DurationModelTest, KindsOfOneFunctionAreTimedApartAndBounded) {
+  DurationModel model;
+  model.Record({"run", "sum-1"}, /*on_gpu=*/false, kMiB, 0.5);
+  model.Record({"run", "mul-2"}, /*on_gpu=*/false, kMiB, 0.01);
+  EXPECT_EQ(model.Expected({"run", "sum-1"}, kMiB).cpu.seconds, 0.5);
+  EXPECT_EQ(model.Expected({"run", "mul-2"}, kMiB).cpu.seconds, 0.01);
+  EXPECT_FALSE(model.Expected({"run"}, kMiB).cpu.measured);  // no kind is a kind of its own
+  model.Chose({"run", "sum-1"}, /*on_gpu=*/false, kMiB);
+  EXPECT_EQ(model.PassedOver({"run", "sum-1"}, true, kMiB), 1u);
+  EXPECT_EQ(model.PassedOver({"run", "mul-2"}, true, kMiB), 0u);
+
+  // A client naming a new kind for every task cannot grow the model: the least recently
+  // measured kinds go first.
+  for (size_t i = 0; i < 3 * DurationModel::kMaxKinds; ++i) {
+    model.Record({"run", "layer-" + std::to_string(i)}, false, kMiB, 1.0);
+    if (i % 16 == 0) model.Record({"run", "sum-1"}, false, kMiB, 0.5);  // kept by its use
+  }
+  EXPECT_EQ(model.kinds("run"), DurationModel::kMaxKinds);
+  EXPECT_TRUE(model.Expected({"run", "sum-1"}, kMiB).cpu.measured);
+  EXPECT_FALSE(model.Expected({"run", "mul-2"}, kMiB).cpu.measured);
+  model.Forget("run");
+  EXPECT_EQ(model.kinds("run"), 0u);
 }
 
 TEST_F(SchedulerTest, BadSubmissionsAreRefusedSayingWhy) {

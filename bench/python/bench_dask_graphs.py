@@ -19,6 +19,8 @@ Each workload runs on each scheduler with --workers workers:
 - depot: ``depot.dask.Scheduler(workers=N, memory=--store-memory)``: a private depotd with N
   Python worker processes, its ``get`` as the scheduler;
 - depot-unfused: the same with ``fuse=False``: only Dask's own fusion;
+- depot-gpu (not run unless named): depot with a simulated GPU of --gpu-pool (its memory is
+  host memory, counted in the peak), given to the first worker;
 - depot-bound (not run unless named): ``depot.dask.Scheduler(workers=N, memory=--bound)``,
   the graph's bound and its store's size; ``--bound half`` (the default) is half of the
   peak memory LocalCluster's run of the same workload reached just before it (so "local"
@@ -44,7 +46,13 @@ The workloads, all generated from seed 0 inside the graph:
   partition takes a piece of every input partition (the same graph on every scheduler, so
   not distributed's default "p2p"; bench_dask.py measures that);
 - delayed: ``dask.compute(*[delayed(operator.add)(i, 1) for i in range(--delayed)])``, tiny
-  tasks (a built-in function, so that no scheduler pays to pickle one by value).
+  tasks (a built-in function, so that no scheduler pays to pickle one by value);
+- paging (not run unless named): --paging-blocks rows of --paging-block bytes made in host
+  memory, each scaled by a function with a GPU form (``depot.dask.register_gpu``; for
+  simulated GPUs, one that reads the block where the GPU keeps it) pinned to the GPU
+  (``depot.dask.offload``), then summed: on depot-gpu, an array larger than the GPU's pool
+  paged through it; computed with Dask's graph optimisation off (else a block would be made
+  inside the task that scales it). On the other schedulers, the same graph on CPUs.
 
 The default sizes are scaled down so that the default run (35 runs) takes under 10 minutes
 on a 2-core machine: a 275 MiB array in 7.6 MiB chunks, 31 MiB of dataframe, 10,000 delayed
@@ -104,7 +112,7 @@ import _memory  # beside this script
 
 MiB = 1 << 20
 SCHEDULERS = ("threads", "processes", "local", "local-depot", "depot", "depot-unfused")
-OPTIONAL_SCHEDULERS = ("depot-bound",)
+OPTIONAL_SCHEDULERS = ("depot-bound", "depot-gpu")
 
 
 # The workloads: each returns the collections that one dask.compute runs.
@@ -179,6 +187,60 @@ def _delayed(args) -> tuple:
     return tuple(delayed(operator.add)(i, 1) for i in range(args.delayed))
 
 
+# The paging workload's function and its GPU form for simulated GPUs, whose memory is host
+# memory: the form reads its input there and returns its result as an array said to be on
+# the GPU (__cuda_array_interface__), which the worker stores in the GPU's pool. (With CuPy
+# and a real GPU, NumPy's functions are their own GPU forms.)
+
+
+class _OnSimulatedGpu:
+    def __init__(self, array: Any) -> None:
+        self.array = array  # kept alive until stored
+        self.__cuda_array_interface__ = {
+            "shape": array.shape, "typestr": array.dtype.str, "strides": None,
+            "data": (array.ctypes.data, False), "version": 3, "stream": None,
+        }
+
+
+def _host(block: Any) -> Any:
+    """A block as numpy: a simulated GPU's DeviceArray over its memory, or as it is."""
+    import ctypes
+
+    import numpy as np
+
+    if isinstance(block, _OnSimulatedGpu):
+        return block.array
+    if type(block).__name__ == "DeviceArray":
+        raw = (ctypes.c_char * block.nbytes).from_address(block.ptr)
+        return np.frombuffer(raw, dtype=block.dtype).reshape(block.shape)
+    return block
+
+
+def _scale(block: Any) -> Any:
+    return block * 0.5 + 1
+
+
+def _scale_on_gpu(block: Any) -> Any:
+    return _OnSimulatedGpu(_host(block) * 0.5 + 1)
+
+
+def _block_sum(block: Any) -> Any:
+    return _host(block).sum(axis=-1, keepdims=True)
+
+
+def _paging(args) -> tuple:
+    import dask.array as da
+
+    import depot.dask
+
+    depot.dask.register_gpu(_scale, _scale_on_gpu)
+    depot.dask.register_gpu(_block_sum, _block_sum)
+    side = args.paging_block // 8
+    x = da.random.RandomState(0).random_sample((args.paging_blocks, side), chunks=(1, side))
+    scaled = depot.dask.offload(x.map_blocks(_scale))
+    return (scaled.map_blocks(_block_sum, chunks=(1, 1)),)
+
+
 WORKLOADS: Dict[str, Callable[[Any], tuple]] = {
     "product": _product,
     "rechunk": _rechunk,
@@ -189,6 +251,10 @@ WORKLOADS: Dict[str, Callable[[Any], tuple]] = {
     "set_index": _set_index,
     "delayed": _delayed,
 }
+OPTIONAL_WORKLOADS = {"paging": _paging}
+# Computed with Dask's graph optimisation off, so that each block is made apart from the
+# task that pages it through the GPU (fused, a task would make its block where it runs).
+UNOPTIMIZED = {"paging"}
 
 
 def _digest(values: tuple) -> List[float]:
@@ -283,7 +349,21 @@ def _depot(args, fuse: bool = True, memory: Optional[str] = None) -> Iterator[_S
         yield _Started({"scheduler": scheduler.get}, scheduler.client)
 
 
+@contextlib.contextmanager
+def _depot_gpu(args) -> Iterator[_Started]:
+    """depot with a simulated GPU of --gpu-pool, the first worker's."""
+    import depot.dask
+
+    with depot.dask.Scheduler(
+        workers=args.workers, memory=args.store_memory, gpus=1,
+        simulate_gpus=f"1:{args.gpu_pool}",
+    ) as scheduler:
+        yield _Started({"scheduler": scheduler.get}, scheduler.client)
+
+
 def _started(scheduler: str, args) -> contextlib.AbstractContextManager:
+    if scheduler == "depot-gpu":
+        return _depot_gpu(args)
     if scheduler == "local-depot":
         return _local(args, with_depot=True)
     if scheduler == "depot-unfused":
@@ -331,14 +411,16 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
         say("ready")
         if sys.stdin.readline().strip() != "go":
             raise SystemExit("the benchmark went away")
+        workload = {**WORKLOADS, **OPTIONAL_WORKLOADS}[kind]
+        optimize = kind not in UNOPTIMIZED
         start = time.perf_counter()
-        values = dask.compute(*WORKLOADS[kind](args))
+        values = dask.compute(*workload(args), optimize_graph=optimize)
         seconds = time.perf_counter() - start
         first = _digest(values)
         del values
         gc.collect()
         start = time.perf_counter()
-        values = dask.compute(*WORKLOADS[kind](args))
+        values = dask.compute(*workload(args), optimize_graph=optimize)
         warm = time.perf_counter() - start
         say("done")
         digest = _digest(values)
@@ -554,11 +636,15 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--store-memory", default="50%", help="depotd's --memory")
     parser.add_argument("--bound", default="half",
                         help="depot-bound's memory=: a size, or half of LocalCluster's peak")
+    parser.add_argument("--paging-blocks", type=int, default=64, help="paging's blocks")
+    parser.add_argument("--paging-block", type=int, default=4 * MiB, help="paging's block bytes")
+    parser.add_argument("--gpu-pool", default="64MiB", help="depot-gpu's simulated GPU")
     parser.add_argument("--timeout", type=float, default=600, help="seconds, per run")
     parser.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # WORKLOAD:SCHEDULER, one run
     args = parser.parse_args()
-    for name, known in (("workloads", WORKLOADS), ("schedulers", SCHEDULERS + OPTIONAL_SCHEDULERS)):
+    for name, known in (("workloads", (*WORKLOADS, *OPTIONAL_WORKLOADS)),
+                        ("schedulers", SCHEDULERS + OPTIONAL_SCHEDULERS)):
         unknown = set(getattr(args, name).split(",")) - set(known)
         if unknown:
             parser.error(f"unknown {name}: {', '.join(sorted(unknown))}; known: {', '.join(known)}")

@@ -425,6 +425,37 @@ def test_outputs_wait_for_room_others_free_and_a_graph_that_cannot_fit_says_so()
         assert wait_for(lambda: s.client.status().objects_on_host == 0, timeout=30)
 
 
+def test_intermediates_that_cannot_all_fit_spill_to_disk_where_there_is_a_spill_directory(
+    tmp_path,
+):
+    # The graph above, every block made before any is read (all outrank the readers): 60 MiB
+    # of blocks in a store of 24 MiB. With a spill directory the blocks that wait for their
+    # readers go to disk (the graph's hold on each moves there with it) and come back when
+    # read; the graph completes with the values it would have had in memory.
+    mib5 = 5 * 2**20 // 8
+    with depot.start_daemon(
+        "24MiB", workers=1, stop_with_parent=True,
+        args=["--spill-dir", str(tmp_path / "spill"), "--spill-file-size", "8MiB"],
+    ) as d, depot.dask.Scheduler(socket=d.socket, fuse=False) as s:
+
+        @delayed
+        def block(i):
+            return np.full(mib5, float(i))
+
+        @delayed
+        def total(b):
+            return float(b.sum())
+
+        with dask.annotate(priority=10):
+            blocks = [block(i, dask_key_name=f"block{i}") for i in range(12)]
+        sums = [total(b) for b in blocks]
+        assert dask.compute(*sums, scheduler=s.get) == tuple(float(i * mib5) for i in range(12))
+        disk = s.client.status().disk
+        assert disk.spills >= 3 and disk.restores >= 3, disk
+        assert _room_waits(s.client)[1] == 0
+        assert wait_for(lambda: s.client.list() == [], timeout=30)
+
+
 def _filler():
     """A function making a chunk of a map_blocks array, filled with its block's number (row *
     10 + column); made here, so that it travels by value (workers cannot import tests)."""
@@ -651,6 +682,116 @@ def test_tasks_annotated_with_a_gpu_run_on_one_with_their_arrays_there():
         with pytest.raises(depot.InvalidArgument, match="retries 101: .* from 0 to 100"):
             bad.compute(scheduler=s.get)
         # (Dask itself refuses a priority that is no number.)
+        assert s.client.status().scheduler.submitted == before
+        assert wait_for(lambda: s.client.list() == [], timeout=30)
+
+
+@pytest.fixture
+def gpu_forms(monkeypatch):
+    """dask_gpu_forms's functions given their GPU forms, and its directory on the workers'
+    path (they import it by name)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    import dask_gpu_forms as f
+
+    pairs = [(f.double_slowly, f.double_on_gpu), (f.inc, f.inc_on_gpu_slowly),
+             (f.scale, f.scale_on_gpu), (f.block_sum, f.block_sum_on_gpu)]
+    for cpu, gpu in pairs:
+        depot.dask.register_gpu(cpu, gpu)
+    yield f
+    for cpu, _ in pairs:
+        depot.dask.unregister_gpu(cpu)
+
+
+def _variants(client, layer):
+    """The variant ("cpu" or "gpu") each task of a layer ran, from the daemon's task list."""
+    return [(t.variant, t.device) for t in client.tasks() if t.label.startswith(f"('{layer}',")]
+
+
+def test_each_layer_runs_where_its_gpu_form_or_its_cpu_form_was_measured_faster(gpu_forms):
+    # Simulated GPUs: the first worker has GPU 0. One function is slow on the CPU and fast in
+    # its GPU form, the other the reverse; both layers read the same host blocks. The daemon
+    # tries each form of each layer, then runs each layer where it finishes first.
+    f = gpu_forms
+    x = da.random.default_rng(0).random((32, 65536), chunks=(1, 65536))  # 32 blocks, 512 KiB
+    doubled, incremented = x.map_blocks(f.double_slowly), x.map_blocks(f.inc)
+    with depot.dask.Scheduler(
+        workers=2, gpus=1, simulate_gpus="1:64MiB", memory="256MiB", fuse=False
+    ) as s:
+        got = dask.compute(doubled, incremented, scheduler=s.get, optimize_graph=False)
+        want = dask.compute(doubled, incremented, scheduler="sync", optimize_graph=False)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        del got  # the results view the store
+        on_gpu = _variants(s.client, doubled.name)
+        on_cpu = _variants(s.client, incremented.name)
+        assert len(on_gpu) == len(on_cpu) == 32
+        assert all(device == (0 if v == "gpu" else -1) for v, device in on_gpu + on_cpu)
+        assert [v for v, _ in on_gpu].count("gpu") >= 20, on_gpu
+        assert [v for v, _ in on_cpu].count("cpu") >= 20, on_cpu
+        sources = _variants(s.client, x.name)  # no GPU form: depot.dask.run, no variant
+        assert len(sources) == 32 and all(v == "" for v, _ in sources), sources
+        assert wait_for(lambda: s.client.list() == [], timeout=30)
+
+
+def test_an_array_four_times_the_gpu_pool_is_paged_through_it(gpu_forms):
+    # 64 blocks of 1 MiB made in host memory, each scaled on a GPU whose pool takes 16 MiB
+    # (offload pins the GPU form), then summed: the scaled blocks, results asked for, go
+    # back to host memory as the pool fills; the pool never holds more than its limit.
+    f = gpu_forms
+    x = da.random.default_rng(1).random((64, 131072), chunks=(1, 131072))
+    scaled = depot.dask.offload(x.map_blocks(f.scale))
+    sums = scaled.map_blocks(f.block_sum, chunks=(1, 1))
+    with depot.dask.Scheduler(
+        workers=2, gpus=1, simulate_gpus="1:16MiB", memory="512MiB", fuse=False
+    ) as s:
+        limit = s.client.gpus()[0].limit_bytes
+        assert 0 < 4 * limit <= x.nbytes
+        most, done = [0], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                most[0] = max(most[0], s.client.gpus()[0].used_bytes)
+                done.wait(0.002)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            got = dask.compute(scaled, sums, scheduler=s.get, optimize_graph=False)
+        finally:
+            done.set()
+            sampler.join()
+        want = dask.compute(scaled, sums, scheduler="sync", optimize_graph=False)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1])
+        del got
+        # Pinned to the GPU form (offload), as a task asking for a GPU would be: on GPU 0,
+        # 64 MiB through the pool.
+        placed = [d for _, d in _variants(s.client, scaled.name)]
+        assert placed == [0] * 64, placed
+        assert 0 < most[0] <= limit, (most[0], limit)
+        assert wait_for(lambda: s.client.list() == [], timeout=30)
+
+
+def test_gpu_forms_and_offload_refuse_what_they_cannot_take(gpu_forms):
+    f = gpu_forms
+    with pytest.raises(depot.InvalidArgument, match="two callables"):
+        depot.dask.register_gpu(f.inc, "inc_on_gpu")
+    with pytest.raises(depot.InvalidArgument, match="high-level graph"):
+        depot.dask.offload(np.ones(3))
+    with pytest.raises(depot.InvalidArgument, match="one or more"):
+        depot.dask.offload()
+    x = da.ones(4, chunks=2)
+    with depot.dask.Scheduler(workers=1, memory="64MiB") as s:
+        # No worker has a GPU: tasks with GPU forms run as any other, on host memory.
+        np.testing.assert_array_equal(
+            depot.dask.offload(x.map_blocks(f.inc)).compute(scheduler=s.get), np.full(4, 2.0)
+        )
+        before = s.client.status().scheduler.submitted
+        with dask.annotate(depot_offload="yes"):
+            bad = x.map_blocks(f.inc)
+        with pytest.raises(depot.InvalidArgument, match="depot_offload 'yes': True or False"):
+            bad.compute(scheduler=s.get)
         assert s.client.status().scheduler.submitted == before
         assert wait_for(lambda: s.client.list() == [], timeout=30)
 

@@ -164,3 +164,32 @@ def test_every_visible_gpu(client, torch):
         assert u.device.index == k and torch.equal(u, t)
         # And a replica on GPU 0, made by the daemon.
         assert torch.equal(torch.from_dlpack(client.get(ref, device=0)).cpu(), t.cpu())
+
+
+def test_dask_array_tasks_run_on_the_gpu_through_cupy_and_page_through_a_small_pool(cp):
+    # depot.dask's CPU-or-GPU choice on a real GPU (issue 40, item 4): array tasks calling
+    # only NumPy's functions have a GPU form where CuPy is installed (NumPy's dispatch);
+    # offload pins it. 64 blocks of 4 MiB (256 MiB) through a 64 MiB pool: the daemon
+    # copies each block in, the task computes with CuPy, the results spill back to host
+    # memory as the pool fills. Results equal NumPy's.
+    dask = pytest.importorskip("dask")
+    da = pytest.importorskip("dask.array")
+    import depot.dask
+
+    x = da.random.default_rng(3).random((64, 524288), chunks=(1, 524288))
+    y = depot.dask.offload(da.sin(x) * 2)
+    total = y.sum(axis=1)
+    with depot.start_daemon(
+        memory="2GiB", workers=2, worker_gpus=[0], stop_with_parent=True,
+        args=["--gpu-memory", "64MiB", "--gpu-chunk-size", "16MiB"],
+    ) as d, depot.dask.Scheduler(socket=d.socket, fuse=False) as s:
+        got = dask.compute(y, total, scheduler=s.get, optimize_graph=False)
+        want = dask.compute(y, total, scheduler="sync", optimize_graph=False)
+        np.testing.assert_allclose(np.asarray(got[0]), want[0], rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(got[1]), want[1], rtol=1e-9)
+        del got
+        offloaded = [t for t in s.client.tasks() if t.function == "depot.dask.run_offloadable"]
+        assert offloaded and all(t.device == 0 for t in offloaded), [
+            (t.label, t.device, t.variant_reason) for t in offloaded[:5]]
+        assert s.client.gpus()[0].limit_bytes * 4 <= x.nbytes
+        assert wait_for(lambda: s.client.list() == [], timeout=60)

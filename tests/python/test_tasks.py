@@ -503,11 +503,12 @@ def test_a_function_with_two_variants_runs_where_its_input_already_is():
                 assert wait_for(lambda: client.status().scheduler.workers == 1, timeout=60)
                 [w] = client.workers()
                 # Every Python worker also runs functions sent by value (depot.call) and
-                # depot.dask's tasks (depot.dask.*), as built-ins.
+                # depot.dask's tasks (depot.dask.*), as built-ins; one with a GPU has the
+                # GPU variant of depot.dask's tasks that have a GPU form.
                 builtins = ["depot.call", "depot.dask.gather", "depot.dask.run",
-                            "depot.dask.run_gathered"]
+                            "depot.dask.run_gathered", "depot.dask.run_offloadable"]
                 assert (w.functions, w.gpu_functions) == (
-                    builtins + ["describe", "kinds"], ["describe"]
+                    builtins + ["describe", "kinds"], ["depot.dask.run_offloadable", "describe"]
                 )
                 big = np.arange(2 << 20, dtype=np.float64)
                 on_gpu = client.put(FakeInterfaceArray(big), device=0)

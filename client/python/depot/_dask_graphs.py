@@ -35,7 +35,7 @@ from typing import (
     Tuple, Union,
 )
 
-from . import _dask_fusion, _depot, _tasks
+from . import _dask_fusion, _dask_gpu, _depot, _tasks
 from ._client import Client
 from ._dask_plan import GraphPlan, parse_memory, project
 from ._dask_sizes import Sizes
@@ -125,9 +125,16 @@ class _SharingPickler:
     under memory pressure, and deleted when the run ends."""
 
     store: "_Functions"
+    # While a node's GPU form is pickled: what replaces registered functions (_dask_gpu).
+    gpu: Optional[_dask_gpu.Forms] = None
 
     def shared_reduction(self, obj: Any) -> Any:
-        """A reduction naming the stored object of ``obj``, or None: pickle it in place."""
+        """A reduction naming the stored object of ``obj`` (or, in a GPU form, its form's), or
+        None: pickle it in place."""
+        if self.gpu is not None:
+            form = self.gpu.reduction(obj)
+            if form is not None:
+                return form
         if isinstance(obj, types.FunctionType) and self.store.by_name(obj):
             return None
         if isinstance(obj, _SHARED_KINDS):
@@ -229,15 +236,20 @@ class _Functions:
         self.stored.append(ref)
         return ref.id
 
-    def dumps(self, node: Any) -> bytes:
+    def dumps(self, node: Any, gpu: Optional[_dask_gpu.Forms] = None) -> bytes:
         """The node pickled as _tasks._dumps pickles arguments (plainly where a worker can
-        load that, else with cloudpickle), with these picklers."""
+        load that, else with cloudpickle), with these picklers; with ``gpu``, its GPU form."""
         self.node += 1
-        return _tasks._dumps(
-            node,
-            plain=lambda out: _PlainNodePickler(out, self),
-            by_value=lambda out: self.cloud(out, self),
-        )
+
+        def pickler(kind: Callable[..., Any]) -> Callable[[io.BytesIO], Any]:
+            def make(out: io.BytesIO) -> Any:
+                made = kind(out, self)
+                made.gpu = gpu
+                return made
+
+            return make
+
+        return _tasks._dumps(node, plain=pickler(_PlainNodePickler), by_value=pickler(self.cloud))
 
 
 def _by_reference(fn: Any) -> bool:
@@ -298,6 +310,22 @@ def _run(node_bytes: bytes, keys: Sequence[Key], *values: Any) -> Any:
         return _Raised(error, traceback.format_exc(), getattr(node, "key", None))
 
 
+def _run_offloadable(
+    node_bytes: bytes, gpu_bytes: Optional[bytes], keys: Sequence[Key], *values: Any
+) -> Any:
+    """``_run`` of a task with a GPU form (depot._dask_gpu): its CPU variant, the node as the
+    graph has it."""
+    return _run(node_bytes, keys, *values)
+
+
+def _run_offloadable_gpu(
+    node_bytes: bytes, gpu_bytes: Optional[bytes], keys: Sequence[Key], *values: Any
+) -> Any:
+    """Its GPU variant: the node with registered functions replaced by their GPU forms
+    (``gpu_bytes``), or the node itself where its functions dispatch to CuPy (None)."""
+    return _run(node_bytes if gpu_bytes is None else gpu_bytes, keys, *values)
+
+
 def _on_device(values: Sequence[Any]) -> Tuple[Sequence[Any], Any]:
     """In a task that runs on a GPU (annotated ``resources={"GPU": ...}``), its array inputs
     come as depot.DeviceArray on that GPU; where CuPy is installed and the GPU is real, as
@@ -333,7 +361,49 @@ def _gather(*values: Any) -> List[Any]:
 
 # What every Python worker registers (depot.Worker), by the names tasks run them under.
 BUILTINS = {"depot.dask.run": _run, "depot.dask.run_gathered": _run_gathered,
-            "depot.dask.gather": _gather}
+            "depot.dask.gather": _gather, "depot.dask.run_offloadable": _run_offloadable}
+# Their GPU variants, which a worker with a GPU registers beside them.
+GPU_BUILTINS = {"depot.dask.run_offloadable": _run_offloadable_gpu}
+
+
+def _annotations(dsk: Any) -> Dict[str, Dict[Key, Any]]:
+    """The annotations (dask.annotate) of the graph Dask hands a scheduler, by name and key:
+    ``{"resources": {key: {...}}, "priority": ...}``. An expression (dask-expr) says those of
+    the graph it optimized; but the low-level optimisation of ``dask.array`` makes one layer of
+    all, without them, so those of the layers it started from are taken too (the optimized
+    graph's win)."""
+    out: Dict[str, Dict[Key, Any]] = {}
+    for graph in _source_graphs(dsk):
+        for layer in graph.layers.values():
+            for name, value in (getattr(layer, "annotations", None) or {}).items():
+                by_key = out.setdefault(name, {})
+                for key in layer:
+                    by_key[key] = value(key) if callable(value) else value
+    given = getattr(dsk, "__dask_annotations__", None)
+    for name, by_key in (given() if given else {}).items():
+        out.setdefault(name, {}).update(by_key)
+    return out
+
+
+def _source_graphs(dsk: Any) -> List[Any]:
+    """The high-level graphs an expression was made of, before optimisation."""
+    try:
+        from dask._expr import Expr, HLGExpr
+    except ImportError:
+        return []
+    graphs: List[Any] = []
+    stack = [dsk] if isinstance(dsk, Expr) else []
+    seen: Set[int] = set()
+    while stack:
+        expr = stack.pop()
+        if id(expr) in seen:
+            continue
+        seen.add(id(expr))
+        graph = expr.operand("dsk") if isinstance(expr, HLGExpr) else None
+        if hasattr(graph, "layers"):
+            graphs.append(graph)
+        stack.extend(op for op in expr.operands if isinstance(op, Expr))
+    return graphs
 
 
 class _Plan:
@@ -346,10 +416,7 @@ class _Plan:
     def __init__(self, dsk: Any, keys: Sequence[Key], share: Optional[int] = None) -> None:
         from dask._task_spec import convert_legacy_graph
 
-        # Dask hands a scheduler an expression (dask-expr) or a mapping; either may carry
-        # annotations (dask.annotate): {"resources": {key: {...}}, "priority": ...}.
-        annotations = getattr(dsk, "__dask_annotations__", None)
-        self.annotations: Dict[str, Dict[Key, Any]] = dict(annotations() if annotations else {})
+        self.annotations = _annotations(dsk)
         source = dsk
         if not isinstance(dsk, Mapping):
             dsk = dsk.__dask_graph__()
@@ -414,6 +481,12 @@ class _Plan:
             if isinstance(node, Alias):
                 target = node.target
                 self.aliases[key] = self.aliases.get(target, target)
+        # A task Dask fused is keyed anew, its chain's last key an alias of it: it is
+        # annotated as that key is.
+        for by_key in self.annotations.values():
+            for alias, task in self.aliases.items():
+                if alias in by_key and task not in by_key:
+                    by_key[task] = by_key[alias]
         self.data = {k for k in self.order if isinstance(graph[k], DataNode)}
 
     def _fuse(self, keys: Sequence[Key], share: int) -> None:
@@ -480,6 +553,13 @@ class _Plan:
                         f"whole number from {least} to {most}"
                     )
                 out[name] = int(value)
+        offload = self.annotations.get(_dask_gpu.OFFLOAD, {}).get(key)
+        if offload is not None and not isinstance(offload, bool):
+            raise InvalidArgument(
+                f"task {key!r} is annotated with {_dask_gpu.OFFLOAD} {offload!r}: True or False"
+            )
+        if offload:
+            out["variant"] = "gpu"  # where it has a GPU form (_Run.encode)
         return out
 
 
@@ -507,6 +587,7 @@ class _Run:
         self.given_up: Set[Key] = set()
         self.key_of: Dict[ObjectRef, Key] = {}  # while following: each task's key by its output
         self.functions = _Functions(client)
+        self.gpus: Optional[bool] = None  # whether a worker attached has a GPU (may_offload)
         self.batch_bytes = _BATCH_BYTES
         # The outputs of submitted tasks not seen to have ended, oldest first; and those
         # given up (deleted once their readers are done: one may never be seen sealed).
@@ -530,30 +611,55 @@ class _Run:
                 continue
             deps = plan.deps[key]
             inputs = [self.refs[plan.resolve(d)] for d in deps]
+            options = plan.options(key)
+            offload = options.pop("variant", None)
+            declared = plan.sizes.declared(key)
             fn = "depot.dask.run"
-            if len(inputs) > _MOST_INPUTS:
-                fn, inputs = "depot.dask.run_gathered", self.gathered(key, inputs, token, i, tasks)
+            gpu_bytes: Optional[bytes] = None
             try:
                 node_bytes = self.functions.dumps(node)
+                if len(inputs) > _MOST_INPUTS:
+                    fn, inputs = "depot.dask.run_gathered", self.gathered(key, inputs, token, i, tasks)
+                elif self.may_offload(declared > 0 and bool(inputs)):
+                    forms = _dask_gpu.Forms()
+                    gpu_bytes = self.functions.dumps(node, forms)
+                    form = _dask_gpu.has_form(forms, declared > 0 and bool(inputs))
+                    if form is not None:
+                        fn = "depot.dask.run_offloadable"
+                        gpu_bytes = gpu_bytes if form == "replaced" else None
+                        if offload:
+                            options["variant"] = offload
+            except InvalidArgument:
+                raise
             except Exception as error:
                 raise InvalidArgument(f"task {key!r} cannot be sent to a worker: {error}") from error
-            options = plan.options(key)
-            declared = plan.sizes.declared(key)
             if declared:
                 # Reserved before it starts: producers placed at once cannot together
                 # overshoot the store's room (a hint: it never holds the graph up for good).
                 options["output_bytes"] = declared
-            kind = None if declared else _kind(key)
-            task = self.encode_one(
-                key, fn, (node_bytes, deps, *inputs), f"depot.dask/{token}/{i}", _label(key),
-                options,
-            )
+            args = (node_bytes, deps, *inputs)
+            if fn == "depot.dask.run_offloadable":
+                args = (node_bytes, gpu_bytes, deps, *inputs)
+            task = self.encode_one(key, fn, args, f"depot.dask/{token}/{i}", _label(key), options)
+            kind = _kind(key)
             if kind:
-                # No metadata: the daemon expects what the most of its layer made so far.
+                # Its layer: the daemon times each layer's tasks apart (the choice between a
+                # CPU and a GPU form), and expects a task that declares no size to make what
+                # the most of its layer made so far.
                 task["kind"] = kind
             self.refs[key] = ObjectRef(task["outputs"][0], task["names"][0])
             tasks.append((i, task))
         return tasks
+
+    def may_offload(self, array_task: bool) -> bool:
+        """Whether a task may have a GPU form worth looking for: some function has one
+        (register_gpu), or it is an array task and CuPy is installed; and some worker
+        attached has a GPU (asked once a run)."""
+        if not _dask_gpu._registered() and not (array_task and _dask_gpu.cupy_installed()):
+            return False
+        if self.gpus is None:
+            self.gpus = any(w.gpus for w in self.client.workers())
+        return self.gpus
 
     def encode_one(
         self, key: Key, fn: str, args: Sequence[Any], name: str, label: str,

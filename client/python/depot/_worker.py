@@ -126,8 +126,14 @@ class Worker:
         self._served = threading.Condition()
         self._worker.register(_tasks.CALL, self._run_by_value)
         # The functions depot.dask's scheduler runs, by name: no object per function.
+        # A worker with a GPU registers their GPU variants too.
         for builtin, fn in _dask_graphs.BUILTINS.items():
-            self._worker.register(builtin, lambda task, fn=fn: self._run(fn, task, 0))
+            on_gpu = _dask_graphs.GPU_BUILTINS.get(builtin) if gpus else None
+            self._worker.register(
+                builtin,
+                lambda task, fn=fn: self._run(fn, task, 0),
+                None if on_gpu is None else (lambda task, fn=on_gpu: self._run(fn, task, 0)),
+            )
 
     @property
     def client(self) -> Client:

@@ -85,6 +85,7 @@ from . import _codec, _depot, _gpus
 from ._client import Client
 from ._daemon import Daemon, _accepts, start_daemon
 from ._dask_graphs import Scheduler, get, plan
+from ._dask_gpu import offload, register_gpu, unregister_gpu
 from ._dask_plan import Fused, GraphPlan, Stage
 from ._errors import ConnectionError, DepotError, InvalidArgument, ProtocolMismatch, StoreFull
 from ._identity import ByIdentity
@@ -98,6 +99,9 @@ __all__ = [
     "GraphPlan",
     "Stage",
     "Fused",
+    "offload",
+    "register_gpu",
+    "unregister_gpu",
     "DepotNannyPlugin",
     "DepotPlugin",
     "DepotUnavailableWarning",
