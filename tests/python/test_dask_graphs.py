@@ -591,6 +591,33 @@ def _bytes_in(client):
     return int(re.search(r'\ndepot_bytes_in_total\{tier="host"\} (\d+)', client.metrics()).group(1))
 
 
+def test_a_tree_reductions_levels_fold_into_the_next_while_they_fit_the_bound():
+    # a.sum(axis=0) of 64 rows of 1 MiB, built with split_every=2: six levels of partial
+    # sums of 1 MiB each. The levels fold into the level above while the task's inputs fit
+    # an eighth of its share of the bound (memory over the workers): in 2 GiB (128 MiB) every
+    # partial sum is made inside the one aggregate, which reads the 64 rows' sums (a fan-in
+    # of 64); in 512 MiB (32 MiB) a task reads about thirty, and a few partial tasks stay.
+    # Results as unfused.
+    a = da.random.default_rng(5).random((64, 131072), chunks=(1, 131072))
+    total = a.sum(axis=0, split_every=2)
+    want = total.compute(scheduler="sync")
+    partials = {}
+    for memory in ("2GiB", "512MiB"):
+        with depot.dask.Scheduler(workers=2, memory=memory) as s:
+            got = total.compute(scheduler=s.get)
+            np.testing.assert_allclose(got, want, rtol=1e-12)
+            del got
+            ran = [t.label for t in s.client.tasks()]
+            partials[memory] = sum("-partial-" in label for label in ran)
+            assert wait_for(lambda: s.client.list() == [], timeout=30)
+        plan = depot.dask.plan(total, memory=memory, workers=2)
+        assert plan.fits and plan.fused
+    assert partials["2GiB"] == 0
+    assert 0 < partials["512MiB"] < 63, partials  # 63: every level's every task, unfused
+    unfused = depot.dask.plan(total, memory="2GiB", workers=2, fuse=False)
+    assert sum("-partial-" in stage.name for stage in unfused.stages) >= 5  # as built
+
+
 def test_slices_run_inside_the_tasks_that_read_them_and_are_never_stored(sched):
     def graph():
         # Six row blocks rechunked into six column blocks: each output block is made of a
