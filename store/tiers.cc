@@ -104,7 +104,8 @@ Tiers::Tiers(ObjectTable& table, EvictionPolicy& policy, Executor& executor, Are
       owner_(owner),
       usage_(pools_.size()),
       room_waits_(pools_.size()),
-      spills_in_flight_(pools_.size(), 0) {}
+      spills_in_flight_(pools_.size(), 0),
+      copies_in_(pools_.size(), 0) {}
 
 std::string Tiers::OutOfMemoryMessage(int32_t tier, const ObjectId& id, uint64_t bytes) const {
   const TierPool& p = pool(tier);
@@ -360,6 +361,8 @@ void Tiers::StartTransfer(uint32_t slot, int32_t tier, bool spill, WaitingGets::
                                                  tier, id, table_.BytesOn(slot, tier))));
                }
                PlaceReplica(slot, tier, *block);
+               transfers_.at({slot, tier}).placed = true;
+               copies_in_[Index(tier)]++;
                RunCopy(slot, tier);
              });
 }
@@ -589,6 +592,12 @@ void Tiers::FinishTransfer(uint32_t slot, int32_t tier, Status status, double se
     spills_in_flight_[Index(t.source)]--;
     ScheduleRoomWaits(t.source);
   }
+  if (t.placed) {
+    // The copy may be unreferenced now, with a copy elsewhere: room at once.
+    copies_in_[Index(tier)]--;
+    if (alive) policy_.Reconsider(slot);
+    ScheduleRoomWaits(tier);
+  }
   if (t.running) {
     disk_copies_running_--;
     DiskBusy& busy = tier == kDisk ? disk_writes_ : disk_reads_;
@@ -672,7 +681,7 @@ bool Tiers::StartSpills(int32_t tier, uint64_t bytes) {
 
 void Tiers::AllocateOn(int32_t tier, uint64_t bytes, uint32_t writers, RoomDone then) {
   if (auto block = TryAllocate(tier, bytes, writers)) return then(block);
-  if (StartSpills(tier, bytes)) {
+  if (StartSpills(tier, bytes) || copies_in_[Index(tier)] > 0) {
     room_waits_[Index(tier)].push_back(RoomWait{bytes, writers, std::move(then)});
     return;
   }
@@ -690,8 +699,9 @@ void Tiers::ServeRoomWaits(int32_t tier) {
   while (!waits.empty()) {
     std::optional<TierPool::Block> block =
         TryAllocate(tier, waits.front().bytes, waits.front().writers);
-    if (!block && (SpillsInFlight(tier) || StartSpills(tier, waits.front().bytes))) {
-      return;  // more room is on its way
+    if (!block && (SpillsInFlight(tier) || copies_in_[Index(tier)] > 0 ||
+                   StartSpills(tier, waits.front().bytes))) {
+      return;  // more room may be on its way
     }
     RoomWait wait = std::move(waits.front());
     waits.erase(waits.begin());

@@ -166,7 +166,8 @@ class Tiers {
   Freed FreeHostBlock(uint32_t slot);
   // Room on `tier` for `bytes` (of the class `writers` in host memory): at once if it can
   // (evicting or dropping what may go at once: TryAllocate), else after spills to the tier
-  // below, or nullopt when nothing can make room.
+  // below or copies into it under way (whose copies may then go), or nullopt when nothing
+  // can make room.
   using RoomDone = std::function<void(std::optional<TierPool::Block>)>;
   void AllocateOn(int32_t tier, uint64_t bytes, RoomDone then) {
     AllocateOn(tier, bytes, Arena::kTrustedWriters, std::move(then));
@@ -189,6 +190,7 @@ class Tiers {
     bool spill = false;        // drop the source replica after, if nobody holds it
     uint64_t ahead_bytes = 0;  // a copy to disk ahead of need (SpillAhead): its bytes
     bool running = false;      // placed, its copy on the executor
+    bool placed = false;       // its destination allocated (counted in copies_in_)
     std::vector<WaitingGets::Id> waiters;
   };
   // What a copy from or to disk did, for FinishTransfer.
@@ -272,7 +274,10 @@ class Tiers {
   std::vector<TierUsage> usage_;                   // by tier
   std::vector<std::vector<RoomWait>> room_waits_;  // by tier, oldest first
   std::vector<uint32_t> spills_in_flight_;         // by tier (of their source)
-  uint64_t ahead_in_flight_ = 0;                   // bytes being written to disk ahead (SpillAhead)
+  // By tier, copies into it whose destination is allocated: each may leave a copy nobody
+  // holds, which another copy elsewhere lets go at once, so room waits wait for them too.
+  std::vector<uint32_t> copies_in_;
+  uint64_t ahead_in_flight_ = 0;  // bytes being written to disk ahead (SpillAhead)
   // Bytes of ready host copies of objects with a ready disk copy: room made at once.
   uint64_t host_bytes_on_disk_ = 0;
   bool OnHostAndDisk(uint32_t slot) const {

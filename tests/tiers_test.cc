@@ -129,6 +129,25 @@ TEST_F(TiersTest, AFullGpuSpillsItsLeastRecentlyUsedObjectToMakeRoom) {
   EXPECT_EQ(owner_.let_go, (std::vector<std::pair<uint32_t, int32_t>>{{older, 0}}));
 }
 
+TEST_F(TiersTest, RoomThatACopyUnderWayWillLetGoIsWaitedForNotRefused) {
+  // A prefetch fills half the GPU's 2 MiB; a request for the whole pool finds nothing it can
+  // free now, but the copy, once made, is an extra copy nobody holds: it waits for that.
+  const uint32_t prefetched = Sealed({kHost});
+  tiers_.StartCopy(prefetched, 0, /*waiter=*/0);
+  std::optional<std::optional<TierPool::Block>> room;
+  tiers_.AllocateOn(0, 2 * kMiB, [&](std::optional<TierPool::Block> b) { room = b; });
+  EXPECT_FALSE(room.has_value()) << "the copy under way may make room";
+  executor_.Drain();
+  ASSERT_TRUE(room.has_value());
+  EXPECT_TRUE(room->has_value());
+  EXPECT_EQ(table_.TiersOf(prefetched), ipc::kTierHost) << "its GPU copy made room";
+  // With nothing under way, a request nothing can make room for is refused at once.
+  std::optional<std::optional<TierPool::Block>> none;
+  tiers_.AllocateOn(0, 4 * kMiB, [&](std::optional<TierPool::Block> b) { none = b; });
+  ASSERT_TRUE(none.has_value());
+  EXPECT_FALSE(none->has_value());
+}
+
 TEST_F(TiersTest, AnExtraCopyIsDroppedBeforeAnythingSpills) {
   const uint32_t only_there = Sealed({0});
   const uint32_t also_on_host = Sealed({kHost, 0});

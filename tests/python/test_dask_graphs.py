@@ -428,13 +428,14 @@ def test_outputs_wait_for_room_others_free_and_a_graph_that_cannot_fit_says_so()
 def test_intermediates_that_cannot_all_fit_spill_to_disk_where_there_is_a_spill_directory(
     tmp_path,
 ):
-    # The graph above, every block made before any is read (all outrank the readers): 60 MiB
-    # of blocks in a store of 24 MiB. With a spill directory the blocks that wait for their
-    # readers go to disk (the graph's hold on each moves there with it) and come back when
-    # read; the graph completes with the values it would have had in memory.
+    # The graph above, every block made before any is read (all outrank the readers): 40 MiB
+    # of blocks in a store of 12 MiB, which holds two. With a spill directory the blocks
+    # that wait for their readers go to disk (the graph's hold on each moves there with it)
+    # and come back when read (a restore waits for the room a prefetch's copy will leave);
+    # the graph completes with the values it would have had in memory.
     mib5 = 5 * 2**20 // 8
     with depot.start_daemon(
-        "24MiB", workers=1, stop_with_parent=True,
+        "12MiB", workers=1, stop_with_parent=True,
         args=["--spill-dir", str(tmp_path / "spill"), "--spill-file-size", "8MiB"],
     ) as d, depot.dask.Scheduler(socket=d.socket, fuse=False) as s:
 
@@ -447,9 +448,9 @@ def test_intermediates_that_cannot_all_fit_spill_to_disk_where_there_is_a_spill_
             return float(b.sum())
 
         with dask.annotate(priority=10):
-            blocks = [block(i, dask_key_name=f"block{i}") for i in range(12)]
+            blocks = [block(i, dask_key_name=f"block{i}") for i in range(8)]
         sums = [total(b) for b in blocks]
-        assert dask.compute(*sums, scheduler=s.get) == tuple(float(i * mib5) for i in range(12))
+        assert dask.compute(*sums, scheduler=s.get) == tuple(float(i * mib5) for i in range(8))
         disk = s.client.status().disk
         assert disk.spills >= 3 and disk.restores >= 3, disk
         assert _room_waits(s.client)[1] == 0
