@@ -801,6 +801,42 @@ def test_an_array_four_times_the_gpu_pool_is_paged_through_it(gpu_forms):
         assert wait_for(lambda: s.client.list() == [], timeout=30)
 
 
+def test_array_tasks_calling_only_numpys_functions_are_their_own_gpu_form_where_cupy_is(
+    gpu_forms, monkeypatch,
+):
+    # What decides whether a task has a GPU form, without a GPU: NumPy's and Dask's
+    # functions dispatch to CuPy (with CuPy installed); a function of the user's does not,
+    # unless registered; a registered one is replaced by its form wherever it is.
+    from dask._task_spec import Task, convert_legacy_graph
+
+    from depot import _dask_gpu
+    from depot._dask_graphs import _Functions
+
+    x = da.ones((8,), chunks=4)
+    layers = {
+        "numpy": np.sin(x) + 1,
+        "user": x.map_blocks(lambda b: b + 1),
+        "registered": x.map_blocks(gpu_forms.scale),
+    }
+
+    def form(y, cupy):
+        monkeypatch.setattr(_dask_gpu, "cupy_installed", lambda: cupy)
+        graph = convert_legacy_graph(dict(y.__dask_graph__()))
+        node = graph[(y.name, 0)]
+        assert isinstance(node, Task)
+        forms = _dask_gpu.Forms()
+        pickled = _Functions(None).dumps(node, forms)
+        return _dask_gpu.has_form(forms, array_task=True), pickled
+
+    assert form(layers["numpy"], cupy=True)[0] == "dispatch"
+    assert form(layers["numpy"], cupy=False)[0] is None
+    assert form(layers["user"], cupy=True)[0] is None
+    found, pickled = form(layers["registered"], cupy=False)
+    assert found == "replaced" and b"scale_on_gpu" in pickled
+    depot.dask.unregister_gpu(gpu_forms.scale)
+    assert form(layers["registered"], cupy=False)[0] is None
+
+
 def test_gpu_forms_and_offload_refuse_what_they_cannot_take(gpu_forms):
     f = gpu_forms
     with pytest.raises(depot.InvalidArgument, match="two callables"):
