@@ -434,10 +434,9 @@ def test_intermediates_that_cannot_all_fit_spill_to_disk_where_there_is_a_spill_
     # and come back when read (a restore waits for the room a prefetch's copy will leave);
     # the graph completes with the values it would have had in memory.
     mib5 = 5 * 2**20 // 8
-    with depot.start_daemon(
-        "12MiB", workers=1, stop_with_parent=True,
-        args=["--spill-dir", str(tmp_path / "spill"), "--spill-file-size", "8MiB"],
-    ) as d, depot.dask.Scheduler(socket=d.socket, fuse=False) as s:
+    with depot.dask.Scheduler(
+        workers=1, memory="12MiB", spill_dir=tmp_path / "spill", fuse=False
+    ) as s:
 
         @delayed
         def block(i):
@@ -865,6 +864,8 @@ def test_gpus_are_for_a_private_daemons_workers_one_each():
         depot.dask.Scheduler(workers=1, gpus=[0, 1])
     with pytest.raises(depot.InvalidArgument, match="private daemon"):
         depot.dask.Scheduler(socket="/nowhere", gpus=1)
+    with pytest.raises(depot.InvalidArgument, match="private daemon"):
+        depot.dask.Scheduler(spill_dir="/tmp")
 
 
 def test_labels_are_keys_cut_to_the_daemons_256_bytes():

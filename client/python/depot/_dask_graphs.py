@@ -1000,6 +1000,9 @@ class Scheduler:
     GPU (CuPy arrays where CuPy is installed, else :class:`depot.DeviceArray`), and a
     result left on the GPU stays there for the next GPU task. ``simulate_gpus`` serves
     simulated GPUs instead (see :func:`depot.start_daemon`), for trying this without one.
+    ``spill_dir`` gives the private daemon a disk tier there (``depotd --spill-dir``):
+    intermediates waiting for their readers spill to it when the store needs room, instead
+    of the graph stopping with an error.
     As a context manager it is also what :func:`get` uses inside the ``with`` block.
 
     ``memory`` is also the graphs' bound: on a daemon of its own, its capacity; attached to
@@ -1029,13 +1032,16 @@ class Scheduler:
         simulate_gpus: Union[int, str, None] = None,
         check: bool = False,
         fuse: bool = True,
+        spill_dir: Union[str, "os.PathLike[str]", None] = None,
     ) -> None:
         if workers is not None and workers < 1:
             raise InvalidArgument("workers is a count of worker processes, 1 or more")
         ordinals = list(range(gpus)) if isinstance(gpus, int) else list(gpus or [])
-        if (gpus is not None or simulate_gpus is not None) and (workers is None or socket):
+        if (gpus is not None or simulate_gpus is not None or spill_dir is not None) and (
+            workers is None or socket
+        ):
             raise InvalidArgument(
-                "gpus and simulate_gpus are for a private daemon (workers=N, no socket)"
+                "gpus, simulate_gpus and spill_dir are for a private daemon (workers=N, no socket)"
             )
         if workers is not None and len(ordinals) > workers:
             raise InvalidArgument(f"{len(ordinals)} GPUs for {workers} workers: one GPU a worker")
@@ -1055,6 +1061,7 @@ class Scheduler:
             self._daemon = start_daemon(
                 memory or "1GiB", workers=workers, prefault=prefault, stop_with_parent=True,
                 worker_gpus=ordinals, simulate_gpus=simulate_gpus,
+                args=[] if spill_dir is None else ["--spill-dir", os.fspath(spill_dir)],
             )
             socket = self._daemon.socket
         self.client = Client(socket, name="depot.dask scheduler")
