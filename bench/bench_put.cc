@@ -290,6 +290,35 @@ void PutLarge(benchmark::State& state, depot::Client* client, const PageBuffer* 
   g_latencies[name].AddRun(run);
 }
 
+// Client::Put of `bytes` as a user calls it (create, the copy on the client's copy threads,
+// seal), each object deleted afterwards (not timed); warm: one put and delete first.
+void PutWhole(benchmark::State& state, depot::Client* client, const PageBuffer* src, size_t bytes,
+              bool warm, const std::string& name, const std::string& baseline) {
+  const std::span<const std::byte> data(src->data(), bytes);
+  const auto first = depot::ObjectId::FromWords(g_next_id++, 0x3a01e);
+  depot::Status st = warm ? client->Put(first, data) : depot::Status::OK();
+  if (st.ok() && warm) st = client->Delete(first);
+  Latencies run;
+  for (auto _ : state) {
+    if (!st.ok()) break;
+    const auto id = depot::ObjectId::FromWords(g_next_id++, 0x3a01e);
+    const auto t0 = Latencies::Clock::now();
+    st = client->Put(id, data);
+    const double ns = static_cast<double>((Latencies::Clock::now() - t0).count());
+    if (st.ok()) st = client->Delete(id);
+    state.SetIterationTime(ns / 1e9);
+    run.Add(ns);
+  }
+  if (!st.ok()) {
+    state.SkipWithError(st.ToString().c_str());
+    return;
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+  state.counters["GB_per_s"] = static_cast<double>(bytes) / run.Median();
+  if (MedianNs(baseline) > 0) state.counters["ratio_to_memcpy"] = MedianNs(baseline) / run.Median();
+  g_latencies[name].AddRun(run);
+}
+
 // memcpy of `bytes` into memory mapped afresh each time (and unmapped after, untimed).
 void MemcpyFresh(benchmark::State& state, const PageBuffer* src, size_t bytes,
                  const std::string& name) {
@@ -421,6 +450,21 @@ int main(int argc, char** argv) {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+  // Client::Put on one copy thread and on the default (ConnectOptions::copy_threads).
+  auto one_thread = depot::Client::Connect(daemon.socket_path(), {.copy_threads = 1});
+  if (!one_thread.ok()) {
+    std::fprintf(stderr, "bench_put: %s\n", one_thread.status().ToString().c_str());
+    return 1;
+  }
+  for (auto [name, c] : {std::pair{"Put/256MiB/warm/1_thread", &*one_thread},
+                         std::pair{"Put/256MiB/warm/default_threads", &*client}}) {
+    benchmark::RegisterBenchmark(name, PutWhole, c, &src, kLargeBytes, true, std::string(name),
+                                 std::string("memcpy/256MiB"))
+        ->Repetitions(3)
+        ->DisplayAggregatesOnly(true)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
   // Objects larger than a segment, against a daemon of 256 MiB segments.
   depot::bench::Daemon large_daemon({"--memory", "2GiB", "--segment-size", "256MiB"});
   auto large_client = depot::Client::Connect(large_daemon.socket_path());
@@ -435,6 +479,17 @@ int main(int argc, char** argv) {
       ->DisplayAggregatesOnly(true)
       ->UseManualTime()
       ->Unit(benchmark::kMillisecond);
+  auto large_one_thread = depot::Client::Connect(large_daemon.socket_path(), {.copy_threads = 1});
+  if (!large_one_thread.ok()) return 1;
+  for (auto [name, c] : {std::pair{"Put/1GiB/dedicated/1_thread", &*large_one_thread},
+                         std::pair{"Put/1GiB/dedicated/default_threads", &*large_client}}) {
+    benchmark::RegisterBenchmark(name, PutWhole, c, &huge, kHugeBytes, false, std::string(name),
+                                 std::string("memcpy/1GiB/fresh"))
+        ->Repetitions(3)
+        ->DisplayAggregatesOnly(true)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
   for (bool prefault : {true, false}) {
     const std::string name = prefault ? "put/1GiB/dedicated" : "put/1GiB/dedicated/no_prefault";
     benchmark::RegisterBenchmark(name.c_str(), PutLarge, &*large_client, &huge,

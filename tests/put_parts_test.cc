@@ -105,6 +105,32 @@ TEST_F(PutPartsTest, OnePartThatIsTheWholeObjectIsStoredAsIs) {
   }
 }
 
+TEST_F(PutPartsTest, LargeObjectsCopiedOnSeveralThreadsLandByteExact) {
+  // 16 MiB or more is copied in slices on up to copy_threads threads: sizes at the
+  // threshold, just past it (a short last slice) and of an odd length, as one buffer and as
+  // parts, with 1, 3 and 64 threads (as many as the size allows).
+  for (const unsigned threads : {1u, 3u, 64u}) {
+    ConnectOptions options;
+    options.copy_threads = threads;
+    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon_.socket_path(), options));
+    for (const uint64_t size : {16 * kMiB, 16 * kMiB + 1, 40 * kMiB + 7}) {
+      const std::vector<std::byte> bytes = SeededBytes(size, size + threads);
+      const std::string name = std::to_string(threads) + "/" + std::to_string(size);
+      SCOPED_TRACE(name);
+      const ObjectId whole = ObjectId::FromName("put-parts/threads/" + name);
+      ASSERT_OK(client.Put(whole, bytes));
+      ExpectStored(whole, bytes);
+      ASSERT_OK(client.Delete(whole));
+      const std::span<const std::byte> all(bytes);
+      const std::vector<PutPart> parts = {{0, all.first(4096)}, {8192, all.subspan(8192)}};
+      const ObjectId gathered = ObjectId::FromName("put-parts/threads/parts/" + name);
+      ASSERT_OK(client.PutParts(gathered, size, parts));
+      ExpectStored(gathered, Expected(parts, size));
+      ASSERT_OK(client.Delete(gathered));
+    }
+  }
+}
+
 TEST_F(PutPartsTest, AnObjectOfNoPartsIsZeros) {
   for (const uint64_t size : {uint64_t{0}, 4 * kKiB, 2 * kMiB}) {
     const ObjectId id = ObjectId::FromName("put-parts/none/" + std::to_string(size));

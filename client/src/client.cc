@@ -534,7 +534,8 @@ Status Client::Put(const ObjectId& id, std::span<const std::byte> data,
     return CheckInlinePutReply(reply);
   }
   DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(id, data.size(), options));
-  if (!data.empty()) std::memcpy(buffer.ptr(), data.data(), data.size());
+  if (!data.empty())
+    internal::CopyBytes(buffer.ptr(), data.data(), data.size(), conn_->copy_threads());
   return Seal(id);
 }
 
@@ -604,7 +605,7 @@ Status Client::PutParts(const ObjectId& id, uint64_t data_size, std::span<const 
     return Put(id, JoinParts(parts, data_size, &scratch), options);
   }
   DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(id, data_size, options));
-  FillParts(buffer.ptr(), parts, data_size);
+  FillParts(buffer.ptr(), parts, data_size, conn_->copy_threads());
   return Seal(id);
 }
 
@@ -642,7 +643,7 @@ Result<Buffer> Client::PutAndHandoff(const ObjectId& id, uint64_t data_size,
                                      std::span<const PutPart> parts, const CreateOptions& options) {
   DEPOT_RETURN_NOT_OK(CheckParts(parts, data_size));
   DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(id, data_size, options));
-  FillParts(buffer.ptr(), parts, data_size);
+  FillParts(buffer.ptr(), parts, data_size, conn_->copy_threads());
   DEPOT_RETURN_NOT_OK(SealAndHandoff(id));
   return Buffer(std::move(buffer.holding_));
 }

@@ -157,6 +157,8 @@ class Connection {
                                                   const ConnectOptions& options);
 
   Connection(ipc::UniqueFd socket, std::string socket_path, std::chrono::microseconds spin);
+  // Threads a put copies a large object with (ConnectOptions::copy_threads, resolved).
+  unsigned copy_threads() const { return copy_threads_; }
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
   // Stops the flusher; releases still queued are dropped (closing the socket releases
@@ -332,6 +334,7 @@ class Connection {
   ipc::UniqueFd socket_;
   const std::string socket_path_;
   const std::chrono::microseconds spin_;
+  unsigned copy_threads_ = 1;
   const uint64_t fork_generation_;  // the process's fork generation when connected
   std::atomic<uint64_t> next_id_{1};
 

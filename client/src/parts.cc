@@ -1,18 +1,71 @@
 #include "parts.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 namespace depot::internal {
+
+void CopyBytes(std::byte* dst, const std::byte* src, uint64_t bytes, unsigned threads) {
+  // Slices of at least a quarter of the threshold, on 64 KiB boundaries.
+  constexpr uint64_t kAlign = 64 << 10;
+  const uint64_t most = bytes / (kParallelCopyBytes / 4);
+  const unsigned n = static_cast<unsigned>(std::min<uint64_t>(threads, most));
+  if (bytes < kParallelCopyBytes || n <= 1) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const uint64_t slice = ((bytes + n - 1) / n + kAlign - 1) / kAlign * kAlign;  // n cover it
+  std::vector<std::thread> helpers;
+  helpers.reserve(n - 1);
+  for (unsigned k = 1; k < n; ++k) {
+    const uint64_t from = k * slice;
+    if (from >= bytes) break;
+    const uint64_t len = std::min(slice, bytes - from);
+    try {
+      helpers.emplace_back([=] { std::memcpy(dst + from, src + from, len); });
+    } catch (const std::system_error&) {
+      std::memcpy(dst + from, src + from, len);  // no thread to be had: copied here
+    }
+  }
+  std::memcpy(dst, src, std::min(slice, bytes));  // the first slice: this thread's
+  for (std::thread& t : helpers) t.join();
+}
+
+unsigned DefaultCopyThreads() {
+  static const unsigned threads = [] {
+    if (const char* env = std::getenv("DEPOT_COPY_THREADS")) {
+      char* end = nullptr;
+      const unsigned long n = std::strtoul(env, &end, 10);
+      if (end != env && *end == '\0' && n >= 1 && n <= kMaxCopyThreads) {
+        return static_cast<unsigned>(n);
+      }
+    }
+    const unsigned hardware = std::thread::hardware_concurrency();
+    return std::clamp(hardware, 1u, 4u);
+  }();
+  return threads;
+}
+
+unsigned CopyThreads(unsigned asked) {
+  return asked == 0 ? DefaultCopyThreads() : std::min(asked, kMaxCopyThreads);
+}
 
 bool IsOnePart(std::span<const PutPart> parts, uint64_t size) {
   return parts.size() == 1 && parts[0].offset == 0 && parts[0].data.size() == size;
 }
 
-void FillParts(std::byte* dst, std::span<const PutPart> parts, uint64_t size) {
+void FillParts(std::byte* dst, std::span<const PutPart> parts, uint64_t size, unsigned threads) {
   uint64_t pos = 0;
   for (const PutPart& part : parts) {
     if (part.offset > pos) std::memset(dst + pos, 0, part.offset - pos);
-    if (!part.data.empty()) std::memcpy(dst + part.offset, part.data.data(), part.data.size());
+    if (!part.data.empty()) {
+      CopyBytes(dst + part.offset, part.data.data(), part.data.size(), threads);
+    }
     pos = part.offset + part.data.size();
   }
   if (size > pos) std::memset(dst + pos, 0, size - pos);

@@ -16,8 +16,23 @@ namespace depot::internal {
 bool IsOnePart(std::span<const PutPart> parts, uint64_t size);
 
 // Writes `parts` at their offsets into `dst`, `size` bytes, zeroing the gaps between them
-// and after the last.
-void FillParts(std::byte* dst, std::span<const PutPart> parts, uint64_t size);
+// and after the last; each large part with up to `threads` threads (CopyBytes).
+void FillParts(std::byte* dst, std::span<const PutPart> parts, uint64_t size, unsigned threads = 1);
+
+// Copies of kParallelCopyBytes or more go on up to `threads` threads, this one among them,
+// each a contiguous slice: one core's copy bandwidth is a fraction of the memory's, and the
+// first touch of a fresh object's pages (the kernel's fault and zeroing) spreads over cores
+// too, as Ray's client copies large objects. Smaller ones are one memcpy.
+inline constexpr uint64_t kParallelCopyBytes = uint64_t{16} << 20;
+inline constexpr unsigned kMaxCopyThreads = 64;
+void CopyBytes(std::byte* dst, const std::byte* src, uint64_t bytes, unsigned threads);
+
+// The copy threads of a client that asks none (ConnectOptions::copy_threads 0):
+// $DEPOT_COPY_THREADS when it is a number from 1 to kMaxCopyThreads, else 4, or the
+// hardware's threads if fewer. Read once a process.
+unsigned DefaultCopyThreads();
+// `asked` if it is 1 or more (at most kMaxCopyThreads), else DefaultCopyThreads().
+unsigned CopyThreads(unsigned asked);
 
 // The object's bytes in one span: the one part's own, or the parts joined in `*scratch`.
 std::span<const std::byte> JoinParts(std::span<const PutPart> parts, uint64_t size,

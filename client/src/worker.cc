@@ -84,7 +84,8 @@ Status TaskContext::Put(size_t output, std::span<const std::byte> data,
   const size_t bytes = data.size() + metadata.size();
   if (bytes > ipc::kMaxInlineOutputBytes || inline_bytes_ + bytes > inline_budget_) {
     DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(output, data.size(), metadata));
-    if (!data.empty()) std::memcpy(buffer.ptr(), data.data(), data.size());
+    if (!data.empty())
+      internal::CopyBytes(buffer.ptr(), data.data(), data.size(), internal::DefaultCopyThreads());
     return Status::OK();
   }
   inline_bytes_ += bytes;
@@ -105,7 +106,7 @@ Status TaskContext::PutParts(size_t output, uint64_t data_size, std::span<const 
   }
   if (output < outputs_.size() && sealed(output)) return Status::OK();
   DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(output, data_size, metadata));
-  internal::FillParts(buffer.ptr(), parts, data_size);
+  internal::FillParts(buffer.ptr(), parts, data_size, internal::DefaultCopyThreads());
   return Status::OK();
 }
 
