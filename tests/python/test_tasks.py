@@ -4,6 +4,7 @@ with get, failures with their traceback, cancel, wait, map, and retries when a w
 
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -365,7 +366,10 @@ def test_start_daemon_with_workers_runs_tasks_from_a_fresh_interpreter():
 
 
 def _depot_worker():
-    return os.path.join(os.path.dirname(sys.executable), "depot-worker")
+    """The depot-worker command: beside this interpreter (a venv's scripts), else on PATH
+    (`pip install --target` puts it in the target's bin/, which the GPU check puts there)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "depot-worker")
+    return beside if os.path.exists(beside) else (shutil.which("depot-worker") or beside)
 
 
 def test_the_depot_worker_command_runs_a_modules_tasks_and_drains_on_sigterm(
