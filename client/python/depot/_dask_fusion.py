@@ -19,7 +19,8 @@ each piece. Here a task is absorbed into its reader when
   most an eighth of the share (_COMBINED), so that small partial results (a sum, a row of
   moments) fold into one task and large ones keep the graph's fan-in (folding up to the
   whole share, a sum of 64 rows of 1 MiB in a 24 MiB store on two workers ran out of room
-  every time, where fan-in 2 never did);
+  every time, where fan-in 2 never did); and a folded task reads at most 1,000 inputs
+  (_COMBINED_INPUTS: a sum of 100,000 chunks folded into one task of 100,000 inputs);
 - it is annotated as its reader is (the same resources, priority and retries);
 - and the fused task still fits its share of the bound: its inputs, every output made
   inside it and its own output, by the sizes of :mod:`._dask_sizes` (a task without
@@ -40,6 +41,11 @@ Key = Any
 
 _COMBINED = 8
 """Folded levels of a tree reduction take at most the share over this."""
+
+_COMBINED_INPUTS = 1000
+"""Inputs of a task that folded levels of a tree reduction at most: one task combining more
+serialises too much, and past depot's 4,000 inputs a task (``_MOST_INPUTS``) its inputs would
+travel through gather tasks."""
 
 
 def groups(
@@ -108,6 +114,8 @@ def groups(
                 continue
             fresh = [d for d in inputs[p] if d not in outside and d not in leader_of]
             if held + sum(size_of(d) for d in fresh) > (share // _COMBINED if combines else share):
+                continue
+            if combines and len(outside) - 1 + len(fresh) > _COMBINED_INPUTS:
                 continue
             held += sum(size_of(d) for d in fresh)
             # p's output is made inside now, no longer read from outside: it stays counted.
