@@ -383,21 +383,28 @@ def _room_waits(client):
     )
 
 
+def _blocks_of(n):
+    """Delayed functions making block ``i`` (``n`` doubles of ``i``) and summing one; made
+    here, so that they travel by value (workers cannot import tests)."""
+
+    @delayed
+    def block(i):
+        return np.full(n, float(i))
+
+    @delayed
+    def total(b):
+        return float(b.sum())
+
+    return block, total
+
+
 def test_outputs_wait_for_room_others_free_and_a_graph_that_cannot_fit_says_so():
     # 5 MiB results in a store of 12 MiB: two fit beside each other, not three.
     mib5 = 5 * 2**20 // 8
     # Unfused: each block is stored, not made inside its reader. One worker: the order in
     # which tasks run is the scheduler's alone.
     with depot.dask.Scheduler(workers=1, memory="12MiB", fuse=False) as s:
-
-        @delayed
-        def block(i):
-            return np.full(mib5, float(i))
-
-        @delayed
-        def total(b):
-            return float(b.sum())
-
+        block, total = _blocks_of(mib5)
         # Each block is read once, then goes: blocks made while two others wait for their
         # readers wait for room instead of failing. The first three outrank every reader
         # (depot runs the readers of data first among tasks alike): the third is made while
@@ -437,15 +444,7 @@ def test_intermediates_that_cannot_all_fit_spill_to_disk_where_there_is_a_spill_
     with depot.dask.Scheduler(
         workers=1, memory="12MiB", spill_dir=tmp_path / "spill", fuse=False
     ) as s:
-
-        @delayed
-        def block(i):
-            return np.full(mib5, float(i))
-
-        @delayed
-        def total(b):
-            return float(b.sum())
-
+        block, total = _blocks_of(mib5)
         with dask.annotate(priority=10):
             blocks = [block(i, dask_key_name=f"block{i}") for i in range(8)]
         sums = [total(b) for b in blocks]
