@@ -614,16 +614,17 @@ class _Run:
             options = plan.options(key)
             offload = options.pop("variant", None)
             declared = plan.sizes.declared(key)
+            array_task = declared > 0 and bool(inputs)  # a dask.array chunk made from others
             fn = "depot.dask.run"
             gpu_bytes: Optional[bytes] = None
             try:
                 node_bytes = self.functions.dumps(node)
                 if len(inputs) > _MOST_INPUTS:
                     fn, inputs = "depot.dask.run_gathered", self.gathered(key, inputs, token, i, tasks)
-                elif self.may_offload(declared > 0 and bool(inputs)):
+                elif self.may_offload(array_task):
                     forms = _dask_gpu.Forms()
                     gpu_bytes = self.functions.dumps(node, forms)
-                    form = _dask_gpu.has_form(forms, declared > 0 and bool(inputs))
+                    form = _dask_gpu.has_form(forms, array_task)
                     if form is not None:
                         fn = "depot.dask.run_offloadable"
                         gpu_bytes = gpu_bytes if form == "replaced" else None
