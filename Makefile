@@ -73,7 +73,9 @@ test-tsan: deps $(TSAN_BUILD)/build.ninja
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0 \
 	  ctest --output-on-failure -j 2 --timeout 600 -E '$(TSAN_SKIP)'
 
-# The Python package in a venv under $(PY_BUILD), with what its checks need: `pip install .`
+# The Python package in a venv under $(PY_BUILD), with what its checks need (PyTorch from
+# PyPI brings its CUDA libraries: about 6 GB and a minute to install, so that the tests of
+# depot.multiprocessing with tensors run): `pip install .`
 # (so the packaging is tested too; the CMake build is kept in $(PY_BUILD)/<wheel tag> between
 # runs). nanobind is the version the build pins (pyproject.toml), whose stub generator wrote
 # client/python/depot/_depot.pyi.
@@ -86,7 +88,7 @@ STUBGEN  = $(PY_VENV) -m nanobind.stubgen -q -P -p client/python/stubgen.pattern
 python-install: deps
 	test -x $(PY_VENV) || $(PYTHON) -m venv $(PY_BUILD)/venv
 	$(PY_VENV) -m pip install --quiet --disable-pip-version-check pytest numpy \
-	  'dask[array]' distributed pandas pyarrow mypy '$(NANOBIND)'
+	  'dask[array]' distributed pandas pyarrow mypy torch '$(NANOBIND)'
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_VENV) -m pip install --quiet \
 	  --disable-pip-version-check --config-settings=build-dir='$(abspath $(PY_BUILD))/{wheel_tag}' .
 

@@ -2,6 +2,7 @@
 #include "depot/buffer.h"
 #include "depot/device_buffer.h"
 
+#include "connection.h"
 #include "holding.h"
 
 namespace depot {
@@ -23,6 +24,21 @@ std::span<const std::byte> Buffer::metadata() const {
 }
 
 BufferLocation Buffer::location() const { return holding_ ? holding_->location : BufferLocation{}; }
+
+Result<PrivateBuffer> Buffer::PrivateCopy() const {
+  if (!holding_) return Status::InvalidArgument("a private copy of an empty Buffer");
+  const internal::Holding& h = *holding_;
+  DEPOT_ASSIGN_OR_RETURN(auto view, h.conn->segments().ResolvePrivate(
+                                        h.location.segment, h.location.offset, h.data_size));
+  return PrivateBuffer(holding_, std::move(view.keep), view.data, h.data_size);
+}
+
+const ObjectId& PrivateBuffer::id() const { return holding_ ? holding_->id : kNilId; }
+
+std::span<const std::byte> PrivateBuffer::metadata() const {
+  if (!holding_) return {};
+  return {holding_->data + holding_->data_size, holding_->metadata_size};
+}
 
 const ObjectId& MutableBuffer::id() const { return holding_ ? holding_->id : kNilId; }
 

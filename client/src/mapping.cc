@@ -1,6 +1,7 @@
 #include "mapping.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <string>
@@ -9,13 +10,16 @@
 namespace depot::internal {
 
 Mapping::Mapping(Mapping&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      file_(std::move(o.file_)) {}
 
 Mapping& Mapping::operator=(Mapping&& o) noexcept {
   if (this != &o) {
     Unmap();
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    file_ = std::move(o.file_);
   }
   return *this;
 }
@@ -26,6 +30,7 @@ void Mapping::Unmap() {
   if (data_ != nullptr) ::munmap(data_, size_);
   data_ = nullptr;
   size_ = 0;
+  file_.reset();
 }
 
 Result<Mapping> Mapping::Map(int fd, size_t size, int prot, int extra_flags, const char* what) {
@@ -46,6 +51,27 @@ Status Mapping::Replace(int fd, int prot, const char* what) {
     return Status::FromErrno(std::string("mmap of a new file for ") + what, error);
   }
   return Status::OK();
+}
+
+Result<Mapping> Mapping::PrivateView(uint64_t offset, uint64_t size, const char* what) const {
+  if (!file_) return Status::Internal(std::string("no file is kept for a private view of ") + what);
+  if (size == 0 || offset > size_ || size > size_ - offset) {
+    return Status::Internal("a private view of [" + std::to_string(offset) + ", +" +
+                            std::to_string(size) + ") of " + what + ", which has " +
+                            std::to_string(size_) + " bytes");
+  }
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset - offset % page;
+  const uint64_t end = offset + size;
+  const uint64_t length = (end - start + page - 1) / page * page;
+  void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, file_.get(),
+                   static_cast<off_t>(start));
+  if (p == MAP_FAILED) {
+    return Status::FromErrno(std::string("mmap of a private view of ") + what + " (" +
+                                 std::to_string(length) + " bytes)",
+                             errno);
+  }
+  return Mapping(static_cast<std::byte*>(p), length);
 }
 
 void Mapping::Revoke() {

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
+#include "depot/ipc/framing.h"
 #include "depot/status.h"
 
 namespace depot::internal {
@@ -27,6 +29,16 @@ class Mapping {
   // instead of reaching whatever the address would be reused for. Unmapped on destruction.
   void Revoke();
 
+  // Keeps `file`, the descriptor this maps, for PrivateView (closing the one kept before).
+  void KeepFile(ipc::UniqueFd file) { file_ = std::move(file); }
+  // A private, writable view of bytes [offset, offset + size) of the file kept (MAP_PRIVATE:
+  // copy-on-write): reads see the file's bytes until a page is first written, which copies
+  // that page into this process's own memory, so writes never reach the file. The view
+  // covers whole pages; the returned mapping starts at the page holding `offset`, whose
+  // place in it is `offset % page size`. Fails with Internal when no file is kept or the
+  // range is empty or outside this mapping, and with IoError naming `what` when mmap does.
+  Result<Mapping> PrivateView(uint64_t offset, uint64_t size, const char* what) const;
+
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }
 
@@ -36,6 +48,7 @@ class Mapping {
 
   std::byte* data_ = nullptr;
   size_t size_ = 0;
+  ipc::UniqueFd file_;  // kept for PrivateView; none unless KeepFile gave it
 };
 
 }  // namespace depot::internal

@@ -4,6 +4,7 @@
 #include "depot/ipc/protocol.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -41,6 +42,7 @@ Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t si
       entry.error = mapped.status();  // for the Resolve that will not find it
       return std::shared_ptr<const Mapping>();
     }
+    if (!writable) mapped->KeepFile(std::move(fd));
     auto live = std::make_shared<const Mapping>(std::move(mapped).value());
     view = live;
     if (dedicated_.size() >= prune_at_) {
@@ -72,6 +74,7 @@ Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t si
     entry.writable_error = Status::OK();
     if (entry.readable.data() != nullptr && entry.readable.size() == size) {
       entry.error = entry.readable.Replace(fd.get(), prot, Describe(index, false).c_str());
+      if (entry.error.ok()) entry.readable.KeepFile(std::move(fd));
       return std::shared_ptr<const Mapping>();
     }
     entry.announced = false;
@@ -93,6 +96,7 @@ Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t si
   entry.announced = true;
   if (mapped.ok()) {
     entry.readable = std::move(mapped).value();
+    entry.readable.KeepFile(std::move(fd));
   } else {
     entry.error = mapped.status();
   }
@@ -144,6 +148,19 @@ Result<Segments::View<const std::byte>> Segments::Resolve(uint32_t index, uint64
   std::lock_guard lock(mu_);
   DEPOT_ASSIGN_OR_RETURN(View<std::byte> view, Find(index, offset, size, false));
   return View<const std::byte>{view.data, std::move(view.keep)};
+}
+
+Result<Segments::View<std::byte>> Segments::ResolvePrivate(uint32_t index, uint64_t offset,
+                                                           uint64_t size) const {
+  std::lock_guard lock(mu_);
+  DEPOT_ASSIGN_OR_RETURN(View<std::byte> found, Find(index, offset, size, false));
+  if (size == 0) return View<std::byte>{};
+  const Mapping& readable = found.keep ? *found.keep : shared_[index].readable;
+  DEPOT_ASSIGN_OR_RETURN(Mapping view,
+                         readable.PrivateView(offset, size, Describe(index, false).c_str()));
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  auto keep = std::make_shared<const Mapping>(std::move(view));
+  return View<std::byte>{keep->data() + offset % page, std::move(keep)};
 }
 
 Result<Segments::View<std::byte>> Segments::ResolveWritable(uint32_t index, uint64_t offset,

@@ -17,6 +17,11 @@
 // and never reaches the store. The daemon sends a segment's read-write descriptor with the
 // reply to this session's first create in it; only then is a writable view mapped, and only
 // MutableBuffers point into it.
+//
+// A read-only view keeps its descriptor, so that a Buffer can be given a private copy of its
+// object (Buffer::PrivateCopy: a MAP_PRIVATE, copy-on-write view of the object's pages). That
+// costs one descriptor per shared segment mapped (as many as mappings: at most 200, and a
+// few with the default 1 GiB segments) and one per dedicated segment while it is mapped.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +63,10 @@ class Segments {
   // longer mapped) or the range lies outside it, and with the mapping's error if mapping the
   // segment failed. Thread-safe.
   Result<View<const std::byte>> Resolve(uint32_t index, uint64_t offset, uint64_t size) const;
+  // The same bytes in a view of their own, private and writable (Mapping::PrivateView), which
+  // `keep` holds: writes stay in this process. Empty for `size` 0. Fails as Resolve does, or
+  // with the mmap's error. Thread-safe.
+  Result<View<std::byte>> ResolvePrivate(uint32_t index, uint64_t offset, uint64_t size) const;
   // The same bytes in the segment's writable view. Fails with Internal if the daemon sent
   // none. Thread-safe.
   Result<View<std::byte>> ResolveWritable(uint32_t index, uint64_t offset, uint64_t size) const;

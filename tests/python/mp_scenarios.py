@@ -145,6 +145,28 @@ def add_one_in_place(tensor, done):
     done.set()
 
 
+def write_received(q_in, q_out):
+    """Writes every array it receives in place; answers with what it then holds."""
+    while True:
+        item = q_in.get()
+        if item is None:
+            return
+        item += 1
+        q_out.put((float(item.sum()), describe(item)))
+
+
+def read_received(q_in, q_out):
+    item = q_in.get()
+    q_out.put(float(item.sum()))
+
+
+def add_one_to_received(q, out):
+    """The issue's program: a child that writes a received tensor in place."""
+    t = q.get()
+    t.add_(1)
+    out.put(float(t.sum()))
+
+
 def send_gpu(q):
     from dlpack_util import FakeCudaArray
 
@@ -333,16 +355,103 @@ def scenario_private(method):
 
 def scenario_standard(method):
     """The standard module's own contexts, and concurrent.futures, once depot.multiprocessing
-    is imported: their children join the group too."""
+    is imported: unchanged, unless enable_everywhere() (DEPOT_TEST_EVERYWHERE=1) opts in."""
     import concurrent.futures
     import multiprocessing
 
+    if os.environ.get("DEPOT_TEST_EVERYWHERE") == "1":
+        mp.enable_everywhere()
     ctx = multiprocessing.get_context(method)
     (first, _), _ = from_child(ctx, send_arrays, 5, count=2)
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as pool:
         total, seen = pool.submit(array_sum, np.full(MiB, 2.0)).result(timeout=120)
     return {"exact": same(first["i1"], arrays(5)["i1"]), "received": describe(first["i1"]),
-            "pool_total": total, "pool_child": seen}
+            "pool_total": total, "pool_child": seen,
+            "objects": mp.store().status().objects_sealed if mp._store._client else None}
+
+
+def scenario_write(method):
+    """Received arrays written in place: the writer's own; the sender's array, the store's
+    object (the same array sent again is the same object) and a second receiver's value
+    stay as they were."""
+    ctx = mp.get_context(method)
+    a = np.arange(MiB, dtype=np.float64)
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    writer = ctx.Process(target=write_received, args=(q_in, q_out))
+    writer.start()
+    q_in.put(a)
+    written, seen = q_out.get(timeout=60)
+    q_in.put(None)
+    writer.join(60)
+    reader = ctx.Process(target=read_received, args=(q_in, q_out))
+    reader.start()
+    q_in.put(a)  # sent again: handed off again, no new copy
+    second = q_out.get(timeout=60)
+    reader.join(60)
+    # Here too: a received array written in place, then the store's object read again.
+    q = ctx.Queue()
+    q.put(a)
+    mine = q.get(timeout=60)
+    mine[:] = -1.0
+    q.put(a)
+    again = q.get(timeout=60)
+    return {"written": written, "expected_written": float((a + 1).sum()), "seen": seen,
+            "sender_unchanged": bool((a == np.arange(MiB)).all()), "second": second,
+            "expected": float(a.sum()), "mine": float(mine.sum()), "again": float(again.sum()),
+            "again_in_store": describe(again)["in_store"]}
+
+
+def _write_in_child(ctx):
+    import torch
+
+    q, back = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=add_one_to_received, args=(q, back))
+    child.start()  # before this process runs torch's thread pool: fork would inherit it
+    t = torch.zeros(1 << 20)
+    q.put(t)
+    total = back.get(timeout=120)
+    child.join(60)
+    return {"exitcode": child.exitcode, "total": total, "sender_unchanged": float(t.sum()) == 0.0}
+
+
+def scenario_torch_write(method):
+    """The issue's first program: a child writes a tensor received through
+    depot.multiprocessing in place."""
+    return _write_in_child(mp.get_context(method))
+
+
+def scenario_torch_write_torch(method):
+    """The issue's second: the same through torch.multiprocessing, depot.multiprocessing
+    imported (and unused)."""
+    import torch.multiprocessing
+
+    return _write_in_child(torch.multiprocessing.get_context(method))
+
+
+def scenario_strategies(method):
+    """torch.multiprocessing's sharing-strategy functions, and what each strategy does."""
+    import torch
+
+    ctx = mp.get_context(method)
+    out = {"default": mp.get_sharing_strategy(),
+           "all": sorted(mp.get_all_sharing_strategies())}
+    try:
+        mp.set_sharing_strategy("carrier_pigeon")
+    except ValueError as e:
+        out["unknown"] = str(e)
+    q = ctx.Queue()
+    t = torch.rand(1 << 18)
+    q.put(t)
+    got = q.get(timeout=60)
+    out["depot_in_store"] = in_store(got.data_ptr(), got.nbytes)
+    mp.set_sharing_strategy("file_system")
+    out["now"] = mp.get_sharing_strategy()
+    out["torch_now"] = torch.multiprocessing.get_sharing_strategy()
+    q.put(t)
+    got = q.get(timeout=60)
+    out["file_system_in_store"] = in_store(got.data_ptr(), got.nbytes)
+    out["file_system_exact"] = bool(torch.equal(got, t))
+    return out
 
 
 def scenario_relayout(method):

@@ -105,6 +105,12 @@ def test_awaited_gets_waits_puts_and_errors(daemon):
             ref = await client.put(np.arange(10))
             assert (await client.get(ref)).tolist() == list(range(10))
             assert await client.get_many([ref, ref], timeout=1) is not None
+            mine = await client.get(ref, writable=True)
+            mine += 1
+            assert mine.tolist() == list(range(1, 11))
+            assert (await client.get(ref)).tolist() == list(range(10))
+            with pytest.raises(depot.InvalidArgument, match="writable is True or False"):
+                await client.get(ref, writable=1)
             with pytest.raises(depot.ObjectNotFound):
                 await client.get("aio/missing", timeout=0)
             with pytest.raises(depot.Timeout):

@@ -57,14 +57,14 @@ def test_everything_the_standard_module_exports_is_there(mp_daemon):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_arrays_through_a_queue_arrive_exact_read_only_and_in_the_store(mp_daemon, method):
+def test_arrays_through_a_queue_arrive_exact_writable_and_in_the_store(mp_daemon, method):
     out, _ = run("queue", method, mp_daemon.socket)
     assert out["exact"] and out["exitcode"] == 0
     received = out["received"]
     for name in ("f8_2d", "f4_fortran", "i1", "bool", "datetime"):
-        assert received[name] == {"in_store": True, "writeable": False}, name
+        assert received[name] == {"in_store": True, "writeable": True}, name
     # Non-contiguous arrays are copied into the store in C order; small ones stay inline.
-    assert received["strided"] == {"in_store": True, "writeable": False}
+    assert received["strided"] == {"in_store": True, "writeable": True}
     assert received["small"] == {"in_store": False, "writeable": True}
     # Parent to child as well.
     assert out["echoed"] == pytest.approx(out["echo_expected"])
@@ -75,18 +75,40 @@ def test_arrays_through_a_queue_arrive_exact_read_only_and_in_the_store(mp_daemo
 @pytest.mark.parametrize("method", METHODS)
 def test_pipes_and_simple_queues_carry_store_references(mp_daemon, method):
     out, _ = run("pipe", method, mp_daemon.socket)
-    assert out["child"] == {"in_store": True, "writeable": False}
-    assert out["doubled"] and out["returned"] == {"in_store": True, "writeable": False}
-    assert out["simple_child"] == {"in_store": True, "writeable": False} and out["simple_total"]
+    assert out["child"] == {"in_store": True, "writeable": True}
+    assert out["doubled"] and out["returned"] == {"in_store": True, "writeable": True}
+    assert out["simple_child"] == {"in_store": True, "writeable": True} and out["simple_total"]
     assert store_empties(mp_daemon)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_the_standard_contexts_and_concurrent_futures_use_the_store_too(mp_daemon, method):
+def test_importing_the_module_leaves_the_standard_contexts_as_they_are(mp_daemon, method):
     out, _ = run("standard", method, mp_daemon.socket)
-    assert out["exact"] and out["received"] == {"in_store": True, "writeable": False}
+    assert out["exact"] and out["received"] == {"in_store": False, "writeable": True}
     assert out["pool_total"] == 2.0 * (1 << 20)
-    assert out["pool_child"] == {"in_store": True, "writeable": False}
+    assert out["pool_child"] == {"in_store": False, "writeable": True}
+    assert out["objects"] is None  # never even connected to the store
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_enable_everywhere_sends_the_standard_contexts_through_the_store(mp_daemon, method):
+    out, _ = run("standard", method, mp_daemon.socket, DEPOT_TEST_EVERYWHERE="1")
+    assert out["exact"] and out["received"] == {"in_store": True, "writeable": True}
+    assert out["pool_total"] == 2.0 * (1 << 20)
+    assert out["pool_child"] == {"in_store": True, "writeable": True}
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_received_array_written_in_place_changes_only_its_receivers_copy(mp_daemon, method):
+    out, _ = run("write", method, mp_daemon.socket)
+    assert out["written"] == out["expected_written"]
+    assert out["seen"] == {"in_store": True, "writeable": True}
+    # The sender's array, a second receiver's and the store's object are as sent.
+    assert out["sender_unchanged"]
+    assert out["second"] == out["expected"] and out["again"] == out["expected"]
+    assert out["mine"] == -float(1 << 20) and out["again_in_store"]
     assert store_empties(mp_daemon)
 
 
@@ -126,7 +148,7 @@ def test_a_sender_killed_after_sending_loses_nothing_and_leaks_nothing(mp_daemon
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_receiver_killed_holding_a_value_leaks_nothing(mp_daemon, method):
     out, _ = run("receiver_killed", method, mp_daemon.socket)
-    assert out["child"] == {"in_store": True, "writeable": False}
+    assert out["child"] == {"in_store": True, "writeable": True}
     assert out["objects_while_held"] == 1 and out["exitcode"] == -9
     assert store_empties(mp_daemon)
 
@@ -172,7 +194,7 @@ def test_a_bad_threshold_is_refused_naming_it(mp_daemon):
 
 def test_without_a_socket_the_tree_gets_a_private_daemon_that_stops_with_it():
     out, _ = run("private", "spawn")
-    assert out["exact"] and out["received"] == {"in_store": True, "writeable": False}
+    assert out["exact"] and out["received"] == {"in_store": True, "writeable": True}
     # It allocates pages as objects use them (--no-prefault), not a segment ahead.
     assert out["store_pages"] < 64 << 20, out["store_pages"]
     assert wait_for(lambda: not os.path.exists(f"/proc/{out['daemon_pid']}"), timeout=20)
@@ -211,4 +233,30 @@ def test_a_dataloader_with_two_workers_delivers_batches_in_the_store(mp_daemon):
     batches = out["batches"]
     assert [b["values"] for b in batches] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
     assert all(b["in_store"] for b in batches)
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch (pip install torch)")
+@pytest.mark.parametrize("method", METHODS)
+def test_a_child_writing_a_received_tensor_in_place_runs_through_depot_and_torch(
+    mp_daemon, method
+):
+    out, _ = run("torch_write", method, mp_daemon.socket)
+    assert out == {"exitcode": 0, "total": float(1 << 20), "sender_unchanged": True}
+    # torch.multiprocessing keeps its own semantics: the tensor moved to torch's shared
+    # memory, which the child's write changes for the sender too.
+    out, _ = run("torch_write_torch", method, mp_daemon.socket)
+    assert out == {"exitcode": 0, "total": float(1 << 20), "sender_unchanged": False}
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch (pip install torch)")
+def test_torchs_sharing_strategy_functions_are_there_and_do_what_they_say(mp_daemon):
+    out, _ = run("strategies", "spawn", mp_daemon.socket)
+    assert out["default"] == "depot"
+    assert out["all"] == ["depot", "file_descriptor", "file_system"]
+    assert "unknown sharing strategy 'carrier_pigeon'" in out["unknown"]
+    assert out["depot_in_store"] is True
+    assert out["now"] == out["torch_now"] == "file_system"
+    assert out["file_system_in_store"] is False and out["file_system_exact"]
     assert store_empties(mp_daemon)

@@ -78,6 +78,42 @@ def _available_bytes():
     return 0
 
 
+def test_a_writable_get_is_a_private_copy_on_write_view(client):
+    array = np.arange(1_000_000, dtype=np.int64)
+    ref = client.put(array)
+    shared = client.get(ref)
+    mine = client.get(ref, writable=True)
+    assert not shared.flags.writeable and mine.flags.writeable
+    # Still the segment's pages (a private mapping of its file): nothing copied yet.
+    assert in_store(address_of(mine), mine.nbytes) and address_of(mine) != address_of(shared)
+    mine += 7
+    assert int(mine[12345]) == 12345 + 7
+    # Nobody else's value changed: this client's view, a fresh get, another client's.
+    assert np.array_equal(shared, array) and np.array_equal(client.get(ref), array)
+    with depot.Client(client.socket) as other:
+        assert np.array_equal(other.get(ref), array)
+        theirs = other.get_many([ref], writable=True)[0]
+        assert np.array_equal(theirs, array)
+    # Values held in pickles (arrays, bytes) come back writable too.
+    value = client.get(client.put({"a": np.ones(100_000), "b": b"x" * 100_000}), writable=True)
+    value["a"][:] = 2.0
+    assert value["a"].sum() == 200_000.0 and value["a"].flags.writeable
+    raw = client.get(client.put(b"y" * 100_000), writable=True)
+    raw[:3] = b"abc"
+    assert bytes(raw[:4]) == b"abcy"
+
+
+def test_a_writable_get_of_bad_arguments_is_refused_naming_them(client):
+    ref = client.put(np.ones(10))
+    with pytest.raises(depot.InvalidArgument, match="writable is True or False, not 'yes'"):
+        client.get(ref, writable="yes")
+    with pytest.raises(depot.InvalidArgument, match="GPU copy cannot be one"):
+        client.get(ref, writable=True, device=0)
+    with pytest.raises(depot.InvalidArgument, match="GPU copy cannot be one"):
+        client.get_many([ref], writable=True, device=0)
+    assert np.array_equal(client.get(ref), np.ones(10))
+
+
 def test_large_array_is_not_copied_on_get():
     """1 GiB when the machine has room for it three times over; else 256 MiB (noted). The
     daemon has its default segments of 1 GiB, so the array (1 GiB and its metadata) is larger

@@ -7,12 +7,16 @@
 #include <span>
 
 #include "depot/object_id.h"
+#include "depot/status.h"
 
 namespace depot {
 
 namespace internal {
 struct Holding;  // one store reference, shared by every handle to the same object
+class Mapping;
 }  // namespace internal
+
+class PrivateBuffer;
 
 // Where an object's bytes lie in the host arena.
 struct BufferLocation {
@@ -48,10 +52,46 @@ class Buffer {
   size_t size() const { return data().size(); }
   BufferLocation location() const;
 
+  // A copy of the object's data that this process may write, made lazily: a private
+  // (MAP_PRIVATE, copy-on-write) mapping of the object's pages. It reads the store's pages
+  // until a page is first written, which copies that page (4 KiB) into this process's own
+  // memory; so writes cost what they touch, and never reach the store, the object's other
+  // readers or its creator. One mmap, no copy and no round trip. Fails with InvalidArgument
+  // for an empty Buffer, and with IoError if the mapping fails (the process's map count or
+  // memory limits).
+  Result<PrivateBuffer> PrivateCopy() const;
+
  private:
   friend class Client;
   explicit Buffer(std::shared_ptr<internal::Holding> h) : holding_(std::move(h)) {}
   std::shared_ptr<internal::Holding> holding_;
+};
+
+// A private, writable copy of a sealed object's data (Buffer::PrivateCopy). Copies of the
+// handle share the same private pages. It holds the object's reference as a Buffer does, so
+// that the pages it has not written keep the object's bytes. The metadata is the object's,
+// read-only. A default-constructed PrivateBuffer is empty. Thread-safe to copy; writes to
+// the data are the caller's to order.
+class PrivateBuffer {
+ public:
+  PrivateBuffer() = default;
+
+  explicit operator bool() const { return holding_ != nullptr; }
+  const ObjectId& id() const;
+  std::span<std::byte> data() const { return {data_, size_}; }
+  std::span<const std::byte> metadata() const;
+  std::byte* ptr() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  friend class Buffer;
+  PrivateBuffer(std::shared_ptr<internal::Holding> h, std::shared_ptr<const internal::Mapping> m,
+                std::byte* data, size_t size)
+      : holding_(std::move(h)), mapping_(std::move(m)), data_(data), size_(size) {}
+  std::shared_ptr<internal::Holding> holding_;
+  std::shared_ptr<const internal::Mapping> mapping_;  // the private pages; null when empty
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
 };
 
 // The writable data of an object this client is creating (between Create and Seal or

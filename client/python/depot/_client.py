@@ -39,6 +39,21 @@ def _device_ordinal(device: Any) -> int:
     return device
 
 
+def _check_writable(writable: Any, device: Optional[int]) -> None:
+    if not isinstance(writable, bool):
+        raise InvalidArgument(f"writable is True or False, not {writable!r}")
+    if writable and device is not None:
+        raise InvalidArgument(
+            "writable=True gives a private copy of a host value; a GPU copy cannot be one "
+            "(leave out device=, or copy the DeviceArray)"
+        )
+
+
+def _decode(buffer: Any, writable: bool) -> Any:
+    """The value in a StoreBuffer; with ``writable``, in a private copy of its bytes."""
+    return _codec.decode(buffer.private_copy() if writable else buffer)
+
+
 def _writable_of(target: Any) -> Optional[Any]:
     """The WritableBuffer behind a view returned by create/create_array, if it is one."""
     seen = 0
@@ -288,15 +303,19 @@ class Client:
             [_ref(ref).id], -1 if device is None else _device_ordinal(device), ttl_ms
         )
 
-    def claim(self, ref: RefLike, *, device: Optional[int] = None) -> Any:
-        """Takes a value handed off in this client's group: as :meth:`get` returns it, or
-        with ``device=k`` (the GPU it was handed off on) a DeviceArray. Each handoff is
-        claimed once. Never waits. Raises NotHeld if nothing handed off waits under this
-        ref (claimed already, or its group ended), InvalidArgument without a group."""
+    def claim(
+        self, ref: RefLike, *, device: Optional[int] = None, writable: bool = False
+    ) -> Any:
+        """Takes a value handed off in this client's group: as :meth:`get` returns it (with
+        ``writable``, as ``get(..., writable=True)`` does), or with ``device=k`` (the GPU it
+        was handed off on) a DeviceArray. Each handoff is claimed once. Never waits. Raises
+        NotHeld if nothing handed off waits under this ref (claimed already, or its group
+        ended), InvalidArgument without a group."""
+        _check_writable(writable, device)
         if device is not None:
             buffer = self._native.claim_on_device([_ref(ref).id], _device_ordinal(device))[0]
             return DeviceArray._of(buffer)
-        return _codec.decode(self._native.claim([_ref(ref).id])[0])
+        return _decode(self._native.claim([_ref(ref).id])[0], writable)
 
     def create(self, size: int, *, name: Optional[str] = None, pin: bool = False) -> memoryview:
         """Creates an object of ``size`` bytes for writing in place; returns its writable bytes.
@@ -342,7 +361,8 @@ class Client:
     # Reading.
 
     def get(
-        self, ref: RefLike, *, timeout: Optional[float] = None, device: Optional[int] = None
+        self, ref: RefLike, *, timeout: Optional[float] = None, device: Optional[int] = None,
+        writable: bool = False,
     ) -> Any:
         """The value of an object, viewing the store's memory with no copy where it can.
 
@@ -351,6 +371,11 @@ class Client:
         are read-only. Raises ObjectNotFound (timeout 0), Timeout, or TaskFailed with the
         task's message for an output of a task that failed.
 
+        With ``writable=True`` they are writable, and private: the value views a
+        copy-on-write mapping of the object (StoreBuffer.private_copy), so a page is copied
+        into this process's memory only when it is first written, and writes change nobody
+        else's value nor the store's. (Host values only: not with ``device``.)
+
         With ``device=k`` (this process's CUDA ordinal), returns a :class:`depot.DeviceArray`
         viewing the object's copy on GPU k, which the daemon makes if there is none yet
         (from another GPU or host memory): an array's shape and dtype, any other object's
@@ -358,11 +383,12 @@ class Client:
         ndarray (the daemon copies it to host memory). Raises InvalidArgument for a GPU the
         daemon does not serve.
         """
+        _check_writable(writable, device)
         timeout_ms = _codec.parse_timeout(timeout)
         if device is not None:
             buffer = self._native.get_on_device(_ref(ref).id, _device_ordinal(device), timeout_ms)
             return DeviceArray._of(buffer)
-        return _codec.decode(self._native.get(_ref(ref).id, timeout_ms))
+        return _decode(self._native.get(_ref(ref).id, timeout_ms), writable)
 
     def prefetch(self, refs: Iterable[RefLike], *, device: Optional[int] = None) -> None:
         """Copies objects ahead of the gets that will want them: onto GPU ``device`` (this
@@ -385,10 +411,11 @@ class Client:
 
     def get_many(
         self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
-        device: Optional[int] = None,
+        device: Optional[int] = None, writable: bool = False,
     ) -> List[Any]:
         """The values of several objects, in order, in one request to the daemon. Waits
-        and raises as :meth:`get`, naming the first object missing."""
+        and raises as :meth:`get`, naming the first object missing; ``writable`` as there."""
+        _check_writable(writable, device)
         ids = [_ref(r).id for r in refs]
         timeout_ms = _codec.parse_timeout(timeout)
         if device is not None:
@@ -396,7 +423,7 @@ class Client:
                 self._native.get_many_on_device(ids, _device_ordinal(device), timeout_ms)
             )
         buffers = self._native.get_many(ids, timeout_ms)
-        return [_codec.decode(b) for b in buffers]
+        return [_decode(b, writable) for b in buffers]
 
     def _task_value(self, ref: ObjectRef, device: int) -> Any:
         """An input of a task that runs on GPU ``device``: an array as a DeviceArray there

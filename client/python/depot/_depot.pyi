@@ -30,6 +30,8 @@ class StoreBuffer(Buffer):
     def metadata(self) -> bytes:
         """The object's metadata blob."""
 
+    def __len__(self) -> int: ...
+
     @property
     def segment(self) -> int:
         """Arena segment holding the data."""
@@ -37,6 +39,34 @@ class StoreBuffer(Buffer):
     @property
     def offset(self) -> int:
         """Offset of the data in its segment."""
+
+    def private_copy(self) -> PrivateBuffer:
+        """
+        A copy of the bytes that this process may write (a PrivateBuffer), made lazily: a copy-on-write mapping of the object's pages, which copies a page into this process's memory when it is first written. Writes never reach the store or other processes.
+        """
+
+class PrivateBuffer(Buffer):
+    """
+    A private copy of a sealed object's bytes (writable buffer protocol; StoreBuffer.private_copy). Holds one store reference until collected.
+    """
+
+    @property
+    def id(self) -> bytes:
+        """The object's 16-byte id."""
+
+    @property
+    def size(self) -> int:
+        """Bytes of data."""
+
+    @property
+    def address(self) -> int:
+        """
+        Address of the data in this process (inside a mapping of an arena segment).
+        """
+
+    @property
+    def metadata(self) -> bytes:
+        """The object's metadata blob."""
 
     def __len__(self) -> int: ...
 
@@ -63,6 +93,8 @@ class WritableBuffer(Buffer):
     def metadata(self) -> bytes:
         """The object's metadata blob."""
 
+    def __len__(self) -> int: ...
+
     @property
     def segment(self) -> int:
         """Arena segment holding the data."""
@@ -70,8 +102,6 @@ class WritableBuffer(Buffer):
     @property
     def offset(self) -> int:
         """Offset of the data in its segment."""
-
-    def __len__(self) -> int: ...
 
 class DeviceBuffer:
     """

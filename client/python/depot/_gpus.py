@@ -70,12 +70,15 @@ def ordinal_of(client: Any, uuid: bytes) -> Optional[int]:
     return None
 
 
-def claim(client: Any, ref_id: bytes, uuid: Optional[bytes], who: str) -> Any:
+def claim(
+    client: Any, ref_id: bytes, uuid: Optional[bytes], who: str, writable: bool = False
+) -> Any:
     """The value handed off as ``ref_id``: as Client.claim returns it from host memory
-    (``uuid`` None), or a DeviceArray on this process's ordinal of the GPU ``uuid``.
-    ``who`` names the caller in the error for a GPU this process cannot see."""
+    (``uuid`` None; ``writable`` as there), or a DeviceArray on this process's ordinal of
+    the GPU ``uuid``. ``who`` names the caller in the error for a GPU this process cannot
+    see."""
     if uuid is None:
-        return client.claim(ObjectRef(ref_id))
+        return client.claim(ObjectRef(ref_id), writable=writable)
     ordinal = ordinal_of(client, uuid)
     if ordinal is None:
         raise DepotError(

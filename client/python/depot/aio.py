@@ -29,7 +29,9 @@ import time
 from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple, Union
 
 from . import _codec, _device
-from ._client import Client, RefLike, _device_ordinal, _ref, _split_done, _wait_request
+from ._client import (
+    Client, RefLike, _check_writable, _decode, _device_ordinal, _ref, _split_done, _wait_request,
+)
 from ._errors import DepotError, InvalidArgument
 from ._ref import ObjectRef
 
@@ -93,23 +95,28 @@ class AsyncClient:
     # Reading.
 
     async def get(
-        self, ref: RefLike, *, timeout: Optional[float] = None, device: Optional[int] = None
+        self, ref: RefLike, *, timeout: Optional[float] = None, device: Optional[int] = None,
+        writable: bool = False,
     ) -> Any:
-        """The value of an object, as :meth:`depot.Client.get` returns it, awaiting its seal
-        up to ``timeout`` seconds (``None``: for ever). Raises as that does."""
-        return (await self.get_many([ref], timeout=timeout, device=device))[0]
+        """The value of an object, as :meth:`depot.Client.get` returns it (``writable``
+        too), awaiting its seal up to ``timeout`` seconds (``None``: for ever). Raises as
+        that does."""
+        return (
+            await self.get_many([ref], timeout=timeout, device=device, writable=writable)
+        )[0]
 
     async def get_many(
         self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
-        device: Optional[int] = None,
+        device: Optional[int] = None, writable: bool = False,
     ) -> List[Any]:
         """The values of several objects, in order, in one request; raises as
         :meth:`depot.Client.get_many` does."""
+        _check_writable(writable, device)
         ids = [_ref(r).id for r in refs]
         timeout_ms = _codec.parse_timeout(timeout)
         if device is None:
             buffers = await self._answer(self._native.start_get(ids, timeout_ms))
-            return [_codec.decode(b) for b in buffers]
+            return [_decode(b, writable) for b in buffers]
         pending = self._native.start_get_on_device(ids, _device_ordinal(device), timeout_ms)
         return _device.wrap(await self._answer(pending))
 

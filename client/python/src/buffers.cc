@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "errors.h"
+
 namespace nb = nanobind;
 
 namespace depot::python {
@@ -27,6 +29,10 @@ int GetWritableBuffer(PyObject* exporter, Py_buffer* view, int flags) {
   return GetBuffer<WritableBuffer>(exporter, view, flags, /*read_only=*/false);
 }
 
+int GetPrivateBuffer(PyObject* exporter, Py_buffer* view, int flags) {
+  return GetBuffer<PrivateStoreBuffer>(exporter, view, flags, /*read_only=*/false);
+}
+
 PyType_Slot store_buffer_slots[] = {
     {Py_bf_getbuffer, reinterpret_cast<void*>(GetStoreBuffer)},
     {0, nullptr},
@@ -37,13 +43,19 @@ PyType_Slot writable_buffer_slots[] = {
     {0, nullptr},
 };
 
+PyType_Slot private_buffer_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(GetPrivateBuffer)},
+    {0, nullptr},
+};
+
 nb::bytes IdBytes(const ObjectId& id) {
   const auto bytes = id.Bytes();
   return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
 
+// What every buffer has: its object's id, size, address and metadata.
 template <typename T>
-void BindCommon(nb::class_<T>& cls) {
+void BindBytes(nb::class_<T>& cls) {
   cls.def_prop_ro(
          "id", [](const T& b) { return IdBytes(b.buffer.id()); }, "The object's 16-byte id.")
       .def_prop_ro(
@@ -58,13 +70,19 @@ void BindCommon(nb::class_<T>& cls) {
             return nb::bytes(reinterpret_cast<const char*>(md.data()), md.size());
           },
           "The object's metadata blob.")
-      .def_prop_ro(
-          "segment", [](const T& b) { return b.buffer.location().segment; },
-          "Arena segment holding the data.")
+      .def("__len__", [](const T& b) { return b.buffer.size(); });
+}
+
+// What a buffer in the store's own memory has besides: where the bytes lie.
+template <typename T>
+void BindCommon(nb::class_<T>& cls) {
+  BindBytes(cls);
+  cls.def_prop_ro(
+         "segment", [](const T& b) { return b.buffer.location().segment; },
+         "Arena segment holding the data.")
       .def_prop_ro(
           "offset", [](const T& b) { return b.buffer.location().offset; },
-          "Offset of the data in its segment.")
-      .def("__len__", [](const T& b) { return b.buffer.size(); });
+          "Offset of the data in its segment.");
 }
 
 }  // namespace
@@ -89,6 +107,20 @@ void BindBuffers(nb::module_& m) {
                                 "A sealed object's bytes in shared memory (read-only buffer "
                                 "protocol). Holds one store reference until collected.");
   BindCommon(store);
+  nb::class_<PrivateStoreBuffer> own(m, "PrivateBuffer", nb::type_slots(private_buffer_slots),
+                                     nb::sig("class PrivateBuffer(typing_extensions.Buffer)"),
+                                     "A private copy of a sealed object's bytes (writable "
+                                     "buffer protocol; StoreBuffer.private_copy). Holds one "
+                                     "store reference until collected.");
+  BindBytes(own);
+  store.def(
+      "private_copy",
+      [](const StoreBuffer& self) {
+        return PrivateStoreBuffer{ValueOrRaise(self.buffer.PrivateCopy())};
+      },
+      "A copy of the bytes that this process may write (a PrivateBuffer), made lazily: a "
+      "copy-on-write mapping of the object's pages, which copies a page into this process's "
+      "memory when it is first written. Writes never reach the store or other processes.");
   nb::class_<WritableBuffer> writable(m, "WritableBuffer", nb::type_slots(writable_buffer_slots),
                                       nb::sig("class WritableBuffer(typing_extensions.Buffer)"),
                                       "The writable bytes of an object being created. Dropping "

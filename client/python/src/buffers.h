@@ -25,6 +25,12 @@ struct StoreBuffer {
   Buffer buffer;
 };
 
+// A private copy of a sealed object's bytes (Buffer::PrivateCopy): writable, copy-on-write;
+// writes stay in this process.
+struct PrivateStoreBuffer {
+  PrivateBuffer buffer;
+};
+
 // The bytes of an object this process is creating: writable, until sealed by contract.
 struct WritableBuffer {
   MutableBuffer buffer;

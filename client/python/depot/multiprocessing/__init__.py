@@ -25,9 +25,12 @@ How long a value lives:
 
 - The sender may drop the value, or exit, once it has sent it: the tree's group (see
   depot.Client.handoff) holds it until a receiver unpickles it.
-- A received value is read-only (numpy ``writeable=False``; a tensor on the store's memory,
-  which faults if written: ``.clone()`` it to change it). The object goes from the store when
-  the receiver's last view of it is gone.
+- A received array or CPU tensor is writable, and private to its receiver: it views a
+  copy-on-write mapping of the store's pages, so reading it copies nothing, and writing it
+  copies the pages written into the receiver's own memory. The sender's value, the store's
+  object and other receivers' values never change. The object goes from the store when the
+  receiver's last view of it is gone. (A CUDA tensor or CuPy array views the store's GPU
+  memory itself: clone it before writing.)
 - Values sent but never received (a queue dropped with items in it, a receiver killed before
   taking them) go when the last process of the tree has exited. A killed process gives back
   everything it held.
@@ -42,12 +45,19 @@ values are pickled as by the standard module, with one warning
 
 Every start method works (fork, spawn, forkserver): ``get_context("spawn")``, or
 ``torch.utils.data.DataLoader(...,
-multiprocessing_context=depot.multiprocessing.get_context("spawn"))``. Once this module is
-imported, the same applies to everything multiprocessing sends, through the standard
-module's own contexts and concurrent.futures too (as with torch.multiprocessing): its
-pickling hook is the standard pickler's, and every process joins the store's group before
-it starts a child. CPU tensors in torch's shared memory (``share_memory_()``, as for Hogwild
-training) are left to torch, so that they stay shared.
+multiprocessing_context=depot.multiprocessing.get_context("spawn"))``. Only what goes
+through this module's own queues, pipes, pools and processes goes through the store:
+importing it changes nothing that the standard module, torch.multiprocessing or another
+library sends. ``enable_everywhere()`` opts in to more: everything multiprocessing sends in
+the process tree, through any context (concurrent.futures' queues included). CPU tensors in
+torch's shared memory (``share_memory_()``, as for Hogwild training) are left to torch, so
+that they stay shared.
+
+torch.multiprocessing's functions are here too: ``set_sharing_strategy``,
+``get_sharing_strategy`` and ``get_all_sharing_strategies``, with depot's strategy
+(``"depot"``, the default: tensors through the store) beside torch's, which leave tensors
+to torch's own reducer. A program written for torch.multiprocessing runs with its import
+changed.
 """
 
 from __future__ import annotations
@@ -57,11 +67,30 @@ import multiprocessing.context as _context
 import multiprocessing.process as _process
 from typing import Dict
 
-from . import _reductions, _store
-from ._reductions import get_threshold, set_threshold
+from . import _channels, _reductions, _store
+from ._reductions import (
+    get_all_sharing_strategies,
+    get_sharing_strategy,
+    get_threshold,
+    set_sharing_strategy,
+    set_threshold,
+)
 from ._store import StoreUnavailableWarning
 
 _reductions.install()
+
+
+def enable_everywhere() -> None:
+    """Sends arrays and tensors through the store from everything multiprocessing sends, not
+    only from this module's queues, pipes and processes: the standard module's contexts,
+    torch.multiprocessing's and concurrent.futures' too, in this process and the children it
+    starts after. Every process then joins the store's group before it starts a child."""
+    _reductions.enable_everywhere()
+    _store.prepare_every_child()
+
+
+if _reductions.everywhere():  # inherited from the parent that enabled it
+    _store.prepare_every_child()
 
 
 def store():
@@ -70,12 +99,11 @@ def store():
     return _store.client()
 
 
-# This module's contexts, so that its get_context and set_start_method are its own; their
-# processes are the standard ones (every process joins the group before it starts a child:
-# _store wraps BaseProcess.start).
+# This module's contexts, so that its get_context and set_start_method are its own, and
+# its queues, pipes and processes send through the store (_channels).
 
 
-class Process(_process.BaseProcess):
+class Process(_channels.SendsThroughStore, _process.BaseProcess):
     _start_method = None
 
     @staticmethod
@@ -94,16 +122,16 @@ class _Concrete:
         return self if method is None else _concrete(method)
 
 
-class ForkContext(_Concrete, _context.ForkContext):
-    pass
+class ForkContext(_Concrete, _channels.Channels, _context.ForkContext):
+    Process = _channels.ForkProcess
 
 
-class SpawnContext(_Concrete, _context.SpawnContext):
-    pass
+class SpawnContext(_Concrete, _channels.Channels, _context.SpawnContext):
+    Process = _channels.SpawnProcess
 
 
-class ForkServerContext(_Concrete, _context.ForkServerContext):
-    pass
+class ForkServerContext(_Concrete, _channels.Channels, _context.ForkServerContext):
+    Process = _channels.ForkServerProcess
 
 
 _concrete_contexts: Dict[str, _context.BaseContext] = {
@@ -122,7 +150,7 @@ def _concrete(method):
     return ctx
 
 
-class DefaultContext(_context.DefaultContext):
+class DefaultContext(_channels.Channels, _context.DefaultContext):
     # This module's Process, which starts as the chosen context's does (typeshed has the
     # standard one here, not a BaseProcess).
     Process = Process  # type: ignore[assignment]
@@ -147,7 +175,11 @@ globals().update((name, getattr(_default_context, name)) for name in __all__)
 __all__ += [
     "Process",
     "StoreUnavailableWarning",
+    "enable_everywhere",
+    "get_all_sharing_strategies",
+    "get_sharing_strategy",
     "get_threshold",
+    "set_sharing_strategy",
     "set_threshold",
     "store",
 ]

@@ -3,19 +3,26 @@
 multiprocessing pickles everything it sends (queues, pipes, pools, a spawned child's
 arguments) with ``multiprocessing.reduction.ForkingPickler``. Importing depot.multiprocessing
 gives that class a ``reducer_override`` (consulted before any other reducer, torch's
-included) which sends these values, when they are at least the threshold in bytes, through
-the store instead of through the pipe:
+included), which acts only inside what depot.multiprocessing's own queues, pipes and
+processes send: they wrap each value in a :class:`Sending` (``_channels``), and a pickler
+that meets one sends these values inside it through the store instead of through the pipe,
+when they are at least the threshold in bytes:
 
 - numpy arrays of plain dtypes (and their subclasses are left to pickle);
 - PyTorch tensors (``torch.Tensor`` and ``torch.nn.Parameter``), on the CPU or a CUDA GPU;
 - CuPy arrays, and any other DLPack producer on a CUDA GPU.
 
+Everything else the standard module, torch.multiprocessing or another library sends pickles
+exactly as before (the hook returns NotImplemented), unless the user opts in with
+``enable_everywhere()``.
+
 The sender hands the value off to the tree's group (depot.Client.handoff): one copy into
 shared memory (or, for a GPU array, into the store's pool on its GPU). The pickle carries
-only the reference; the receiver claims it and gets a read-only view of the same memory.
-The sender keeps its stored copy while its own value lives: the same value sent again,
-unchanged (its bytes hash the same, XXH3-128), is handed off again with no copy, so a Pool
-broadcasting an argument to its tasks stores it once.
+only the reference; the receiver claims it and gets a private, writable copy-on-write view
+of the same memory (host values): pages are copied into the receiver only as it writes
+them. The sender keeps its stored copy while its own value lives: the same value sent
+again, unchanged (its bytes hash the same, XXH3-128), is handed off again with no copy, so
+a Pool broadcasting an argument to its tasks stores it once.
 
 Anything else pickles as before. So does a value the store cannot take (full, or not
 reachable), with one warning.
@@ -23,9 +30,9 @@ reachable), with one warning.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
-import warnings
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional, Tuple
 
@@ -37,6 +44,83 @@ from . import _store
 
 THRESHOLD_ENV = "DEPOT_MP_THRESHOLD"
 DEFAULT_THRESHOLD = 64 * 1024
+EVERYWHERE_ENV = "DEPOT_MP_EVERYWHERE"
+STRATEGY_ENV = "DEPOT_MP_SHARING_STRATEGY"
+# "depot": tensors through the store; torch's own strategies: tensors left to torch.
+STRATEGIES = ("depot", "file_descriptor", "file_system")
+
+
+class Sending:
+    """A value that depot.multiprocessing's own queues, pipes or processes send: what it
+    holds goes through the store. Unpickles as the value itself, whoever pickles it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> Any:
+        return _unwrap, (self.value,)
+
+
+def _unwrap(value: Any) -> Any:
+    return value
+
+
+# Whether every ForkingPickler sends through the store (enable_everywhere), not only what
+# this module's channels send. Inherited by children through DEPOT_MP_EVERYWHERE.
+_everywhere = os.environ.get(EVERYWHERE_ENV) == "1"
+
+
+def enable_everywhere() -> None:
+    """Opts in: everything multiprocessing sends in this process and its children (the
+    standard module's contexts, torch.multiprocessing's, concurrent.futures) goes through
+    the store as depot.multiprocessing's own sends do."""
+    global _everywhere
+    _everywhere = True
+    os.environ[EVERYWHERE_ENV] = "1"
+
+
+def everywhere() -> bool:
+    return _everywhere
+
+
+def _initial_strategy() -> str:
+    text = os.environ.get(STRATEGY_ENV, "depot")
+    if text not in STRATEGIES:
+        raise ValueError(f"{STRATEGY_ENV}={text!r}: expected one of {', '.join(STRATEGIES)}")
+    return text
+
+
+_strategy = _initial_strategy()
+
+
+def set_sharing_strategy(strategy: str) -> None:
+    """How tensors are sent (torch.multiprocessing's function of the same name, with depot's
+    strategy besides): ``"depot"`` (the default) through the store; torch's
+    ``"file_descriptor"`` or ``"file_system"`` by torch's own reducer, with that strategy
+    set in torch.multiprocessing too (arrays still go through the store). Applies to this
+    process; children inherit it through ``DEPOT_MP_SHARING_STRATEGY``."""
+    global _strategy
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"unknown sharing strategy {strategy!r}: depot.multiprocessing has "
+            + ", ".join(repr(s) for s in STRATEGIES)
+        )
+    if strategy != "depot" and importlib.util.find_spec("torch") is not None:
+        import torch.multiprocessing
+
+        torch.multiprocessing.set_sharing_strategy(strategy)
+    _strategy = strategy
+    os.environ[STRATEGY_ENV] = strategy
+
+
+def get_sharing_strategy() -> str:
+    return _strategy
+
+
+def get_all_sharing_strategies() -> set:
+    return set(STRATEGIES)
 
 
 def _initial_threshold() -> int:
@@ -150,14 +234,15 @@ def _gpu_uuid(gpu: Optional[int]) -> Optional[bytes]:
 
 
 def _claim(ref_id: bytes, uuid: Optional[bytes]) -> Any:
-    """The value handed off as ``ref_id`` (on the GPU of ``uuid``, None: host memory)."""
+    """The value handed off as ``ref_id``: on the GPU of ``uuid``, or (None) from host
+    memory, writable and private (a copy-on-write view of the store's pages)."""
     client = _store.client()
     if client is None:
         raise DepotError(
             "depot.multiprocessing received a value sent through the depot store, but this "
             f"process cannot reach the store: {_store.unavailable()}"
         )
-    return _gpus.claim(client, ref_id, uuid, "depot.multiprocessing")
+    return _gpus.claim(client, ref_id, uuid, "depot.multiprocessing", writable=uuid is None)
 
 
 # numpy.
@@ -192,7 +277,7 @@ def _reduce_tensor(tensor: Any) -> Any:
     if tensor.requires_grad and not tensor.is_leaf:
         # Cannot be sent detached: pickled as before (which raises, as torch's does).
         return NotImplemented
-    if tensor.device.type not in ("cpu", "cuda"):
+    if tensor.device.type not in ("cpu", "cuda") or _strategy != "depot":
         return NotImplemented
     if tensor.device.type == "cpu" and tensor.is_shared() and not _in_dataloader_worker():
         # In torch's shared memory (share_memory_(), Hogwild training): torch's reducer keeps
@@ -260,12 +345,8 @@ def _rebuild_tensor(
     if kind == "cuda":
         tensor = torch.from_dlpack(value)
     else:
-        with warnings.catch_warnings():
-            # The array is read-only (the store's memory): so is the tensor, which torch
-            # cannot mark; writing it faults.
-            warnings.simplefilter("ignore", UserWarning)
-            tensor = torch.from_numpy(value)
-        tensor = tensor.view(getattr(torch, dtype)).reshape(shape)
+        # The array is a private, writable view: so is the tensor.
+        tensor = torch.from_numpy(value).view(getattr(torch, dtype)).reshape(shape)
     return _as_sent(tensor, requires_grad, parameter)
 
 
@@ -290,10 +371,16 @@ def _rebuild_gpu_array(ref_id: bytes, uuid: Optional[bytes], module: str) -> Any
 
 
 def reducer_override(self: Any, obj: Any) -> Any:
-    """ForkingPickler's hook: a store reference for the values above, NotImplemented
-    (pickle as usual) for anything else, and for a value this module fails on (once warned:
-    raising here would drop the item in a Queue's feeder thread, and its receiver would wait
-    for ever)."""
+    """ForkingPickler's hook. Inside what this module's channels send (a :class:`Sending`
+    marks the pickler) or everywhere once enabled: a store reference for the values above;
+    NotImplemented (pickle as usual) for anything else, and for a value this module fails
+    on (once warned: raising here would drop the item in a Queue's feeder thread, and its
+    receiver would wait for ever)."""
+    if type(obj) is Sending:
+        self._depot_sends = True
+        return _unwrap, (obj.value,)
+    if not (_everywhere or getattr(self, "_depot_sends", False)):
+        return NotImplemented
     try:
         return _reduce(obj)
     except Exception as e:

@@ -12,10 +12,10 @@ parent to child in the environment, which every start method hands down:
   ``DEPOT_MP_MEMORY``, default half of RAM, claimed only as objects need it), which stops
   when that process exits, even if it is killed (``depotd --exit-with-pid``).
 
-Before any process starts a child (through any multiprocessing context, concurrent.futures
-included: ``BaseProcess.start`` is wrapped), it joins the group, so that what the child sends
-outlives the child. A process that cannot reach the daemon sends its values pickled, as the
-standard module does, and says why once.
+Before a process starts a child through depot.multiprocessing (its processes' ``start``;
+with ``enable_everywhere()``, every ``BaseProcess.start``), it joins the group, so that what
+the child sends outlives the child. A process that cannot reach the daemon sends its values
+pickled, as the standard module does, and says why once.
 """
 
 from __future__ import annotations
@@ -164,11 +164,13 @@ def _wrap_start(start):
     return wrapped
 
 
-if not getattr(process.BaseProcess.start, "_depot_prepares", False):
-    # Every child's start prepares it (the standard class's method, replaced on purpose).
-    process.BaseProcess.start = _wrap_start(  # type: ignore[method-assign]
-        process.BaseProcess.start
-    )
+def prepare_every_child() -> None:
+    """Every child's start prepares it, whatever its context (enable_everywhere: the
+    standard class's method, replaced on purpose)."""
+    if not getattr(process.BaseProcess.start, "_depot_prepares", False):
+        process.BaseProcess.start = _wrap_start(  # type: ignore[method-assign]
+            process.BaseProcess.start
+        )
 
 
 _inherited: list = []
