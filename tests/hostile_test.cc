@@ -397,6 +397,29 @@ TEST_F(HostileTest, AWriteThroughABufferFaultsAndLeavesTheObjectIntact) {
   EXPECT_EQ(code, kSignalExitBase + SIGSEGV);
 }
 
+TEST_F(HostileTest, WritingAPrivateCopyWhollyLeavesTheObjectAndItsNeighboursIntact) {
+  // A small neighbour shares the victim's pages: the private copy's first and last pages
+  // map bytes of both.
+  const ObjectId neighbour = ObjectId::FromName("hostile/neighbour");
+  const auto near = SeededBytes(100, 23);
+  ASSERT_OK(victim_->Put(neighbour, near));
+  ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(daemon_->socket_path()));
+  for (const ObjectId& id : {victim_id_, neighbour}) {
+    ASSERT_OK_AND_ASSIGN(Buffer buffer, reader.Get(id));
+    ASSERT_OK_AND_ASSIGN(PrivateBuffer copy, buffer.PrivateCopy());
+    // Every byte of the copy, then the whole pages around it, as a careless or hostile
+    // reader might write them.
+    std::fill(copy.data().begin(), copy.data().end(), std::byte{0xee});
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    auto* first =
+        reinterpret_cast<std::byte*>(reinterpret_cast<uintptr_t>(copy.ptr()) / page * page);
+    std::fill(first, first + page, std::byte{0xdd});
+    EXPECT_EQ(copy.data()[0], std::byte{0xdd});
+  }
+  ASSERT_OK_AND_ASSIGN(Buffer again, victim_->Get(neighbour));
+  EXPECT_TRUE(SameBytes(again.data(), near));
+}
+
 TEST_F(HostileTest, TheCreatorsOwnBufferOfASealedObjectIsReadOnlyToo) {
   const ObjectId id = ObjectId::FromName("hostile/own");
   const auto data = SeededBytes(300'000, 7);
