@@ -127,6 +127,10 @@ struct Request {
     # also gives one back after this many milliseconds if nobody has claimed it (a claim
     # takes the reference that would expire first).
     ttlMs @2 :UInt32;
+    # The one id is an object this session is creating: the daemon seals it first, and if
+    # the handoff then fails, deletes it; so a sender that dies never leaves it sealed in
+    # the store under an id nobody knows (protocol 19).
+    seal @3 :Bool;
   }
 
   struct RegisterWorker {

@@ -265,14 +265,41 @@ void DataRequests::Handoff(const Responder& reply, const Requester& who,
     return reply.Error(Status::InvalidArgument(
         "this session belongs to no group (Hello.group): there is nobody to hand objects to"));
   }
-  Result<std::vector<StatusCode>> codes = store_.Handoff(
-      who.client, *who.group, *ids, handoff.getDevice(), handoff.getTtlMs(), who.only_own_objects);
-  if (!codes.ok()) return reply.Error(codes.status());
-  capnp::MallocMessageBuilder message;
-  auto r = message.initRoot<wire::Reply>();
-  auto out = r.initHandoff(static_cast<unsigned>(codes->size()));
-  for (unsigned i = 0; i < codes->size(); ++i) out.set(i, ipc::ToWire((*codes)[i]));
-  reply.Send(message, r);
+  const ClientId client = who.client;
+  const ClientId group = *who.group;
+  const int32_t device = handoff.getDevice();
+  const uint32_t ttl_ms = handoff.getTtlMs();
+  const std::optional<uint32_t> only_own = who.only_own_objects;
+  auto hand_off = [this, reply, client, group, device, ttl_ms, only_own](
+                      std::span<const ObjectId> ids, bool delete_unless_handed) {
+    Result<std::vector<StatusCode>> codes =
+        store_.Handoff(client, group, ids, device, ttl_ms, only_own);
+    if (delete_unless_handed && (!codes.ok() || codes->at(0) != StatusCode::kOk)) {
+      (void)store_.Delete(ids, only_own);
+    }
+    if (!codes.ok()) return reply.Error(codes.status());
+    capnp::MallocMessageBuilder message;
+    auto r = message.initRoot<wire::Reply>();
+    auto out = r.initHandoff(static_cast<unsigned>(codes->size()));
+    for (unsigned i = 0; i < codes->size(); ++i) out.set(i, ipc::ToWire((*codes)[i]));
+    reply.Send(message, r);
+  };
+  if (!handoff.getSeal()) return hand_off(*ids, false);
+  if (ids->size() != 1) {
+    return reply.Error(Status::InvalidArgument("a handoff that seals names one object, not " +
+                                               std::to_string(ids->size())));
+  }
+  // Sealed and handed off in one request: a sender that dies between the two would leave
+  // the sealed object in the store with no reference and an id nobody knows.
+  store_.Seal(client, ids->front(),
+              [this, reply, client, only_own, id = ids->front(), hand_off](Status st) {
+                if (!st.ok()) return reply.Error(st);
+                if (!store_.HasClient(client)) {  // gone while a checksum was taken
+                  (void)store_.Delete(std::span(&id, 1), only_own);
+                  return;
+                }
+                hand_off(std::span(&id, 1), true);
+              });
 }
 
 void DataRequests::Prefetch(const Responder& reply, const Requester& who,

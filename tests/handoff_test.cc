@@ -348,6 +348,28 @@ TEST_F(HandoffTest, AHostileMemberHarmsNothing) {
   reply = raw.Receive();
   ASSERT_TRUE(reply.has_value());
   EXPECT_EQ(reply->get().getError(), wire::ErrorCode::INVALID_ARGUMENT);
+  // Handoffs that seal: of two objects (one only), of the member's sealed object, and of
+  // an object another member is creating: refused, and nothing changes hands.
+  const ObjectId creating = ObjectId::Random();
+  auto created = sender->Create(creating, 1000);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  for (const auto& [ids, error] : std::vector<std::pair<std::vector<ObjectId>, wire::ErrorCode>>{
+           {{creating, id}, wire::ErrorCode::INVALID_ARGUMENT},
+           {{id}, wire::ErrorCode::ALREADY_SEALED},
+           {{creating}, wire::ErrorCode::NOT_HELD}}) {
+    ASSERT_TRUE(raw.Send(rid++,
+                         [&](wire::Request::Builder r) {
+                           auto h = r.initHandoff();
+                           h.setSeal(true);
+                           auto list = h.initIds(static_cast<unsigned>(ids.size()));
+                           for (unsigned i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
+                         })
+                    .ok());
+    reply = raw.Receive();
+    ASSERT_TRUE(reply.has_value());
+    EXPECT_EQ(reply->get().getError(), error) << reply->get().getMessage().cStr();
+  }
+  *created = MutableBuffer();  // dropped unsealed: aborted
   EXPECT_FALSE(raw.closed());
   // It claims the member's object (a member may), twice: the second finds
   // nothing.

@@ -733,6 +733,7 @@ class RequestFuzzer {
     FillIds(o, handoff.initIds(Count(o)));
     handoff.setDevice(Device(o));
     handoff.setTtlMs(Said(o, "ttlMs", Wild() ? x_.U32() : uint32_t(x_.Pick(2) * x_.Pick(100))));
+    handoff.setSeal(Said(o, "seal", x_.OneIn(4)));
     Send(o);
   }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Arrays and tensors through a multiprocessing Queue (issue 17): depot.multiprocessing
-against the standard multiprocessing and torch.multiprocessing, in the same run.
+"""Arrays and tensors through a multiprocessing Queue (issues 17 and 38): depot.multiprocessing
+against the standard multiprocessing, torch.multiprocessing and Paddle's, in the same run.
 
   python bench/python/bench_multiprocessing.py [--mb 1,100,1000] [--repeat 5] [--method fork]
+      [--write] [--dataloader-mb 64]
 
 Each implementation runs in a process of its own (importing depot.multiprocessing or
 torch.multiprocessing changes how every multiprocessing pickler sends arrays, so they must
@@ -18,6 +19,16 @@ child reads one element of what it got, then drops it.
   maps it.
 - torch: `torch.multiprocessing` (tensors only: it sends numpy arrays as std does), which
   moves a tensor's storage into shared memory and sends a file descriptor.
+- paddle: `paddle.incubate.multiprocessing` (Paddle tensors only), Paddle's own: its
+  storage moved into shared memory, sent by name or descriptor.
+
+With --write the child writes every element of what it got in place (`+= 1`, `add_`)
+before it answers: the time to the receiver's first in-place write included. depot's
+received values are private copy-on-write views, so this counts the pages they copy;
+torch's and Paddle's are their shared memory, written in place.
+
+With --dataloader-mb N, an epoch of a torch DataLoader (num_workers 2, 8 batches of N MB)
+with and without depot's context.
 
 Baseline in the same run: np.copyto of one value into a preallocated array (memcpy).
 
@@ -45,45 +56,61 @@ MB = 1_000_000
 # In the measuring process.
 
 
-def _echo(q, answers):
+def _echo(q, answers, write):
+    if write:
+        import numpy  # noqa: F401 - imported before the clock runs, as torch and paddle are
     while True:
         value = q.get()
         if value is None:
             return
-        first = float(value.reshape(-1)[0])
+        if write:
+            if hasattr(value, "add_"):
+                value.add_(1.0)  # torch and paddle, in place
+            else:
+                value += 1.0
+        first = float(value.reshape([-1])[0])
         del value
         answers.put(first)
 
 
-def _measure(impl: str, kind: str, mb: float, repeat: int, method: str) -> dict:
+def _measure(impl: str, kind: str, mb: float, repeat: int, method: str, write: bool) -> dict:
     import numpy as np
 
     if impl == "depot":
         import depot.multiprocessing as mp
     elif impl == "torch":
         import torch.multiprocessing as mp
+    elif impl == "paddle":
+        import paddle.incubate.multiprocessing as mp
     else:
         import multiprocessing as mp
     if kind == "tensor":
         import torch
 
         torch.set_num_threads(1)
-        if impl == "std":
-            # Importing torch registered torch.multiprocessing's reducers with the standard
-            # module's pickler: without them it pickles tensors by value, as it would
-            # anything else.
-            from multiprocessing.reduction import ForkingPickler
+    if kind == "paddle":
+        import paddle
 
-            ForkingPickler._extra_reducers.clear()
+        paddle.set_device("cpu")
+    if kind != "ndarray" and impl == "std":
+        # Importing torch or paddle registered its reducers with the standard module's
+        # pickler: without them it pickles tensors by value, as it would anything else.
+        from multiprocessing.reduction import ForkingPickler
+
+        ForkingPickler._extra_reducers.clear()
     n = int(mb * MB) // 8
     ctx = mp.get_context(method)
     q, answers = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=_echo, args=(q, answers), daemon=True)
+    child = ctx.Process(target=_echo, args=(q, answers, write), daemon=True)
     child.start()
 
     def fresh(i):
         array = np.full(n, float(i))
-        return torch.from_numpy(array) if kind == "tensor" else array
+        if kind == "tensor":
+            return torch.from_numpy(array)
+        if kind == "paddle":
+            return paddle.to_tensor(array)
+        return array
 
     times = []
     for i in range(repeat + 1):
@@ -92,7 +119,7 @@ def _measure(impl: str, kind: str, mb: float, repeat: int, method: str) -> dict:
         q.put(value)
         got = answers.get(timeout=600)
         elapsed = time.perf_counter() - start
-        assert got == float(i + 1), (got, i + 1)
+        assert got == float(i + 1) + (1.0 if write else 0.0), (got, i + 1)
         del value
         if i > 0:
             times.append(elapsed)
@@ -107,6 +134,46 @@ def _measure(impl: str, kind: str, mb: float, repeat: int, method: str) -> dict:
         np.copyto(dst, src)
         copies.append(time.perf_counter() - start)
     return {"median_s": statistics.median(times), "memcpy_s": min(copies)}
+
+
+class _Batches:
+    """A dataset of ``n`` batches of ``mb`` MB each (float64 tensors)."""
+
+    def __init__(self, n: int, mb: float) -> None:
+        self.n, self.mb = n, mb
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import torch
+
+        return torch.full((int(self.mb * MB) // 8,), float(i), dtype=torch.float64)
+
+
+def _dataloader(impl: str, mb: float, repeat: int, method: str) -> dict:
+    """Epochs of a DataLoader (num_workers 2, batch_size None: each item a batch), with
+    torch.multiprocessing's context or depot's; the loop adds 1 to each batch in place."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    if impl == "depot":
+        import depot.multiprocessing as mp
+    else:
+        import torch.multiprocessing as mp
+    loader = DataLoader(_Batches(8, mb), batch_size=None, num_workers=2,
+                        multiprocessing_context=mp.get_context(method), persistent_workers=True)
+    times = []
+    for epoch in range(repeat + 1):
+        start = time.perf_counter()
+        for i, batch in enumerate(loader):
+            batch.add_(1.0)
+            assert float(batch[0]) == i + 1.0
+            del batch
+        if epoch > 0:
+            times.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(times)}
 
 
 def _leak(impl: str, kind: str, method: str) -> None:
@@ -193,29 +260,47 @@ def main() -> None:
     parser.add_argument("--mb", default="1,100,1000", help="value sizes, MB (10^6 bytes)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--method", default="fork", choices=["fork", "spawn", "forkserver"])
+    parser.add_argument("--write", action="store_true",
+                        help="the receiver writes every element in place before answering")
+    parser.add_argument("--kinds", default="ndarray,tensor,paddle",
+                        help="what is sent (those whose library is missing are left out)")
+    parser.add_argument("--dataloader-mb", type=float, default=0,
+                        help="also time DataLoader epochs with batches of this many MB")
     args = parser.parse_args()
-    try:
-        import torch  # noqa: F401
+    import importlib.util
 
-        have_torch = True
-    except ImportError:
-        have_torch = False
+    have = {"ndarray": True, "tensor": importlib.util.find_spec("torch") is not None,
+            "paddle": importlib.util.find_spec("paddle") is not None}
+    have_torch = have["tensor"]
+    kinds = [k for k in args.kinds.split(",") if have.get(k)]
+    own = {"ndarray": [], "tensor": ["torch"], "paddle": ["paddle"]}
     print(f"# {args.method}, median of {args.repeat} sends of a fresh value (10x more below 10 MB, "
-          "half at 1000 MB); speed-up over std, and time as a multiple of one memcpy of the value")
+          "half at 1000 MB)" + (", the receiver writing it in place" if args.write else "")
+          + "; speed-up over std, and time as a multiple of one memcpy of the value")
     print(f"{'value':>14} {'impl':>6} {'ms':>9} {'speed-up':>8} {'x memcpy':>9}")
     for mb in (float(x) for x in args.mb.split(",")):
         repeat = args.repeat * 10 if mb < 10 else args.repeat if mb < 1000 else max(2, args.repeat // 2)
-        for kind in ("ndarray", "tensor") if have_torch else ("ndarray",):
-            impls = ["std", "depot"] + (["torch"] if kind == "tensor" else [])
+        for kind in kinds:
+            impls = ["std", "depot"] + own[kind]
             results = {}
             for impl in impls:
-                out = _run("--measure", impl, kind, repr(mb), str(repeat), args.method)
+                out = _run("--measure", impl, kind, repr(mb), str(repeat), args.method,
+                           "1" if args.write else "0")
                 results[impl] = json.loads(out.strip().splitlines()[-1])
             base = results["std"]["median_s"]
             for impl in impls:
                 r = results[impl]
                 print(f"{f'{mb:g} MB {kind}':>14} {impl:>6} {r['median_s'] * 1e3:9.2f} "
                       f"{base / r['median_s']:8.2f} {r['median_s'] / r['memcpy_s']:9.2f}")
+    if args.dataloader_mb and have_torch:
+        print(f"\n# DataLoader epochs: 8 batches of {args.dataloader_mb:g} MB, num_workers 2, "
+              f"each batch written in place; median of {args.repeat}")
+        epochs = {impl: json.loads(_run("--dataloader", impl, repr(args.dataloader_mb),
+                                        str(args.repeat), args.method).strip().splitlines()[-1])
+                  for impl in ("torch", "depot")}
+        for impl, r in epochs.items():
+            print(f"{impl}: {r['median_s'] * 1e3:.1f} ms "
+                  f"({epochs['torch']['median_s'] / r['median_s']:.2f}x torch)")
     if have_torch:
         print("\n# a sender that exits as soon as it has sent a tensor")
         for impl in ("torch", "depot"):
@@ -243,8 +328,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--measure":
-        impl, kind, mb, repeat, method = sys.argv[2:7]
-        print(json.dumps(_measure(impl, kind, float(mb), int(repeat), method)))
+        impl, kind, mb, repeat, method, write = sys.argv[2:8]
+        print(json.dumps(_measure(impl, kind, float(mb), int(repeat), method, write == "1")))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--dataloader":
+        impl, mb, repeat, method = sys.argv[2:6]
+        print(json.dumps(_dataloader(impl, float(mb), int(repeat), method)))
     elif len(sys.argv) > 1 and sys.argv[1] == "--sender-gone":
         print(_sender_gone(*sys.argv[2:4]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--leak":

@@ -640,11 +640,12 @@ std::vector<Status> Client::PutManyParts(std::span<const PutPartsItem> items) {
 }
 
 Result<Buffer> Client::PutAndHandoff(const ObjectId& id, uint64_t data_size,
-                                     std::span<const PutPart> parts, const CreateOptions& options) {
+                                     std::span<const PutPart> parts, const CreateOptions& options,
+                                     std::chrono::milliseconds ttl) {
   DEPOT_RETURN_NOT_OK(CheckParts(parts, data_size));
   DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(id, data_size, options));
   FillParts(buffer.ptr(), parts, data_size, conn_->copy_threads());
-  DEPOT_RETURN_NOT_OK(SealAndHandoff(id));
+  DEPOT_RETURN_NOT_OK(SealAndHandoff(id, kHostMemory, ttl));
   return Buffer(std::move(buffer.holding_));
 }
 
@@ -772,6 +773,11 @@ Status Client::Delete(std::span<const ObjectId> ids, bool after_tasks) {
 }
 
 Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::milliseconds ttl) {
+  return Handoff(ids, device, ttl, /*seal=*/false);
+}
+
+Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::milliseconds ttl,
+                       bool seal) {
   if (ttl.count() < 0 || ttl.count() > UINT32_MAX) {
     return Status::InvalidArgument("a handoff's ttl is between 0 and " +
                                    std::to_string(UINT32_MAX) + " ms, not " +
@@ -787,6 +793,7 @@ Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::m
   auto handoff = request.root().initHandoff();
   handoff.setDevice(tier);
   handoff.setTtlMs(static_cast<uint32_t>(ttl.count()));
+  handoff.setSeal(seal);
   auto list = handoff.initIds(static_cast<unsigned>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);
   Reply reply;
@@ -794,6 +801,7 @@ Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::m
   return Decode([&]() -> Status {
     auto r = reply.get();
     if (!r.isHandoff() || r.getHandoff().size() != ids.size()) return UnexpectedReply("handoff");
+    if (seal) Sealed(ids[0]);  // handed off, or deleted by the daemon when it could not be
     auto codes = r.getHandoff();
     Status first_error;
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -831,11 +839,9 @@ Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::m
   });
 }
 
-Status Client::SealAndHandoff(const ObjectId& id, int device) {
-  DEPOT_RETURN_NOT_OK(Seal(id));
-  Status st = Handoff(std::span(&id, 1), device);
-  if (!st.ok()) (void)Delete(id);
-  return st;
+Status Client::SealAndHandoff(const ObjectId& id, int device, std::chrono::milliseconds ttl) {
+  // One request: the daemon seals, hands off, and deletes the object if the handoff fails.
+  return Handoff(std::span(&id, 1), device, ttl, /*seal=*/true);
 }
 
 Result<std::vector<Buffer>> Client::Claim(std::span<const ObjectId> ids) {

@@ -125,10 +125,13 @@ def send_tensors(q):
 
 
 class Squares:
-    """A dataset of 1 MiB tensors."""
+    """A dataset of ``n`` 1 MiB tensors."""
+
+    def __init__(self, n=8):
+        self.n = n
 
     def __len__(self):
-        return 8
+        return self.n
 
     def __getitem__(self, i):
         import torch
@@ -165,6 +168,34 @@ def add_one_to_received(q, out):
     t = q.get()
     t.add_(1)
     out.put(float(t.sum()))
+
+
+def paddle_tensors():
+    """Paddle tensors of several dtypes and kinds, the same on every call."""
+    import paddle
+
+    paddle.seed(0)
+    grad = paddle.rand([300, 300])
+    grad.stop_gradient = False
+    param = paddle.create_parameter([256, 256], "float32")
+    param.set_value(paddle.rand([256, 256]))
+    return {
+        "f32": paddle.rand([512, 512]),
+        "bf16": paddle.rand([1024, 300]).astype("bfloat16"),
+        "i64": paddle.arange(200_000),
+        "bool": paddle.rand([300_000]) > 0.5,
+        "c64": paddle.complex(paddle.rand([100_000]), paddle.rand([100_000])),
+        "grad": grad,
+        "param": param,
+        "small": paddle.arange(5),
+        "strided": paddle.rand([512, 512]).t(),
+        "empty": paddle.zeros([0, 3]),
+    }
+
+
+def send_paddle(q):
+    """Sends the tensors, then exits before they are received."""
+    q.put(paddle_tensors())
 
 
 def send_gpu(q):
@@ -321,6 +352,42 @@ def scenario_torch(method):
     return out
 
 
+def scenario_paddle(method):
+    import paddle
+
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=send_paddle, args=(q,))
+    p.start()
+    p.join(120)  # the producer has exited before anything is received
+    got = q.get(timeout=120)
+    out = {"producer_exitcode": p.exitcode}
+    for k, e in paddle_tensors().items():
+        g = got[k]
+        exact = g.dtype == e.dtype and list(g.shape) == list(e.shape)
+        if exact and e.size:
+            exact = bool(paddle.equal_all(g.astype("float32"), e.astype("float32")))
+        out[k] = {"exact": exact, "type": type(g).__name__, "place": str(g.place),
+                  "stop_gradient": g.stop_gradient,
+                  "in_store": bool(g.size) and in_store(g.data_ptr(), g.size * g.element_size())}
+    # In place: the receiver's own; a second receiver of the same value sees it as sent.
+    f = got["f32"]
+    before = float(f.sum())
+    f.add_(paddle.ones_like(f))
+    out["written"] = abs(float(f.sum()) - before - f.size) < 1.0
+    out["param_name"] = got["param"].name
+    out["param_trainable"] = got["param"].trainable
+    value = paddle_tensors()["f32"]
+    q.put(value)
+    mine = q.get(timeout=60)
+    mine.scale_(0.0)
+    q.put(value)
+    again = q.get(timeout=60)
+    out["second_exact"] = bool(paddle.equal_all(again, paddle_tensors()["f32"]))
+    out["sender_exact"] = bool(paddle.equal_all(value, paddle_tensors()["f32"]))
+    return out
+
+
 def scenario_dataloader(method):
     from torch.utils.data import DataLoader
 
@@ -333,6 +400,89 @@ def scenario_dataloader(method):
             "in_store": in_store(batch.data_ptr(), batch.element_size() * batch.numel()),
         })
     return {"batches": batches}
+
+
+def _until(predicate, timeout):
+    """Seconds until ``predicate()`` holds (None: not within ``timeout``)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        gc.collect()
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    return None
+
+
+def _until_empty(timeout):
+    """Seconds until the store holds no object (None: not within ``timeout``)."""
+    return _until(lambda: mp.store().status().objects_sealed == 0, timeout)
+
+
+def scenario_dataloader_left(method):
+    """DataLoaders left early, while the program goes on: by a break, by a worker killed,
+    and by being collected. What their workers prefetched goes within the ttl."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    ttl = 2.0
+    mp.set_handoff_ttl(ttl)
+    out = {"ttl": mp.get_handoff_ttl()}
+    loader = DataLoader(Squares(64), batch_size=2, num_workers=2, prefetch_factor=4,
+                        multiprocessing_context=mp.get_context(method))
+    for i, batch in enumerate(loader):
+        if i == 1:
+            # The workers prefetch: batches wait in the store (besides the one held here).
+            out["prefetched"] = _until(lambda: mp.store().status().objects_sealed >= 3, 60)
+            break
+    del batch
+    out["break_left"] = mp.store().status().objects_sealed  # prefetched, never received
+    out["break_empty_after"] = _until_empty(20 * ttl)
+
+    it = iter(loader)
+    first = next(it)
+    out["first_exact"] = bool(torch.equal(first[:, 0], torch.tensor([0.0, 1.0])))
+    del first
+    os.kill(it._workers[0].pid, signal.SIGKILL)
+    try:
+        for _ in range(64):
+            next(it)
+        out["killed_error"] = None
+    except RuntimeError as e:
+        out["killed_error"] = str(e)
+    del it
+    out["killed_empty_after"] = _until_empty(20 * ttl)
+    if out["killed_empty_after"] is None:  # what is left, for the test's message
+        out["killed_left"] = [str(o) for o in mp.store().list()]
+        out["killed_clients"] = [str(c) for c in mp.store().clients()]
+
+    it = iter(loader)
+    next(it)
+    del it, loader
+    out["collected_empty_after"] = _until_empty(20 * ttl)
+    return out
+
+
+def scenario_late_receiver(method):
+    """A value received after its ttl: a clear error, and nothing left."""
+    mp.set_handoff_ttl(0.2)
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    q.put(np.ones(MiB))
+    # The feeder thread stores it; it goes once it has waited its ttl.
+    stored = _until(lambda: mp.store().status().objects_sealed == 1, 60)
+    empty_after = _until_empty(20)
+    try:
+        q.get(timeout=60)
+        error = None
+    except depot.DepotError as e:
+        error = f"{type(e).__name__}: {e}"
+    bad = []
+    for wrong in (0, -1, "10", True):
+        try:
+            mp.set_handoff_ttl(wrong)
+        except ValueError as e:
+            bad.append(str(e))
+    return {"stored": stored, "empty_after": empty_after, "error": error, "bad": bad}
 
 
 def scenario_gpu(method):

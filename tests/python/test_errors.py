@@ -177,6 +177,32 @@ def test_ctrl_c_interrupts_a_get_that_waits_for_ever(daemon):
         child.stdout.close()
 
 
+def test_a_daemon_thread_in_a_call_when_the_interpreter_exits_lets_it_exit(daemon):
+    """CPython ends a daemon thread that asks for the GIL back during finalization; in a
+    depot call that aborted the process (std::terminate) instead of letting it exit."""
+    import subprocess
+    import sys
+
+    program = (
+        "import depot, threading, time\n"
+        f"client = depot.Client({daemon.socket!r})\n"
+        "threading.Thread(target=client.get, args=('never',), daemon=True).start()\n"
+        "class Slow:\n"
+        # Run while the interpreter finalizes its modules: time.sleep gives the GIL to the
+        # waiting thread, whose 200 ms slice of waiting ends meanwhile.
+        "    def __del__(self):\n"
+        "        time.sleep(0.6)\n"
+        "slow = Slow()\n"
+        "time.sleep(0.1)\n"
+        "print('exiting', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "exiting"
+    assert "terminate called" not in done.stderr and "leaked" not in done.stderr
+
+
 def test_put_many_with_a_name_per_value_missing_stores_nothing(client):
     with pytest.raises(depot.InvalidArgument, match="2 values but 1 names"):
         client.put_many([b"a", b"b"], names=["put-many/only-one"])

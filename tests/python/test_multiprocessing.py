@@ -18,6 +18,7 @@ from conftest import wait_for
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = ["fork", "spawn", "forkserver"]
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
+HAVE_PADDLE = importlib.util.find_spec("paddle") is not None
 
 
 def run(scenario, method, socket=None, timeout=240, **env):
@@ -228,6 +229,28 @@ def test_conjugate_views_arrive_and_torch_shared_tensors_stay_shared(mp_daemon):
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch (pip install torch)")
+def test_a_dataloader_left_early_killed_or_collected_leaves_nothing_within_its_ttl(mp_daemon):
+    out, err = run("dataloader_left", "spawn", mp_daemon.socket)
+    # Workers told to stop in the middle of a send exit, never abort (ReleaseGil).
+    assert "terminate called" not in err and "Aborted" not in err, err
+    assert out["ttl"] == 2.0 and out["first_exact"] and out["prefetched"] is not None
+    assert out["break_left"] > 0  # prefetched batches waited in the store...
+    for case in ("break", "killed", "collected"):  # ...and went within the ttl (2 s), plus slack
+        assert out[case + "_empty_after"] is not None, case
+    assert "exited unexpectedly" in out["killed_error"] or "killed" in out["killed_error"]
+    assert store_empties(mp_daemon)
+
+
+def test_a_value_received_after_its_ttl_is_a_clear_error_and_bad_ttls_are_refused(mp_daemon):
+    out, _ = run("late_receiver", "fork", mp_daemon.socket)
+    assert out["stored"] is not None and out["empty_after"] is not None
+    assert out["error"].startswith("NotHeld: depot.multiprocessing received a value the store")
+    assert "set_handoff_ttl" in out["error"]
+    assert len(out["bad"]) == 4 and all("seconds above 0 or None" in b for b in out["bad"])
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch (pip install torch)")
 def test_a_dataloader_with_two_workers_delivers_batches_in_the_store(mp_daemon):
     out, _ = run("dataloader", "spawn", mp_daemon.socket)
     batches = out["batches"]
@@ -259,4 +282,23 @@ def test_torchs_sharing_strategy_functions_are_there_and_do_what_they_say(mp_dae
     assert out["depot_in_store"] is True
     assert out["now"] == out["torch_now"] == "file_system"
     assert out["file_system_in_store"] is False and out["file_system_exact"]
+    assert store_empties(mp_daemon)
+
+
+@pytest.mark.skipif(not HAVE_PADDLE, reason="needs Paddle (pip install paddlepaddle)")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_paddle_tensors_arrive_exact_writable_and_in_the_store_after_their_sender_exits(
+    mp_daemon, method
+):
+    out, _ = run("paddle", method, mp_daemon.socket)
+    assert out.pop("producer_exitcode") == 0
+    assert out.pop("written") and out.pop("second_exact") and out.pop("sender_exact")
+    assert out.pop("param_name") == "create_parameter_0.w_0" and out.pop("param_trainable")
+    for name, seen in out.items():
+        assert seen["exact"] and seen["place"] == "Place(cpu)", name
+    for name in ("f32", "bf16", "i64", "bool", "c64", "grad", "param", "strided"):
+        assert out[name]["in_store"], name
+    assert not out["small"]["in_store"] and not out["empty"]["in_store"]
+    assert out["param"]["type"] == "EagerParamBase" and not out["param"]["stop_gradient"]
+    assert not out["grad"]["stop_gradient"] and out["f32"]["stop_gradient"]
     assert store_empties(mp_daemon)

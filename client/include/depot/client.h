@@ -478,10 +478,12 @@ class Client {
   // seals it and hands it to this client's group in host memory as SealAndHandoff does,
   // deleting it if the handoff fails. Never inline: the creator's reference holds the
   // object until the group has it. Returns that reference, read-only now: while it lives,
-  // this client may hand the object off again (Handoff) after every claim. Fails as
-  // PutParts and Handoff do (InvalidArgument if this client joined no group).
+  // this client may hand the object off again (Handoff) after every claim. `ttl` as for
+  // Handoff. Fails as PutParts and Handoff do (InvalidArgument if this client joined no
+  // group).
   Result<Buffer> PutAndHandoff(const ObjectId& id, uint64_t data_size,
-                               std::span<const PutPart> parts, const CreateOptions& options = {});
+                               std::span<const PutPart> parts, const CreateOptions& options = {},
+                               std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
 
   // Returns read-only handles to the objects, in the order of `ids`, waiting up to `timeout`
   // (0: not at all; kForever) for those not sealed yet. An entry is an empty Buffer if its
@@ -560,12 +562,15 @@ class Client {
   Status Handoff(std::span<const ObjectId> ids, int device = kHostMemory,
                  std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
   // Seals an object this client is creating (Seal) and hands it to the group (Handoff) on
-  // `device`: kHostMemory, or the GPU it was created on. If the handoff fails, deletes the
+  // `device`: kHostMemory, or the GPU it was created on; `ttl` as for Handoff. One request:
+  // the daemon seals and hands off, so a sender that dies meanwhile leaves nothing. If the
+  // handoff fails, the daemon deletes the
   // object and returns the handoff's error: handed off or not, Get no longer finds it, and
   // an object under a random id that nobody else knows does not stay in the store,
   // unreachable. The creator's handle keeps its reference either way, until it is dropped.
   // Fails as Seal does (the object is then not deleted) and as Handoff does.
-  Status SealAndHandoff(const ObjectId& id, int device = kHostMemory);
+  Status SealAndHandoff(const ObjectId& id, int device = kHostMemory,
+                        std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
   // Takes over one of the group's references to each object that was handed off: read-only
   // handles, in the order of `ids`, as Get returns them. Never waits. Fails with NotHeld,
   // naming the object, when the group holds none (claimed already, never handed off, or the
@@ -644,6 +649,10 @@ class Client {
   friend class Worker;  // runs tasks over a Client's connection
   explicit Client(std::shared_ptr<internal::Connection> conn);
   Status Delete(std::span<const ObjectId> ids, bool after_tasks);
+  // Handoff; with `seal`, of the one object in `ids` this client is creating, which the
+  // daemon seals first (and deletes if the handoff fails): SealAndHandoff in one request.
+  Status Handoff(std::span<const ObjectId> ids, int device, std::chrono::milliseconds ttl,
+                 bool seal);
   // `id`, which this client created, is sealed (by its seal, or by the daemon with a task's
   // completion): what this client holds of it is now read as sealed.
   void Sealed(const ObjectId& id);

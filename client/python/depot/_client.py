@@ -39,6 +39,18 @@ def _device_ordinal(device: Any) -> int:
     return device
 
 
+def _ttl_ms(ttl: Optional[float]) -> int:
+    """A handoff's ttl in seconds (None: none) as the whole milliseconds the daemon takes
+    (0: none)."""
+    if ttl is None:
+        return 0
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0.001 <= ttl <= _MAX_TTL_S:
+        raise InvalidArgument(
+            f"a handoff's ttl is between 0.001 and {_MAX_TTL_S} seconds, not {ttl!r}"
+        )
+    return int(ttl * 1000)
+
+
 def _check_writable(writable: Any, device: Optional[int]) -> None:
     if not isinstance(writable, bool):
         raise InvalidArgument(f"writable is True or False, not {writable!r}")
@@ -219,13 +231,16 @@ class Client:
     def _put_encoded(
         self, ref: ObjectRef, value: Any, encoded: Any, pin: bool, device: Optional[int] = None,
         default_device: Optional[int] = None, spill: bool = True, handoff: bool = False,
+        ttl_ms: int = 0,
     ) -> Tuple[Optional[int], Any]:
         """Stores an encoded value; returns the GPU it went to (None: host memory) and, for a
-        handoff to host memory, the creator's reference (kept until dropped), else None."""
+        handoff to host memory, the creator's reference (kept until dropped), else None.
+        ``ttl_ms``: a handoff's, as :meth:`handoff` takes it (0: none)."""
         name = ref.name or ""
         if isinstance(encoded, (_device.DLPackSource, _device.InterfaceSource)):
             gpu = _device.put_device(
-                self._native, ref, encoded, device, pin, default_device, handoff=handoff
+                self._native, ref, encoded, device, pin, default_device, handoff=handoff,
+                ttl_ms=ttl_ms,
             )
             return gpu, None
         if device is not None:
@@ -238,38 +253,43 @@ class Client:
             writable = self._native.create(ref.id, array.nbytes, encoded.metadata, name, pin, spill)
             _copy_strided(writable, array)
             if handoff:  # while `writable` holds the creator's reference
-                self._native.seal_and_handoff(ref.id)
+                self._native.seal_and_handoff(ref.id, -1, ttl_ms)
                 return None, writable
             self._native.seal(ref.id)
             return None, None
         held = self._native.put(
             ref.id, encoded.parts, encoded.offsets, encoded.size, encoded.metadata, name, pin,
-            spill, handoff,
+            spill, handoff, ttl_ms,
         )
         return None, held
 
     # Handing values to another process of the group.
 
-    def handoff(self, value: Any, *, device: Optional[int] = None) -> Tuple[ObjectRef, Optional[int]]:
+    def handoff(
+        self, value: Any, *, device: Optional[int] = None, ttl: Optional[float] = None
+    ) -> Tuple[ObjectRef, Optional[int]]:
         """Stores ``value`` as :meth:`put` does and hands it to this client's group, for
         another of its processes to take with :meth:`claim`, even after this one has exited.
 
         The group holds the object until it is claimed, or until every client of the group
-        has closed; once claimed, it goes when the claimer lets go of it. It is deleted at
+        has closed, or (with ``ttl``, seconds, as for :meth:`handoff_again`) until ``ttl``
+        has passed unclaimed; once claimed, it goes when the claimer lets go of it. It is deleted at
         once: :meth:`get` no longer finds it, only a claim does. Returns the object's ref and
         the GPU it is on (a GPU array stays on its GPU; None: host memory), which the
         receiver passes to :meth:`claim`. Raises InvalidArgument if this client joined no
         group, and fails as put does.
         """
-        ref, gpu, _ = self._handoff(value, device)
+        ref, gpu, _ = self._handoff(value, device, ttl=ttl)
         return ref, gpu
 
     def _handoff(
-        self, value: Any, device: Optional[int] = None, encoded: Any = None
+        self, value: Any, device: Optional[int] = None, encoded: Any = None,
+        ttl: Optional[float] = None,
     ) -> Tuple[ObjectRef, Optional[int], Any]:
         """handoff, also returning what keeps the object for this client (None for a GPU
         array): while it lives, handoff_again works even after every claim. ``encoded``:
         ``value`` as _codec.encode made it already."""
+        ttl_ms = _ttl_ms(ttl)
         if not self._group:
             raise InvalidArgument(
                 "this client joined no group (depot.Client(..., group=key)): there is nobody "
@@ -278,7 +298,9 @@ class Client:
         ref = ObjectRef(_depot.random_id())
         if encoded is None:
             encoded = _codec.encode(value)
-        gpu, held = self._put_encoded(ref, value, encoded, False, device, handoff=True)
+        gpu, held = self._put_encoded(
+            ref, value, encoded, False, device, handoff=True, ttl_ms=ttl_ms
+        )
         return ref, gpu, held
 
     def handoff_again(
@@ -292,15 +314,8 @@ class Client:
         With ``ttl`` (seconds, up to 49 days), the group gives this claim back if nobody has
         made it by then, though the group lives on: for a receiver that may never come. A
         claim takes the group's reference that would expire first."""
-        ttl_ms = 0
-        if ttl is not None:
-            if not 0.001 <= ttl <= _MAX_TTL_S:
-                raise InvalidArgument(
-                    f"a handoff's ttl is between 0.001 and {_MAX_TTL_S} seconds, not {ttl!r}"
-                )
-            ttl_ms = int(ttl * 1000)
         self._native.handoff(
-            [_ref(ref).id], -1 if device is None else _device_ordinal(device), ttl_ms
+            [_ref(ref).id], -1 if device is None else _device_ordinal(device), _ttl_ms(ttl)
         )
 
     def claim(

@@ -213,13 +213,14 @@ def _capsule(value: Any) -> Any:
 
 def put_device(
     native: Any, ref: ObjectRef, source: Any, device: Optional[int], pin: bool,
-    default_device: Optional[int] = None, handoff: bool = False,
+    default_device: Optional[int] = None, handoff: bool = False, ttl_ms: int = 0,
 ) -> int:
     """Stores a GPU array (classify's result) as a new object on its GPU, and returns that
     GPU's ordinal. ``device`` is what the caller says it is on (an error if the array says
     otherwise); ``default_device`` where a ``__cuda_array_interface__`` array whose pointer
     the driver does not know (a simulated GPU's) is taken to be, when ``device`` is None
-    (else 0). ``handoff``: hands the object to the client's group (Client.handoff)."""
+    (else 0). ``handoff``: hands the object to the client's group (Client.handoff), for
+    ``ttl_ms`` (0: until claimed or the group ends)."""
     name = ref.name or ""
     if isinstance(source, DLPackSource):
         value = source.value
@@ -250,7 +251,7 @@ def put_device(
             target = source.device if device is None else int(device)
             native.put_device(
                 ref.id, tensor.data, nbytes, target, None, devarray_metadata(typestr, shape),
-                name, pin, handoff,
+                name, pin, handoff, ttl_ms,
             )
         finally:
             tensor.close()  # the producer's deleter: the copy is complete
@@ -284,7 +285,7 @@ def put_device(
     native.put_device(
         ref.id, pointer, _product(shape) * itemsize, target,
         None if stream is None else int(stream), devarray_metadata(typestr, shape), name, pin,
-        handoff,
+        handoff, ttl_ms,
     )
     return target
 

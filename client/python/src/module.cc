@@ -16,6 +16,7 @@
 #include "depot/ipc/protocol.h"
 #include "device.h"
 #include "errors.h"
+#include "gil.h"
 #include "ids.h"
 #include "info.h"
 #include "tasks.h"
@@ -45,7 +46,7 @@ CreateOptions MakeCreateOptions(const nb::bytes& metadata, const std::string& na
 template <typename F>
 auto Blocking(depot::Client& client, F&& f) {
   auto r = [&] {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     return f(client);
   }();
   return ValueOrRaise(std::move(r));
@@ -66,7 +67,7 @@ class Client {
     options.client_name = client_name;
     options.group.assign(group.c_str(), group.size());
     Result<depot::Client> client = [&] {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       return depot::Client::Connect(socket_path, options);
     }();
     client_.emplace(ValueOrRaise(std::move(client)));
@@ -77,7 +78,7 @@ class Client {
     // Handles (StoreBuffer, WritableBuffer) keep the connection itself open until they go.
     std::optional<depot::Client> client = std::move(client_);
     client_.reset();
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     client.reset();
   }
 
@@ -89,23 +90,23 @@ class Client {
   // (depot::Client::PutParts). With `handoff`, hands it to the group
   // (depot::Client::PutAndHandoff) and returns the creator's reference as a Held, which
   // keeps the object (so that this client may hand it off again) until it is dropped;
-  // else returns None.
+  // else returns None. `ttl_ms` as for Handoff.
   nb::object Put(nb::bytes id_bytes, nb::list parts, const std::vector<uint64_t>& offsets,
                  uint64_t size, nb::bytes metadata, const std::string& name, bool pin, bool spill,
-                 bool handoff) {
+                 bool handoff, uint32_t ttl_ms) {
     const ObjectId id = ToId(id_bytes);
     const Parts viewed = ViewParts(parts, offsets);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin, spill);
     if (handoff) {
       Buffer held = Blocking(client(), [&](depot::Client& c) {
-        return c.PutAndHandoff(id, size, viewed.parts, options);
+        return c.PutAndHandoff(id, size, viewed.parts, options, std::chrono::milliseconds(ttl_ms));
       });
       return nb::cast(Held{std::move(held)});
     }
     depot::Client& c = client();
     Status st;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       st = c.PutParts(id, size, viewed.parts, options);
     }
     RaiseIfError(st);
@@ -117,7 +118,7 @@ class Client {
   void Handoff(const std::vector<nb::bytes>& id_bytes, int device, uint32_t ttl_ms) {
     std::vector<ObjectId> ids = ToIds(id_bytes);
     RaiseIfError([&] {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       return client().Handoff(ids, device, std::chrono::milliseconds(ttl_ms));
     }());
   }
@@ -168,7 +169,7 @@ class Client {
     depot::Client& c = client();
     std::vector<Status> statuses;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       statuses = c.PutManyParts(batch);
     }
     nb::list errors;
@@ -182,7 +183,7 @@ class Client {
     const CreateOptions options = MakeCreateOptions(metadata, name, pin, spill);
     depot::Client& c = client();
     Result<MutableBuffer> r = [&] {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       return c.Create(id, size, options);
     }();
     return WritableBuffer{ValueOrRaise(std::move(r))};
@@ -191,22 +192,24 @@ class Client {
   // Creates an object of `size` bytes on GPU `device`, copies `size` bytes from `source` (a
   // device pointer there; see CopyIntoDevice) into it, and seals it, with the GIL released.
   // The creator's reference goes with the handle; a failed copy aborts the object. With
-  // `handoff`, hands it to the group on `device` (depot::Client::SealAndHandoff).
+  // `handoff`, hands it to the group on `device` (depot::Client::SealAndHandoff), for
+  // `ttl_ms` as Handoff takes it.
   void PutDevice(nb::bytes id_bytes, uint64_t source, uint64_t size, int device,
                  std::optional<uintptr_t> wait_stream, nb::bytes metadata, const std::string& name,
-                 bool pin, bool handoff) {
+                 bool pin, bool handoff, uint32_t ttl_ms) {
     const ObjectId id = ToId(id_bytes);
     const CreateOptions options = MakeCreateOptions(metadata, name, pin);
     depot::Client& c = client();
     Status st;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       st = [&]() -> Status {
         DEPOT_ASSIGN_OR_RETURN(MutableDeviceBuffer target,
                                c.CreateOnDevice(id, size, device, options));
         DEPOT_RETURN_NOT_OK(CopyIntoDevice(target, source, size, wait_stream));
         // Before `target`, the creator's reference, goes.
-        return handoff ? c.SealAndHandoff(id, device) : c.Seal(id);
+        return handoff ? c.SealAndHandoff(id, device, std::chrono::milliseconds(ttl_ms))
+                       : c.Seal(id);
       }();
     }
     RaiseIfError(st);
@@ -237,14 +240,14 @@ class Client {
   void Abort(nb::bytes id_bytes) { Call(&depot::Client::Abort, id_bytes); }
 
   // Seals an object this client created and hands it to the group on `device`, deleting
-  // it if the handoff fails (depot::Client::SealAndHandoff).
-  void SealAndHandoff(nb::bytes id_bytes, int device) {
+  // it if the handoff fails (depot::Client::SealAndHandoff); `ttl_ms` as Handoff takes it.
+  void SealAndHandoff(nb::bytes id_bytes, int device, uint32_t ttl_ms) {
     const ObjectId id = ToId(id_bytes);
     depot::Client& c = client();
     Status st;
     {
-      nb::gil_scoped_release release;
-      st = c.SealAndHandoff(id, device);
+      ReleaseGil release;
+      st = c.SealAndHandoff(id, device, std::chrono::milliseconds(ttl_ms));
     }
     RaiseIfError(st);
   }
@@ -256,7 +259,7 @@ class Client {
     depot::Client& c = client();
     if (timeout_ms >= 0 && timeout_ms <= kWaitSlice.count()) {
       Result<Buffer> r = [&] {
-        nb::gil_scoped_release release;
+        ReleaseGil release;
         return c.Get(id, milliseconds(timeout_ms));
       }();
       return StoreBuffer{ValueOrRaise(std::move(r))};
@@ -285,7 +288,7 @@ class Client {
     depot::Client& c = client();
     Status st;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       st = c.Prefetch(ids, device);
     }
     RaiseIfError(st);
@@ -303,7 +306,7 @@ class Client {
     depot::Client& c = client();
     Status st;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       st = after_tasks ? c.DeleteAfterTasks(ids) : c.Delete(ids);
     }
     RaiseIfError(st);
@@ -313,7 +316,7 @@ class Client {
     const ObjectId id = ToId(id_bytes);
     depot::Client& c = client();
     Result<bool> r = [&] {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       return c.Contains(id);
     }();
     return ValueOrRaise(std::move(r));
@@ -359,7 +362,7 @@ class Client {
     depot::Client& c = client();
     Status st;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       st = (c.*method)(id);
     }
     RaiseIfError(st);
@@ -413,7 +416,7 @@ class Client {
   int fd() { return client().fd(); }
   void Pump() {
     depot::Client& c = client();
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     c.Pump();
   }
   int CompletionFd() { return ValueOrRaise(client().CompletionFd()); }
@@ -439,6 +442,10 @@ NB_MODULE(_depot, m) {
   using depot::python::Client;
   using depot::python::Held;
   m.doc() = "depot's C++ client, the low-level layer of the depot package (use depot.Client).";
+  // Objects of this module alive when the interpreter exits are no leak to report: a received
+  // array kept in a global, or a daemon thread still in a call (ReleaseGil), keeps its
+  // buffer or Client, and the process's exit gives the references back to the daemon.
+  nb::set_leak_warnings(false);
 
   depot::python::BindBuffers(m);
   depot::python::BindDevice(m);
@@ -463,7 +470,7 @@ NB_MODULE(_depot, m) {
         const auto bytes = view.bytes();
         ObjectId digest;
         {
-          nb::gil_scoped_release release;
+          depot::python::ReleaseGil release;
           digest = ObjectId::FromName(
               std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
         }
@@ -496,7 +503,7 @@ NB_MODULE(_depot, m) {
       .def_prop_ro("socket_path", &Client::socket_path)
       .def_prop_ro("session_id", &Client::session_id)
       .def("put", &Client::Put, "id"_a, "parts"_a, "offsets"_a, "size"_a, "metadata"_a, "name"_a,
-           "pin"_a, "spill"_a = true, "handoff"_a = false)
+           "pin"_a, "spill"_a = true, "handoff"_a = false, "ttl_ms"_a = 0)
       .def("handoff", &Client::Handoff, "ids"_a, "device"_a, "ttl_ms"_a = 0)
       .def("claim", &Client::Claim, "ids"_a)
       .def("claim_on_device", &Client::ClaimOnDevice, "ids"_a, "device"_a)
@@ -504,13 +511,14 @@ NB_MODULE(_depot, m) {
       .def("create", &Client::Create, "id"_a, "size"_a, "metadata"_a, "name"_a, "pin"_a,
            "spill"_a = true)
       .def("put_device", &Client::PutDevice, "id"_a, "source"_a, "size"_a, "device"_a,
-           "wait_stream"_a.none(), "metadata"_a, "name"_a, "pin"_a, "handoff"_a = false)
+           "wait_stream"_a.none(), "metadata"_a, "name"_a, "pin"_a, "handoff"_a = false,
+           "ttl_ms"_a = 0)
       .def("gpus", &Client::Gpus)
       .def("get_on_device", &Client::GetOnDevice, "id"_a, "device"_a, "timeout_ms"_a)
       .def("get_many_on_device", &Client::GetManyOnDevice, "ids"_a, "device"_a, "timeout_ms"_a)
       .def("seal", &Client::Seal, "id"_a)
       .def("abort", &Client::Abort, "id"_a)
-      .def("seal_and_handoff", &Client::SealAndHandoff, "id"_a, "device"_a = -1)
+      .def("seal_and_handoff", &Client::SealAndHandoff, "id"_a, "device"_a = -1, "ttl_ms"_a = 0)
       .def("get", &Client::Get, "id"_a, "timeout_ms"_a)
       .def("get_many", &Client::GetMany, "ids"_a, "timeout_ms"_a)
       .def("wait", &Client::Wait, "ids"_a, "count"_a, "timeout_ms"_a)

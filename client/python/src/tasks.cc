@@ -11,6 +11,7 @@
 #include "buffers.h"
 #include "depot/worker.h"
 #include "errors.h"
+#include "gil.h"
 #include "ids.h"
 
 namespace nb = nanobind;
@@ -121,7 +122,7 @@ class TaskView {
     const ReadView view(data);
     Status st;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       st = task.Put(output, view.bytes(), BytesOf(metadata));
     }
     RaiseIfError(st);
@@ -134,7 +135,7 @@ class TaskView {
     const Parts viewed = ViewParts(parts, offsets);
     Status st;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       st = task.PutParts(output, size, viewed.parts, BytesOf(metadata));
     }
     RaiseIfError(st);
@@ -144,7 +145,7 @@ class TaskView {
   WritableBuffer Create(size_t output, uint64_t size, nb::bytes metadata) {
     TaskContext& task = context();
     Result<MutableBuffer> r = [&] {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       return task.Create(output, size, BytesOf(metadata));
     }();
     return WritableBuffer{ValueOrRaise(std::move(r))};
@@ -153,7 +154,7 @@ class TaskView {
     TaskContext& task = context();
     Status st;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       st = task.Abort(output);
     }
     RaiseIfError(st);
@@ -179,7 +180,7 @@ class PyWorker {
                           .gpus = std::move(gpus),
                           .resources = std::move(resources)};
     Result<std::unique_ptr<Worker>> worker = [&] {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       return Worker::Connect(std::move(options));
     }();
     worker_ = ValueOrRaise(std::move(worker));
@@ -198,14 +199,14 @@ class PyWorker {
   void Run() {
     Status st;
     {
-      nb::gil_scoped_release release;
+      ReleaseGil release;
       st = worker_->Run();
     }
     RaiseIfError(st);
   }
 
   void Stop() {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     worker_->Stop();
   }
 
@@ -256,7 +257,7 @@ std::vector<std::vector<nb::bytes>> Submit(Client& client, nb::list tasks) {
   std::vector<TaskRequest> requests;
   for (nb::handle t : tasks) requests.push_back(RequestOf(nb::cast<nb::dict>(t)));
   Result<std::vector<std::vector<ObjectId>>> r = [&] {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     return client.Submit(requests);
   }();
   std::vector<std::vector<nb::bytes>> out;
@@ -271,7 +272,7 @@ std::vector<std::string> Cancel(Client& client, const std::vector<nb::bytes>& ou
   std::vector<ObjectId> ids;
   for (const nb::bytes& b : outputs) ids.push_back(ToId(b));
   Result<std::vector<CancelOutcome>> r = [&] {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     return client.Cancel(ids);
   }();
   std::vector<std::string> out;

@@ -18,7 +18,7 @@ using std::chrono::milliseconds;
 template <typename F>
 auto Started(F&& start) {
   auto r = [&] {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     return start();
   }();
   return ValueOrRaise(std::move(r));
@@ -28,7 +28,7 @@ auto Started(F&& start) {
 template <typename T>
 std::vector<T> Answer(PendingAnswer<T>& p) {
   auto r = [&] {
-    nb::gil_scoped_release release;
+    ReleaseGil release;
     return p.pending.Take();
   }();
   return ValueOrRaise(std::move(r));
@@ -51,7 +51,7 @@ nb::class_<PendingAnswer<T>> BindPending(nb::module_& m, const char* name, const
           [](P& p) {
             Status st;
             {
-              nb::gil_scoped_release release;
+              ReleaseGil release;
               st = p.pending.Cancel();
             }
             RaiseIfError(st);

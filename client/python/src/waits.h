@@ -14,6 +14,7 @@
 
 #include "depot/client.h"
 #include "errors.h"
+#include "gil.h"
 
 namespace depot::python {
 
@@ -29,13 +30,13 @@ void AwaitAnswer(Pending<T>& pending) {
   for (;;) {
     bool ready;
     {
-      nanobind::gil_scoped_release release;
+      ReleaseGil release;
       ready = pending.Ready(kWaitSlice);
     }
     if (ready) return;
     if (PyErr_CheckSignals() != 0) {
       {
-        nanobind::gil_scoped_release release;
+        ReleaseGil release;
         Pending<T> dropped(std::move(pending));  // cancelled, and given back
       }
       throw nanobind::python_error();
@@ -66,7 +67,7 @@ struct PendingAnswer {
   // Dropped with the GIL held (by Python): one not taken is cancelled and its answer waited
   // for (Pending's destructor) with the GIL released.
   ~PendingAnswer() {
-    nanobind::gil_scoped_release release;
+    ReleaseGil release;
     Pending<std::vector<T>> dropped(std::move(pending));
   }
 

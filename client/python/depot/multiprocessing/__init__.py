@@ -32,8 +32,10 @@ How long a value lives:
   receiver's last view of it is gone. (A CUDA tensor or CuPy array views the store's GPU
   memory itself: clone it before writing.)
 - Values sent but never received (a queue dropped with items in it, a receiver killed before
-  taking them) go when the last process of the tree has exited. A killed process gives back
-  everything it held.
+  taking them) go when the last process of the tree has exited, or once they have waited
+  their ttl (``set_handoff_ttl``; a DataLoader worker's batches: 600 s, so that a loader
+  left early, by a break, a killed worker or being collected, leaves nothing behind while
+  the program goes on). A killed process gives back everything it held.
 - The sender's stored copy stays while the sender's own value lives: the same value sent
   again, unchanged, is not copied again (a Pool broadcasting an argument stores it once).
 
@@ -70,8 +72,10 @@ from typing import Dict
 from . import _channels, _reductions, _store
 from ._reductions import (
     get_all_sharing_strategies,
+    get_handoff_ttl,
     get_sharing_strategy,
     get_threshold,
+    set_handoff_ttl,
     set_sharing_strategy,
     set_threshold,
 )
@@ -177,8 +181,10 @@ __all__ += [
     "StoreUnavailableWarning",
     "enable_everywhere",
     "get_all_sharing_strategies",
+    "get_handoff_ttl",
     "get_sharing_strategy",
     "get_threshold",
+    "set_handoff_ttl",
     "set_sharing_strategy",
     "set_threshold",
     "store",

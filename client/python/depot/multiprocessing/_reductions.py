@@ -10,6 +10,7 @@ when they are at least the threshold in bytes:
 
 - numpy arrays of plain dtypes (and their subclasses are left to pickle);
 - PyTorch tensors (``torch.Tensor`` and ``torch.nn.Parameter``), on the CPU or a CUDA GPU;
+- Paddle CPU tensors (``paddle.Tensor`` and parameters, ``EagerParamBase``);
 - CuPy arrays, and any other DLPack producer on a CUDA GPU.
 
 Everything else the standard module, torch.multiprocessing or another library sends pickles
@@ -30,14 +31,18 @@ reachable), with one warning.
 
 from __future__ import annotations
 
+import atexit
+import copy
 import importlib.util
 import os
 import sys
+import threading
+import time
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional, Tuple
 
 from .. import _depot, _gpus
-from .._errors import DepotError
+from .._errors import DepotError, NotHeld
 from .._identity import ByIdentity
 from .._ref import ObjectRef
 from . import _store
@@ -45,6 +50,11 @@ from . import _store
 THRESHOLD_ENV = "DEPOT_MP_THRESHOLD"
 DEFAULT_THRESHOLD = 64 * 1024
 EVERYWHERE_ENV = "DEPOT_MP_EVERYWHERE"
+TTL_ENV = "DEPOT_MP_TTL"
+# How long a DataLoader worker's batch waits to be received before the group lets it go
+# (unless set_handoff_ttl says otherwise): a loader left early (a break, a killed worker,
+# the loader collected) never receives the batches it prefetched, and the tree may live on.
+DATALOADER_TTL = 600.0
 STRATEGY_ENV = "DEPOT_MP_SHARING_STRATEGY"
 # "depot": tensors through the store; torch's own strategies: tensors left to torch.
 STRATEGIES = ("depot", "file_descriptor", "file_system")
@@ -52,15 +62,25 @@ STRATEGIES = ("depot", "file_descriptor", "file_system")
 
 class Sending:
     """A value that depot.multiprocessing's own queues, pipes or processes send: what it
-    holds goes through the store. Unpickles as the value itself, whoever pickles it."""
+    holds goes through the store. Unpickles as the value itself, whoever pickles it.
 
-    __slots__ = ("value",)
+    From the moment a pickler meets it until it is gone, with the value it held, it counts
+    as a send under way (see _wait_for_sends): a Queue's feeder thread drops it, and with
+    it often a tensor's last reference, right after pickling it."""
+
+    __slots__ = ("value", "counted")
 
     def __init__(self, value: Any) -> None:
         self.value = value
+        self.counted = False
 
     def __reduce__(self) -> Any:
         return _unwrap, (self.value,)
+
+    def __del__(self) -> None:
+        if self.counted:
+            self.value = None  # the value's last reference may go here, in this thread
+            _end_send()
 
 
 def _unwrap(value: Any) -> Any:
@@ -121,6 +141,48 @@ def get_sharing_strategy() -> str:
 
 def get_all_sharing_strategies() -> set:
     return set(STRATEGIES)
+
+
+def _parse_ttl(text: str) -> Optional[float]:
+    if text in ("", "none"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"{TTL_ENV}={text!r}: expected seconds, such as 600, or none") from None
+    if not seconds > 0:
+        raise ValueError(f"{TTL_ENV}={text!r}: expected seconds above 0, or none")
+    return seconds
+
+
+# Sends' ttl: None (unset) gives DataLoader workers' sends DATALOADER_TTL and others none.
+_ttl: Optional[float] = _parse_ttl(os.environ.get(TTL_ENV, ""))
+
+
+def set_handoff_ttl(seconds: Optional[float]) -> None:
+    """How long a value sent waits to be received, in seconds, before the store lets it go:
+    its receiver then gets an error naming this setting. ``None`` (the default): a
+    DataLoader worker's batches wait 600 s, other values until the process tree ends (as
+    the standard module's queues keep theirs). Applies to this process; children inherit it
+    through ``DEPOT_MP_TTL``."""
+    global _ttl
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0
+    ):
+        raise ValueError(f"a handoff ttl is seconds above 0 or None, not {seconds!r}")
+    _ttl = None if seconds is None else float(seconds)
+    os.environ[TTL_ENV] = "none" if seconds is None else repr(float(seconds))
+
+
+def get_handoff_ttl() -> Optional[float]:
+    return _ttl
+
+
+def _send_ttl() -> Optional[float]:
+    """The ttl of a send from this process now."""
+    if _ttl is not None:
+        return _ttl
+    return DATALOADER_TTL if _in_dataloader_worker() else None
 
 
 def _initial_threshold() -> int:
@@ -186,7 +248,7 @@ def _send_again(value: Any, digest: Any) -> Optional[Tuple[ObjectRef, Optional[i
         return None
     ref, gpu = entry[0], entry[1]
     try:
-        client.handoff_again(ref, device=gpu)
+        client.handoff_again(ref, device=gpu, ttl=_send_ttl())
     except DepotError:  # the store lost it (the daemon restarted, say): store it anew
         _sent.discard(value)
         return None
@@ -211,7 +273,7 @@ def _hand_off(
         if again is not None:
             return again
     try:
-        ref, gpu, held = client._handoff(payload)
+        ref, gpu, held = client._handoff(payload, ttl=_send_ttl())
     except DepotError as e:  # full, too large, or the daemon gone: never a deadlock
         _store.warn_once(
             type(e).__name__,
@@ -242,7 +304,15 @@ def _claim(ref_id: bytes, uuid: Optional[bytes]) -> Any:
             "depot.multiprocessing received a value sent through the depot store, but this "
             f"process cannot reach the store: {_store.unavailable()}"
         )
-    return _gpus.claim(client, ref_id, uuid, "depot.multiprocessing", writable=uuid is None)
+    try:
+        return _gpus.claim(client, ref_id, uuid, "depot.multiprocessing", writable=uuid is None)
+    except NotHeld as e:
+        raise NotHeld(
+            "depot.multiprocessing received a value the store no longer holds for this tree: "
+            "it was received already, or it waited longer than its ttl (set_handoff_ttl, "
+            f"DEPOT_MP_TTL; a DataLoader's batches: {DATALOADER_TTL:g} s), or the tree's "
+            f"first process has exited ({e})"
+        ) from e
 
 
 # numpy.
@@ -350,6 +420,75 @@ def _rebuild_tensor(
     return _as_sent(tensor, requires_grad, parameter)
 
 
+# Paddle.
+
+
+def _reduce_paddle(tensor: Any) -> Any:
+    import numpy
+    import paddle
+
+    if not tensor.place.is_cpu_place():
+        return NotImplemented  # GPU tensors: paddle's own reducer (not built here yet)
+    if not tensor.stop_gradient and not tensor.is_leaf:
+        return NotImplemented  # cannot be sent detached: paddle's reducer refuses it too
+    data = tensor.detach()
+    if not data.is_contiguous():
+        data = data.contiguous()
+    # Its bytes, viewed with no copy (DLPack), whatever the dtype (bfloat16 too).
+    flat = numpy.from_dlpack(data.flatten().view(paddle.uint8)) if data.size else None
+    dtype = str(data.dtype).removeprefix("paddle.")
+    shape = tuple(data.shape)
+    parameter = None
+    if type(tensor) is paddle.base.framework.EagerParamBase:
+        parameter = (copy.deepcopy(tensor.__dict__), tensor.name, tensor.trainable)
+    layout = (dtype, shape, bool(tensor.stop_gradient), parameter)
+    sent = None
+    if flat is not None and flat.nbytes >= _threshold:
+        sent = _hand_off(tensor, flat, flat, (dtype, shape))
+    if sent is None:
+        raw = b"" if flat is None else flat.tobytes()
+        return _rebuild_inline_paddle, (raw,) + layout
+    return _rebuild_paddle, (sent[0].id,) + layout
+
+
+def _as_paddle(
+    flat: Any, dtype: str, shape: Tuple[int, ...], stop_gradient: bool, parameter: Any
+) -> Any:
+    """A paddle tensor viewing ``flat`` (writable uint8 bytes, or None: empty), as sent."""
+    import paddle
+
+    kind = getattr(paddle, dtype)
+    if flat is None or flat.size == 0:
+        tensor = paddle.zeros(shape, dtype=kind)
+    else:
+        tensor = paddle.utils.dlpack.from_dlpack(flat.__dlpack__()).view(kind).reshape(shape)
+    if parameter is not None:
+        attributes, name, trainable = parameter
+        param = paddle.base.framework.EagerParamBase(
+            list(shape), kind, name=name, trainable=trainable, **attributes
+        )
+        param.value().get_tensor()._share_data_with(tensor.get_tensor())
+        param.stop_gradient = stop_gradient
+        return param
+    tensor.stop_gradient = stop_gradient
+    return tensor
+
+
+def _rebuild_paddle(
+    ref_id: bytes, dtype: str, shape: Tuple[int, ...], stop_gradient: bool, parameter: Any
+) -> Any:
+    return _as_paddle(_claim(ref_id, None), dtype, shape, stop_gradient, parameter)
+
+
+def _rebuild_inline_paddle(
+    raw: bytes, dtype: str, shape: Tuple[int, ...], stop_gradient: bool, parameter: Any
+) -> Any:
+    import numpy
+
+    flat = numpy.frombuffer(bytearray(raw), dtype=numpy.uint8) if raw else None
+    return _as_paddle(flat, dtype, shape, stop_gradient, parameter)
+
+
 # CuPy and other CUDA arrays (DLPack producers).
 
 
@@ -378,9 +517,13 @@ def reducer_override(self: Any, obj: Any) -> Any:
     receiver would wait for ever)."""
     if type(obj) is Sending:
         self._depot_sends = True
+        if not obj.counted:
+            obj.counted = True
+            _begin_send()
         return _unwrap, (obj.value,)
     if not (_everywhere or getattr(self, "_depot_sends", False)):
         return NotImplemented
+    _begin_send()
     try:
         return _reduce(obj)
     except Exception as e:
@@ -390,6 +533,43 @@ def reducer_override(self: Any, obj: Any) -> Any:
             f"({type(e).__name__}: {e}); it, and others failing so, are pickled instead",
         )
         return NotImplemented
+    finally:
+        _end_send()
+
+
+# Sends under way in this process, in any thread (a Queue's feeder thread, say): values
+# being pickled, and sent values being let go after. At exit the interpreter ends daemon
+# threads that ask for the GIL back, and one inside a library's C++ call then (a torch
+# tensor's copy, or its deallocation, with the GIL released by a guard whose destructor
+# takes it back) aborts the whole process: as DataLoader workers told to stop in the middle
+# of a send did, which their loader reported as "killed by signal: Aborted". So a process
+# waits at exit, at most _EXIT_WAIT_S, for the sends under way (not for values still queued
+# behind them: the receiver is gone or going, and the store lets values go with their ttl
+# or the tree).
+_sending = 0
+_sending_lock = threading.Lock()
+_EXIT_WAIT_S = 10.0
+
+
+def _begin_send() -> None:
+    global _sending
+    with _sending_lock:
+        _sending += 1
+
+
+def _end_send() -> None:
+    global _sending
+    with _sending_lock:
+        _sending -= 1
+
+
+def _wait_for_sends() -> None:
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    while _sending and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+atexit.register(_wait_for_sends)
 
 
 def _reduce(obj: Any) -> Any:
@@ -400,6 +580,11 @@ def _reduce(obj: Any) -> Any:
     torch = sys.modules.get("torch")
     if torch is not None and (cls is torch.Tensor or cls is torch.nn.Parameter):
         return _reduce_tensor(obj)
+    paddle = sys.modules.get("paddle")
+    if paddle is not None and (
+        cls is paddle.Tensor or cls is paddle.base.framework.EagerParamBase
+    ):
+        return _reduce_paddle(obj)
     if cls.__module__.split(".")[0] in ("builtins", "numpy"):
         return NotImplemented
     if _gpus.on_cuda(obj):
