@@ -63,9 +63,11 @@ def _echo(q, answers, write):
         value = q.get()
         if value is None:
             return
-        if write:
-            if hasattr(value, "add_"):
-                value.add_(1.0)  # torch and paddle, in place
+        if write:  # every element, in place
+            if hasattr(value, "scale_"):
+                value.scale_(1.0, 1.0)  # paddle: x * 1 + 1
+            elif hasattr(value, "add_"):
+                value.add_(1.0)  # torch
             else:
                 value += 1.0
         first = float(value.reshape([-1])[0])

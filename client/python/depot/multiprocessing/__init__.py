@@ -2,7 +2,8 @@
 
 A drop-in for ``multiprocessing``: it exports everything the standard module does
 (``Process``, ``Queue``, ``SimpleQueue``, ``Pipe``, ``Pool``, ``get_context``, ...). Numpy
-arrays, PyTorch tensors (CPU and CUDA) and CuPy arrays of at least the threshold
+arrays, PyTorch tensors (CPU and CUDA), Paddle CPU tensors and CuPy arrays of at least the
+threshold
 (:func:`set_threshold`, 64 KiB by default), alone or inside anything else sent, go through
 the host's depotd instead of through a pipe: the sender copies the value into shared memory
 once (a GPU value into the store's pool on its GPU), and the receiver maps the same memory,
