@@ -289,6 +289,8 @@ void DataRequests::Handoff(const Responder& reply, const Requester& who,
     return reply.Error(Status::InvalidArgument("a handoff that seals names one object, not " +
                                                std::to_string(ids->size())));
   }
+  // Before the seal: a handoff refused as a whole must leave the object as it was.
+  if (Status st = store_.CheckTier(device); !st.ok()) return reply.Error(st);
   // Sealed and handed off in one request: a sender that dies between the two would leave
   // the sealed object in the store with no reference and an id nobody knows.
   store_.Seal(client, ids->front(),

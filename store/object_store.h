@@ -187,6 +187,8 @@ class ObjectStore final : private Tiers::Owner {
   void AddClient(ClientId client, uint32_t uid) { accounts_.Open(client, uid); }
   // Whether `client` has an account: a session, a group, the daemon or the scheduler.
   bool HasClient(ClientId client) const { return accounts_.Find(client) != nullptr; }
+  // InvalidArgument, naming it, unless `tier` is host memory or a GPU this store serves.
+  Status CheckTier(int32_t tier) const;
   // Gives back everything the client held: references released, objects it was creating
   // aborted, its waiting gets dropped (their callbacks are never called), its lease table
   // forgotten.
@@ -415,7 +417,6 @@ class ObjectStore final : private Tiers::Owner {
   // Before a get that waited is answered: the places of objects it granted early, as they
   // are now, or notHeld for those its client has released since (the object may be gone).
   void KeepWhatIsStillHeld(WaitingGets::Get& get) const;
-  Status CheckTier(int32_t tier) const;
   // Why `params` cannot be created (a bad id or size, an id taken), or OK.
   Status CheckNew(const CreateParams& params) const;
   // Creates a host object if it finds room at once; OutOfMemory if it does not.

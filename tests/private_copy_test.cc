@@ -3,6 +3,9 @@
 // the object's bytes.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -166,6 +169,29 @@ TEST_F(PrivateCopyTest, AnEmptyObjectHasAnEmptyCopyAndAnEmptyBufferNone) {
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(none.status().message().find("empty Buffer"), std::string::npos);
+}
+
+// Segments that are files in a directory (--arena-dir on a tmpfs) rather than memfds.
+TEST(PrivateCopyArenaDirTest, WritesStayInTheCopyOfAnObjectInAFileSegment) {
+  char dir[] = "/dev/shm/depot-private-copy-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) GTEST_SKIP() << "no /dev/shm to make a tmpfs directory in";
+  {
+    TestDaemon daemon({"--arena-dir", dir, "--segment-size", "32MiB", "--memory", "128MiB"});
+    ASSERT_TRUE(daemon.ok()) << daemon.error();
+    ASSERT_OK_AND_ASSIGN(Client client, Client::Connect(daemon.socket_path()));
+    for (const uint64_t size : {3 * kMiB + 1, 40 * kMiB}) {
+      const ObjectId id = ObjectId::FromName("private/dir/" + std::to_string(size));
+      const std::vector<std::byte> data = SeededBytes(size, 7);
+      ASSERT_OK(client.Put(id, data));
+      ASSERT_OK_AND_ASSIGN(Buffer buffer, client.Get(id));
+      ASSERT_OK_AND_ASSIGN(PrivateBuffer copy, buffer.PrivateCopy());
+      std::fill(copy.data().begin(), copy.data().end(), std::byte{3});
+      EXPECT_TRUE(SameBytes(buffer.data(), data));
+      EXPECT_EQ(copy.data()[size / 2], std::byte{3});
+      ASSERT_OK(client.Delete(id));
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

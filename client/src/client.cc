@@ -806,10 +806,11 @@ Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::m
     Status first_error;
     for (size_t i = 0; i < ids.size(); ++i) {
       const StatusCode code = ipc::FromWire(codes[i]);
-      if (code == StatusCode::kOk) {
-        // Handed off objects are deleted: new Gets do not find them, only claims.
+      if (code == StatusCode::kOk || seal) {
+        // Handed off objects are deleted: new Gets do not find them, only claims. So is one
+        // the daemon sealed and could not hand off.
         conn_->holdings().Forget(ids[i]);
-        continue;
+        if (code == StatusCode::kOk) continue;
       }
       if (!first_error.ok()) continue;
       std::string why;

@@ -1,6 +1,7 @@
 #include "mapping.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -53,25 +54,44 @@ Status Mapping::Replace(int fd, int prot, const char* what) {
   return Status::OK();
 }
 
-Result<Mapping> Mapping::PrivateView(uint64_t offset, uint64_t size, const char* what) const {
+Result<Mapping> Mapping::PrivateView(uint64_t offset, uint64_t size, const char* what,
+                                     uint64_t* skip) const {
   if (!file_) return Status::Internal(std::string("no file is kept for a private view of ") + what);
   if (size == 0 || offset > size_ || size > size_ - offset) {
     return Status::Internal("a private view of [" + std::to_string(offset) + ", +" +
                             std::to_string(size) + ") of " + what + ", which has " +
                             std::to_string(size_) + " bytes");
   }
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  // The file's own page: a hugetlbfs file maps only at offsets of its huge pages.
+  uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  struct stat st {};
+  if (::fstat(file_.get(), &st) == 0) {
+    const auto block = static_cast<uint64_t>(st.st_blksize);
+    if (block > page && (block & (block - 1)) == 0) page = block;
+  }
   const uint64_t start = offset - offset % page;
   const uint64_t end = offset + size;
   const uint64_t length = (end - start + page - 1) / page * page;
-  void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, file_.get(),
-                   static_cast<off_t>(start));
+  // No swap reserved for pages never written (they stay the file's).
+  void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE,
+                   file_.get(), static_cast<off_t>(start));
   if (p == MAP_FAILED) {
     return Status::FromErrno(std::string("mmap of a private view of ") + what + " (" +
                                  std::to_string(length) + " bytes)",
                              errno);
   }
+  *skip = offset - start;
   return Mapping(static_cast<std::byte*>(p), length);
+}
+
+Result<Mapping> Mapping::Anonymous(uint64_t size, const char* what) {
+  if (size == 0) return Status::Internal(std::string("empty anonymous memory for ") + what);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return Status::FromErrno(
+        std::string("mmap of ") + std::to_string(size) + " bytes of memory for " + what, errno);
+  }
+  return Mapping(static_cast<std::byte*>(p), size);
 }
 
 void Mapping::Revoke() {

@@ -34,10 +34,13 @@ class Mapping {
   // A private, writable view of bytes [offset, offset + size) of the file kept (MAP_PRIVATE:
   // copy-on-write): reads see the file's bytes until a page is first written, which copies
   // that page into this process's own memory, so writes never reach the file. The view
-  // covers whole pages; the returned mapping starts at the page holding `offset`, whose
-  // place in it is `offset % page size`. Fails with Internal when no file is kept or the
-  // range is empty or outside this mapping, and with IoError naming `what` when mmap does.
-  Result<Mapping> PrivateView(uint64_t offset, uint64_t size, const char* what) const;
+  // covers whole pages of the file (huge ones on hugetlbfs: st_blksize); `*skip` is where
+  // `offset` lies in it. Fails with Internal when no file is kept or the range is empty or
+  // outside this mapping, and with IoError naming `what` when mmap does.
+  Result<Mapping> PrivateView(uint64_t offset, uint64_t size, const char* what,
+                              uint64_t* skip) const;
+  // `size` bytes of private anonymous memory, writable. Fails with IoError naming `what`.
+  static Result<Mapping> Anonymous(uint64_t size, const char* what);
 
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }

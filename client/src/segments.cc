@@ -4,7 +4,8 @@
 #include "depot/ipc/protocol.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
+
+#include <cstring>
 
 #include <string>
 
@@ -156,11 +157,18 @@ Result<Segments::View<std::byte>> Segments::ResolvePrivate(uint32_t index, uint6
   DEPOT_ASSIGN_OR_RETURN(View<std::byte> found, Find(index, offset, size, false));
   if (size == 0) return View<std::byte>{};
   const Mapping& readable = found.keep ? *found.keep : shared_[index].readable;
-  DEPOT_ASSIGN_OR_RETURN(Mapping view,
-                         readable.PrivateView(offset, size, Describe(index, false).c_str()));
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  auto keep = std::make_shared<const Mapping>(std::move(view));
-  return View<std::byte>{keep->data() + offset % page, std::move(keep)};
+  const std::string what = Describe(index, false);
+  uint64_t skip = 0;
+  auto view = readable.PrivateView(offset, size, what.c_str(), &skip);
+  if (!view.ok()) {
+    // Where the file cannot be mapped privately (memory limits, an odd filesystem): a copy
+    // made now, private all the same.
+    DEPOT_ASSIGN_OR_RETURN(view, Mapping::Anonymous(size, what.c_str()));
+    std::memcpy(view->data(), found.data, size);
+    skip = 0;
+  }
+  auto keep = std::make_shared<const Mapping>(std::move(view).value());
+  return View<std::byte>{keep->data() + skip, std::move(keep)};
 }
 
 Result<Segments::View<std::byte>> Segments::ResolveWritable(uint32_t index, uint64_t offset,

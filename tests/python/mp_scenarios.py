@@ -477,12 +477,43 @@ def scenario_late_receiver(method):
     except depot.DepotError as e:
         error = f"{type(e).__name__}: {e}"
     bad = []
-    for wrong in (0, -1, "10", True):
+    for wrong in (0, -1, "10", True, 1e10):
         try:
             mp.set_handoff_ttl(wrong)
         except ValueError as e:
             bad.append(str(e))
     return {"stored": stored, "empty_after": empty_after, "error": error, "bad": bad}
+
+
+def scenario_bad_send(method):
+    """Values that fail to pickle, beside arrays: refused as the standard module refuses
+    them, and no send is left counted as under way (the process's exit would wait)."""
+    from depot.multiprocessing import _reductions
+
+    import threading
+
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    reported = threading.Event()
+    report = type(q)._on_queue_feeder_error
+
+    def feeder_error(e, obj):
+        report(e, obj)
+        reported.set()
+
+    q._on_queue_feeder_error = feeder_error  # what the feeder thread calls, once started
+    q.put([np.ones(MiB), lambda: 0])  # the last item: the feeder fails on it, and says so
+    out = {"reported": reported.wait(60), "queue_under_way": _reductions._sending}
+    q.put(np.full(MiB, 2.0))
+    out["good"] = float(q.get(timeout=60)[0])
+    a, b = ctx.Pipe()
+    try:
+        a.send([np.ones(MiB), lambda: 0])
+        out["pipe_error"] = None
+    except Exception as e:
+        out["pipe_error"] = type(e).__name__
+    out["pipe_under_way"] = _reductions._sending
+    return out
 
 
 def scenario_gpu(method):

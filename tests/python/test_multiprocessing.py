@@ -241,12 +241,22 @@ def test_a_dataloader_left_early_killed_or_collected_leaves_nothing_within_its_t
     assert store_empties(mp_daemon)
 
 
+def test_values_that_fail_to_pickle_are_refused_and_leave_no_send_under_way(mp_daemon):
+    out, err = run("bad_send", "fork", mp_daemon.socket)
+    assert out["reported"] and out["good"] == 2.0
+    assert out["pipe_error"] in ("PicklingError", "AttributeError")  # a local function
+    assert out["queue_under_way"] == 0 and out["pipe_under_way"] == 0, out
+    assert "Can't pickle" in err or "PicklingError" in err  # the feeder's report
+    assert store_empties(mp_daemon)
+
+
 def test_a_value_received_after_its_ttl_is_a_clear_error_and_bad_ttls_are_refused(mp_daemon):
     out, _ = run("late_receiver", "fork", mp_daemon.socket)
     assert out["stored"] is not None and out["empty_after"] is not None
     assert out["error"].startswith("NotHeld: depot.multiprocessing received a value the store")
     assert "set_handoff_ttl" in out["error"]
-    assert len(out["bad"]) == 4 and all("seconds above 0 or None" in b for b in out["bad"])
+    assert len(out["bad"]) == 5
+    assert all("a handoff ttl is seconds from 0.001 to 4294967" in b for b in out["bad"]), out["bad"]
     assert store_empties(mp_daemon)
 
 

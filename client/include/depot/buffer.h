@@ -56,9 +56,10 @@ class Buffer {
   // (MAP_PRIVATE, copy-on-write) mapping of the object's pages. It reads the store's pages
   // until a page is first written, which copies that page (4 KiB) into this process's own
   // memory; so writes cost what they touch, and never reach the store, the object's other
-  // readers or its creator. One mmap, no copy and no round trip. Fails with InvalidArgument
-  // for an empty Buffer, and with IoError if the mapping fails (the process's map count or
-  // memory limits).
+  // readers or its creator. One mmap, no copy and no round trip. Where the segment's file
+  // cannot be mapped so (the process's map count or memory limits), the copy is made now,
+  // into anonymous memory. Fails with InvalidArgument for an empty Buffer, and with IoError
+  // if no memory can be had for it.
   Result<PrivateBuffer> PrivateCopy() const;
 
  private:

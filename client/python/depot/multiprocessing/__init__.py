@@ -34,7 +34,7 @@ How long a value lives:
   memory itself: clone it before writing.)
 - Values sent but never received (a queue dropped with items in it, a receiver killed before
   taking them) go when the last process of the tree has exited, or once they have waited
-  their ttl (``set_handoff_ttl``; a DataLoader worker's batches: 600 s, so that a loader
+  their ttl (``set_handoff_ttl``; a DataLoader worker's batches: an hour, so that a loader
   left early, by a break, a killed worker or being collected, leaves nothing behind while
   the program goes on). A killed process gives back everything it held.
 - The sender's stored copy stays while the sender's own value lives: the same value sent
@@ -59,8 +59,9 @@ that they stay shared.
 torch.multiprocessing's functions are here too: ``set_sharing_strategy``,
 ``get_sharing_strategy`` and ``get_all_sharing_strategies``, with depot's strategy
 (``"depot"``, the default: tensors through the store) beside torch's, which leave tensors
-to torch's own reducer. A program written for torch.multiprocessing runs with its import
-changed.
+to torch's own reducer. A program written for torch.multiprocessing's queues, pipes, pools,
+processes and sharing strategies runs with its import changed; torch's ``spawn`` and
+``start_processes`` are not here (they start processes of the standard module's contexts).
 """
 
 from __future__ import annotations

@@ -24,9 +24,27 @@ from . import _store
 from ._reductions import Sending
 
 
+def _send(send: Any, obj: Any) -> None:
+    """``send(Sending(obj))``; a value that fails to pickle is let go at once."""
+    sending = Sending(obj)
+    try:
+        send(sending)
+    except BaseException:
+        sending.release()
+        raise
+
+
+def _on_feeder_error(e: Exception, obj: Any) -> None:
+    """A Queue's feeder thread failed to pickle ``obj``: let it go now (it stays bound in the
+    feeder until the next item), then report as the standard module does."""
+    if type(obj) is Sending:
+        obj.release()
+    queues.Queue._on_queue_feeder_error(e, obj)  # type: ignore[attr-defined]
+
+
 class Connection(connection.Connection):
     def send(self, obj: Any) -> None:
-        super().send(Sending(obj))
+        _send(super().send, obj)
 
 
 def _own(conn: Any) -> Any:
@@ -53,11 +71,15 @@ ForkingPickler.register(Connection, _reduce_connection)
 
 
 class Queue(queues.Queue):
+    _on_queue_feeder_error = staticmethod(_on_feeder_error)
+
     def put(self, obj: Any, block: bool = True, timeout: Any = None) -> None:
         super().put(Sending(obj), block, timeout)
 
 
 class JoinableQueue(queues.JoinableQueue):
+    _on_queue_feeder_error = staticmethod(_on_feeder_error)
+
     def put(self, obj: Any, block: bool = True, timeout: Any = None) -> None:
         super().put(Sending(obj), block, timeout)
 
@@ -69,7 +91,7 @@ class SimpleQueue(queues.SimpleQueue):
         _own(self._writer)  # type: ignore[attr-defined]
 
     def put(self, obj: Any) -> None:
-        super().put(Sending(obj))
+        _send(super().put, obj)
 
 
 class SendsThroughStore:

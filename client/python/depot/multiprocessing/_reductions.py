@@ -54,7 +54,9 @@ TTL_ENV = "DEPOT_MP_TTL"
 # How long a DataLoader worker's batch waits to be received before the group lets it go
 # (unless set_handoff_ttl says otherwise): a loader left early (a break, a killed worker,
 # the loader collected) never receives the batches it prefetched, and the tree may live on.
-DATALOADER_TTL = 600.0
+# Long, because a training loop that pauses longer than this in the middle of an epoch (an
+# evaluation, a checkpoint) loses the batches its workers prefetched.
+DATALOADER_TTL = 3600.0
 STRATEGY_ENV = "DEPOT_MP_SHARING_STRATEGY"
 # "depot": tensors through the store; torch's own strategies: tensors left to torch.
 STRATEGIES = ("depot", "file_descriptor", "file_system")
@@ -78,7 +80,12 @@ class Sending:
         return _unwrap, (self.value,)
 
     def __del__(self) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Lets the value go and stops counting it as under way (once)."""
         if self.counted:
+            self.counted = False
             self.value = None  # the value's last reference may go here, in this thread
             _end_send()
 
@@ -113,6 +120,11 @@ def _initial_strategy() -> str:
 
 
 _strategy = _initial_strategy()
+if _strategy != "depot" and importlib.util.find_spec("torch") is not None:
+    # Inherited: torch's reducer sends tensors here too, with the strategy chosen.
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_sharing_strategy(_strategy)
 
 
 def set_sharing_strategy(strategy: str) -> None:
@@ -143,6 +155,11 @@ def get_all_sharing_strategies() -> set:
     return set(STRATEGIES)
 
 
+# What the daemon takes (whole milliseconds in 32 bits).
+_MIN_TTL_S = 0.001
+_MAX_TTL_S = (2**32 - 1) / 1000
+
+
 def _parse_ttl(text: str) -> Optional[float]:
     if text in ("", "none"):
         return None
@@ -150,8 +167,11 @@ def _parse_ttl(text: str) -> Optional[float]:
         seconds = float(text)
     except ValueError:
         raise ValueError(f"{TTL_ENV}={text!r}: expected seconds, such as 600, or none") from None
-    if not seconds > 0:
-        raise ValueError(f"{TTL_ENV}={text!r}: expected seconds above 0, or none")
+    if not _MIN_TTL_S <= seconds <= _MAX_TTL_S:
+        raise ValueError(
+            f"{TTL_ENV}={text!r}: expected seconds from {_MIN_TTL_S} to {_MAX_TTL_S:.0f}, "
+            "or none"
+        )
     return seconds
 
 
@@ -162,14 +182,18 @@ _ttl: Optional[float] = _parse_ttl(os.environ.get(TTL_ENV, ""))
 def set_handoff_ttl(seconds: Optional[float]) -> None:
     """How long a value sent waits to be received, in seconds, before the store lets it go:
     its receiver then gets an error naming this setting. ``None`` (the default): a
-    DataLoader worker's batches wait 600 s, other values until the process tree ends (as
+    DataLoader worker's batches wait an hour, other values until the process tree ends (as
     the standard module's queues keep theirs). Applies to this process; children inherit it
     through ``DEPOT_MP_TTL``."""
     global _ttl
     if seconds is not None and (
-        isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0
+        isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+        or not _MIN_TTL_S <= seconds <= _MAX_TTL_S
     ):
-        raise ValueError(f"a handoff ttl is seconds above 0 or None, not {seconds!r}")
+        raise ValueError(
+            f"a handoff ttl is seconds from {_MIN_TTL_S} to {_MAX_TTL_S:.0f}, or None, "
+            f"not {seconds!r}"
+        )
     _ttl = None if seconds is None else float(seconds)
     os.environ[TTL_ENV] = "none" if seconds is None else repr(float(seconds))
 
@@ -226,8 +250,12 @@ _inherited: list = []
 
 
 def _forget_after_fork() -> None:
-    """In a forked child: the parent's references are its own (never dropped here)."""
+    """In a forked child: the parent's references are its own (never dropped here), and so
+    are the sends it had under way in its other threads."""
+    global _sending, _sending_lock
     _inherited.append(_sent.take_all())
+    _sending = 0
+    _sending_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -468,6 +496,7 @@ def _as_paddle(
             list(shape), kind, name=name, trainable=trainable, **attributes
         )
         param.value().get_tensor()._share_data_with(tensor.get_tensor())
+        param.__dict__.update(attributes)  # those the constructor does not take, too
         param.stop_gradient = stop_gradient
         return param
     tensor.stop_gradient = stop_gradient
