@@ -62,11 +62,11 @@ $(TSAN_BUILD)/build.ninja: | deps
 
 # Tests fork client processes from a parent whose Client has a release-flusher thread; the
 # children never touch the parent's Client, so threads after fork are fine (die_after_fork=0).
-# Five tests are skipped here: their children (forked, then connecting a Client of their
+# Six tests are skipped here: their children (forked, then connecting a Client of their
 # own) start a flusher thread on the stack glibc reclaimed from the parent's, so the thread
 # gets the parent thread's id and TSan aborts with "dup thread" (a TSan limitation with fork,
 # not a race). The Release and ASan runs cover them.
-TSAN_SKIP = LifecycleTest.ReaderInAnotherProcessSeesTheObjectInSharedMemoryWithoutCopy|SharedWithUserTest.ASharedUidReadsButCannotChangeAnything|SharedWithGroupTest.AMemberOfASharedGroupReadsButCannotWrite|SharedWritersTest\.
+TSAN_SKIP = LifecycleTest.ReaderInAnotherProcessSeesTheObjectInSharedMemoryWithoutCopy|SharedWithUserTest.ASharedUidReadsButCannotChangeAnything|SharedWithGroupTest.AMemberOfASharedGroupReadsButCannotWrite|SharedWritersTest\.|PrivateCopyTest.WritesInAChildProcessAreItsOwn
 
 test-tsan: deps $(TSAN_BUILD)/build.ninja
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
