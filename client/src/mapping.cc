@@ -13,7 +13,8 @@ namespace depot::internal {
 Mapping::Mapping(Mapping&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),
       size_(std::exchange(o.size_, 0)),
-      file_(std::move(o.file_)) {}
+      file_(std::move(o.file_)),
+      file_page_(std::exchange(o.file_page_, 0)) {}
 
 Mapping& Mapping::operator=(Mapping&& o) noexcept {
   if (this != &o) {
@@ -21,6 +22,7 @@ Mapping& Mapping::operator=(Mapping&& o) noexcept {
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     file_ = std::move(o.file_);
+    file_page_ = std::exchange(o.file_page_, 0);
   }
   return *this;
 }
@@ -54,6 +56,17 @@ Status Mapping::Replace(int fd, int prot, const char* what) {
   return Status::OK();
 }
 
+void Mapping::KeepFile(ipc::UniqueFd file) {
+  file_ = std::move(file);
+  // The file's own page: a hugetlbfs file maps only at offsets of its huge pages.
+  file_page_ = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  struct stat st {};
+  if (::fstat(file_.get(), &st) == 0) {
+    const auto block = static_cast<uint64_t>(st.st_blksize);
+    if (block > file_page_ && (block & (block - 1)) == 0) file_page_ = block;
+  }
+}
+
 Result<Mapping> Mapping::PrivateView(uint64_t offset, uint64_t size, const char* what,
                                      uint64_t* skip) const {
   if (!file_) return Status::Internal(std::string("no file is kept for a private view of ") + what);
@@ -62,13 +75,7 @@ Result<Mapping> Mapping::PrivateView(uint64_t offset, uint64_t size, const char*
                             std::to_string(size) + ") of " + what + ", which has " +
                             std::to_string(size_) + " bytes");
   }
-  // The file's own page: a hugetlbfs file maps only at offsets of its huge pages.
-  uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  struct stat st {};
-  if (::fstat(file_.get(), &st) == 0) {
-    const auto block = static_cast<uint64_t>(st.st_blksize);
-    if (block > page && (block & (block - 1)) == 0) page = block;
-  }
+  const uint64_t page = file_page_;
   const uint64_t start = offset - offset % page;
   const uint64_t end = offset + size;
   const uint64_t length = (end - start + page - 1) / page * page;

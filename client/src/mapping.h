@@ -29,8 +29,9 @@ class Mapping {
   // instead of reaching whatever the address would be reused for. Unmapped on destruction.
   void Revoke();
 
-  // Keeps `file`, the descriptor this maps, for PrivateView (closing the one kept before).
-  void KeepFile(ipc::UniqueFd file) { file_ = std::move(file); }
+  // Keeps `file`, the descriptor this maps, for PrivateView (closing the one kept before),
+  // and the size of its pages.
+  void KeepFile(ipc::UniqueFd file);
   // A private, writable view of bytes [offset, offset + size) of the file kept (MAP_PRIVATE:
   // copy-on-write): reads see the file's bytes until a page is first written, which copies
   // that page into this process's own memory, so writes never reach the file. The view
@@ -51,7 +52,8 @@ class Mapping {
 
   std::byte* data_ = nullptr;
   size_t size_ = 0;
-  ipc::UniqueFd file_;  // kept for PrivateView; none unless KeepFile gave it
+  ipc::UniqueFd file_;      // kept for PrivateView; none unless KeepFile gave it
+  uint64_t file_page_ = 0;  // its pages' size: huge ones on hugetlbfs (st_blksize)
 };
 
 }  // namespace depot::internal

@@ -44,9 +44,9 @@ def _ttl_ms(ttl: Optional[float]) -> int:
     (0: none)."""
     if ttl is None:
         return 0
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0.001 <= ttl <= _MAX_TTL_S:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not _MIN_TTL_S <= ttl <= _MAX_TTL_S:
         raise InvalidArgument(
-            f"a handoff's ttl is between 0.001 and {_MAX_TTL_S} seconds, not {ttl!r}"
+            f"a handoff's ttl is between {_MIN_TTL_S} and {_MAX_TTL_S} seconds, not {ttl!r}"
         )
     return int(ttl * 1000)
 
@@ -85,6 +85,8 @@ _ONE_BY_ONE = (_device.DLPackSource, _device.InterfaceSource, _codec.StridedArra
 
 
 # The longest time to live of a handoff: the protocol's milliseconds in 32 bits.
+# A handoff's ttl as the daemon takes it: whole milliseconds in 32 bits.
+_MIN_TTL_S = 0.001
 _MAX_TTL_S = (2**32 - 1) / 1000
 
 

@@ -42,6 +42,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional, Tuple
 
 from .. import _depot, _gpus
+from .._client import _MAX_TTL_S, _MIN_TTL_S
 from .._errors import DepotError, NotHeld
 from .._identity import ByIdentity
 from .._ref import ObjectRef
@@ -153,11 +154,6 @@ def get_sharing_strategy() -> str:
 
 def get_all_sharing_strategies() -> set:
     return set(STRATEGIES)
-
-
-# What the daemon takes (whole milliseconds in 32 bits).
-_MIN_TTL_S = 0.001
-_MAX_TTL_S = (2**32 - 1) / 1000
 
 
 def _parse_ttl(text: str) -> Optional[float]:
