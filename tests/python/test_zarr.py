@@ -1,0 +1,188 @@
+"""depot.zarr.Store: Zarr's own store tests (zarr.testing.store.StoreTests) on a real
+daemon, then what depot adds: reads that view the store, keys pinned against eviction,
+replacing a key a reader still views, other processes, and bad input."""
+
+import gc
+import multiprocessing
+import pickle
+
+import numpy as np
+import pytest
+
+zarr = pytest.importorskip("zarr")
+from zarr.core.buffer import cpu, default_buffer_prototype  # noqa: E402
+from zarr.testing.store import StoreTests  # noqa: E402
+
+import depot  # noqa: E402
+import depot.zarr  # noqa: E402
+from conftest import address_of, in_store  # noqa: E402
+
+
+class TestZarrsStoreBehaviour(StoreTests[depot.zarr.Store, cpu.Buffer]):
+    store_cls = depot.zarr.Store
+    buffer_cls = cpu.Buffer
+
+    @pytest.fixture
+    def store_kwargs(self, daemon):
+        return {"prefix": "tests/zarr", "socket": daemon.socket}
+
+    async def set(self, store, key, value):
+        with depot.Client(store.socket) as c:
+            c.put(value.to_bytes(), name=f"{store.prefix}/{key}", pin=True)
+
+    async def get(self, store, key):
+        with depot.Client(store.socket) as c:
+            return cpu.Buffer.from_bytes(bytes(c.get_buffer(f"{store.prefix}/{key}", timeout=0)))
+
+    def test_store_repr(self, store):
+        assert repr(store) == f"depot.zarr.Store('tests/zarr', socket={store.socket!r})"
+
+    def test_store_supports_writes(self, store):
+        assert store.supports_writes
+
+    def test_store_supports_listing(self, store):
+        assert store.supports_listing
+
+
+@pytest.fixture
+def store(daemon):
+    return depot.zarr.Store("arrays", socket=daemon.socket)
+
+
+def test_an_array_written_through_zarr_reads_back_and_each_chunk_is_a_pinned_object(
+    store, client
+):
+    values = np.arange(100 * 60, dtype=np.float64).reshape(100, 60)
+    z = zarr.create_array(store, name="a", shape=values.shape, chunks=(25, 30),
+                          dtype=values.dtype, compressors=None)
+    z[:] = values
+    np.testing.assert_array_equal(zarr.open_array(store, path="a", mode="r")[:], values)
+    objects = {o.name: o for o in client.list()}
+    chunks = [n for n in objects if n.startswith("arrays/a/c/")]
+    assert len(chunks) == 8 and "arrays/a/zarr.json" in objects
+    assert all(o.pinned for o in objects.values())
+
+
+def test_a_chunk_is_read_from_the_store_with_no_copy(store, client):
+    payload = np.arange(1 << 16, dtype=np.uint8)
+    store.set_sync("c/0", cpu.Buffer.from_bytes(payload.tobytes()))
+    whole = store.get_sync("c/0", prototype=default_buffer_prototype())
+    part = store.get_sync("c/0", prototype=default_buffer_prototype(),
+                          byte_range=zarr.abc.store.RangeByteRequest(100, 4196))
+    whole_array, part_array = whole.as_numpy_array(), part.as_numpy_array()
+    assert in_store(address_of(whole_array), whole_array.nbytes)
+    assert address_of(part_array) == address_of(whole_array) + 100
+    assert not whole_array.flags.writeable
+    np.testing.assert_array_equal(part_array, payload[100:4196])
+
+
+def test_documents_are_read_as_copies_so_a_reader_never_holds_up_their_next_version(store):
+    store.set_sync("g/zarr.json", cpu.Buffer.from_bytes(b'{"zarr_format": 3}'))
+    document = store.get_sync("g/zarr.json")
+    assert not in_store(address_of(document.as_numpy_array()), len(document))
+    store.set_sync("g/zarr.json", cpu.Buffer.from_bytes(b'{"zarr_format": 3, "v": 2}'))
+    assert store.get_sync("g/zarr.json").to_bytes() == b'{"zarr_format": 3, "v": 2}'
+    assert document.to_bytes() == b'{"zarr_format": 3}'
+
+
+def test_replacing_a_chunk_waits_for_its_reader_and_says_why_when_it_does_not_let_go(daemon):
+    store = depot.zarr.Store("r", socket=daemon.socket, replace_timeout=0.05)
+    store.set_sync("c/0", cpu.Buffer.from_bytes(b"old!"))
+    held = store.get_sync("c/0")
+    with pytest.raises(depot.ObjectExists, match="a reader still holds its old value"):
+        store.set_sync("c/0", cpu.Buffer.from_bytes(b"new!"))
+    assert held.to_bytes() == b"old!"  # the reader's view is intact
+    del held
+    gc.collect()
+    patient = depot.zarr.Store("r", socket=daemon.socket, replace_timeout=30)
+    patient.set_sync("c/0", cpu.Buffer.from_bytes(b"new!"))
+    assert patient.get_sync("c/0").to_bytes() == b"new!"
+
+
+def test_set_if_not_exists_keeps_the_first_value(store):
+    store.set_sync("k", cpu.Buffer.from_bytes(b"first"))
+    zarr.core.sync.sync(store.set_if_not_exists("k", cpu.Buffer.from_bytes(b"second")))
+    assert store.get_sync("k").to_bytes() == b"first"
+
+
+def test_keys_are_never_evicted_a_full_store_says_so(store, client):
+    block = cpu.Buffer.from_bytes(bytes(16 << 20))
+    stored = 0
+    with pytest.raises(depot.StoreFull):
+        for i in range(64):  # 1 GiB into a 256 MiB store
+            store.set_sync(f"c/{i}", block)
+            stored += 1
+    assert 8 <= stored < 16
+    assert all(client.contains(f"arrays/c/{i}") for i in range(stored))
+
+
+def test_stores_with_different_prefixes_share_a_daemon_apart(daemon):
+    one = depot.zarr.Store("one", socket=daemon.socket)
+    two = depot.zarr.Store("one-two", socket=daemon.socket)
+    zarr.create_array(one, name="x", shape=(4,), dtype="i4")[:] = 1
+    zarr.create_array(two, name="x", shape=(4,), dtype="i4")[:] = 2
+    assert one != two
+    zarr.core.sync.sync(one.clear())
+    assert zarr.core.sync.sync(one.is_empty(""))
+    np.testing.assert_array_equal(zarr.open_array(two, path="x", mode="r")[:], [2, 2, 2, 2])
+
+
+def _read_in_child(store, path, queue):
+    queue.put(zarr.open_array(store, path=path, mode="r")[:].sum())
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_another_process_reads_the_array_through_a_pickled_store(store, method):
+    z = zarr.create_array(store, name="shared", shape=(1000,), chunks=(100,), dtype="f8")
+    z[:] = np.ones(1000)
+    assert pickle.loads(pickle.dumps(store)) == store
+    context = multiprocessing.get_context(method)
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(store, "shared", queue))
+    child.start()
+    assert queue.get(timeout=60) == 1000.0
+    child.join(60)
+    assert child.exitcode == 0
+
+
+def test_a_store_left_cleared_leaves_the_daemon_empty(store, client):
+    zarr.create_array(store, name="a", shape=(100,), chunks=(10,), dtype="u1")[:] = 7
+    zarr.core.sync.sync(store.clear())
+    gc.collect()
+    assert client.status().objects_sealed == 0 and not client.list()
+
+
+@pytest.mark.parametrize(
+    "prefix, message",
+    [
+        ("", "none empty"),
+        ("a//b", "none empty"),
+        ("a/../b", r"'\.\.'"),
+        ("/a", "none empty"),
+        ("a b", "the character ' '"),
+        ("a\x00", r"the character '\\x00'"),
+        ("x" * 3000, "longer than"),
+    ],
+)
+def test_a_bad_prefix_is_refused_naming_what_is_wrong(prefix, message):
+    with pytest.raises(ValueError, match=message):
+        depot.zarr.Store(prefix)
+
+
+def test_bad_arguments_are_clear_errors(store):
+    with pytest.raises(TypeError, match="prefix must be a str"):
+        depot.zarr.Store(7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="replace_timeout"):
+        depot.zarr.Store("p", replace_timeout=-1)
+    with pytest.raises(ValueError, match="longer than depot's limit"):
+        store.set_sync("k" * 5000, cpu.Buffer.from_bytes(b"x"))
+    with pytest.raises(TypeError, match="must be a zarr Buffer"):
+        store.set_sync("k", b"x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="read-only"):
+        store.with_read_only(True).set_sync("k", cpu.Buffer.from_bytes(b"x"))
+
+
+def test_a_store_whose_daemon_is_gone_says_so(tmp_path):
+    store = depot.zarr.Store("p", socket=tmp_path / "no-daemon.sock")
+    with pytest.raises(depot.ConnectionError, match="no depot daemon is listening"):
+        store.get_sync("zarr.json")
