@@ -88,7 +88,7 @@ STUBGEN  = $(PY_VENV) -m nanobind.stubgen -q -P -p client/python/stubgen.pattern
 python-install: deps
 	test -x $(PY_VENV) || $(PYTHON) -m venv $(PY_BUILD)/venv
 	$(PY_VENV) -m pip install --quiet --disable-pip-version-check pytest numpy \
-	  pytest-asyncio 'dask[array]' distributed pandas pyarrow zarr cubed mypy torch paddlepaddle \
+	  pytest-asyncio 'dask[array]' distributed pandas pyarrow zarr cubed xarray mypy torch paddlepaddle \
 	  '$(NANOBIND)'
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_VENV) -m pip install --quiet \
 	  --disable-pip-version-check --config-settings=build-dir='$(abspath $(PY_BUILD))/{wheel_tag}' .

@@ -100,15 +100,12 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-import _memory  # beside this script
+import _measured  # beside this script
 
 MiB = 1 << 20
 SCHEDULERS = ("threads", "processes", "local", "local-depot", "depot", "depot-unfused")
@@ -408,9 +405,7 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
         # others' would not, leaving their first import (0.3 to 0.6 s) in the timed run.
         _warm(0)
         dask.compute(*[dask.delayed(_warm)(i) for i in range(2 * args.workers)])
-        say("ready")
-        if sys.stdin.readline().strip() != "go":
-            raise SystemExit("the benchmark went away")
+        _measured.go(say)
         workload = {**WORKLOADS, **OPTIONAL_WORKLOADS}[kind]
         optimize = kind not in UNOPTIMIZED
         start = time.perf_counter()
@@ -434,14 +429,8 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
 
 
 def _child_main(kind: str, scheduler: str, args) -> None:
-    """Runs one run, saying how it goes on what was stdout (lines of JSON); whatever else
-    writes to stdout, here or in the workers, goes to stderr."""
-    channel = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-
-    def say(event: str, **fields: Any) -> None:
-        channel.write(json.dumps({"event": event, **fields}) + "\n")
-
+    """Runs one run, saying how it goes on what was stdout (_measured.channel)."""
+    say = _measured.channel()
     try:
         _child(kind, scheduler, args, say)
     except BaseException as error:
@@ -452,79 +441,11 @@ def _child_main(kind: str, scheduler: str, args) -> None:
 # The benchmark's side of a run.
 
 
-class RunFailed(Exception):
-    pass
-
-
-class _PeakSampler(threading.Thread):
-    """The peak of _memory.tree_memory(pid), sampled every 20 ms until stop()."""
-
-    def __init__(self, pid: int, interval: float = 0.02) -> None:
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.interval = interval
-        self.peak = 0
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            self.peak = max(self.peak, _memory.tree_memory(self.pid))
-            self._done.wait(self.interval)
-
-    def stop(self) -> int:
-        self._done.set()
-        self.join()
-        return self.peak
-
-
-def _expect(proc: subprocess.Popen, event: str) -> Dict[str, Any]:
-    line = proc.stdout.readline()
-    if not line:
-        raise RunFailed(f"the run ended (status {proc.wait()}) before saying {event!r}")
-    message = json.loads(line)
-    if message["event"] == "error":
-        raise RunFailed(message["error"])
-    if message["event"] != event:
-        raise RunFailed(f"the run said {message['event']!r}, not {event!r}")
-    return message
-
-
 def _run(kind: str, scheduler: str, args, extra: Optional[List[str]] = None) -> Dict[str, Any]:
-    """One run of a workload on a scheduler, in a fresh process: its figures, or
-    {"error": why} if it failed or took longer than --timeout. ``extra``: arguments for the
-    run beyond the benchmark's own."""
-    command = [sys.executable, os.path.abspath(__file__), "--child", f"{kind}:{scheduler}"]
-    proc = subprocess.Popen(
-        command + sys.argv[1:] + (extra or []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        start_new_session=True,  # its process group: everything it started, to stop at once
-    )
-    timer = threading.Timer(args.timeout, os.killpg, (proc.pid, signal.SIGKILL))
-    timer.start()
-    try:
-        _expect(proc, "ready")
-        idle = _memory.tree_memory(proc.pid)
-        sampler = _PeakSampler(proc.pid)
-        sampler.start()
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        try:
-            _expect(proc, "done")
-        finally:
-            peak = sampler.stop()
-        result = _expect(proc, "result")
-        if proc.wait() != 0:
-            raise RunFailed(f"the run exited with status {proc.returncode}")
-    except RunFailed as error:
-        timed_out = not timer.is_alive()
-        return {"error": f"timed out after {args.timeout} s" if timed_out else str(error)}
-    finally:
-        timer.cancel()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # what it left running, if anything
-        proc.wait()
-    return {"seconds": result["seconds"], "warm_seconds": result["warm_seconds"],
-            "idle_memory": idle, "peak_memory": peak,
-            "digest": result["digest"], "objects_left": result["objects_left"]}
+    """One run of a workload on a scheduler, in a fresh process (_measured.run_child): its
+    figures, or {"error": why}. ``extra``: arguments for the run beyond the benchmark's own."""
+    return _measured.run_child(__file__, f"{kind}:{scheduler}", sys.argv[1:] + (extra or []),
+                           args.timeout)
 
 
 def _differs(digest: List[float], reference: List[float]) -> Optional[str]:

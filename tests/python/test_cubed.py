@@ -6,6 +6,8 @@ import os
 import pickle
 import re
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -108,6 +110,47 @@ def test_intermediates_are_freed_the_computed_array_stays_until_close(executor):
     finally:
         ex.close()
     assert not [n for n in _objects(executor) if n.startswith(ex.prefix)]
+
+
+def test_a_computes_results_go_when_the_next_compute_starts(executor):
+    ex = depot.cubed.Executor(socket=executor.socket)
+    try:
+        spec = ex.spec(allowed_mem="100MB")
+        first = xp.asarray(np.ones((20, 20)), chunks=(10, 10), spec=spec) * 3
+        assert np.all(first.compute() == 3)
+        assert first.name in _arrays_of(ex)
+        second = xp.asarray(np.ones((20, 20)), chunks=(10, 10), spec=spec) - 1
+        assert np.all(second.compute() == 0)
+        assert _arrays_of(ex) - {"zarr.json"} == {second.name}
+    finally:
+        ex.close()
+
+
+def test_an_array_returned_and_read_by_a_later_stage_stays_for_cubed_to_read_back(executor):
+    spec = executor.spec(allowed_mem="100MB")
+    a = xp.asarray(np.arange(400.0).reshape(20, 20), chunks=(10, 10), spec=spec) + 1
+    b = xp.matmul(a, a)
+    got_a, got_b = cubed.compute(a, b)
+    expected_a = np.arange(400.0).reshape(20, 20) + 1
+    np.testing.assert_array_equal(got_a, expected_a)
+    np.testing.assert_allclose(got_b, expected_a @ expected_a)
+
+
+def test_the_executor_listens_to_cubeds_computations_only_while_open(executor):
+    program = (
+        "import sys, depot.cubed\n"
+        "from cubed.runtime.types import Callback\n"
+        "listening = lambda: depot.cubed._plans in Callback.active\n"
+        "assert not listening()\n"
+        "with depot.cubed.Executor(socket=sys.argv[1]):\n"
+        "    with depot.cubed.Executor(socket=sys.argv[1]):\n"
+        "        assert listening()\n"
+        "    assert listening()\n"
+        "assert not listening()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", program, executor.socket],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
 
 
 def test_keep_intermediates_keeps_every_array(executor):

@@ -16,6 +16,8 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
         ("tree_reduction.py", ["--leaves", "32", "--leaf-mib", "2"], "every element is 496"),
         ("dask_arrays.py", ["--size", "2000", "--chunk", "500"],
          "the threaded scheduler's result; 0 objects left in the store"),
+        ("cubed_matmul.py", ["--size", "1000", "--chunk", "250"],
+         "numpy's result; arrays left in the store: 3 (the 3 computed)"),
         # Simulated GPUs here (the example uses CuPy on real ones when it finds them).
         ("gpu_pipeline.py", ["--chains", "6", "--mib", "4", "--simulate"],
          "every sum right; 0 bytes moved, 0 replicas made"),

@@ -186,3 +186,17 @@ def test_a_store_whose_daemon_is_gone_says_so(tmp_path):
     store = depot.zarr.Store("p", socket=tmp_path / "no-daemon.sock")
     with pytest.raises(depot.ConnectionError, match="no depot daemon is listening"):
         store.get_sync("zarr.json")
+
+
+def test_xarray_writes_and_reads_a_dataset_through_the_store(daemon):
+    xr = pytest.importorskip("xarray")
+    store = depot.zarr.Store("datasets/weather", socket=daemon.socket)
+    ds = xr.Dataset(
+        {"temperature": (("time", "x"), np.arange(24.0).reshape(6, 4))},
+        coords={"time": np.arange(6), "x": [10, 20, 30, 40]},
+        attrs={"source": "test"},
+    )
+    ds.to_zarr(store, zarr_format=3, consolidated=False)
+    back = xr.open_zarr(depot.zarr.Store("datasets/weather", socket=daemon.socket),
+                        consolidated=False)
+    xr.testing.assert_identical(back.load(), ds)

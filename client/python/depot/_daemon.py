@@ -35,6 +35,14 @@ def find_depotd() -> str:
     )
 
 
+# The thread counts of OpenMP, OpenBLAS, MKL, Accelerate and numexpr (which numpy, SciPy
+# and PyTorch read when they load), set to 1 for start_daemon's workers.
+_THREAD_COUNTS = (
+    "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+
+
 class Daemon:
     """A depotd started by :func:`start_daemon`. Stops it on :meth:`close`, on leaving a
     ``with`` block, or when the interpreter exits."""
@@ -82,13 +90,19 @@ class Daemon:
         return [w.pid for w in self._workers]
 
     def _start_workers(self, count: int, gpus: Sequence[int], timeout: float) -> None:
+        # Each worker offers one CPU: its numerical libraries use one thread each, unless
+        # this process's environment says otherwise (as Dask's nannies do for their workers).
+        env = dict(os.environ)
+        for variable in _THREAD_COUNTS:
+            env.setdefault(variable, "1")
         with open(self.log_path, "ab") as log:
             for i in range(count):
                 argv = [sys.executable, "-m", "depot.worker", "--socket", self.socket, "--cpus", "1"]
                 if i < len(gpus):
                     argv += ["--gpus", str(int(gpus[i]))]
                 self._workers.append(
-                    subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                    subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     env=env)
                 )
         deadline = time.monotonic() + timeout
         with self.client(name="start_daemon") as client:
@@ -174,8 +188,11 @@ def start_daemon(
 
     ``workers`` starts that many Python worker processes attached to it (``depot-worker
     --cpus 1`` each), which run the functions clients submit by value: tasks with no other
-    set-up; worker i also offers GPU ``worker_gpus[i]`` (this process's ordinal), if the
-    list has that many. They stop with the daemon.
+    set-up. Each offers one CPU, so its numerical libraries run on one thread
+    (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
+    ``VECLIB_MAXIMUM_THREADS`` and ``NUMEXPR_NUM_THREADS`` are 1 in its environment, except
+    those this process's environment sets). Worker i also offers GPU ``worker_gpus[i]``
+    (this process's ordinal), if the list has that many. They stop with the daemon.
 
     ``stop_with_parent`` has the daemon shut down when this process exits, even if it is
     killed (``depotd --exit-with-pid``; its temporary directory then stays behind).

@@ -26,10 +26,10 @@ bounds them: a computation whose arrays do not fit raises ``depot.StoreFull`` (t
 never evicts them; see depot.zarr).
 
 **Intermediates** are deleted as soon as the last stage that reads them has finished, unless
-``keep_intermediates`` (or Cubed's ``resume``, which reads them again). The computed
-arrays stay, for Cubed to read back after the computation; :meth:`Executor.close` (or
-leaving the ``with`` block, or garbage collection of the executor) deletes everything under
-the executor's prefix.
+``keep_intermediates`` (or Cubed's ``resume``, which reads them again). The arrays a
+compute returns stay for Cubed to read back after the plan has run, until the executor's
+next compute starts; :meth:`Executor.close` (or leaving the ``with`` block, or garbage
+collection of the executor) deletes everything under the executor's prefix.
 
 **Faults.** A task that raises runs again up to ``retries`` times (Cubed's executors'
 default: 2), then its exception is raised in the caller with the worker's traceback. A task
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import uuid
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
@@ -88,6 +89,51 @@ def _clear(socket: str, prefix: str) -> None:
                 client.delete(names)
     except Exception:  # the daemon is gone (its objects with it), or deleted them meanwhile
         pass
+
+
+class _Plans(Callback):
+    """Which arrays each compute returns, for executors to keep: Cubed passes the plan (its
+    ``array_names``) to callbacks only, so this one is among Cubed's active callbacks while
+    an Executor is open (and only then: other computations see no change)."""
+
+    def __init__(self) -> None:
+        self._returned: Dict[int, Tuple[Any, Set[str]]] = {}  # id(dag): (dag, names)
+        self._users = 0
+        self._lock = threading.Lock()
+
+    def on_compute_start(self, event: Any) -> None:
+        plan = getattr(event, "plan", None)
+        if plan is not None:
+            self._returned[id(event.dag)] = (event.dag, set(plan.array_names))
+
+    def on_compute_end(self, event: Any) -> None:
+        self._returned.pop(id(event.dag), None)
+
+    def returned(self, dag: Any) -> Optional[Set[str]]:
+        """The arrays the compute running ``dag`` returns; None if not known."""
+        entry = self._returned.get(id(dag))
+        return entry[1] if entry is not None and entry[0] is dag else None
+
+    def use(self) -> None:
+        with self._lock:
+            self._users += 1
+            if self._users == 1:
+                self.register()
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                self.unregister()
+
+
+_plans = _Plans()
+
+
+def _release(socket: str, prefix: str) -> None:
+    """What closing an executor does, or collecting one never closed."""
+    _plans.release()
+    _clear(socket, prefix)
 
 
 class _Stage:
@@ -191,7 +237,9 @@ class Executor(DagExecutor):
         self.retries = retries
         self.keep_intermediates = keep_intermediates
         self.prefix = f"cubed/{uuid.uuid4().hex[:16]}"
-        self._cleanup = weakref.finalize(self, _clear, self.socket, self.prefix)
+        self._last_returned: List[Tuple[Store, str]] = []  # the last compute's results
+        _plans.use()
+        self._cleanup = weakref.finalize(self, _release, self.socket, self.prefix)
 
     @property
     def name(self) -> str:
@@ -260,7 +308,14 @@ class Executor(DagExecutor):
                 f"depot.cubed: operation {largest} projects {projected[largest]:,} bytes for "
                 f"one task, more than the executor's memory bound of {self.memory:,} bytes"
             )
-        keep = self.keep_intermediates or bool(resume)
+        returned = _plans.returned(dag)
+        # Without the plan (execute_dag called other than by cubed.compute), every array stays.
+        keep = self.keep_intermediates or bool(resume) or returned is None
+        if not keep:
+            # What the last compute returned has been read back since: it goes now, so that
+            # a session of computes holds at most one compute's results.
+            self._delete_arrays(self._last_returned)
+        self._last_returned = [] if keep else self._arrays_of(dag, returned or set())
         finished: Set[str] = set()
         freed: Set[str] = set()
         groups = (
@@ -278,7 +333,8 @@ class Executor(DagExecutor):
                 handle_operation_end_callbacks(callbacks, name)
             finished.update(group)
             if not keep:
-                self._free_intermediates(dag, finished, freed)
+                assert returned is not None
+                self._free_intermediates(dag, finished, freed, returned)
 
     # Running stages.
 
@@ -350,10 +406,28 @@ class Executor(DagExecutor):
             pass
 
     @staticmethod
-    def _free_intermediates(dag: nx.MultiDiGraph, finished: Set[str], freed: Set[str]) -> None:
+    def _arrays_of(dag: nx.MultiDiGraph, names: Set[str]) -> List[Tuple[Store, str]]:
+        """Where the named arrays of the graph are kept, those in a depot.zarr.Store."""
+        found = []
+        for name in names:
+            target = dag.nodes[name].get("target") if name in dag.nodes else None
+            store, path = getattr(target, "store", None), getattr(target, "path", None)
+            if isinstance(store, Store) and path is not None:
+                found.append((store, path))
+        return found
+
+    @staticmethod
+    def _delete_arrays(arrays: List[Tuple[Store, str]]) -> None:
+        for store, path in arrays:
+            sync(store.delete_dir(path))
+
+    @staticmethod
+    def _free_intermediates(
+        dag: nx.MultiDiGraph, finished: Set[str], freed: Set[str], returned: Set[str]
+    ) -> None:
         """Deletes the arrays made by finished stages whose every reader has finished too,
-        where they are in a depot.zarr.Store; the computed arrays (read by nobody in the
-        plan) stay for Cubed to read back."""
+        where they are in a depot.zarr.Store, except those the compute returns (which Cubed
+        reads back after the plan has run)."""
         for name, data in dag.nodes(data=True):
             target = data.get("target")
             store = getattr(target, "store", None)
@@ -366,10 +440,10 @@ class Executor(DagExecutor):
                 and any(m in finished for m in makers)
                 and all(r in finished or "pipeline" not in dag.nodes[r] for r in readers)
                 and name not in freed
+                and name not in returned
             ):
                 sync(store.delete_dir(target.path))
                 freed.add(name)
-
 
 
 class _Elsewhere(DagExecutor):

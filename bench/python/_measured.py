@@ -1,0 +1,117 @@
+"""How a Python benchmark measures one run (bench_dask_graphs.py, bench_cubed.py): in a fresh
+process of the benchmark's own script, started with ``--child``, which the benchmark samples
+from outside.
+
+The run says how it goes in lines of JSON on what was its stdout (:func:`channel`): "ready"
+once its workers are up and warm; then, told "go" on its stdin, "done" when the timed part
+is over and "result" with its figures; or "error". :func:`run_child` measures the idle
+memory at "ready" and the peak from "go" to "done" (bench/python/_memory.py's count of the
+run's process tree, every 20 ms), and kills the run's process group when it is over, or
+after ``timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any, Callable, Dict, List
+
+import _memory  # beside this script
+
+
+class RunFailed(Exception):
+    pass
+
+
+class PeakSampler(threading.Thread):
+    """The peak of _memory.tree_memory(pid), sampled every ``interval`` s until stop()."""
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.interval = interval
+        self.peak = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, _memory.tree_memory(self.pid))
+            self._done.wait(self.interval)
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return self.peak
+
+
+def _expect(proc: subprocess.Popen, event: str) -> Dict[str, Any]:
+    line = proc.stdout.readline()
+    if not line:
+        raise RunFailed(f"the run ended (status {proc.wait()}) before saying {event!r}")
+    message = json.loads(line)
+    if message["event"] == "error":
+        raise RunFailed(message["error"])
+    if message["event"] != event:
+        raise RunFailed(f"the run said {message['event']!r}, not {event!r}")
+    return message
+
+
+def run_child(script: str, child: str, argv: List[str], timeout: float) -> Dict[str, Any]:
+    """One run: ``script --child CHILD ARGV...``. Returns its "result" message's fields with
+    ``idle_memory`` and ``peak_memory``, or {"error": why} if it failed or took longer than
+    ``timeout`` seconds."""
+    command = [sys.executable, os.path.abspath(script), "--child", child, *argv]
+    proc = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,  # its process group: everything it started, to stop at once
+    )
+    timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        _expect(proc, "ready")
+        idle = _memory.tree_memory(proc.pid)
+        sampler = PeakSampler(proc.pid)
+        sampler.start()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        try:
+            _expect(proc, "done")
+        finally:
+            peak = sampler.stop()
+        result = _expect(proc, "result")
+        if proc.wait() != 0:
+            raise RunFailed(f"the run exited with status {proc.returncode}")
+    except RunFailed as error:
+        timed_out = not timer.is_alive()
+        return {"error": f"timed out after {timeout} s" if timed_out else str(error)}
+    finally:
+        timer.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what it left running, if anything
+        proc.wait()
+    del result["event"]
+    return {**result, "idle_memory": idle, "peak_memory": peak}
+
+
+def channel() -> Callable[..., None]:
+    """In a run: the ``say(event, **fields)`` that writes to what was stdout; whatever else
+    writes to stdout, here or in processes the run starts, goes to stderr from now on."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+    def say(event: str, **fields: Any) -> None:
+        out.write(json.dumps({"event": event, **fields}) + "\n")
+
+    return say
+
+
+def go(say: Callable[..., None]) -> None:
+    """In a run: says "ready" and waits for "go"."""
+    say("ready")
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("the benchmark went away")
