@@ -12,14 +12,16 @@ after ``timeout`` seconds.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import _memory  # beside this script
 
@@ -115,3 +117,39 @@ def go(say: Callable[..., None]) -> None:
     say("ready")
     if sys.stdin.readline().strip() != "go":
         raise SystemExit("the benchmark went away")
+
+
+def child_main(run: Callable[[Callable[..., None]], None]) -> None:
+    """In a run: ``run(say)``, saying "error" with what it raised."""
+    say = channel()
+    try:
+        run(say)
+    except BaseException as error:
+        say("error", error=f"{type(error).__name__}: {error}")
+        raise
+
+
+def differs(digest: List[float], reference: List[float], rel_tol: float) -> Optional[str]:
+    """Why two runs' digests (lists of sums) disagree beyond ``rel_tol``; None if they
+    agree."""
+    if all(math.isclose(a, b, rel_tol=rel_tol) for a, b in zip(digest, reference)):
+        return None
+    return f"values differ from the reference run's: {digest} against {reference}"
+
+
+def check_choices(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  choices: Dict[str, Sequence[str]]) -> None:
+    """Refuses (parser.error) a comma-separated option naming what it does not know."""
+    for name, known in choices.items():
+        unknown = set(getattr(args, name).split(",")) - set(known)
+        if unknown:
+            parser.error(f"unknown {name}: {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+
+
+def finish(args: argparse.Namespace, figures: Dict[str, Dict[str, List[Dict[str, Any]]]]) -> None:
+    """Prints every run's figures as JSON with --json, and exits: 1 if a run failed."""
+    if args.json:
+        json.dump({"args": vars(args), "runs": figures}, sys.stdout, indent=1)
+        print()
+    failed = any("error" in r for runs in figures.values() for rs in runs.values() for r in rs)
+    sys.exit(1 if failed else 0)

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -162,24 +161,11 @@ def _child(kind: str, executor: str, args, say: Callable[..., None]) -> None:
             projected=_projected(array))
 
 
-def _child_main(kind: str, executor: str, args) -> None:
-    say = _measured.channel()
-    try:
-        _child(kind, executor, args, say)
-    except BaseException as error:
-        say("error", error=f"{type(error).__name__}: {error}")
-        raise
-
-
 # The benchmark's side.
 
 
 def _differs(digest: List[float], reference: List[float]) -> Optional[str]:
-    import math
-
-    if all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(digest, reference)):
-        return None
-    return f"values differ from the reference: {digest} against {reference}"
+    return _measured.differs(digest, reference, rel_tol=1e-6)
 
 
 def _runs(kind: str, args, executors: List[str]) -> Dict[str, List[Dict[str, Any]]]:
@@ -248,11 +234,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # WORKLOAD:EXECUTOR, one run
     args = parser.parse_args()
-    for name, known in (("workloads", tuple(WORKLOADS)),
-                        ("executors", EXECUTORS + OPTIONAL_EXECUTORS)):
-        unknown = set(getattr(args, name).split(",")) - set(known)
-        if unknown:
-            parser.error(f"unknown {name}: {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    _measured.check_choices(parser, args, {"workloads": tuple(WORKLOADS),
+                                           "executors": EXECUTORS + OPTIONAL_EXECUTORS})
     return args
 
 
@@ -260,7 +243,7 @@ def main() -> None:
     args = _arguments()
     if args.child:
         kind, executor = args.child.split(":")
-        _child_main(kind, executor, args)
+        _measured.child_main(lambda say: _child(kind, executor, args, say))
         return
     executors = args.executors.split(",")
     executors.sort(key=lambda e: e != "threads")  # the reference first
@@ -273,11 +256,7 @@ def main() -> None:
     for kind in args.workloads.split(","):
         figures[kind] = _runs(kind, args, executors)
         _report(kind, figures[kind], args.workers)
-    if args.json:
-        json.dump({"args": vars(args), "runs": figures}, sys.stdout, indent=1)
-        print()
-    failed = any("error" in r for runs in figures.values() for rs in runs.values() for r in rs)
-    sys.exit(1 if failed else 0)
+    _measured.finish(args, figures)
 
 
 if __name__ == "__main__":

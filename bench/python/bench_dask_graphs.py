@@ -98,7 +98,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -428,16 +427,6 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
         say("result", seconds=seconds, warm_seconds=warm, digest=digest, objects_left=left)
 
 
-def _child_main(kind: str, scheduler: str, args) -> None:
-    """Runs one run, saying how it goes on what was stdout (_measured.channel)."""
-    say = _measured.channel()
-    try:
-        _child(kind, scheduler, args, say)
-    except BaseException as error:
-        say("error", error=f"{type(error).__name__}: {error}")
-        raise
-
-
 # The benchmark's side of a run.
 
 
@@ -445,15 +434,11 @@ def _run(kind: str, scheduler: str, args, extra: Optional[List[str]] = None) -> 
     """One run of a workload on a scheduler, in a fresh process (_measured.run_child): its
     figures, or {"error": why}. ``extra``: arguments for the run beyond the benchmark's own."""
     return _measured.run_child(__file__, f"{kind}:{scheduler}", sys.argv[1:] + (extra or []),
-                           args.timeout)
+                               args.timeout)
 
 
 def _differs(digest: List[float], reference: List[float]) -> Optional[str]:
-    import math
-
-    if all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(digest, reference)):
-        return None
-    return f"values differ from the threaded scheduler's: {digest} against {reference}"
+    return _measured.differs(digest, reference, rel_tol=1e-9)
 
 
 def _runs(kind: str, args, schedulers: List[str]) -> Dict[str, List[Dict[str, Any]]]:
@@ -564,11 +549,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # WORKLOAD:SCHEDULER, one run
     args = parser.parse_args()
-    for name, known in (("workloads", (*WORKLOADS, *OPTIONAL_WORKLOADS)),
-                        ("schedulers", SCHEDULERS + OPTIONAL_SCHEDULERS)):
-        unknown = set(getattr(args, name).split(",")) - set(known)
-        if unknown:
-            parser.error(f"unknown {name}: {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    _measured.check_choices(parser, args, {"workloads": (*WORKLOADS, *OPTIONAL_WORKLOADS),
+                                           "schedulers": SCHEDULERS + OPTIONAL_SCHEDULERS})
     return args
 
 
@@ -576,7 +558,7 @@ def main() -> None:
     args = _arguments()
     if args.child:
         kind, scheduler = args.child.split(":")
-        _child_main(kind, scheduler, args)
+        _measured.child_main(lambda say: _child(kind, scheduler, args, say))
         return
     schedulers = args.schedulers.split(",")
     schedulers.sort(key=lambda s: s != "threads")  # the reference first
@@ -585,11 +567,7 @@ def main() -> None:
     for kind in args.workloads.split(","):
         figures[kind] = _runs(kind, args, schedulers)
         _report(kind, figures[kind])
-    if args.json:
-        json.dump({"args": vars(args), "runs": figures}, sys.stdout, indent=1)
-        print()
-    failed = any("error" in r for runs in figures.values() for rs in runs.values() for r in rs)
-    sys.exit(1 if failed else 0)
+    _measured.finish(args, figures)
 
 
 if __name__ == "__main__":

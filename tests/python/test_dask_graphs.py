@@ -113,6 +113,20 @@ def test_a_task_reading_more_outputs_than_a_depot_task_has_inputs(sched):
     assert delayed(sum)([inc(i) for i in range(n)]).compute(scheduler=sched.get) == n * (n + 1) // 2
 
 
+def test_a_batch_that_ends_among_the_tasks_gathering_a_tasks_inputs_gives_none_of_them_up(
+    sched, monkeypatch
+):
+    # 9,000 values in the graph (stored before any task is submitted), gathered by three
+    # tasks (4,000 + 4,000 + 1,000) for the task that sums them, in batches of one task. The
+    # sum is the last reader of every value; none may be given up until the gather reading
+    # it is submitted, though the sum's place in the graph's order is reached with the first.
+    n = 9000
+    graph = {f"x{i}": i for i in range(n)}
+    graph["total"] = (sum, [f"x{i}" for i in range(n)])
+    monkeypatch.setattr(sched, "batch", 1)
+    assert sched.get(graph, "total") == n * (n - 1) // 2
+
+
 def test_legacy_graphs_with_aliases_literals_and_nested_tasks(sched):
     dsk = {
         "x": 1,

@@ -705,10 +705,18 @@ class _Run:
         for key, last in plan.last_reader.items():
             if key not in self.wanted:
                 read_last.setdefault(last, []).append(key)
+        # Where each place's tasks end in ``tasks``: a task reading over _MOST_INPUTS values
+        # comes after the tasks gathering them, all at its place, and a batch may end among
+        # them; the place is through only once its last task is submitted.
+        last_of = {place: index for index, (place, _) in enumerate(tasks)}
         given = -1
+        submitted = 0
         for chunk in self.batches(tasks):
             self.submit_batch([task for _, task in chunk])
+            submitted += len(chunk)
             through = chunk[-1][0]
+            if last_of[through] >= submitted:
+                through -= 1  # the rest of this place's tasks are in the next batch
             if give_up:
                 self.give_up(
                     k for i in range(given + 1, through + 1) for k in read_last.get(i, ())
