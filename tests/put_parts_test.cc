@@ -16,6 +16,7 @@
 
 #include "daemon.h"
 #include "depot/client.h"
+#include "parts.h"
 #include "store_checks.h"
 #include "test_support.h"
 
@@ -129,6 +130,26 @@ TEST_F(PutPartsTest, LargeObjectsCopiedOnSeveralThreadsLandByteExact) {
       ASSERT_OK(client.Delete(gathered));
     }
   }
+}
+
+TEST(CopyThreadsTest, DepotCopyThreadsIsACountFrom1To64OrAClearError) {
+  // $DEPOT_COPY_THREADS is read once a process, at its first connection without
+  // copy_threads; a value that is not a count fails that connection (and every later one)
+  // with this error, and Python's depot.Client with it (tests/python/test_errors.py).
+  EXPECT_EQ(internal::ParseCopyThreads("1").value(), 1u);
+  EXPECT_EQ(internal::ParseCopyThreads("64").value(), 64u);
+  for (const char* bad : {"", "0", "65", "-1", "4 ", " 4", "4x", "four", "99999999999999999999"}) {
+    const Result<unsigned> parsed = internal::ParseCopyThreads(bad);
+    ASSERT_FALSE(parsed.ok()) << "\"" << bad << "\"";
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find("DEPOT_COPY_THREADS is \"" + std::string(bad) + "\""),
+              std::string::npos)
+        << parsed.status().message();
+    EXPECT_NE(parsed.status().message().find("from 1 to 64"), std::string::npos);
+  }
+  // Asked for explicitly, the count needs no variable, and is at most 64.
+  EXPECT_EQ(internal::CopyThreads(3).value(), 3u);
+  EXPECT_EQ(internal::CopyThreads(1000).value(), internal::kMaxCopyThreads);
 }
 
 TEST_F(PutPartsTest, AnObjectOfNoPartsIsZeros) {

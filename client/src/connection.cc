@@ -223,7 +223,7 @@ Result<std::shared_ptr<Connection>> Connection::Open(const std::string& socket_p
   DEPOT_ASSIGN_OR_RETURN(ipc::UniqueFd socket, ipc::ConnectUnix(socket_path));
   DEPOT_RETURN_NOT_OK(ipc::CheckDaemonCredentials(socket.get(), socket_path));
   auto conn = std::make_shared<Connection>(std::move(socket), socket_path, options.spin);
-  conn->copy_threads_ = CopyThreads(options.copy_threads);
+  DEPOT_ASSIGN_OR_RETURN(conn->copy_threads_, CopyThreads(options.copy_threads));
   DEPOT_RETURN_NOT_OK(conn->Handshake(options));
   return conn;
 }

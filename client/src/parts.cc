@@ -1,6 +1,7 @@
 #include "parts.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -36,23 +37,30 @@ void CopyBytes(std::byte* dst, const std::byte* src, uint64_t bytes, unsigned th
   for (std::thread& t : helpers) t.join();
 }
 
-unsigned DefaultCopyThreads() {
-  static const unsigned threads = [] {
-    if (const char* env = std::getenv("DEPOT_COPY_THREADS")) {
-      char* end = nullptr;
-      const unsigned long n = std::strtoul(env, &end, 10);
-      if (end != env && *end == '\0' && n >= 1 && n <= kMaxCopyThreads) {
-        return static_cast<unsigned>(n);
-      }
-    }
+Result<unsigned> ParseCopyThreads(std::string_view value) {
+  unsigned n = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (error != std::errc{} || end != value.data() + value.size() || n < 1 || n > kMaxCopyThreads) {
+    return Status::InvalidArgument("DEPOT_COPY_THREADS is \"" + std::string(value.substr(0, 64)) +
+                                   "\": it should be a count of threads from 1 to " +
+                                   std::to_string(kMaxCopyThreads) +
+                                   " (or unset, for the default)");
+  }
+  return n;
+}
+
+Result<unsigned> DefaultCopyThreads() {
+  static const Result<unsigned> threads = []() -> Result<unsigned> {
+    if (const char* env = std::getenv("DEPOT_COPY_THREADS")) return ParseCopyThreads(env);
     const unsigned hardware = std::thread::hardware_concurrency();
     return std::clamp(hardware, 1u, 4u);
   }();
   return threads;
 }
 
-unsigned CopyThreads(unsigned asked) {
-  return asked == 0 ? DefaultCopyThreads() : std::min(asked, kMaxCopyThreads);
+Result<unsigned> CopyThreads(unsigned asked) {
+  if (asked == 0) return DefaultCopyThreads();
+  return std::min(asked, kMaxCopyThreads);
 }
 
 bool IsOnePart(std::span<const PutPart> parts, uint64_t size) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "depot/client.h"
@@ -28,11 +29,14 @@ inline constexpr unsigned kMaxCopyThreads = 64;
 void CopyBytes(std::byte* dst, const std::byte* src, uint64_t bytes, unsigned threads);
 
 // The copy threads of a client that asks none (ConnectOptions::copy_threads 0):
-// $DEPOT_COPY_THREADS when it is a number from 1 to kMaxCopyThreads, else 4, or the
-// hardware's threads if fewer. Read once a process.
-unsigned DefaultCopyThreads();
+// $DEPOT_COPY_THREADS if it is set (ParseCopyThreads), else 4, or the hardware's threads if
+// fewer. Read once a process; a value that is not a count is InvalidArgument, every time.
+Result<unsigned> DefaultCopyThreads();
+// The value of $DEPOT_COPY_THREADS: a decimal count from 1 to kMaxCopyThreads, else
+// InvalidArgument naming the variable, the value and what it should be.
+Result<unsigned> ParseCopyThreads(std::string_view value);
 // `asked` if it is 1 or more (at most kMaxCopyThreads), else DefaultCopyThreads().
-unsigned CopyThreads(unsigned asked);
+Result<unsigned> CopyThreads(unsigned asked);
 
 // The object's bytes in one span: the one part's own, or the parts joined in `*scratch`.
 std::span<const std::byte> JoinParts(std::span<const PutPart> parts, uint64_t size,

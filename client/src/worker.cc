@@ -84,8 +84,7 @@ Status TaskContext::Put(size_t output, std::span<const std::byte> data,
   const size_t bytes = data.size() + metadata.size();
   if (bytes > ipc::kMaxInlineOutputBytes || inline_bytes_ + bytes > inline_budget_) {
     DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(output, data.size(), metadata));
-    if (!data.empty())
-      internal::CopyBytes(buffer.ptr(), data.data(), data.size(), internal::DefaultCopyThreads());
+    if (!data.empty()) internal::CopyBytes(buffer.ptr(), data.data(), data.size(), copy_threads_);
     return Status::OK();
   }
   inline_bytes_ += bytes;
@@ -106,7 +105,7 @@ Status TaskContext::PutParts(size_t output, uint64_t data_size, std::span<const 
   }
   if (output < outputs_.size() && sealed(output)) return Status::OK();
   DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(output, data_size, metadata));
-  internal::FillParts(buffer.ptr(), parts, data_size, internal::DefaultCopyThreads());
+  internal::FillParts(buffer.ptr(), parts, data_size, copy_threads_);
   return Status::OK();
 }
 
@@ -401,7 +400,8 @@ void Worker::Serve() {
   };
 
   auto execute = [&](Pool::Job& job) -> Pool::Done {
-    TaskContext context(client_, job.task, job.attempt, job.device, pool.inline_budget);
+    TaskContext context(client_, job.task, job.attempt, job.device, pool.inline_budget,
+                        client_.conn_->copy_threads());
     context.inputs_ = std::move(job.inputs);
     context.args_ = std::move(job.args);
     context.outputs_ = std::move(job.outputs);

@@ -71,6 +71,28 @@ def test_bad_socket_path_is_a_connection_error(tmp_path):
     assert e.value.code == "ConnectionFailed"
 
 
+@pytest.mark.parametrize("value", ["0", "65", "four", "4x"])
+def test_a_depot_copy_threads_that_is_not_a_count_fails_the_connection_saying_so(daemon, value):
+    import subprocess
+    import sys
+
+    program = (
+        "import sys, depot\n"
+        "try:\n"
+        "    depot.Client(sys.argv[1])\n"
+        "except depot.InvalidArgument as error:\n"
+        "    print(error)\n"
+        "    sys.exit(0)\n"
+        "sys.exit('connected')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", program, daemon.socket], capture_output=True, text=True,
+        timeout=60, env={**os.environ, "DEPOT_COPY_THREADS": value},
+    )
+    assert run.returncode == 0, run.stderr
+    assert f'DEPOT_COPY_THREADS is "{value}": it should be a count of threads from 1 to 64' in run.stdout
+
+
 def test_closed_client_is_a_connection_error(daemon):
     client = daemon.client()
     client.close()

@@ -107,8 +107,9 @@ struct ConnectOptions {
   // children), or empty for none. A group belongs to the uid of its first session.
   std::string group;
   // Threads a put copies an object of 16 MiB or more into the store with, this one among
-  // them (each a slice of it); 0: $DEPOT_COPY_THREADS if set (1 to 64), else 4 or the
-  // hardware's threads if fewer. 1 copies on the calling thread alone.
+  // them (each a slice of it); 0: $DEPOT_COPY_THREADS if set (1 to 64; any other value fails
+  // Connect with InvalidArgument), else 4 or the hardware's threads if fewer. 1 copies on the
+  // calling thread alone.
   unsigned copy_threads = 0;
 };
 

@@ -103,12 +103,14 @@ class TaskContext {
   };
   // InvalidArgument for an index out of range, AlreadyExists for an output made already.
   Status CheckNew(size_t output) const;
-  TaskContext(Client& client, uint64_t task, uint32_t attempt, int device, size_t inline_budget)
+  TaskContext(Client& client, uint64_t task, uint32_t attempt, int device, size_t inline_budget,
+              unsigned copy_threads)
       : client_(client),
         task_(task),
         attempt_(attempt),
         device_(device),
-        inline_budget_(inline_budget) {}
+        inline_budget_(inline_budget),
+        copy_threads_(copy_threads) {}
 
   Client& client_;
   uint64_t task_;
@@ -122,6 +124,7 @@ class TaskContext {
   std::vector<Created> created_;
   size_t inline_budget_;  // bytes the completion may carry in all
   size_t inline_bytes_ = 0;
+  unsigned copy_threads_;  // for outputs of 16 MiB or more (ConnectOptions::copy_threads)
 };
 
 struct WorkerOptions {
