@@ -31,18 +31,22 @@ class RunFailed(Exception):
 
 
 class PeakSampler(threading.Thread):
-    """The peak of _memory.tree_memory(pid), sampled every ``interval`` s until stop()."""
+    """The peak of _memory.tree_memory(pid), sampled every ``interval`` s until stop(); and
+    the peak of its first term alone, the processes' private memory (``private_peak``)."""
 
     def __init__(self, pid: int, interval: float = 0.02) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.interval = interval
         self.peak = 0
+        self.private_peak = 0
         self._done = threading.Event()
 
     def run(self) -> None:
         while not self._done.is_set():
-            self.peak = max(self.peak, _memory.tree_memory(self.pid))
+            private, store = _memory.tree_memory_parts(self.pid)
+            self.peak = max(self.peak, private + store)
+            self.private_peak = max(self.private_peak, private)
             self._done.wait(self.interval)
 
     def stop(self) -> int:
@@ -65,8 +69,9 @@ def _expect(proc: subprocess.Popen, event: str) -> Dict[str, Any]:
 
 def run_child(script: str, child: str, argv: List[str], timeout: float) -> Dict[str, Any]:
     """One run: ``script --child CHILD ARGV...``. Returns its "result" message's fields with
-    ``idle_memory`` and ``peak_memory``, or {"error": why} if it failed or took longer than
-    ``timeout`` seconds."""
+    ``idle_memory`` and ``peak_memory`` (_memory.tree_memory), ``idle_private`` and
+    ``peak_private`` (its processes' private memory alone, without the store's pages), or
+    {"error": why} if it failed or took longer than ``timeout`` seconds."""
     command = [sys.executable, os.path.abspath(script), "--child", child, *argv]
     proc = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -76,7 +81,8 @@ def run_child(script: str, child: str, argv: List[str], timeout: float) -> Dict[
     timer.start()
     try:
         _expect(proc, "ready")
-        idle = _memory.tree_memory(proc.pid)
+        idle_private, idle_store = _memory.tree_memory_parts(proc.pid)
+        idle = idle_private + idle_store
         sampler = PeakSampler(proc.pid)
         sampler.start()
         proc.stdin.write("go\n")
@@ -97,7 +103,8 @@ def run_child(script: str, child: str, argv: List[str], timeout: float) -> Dict[
             os.killpg(proc.pid, signal.SIGKILL)  # what it left running, if anything
         proc.wait()
     del result["event"]
-    return {**result, "idle_memory": idle, "peak_memory": peak}
+    return {**result, "idle_memory": idle, "peak_memory": peak,
+            "idle_private": idle_private, "peak_private": sampler.private_peak}
 
 
 def channel() -> Callable[..., None]:

@@ -88,8 +88,13 @@ def tree_memory(pid: int) -> int:
     """The private memory of a process and every process under it, plus the pages
     allocated in every depot memfd that one of them holds (a depotd among them), each file
     once."""
+    return sum(tree_memory_parts(pid))
+
+
+def tree_memory_parts(pid: int) -> Tuple[int, int]:
+    """tree_memory's two terms: (the private memory of the processes, the store's pages)."""
     pids = process_tree(pid)
     files: Dict[Tuple[int, int], int] = {}
     for p in pids:
         files.update(store_files(p))
-    return sum(private_memory(p) for p in pids) + sum(files.values())
+    return sum(private_memory(p) for p in pids), sum(files.values())

@@ -36,8 +36,10 @@ process; peak memory while both run, sampled every 20 ms: the private memory of 
 process tree plus the pages of depot's memfds (_memory.py). Files in --work-dir are on disk,
 and the page cache they fill is not counted: the local executors' figures leave out what
 their intermediates take, depot's count its store. Idle memory is the same sum at "ready".
-Also: Cubed's projected memory per task for the plan (the most over its operations) and
-that times the workers, the most the tasks admitted at once may take by Cubed's projection.
+Also: the peak of the processes' private memory alone over its idle level (what the tasks
+and the run's process took beside the store's pages), and Cubed's projected memory per
+task for the plan (the most over its operations) times the workers: the most the tasks
+admitted at once may take by Cubed's projection.
 
 Every run's values are checked against the threaded executor's (count, sum and a sum
 weighted by position, within 1e-6 relative: float32 sums in different orders). Runs
@@ -195,11 +197,13 @@ def _report(kind: str, runs: Dict[str, List[Dict[str, Any]]], workers: int) -> N
         if rs and not any("error" in r for r in rs):
             med[executor] = {
                 key: statistics.median(r[key] for r in rs)
-                for key in ("seconds", "warm_seconds", "peak_memory", "idle_memory", "projected")
+                for key in ("seconds", "warm_seconds", "peak_memory", "idle_memory", "projected",
+                            "peak_private", "idle_private")
             }
     print(f"\n{kind}:")
     print(f"  {'executor':12}{'first s':>9}{'/fastest':>10}{'again s':>9}{'/fastest':>10}"
-          f"{'peak MiB':>10}{'/lowest':>9}{'idle MiB':>10}{'peak-idle':>11}{'projected':>11}")
+          f"{'peak MiB':>10}{'/lowest':>9}{'idle MiB':>10}{'peak-idle':>11}{'private':>9}"
+          f"{'projected':>11}")
     for executor, rs in runs.items():
         if executor not in med:
             print(f"  {executor:12}FAILED: {next(r['error'] for r in rs if 'error' in r)}")
@@ -214,9 +218,11 @@ def _report(kind: str, runs: Dict[str, List[Dict[str, Any]]], workers: int) -> N
               f"{m['peak_memory'] / MiB:10.0f}{_ratio(m['peak_memory'], lowest):>9}"
               f"{m['idle_memory'] / MiB:10.0f}"
               f"{(m['peak_memory'] - m['idle_memory']) / MiB:11.0f}"
+              f"{(m['peak_private'] - m['idle_private']) / MiB:9.0f}"
               f"{m['projected'] * workers / MiB:11.0f}")
-    print(f"  projected: Cubed's projected memory of a task (the most over the plan's "
-          f"operations) x {workers} workers, MiB")
+    print(f"  private: the peak of the processes' private memory (the store's pages left out) "
+          f"over its idle level, MiB; projected: Cubed's projected memory of a task (the most "
+          f"over the plan's operations) x {workers} workers, MiB")
 
 
 def _arguments() -> argparse.Namespace:
