@@ -216,6 +216,9 @@ struct Request {
     # If not 0: instead of a page, the `largest` largest objects by data size (ties: oldest
     # first), largest first, in one reply (done), at most 10,000; `limit` is not used. For `top`.
     largest @2 :UInt32;
+    # Since protocol 20: only objects whose name starts with these bytes (at most 4,096; not
+    # with `largest`); empty: every object. `limit` counts the objects that match.
+    prefix @3 :Text;
   }
 
   # Evicts until `bytes` are freed (or nothing evictable is left), or, with

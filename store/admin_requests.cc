@@ -19,6 +19,8 @@ namespace {
 
 // Most objects in one page of a list reply, and about the most bytes.
 constexpr uint32_t kMaxListPage = 10'000;
+// The longest prefix a list may filter names by: the longest name (data_requests.cc).
+constexpr size_t kMaxListPrefixBytes = 4096;
 constexpr size_t kMaxListReplyBytes = 1u << 20;
 // What an object costs in a list reply besides its name (ObjectInfo, a little generously).
 constexpr size_t kListEntryBytes = 192;
@@ -301,6 +303,7 @@ struct AdminRequests::ListJob {
   bool largest = false;
   LargestScan scan;        // largest: the walk
   uint32_t limit = 0;      // paged: most entries
+  std::string prefix;      // paged: only names that start with it
   ObjectStore::Page page;  // paged: where the walk stopped (its slots go to `found`)
   bool walked = false;
   std::vector<std::pair<uint32_t, ObjectId>> found;  // what the walk found, in reply order
@@ -314,7 +317,18 @@ struct AdminRequests::ListJob {
 
 void AdminRequests::List(const Responder& reply, const std::shared_ptr<Jobs>& jobs,
                          wire::Request::ListObjects::Reader list) {
+  const auto prefix = list.getPrefix();
+  if (prefix.size() > kMaxListPrefixBytes) {
+    return reply.Error(Status::InvalidArgument(
+        "a list's name prefix of " + std::to_string(prefix.size()) +
+        " bytes is longer than the longest name, " + std::to_string(kMaxListPrefixBytes)));
+  }
+  if (prefix.size() > 0 && list.getLargest() != 0) {
+    return reply.Error(
+        Status::InvalidArgument("a list of the largest objects takes no name prefix"));
+  }
   auto job = std::make_shared<ListJob>(reply, jobs, std::min(list.getLargest(), kMaxListPage));
+  job->prefix.assign(prefix.cStr(), prefix.size());
   job->largest = list.getLargest() != 0;
   job->limit = std::clamp<uint32_t>(list.getLimit(), 1, kMaxListPage);
   job->page.next = list.getStartSlot();
@@ -335,7 +349,11 @@ bool AdminRequests::ListSlice(ListJob& job) {
     } else {
       const auto more = store.List(
           job.page.next, job.limit - static_cast<uint32_t>(job.found.size()), kSliceSlots);
-      for (uint32_t slot : more.slots) job.found.emplace_back(slot, store.IdAt(slot));
+      for (uint32_t slot : more.slots) {
+        if (store.NameOf(slot).starts_with(job.prefix)) {
+          job.found.emplace_back(slot, store.IdAt(slot));
+        }
+      }
       job.page.next = more.next;
       job.page.done = more.done;
       if (!more.done && job.found.size() < job.limit) return false;

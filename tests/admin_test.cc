@@ -351,6 +351,35 @@ TEST_F(AdminTest, ListLargestReturnsTheLargestObjectsLargestFirstInOneRequest) {
   EXPECT_TRUE(none.empty());
 }
 
+TEST_F(AdminTest, ListWithAPrefixReturnsOnlyTheNamesThatStartWithIt) {
+  ASSERT_OK_AND_ASSIGN(Client client, Connect());
+  // 1,500 objects under one prefix among 3,000 under another, interleaved in slot order, so
+  // that a page of the prefix's objects (1,024 at most) spans more slots than a page holds.
+  for (int i = 0; i < 4500; ++i) {
+    const std::string name = (i % 3 == 0 ? "zarr/a/c/" : "zarr/b/c/") + std::to_string(i);
+    PutNamed(client, name, SeededBytes(16, static_cast<uint64_t>(i)));
+  }
+  PutNamed(client, "zarr/a", SeededBytes(16, 1));  // the prefix itself, without the slash
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> a, client.List("zarr/a/"));
+  ASSERT_EQ(a.size(), 1500u);
+  for (const ObjectInfo& o : a) EXPECT_TRUE(o.name.starts_with("zarr/a/c/")) << o.name;
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> both, client.List("zarr/"));
+  EXPECT_EQ(both.size(), 4501u);
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> none, client.List("zarr/c"));
+  EXPECT_TRUE(none.empty());
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> all, client.List());
+  EXPECT_EQ(all.size(), 4501u);
+  // depotctl ls asks for the part of its glob before the first special character.
+  ProgramRun ls = Depotctl({"ls", "--json", "--name", "zarr/a/c/1?"});
+  EXPECT_EQ(ls.exit_code, 0) << ls.Explain();
+  EXPECT_TRUE(Has(ls.out, "\"zarr/a/c/12\"") && !Has(ls.out, "\"zarr/b/c/10\"")) << ls.out;
+
+  // A prefix longer than any name is refused (fuzz_test also sends prefixes with largest).
+  EXPECT_STATUS(client.List(std::string(4097, 'z')), StatusCode::kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(std::vector<ObjectInfo> longest, client.List(std::string(4096, 'z')));
+  EXPECT_TRUE(longest.empty());
+}
+
 TEST_F(AdminTest, BadInputFailsWithAClearMessage) {
   ExpectFails({"show", "admin/never-was"}, "'admin/never-was' (object " +
                                                ObjectId::FromName("admin/never-was").Hex() +

@@ -118,6 +118,8 @@ class Fuzzer {
           list.setStartSlot(static_cast<uint32_t>(rng_()));
           list.setLimit(static_cast<uint32_t>(rng_()));
           if (Pick(2) == 0) list.setLargest(static_cast<uint32_t>(rng_()));
+          // Prefixes up to twice the longest name, some matching the fuzzer's own names.
+          if (Pick(2) == 0) list.setPrefix(std::string(Pick(8192), Pick(2) == 0 ? 'n' : '\xff'));
         });
       case 11:
         return Send(rid, [&](wire::Request::Builder r) {

@@ -939,16 +939,19 @@ Result<std::vector<ObjectPlacement>> Client::Locate(std::span<const ObjectId> id
 
 namespace {
 
-// One list request (ListObjects: from `start`, at most `limit`, or the `largest` largest):
-// appends what the daemon returned to `objects`; the slot the next page starts from, or
-// nullopt when the list is complete.
+// One list request (ListObjects: from `start`, at most `limit` whose names start with
+// `prefix`, or the `largest` largest): appends what the daemon returned to `objects`; the slot
+// the next page starts from, or nullopt when the list is complete.
 Result<std::optional<uint32_t>> ListPage(Connection& conn, uint32_t start, uint32_t limit,
-                                         uint32_t largest, std::vector<ObjectInfo>& objects) {
+                                         uint32_t largest, std::string_view prefix,
+                                         std::vector<ObjectInfo>& objects) {
   RequestMessage request;
   auto list = request.root().initList();
   list.setStartSlot(start);
   list.setLimit(limit);
   list.setLargest(largest);
+  const std::string text(prefix);  // capnp's Text::Reader wants the NUL after it
+  list.setPrefix(capnp::Text::Reader(text.data(), text.size()));
   Reply reply;
   DEPOT_RETURN_NOT_OK(conn.Call(request, &reply));
   return Decode([&]() -> Result<std::optional<uint32_t>> {
@@ -966,16 +969,16 @@ Result<std::optional<uint32_t>> ListPage(Connection& conn, uint32_t start, uint3
 Result<std::vector<ObjectInfo>> Client::ListLargest(uint32_t n) {
   std::vector<ObjectInfo> objects;
   if (n == 0) return objects;
-  DEPOT_RETURN_NOT_OK(ListPage(*conn_, 0, n, n, objects).status());
+  DEPOT_RETURN_NOT_OK(ListPage(*conn_, 0, n, n, {}, objects).status());
   return objects;
 }
 
-Result<std::vector<ObjectInfo>> Client::List() {
+Result<std::vector<ObjectInfo>> Client::List(std::string_view prefix) {
   std::vector<ObjectInfo> objects;
   uint32_t start = 0;
   for (;;) {
     DEPOT_ASSIGN_OR_RETURN(std::optional<uint32_t> next,
-                           ListPage(*conn_, start, kListPage, 0, objects));
+                           ListPage(*conn_, start, kListPage, 0, prefix, objects));
     if (!next) return objects;
     if (*next <= start) {
       return Status::Internal("the daemon's list did not advance past slot " +

@@ -97,6 +97,16 @@ def test_store_status(gpu_client, gpu_daemon):
     assert d["scheduler"]["bandwidths_measured"] is True
 
 
+def test_list_with_a_prefix_has_only_the_names_that_start_with_it(client):
+    for name in ("runs/7/a", "runs/7/b", "runs/8/a", "runs/70"):
+        client.put(b"x", name=name)
+    assert sorted(o.name for o in client.list(prefix="runs/7/")) == ["runs/7/a", "runs/7/b"]
+    assert sorted(o.name for o in client.list("runs/7")) == ["runs/7/a", "runs/7/b", "runs/70"]
+    assert len(client.list()) == 4 and client.list("nothing/") == []
+    with pytest.raises(depot.InvalidArgument, match="longer than the longest name"):
+        client.list("r" * 5000)
+
+
 def test_status_lists_the_daemons_settings(client, tmp_path):
     status = client.status()
     settings = {s.name: s.value for s in status.settings}

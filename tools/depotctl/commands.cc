@@ -461,6 +461,13 @@ void SortObjects(std::vector<ObjectInfo>& objects, SortKey key) {
   }
 }
 
+// The names a glob can match all start with what comes before its first special character:
+// the daemon is asked for those only.
+std::string LiteralPrefix(const std::string& glob) {
+  constexpr size_t kLongestName = 4096;  // the daemon refuses longer prefixes, as names
+  return glob.substr(0, std::min({glob.find_first_of("*?[\\"), glob.size(), kLongestName}));
+}
+
 }  // namespace
 
 Status ListObjects(const std::string& socket, const ListOptions& options) {
@@ -469,7 +476,8 @@ Status ListObjects(const std::string& socket, const ListOptions& options) {
   if (filter.device) {
     DEPOT_RETURN_NOT_OK(CheckGpuServed(client, *filter.device));
   }
-  DEPOT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> listed, client.List());
+  DEPOT_ASSIGN_OR_RETURN(std::vector<ObjectInfo> listed,
+                         client.List(LiteralPrefix(filter.name_glob)));
   const uint64_t now = ipc::WallNanos();
   std::vector<ObjectInfo> objects;
   for (ObjectInfo& o : listed) {

@@ -592,8 +592,10 @@ class Client {
   // limit.
   Result<std::vector<ObjectPlacement>> Locate(std::span<const ObjectId> ids);
 
-  // Every object in the store, sealed or being created, in slot order.
-  Result<std::vector<ObjectInfo>> List();
+  // Every object in the store, sealed or being created, in slot order; with a `prefix`, those
+  // whose names start with it (the daemon filters: a page carries only those). InvalidArgument
+  // for a prefix longer than the longest name (4,096 bytes).
+  Result<std::vector<ObjectInfo>> List(std::string_view prefix = {});
   // The `n` largest objects by data size (ties: oldest first), largest first, in one
   // request; at most 1,000 (the daemon's page size).
   Result<std::vector<ObjectInfo>> ListLargest(uint32_t n);

@@ -712,9 +712,11 @@ class Client:
     def __contains__(self, ref: RefLike) -> bool:
         return self.contains(ref)
 
-    def list(self) -> List[Any]:
-        """Every object in the store (depot.ObjectInfo), sealed or being created."""
-        return self._native.list_objects()
+    def list(self, prefix: str = "") -> List[Any]:
+        """Every object in the store (depot.ObjectInfo), sealed or being created; with
+        ``prefix``, those whose names start with it (the daemon leaves the others out).
+        Raises InvalidArgument for a prefix longer than a name can be (4,096 bytes)."""
+        return self._native.list_objects(prefix)
 
     def gpus(self) -> List[Any]:
         """The GPUs the daemon serves that this process can use (depot.GpuInfo), by ordinal:

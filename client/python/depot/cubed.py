@@ -84,7 +84,7 @@ def _clear(socket: str, prefix: str) -> None:
     """Deletes every object under ``prefix`` (the executor's arrays), if the daemon is up."""
     try:
         with Client(socket, name="depot.cubed cleanup") as client:
-            names = [o.name for o in client.list() if o.name.startswith(prefix + "/")]
+            names = [o.name for o in client.list(prefix + "/")]
             if names:
                 client.delete(names)
     except Exception:  # the daemon is gone (its objects with it), or deleted them meanwhile

@@ -219,10 +219,12 @@ class Store(_ZarrStore):
         """The sealed objects of this store whose keys start with ``prefix``, as
         (key, ObjectInfo)."""
         root = f"{self._prefix}/{prefix}"
+        if len(root.encode()) > _MAX_NAME_BYTES:
+            return []  # longer than any name
         return [
             (info.name[len(self._prefix) + 1:], info)
-            for info in self._client.list()
-            if info.name.startswith(root) and info.state == "sealed" and not info.delete_pending
+            for info in self._client.list(root)
+            if info.state == "sealed" and not info.delete_pending
         ]
 
     # Reading.

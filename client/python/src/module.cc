@@ -322,8 +322,8 @@ class Client {
     return ValueOrRaise(std::move(r));
   }
 
-  std::vector<ObjectInfo> List() {
-    return Blocking(client(), [](depot::Client& c) { return c.List(); });
+  std::vector<ObjectInfo> List(const std::string& prefix) {
+    return Blocking(client(), [&](depot::Client& c) { return c.List(prefix); });
   }
   StoreStatus GetStatus() {
     return Blocking(client(), [](depot::Client& c) { return c.GetStatus(); });
@@ -535,7 +535,7 @@ NB_MODULE(_depot, m) {
       .def("contains", &Client::Contains, "id"_a)
       // Not `list`: in the stubs, a method of that name would hide the builtin from the
       // annotations of the methods after it.
-      .def("list_objects", &Client::List)
+      .def("list_objects", &Client::List, "prefix"_a = "")
       .def("status", &Client::GetStatus)
       .def("metrics", &Client::Metrics)
       .def("clients", &Client::Clients)
