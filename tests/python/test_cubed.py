@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from cubed.runtime.types import Callback  # noqa: E402
 
 import depot  # noqa: E402
 import depot.cubed  # noqa: E402
+from conftest import wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +34,7 @@ class Recorder(Callback):
 
     def __init__(self):
         self.started, self.ended, self.tasks = [], [], []
+        self.events = []  # ("start" or "end", operation), in order
         self.dag = None
 
     def on_compute_start(self, event):
@@ -39,9 +42,11 @@ class Recorder(Callback):
 
     def on_operation_start(self, event):
         self.started.append(event.name)
+        self.events.append(("start", event.name))
 
     def on_operation_end(self, event):
         self.ended.append(event.name)
+        self.events.append(("end", event.name))
 
     def on_task_end(self, event):
         self.tasks.append(event)
@@ -258,6 +263,60 @@ def test_a_worker_killed_mid_stage_has_its_task_run_again():
         np.testing.assert_array_equal(cubed.map_blocks(dies_once, a, dtype=a.dtype).compute(), 1)
         assert os.path.exists(marker)
         assert len(ex.client.workers()) == 1
+
+
+def test_stages_of_one_generation_run_together_with_compute_arrays_in_parallel(executor):
+    recorder = Recorder()
+    spec = executor.spec(allowed_mem="100MB")
+    a = xp.asarray(np.ones((30, 30)), chunks=(10, 10), spec=spec)
+    b = xp.asarray(np.full((30, 30), 2.0), chunks=(10, 10), spec=spec)
+    got_a, got_b = cubed.compute(a * 3, b + 1, callbacks=[recorder],
+                                 compute_arrays_in_parallel=True)
+    assert np.all(got_a == 3) and np.all(got_b == 3)
+    # The two elementwise stages were started before either ended.
+    first_end = min(recorder.events.index(("end", n)) for n in recorder.started[1:])
+    assert all(recorder.events.index(("start", n)) < first_end for n in recorder.started[1:])
+
+
+def test_ctrl_c_cancels_the_tasks_not_yet_run_and_raises(executor):
+    script = textwrap.dedent(
+        f"""
+        import signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        import cubed, numpy as np, cubed.array_api as xp, depot.cubed
+        def slow(block):
+            import time
+            time.sleep(0.2)
+            return block
+        with depot.cubed.Executor(socket={executor.socket!r}) as ex:
+            a = xp.asarray(np.ones((200, 10)), chunks=(1, 10), spec=ex.spec(allowed_mem="100MB"))
+            print(ex.prefix, flush=True)
+            try:
+                cubed.map_blocks(slow, a, dtype=a.dtype).compute()
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+                sys.exit(0)
+        sys.exit(3)
+        """
+    )
+    before = executor.client.status().scheduler.cancelled
+    objects = len(executor.client.list())
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    prefix = child.stdout.readline().strip()
+    assert prefix.startswith("cubed/"), prefix
+    assert wait_for(lambda: executor.client.status().scheduler.tasks_pending > 10, timeout=60)
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 0 and "interrupted" in out, out
+    assert wait_for(lambda: executor.client.status().scheduler.tasks_pending == 0, timeout=60)
+    assert executor.client.status().scheduler.cancelled > before
+    # The child's arrays went with its executor (its with block); the tasks' outputs and
+    # functions went too: the store holds what it held before.
+    assert not executor.client.list(prefix + "/")
+    assert wait_for(lambda: len(executor.client.list()) == objects, timeout=60), [
+        o.name for o in executor.client.list()
+    ]
 
 
 def test_bad_input_is_a_clear_error(executor):

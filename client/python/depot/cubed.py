@@ -327,8 +327,10 @@ class Executor(DagExecutor):
             for name in group:
                 handle_operation_start_callbacks(callbacks, name)
             running = [_Stage(name, dag.nodes[name]) for name in group]
-            self._run(running, callbacks)
-            self._forget_functions(running)
+            try:
+                self._run(running, callbacks)
+            finally:
+                self._forget_functions(running)
             for name in group:
                 handle_operation_end_callbacks(callbacks, name)
             finished.update(group)
@@ -367,11 +369,10 @@ class Executor(DagExecutor):
                     handle_callbacks(callbacks, result, stats)
         except BaseException:
             if in_flight:
+                # What has not started is cancelled; what runs finishes, and its output goes
+                # then (once no pending task makes it).
                 client.cancel(list(in_flight))
-                try:
-                    client.delete(list(in_flight))
-                except ObjectNotFound:  # some were deleted by their tasks' ends meanwhile
-                    pass
+                client.delete(list(in_flight), after_tasks=True)
             raise
 
     def _admit(self, queue: "_Queue", in_flight: Dict[Any, "_Entry"], used: int) -> int:
