@@ -34,7 +34,9 @@ collection of the executor) deletes everything under the executor's prefix.
 **Faults.** A task that raises runs again up to ``retries`` times (Cubed's executors'
 default: 2), then its exception is raised in the caller with the worker's traceback. A task
 whose worker dies is run again by the daemon on another worker (the same count). Ctrl-C
-cancels the tasks submitted and not yet run and raises KeyboardInterrupt.
+cancels the tasks submitted and not yet run and raises KeyboardInterrupt at once; those
+already running finish, and closing the executor waits for them (up to a minute) before it
+deletes its arrays, since they may still write chunks.
 
 **Callbacks.** Cubed's callbacks see each operation start and end and each task end, with
 the task's timings and peak memory as measured in the worker (Cubed's TqdmProgressBar,
@@ -67,11 +69,14 @@ from zarr.core.sync import sync
 from . import _codec
 from ._client import Client
 from ._errors import InvalidArgument, ObjectNotFound, StoreFull, TaskFailed
+from ._ref import ObjectRef
 from .zarr import Store
 
 __all__ = ["Executor"]
 
 _END = object()  # the end of a stage's items
+# How long close() waits for tasks an interrupted compute left running (they may write).
+_RUNNING_WAIT_S = 60.0
 
 
 def _run_task(function: Any, config: Any, item: Any) -> Tuple[Any, Dict[str, Any]]:
@@ -107,11 +112,12 @@ class _Plans(Callback):
             self._returned[id(event.dag)] = (event.dag, set(plan.array_names))
 
     def on_compute_end(self, event: Any) -> None:
-        self._returned.pop(id(event.dag), None)
+        self._returned.pop(id(event.dag), None)  # a compute no executor of ours ran
 
-    def returned(self, dag: Any) -> Optional[Set[str]]:
-        """The arrays the compute running ``dag`` returns; None if not known."""
-        entry = self._returned.get(id(dag))
+    def take(self, dag: Any) -> Optional[Set[str]]:
+        """The arrays the compute about to run ``dag`` returns (forgotten here: a compute
+        that fails never ends); None if not known."""
+        entry = self._returned.pop(id(dag), None)
         return entry[1] if entry is not None and entry[0] is dag else None
 
     def use(self) -> None:
@@ -238,6 +244,8 @@ class Executor(DagExecutor):
         self.keep_intermediates = keep_intermediates
         self.prefix = f"cubed/{uuid.uuid4().hex[:16]}"
         self._last_returned: List[Tuple[Store, str]] = []  # the last compute's results
+        self._submitted = 0  # tasks submitted: their outputs are named <prefix>/tasks/<n>
+        self._running: List[ObjectRef] = []  # outputs of tasks an interrupt left running
         _plans.use()
         self._cleanup = weakref.finalize(self, _release, self.socket, self.prefix)
 
@@ -262,9 +270,20 @@ class Executor(DagExecutor):
         self.close()
 
     def close(self) -> None:
-        """Deletes the executor's arrays and stops its private daemon, if it has one."""
-        self._cleanup()
-        self.client.close()
+        """Deletes the executor's arrays and stops its private daemon, if it has one. Tasks an
+        interrupted compute left running are waited for first (up to a minute), since they
+        may still write chunks of its arrays."""
+        try:
+            if self._running:
+                self.client.wait(self._running, timeout=_RUNNING_WAIT_S)
+                # Their outputs: the daemon knows them by id only (names are the client's).
+                self.client.delete(self._running, after_tasks=True)
+        except ObjectNotFound:
+            pass
+        finally:
+            self._running = []
+            self._cleanup()
+            self.client.close()
         if self._daemon is not None:
             self._daemon.close()
             self._daemon = None
@@ -308,7 +327,7 @@ class Executor(DagExecutor):
                 f"depot.cubed: operation {largest} projects {projected[largest]:,} bytes for "
                 f"one task, more than the executor's memory bound of {self.memory:,} bytes"
             )
-        returned = _plans.returned(dag)
+        returned = _plans.take(dag)
         # Without the plan (execute_dag called other than by cubed.compute), every array stays.
         keep = self.keep_intermediates or bool(resume) or returned is None
         if not keep:
@@ -341,10 +360,12 @@ class Executor(DagExecutor):
     # Running stages.
 
     def _run(self, stages: List[_Stage], callbacks: Optional[Sequence[Callback]]) -> None:
-        """Runs the stages' tasks, admitting them while their projected memory fits."""
+        """Runs the stages' tasks, admitting them while their projected memory fits. A task's
+        output is named before it is submitted and stays in ``in_flight`` until it has been
+        deleted, so that an interrupt anywhere leaves no task running and nothing stored."""
         client = self.client
         queue = _Queue(stages)
-        in_flight: Dict[Any, _Entry] = {}  # the output's ref: the task
+        in_flight: Dict[ObjectRef, _Entry] = {}  # each task's output: the task
         used = 0
         try:
             while True:
@@ -353,8 +374,7 @@ class Executor(DagExecutor):
                     return
                 done, _ = client.wait(list(in_flight), return_when="FIRST_COMPLETED")
                 for ref in done:
-                    stage, item, attempt = entry = in_flight.pop(ref)
-                    used -= stage.projected_mem
+                    stage, item, attempt = in_flight[ref]
                     try:
                         result, stats = client.get(ref)
                     except TaskFailed:
@@ -364,18 +384,26 @@ class Executor(DagExecutor):
                         continue
                     finally:
                         client.delete(ref)
-                    del entry
+                        del in_flight[ref]
+                        used -= stage.projected_mem
                     stats["name"] = stage.name
                     handle_callbacks(callbacks, result, stats)
         except BaseException:
             if in_flight:
-                # What has not started is cancelled; what runs finishes, and its output goes
-                # then (once no pending task makes it).
-                client.cancel(list(in_flight))
-                client.delete(list(in_flight), after_tasks=True)
+                # What has not started is cancelled (its output sealed as failed). What runs
+                # finishes, and may still write chunks: close() waits for it before it
+                # deletes the executor's arrays. An output named and never submitted, or
+                # deleted already, is "unknown" to cancel and not found by delete.
+                refs = list(in_flight)
+                outcomes = client.cancel(refs)
+                self._running.extend(r for r, o in zip(refs, outcomes) if o == "running")
+                try:
+                    client.delete([r for r, o in zip(refs, outcomes) if o != "running"])
+                except ObjectNotFound:
+                    pass
             raise
 
-    def _admit(self, queue: "_Queue", in_flight: Dict[Any, "_Entry"], used: int) -> int:
+    def _admit(self, queue: "_Queue", in_flight: Dict[ObjectRef, "_Entry"], used: int) -> int:
         """Submits, in one request, the next tasks whose projected memory fits beside that of
         the tasks in flight (at least one if none is); returns the memory then in use."""
         batch: List[_Entry] = []
@@ -388,13 +416,15 @@ class Executor(DagExecutor):
             batch.append(queue.take())
             used += entry[0].projected_mem
         if batch:
-            tasks = [
-                self.client._task(stage.function, (item,), retries=self.retries,
-                                  label=f"cubed {stage.name}")
-                for stage, item, _ in batch
-            ]
-            for entry, outputs in zip(batch, self.client._submit(tasks)):
-                in_flight[outputs[0]] = entry
+            tasks = []
+            for entry in batch:
+                stage, item, _ = entry
+                self._submitted += 1
+                name = f"{self.prefix}/tasks/{self._submitted}"
+                tasks.append(self.client._task(stage.function, (item,), retries=self.retries,
+                                               label=f"cubed {stage.name}", name=name))
+                in_flight[ObjectRef.from_name(name)] = entry
+            self.client._submit(tasks)
         return used
 
     def _forget_functions(self, stages: List[_Stage]) -> None:
