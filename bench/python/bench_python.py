@@ -22,7 +22,9 @@ build-py/venv/bin/python) and numpy. It starts a private depotd.
    instance (its plasma store, started once, untimed) are added as a reference.
 
 3. put_many of 10,000 small values (1 KiB numpy arrays) against a loop of put: the batch
-   sends a few hundred puts per write instead of one round trip each.
+   sends a few hundred puts per write instead of one round trip each. Then a list of 100
+   named objects under one prefix among 100,000 others: list(prefix), which the daemon
+   filters, against the whole list filtered in Python.
 
 4. GPU objects (skipped with --no-gpu): get(..., device=0) of a small object (a
    depot.DeviceArray; plus a DLPack capsule of it) against a host get, on the host's CUDA GPUs
@@ -151,6 +153,24 @@ def bench_put_many(client, n, repeat):
     print(f"  depot put_many                  {t_many * 1e6:8.2f} µs")
     print(f"  baseline: a loop of put         {t_loop * 1e6:8.2f} µs   "
           f"put_many is {t_loop / t_many:.1f}x faster")
+
+
+def bench_list_prefix(client, others, keys, repeat):
+    """A store's keys (``keys`` named objects under one prefix) among ``others`` objects of
+    other names: listed by the daemon with a prefix, against the whole list filtered here."""
+    client.put_many([b"x"] * others, names=[f"bench-list/other/{i}" for i in range(others)])
+    client.put_many([b"y"] * keys, names=[f"bench-list/store/c/{i}" for i in range(keys)])
+    whole = median_time(
+        lambda: [o for o in client.list() if o.name.startswith("bench-list/store/")], repeat)
+    prefixed = median_time(lambda: client.list("bench-list/store/"), repeat)
+    assert len(client.list("bench-list/store/")) == keys
+    print(f"list of {keys} keys among {others:,} other objects (depot.zarr.Store's listings)")
+    print(f"  depot list(prefix)              {prefixed * 1e3:8.2f} ms")
+    print(f"  baseline: list() filtered here  {whole * 1e3:8.2f} ms   "
+          f"list(prefix) is {whole / prefixed:.1f}x faster")
+    names = [o.name for o in client.list("bench-list/")]
+    for start in range(0, len(names), 10_000):
+        client.delete(names[start : start + 10_000])
 
 
 def start_ray(memory):
@@ -424,6 +444,7 @@ def main():
                 with plain.client() as socket_client:
                     bench_small_get(client, socket_client, args.gets, ray)
             bench_put_many(client, 10_000, args.repeat)
+            bench_list_prefix(client, 100_000, 100, args.repeat)
             for size in sizes:
                 bench_array(client, size, args.repeat, ray)
     if ray is not None:

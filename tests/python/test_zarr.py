@@ -200,3 +200,13 @@ def test_xarray_writes_and_reads_a_dataset_through_the_store(daemon):
     back = xr.open_zarr(depot.zarr.Store("datasets/weather", socket=daemon.socket),
                         consolidated=False)
     xr.testing.assert_identical(back.load(), ds)
+
+
+def test_clearing_more_keys_than_a_request_may_name_deletes_them_all():
+    # A daemon whose requests name at most 1,000 ids: the store deletes in batches.
+    with depot.start_daemon(memory="64MiB", args=["--max-batch", "1000"]) as daemon:
+        store = depot.zarr.Store("many", socket=daemon.socket)
+        with depot.Client(daemon.socket) as client:
+            client.put_many([b"k"] * 2500, names=[f"many/c/{i}" for i in range(2500)], pin=True)
+            zarr.core.sync.sync(store.clear())
+            assert not client.list()

@@ -68,9 +68,9 @@ from zarr.core.sync import sync
 
 from . import _codec
 from ._client import Client
-from ._errors import InvalidArgument, ObjectNotFound, StoreFull, TaskFailed
+from ._errors import DepotError, InvalidArgument, ObjectNotFound, StoreFull, TaskFailed
 from ._ref import ObjectRef
-from .zarr import Store
+from .zarr import Store, delete_names
 
 __all__ = ["Executor"]
 
@@ -89,10 +89,8 @@ def _clear(socket: str, prefix: str) -> None:
     """Deletes every object under ``prefix`` (the executor's arrays), if the daemon is up."""
     try:
         with Client(socket, name="depot.cubed cleanup") as client:
-            names = [o.name for o in client.list(prefix + "/")]
-            if names:
-                client.delete(names)
-    except Exception:  # the daemon is gone (its objects with it), or deleted them meanwhile
+            delete_names(client, [o.name for o in client.list(prefix + "/")])
+    except DepotError:  # the daemon is gone, and its objects with it
         pass
 
 

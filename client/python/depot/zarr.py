@@ -55,7 +55,7 @@ from zarr.abc.store import (
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from ._client import Client
-from ._errors import ObjectExists, ObjectNotFound
+from ._errors import LimitExceeded, ObjectExists, ObjectNotFound
 
 __all__ = ["Store"]
 
@@ -66,6 +66,7 @@ _MAX_NAME_BYTES = 4096  # the daemon's limit on an object's name
 _DOCUMENTS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
 # Values this large are put from a worker thread, so that the copy does not hold the loop.
 _OFF_LOOP_BYTES = 1 << 20
+_DELETE_BATCH = 10_000  # names a delete request carries
 
 
 def _check_prefix(prefix: Any) -> str:
@@ -105,6 +106,25 @@ def _client_for(socket: Optional[str]) -> Client:
             entry = (os.getpid(), Client(socket, name="depot.zarr"))
             _clients[socket] = entry
         return entry[1]
+
+
+def delete_names(client: Client, names: List[str]) -> None:
+    """Deletes the named objects, 10,000 a request, or half as many again while the daemon
+    finds that past its --max-batch (100,000 by default); those deleted meanwhile are passed
+    over."""
+    batch, start = _DELETE_BATCH, 0
+    while start < len(names):
+        part = names[start : start + batch]
+        try:
+            client.delete(part)
+        except ObjectNotFound:  # the others of the batch are deleted all the same
+            pass
+        except LimitExceeded:
+            if batch == 1:
+                raise
+            batch //= 2
+            continue
+        start += len(part)
 
 
 def _byte_range(size: int, byte_range: Optional[ByteRequest]) -> Tuple[int, int]:
@@ -368,12 +388,7 @@ class Store(_ZarrStore):
         self._check_writable()
         if prefix and not prefix.endswith("/"):
             prefix += "/"
-        names = [info.name for _, info in self._objects(prefix)]
-        if names:
-            try:
-                self._client.delete(names)
-            except ObjectNotFound:  # deleted meanwhile: the others are deleted all the same
-                pass
+        delete_names(self._client, [info.name for _, info in self._objects(prefix)])
 
     async def clear(self) -> None:
         await self.delete_dir("")
