@@ -133,6 +133,25 @@ def test_a_computes_results_go_when_the_next_compute_starts(executor):
         ex.close()
 
 
+def test_arrays_the_user_keeps_in_another_depot_store_are_never_deleted(executor):
+    import depot.zarr
+    import zarr
+
+    mine = depot.zarr.Store("results", socket=executor.socket)
+    spec = executor.spec(allowed_mem="100MB")
+    a = xp.asarray(np.ones((20, 20)), chunks=(10, 10), spec=spec)
+    cubed.to_zarr(a + 1, mine, path="kept")
+    # An array at the store's root (path ""), read by a later stage of the same plan.
+    root = depot.zarr.Store("results-root", socket=executor.socket)
+    zarr.create_array(root, shape=(20, 20), chunks=(10, 10), dtype="f8")[:] = 5.0
+    assert np.all((cubed.from_zarr(root, spec=spec) * 2).compute() == 10)
+    assert np.all((a * 3).compute() == 3)  # another compute: the last one's results go
+    np.testing.assert_array_equal(zarr.open_array(mine, path="kept", mode="r")[:], 2)
+    np.testing.assert_array_equal(zarr.open_array(root, mode="r")[:], 5)
+    zarr.core.sync.sync(mine.clear())
+    zarr.core.sync.sync(root.clear())
+
+
 def test_an_array_returned_and_read_by_a_later_stage_stays_for_cubed_to_read_back(executor):
     spec = executor.spec(allowed_mem="100MB")
     a = xp.asarray(np.arange(400.0).reshape(20, 20), chunks=(10, 10), spec=spec) + 1

@@ -77,6 +77,10 @@ __all__ = ["Executor"]
 _END = object()  # the end of a stage's items
 # How long close() waits for tasks an interrupted compute left running (they may write).
 _RUNNING_WAIT_S = 60.0
+# Tasks submitted in one request, and in flight at most (each wait names them all): the
+# daemon queues what its workers cannot start yet, so more would only cost bytes.
+_SUBMIT_BATCH = 1000
+_MOST_IN_FLIGHT = 4000
 
 
 def _run_task(function: Any, config: Any, item: Any) -> Tuple[Any, Dict[str, Any]]:
@@ -241,6 +245,7 @@ class Executor(DagExecutor):
         self.retries = retries
         self.keep_intermediates = keep_intermediates
         self.prefix = f"cubed/{uuid.uuid4().hex[:16]}"
+        self._store = Store(self.prefix, socket=self.socket)
         self._last_returned: List[Tuple[Store, str]] = []  # the last compute's results
         self._submitted = 0  # tasks submitted: their outputs are named <prefix>/tasks/<n>
         self._running: List[ObjectRef] = []  # outputs of tasks an interrupt left running
@@ -288,7 +293,7 @@ class Executor(DagExecutor):
 
     def store(self) -> Store:
         """The Zarr store of this executor's arrays (under its prefix)."""
-        return Store(self.prefix, socket=self.socket)
+        return self._store
 
     def spec(self, **options: Any) -> Any:
         """A ``cubed.Spec`` that runs on this executor with its intermediate arrays in the
@@ -405,7 +410,7 @@ class Executor(DagExecutor):
         """Submits, in one request, the next tasks whose projected memory fits beside that of
         the tasks in flight (at least one if none is); returns the memory then in use."""
         batch: List[_Entry] = []
-        while True:
+        while len(batch) < _SUBMIT_BATCH and len(in_flight) + len(batch) < _MOST_IN_FLIGHT:
             entry = queue.peek()
             if entry is None:
                 break
@@ -434,15 +439,22 @@ class Executor(DagExecutor):
         except ObjectNotFound:  # a function two stages share, deleted once
             pass
 
-    @staticmethod
-    def _arrays_of(dag: nx.MultiDiGraph, names: Set[str]) -> List[Tuple[Store, str]]:
-        """Where the named arrays of the graph are kept, those in a depot.zarr.Store."""
+    def _ours(self, target: Any) -> Optional[Tuple[Store, str]]:
+        """Where an array node's target is kept, if it is an array of this executor's own
+        store (Executor.spec's intermediate_store): those alone are ever deleted here, never
+        an array the user keeps in another depot.zarr.Store (cubed.to_zarr, store)."""
+        store, path = getattr(target, "store", None), getattr(target, "path", None)
+        if store == self._store and isinstance(path, str) and path:
+            return store, path
+        return None
+
+    def _arrays_of(self, dag: nx.MultiDiGraph, names: Set[str]) -> List[Tuple[Store, str]]:
+        """Where the named arrays of the graph are kept, those in this executor's store."""
         found = []
         for name in names:
-            target = dag.nodes[name].get("target") if name in dag.nodes else None
-            store, path = getattr(target, "store", None), getattr(target, "path", None)
-            if isinstance(store, Store) and path is not None:
-                found.append((store, path))
+            ours = self._ours(dag.nodes[name].get("target")) if name in dag.nodes else None
+            if ours is not None:
+                found.append(ours)
         return found
 
     @staticmethod
@@ -450,17 +462,15 @@ class Executor(DagExecutor):
         for store, path in arrays:
             sync(store.delete_dir(path))
 
-    @staticmethod
     def _free_intermediates(
-        dag: nx.MultiDiGraph, finished: Set[str], freed: Set[str], returned: Set[str]
+        self, dag: nx.MultiDiGraph, finished: Set[str], freed: Set[str], returned: Set[str]
     ) -> None:
-        """Deletes the arrays made by finished stages whose every reader has finished too,
-        where they are in a depot.zarr.Store, except those the compute returns (which Cubed
-        reads back after the plan has run)."""
+        """Deletes the arrays of this executor's store made by finished stages whose every
+        reader has finished too, except those the compute returns (which Cubed reads back
+        after the plan has run)."""
         for name, data in dag.nodes(data=True):
-            target = data.get("target")
-            store = getattr(target, "store", None)
-            if not isinstance(store, Store) or getattr(target, "path", None) is None:
+            ours = self._ours(data.get("target"))
+            if ours is None or name in freed or name in returned:
                 continue
             makers = list(dag.predecessors(name))
             readers = list(dag.successors(name))
@@ -468,10 +478,8 @@ class Executor(DagExecutor):
                 readers
                 and any(m in finished for m in makers)
                 and all(r in finished or "pipeline" not in dag.nodes[r] for r in readers)
-                and name not in freed
-                and name not in returned
             ):
-                sync(store.delete_dir(target.path))
+                sync(ours[0].delete_dir(ours[1]))
                 freed.add(name)
 
 

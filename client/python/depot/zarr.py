@@ -99,6 +99,14 @@ _clients: Dict[Optional[str], Tuple[int, Client]] = {}
 _clients_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    global _clients_lock
+    _clients_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _client_for(socket: Optional[str]) -> Client:
     with _clients_lock:
         entry = _clients.get(socket)
