@@ -70,7 +70,7 @@ from . import _codec
 from ._client import Client
 from ._errors import DepotError, InvalidArgument, ObjectNotFound, StoreFull, TaskFailed
 from ._ref import ObjectRef
-from .zarr import Store, delete_names
+from .zarr import Store, clear_prefix
 
 __all__ = ["Executor"]
 
@@ -93,7 +93,7 @@ def _clear(socket: str, prefix: str) -> None:
     """Deletes every object under ``prefix`` (the executor's arrays), if the daemon is up."""
     try:
         with Client(socket, name="depot.cubed cleanup") as client:
-            delete_names(client, [o.name for o in client.list(prefix + "/")])
+            clear_prefix(client, prefix)
     except DepotError:  # the daemon is gone, and its objects with it
         pass
 

@@ -2,15 +2,18 @@
 running depotd, so that the processes of a host share arrays with no copy and no disk.
 
     import zarr, depot.zarr
-    store = depot.zarr.Store("experiments/run-7")          # objects named run-7/<key>
+    store = depot.zarr.Store("experiments/run-7")   # keys named experiments/run-7/<key>
     z = zarr.create_array(store, shape=(10000, 10000), chunks=(1000, 1000), dtype="f8")
-    z[:] = 1.0                         # each chunk is one object in the store
+    z[:] = 1.0                         # each chunk: a pointer and its value in the store
     zarr.open_array(depot.zarr.Store("experiments/run-7"), mode="r")[:10]  # any process
 
-Each key is one object named ``<prefix>/<key>`` (``depotctl ls`` shows them), pinned so that
-the store never evicts it: an object leaves only when it is deleted (``Store.delete``,
-``delete_dir``, ``clear``, ``depotctl rm``), or the daemon stops. A store that cannot fit a
-value raises ``depot.StoreFull``; nothing is dropped to make room.
+Each key is an object named ``<prefix>/<key>`` (``depotctl ls`` shows them): a metadata
+document's value itself, and for any other key (a chunk) a pointer, a few bytes naming the
+object that holds the value, ``#<prefix>/<key>#<random>`` (so that a chunk can be replaced
+while readers view its old value: below). Every object is pinned, so that the store never
+evicts it: it leaves only when it is deleted (``Store.delete``, ``delete_dir``, ``clear``),
+or the daemon stops. A store that cannot fit a value raises ``depot.StoreFull``; nothing is
+dropped to make room.
 
 Reads view the store's memory: ``get`` of a chunk returns a Buffer over the object's pages
 in this process (a read-only mapping), and a byte range is a slice of it, with no copy.
@@ -18,16 +21,18 @@ Metadata documents (``zarr.json``, and Zarr 2's ``.zarray``, ``.zgroup``, ``.zat
 ``.zmetadata``) are read as copies instead, because Zarr rewrites them in place and a
 document being read must not hold up its next version (below).
 
-Objects are immutable, so ``set`` of a key that exists deletes the old object and stores a
-new one under the same name. A reader that still holds a view of the old value keeps it
-intact (the old object goes when its last view does); until then its name cannot be given
-to the new value, and ``set`` waits for that (up to ``replace_timeout`` seconds, then raises
-``depot.ObjectExists`` saying why). Zarr writes each chunk of a computation once, and reads
-documents as copies, so this wait arises only when a program rewrites a chunk that it, or
-another process, is still viewing. Between the delete and the new object's seal a reader
+Objects are immutable, and the daemon gives a deleted object's name to no new object while a
+reader still views it. So ``set`` of a chunk stores the value under a new name, then
+replaces the key's pointer (delete, then put: pointers are read as copies, so nobody holds
+one for longer than a read), then deletes the old value: a reader that views it keeps it
+intact until it lets go, and Zarr's own partial writes (which view the old chunk while they
+write the new one) never wait. A document is replaced the same way as a pointer: ``set``
+retries while a raw reader of it holds it (up to ``replace_timeout`` seconds, then raises
+``depot.ObjectExists`` saying why). Between a pointer's delete and its new seal a reader
 finds no value for the key (Zarr reads a missing chunk as the fill value): a key written
-while others read it is not replaced atomically. ``set_if_not_exists`` is atomic (the
-daemon refuses a second object of the same name).
+while others read it is not replaced atomically; and two processes that replace one key at
+once may leave the older value behind, unnamed by any pointer, until its directory is
+deleted. ``set_if_not_exists`` is atomic (the daemon refuses a second object of one name).
 
 The store is picklable (its socket, prefix and mode travel; each process connects its own
 client, shared by all stores of the process on that socket), and two stores on the same
@@ -40,9 +45,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import secrets
 import threading
 import time
-from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 from zarr.abc.store import (
@@ -56,6 +62,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from ._client import Client
 from ._errors import LimitExceeded, ObjectExists, ObjectNotFound
+from ._ref import ObjectRef
 
 __all__ = ["Store"]
 
@@ -67,6 +74,12 @@ _DOCUMENTS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadat
 # Values this large are put from a worker thread, so that the copy does not hold the loop.
 _OFF_LOOP_BYTES = 1 << 20
 _DELETE_BATCH = 10_000  # names a delete request carries
+# The metadata of a pointer: its bytes are the name of the object holding the key's value.
+_POINTER = b"depot-zarr/1 pointer"
+# Room in a name for a value's "#" before the prefix and "#<16 hex digits>" after the key.
+_VALUE_NAME_EXTRA = 18
+# How often a read follows a pointer whose value was replaced meanwhile before it gives up.
+_RESOLVE_TRIES = 8
 
 
 def _check_prefix(prefix: Any) -> str:
@@ -133,6 +146,18 @@ def delete_names(client: Client, names: List[str]) -> None:
             batch //= 2
             continue
         start += len(part)
+
+
+def clear_prefix(client: Client, prefix: str, key_prefix: str = "") -> None:
+    """Deletes the keys of the store ``prefix`` that start with ``key_prefix`` (empty, or
+    ending with "/"): their pointers and documents, and the values they name."""
+    names = [o.name for o in client.list(f"{prefix}/{key_prefix}")]
+    names += [o.name for o in client.list(f"#{prefix}/{key_prefix}")]
+    delete_names(client, names)
+
+
+def _is_document(key: str) -> bool:
+    return key.rsplit("/", 1)[-1] in _DOCUMENTS
 
 
 def _byte_range(size: int, byte_range: Optional[ByteRequest]) -> Tuple[int, int]:
@@ -236,12 +261,48 @@ class Store(_ZarrStore):
         if not isinstance(key, str) or not key:
             raise ValueError(f"depot.zarr.Store: a key is a non-empty str, not {key!r}")
         name = f"{self._prefix}/{key}"
-        if len(name.encode()) > _MAX_NAME_BYTES:
+        longest = len(name.encode()) + (0 if _is_document(key) else _VALUE_NAME_EXTRA)
+        if longest > _MAX_NAME_BYTES:
             raise ValueError(
                 f"depot.zarr.Store: key {key[:64]!r}... makes an object name of "
-                f"{len(name.encode())} bytes, longer than depot's limit of {_MAX_NAME_BYTES}"
+                f"{longest} bytes, longer than depot's limit of {_MAX_NAME_BYTES}"
             )
         return name
+
+    def _value_name(self, key: str) -> str:
+        """A new name for a value of ``key`` (a chunk's), unique to this write."""
+        return f"#{self._prefix}/{key}#{secrets.token_hex(8)}"
+
+    def _target(self, found: Any, key: str) -> Optional[str]:
+        """The name a pointer names; None for an object that is a value itself."""
+        if bytes(found.metadata) != _POINTER:
+            return None
+        try:
+            return bytes(memoryview(found)).decode()
+        except UnicodeDecodeError:
+            raise ValueError(
+                f"depot.zarr.Store: the pointer of key {key!r} names no object (not UTF-8): "
+                "something other than depot.zarr wrote it"
+            ) from None
+
+    def _value(self, key: str) -> Any:
+        """The StoreBuffer holding ``key``'s value (following its pointer); None if there is
+        no such key."""
+        client, name = self._client, self._name(key)
+        for _ in range(_RESOLVE_TRIES):
+            try:
+                found = client.get_buffer(name, timeout=0)
+            except ObjectNotFound:
+                return None
+            target = self._target(found, key)
+            if target is None:
+                return found
+            del found
+            try:
+                return client.get_buffer(target, timeout=0)
+            except ObjectNotFound:
+                continue  # replaced since the pointer was read: read it again
+        return None
 
     def _objects(self, prefix: str = "") -> List[Any]:
         """The sealed objects of this store whose keys start with ``prefix``, as
@@ -264,18 +325,17 @@ class Store(_ZarrStore):
         """``get`` without the event loop (zarr.abc.store.SupportsGetSync)."""
         if prototype is None:
             prototype = default_buffer_prototype()
-        name = self._name(key)
         if byte_range is not None and not isinstance(
             byte_range, (RangeByteRequest, OffsetByteRequest, SuffixByteRequest)
         ):
             raise TypeError(f"Unexpected byte_range, got {byte_range!r}")
-        try:
-            value = memoryview(self._client.get_buffer(name, timeout=0))
-        except ObjectNotFound:
+        found = self._value(key)
+        if found is None:
             return None
+        value = memoryview(found)
         start, stop = _byte_range(len(value), byte_range)
         view = value[start:stop]
-        if key.rsplit("/", 1)[-1] in _DOCUMENTS:
+        if _is_document(key):
             return prototype.buffer.from_bytes(bytes(view))
         return prototype.buffer.from_array_like(np.frombuffer(view, dtype=np.uint8))
 
@@ -295,15 +355,16 @@ class Store(_ZarrStore):
         return self._client.contains(self._name(key))
 
     async def getsize(self, key: str) -> int:
-        placement = self._client.locate([self._name(key)])[0]
-        if not placement.found:
+        found = self._value(key)
+        if found is None:
             raise FileNotFoundError(key)
-        return placement.data_size
+        return int(found.size)
 
     async def getsize_prefix(self, prefix: str) -> int:
         if prefix and not prefix.endswith("/"):
             prefix += "/"
-        return sum(info.data_size for _, info in self._objects(prefix))
+        sizes = (self._value(key) for key, _ in self._objects(prefix))
+        return sum(int(found.size) for found in sizes if found is not None)
 
     async def list(self) -> AsyncIterator[str]:
         for key, _ in self._objects():
@@ -352,15 +413,40 @@ class Store(_ZarrStore):
             )
         name = self._name(key)
         data = value.as_numpy_array().data.cast("B")
+        if _is_document(key):
+            self._put(key, name, lambda: self._client.put(data, name=name, pin=True), replace)
+            return
+        target = self._value_name(key)
+        self._client.put(data, name=target, pin=True)
+        try:
+            stored = self._put(key, name, lambda: self._put_pointer(name, target), replace)
+        except BaseException:
+            self._client.delete(target)
+            raise
+        if not stored:  # set_if_not_exists of a key that exists
+            self._client.delete(target)
+
+    def _put_pointer(self, name: str, target: str) -> None:
+        encoded = target.encode()
+        ref = ObjectRef.from_name(name)
+        native = self._client._native
+        writable = native.create(ref.id, len(encoded), _POINTER, name, True)
+        memoryview(writable)[:] = encoded
+        native.seal(ref.id)  # before `writable` goes: collected unsealed, it is aborted
+
+    def _put(self, key: str, name: str, put: Callable[[], Any], replace: bool) -> bool:
+        """Puts the object ``name`` (``put``); if one exists, replaces it when ``replace``,
+        then deletes the value an old pointer named. Whether it stored anything."""
         client = self._client
         try:
-            client.put(data, name=name, pin=True)
-            return
+            put()
+            return True
         except ObjectExists:
             if not replace:
-                return
-        # Replace: delete the old object, then store the new one under its name, which the
-        # daemon gives back once the old object's last reader lets go of it.
+                return False
+        old = self._old_target(name, key)
+        # Delete, then put anew under the name, which the daemon gives back once the old
+        # object's last reader lets go of it (a pointer or document is read as a copy).
         deadline = time.monotonic() + self._replace_timeout
         pause = 0.0005
         while True:
@@ -369,8 +455,8 @@ class Store(_ZarrStore):
             except ObjectNotFound:
                 pass
             try:
-                client.put(data, name=name, pin=True)
-                return
+                put()
+                break
             except ObjectExists as e:
                 if time.monotonic() + pause > deadline:
                     raise ObjectExists(
@@ -380,14 +466,30 @@ class Store(_ZarrStore):
                     ) from None
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
+        if old is not None:
+            try:
+                client.delete(old)  # readers viewing it keep it until they let go
+            except ObjectNotFound:
+                pass
+        return True
+
+    def _old_target(self, name: str, key: str) -> Optional[str]:
+        """The value the object ``name`` points to, if it is a pointer."""
+        try:
+            found = self._client.get_buffer(name, timeout=0)
+        except ObjectNotFound:
+            return None
+        try:
+            return self._target(found, key)
+        except ValueError:
+            return None  # a damaged pointer: replaced all the same
 
     def delete_sync(self, key: str) -> None:
         """``delete`` without the event loop (zarr.abc.store.SupportsDeleteSync)."""
         self._check_writable()
-        try:
-            self._client.delete(self._name(key))
-        except ObjectNotFound:
-            pass
+        name = self._name(key)
+        old = self._old_target(name, key)
+        delete_names(self._client, [name] + ([old] if old is not None else []))
 
     async def delete(self, key: str) -> None:
         self.delete_sync(key)
@@ -396,7 +498,7 @@ class Store(_ZarrStore):
         self._check_writable()
         if prefix and not prefix.endswith("/"):
             prefix += "/"
-        delete_names(self._client, [info.name for _, info in self._objects(prefix)])
+        clear_prefix(self._client, self._prefix, prefix)
 
     async def clear(self) -> None:
         await self.delete_dir("")
