@@ -81,6 +81,7 @@ _RUNNING_WAIT_S = 60.0
 # daemon queues what its workers cannot start yet, so more would only cost bytes.
 _SUBMIT_BATCH = 1000
 _MOST_IN_FLIGHT = 4000
+_PLANS_KEPT = 64  # computes started and not yet run or ended that _Plans remembers
 
 
 def _run_task(function: Any, config: Any, item: Any) -> Tuple[Any, Dict[str, Any]]:
@@ -104,7 +105,9 @@ class _Plans(Callback):
     an Executor is open (and only then: other computations see no change)."""
 
     def __init__(self) -> None:
-        self._returned: Dict[int, Tuple[Any, Set[str]]] = {}  # id(dag): (dag, names)
+        # id(dag): (dag, names), oldest first; at most _PLANS_KEPT (a compute that fails on
+        # another executor never ends).
+        self._returned: Dict[int, Tuple[Any, Set[str]]] = {}
         self._users = 0
         self._lock = threading.Lock()
 
@@ -112,6 +115,8 @@ class _Plans(Callback):
         plan = getattr(event, "plan", None)
         if plan is not None:
             self._returned[id(event.dag)] = (event.dag, set(plan.array_names))
+            while len(self._returned) > _PLANS_KEPT:
+                del self._returned[next(iter(self._returned))]
 
     def on_compute_end(self, event: Any) -> None:
         self._returned.pop(id(event.dag), None)  # a compute no executor of ours ran
