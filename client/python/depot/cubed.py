@@ -149,15 +149,19 @@ def _release(socket: str, prefix: str) -> None:
     _clear(socket, prefix)
 
 
+def _projected_mem(node: Dict[str, Any]) -> int:
+    """The memory Cubed projects for one task of an operation node (0 if it says none)."""
+    return int(getattr(node.get("primitive_op"), "projected_mem", 0) or 0)
+
+
 class _Stage:
     """One stage's tasks: its name, the callable the workers run, its items still to
     submit, and the memory Cubed projects for each task."""
 
     def __init__(self, name: str, node: Dict[str, Any]) -> None:
         pipeline = node["pipeline"]
-        op = node.get("primitive_op")
         self.name = name
-        self.projected_mem = int(getattr(op, "projected_mem", 0) or 0)
+        self.projected_mem = _projected_mem(node)
         self.function = functools.partial(_run_task, pipeline.function, pipeline.config)
         self.items: Iterator[Any] = iter(pipeline.mappable)
         self.submitted = 0
@@ -251,7 +255,7 @@ class Executor(DagExecutor):
         self.keep_intermediates = keep_intermediates
         self.prefix = f"cubed/{uuid.uuid4().hex[:16]}"
         self._store = Store(self.prefix, socket=self.socket)
-        self._last_returned: List[Tuple[Store, str]] = []  # the last compute's results
+        self._last_returned: List[str] = []  # paths of the last compute's results
         self._submitted = 0  # tasks submitted: their outputs are named <prefix>/tasks/<n>
         self._running: List[ObjectRef] = []  # outputs of tasks an interrupt left running
         _plans.use()
@@ -325,10 +329,7 @@ class Executor(DagExecutor):
         **kwargs: Any,
     ) -> None:
         stages = [name for name, _ in visit_nodes(dag)]
-        projected = {
-            name: int(getattr(dag.nodes[name].get("primitive_op"), "projected_mem", 0) or 0)
-            for name in stages
-        }
+        projected = {name: _projected_mem(dag.nodes[name]) for name in stages}
         largest = max(stages, key=lambda name: projected[name], default=None)
         if largest is not None and projected[largest] > self.memory:
             raise StoreFull(
@@ -444,28 +445,23 @@ class Executor(DagExecutor):
         except ObjectNotFound:  # a function two stages share, deleted once
             pass
 
-    def _ours(self, target: Any) -> Optional[Tuple[Store, str]]:
-        """Where an array node's target is kept, if it is an array of this executor's own
-        store (Executor.spec's intermediate_store): those alone are ever deleted here, never
-        an array the user keeps in another depot.zarr.Store (cubed.to_zarr, store)."""
-        store, path = getattr(target, "store", None), getattr(target, "path", None)
-        if store == self._store and isinstance(path, str) and path:
-            return store, path
+    def _ours(self, target: Any) -> Optional[str]:
+        """The path of an array node's target, if it is an array of this executor's own store
+        (Executor.spec's intermediate_store): those alone are ever deleted here, never an
+        array the user keeps in another depot.zarr.Store (cubed.to_zarr, store)."""
+        path = getattr(target, "path", None)
+        if getattr(target, "store", None) == self._store and isinstance(path, str) and path:
+            return path
         return None
 
-    def _arrays_of(self, dag: nx.MultiDiGraph, names: Set[str]) -> List[Tuple[Store, str]]:
-        """Where the named arrays of the graph are kept, those in this executor's store."""
-        found = []
-        for name in names:
-            ours = self._ours(dag.nodes[name].get("target")) if name in dag.nodes else None
-            if ours is not None:
-                found.append(ours)
-        return found
+    def _arrays_of(self, dag: nx.MultiDiGraph, names: Set[str]) -> List[str]:
+        """The paths of the named arrays of the graph that are in this executor's store."""
+        paths = [self._ours(dag.nodes[name].get("target")) for name in names if name in dag.nodes]
+        return [path for path in paths if path is not None]
 
-    @staticmethod
-    def _delete_arrays(arrays: List[Tuple[Store, str]]) -> None:
-        for store, path in arrays:
-            sync(store.delete_dir(path))
+    def _delete_arrays(self, paths: List[str]) -> None:
+        for path in paths:
+            sync(self._store.delete_dir(path))
 
     def _free_intermediates(
         self, dag: nx.MultiDiGraph, finished: Set[str], freed: Set[str], returned: Set[str]
@@ -474,8 +470,8 @@ class Executor(DagExecutor):
         reader has finished too, except those the compute returns (which Cubed reads back
         after the plan has run)."""
         for name, data in dag.nodes(data=True):
-            ours = self._ours(data.get("target"))
-            if ours is None or name in freed or name in returned:
+            path = self._ours(data.get("target"))
+            if path is None or name in freed or name in returned:
                 continue
             makers = list(dag.predecessors(name))
             readers = list(dag.successors(name))
@@ -484,7 +480,7 @@ class Executor(DagExecutor):
                 and any(m in finished for m in makers)
                 and all(r in finished or "pipeline" not in dag.nodes[r] for r in readers)
             ):
-                sync(ours[0].delete_dir(ours[1]))
+                self._delete_arrays([path])
                 freed.add(name)
 
 

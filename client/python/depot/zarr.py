@@ -180,11 +180,13 @@ def _byte_range(size: int, byte_range: Optional[ByteRequest]) -> Tuple[int, int]
 
 
 class Store(_ZarrStore):
-    """A Zarr store keeping each key as an object ``<prefix>/<key>`` of the depotd at
-    ``socket`` (default: ``$DEPOT_SOCKET``, else the default socket), pinned until deleted.
+    """A Zarr store keeping each key as an object ``<prefix>/<key>`` (a chunk's: a pointer
+    to its value) of the depotd at ``socket`` (default: ``$DEPOT_SOCKET``, else the default
+    socket), pinned until deleted.
 
-    ``replace_timeout``: how long ``set`` of an existing key waits for readers to let go
-    of its old value before raising ``depot.ObjectExists`` (module docstring)."""
+    ``replace_timeout``: how long ``set`` of an existing document (or a chunk's pointer)
+    waits for a raw reader to let go of it before raising ``depot.ObjectExists`` (module
+    docstring)."""
 
     supports_writes = True
     supports_deletes = True
@@ -393,18 +395,19 @@ class Store(_ZarrStore):
         self._set(key, value, replace=True)
 
     async def set(self, key: str, value: Buffer) -> None:
-        self._check_writable()
-        if len(value) >= _OFF_LOOP_BYTES:
-            await asyncio.to_thread(self._set, key, value, True)
-        else:
-            self._set(key, value, replace=True)
+        await self._set_off_loop(key, value, replace=True)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        await self._set_off_loop(key, value, replace=False)
+
+    async def _set_off_loop(self, key: str, value: Buffer, replace: bool) -> None:
+        """_set, on a worker thread for a value large enough that its copy would hold the
+        event loop."""
         self._check_writable()
         if len(value) >= _OFF_LOOP_BYTES:
-            await asyncio.to_thread(self._set, key, value, False)
+            await asyncio.to_thread(self._set, key, value, replace)
         else:
-            self._set(key, value, replace=False)
+            self._set(key, value, replace)
 
     def _set(self, key: str, value: Buffer, replace: bool) -> None:
         if not isinstance(value, Buffer):
@@ -467,10 +470,7 @@ class Store(_ZarrStore):
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
         if old is not None:
-            try:
-                client.delete(old)  # readers viewing it keep it until they let go
-            except ObjectNotFound:
-                pass
+            delete_names(client, [old])  # readers viewing it keep it until they let go
         return True
 
     def _old_target(self, name: str, key: str) -> Optional[str]:
