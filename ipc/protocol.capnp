@@ -637,6 +637,8 @@ struct StoreStatus {
   disk @32 :DiskStatus;      # the disk tier; `enabled` false without --spill-dir
   configFile @33 :Text;      # --config; empty: none
   settings @34 :List(Setting);  # every setting the daemon runs with (after reloads)
+  keptBytes @35 :UInt64;     # of large objects gone, kept for the next ones: free for any
+                             # object, given back on demand (not in mappedBytes)
 }
 
 # A daemon setting: its key (the flag without dashes) and value, as the file writes them.

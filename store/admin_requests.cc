@@ -189,6 +189,7 @@ StoreStatus StatusOf(const ObjectStore& store, const DaemonViews& daemon) {
       .held_bytes = c.held_bytes,
       .pinned_bytes = c.pinned_bytes,
       .largest_free_block = arena.largest_free_block(),
+      .kept_bytes = arena.kept_bytes(),
       .segments = arena.segment_count(),
       .objects_sealed = c.objects_sealed,
       .objects_creating = c.objects_creating,

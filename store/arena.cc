@@ -103,6 +103,7 @@ Arena::~Arena() {
     ::munmap(s->base, s->size);
   }
   for (auto& [index, s] : dedicated_) ::munmap(s->base, s->size);
+  for (auto& s : kept_) ::munmap(s->base, s->size);
 }
 
 Result<Arena::Files> Arena::OpenFile(uint64_t size, const std::string& name) {
@@ -216,6 +217,7 @@ Status Arena::AddSegment() {
     if (s->retired && s->size <= options_.capacity - mapped_) return Revive(*s);
   }
   const uint64_t size = std::min(options_.segment_size, options_.capacity - mapped_);
+  GiveBackKept(size);
   // A new segment beside retired ones too large for the capacity left, up to the bound on
   // shared segments (each may go with a reply as a descriptor).
   if (size == 0 || shared_.size() >= kMaxSharedSegments) {
@@ -235,6 +237,7 @@ Status Arena::Revive(Segment& segment) {
   if (segment.size > options_.capacity - mapped_) {
     return Status::OutOfMemory("the arena is at its capacity");
   }
+  GiveBackKept(segment.size);
   DEPOT_RETURN_NOT_OK(Reserve(segment.fd->get(), segment.size));
   segment.retired = false;
   retired_--;
@@ -244,15 +247,43 @@ Status Arena::Revive(Segment& segment) {
   return Status::OK();
 }
 
+bool Arena::GiveBackKept(uint64_t bytes) {
+  while (unclaimed() < bytes && !kept_.empty()) DropKept(0, /*now=*/true);
+  return unclaimed() >= bytes;
+}
+
+void Arena::DropKept(size_t i, bool now) {
+  std::unique_ptr<Segment> gone = std::move(kept_[i]);
+  kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+  kept_bytes_ -= gone->size;
+  spdlog::debug("arena: gave back kept segment {} ({})", gone->index, ipc::FormatSize(gone->size));
+  // As for an object's own segment when it goes (Free): the hole punched first frees the
+  // pages whoever maps them; in a directory the file is truncated too.
+  auto give_back = [gone = std::move(gone), in_dir = !options_.dir.empty()] {
+    GiveBackPages(gone->fd->get(), gone->size, gone->index);
+    if (in_dir && ::ftruncate(gone->fd->get(), 0) != 0) {
+      spdlog::warn("arena: cannot truncate the file of segment {}: {}", gone->index,
+                   std::strerror(errno));
+    }
+    ::munmap(gone->base, gone->size);
+  };
+  if (now) {
+    give_back();
+  } else {
+    boost::asio::post(prefault_pool_, std::move(give_back));
+  }
+}
+
 bool Arena::FreeCapacity(uint64_t bytes) {
-  // Nothing is retired unless the empty segments are enough.
+  // Nothing is given back unless kept and empty segments are enough.
   uint64_t could = options_.capacity - mapped_;
   for (const auto& s : shared_) {
     if (!s->retired && s->allocator.live_allocations() == 0) could += s->size;
   }
   if (could < bytes) return false;
+  if (GiveBackKept(bytes)) return true;
   for (auto& s : shared_) {
-    if (options_.capacity - mapped_ >= bytes) break;
+    if (unclaimed() >= bytes) break;
     if (s->retired || s->allocator.live_allocations() != 0) continue;
     // Synchronous, on the loop, as the capacity must be free before the dedicated segment
     // takes it: about 0.13 s per GiB on tmpfs, paid only when a dedicated segment needs
@@ -270,15 +301,43 @@ bool Arena::FreeCapacity(uint64_t bytes) {
     spdlog::info("arena: retired empty segment {} ({}) for a larger object", s->index,
                  ipc::FormatSize(s->size));
   }
-  return options_.capacity - mapped_ >= bytes;
+  return unclaimed() >= bytes;
+}
+
+bool Arena::DedicatedIndexTaken(uint32_t index) const {
+  return dedicated_.contains(index) ||
+         std::ranges::any_of(kept_, [index](const auto& s) { return s->index == index; });
+}
+
+std::optional<Arena::Block> Arena::Reuse(uint64_t size, uint64_t bytes, uint32_t writers) {
+  std::optional<size_t> best;
+  for (size_t i = 0; i < kept_.size(); ++i) {
+    const Segment& s = *kept_[i];
+    if (s.writers != writers || s.size < bytes || s.size - bytes > bytes / kKeptSlack) continue;
+    if (!best || s.size < kept_[*best]->size) best = i;
+  }
+  if (!best) return std::nullopt;
+  auto a = kept_[*best]->allocator.Allocate(size, kPage);
+  if (!a) return std::nullopt;  // cannot happen: the segment is empty and large enough
+  std::unique_ptr<Segment> seg = std::move(kept_[*best]);
+  kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(*best));
+  kept_bytes_ -= seg->size;
+  mapped_ += seg->size;
+  const uint32_t index = seg->index;
+  spdlog::debug("arena: reused kept segment {} ({}) for one object", index,
+                ipc::FormatSize(seg->size));
+  dedicated_.emplace(index, std::move(seg));
+  return Block{index, a->handle, a->offset, a->size};
 }
 
 std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size, uint32_t writers) {
   // Whole pages of the backing store (huge pages on hugetlbfs, which refuses other sizes).
   const uint64_t bytes = (ReservedSize(size) + page_ - 1) / page_ * page_;
-  if (bytes > options_.capacity || !FreeCapacity(bytes)) return std::nullopt;
+  if (bytes > options_.capacity) return std::nullopt;
+  if (auto reused = Reuse(size, bytes, writers)) return reused;
+  if (!FreeCapacity(bytes)) return std::nullopt;
   uint32_t index = next_dedicated_;
-  while (dedicated_.contains(index)) index = index == UINT32_MAX ? kFirstDedicated : index + 1;
+  while (DedicatedIndexTaken(index)) index = index == UINT32_MAX ? kFirstDedicated : index + 1;
   auto made = MakeSegment(bytes, "depot-object-" + std::to_string(index - kFirstDedicated));
   if (!made.ok()) {
     spdlog::warn("arena: cannot make a segment of {} for one object: {}", ipc::FormatSize(bytes),
@@ -379,7 +438,11 @@ bool Arena::LastInUse(uint32_t segment) const {
 }
 
 void Arena::GrowAhead() {
-  if (mapped_ >= options_.capacity) return;
+  // Not at the expense of kept segments: this segment is only ahead of demand.
+  if (unclaimed() < std::min(options_.segment_size, options_.capacity - mapped_) ||
+      mapped_ >= options_.capacity) {
+    return;
+  }
   Status st = AddSegment();
   // Out of capacity is no news: a retired segment may not fit beside a dedicated one.
   if (!st.ok() && st.code() != StatusCode::kOutOfMemory)
@@ -444,6 +507,13 @@ void Arena::Free(uint32_t segment, uint32_t handle) {
   std::unique_ptr<Segment> gone = std::move(it->second);
   dedicated_.erase(it);
   mapped_ -= gone->size;
+  if (options_.keep_large) {
+    gone->allocator.Free(handle);
+    kept_bytes_ += gone->size;
+    kept_.push_back(std::move(gone));
+    if (kept_.size() > kMaxKept) DropKept(0, /*now=*/false);
+    return;
+  }
   // Freeing the pages takes about 0.13 s per GiB: on a worker, off the loop. A client maps a
   // dedicated segment only while it holds the object, but one that kept its mapping would
   // keep the pages alive, outside the capacity: the hole punched first frees them whoever

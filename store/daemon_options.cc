@@ -41,6 +41,7 @@ struct RawOptions {
   std::string segment_size = "1GiB";
   std::string arena_dir;
   bool no_prefault = false;
+  bool no_keep_large = false;
   bool no_evict = false;
   std::string spill_dir;
   std::string spill_limit = "0";
@@ -120,6 +121,9 @@ void Declare(CLI::App& app, RawOptions& raw) {
                "allocate the arena's pages as objects first use them, not 64 MiB ahead of them "
                "in each segment (less memory, slower puts into new pages; memfd segments are "
                "not page-locked for GPUs)");
+  app.add_flag("--no-keep-large", raw.no_keep_large,
+               "give back the memory of an object larger than a segment when it goes, instead "
+               "of keeping it (free for any object) for the next large object");
   app.add_flag("--no-evict", raw.no_evict, "never evict objects; a create that does not fit fails");
   app.add_option("--spill-dir", raw.spill_dir,
                  "directory (created 0700) where objects that do not fit in host memory are "
@@ -414,6 +418,7 @@ Result<DaemonSettings> Resolve(const CLI::App& app, const RawOptions& raw) {
   DEPOT_ASSIGN_OR_RETURN(s.segment_size, SizeOf("--segment-size", raw.segment_size));
   s.arena_dir = raw.arena_dir;
   s.prefault = !raw.no_prefault;
+  s.keep_large = !raw.no_keep_large;
   s.evict = !raw.no_evict;
   s.spill_dir = raw.spill_dir;
   DEPOT_ASSIGN_OR_RETURN(s.spill_limit, SizeOf("--spill-limit", raw.spill_limit));

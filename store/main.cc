@@ -244,6 +244,7 @@ int main(int argc, char** argv) {
     if (!gpus.ok()) return Fail(gpus.status());
     depot::store::ArenaOptions arena_options{s.memory, s.segment_size, s.arena_dir};
     arena_options.prefault = s.prefault;
+    arena_options.keep_large = s.keep_large;
     if (depot::store::gpu::DeviceBackend* backend = (*gpus)->backend.get();
         backend != nullptr && backend->kind() == "cuda" && !backend->devices().empty()) {
       arena_options.lock_pages = [backend](void* base, uint64_t bytes) {

@@ -3,6 +3,7 @@
 // object larger than --segment-size gets a segment of its own, mapped by a client only while
 // it holds the object, and its capacity comes back when it goes.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,10 +48,10 @@ uint64_t ResidentBytes() {
   return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
 }
 
-// The bytes allocated in a daemon's segment files (its memfds named depot-segment-N), each
-// file once however many descriptors it has: what the arena holds of the machine's memory,
-// whether any process maps those pages or not.
-uint64_t SegmentBytesAllocated(pid_t pid) {
+// The bytes allocated in a daemon's files named `kind`N (shared segments: depot-segment-;
+// objects' own: depot-object-), each file once however many descriptors it has: what the
+// arena holds of the machine's memory, whether any process maps those pages or not.
+uint64_t SegmentBytesAllocated(pid_t pid, const std::string& kind = "depot-segment-") {
   std::set<std::pair<dev_t, ino_t>> seen;
   uint64_t bytes = 0;
   std::error_code error;
@@ -58,7 +59,7 @@ uint64_t SegmentBytesAllocated(pid_t pid) {
        std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", error)) {
     const auto target = std::filesystem::read_symlink(entry.path(), error);
     struct stat st {};
-    if (error || target.string().find("depot-segment-") == std::string::npos ||
+    if (error || target.string().find(kind) == std::string::npos ||
         ::stat(entry.path().c_str(), &st) != 0) {
       continue;
     }
@@ -188,26 +189,147 @@ TEST_F(ArenaTest, AnObjectLargerThanASegmentGetsOneOfItsOwn) {
   EXPECT_EQ(list.size(), 2u);
 }
 
-TEST_F(ArenaTest, ADedicatedSegmentIsMappedOnlyWhileItsObjectIsHeld) {
-  Start();
+// A client keeps the last few views of objects' own segments it mapped, when nothing holds
+// them any more (client/src/segments.h, Segments::kRecentDedicated).
+constexpr int kRecentViews = 4;
+
+TEST_F(ArenaTest, ADedicatedSegmentIsMappedWhileHeldAndAmongTheLastFewViewsAfter) {
+  Start({"--memory", "128MiB", "--segment-size", "8MiB"});
   {
     ASSERT_OK_AND_ASSIGN(MutableBuffer created, client_->Create(Id("large"), 20 * kMiB));
     EXPECT_EQ(MappingsNamed("depot-object-"), 2) << "the creator maps it read-only and writable";
     std::memset(created.ptr(), 7, created.size());
     ASSERT_OK(client_->Seal(Id("large")));
   }
-  EXPECT_EQ(MappingsNamed("depot-object-"), 0) << "dropped with the creator's buffer";
+  EXPECT_EQ(MappingsNamed("depot-object-"), 2) << "kept among the creator's last views";
   ASSERT_OK_AND_ASSIGN(Client other, Client::Connect(daemon_->socket_path()));
   for (int round = 0; round < 3; ++round) {
-    {
-      ASSERT_OK_AND_ASSIGN(Buffer a, other.Get(Id("large")));
-      ASSERT_OK_AND_ASSIGN(Buffer b, other.Get(Id("large")));
-      EXPECT_EQ(a.ptr(), b.ptr());
-      EXPECT_EQ(MappingsNamed("depot-object-"), 1) << "round " << round;
-      EXPECT_EQ(a.data()[20 * kMiB - 1], std::byte{7});
-    }
-    EXPECT_EQ(MappingsNamed("depot-object-"), 0) << "round " << round;
+    ASSERT_OK_AND_ASSIGN(Buffer a, other.Get(Id("large")));
+    ASSERT_OK_AND_ASSIGN(Buffer b, other.Get(Id("large")));
+    EXPECT_EQ(a.ptr(), b.ptr());
+    EXPECT_EQ(MappingsNamed("depot-object-"), 3) << "one view for the reader, round " << round;
+    EXPECT_EQ(a.data()[20 * kMiB - 1], std::byte{7});
   }
+  // Objects of other sizes (no kept segment fits them): each client keeps its last
+  // kRecentViews views only. The creator's views of "large" go; the reader's stays.
+  for (int i = 0; i < kRecentViews; ++i) {
+    const std::string name = "other" + std::to_string(i);
+    ASSERT_OK(Put(name, (9 + i) * kMiB));
+    ASSERT_OK(client_->Delete(Id(name)));
+  }
+  EXPECT_EQ(MappingsNamed("depot-object-"), kRecentViews + 1);
+  ASSERT_OK_AND_ASSIGN(Buffer again, other.Get(Id("large")));
+  EXPECT_EQ(again.data()[20 * kMiB - 1], std::byte{7});
+}
+
+TEST_F(ArenaTest, ARepeatedLargePutWritesIntoTheMemoryTheLastOneLeft) {
+  Start();  // 64 MiB in segments of 8 MiB
+  // Ten puts of 40 MiB, each deleted: one file, kept and written again each time.
+  for (int i = 0; i < 10; ++i) {
+    const std::string name = "again" + std::to_string(i);
+    ASSERT_OK(Put(name, 40 * kMiB));
+    ExpectReads(*client_, name, 40 * kMiB);
+    EXPECT_EQ(Stats().kept_bytes, 0u) << "the kept segment was not reused, put " << i;
+    ASSERT_OK(client_->Delete(Id(name)));
+    const StoreStatus status = Stats();
+    EXPECT_EQ(status.kept_bytes, 40 * kMiB);
+    EXPECT_EQ(status.used_bytes, 0u);
+    EXPECT_GE(status.largest_free_block, 56 * kMiB) << "kept memory is free";
+    EXPECT_LE(SegmentBytesAllocated(daemon_->pid(), "depot-object-"), 40 * kMiB) << "put " << i;
+  }
+  // Objects of other sizes: a 36 MiB one reuses it (it leaves unused at most a quarter of
+  // the object's size); a 12 MiB one gets a file of its own, beside it (the 8 MiB shared
+  // segment, the 40 kept and 12 fit in 64); a 20 MiB one too, and the kept 40 MiB go to
+  // make room for it.
+  ASSERT_OK(Put("close", 36 * kMiB));
+  EXPECT_EQ(Stats().kept_bytes, 0u);
+  ASSERT_OK(client_->Delete(Id("close")));
+  ASSERT_OK(Put("smaller", 12 * kMiB));
+  EXPECT_EQ(Stats().kept_bytes, 40 * kMiB);
+  ASSERT_OK(Put("half", 20 * kMiB));
+  EXPECT_EQ(Stats().kept_bytes, 0u);
+  ExpectReads(*client_, "smaller", 12 * kMiB);
+  ExpectReads(*client_, "half", 20 * kMiB);
+  EXPECT_EQ(Stats().evictions, 0u);
+}
+
+TEST_F(ArenaTest, KeptMemoryIsGivenBackBeforeAnyEviction) {
+  Start();  // 64 MiB in segments of 8 MiB
+  ASSERT_OK(Put("large", 48 * kMiB));
+  ASSERT_OK(client_->Delete(Id("large")));
+  ASSERT_EQ(Stats().kept_bytes, 48 * kMiB);
+  // Small objects fill every shared segment the capacity allows: the kept memory goes
+  // first, and nothing is evicted while it can.
+  for (int i = 0; i < 8; ++i) ASSERT_OK(Put("small" + std::to_string(i), 7 * kMiB));
+  StoreStatus status = Stats();
+  EXPECT_EQ(status.evictions, 0u);
+  EXPECT_EQ(status.kept_bytes, 0u);
+  for (int i = 0; i < 8; ++i) ExpectReads(*client_, "small" + std::to_string(i), 7 * kMiB);
+  // The arena never held more than its capacity, kept memory included.
+  EXPECT_LE(SegmentBytesAllocated(daemon_->pid()) +
+                SegmentBytesAllocated(daemon_->pid(), "depot-object-"),
+            64 * kMiB);
+}
+
+TEST_F(ArenaTest, ADaemonWithKeptMemoryAcceptsAnyObjectThatFits) {
+  Start();  // 64 MiB in segments of 8 MiB
+  // One shared segment in use, and one added ahead of demand: 56 MiB left for one object.
+  ASSERT_OK(Put("small", kMiB));
+  for (const uint64_t mib : {20, 24}) {
+    ASSERT_OK(Put("kept" + std::to_string(mib), mib * kMiB));
+    ASSERT_OK(client_->Delete(Id("kept" + std::to_string(mib))));
+  }
+  ASSERT_EQ(Stats().kept_bytes, 44 * kMiB);
+  // The largest object that fits beside "small": neither kept segment holds it, both go.
+  ASSERT_OK(Put("largest", 56 * kMiB));
+  ExpectReads(*client_, "largest", 56 * kMiB);
+  ExpectReads(*client_, "small", kMiB);
+  const StoreStatus status = Stats();
+  EXPECT_EQ(status.kept_bytes, 0u);
+  EXPECT_EQ(status.evictions, 0u);
+}
+
+TEST_F(ArenaTest, WithoutKeepLargeAnObjectsMemoryGoesWithIt) {
+  Start({"--memory", "64MiB", "--segment-size", "8MiB", "--no-keep-large"});
+  ASSERT_OK(Put("large", 40 * kMiB));
+  EXPECT_GE(SegmentBytesAllocated(daemon_->pid(), "depot-object-"), 40 * kMiB);
+  ASSERT_OK(client_->Delete(Id("large")));
+  EXPECT_EQ(Stats().kept_bytes, 0u);
+  // Given back on a worker, at once.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (SegmentBytesAllocated(daemon_->pid(), "depot-object-") != 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(SegmentBytesAllocated(daemon_->pid(), "depot-object-"), 0u);
+}
+
+// Minor page faults this process has taken so far.
+uint64_t MinorFaults() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<uint64_t>(usage.ru_minflt);
+}
+
+TEST_F(ArenaTest, APopulatedBufferReadsItsBytesWithoutPageFaults) {
+  Start();
+  ASSERT_OK(Put("large", 20 * kMiB));
+  ASSERT_OK(Put("shared", 4 * kMiB));
+  ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(daemon_->socket_path()));
+  for (const auto& [name, bytes] : {std::pair{"large", 20 * kMiB}, std::pair{"shared", 4 * kMiB}}) {
+    ASSERT_OK_AND_ASSIGN(Buffer buffer, reader.Get(Id(name)));
+    buffer.Populate();
+    const uint64_t before = MinorFaults();
+    const uint64_t hash = Xxh3(buffer.data());
+    const uint64_t faults = MinorFaults() - before;
+    EXPECT_EQ(hash, Xxh3(SeededBytes(bytes, Xxh3(AsBytes(name))))) << name;
+    // Without Populate: one fault per 4 KiB page (5,120 for 20 MiB), or per huge page.
+    EXPECT_LT(faults, 16u) << name << ": the read faulted its pages in after all";
+    ASSERT_OK_AND_ASSIGN(PrivateBuffer copy, buffer.PrivateCopy());
+    copy.Populate();
+    EXPECT_EQ(Xxh3(copy.data()), hash) << name;
+  }
+  Buffer().Populate();  // an empty Buffer: nothing to do
 }
 
 TEST_F(ArenaTest, ADedicatedSegmentGivesItsCapacityBackWhenItsObjectGoes) {
@@ -300,13 +422,15 @@ TEST_F(ArenaTest, ManyLargeObjectsInOneGet) {
   ASSERT_OK_AND_ASSIGN(Client other, Client::Connect(daemon_->socket_path()));
   ASSERT_OK_AND_ASSIGN(std::vector<Buffer> got, other.Get(ids));
   ASSERT_EQ(got.size(), ids.size());
-  EXPECT_EQ(MappingsNamed("depot-object-"), 12);
+  // The reader's twelve, and the writer's last views (of the last two objects, read-only
+  // and writable).
+  EXPECT_EQ(MappingsNamed("depot-object-"), 12 + kRecentViews);
   for (int i = 0; i < 12; ++i) {
     EXPECT_EQ(Xxh3(got[i].data()),
               Xxh3(SeededBytes(5 * kMiB, Xxh3(AsBytes("big" + std::to_string(i))))));
   }
   got.clear();
-  EXPECT_EQ(MappingsNamed("depot-object-"), 0);
+  EXPECT_EQ(MappingsNamed("depot-object-"), 2 * kRecentViews) << "each client's last views";
 }
 
 }  // namespace

@@ -163,6 +163,31 @@ TEST_F(ArenaWritersTest, ADedicatedSegmentIsItsObjectsClass) {
   arena_.Free(big->region, big->handle);
 }
 
+TEST_F(ArenaWritersTest, AKeptSegmentIsReusedForItsOwnClassOnly) {
+  // Bob's large object goes; its segment is kept, with its file and index.
+  auto first = arena_.Allocate(5 * kMiB, kBob);
+  ASSERT_TRUE(first.has_value());
+  arena_.Free(first->region, first->handle);
+  ASSERT_EQ(arena_.kept_bytes(), 5 * kMiB);
+  // Alice's object of the same size gets a file of its own: Bob's read-write descriptor of
+  // the kept file must reach nothing of hers.
+  auto alices = arena_.Allocate(5 * kMiB, kAlice);
+  ASSERT_TRUE(alices.has_value());
+  EXPECT_NE(alices->region, first->region);
+  EXPECT_EQ(arena_.writers(alices->region), kAlice);
+  EXPECT_EQ(arena_.kept_bytes(), 5 * kMiB) << "it fit beside the kept segment";
+  // Bob's next one reuses it.
+  auto second = arena_.Allocate(5 * kMiB, kBob);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->region, first->region);
+  EXPECT_EQ(arena_.writers(second->region), kBob);
+  EXPECT_EQ(arena_.kept_bytes(), 0u);
+  arena_.Free(second->region, second->handle);
+  arena_.Free(alices->region, alices->handle);
+  EXPECT_EQ(arena_.kept_bytes(), 10 * kMiB);
+  EXPECT_EQ(arena_.used_bytes(), 0u);
+}
+
 TEST(ArenaWritersClass, RootAndTheDaemonsUidAreTrusted) {
   EXPECT_EQ(Arena::WritersOf(0), Arena::kTrustedWriters);
   EXPECT_EQ(Arena::WritersOf(::geteuid()), Arena::kTrustedWriters);

@@ -359,7 +359,8 @@ TEST_F(HostileTest, AnObjectsOwnSegmentCannotBeResizedNorMadeWritableByItsReader
 }
 
 TEST_F(HostileTest, AReaderThatKeepsAnObjectsOwnSegmentMappedKeepsNoneOfItsMemory) {
-  constexpr uint64_t kBytes = 20 << 20;  // a segment of its own (the test daemon's are 16 MiB)
+  constexpr uint64_t kBytes = 20 << 20;   // a segment of its own (the test daemon's are 16 MiB)
+  constexpr uint64_t kLarger = 40 << 20;  // no kept 20 MiB segment holds it
   const ObjectId id = ObjectId::FromName("hostile/kept-mapping");
   ASSERT_OK(victim_->Put(id, SeededBytes(kBytes, 3)));
   auto attacker = OpenSession();
@@ -373,7 +374,15 @@ TEST_F(HostileTest, AReaderThatKeepsAnObjectsOwnSegmentMappedKeepsNoneOfItsMemor
   // The attacker lets go of the object but keeps its mapping; the object is deleted.
   ASSERT_TRUE(attacker->Call(3, ListOf(IdList::kRelease, {id})));
   ASSERT_OK(victim_->Delete(id));
-  // Its pages are given back all the same: the mapping left behind reads zeros.
+  // The daemon keeps the segment for the next large object of its creator's class: its
+  // memory is the daemon's, counted as kept (free for any object), not the attacker's.
+  ASSERT_OK_AND_ASSIGN(StoreStatus kept, victim_->GetStatus());
+  EXPECT_EQ(kept.kept_bytes, kBytes);
+  // An object that needs that capacity: the kept pages are given back first, whoever maps
+  // them, and the mapping left behind reads zeros.
+  const ObjectId larger = ObjectId::FromName("hostile/larger");
+  ASSERT_OK(victim_->Put(larger, SeededBytes(kLarger, 4)));
+  ASSERT_OK(victim_->Delete(larger));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (mapped[0] != 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -344,6 +344,10 @@ struct InfoFields<StoreStatus> {
             Metric{metric::kPinnedBytes, R"(tier="host")"}},
       Field{"largest_free_block", &StoreStatus::largest_free_block, &R::getLargestFreeBlock,
             &B::setLargestFreeBlock},
+      Field{"kept_bytes", &StoreStatus::kept_bytes, &R::getKeptBytes, &B::setKeptBytes,
+            Metric{"depot_kept_bytes", MetricType::kGauge,
+                   "Host memory of large objects gone, kept for the next ones (free for any "
+                   "object)."}},
       Field{"segments", &StoreStatus::segments, &R::getSegments, &B::setSegments},
       Field{"objects_sealed", &StoreStatus::objects_sealed, &R::getObjectsSealed,
             &B::setObjectsSealed, Metric{metric::kObjects, R"(state="sealed")"}},

@@ -2,13 +2,34 @@
 #include "depot/buffer.h"
 #include "depot/device_buffer.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+
 #include "connection.h"
 #include "holding.h"
 
 namespace depot {
 
 namespace {
+
 constexpr ObjectId kNilId;
+
+// Maps the pages of [data, data + size) for reading, in one system call.
+void PopulateForReading(const std::byte* data, size_t size) {
+#ifdef MADV_POPULATE_READ
+  if (size == 0) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + size;
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+#else
+  (void)data;
+  (void)size;
+#endif
+}
+
 }  // namespace
 
 const ObjectId& Buffer::id() const { return holding_ ? holding_->id : kNilId; }
@@ -32,6 +53,12 @@ Result<PrivateBuffer> Buffer::PrivateCopy() const {
                                         h.location.segment, h.location.offset, h.data_size));
   return PrivateBuffer(holding_, std::move(view.keep), view.data, h.data_size);
 }
+
+void Buffer::Populate() const {
+  if (holding_) PopulateForReading(holding_->data, holding_->data_size);
+}
+
+void PrivateBuffer::Populate() const { PopulateForReading(data_, size_); }
 
 const ObjectId& PrivateBuffer::id() const { return holding_ ? holding_->id : kNilId; }
 

@@ -64,15 +64,23 @@ wire::Request::Create::Builder InitCreate(RequestMessage& request, const ObjectI
   return create;
 }
 
-// Allocates and maps the pages of [data, data + size) for writing, in one system call rather
-// than a page fault per 4 KiB (CreateOptions::prefault). Best effort: without
-// MADV_POPULATE_WRITE (Linux before 5.14) the writes fault the pages in as they go.
+// Allocates and maps the pages of [data, data + size), a shared writable view, for writing,
+// in one system call rather than a page fault per 4 KiB (CreateOptions::prefault). Where the
+// file has its pages already (a segment the daemon kept from an earlier large object: its
+// first page is resident), mapping them as for a read is enough, and 2.4x faster per GiB
+// than as for a write (a shared writable view maps them writable either way); else the
+// write populate allocates them. Best effort: without MADV_POPULATE_* (Linux before 5.14)
+// the writes fault the pages in as they go.
 void Prefault(std::byte* data, uint64_t size) {
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
   const uintptr_t end = reinterpret_cast<uintptr_t>(data) + size;
-#ifdef MADV_POPULATE_WRITE
-  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+#if defined(MADV_POPULATE_WRITE) && defined(MADV_POPULATE_READ)
+  unsigned char resident = 0;
+  const bool allocated =
+      ::mincore(reinterpret_cast<void*>(begin), page, &resident) == 0 && (resident & 1) != 0;
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin,
+                  allocated ? MADV_POPULATE_READ : MADV_POPULATE_WRITE);
 #else
   (void)begin;
   (void)end;
@@ -452,7 +460,10 @@ Result<MutableBuffer> Client::Create(const ObjectId& id, uint64_t data_size,
     auto r = reply.get();
     if (!r.isCreate()) return UnexpectedReply("create");
     DEPOT_ASSIGN_OR_RETURN(auto holding, MakeHolding(conn_, id, r.getCreate(), /*sealed=*/false));
-    if (options.prefault && holding->writable_mapping) Prefault(holding->writable, data_size);
+    if (options.prefault && holding->writable_mapping &&
+        conn_->segments().FirstWrite(holding->location.segment)) {
+      Prefault(holding->writable, data_size);
+    }
     conn_->holdings().Replace(holding);
     return MutableBuffer(std::move(holding));
   });

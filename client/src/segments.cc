@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <string>
+#include <utility>
 
 namespace depot::internal {
 
@@ -46,6 +47,9 @@ Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t si
     if (!writable) mapped->KeepFile(std::move(fd));
     auto live = std::make_shared<const Mapping>(std::move(mapped).value());
     view = live;
+    if (writable) entry.first_write = true;
+    recent_.push_back(live);
+    if (recent_.size() > kRecentDedicated) recent_.pop_front();
     if (dedicated_.size() >= prune_at_) {
       std::erase_if(dedicated_, [](const auto& e) {
         return e.second.readable.expired() && e.second.writable.expired();
@@ -102,6 +106,12 @@ Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t si
     entry.error = mapped.status();
   }
   return std::shared_ptr<const Mapping>();
+}
+
+bool Segments::FirstWrite(uint32_t index) {
+  std::lock_guard lock(mu_);
+  auto it = dedicated_.find(index);
+  return it != dedicated_.end() && std::exchange(it->second.first_write, false);
 }
 
 Result<Segments::View<std::byte>> Segments::Find(uint32_t index, uint64_t offset, uint64_t size,

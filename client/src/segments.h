@@ -10,8 +10,12 @@
 //   mapped in place of the old, and the writable view of the old one is dropped.
 // - A dedicated segment holds one object larger than a shared segment. Its mapping lives as
 //   long as something holds it (the Holdings of that object, and the reply that carried it
-//   until then), and is unmapped after: the daemon sends it again with every reply that
-//   names it, and never reuses its index.
+//   until then), or while it is one of the last kRecentDedicated mapped, and is unmapped
+//   after: the daemon sends it again with every reply that names it. An index names one file
+//   for the daemon's life. The daemon keeps a large object's segment when the object goes,
+//   for the next large object of its writers' class (docs/architecture.md, "Kept segments"),
+//   and a mapping kept here then serves that object with its page tables filled already: a
+//   put of a large object, repeated, copies at memcpy speed.
 // Every object a Get returns is read through the segment's read-only view, from a
 // descriptor that cannot be mapped writable: a write through a Buffer faults in the writer
 // and never reaches the store. The daemon sends a segment's read-write descriptor with the
@@ -58,6 +62,11 @@ class Segments {
   Result<std::shared_ptr<const Mapping>> Add(uint32_t index, uint64_t size, bool writable,
                                              bool dedicated, uint32_t generation, ipc::UniqueFd fd);
 
+  // Whether the writable view of dedicated segment `index` was mapped since the last call:
+  // its pages are then worth populating in one system call (CreateOptions::prefault); a
+  // view kept from before has its page tables. Thread-safe.
+  bool FirstWrite(uint32_t index);
+
   // The address of bytes [offset, offset + size) of segment `index` in its read-only view.
   // Fails with Internal if the daemon never announced the segment (or a dedicated one is no
   // longer mapped) or the range lies outside it, and with the mapping's error if mapping the
@@ -83,7 +92,8 @@ class Segments {
   struct Dedicated {
     std::weak_ptr<const Mapping> readable;
     std::weak_ptr<const Mapping> writable;
-    Status error;  // why mapping it last failed, if it did
+    Status error;              // why mapping it last failed, if it did
+    bool first_write = false;  // the writable view is new since FirstWrite last said so
   };
 
   // The mapping of a view, checked to hold the range; mu_ held.
@@ -97,6 +107,11 @@ class Segments {
   static constexpr size_t kMaxRevoked = 64;
   std::deque<Mapping> revoked_;
   std::unordered_map<uint32_t, Dedicated> dedicated_;
+  // The last dedicated views mapped, kept mapped when nothing else holds them (see above).
+  // Each costs address space and page tables only: the daemon gives the pages back, whoever
+  // maps them, when it gives up the segment.
+  static constexpr size_t kRecentDedicated = 4;
+  std::deque<std::shared_ptr<const Mapping>> recent_;
   size_t prune_at_ = 64;  // dedicated_'s size at which forgotten entries are dropped
 };
 

@@ -111,6 +111,11 @@ def test_awaited_gets_waits_puts_and_errors(daemon):
             assert (await client.get(ref)).tolist() == list(range(10))
             with pytest.raises(depot.InvalidArgument, match="writable is True or False"):
                 await client.get(ref, writable=1)
+            populated = await client.get_many([ref, ref], populate=True, writable=True)
+            assert [v.tolist() for v in populated] == [list(range(10))] * 2
+            assert populated[0].flags.writeable
+            with pytest.raises(depot.InvalidArgument, match="populate is True or False"):
+                await client.get(ref, populate="no")
             with pytest.raises(depot.ObjectNotFound):
                 await client.get("aio/missing", timeout=0)
             with pytest.raises(depot.Timeout):

@@ -2,6 +2,7 @@
 
 import gc
 import multiprocessing
+import resource
 
 import numpy as np
 import pytest
@@ -114,6 +115,39 @@ def test_a_writable_get_of_bad_arguments_is_refused_naming_them(client):
     assert np.array_equal(client.get(ref), np.ones(10))
 
 
+def _minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def test_a_populated_get_reads_the_same_value_without_faulting_its_pages_in(client):
+    array = np.arange(4 << 20, dtype=np.int64)  # 32 MiB: 8,192 pages of 4 KiB
+    ref = client.put(array)
+    with depot.Client(client.socket) as reader:
+        value = reader.get(ref, populate=True)
+        before = _minor_faults()
+        total = int(value.sum())
+        faults = _minor_faults() - before
+        assert total == int(array.sum())
+        assert faults < 64, f"the sum faulted {faults} pages in after populate"
+        both = reader.get_many([ref, ref], populate=True, writable=True)
+        assert all(np.array_equal(v, array) and v.flags.writeable for v in both)
+        buffer = reader.get_buffer(ref)
+        buffer.populate()
+        buffer.private_copy().populate()
+        assert bytes(memoryview(buffer)[:8]) == array[:1].tobytes()
+
+
+def test_a_populated_get_of_bad_arguments_is_refused_naming_them(client):
+    ref = client.put(np.ones(10))
+    with pytest.raises(depot.InvalidArgument, match="populate is True or False, not 1"):
+        client.get(ref, populate=1)
+    with pytest.raises(depot.InvalidArgument, match="a GPU copy has none"):
+        client.get(ref, populate=True, device=0)
+    with pytest.raises(depot.InvalidArgument, match="a GPU copy has none"):
+        client.get_many([ref], populate=True, device=0)
+    assert np.array_equal(client.get(ref, populate=True), np.ones(10))
+
+
 def test_large_array_is_not_copied_on_get():
     """1 GiB when the machine has room for it three times over; else 256 MiB (noted). The
     daemon has its default segments of 1 GiB, so the array (1 GiB and its metadata) is larger
@@ -136,10 +170,12 @@ def test_large_array_is_not_copied_on_get():
             mapped = len(store_mappings())
             del array
             gc.collect()
-            # Its own segment is unmapped with the last view of it.
-            assert len(store_mappings()) == mapped - 1
+            # Its own segment stays mapped among the client's last few views of such
+            # segments (they serve the next large object the daemon puts in the same file).
+            assert len(store_mappings()) == mapped
             client.delete(ref)
-            assert client.status().used_bytes == 0
+            status = client.status()
+            assert status.used_bytes == 0 and status.kept_bytes >= size
 
 
 def test_a_gibibyte_array_on_a_daemon_with_depotds_default_memory_and_segments():

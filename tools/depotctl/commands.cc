@@ -286,7 +286,10 @@ Status ShowStatus(const std::string& socket, bool json) {
                                                           " page-locked for GPU copies")},
       {"used", FormatSize(s.used_bytes) + " (held " + FormatSize(s.held_bytes) + ", pinned " +
                    FormatSize(s.pinned_bytes) + "), largest free block " +
-                   FormatSize(s.largest_free_block)},
+                   FormatSize(s.largest_free_block) +
+                   (s.kept_bytes == 0
+                        ? std::string()
+                        : ", " + FormatSize(s.kept_bytes) + " kept for large objects (free)")},
       {"objects", std::to_string(s.objects_sealed) + " sealed, " +
                       std::to_string(s.objects_creating) + " being created"},
       {"tiers", TierCountsText(counts)},

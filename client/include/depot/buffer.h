@@ -62,6 +62,14 @@ class Buffer {
   // if no memory can be had for it.
   Result<PrivateBuffer> PrivateCopy() const;
 
+  // Maps the data's pages into this process now, in one system call (MADV_POPULATE_READ),
+  // instead of a page fault per 4 KiB as they are first read: a first full pass over a large
+  // object (bench_first_get: 1 GiB) then runs at nearly the speed of warm memory. Costs a
+  // walk of the page tables (about 45 ms per GiB) when they are filled already, and maps
+  // pages a partial reader would not touch: for objects read whole, and read first here.
+  // Best effort: nothing on Linux before 5.14, and nothing for an empty Buffer.
+  void Populate() const;
+
  private:
   friend class Client;
   explicit Buffer(std::shared_ptr<internal::Holding> h) : holding_(std::move(h)) {}
@@ -83,6 +91,8 @@ class PrivateBuffer {
   std::span<const std::byte> metadata() const;
   std::byte* ptr() const { return data_; }
   size_t size() const { return size_; }
+  // As Buffer::Populate, for reading: the pages map the object's until first written.
+  void Populate() const;
 
  private:
   friend class Buffer;

@@ -30,7 +30,7 @@ from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple, Union
 
 from . import _codec, _device
 from ._client import (
-    Client, RefLike, _check_writable, _decode, _device_ordinal, _ref, _split_done, _wait_request,
+    Client, RefLike, _check_host_options, _check_writable, _decode, _device_ordinal, _ref, _split_done, _wait_request,
 )
 from ._errors import DepotError, InvalidArgument
 from ._ref import ObjectRef
@@ -96,27 +96,36 @@ class AsyncClient:
 
     async def get(
         self, ref: RefLike, *, timeout: Optional[float] = None, device: Optional[int] = None,
-        writable: bool = False,
+        writable: bool = False, populate: bool = False,
     ) -> Any:
         """The value of an object, as :meth:`depot.Client.get` returns it (``writable``
-        too), awaiting its seal up to ``timeout`` seconds (``None``: for ever). Raises as
-        that does."""
+        and ``populate`` too), awaiting its seal up to ``timeout`` seconds (``None``: for
+        ever). Raises as that does."""
         return (
-            await self.get_many([ref], timeout=timeout, device=device, writable=writable)
+            await self.get_many(
+                [ref], timeout=timeout, device=device, writable=writable, populate=populate
+            )
         )[0]
 
     async def get_many(
         self, refs: Iterable[RefLike], *, timeout: Optional[float] = None,
-        device: Optional[int] = None, writable: bool = False,
+        device: Optional[int] = None, writable: bool = False, populate: bool = False,
     ) -> List[Any]:
         """The values of several objects, in order, in one request; raises as
-        :meth:`depot.Client.get_many` does."""
-        _check_writable(writable, device)
+        :meth:`depot.Client.get_many` does. With ``populate``, the pages are mapped on a
+        thread of the loop's default executor, not on the loop."""
+        _check_host_options(writable, populate, device)
         ids = [_ref(r).id for r in refs]
         timeout_ms = _codec.parse_timeout(timeout)
         if device is None:
             buffers = await self._answer(self._native.start_get(ids, timeout_ms))
-            return [_decode(b, writable) for b in buffers]
+            if writable:
+                buffers = [b.private_copy() for b in buffers]
+            if populate:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: [b.populate() for b in buffers]
+                )
+            return [_decode(b, False) for b in buffers]
         pending = self._native.start_get_on_device(ids, _device_ordinal(device), timeout_ms)
         return _device.wrap(await self._answer(pending))
 
