@@ -9,12 +9,22 @@
 //                      memcpy of 256 MiB into an already-faulted, page-aligned heap buffer.
 //                      The source is page-aligned too, and the arena empty, so the object
 //                      lands page-aligned.
-//   put/1GiB/dedicated create + write + seal + release of a fresh 1 GiB object, larger than
-//                      a segment (256 MiB here): a segment of its own, whose pages are
-//                      allocated as the object is written, against memcpy into freshly
-//                      mapped anonymous memory (memcpy/1GiB/fresh: what any new buffer of
-//                      1 GiB costs, page allocation included). /no_prefault: with
-//                      CreateOptions::prefault off, so the copy faults the pages in.
+//   Put/1GiB/again     Client::Put of a fresh 1 GiB object, larger than a segment (256 MiB
+//                      here), each deleted before the next: the daemon keeps the segment of
+//                      the last one and the client its view, so this is what a repeated
+//                      put of model weights or a large array costs; against memcpy of 1 GiB
+//                      into an already-faulted buffer on one thread (memcpy/1GiB/warm), on
+//                      one copy thread and on the default. Also of 4 GiB where the machine
+//                      has room (then against memcpy/4GiB/warm).
+//   put/1GiB/again     the same, Client::Put's steps timed one by one (create, copy, seal).
+//   .../new_client     the same from a new client each time: it maps the kept segment anew
+//                      and populates its view (as a new worker process's first put does).
+//   Put/1GiB/first     a first put of 1 GiB: every object gets a new file (depotd
+//                      --no-keep-large), whose pages the writer and a worker of the daemon
+//                      allocate as it is written; against memcpy into freshly mapped
+//                      anonymous memory (memcpy/1GiB/fresh: what any new buffer of 1 GiB
+//                      costs, page allocation included). /no_backfill: without the
+//                      daemon's worker (depotd --no-prefault).
 //   .../after_64B      the same behind a live 64-byte object, so the object starts 64 bytes
 //                      into a page; against memcpy to a buffer 64 bytes into a page. glibc's
 //                      memcpy loses 3-4x when the destination is a little (16..~1000 bytes)
@@ -28,7 +38,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -46,6 +58,7 @@ using depot::bench::Latencies;
 constexpr size_t kSmallBytes = 1024;
 constexpr size_t kLargeBytes = size_t{256} << 20;
 constexpr size_t kHugeBytes = size_t{1} << 30;
+constexpr size_t kGiantBytes = size_t{4} << 30;
 constexpr size_t kPage = 4096;
 const char kRtt[] = "socket_rtt/1KiB";
 
@@ -60,8 +73,6 @@ double MedianNs(const std::string& name) {
   auto it = g_latencies.find(name);
   return it == g_latencies.end() ? 0 : it->second.Median();
 }
-
-double GBPerSecond(double ns) { return ns > 0 ? kLargeBytes / ns : 0; }
 
 // Page faults this process has taken so far that needed no I/O.
 uint64_t MinorFaults() {
@@ -89,6 +100,18 @@ class PageBuffer {
   size_t bytes_;
   std::byte* data_;
 };
+
+// MemAvailable of /proc/meminfo, in bytes; 0 if unknown.
+uint64_t AvailableBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    uint64_t kib = 0;
+    meminfo >> kib;
+    if (key == "MemAvailable:") return kib * 1024;
+    meminfo.ignore(64, '\n');
+  }
+  return 0;
+}
 
 // Deletes `ids`, in requests the daemon's batch limit allows.
 depot::Status DeleteAll(depot::Client& client, const std::vector<depot::ObjectId>& ids) {
@@ -203,22 +226,26 @@ void CreateSealSmall(benchmark::State& state, depot::Client* client) {
   }
 }
 
-// memcpy of 256 MiB from `src` to `dst_offset` bytes into a page.
-void MemcpyLarge(benchmark::State& state, const PageBuffer* src, size_t dst_offset,
-                 const std::string& name) {
-  PageBuffer dst(kLargeBytes + kPage);
+// memcpy of `bytes` from `src` to `dst_offset` bytes into a page of warm memory.
+void MemcpyWarm(benchmark::State& state, const PageBuffer* src, size_t bytes, size_t dst_offset,
+                const std::string& name) {
+  PageBuffer dst(bytes + kPage);
+  if (dst.data() == nullptr) {
+    state.SkipWithError("no memory for the destination");
+    return;
+  }
   Latencies run;
   for (auto _ : state) {
     const auto t0 = Latencies::Clock::now();
-    std::memcpy(dst.data() + dst_offset, src->data(), kLargeBytes);
+    std::memcpy(dst.data() + dst_offset, src->data(), bytes);
     benchmark::ClobberMemory();
     const auto t1 = Latencies::Clock::now();
     const double ns = static_cast<double>((t1 - t0).count());
     state.SetIterationTime(ns / 1e9);
     run.Add(ns);
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kLargeBytes));
-  state.counters["GB_per_s"] = GBPerSecond(run.Median());
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+  state.counters["GB_per_s"] = static_cast<double>(bytes) / run.Median();
   g_latencies[name].AddRun(run);
 }
 
@@ -319,6 +346,45 @@ void PutWhole(benchmark::State& state, depot::Client* client, const PageBuffer* 
   g_latencies[name].AddRun(run);
 }
 
+// Client::Put of `bytes` after a first put and delete, each time from a new client
+// (connected untimed): a process that has not mapped the kept segment yet, as a new worker's
+// first put is.
+void PutNewClient(benchmark::State& state, const std::string* socket, const PageBuffer* src,
+                  size_t bytes, const std::string& name, const std::string& baseline) {
+  const std::span<const std::byte> data(src->data(), bytes);
+  depot::Status st = depot::Status::OK();
+  {
+    auto first = depot::Client::Connect(*socket);
+    const auto id = depot::ObjectId::FromWords(g_next_id++, 0x9e3c);
+    st = first.ok() ? first->Put(id, data) : first.status();
+    if (st.ok()) st = first->Delete(id);
+  }
+  Latencies run;
+  for (auto _ : state) {
+    if (!st.ok()) break;
+    auto client = depot::Client::Connect(*socket);
+    if (!client.ok()) {
+      st = client.status();
+      break;
+    }
+    const auto id = depot::ObjectId::FromWords(g_next_id++, 0x9e3c);
+    const auto t0 = Latencies::Clock::now();
+    st = client->Put(id, data);
+    const double ns = static_cast<double>((Latencies::Clock::now() - t0).count());
+    if (st.ok()) st = client->Delete(id);
+    state.SetIterationTime(ns / 1e9);
+    run.Add(ns);
+  }
+  if (!st.ok()) {
+    state.SkipWithError(st.ToString().c_str());
+    return;
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+  state.counters["GB_per_s"] = static_cast<double>(bytes) / run.Median();
+  if (MedianNs(baseline) > 0) state.counters["ratio_to_memcpy"] = MedianNs(baseline) / run.Median();
+  g_latencies[name].AddRun(run);
+}
+
 // memcpy of `bytes` into memory mapped afresh each time (and unmapped after, untimed).
 void MemcpyFresh(benchmark::State& state, const PageBuffer* src, size_t bytes,
                  const std::string& name) {
@@ -364,19 +430,31 @@ void PrintSummary() {
                 per_object > 0 ? put / per_object : 0);
   }
   std::set<std::string> printed;
-  for (auto [put, copy] : {std::pair{"put/256MiB/warm", "memcpy/256MiB"},
-                           std::pair{"put/256MiB/warm/after_64B", "memcpy/256MiB/dst+64"},
-                           std::pair{"put/1GiB/dedicated", "memcpy/1GiB/fresh"},
-                           std::pair{"put/1GiB/dedicated/no_prefault", "memcpy/1GiB/fresh"}}) {
-    const double copy_ns = MedianNs(copy), put_ns = MedianNs(put);
-    const bool huge = std::string_view(put).find("1GiB") != std::string_view::npos;
-    const double bytes = static_cast<double>(huge ? kHugeBytes : kLargeBytes);
-    if (copy_ns > 0 && (printed.insert(copy).second)) {
-      std::printf("  %-34s %8.2f GB/s  (baseline)\n", copy, bytes / copy_ns);
+  struct Pair {
+    const char* put;
+    const char* copy;
+    size_t bytes;
+    const char* target;
+  };
+  for (const Pair& p : std::initializer_list<Pair>{
+           {"put/256MiB/warm", "memcpy/256MiB", kLargeBytes, "  (target >= 85%)"},
+           {"put/256MiB/warm/after_64B", "memcpy/256MiB/dst+64", kLargeBytes, ""},
+           {"Put/1GiB/again/1_thread", "memcpy/1GiB/warm", kHugeBytes, "  (target >= 85%)"},
+           {"Put/1GiB/again/default_threads", "memcpy/1GiB/warm", kHugeBytes, ""},
+           {"put/1GiB/again", "memcpy/1GiB/warm", kHugeBytes, ""},
+           {"Put/1GiB/again/new_client", "memcpy/1GiB/warm", kHugeBytes, ""},
+           {"Put/4GiB/again/1_thread", "memcpy/4GiB/warm", kGiantBytes, "  (target >= 85%)"},
+           {"Put/4GiB/again/default_threads", "memcpy/4GiB/warm", kGiantBytes, ""},
+           {"Put/1GiB/first", "memcpy/1GiB/fresh", kHugeBytes, ""},
+           {"Put/1GiB/first/no_backfill", "memcpy/1GiB/fresh", kHugeBytes, ""}}) {
+    const double copy_ns = MedianNs(p.copy), put_ns = MedianNs(p.put);
+    const auto bytes = static_cast<double>(p.bytes);
+    if (copy_ns > 0 && (printed.insert(p.copy).second)) {
+      std::printf("  %-34s %8.2f GB/s  (baseline)\n", p.copy, bytes / copy_ns);
     }
     if (put_ns == 0) continue;
-    std::printf("  %-34s %8.2f GB/s  %5.1f%% of %s%s\n", put, bytes / put_ns,
-                copy_ns > 0 ? 100 * copy_ns / put_ns : 0, copy, huge ? "" : "  (target >= 85%)");
+    std::printf("  %-34s %8.2f GB/s  %5.1f%% of %s%s\n", p.put, bytes / put_ns,
+                copy_ns > 0 ? 100 * copy_ns / put_ns : 0, p.copy, p.target);
   }
 }
 
@@ -438,7 +516,7 @@ int main(int argc, char** argv) {
   for (size_t pad : {0, 64}) {
     const std::string copy = pad == 0 ? "memcpy/256MiB" : "memcpy/256MiB/dst+64";
     const std::string put = pad == 0 ? "put/256MiB/warm" : "put/256MiB/warm/after_64B";
-    benchmark::RegisterBenchmark(copy.c_str(), MemcpyLarge, &src, pad, copy)
+    benchmark::RegisterBenchmark(copy.c_str(), MemcpyWarm, &src, kLargeBytes, pad, copy)
         ->Repetitions(3)
         ->DisplayAggregatesOnly(true)
         ->UseManualTime()
@@ -465,40 +543,76 @@ int main(int argc, char** argv) {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
-  // Objects larger than a segment, against a daemon of 256 MiB segments.
+  // Objects larger than a segment, against daemons of 256 MiB segments: the default (large
+  // objects' segments kept for the next), and for first puts one that keeps none, with and
+  // without pages allocated ahead by its worker.
   depot::bench::Daemon large_daemon({"--memory", "2GiB", "--segment-size", "256MiB"});
+  depot::bench::Daemon first_daemon(
+      {"--memory", "2GiB", "--segment-size", "256MiB", "--no-keep-large"});
+  depot::bench::Daemon plain_daemon(
+      {"--memory", "2GiB", "--segment-size", "256MiB", "--no-keep-large", "--no-prefault"});
   auto large_client = depot::Client::Connect(large_daemon.socket_path());
+  auto large_one_thread = depot::Client::Connect(large_daemon.socket_path(), {.copy_threads = 1});
+  auto first_client = depot::Client::Connect(first_daemon.socket_path());
+  auto plain_client = depot::Client::Connect(plain_daemon.socket_path());
   const PageBuffer huge(kHugeBytes);
-  if (!large_client.ok() || huge.data() == nullptr) {
-    std::fprintf(stderr, "bench_put: no second daemon or no 1 GiB buffer\n");
+  if (!large_client.ok() || !large_one_thread.ok() || !first_client.ok() || !plain_client.ok() ||
+      huge.data() == nullptr) {
+    std::fprintf(stderr, "bench_put: no daemons for large objects or no 1 GiB buffer\n");
     return 1;
   }
-  benchmark::RegisterBenchmark("memcpy/1GiB/fresh", MemcpyFresh, &huge, kHugeBytes,
-                               std::string("memcpy/1GiB/fresh"))
-      ->Repetitions(3)
-      ->DisplayAggregatesOnly(true)
-      ->UseManualTime()
-      ->Unit(benchmark::kMillisecond);
-  auto large_one_thread = depot::Client::Connect(large_daemon.socket_path(), {.copy_threads = 1});
-  if (!large_one_thread.ok()) return 1;
-  for (auto [name, c] : {std::pair{"Put/1GiB/dedicated/1_thread", &*large_one_thread},
-                         std::pair{"Put/1GiB/dedicated/default_threads", &*large_client}}) {
-    benchmark::RegisterBenchmark(name, PutWhole, c, &huge, kHugeBytes, false, std::string(name),
-                                 std::string("memcpy/1GiB/fresh"))
-        ->Repetitions(3)
-        ->DisplayAggregatesOnly(true)
-        ->UseManualTime()
-        ->Unit(benchmark::kMillisecond);
+  const auto repeat = [](benchmark::internal::Benchmark* b) {
+    b->Repetitions(3)->DisplayAggregatesOnly(true)->UseManualTime()->Unit(benchmark::kMillisecond);
+  };
+  repeat(benchmark::RegisterBenchmark("memcpy/1GiB/warm", MemcpyWarm, &huge, kHugeBytes, 0,
+                                      std::string("memcpy/1GiB/warm")));
+  repeat(benchmark::RegisterBenchmark("memcpy/1GiB/fresh", MemcpyFresh, &huge, kHugeBytes,
+                                      std::string("memcpy/1GiB/fresh")));
+  for (auto [name, c] : {std::pair{"Put/1GiB/again/1_thread", &*large_one_thread},
+                         std::pair{"Put/1GiB/again/default_threads", &*large_client}}) {
+    repeat(benchmark::RegisterBenchmark(name, PutWhole, c, &huge, kHugeBytes, true,
+                                        std::string(name), std::string("memcpy/1GiB/warm")));
   }
-  for (bool prefault : {true, false}) {
-    const std::string name = prefault ? "put/1GiB/dedicated" : "put/1GiB/dedicated/no_prefault";
-    benchmark::RegisterBenchmark(name.c_str(), PutLarge, &*large_client, &huge,
-                                 LargePut{.bytes = kHugeBytes, .warm = false, .prefault = prefault},
-                                 name, std::string("memcpy/1GiB/fresh"))
-        ->Repetitions(3)
-        ->DisplayAggregatesOnly(true)
-        ->UseManualTime()
-        ->Unit(benchmark::kMillisecond);
+  repeat(benchmark::RegisterBenchmark("put/1GiB/again", PutLarge, &*large_client, &huge,
+                                      LargePut{.bytes = kHugeBytes}, std::string("put/1GiB/again"),
+                                      std::string("memcpy/1GiB/warm")));
+  const std::string large_socket = large_daemon.socket_path();
+  repeat(benchmark::RegisterBenchmark("Put/1GiB/again/new_client", PutNewClient, &large_socket,
+                                      &huge, kHugeBytes, std::string("Put/1GiB/again/new_client"),
+                                      std::string("memcpy/1GiB/warm")));
+  for (auto [name, c] : {std::pair{"Put/1GiB/first", &*first_client},
+                         std::pair{"Put/1GiB/first/no_backfill", &*plain_client}}) {
+    repeat(benchmark::RegisterBenchmark(name, PutWhole, c, &huge, kHugeBytes, false,
+                                        std::string(name), std::string("memcpy/1GiB/fresh")));
+  }
+  // 4 GiB where the machine has room for the source, the baseline's copy and the object,
+  // and 2 GiB to spare.
+  std::optional<depot::bench::Daemon> giant_daemon;
+  std::optional<PageBuffer> giant;
+  std::optional<depot::Client> giant_client, giant_one_thread;
+  constexpr uint64_t kGiantNeeds = 3 * kGiantBytes + (uint64_t{2} << 30);
+  if (AvailableBytes() > kGiantNeeds) {
+    giant_daemon.emplace(std::vector<std::string>{"--memory", "5GiB", "--segment-size", "256MiB"});
+    giant.emplace(kGiantBytes);
+    auto c = depot::Client::Connect(giant_daemon->socket_path());
+    auto one = depot::Client::Connect(giant_daemon->socket_path(), {.copy_threads = 1});
+    if (!c.ok() || !one.ok() || giant->data() == nullptr) {
+      std::fprintf(stderr, "bench_put: no daemon or buffer for 4 GiB\n");
+      return 1;
+    }
+    giant_client.emplace(std::move(c).value());
+    giant_one_thread.emplace(std::move(one).value());
+    repeat(benchmark::RegisterBenchmark("memcpy/4GiB/warm", MemcpyWarm, &*giant, kGiantBytes, 0,
+                                        std::string("memcpy/4GiB/warm")));
+    for (auto [name, c] : {std::pair{"Put/4GiB/again/1_thread", &*giant_one_thread},
+                           std::pair{"Put/4GiB/again/default_threads", &*giant_client}}) {
+      repeat(benchmark::RegisterBenchmark(name, PutWhole, c, &*giant, kGiantBytes, true,
+                                          std::string(name), std::string("memcpy/4GiB/warm")));
+    }
+  } else {
+    std::printf("4 GiB puts left out: %.1f GiB available, %.1f needed\n",
+                static_cast<double>(AvailableBytes()) / (1 << 30),
+                static_cast<double>(kGiantNeeds) / (1 << 30));
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

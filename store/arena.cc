@@ -260,6 +260,7 @@ void Arena::DropKept(size_t i, bool now) {
   // As for an object's own segment when it goes (Free): the hole punched first frees the
   // pages whoever maps them; in a directory the file is truncated too.
   auto give_back = [gone = std::move(gone), in_dir = !options_.dir.empty()] {
+    StopBackfill(*gone);
     GiveBackPages(gone->fd->get(), gone->size, gone->index);
     if (in_dir && ::ftruncate(gone->fd->get(), 0) != 0) {
       spdlog::warn("arena: cannot truncate the file of segment {}: {}", gone->index,
@@ -355,8 +356,37 @@ std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size, uint32_t wri
   }
   mapped_ += bytes;
   spdlog::debug("arena: added segment {} ({}) for one object", index, ipc::FormatSize(bytes));
+  Backfill(*seg);
   dedicated_.emplace(index, std::move(seg));
   return Block{index, a->handle, a->offset, a->size};
+}
+
+void Arena::Backfill(Segment& segment) {
+  if (!options_.dir.empty() || !options_.prefault) return;
+  segment.backfill = std::make_shared<Segment::Backfill>();
+  boost::asio::post(prefault_pool_, [fd = segment.fd, state = segment.backfill, size = segment.size,
+                                     index = segment.index] {
+    for (uint64_t end = size; end > 0;) {
+      std::lock_guard lock(state->mu);
+      if (state->stop.load(std::memory_order_relaxed)) return;
+      const uint64_t begin = end > kPrefaultAhead ? end - kPrefaultAhead : 0;
+      // Pages the writer allocated already are skipped; a failure is not fatal either: the
+      // writer then allocates what is left.
+      if (::fallocate(fd->get(), 0, static_cast<off_t>(begin), static_cast<off_t>(end - begin)) !=
+          0) {
+        spdlog::debug("arena: cannot allocate segment {}'s pages ahead: {}", index,
+                      std::strerror(errno));
+        return;
+      }
+      end = begin;
+    }
+  });
+}
+
+void Arena::StopBackfill(Segment& segment) {
+  if (!segment.backfill) return;
+  segment.backfill->stop.store(true, std::memory_order_relaxed);
+  std::lock_guard wait(segment.backfill->mu);
 }
 
 void Arena::SchedulePrepare(Segment& segment) {
@@ -520,6 +550,7 @@ void Arena::Free(uint32_t segment, uint32_t handle) {
   // maps them (a mapping left behind reads zeros). In a directory the file is truncated too,
   // so that such a writable mapping cannot fill the directory again.
   boost::asio::post(prefault_pool_, [gone = std::move(gone), in_dir = !options_.dir.empty()] {
+    StopBackfill(*gone);
     GiveBackPages(gone->fd->get(), gone->size, gone->index);
     if (in_dir && ::ftruncate(gone->fd->get(), 0) != 0) {
       spdlog::warn("arena: cannot truncate the file of segment {}: {}", gone->index,

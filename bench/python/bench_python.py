@@ -21,6 +21,11 @@ build-py/venv/bin/python) and numpy. It starts a private depotd.
    installed (`pip install ray`), ray.put and ray.get of the same array in a local Ray
    instance (its plasma store, started once, untimed) are added as a reference.
 
+   Then the first full read of the array (get and a sum over every element) by a fresh
+   process (a new spawned process each time, timed inside it), with and without
+   populate=True, and Ray's first ray.get and sum in a Ray worker of a fresh object,
+   against a sum of a private, warm array in this process (the floor for any read).
+
 3. put_many of 10,000 small values (1 KiB numpy arrays) against a loop of put: the batch
    sends a few hundred puts per write instead of one round trip each. Then a list of 100
    named objects under one prefix among 100,000 others: list(prefix), which the daemon
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing
 import statistics
 import threading
 import time
@@ -293,6 +299,87 @@ def bench_array(client, size, repeat, ray=None):
               f"depot is {r_total / d_total:.2f}x faster")
 
 
+_reader = None
+
+
+def first_read(socket, ref, populate, keep_client=False):
+    """Seconds from a get of `ref` to the end of a sum over it, and the sum; with
+    `keep_client`, through a client this process keeps between calls."""
+    global _reader
+    client = _reader if keep_client and _reader is not None else depot.Client(socket)
+    try:
+        start = time.perf_counter()
+        value = client.get(ref, populate=populate)
+        total = float(value.sum())
+        return time.perf_counter() - start, total
+    finally:
+        del value
+        if keep_client:
+            _reader = client
+        else:
+            client.close()
+
+
+def bench_first_read(client, size, repeat, ray=None):
+    """A fresh process's first full read of an array of `size` bytes, depot with and
+    without populate and Ray, against a sum of a warm private array."""
+    array = np.random.default_rng(1).random(size // 8)  # float64: a sum runs at memory speed
+    expected = float(array.sum())
+    floor = median_time(array.sum, repeat)
+    spawn = multiprocessing.get_context("spawn")
+    times = {False: [], True: []}
+    with spawn.Pool(1, maxtasksperchild=1) as pool:
+        for _ in range(repeat):
+            ref = client.put(array)
+            for populate in (False, True):
+                seconds, total = pool.apply(first_read, (client.socket, ref, populate))
+                assert np.isclose(total, expected, rtol=1e-9)
+                times[populate].append(seconds)
+            client.delete(ref)
+    # A reader that lives on, as a worker does: each object is a new one (put after the last
+    # was deleted), read once; its first read is left out, as Ray's workers' are below.
+    kept_times = []
+    with spawn.Pool(1) as pool:
+        for i in range(repeat + 1):
+            ref = client.put(array)
+            seconds, total = pool.apply(first_read, (client.socket, ref, False, True))
+            assert np.isclose(total, expected, rtol=1e-9)
+            if i > 0:
+                kept_times.append(seconds)
+            client.delete(ref)
+    r_first = None
+    if ray is not None:
+        @ray.remote
+        def ray_first_read(refs):
+            start = time.perf_counter()
+            total = float(ray.get(refs[0]).sum())
+            return time.perf_counter() - start, total
+
+        r_times = []
+        for i in range(repeat + 1):
+            ref = ray.put(array)
+            seconds, total = ray.get(ray_first_read.remote([ref]))
+            assert np.isclose(total, expected, rtol=1e-9)
+            if i > 0:
+                r_times.append(seconds)
+            del ref
+        r_first = statistics.median(r_times)
+    plain, populated = statistics.median(times[False]), statistics.median(times[True])
+    kept = statistics.median(kept_times)
+    print(f"\nfirst full read (get + sum) of a new {size / 1e6:.0f} MB array (ms; ratio to "
+          f"the floor)")
+    print(f"  baseline: sum of a warm private array        {floor * 1e3:8.2f}")
+    print(f"  depot get, a fresh process                   {plain * 1e3:8.2f}   "
+          f"{plain / floor:5.2f}x")
+    print(f"  depot get(populate=True), a fresh process    {populated * 1e3:8.2f}   "
+          f"{populated / floor:5.2f}x")
+    print(f"  depot get, a reader that read the last one   {kept * 1e3:8.2f}   "
+          f"{kept / floor:5.2f}x")
+    if r_first is not None:
+        print(f"  ray.get in a Ray worker that read the last  {r_first * 1e3:8.2f}   "
+              f"{r_first / floor:5.2f}x   depot's reader is {r_first / kept:.2f}x faster")
+
+
 def _gpu_library():
     """(name, module) of CuPy or PyTorch if one sees a CUDA device, else (None, None)."""
     for name in ("torch", "cupy"):
@@ -447,6 +534,7 @@ def main():
             bench_list_prefix(client, 100_000, 100, args.repeat)
             for size in sizes:
                 bench_array(client, size, args.repeat, ray)
+            bench_first_read(client, largest, args.repeat, ray)
     if ray is not None:
         ray.shutdown()
     if not args.no_gpu:
