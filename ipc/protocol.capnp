@@ -639,6 +639,8 @@ struct StoreStatus {
   settings @34 :List(Setting);  # every setting the daemon runs with (after reloads)
   keptBytes @35 :UInt64;     # of large objects gone, kept for the next ones: free for any
                              # object, given back on demand (not in mappedBytes)
+  arenaPageBytes @36 :UInt64;  # the size of the arena's pages (huge ones: --huge-pages)
+  arenaPages @37 :Text;      # how the arena got its pages, or why not huge ones if asked
 }
 
 # A daemon setting: its key (the flag without dashes) and value, as the file writes them.

@@ -190,6 +190,8 @@ StoreStatus StatusOf(const ObjectStore& store, const DaemonViews& daemon) {
       .pinned_bytes = c.pinned_bytes,
       .largest_free_block = arena.largest_free_block(),
       .kept_bytes = arena.kept_bytes(),
+      .arena_page_bytes = arena.page_bytes(),
+      .arena_pages = arena.page_note(),
       .segments = arena.segment_count(),
       .objects_sealed = c.objects_sealed,
       .objects_creating = c.objects_creating,

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "depot/ipc/units.h"
 #include "store/read_only.h"
@@ -53,8 +54,43 @@ Result<std::pair<uint64_t, uint64_t>> BackingSpace(const std::string& dir) {
   if (::statfs(dir.c_str(), &fs) != 0) {
     return Status::InvalidArgument("cannot use --arena-dir " + dir + ": " + std::strerror(errno));
   }
-  const uint64_t page = static_cast<uint64_t>(fs.f_type) == kHugetlbfsMagic ? fs.f_bsize : 4096;
+  const bool hugetlbfs = static_cast<uint64_t>(fs.f_type) == kHugetlbfsMagic;
+  const uint64_t page = hugetlbfs ? fs.f_bsize : 4096;
+  if (hugetlbfs && fs.f_blocks == 0) {
+    // A hugetlbfs mount without size=: what it can hold is the host's free pool of its
+    // page size.
+    std::ifstream pool("/sys/kernel/mm/hugepages/hugepages-" + std::to_string(page / 1024) +
+                       "kB/free_hugepages");
+    uint64_t free_pages = 0;
+    pool >> free_pages;
+    return std::pair<uint64_t, uint64_t>{free_pages * page, page};
+  }
   return std::pair<uint64_t, uint64_t>{static_cast<uint64_t>(fs.f_bavail) * fs.f_bsize, page};
+}
+
+// A line of /proc/meminfo ("HugePages_Free:", "Hugepagesize:"), as a number (kB for sizes);
+// 0 if absent.
+uint64_t MemInfo(const std::string& key) {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string name; meminfo >> name;) {
+    uint64_t value = 0;
+    meminfo >> value;
+    if (name == key) return value;
+    meminfo.ignore(256, '\n');
+  }
+  return 0;
+}
+
+// The kernel's policy for transparent huge pages in shared memory: the bracketed word of
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled, or "" where there is none.
+std::string ShmemHugePolicy() {
+  std::ifstream file("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string line;
+  std::getline(file, line);
+  const size_t open = line.find('['), close = line.find(']');
+  return open == std::string::npos || close == std::string::npos
+             ? std::string()
+             : line.substr(open + 1, close - open - 1);
 }
 
 }  // namespace
@@ -90,8 +126,56 @@ Result<std::unique_ptr<Arena>> Arena::Create(const ArenaOptions& options,
   }
   std::unique_ptr<Arena> arena(new Arena(o, prefault_pool));
   arena->page_ = page;
+  arena->page_note_ = page == kPage ? "4 KiB pages" : ipc::FormatSize(page) + " pages (hugetlbfs)";
+  if (const std::string policy = ShmemHugePolicy();
+      o.dir.empty() && (policy == "always" || policy == "force")) {
+    arena->page_note_ +=
+        ", and huge ones where the kernel gives them (shmem_enabled=" + policy + ")";
+  }
+  if (o.huge_pages) arena->ChooseHugePages();
   DEPOT_RETURN_NOT_OK(arena->AddSegment());
   return arena;
+}
+
+void Arena::ChooseHugePages() {
+  if (!options_.dir.empty()) {
+    if (page_ == kPage) {
+      page_note_ = "4 KiB pages: --huge-pages, but " + options_.dir +
+                   " is not a hugetlbfs mount (its file system decides)";
+    }
+    return;
+  }
+  const uint64_t huge = MemInfo("Hugepagesize:") * 1024;
+  const uint64_t free_pages = MemInfo("HugePages_Free:");
+  const uint64_t needed = huge == 0 ? 0 : (options_.capacity + huge - 1) / huge;
+  if (huge > kPage && options_.capacity >= huge && free_pages >= needed) {
+    // Whole huge pages: segments, and the capacity, are multiples of them.
+    page_ = huge;
+    options_.capacity = options_.capacity / huge * huge;
+    options_.segment_size = std::max(huge, (options_.segment_size + huge - 1) / huge * huge);
+    hugetlb_ = true;
+    page_note_ = ipc::FormatSize(huge) + " pages (hugetlb: " + std::to_string(needed) + " of " +
+                 std::to_string(free_pages) + " reserved pages free)";
+    spdlog::info("arena: segments of {}", page_note_);
+    return;
+  }
+  const std::string reserved = huge == 0 ? "the kernel has no huge pages"
+                                         : std::to_string(free_pages) + " reserved huge pages of " +
+                                               ipc::FormatSize(huge) + " free, " +
+                                               std::to_string(needed) + " needed (vm.nr_hugepages)";
+  const std::string policy = ShmemHugePolicy();
+  if (policy == "always" || policy == "within_size" || policy == "advise" || policy == "force") {
+    advise_huge_ = true;
+    page_note_ =
+        "4 KiB pages, and huge ones where the kernel gives them (transparent huge pages, "
+        "shmem_enabled=" +
+        policy + "; " + reserved + ")";
+  } else {
+    page_note_ = "4 KiB pages: --huge-pages, but " + reserved +
+                 ", and transparent huge pages in shared memory are off (shmem_enabled=" +
+                 (policy.empty() ? std::string("absent") : policy) + ")";
+  }
+  spdlog::warn("arena: {}", page_note_);
 }
 
 Arena::~Arena() {
@@ -109,7 +193,8 @@ Arena::~Arena() {
 Result<Arena::Files> Arena::OpenFile(uint64_t size, const std::string& name) {
   Files files;
   if (options_.dir.empty()) {
-    files.fd.reset(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    files.fd.reset(::memfd_create(name.c_str(),
+                                  MFD_CLOEXEC | MFD_ALLOW_SEALING | (hugetlb_ ? MFD_HUGETLB : 0)));
     if (!files.fd) return Status::FromErrno("memfd_create", errno);
   } else {
     // An unlinked file: the descriptors keep it alive, nothing is left if the daemon dies.
@@ -132,18 +217,28 @@ Result<std::unique_ptr<Arena::Segment>> Arena::MakeSegment(uint64_t size, const 
   seg->fd = std::make_shared<const ipc::UniqueFd>(std::move(files.fd));
   seg->read_fd = std::make_shared<const ipc::UniqueFd>(std::move(files.read_fd));
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, seg->fd->get(), 0);
-  if (base == MAP_FAILED) return Status::FromErrno("mmap of " + name, errno);
+  if (base == MAP_FAILED) {
+    // Of a hugetlb memfd: mmap reserves its huge pages, which other processes may have taken
+    // since start-up.
+    return hugetlb_ && errno == ENOMEM
+               ? Status::OutOfMemory("no free huge pages for " + ipc::FormatSize(size) + " (" +
+                                     name + "; vm.nr_hugepages)")
+               : Status::FromErrno("mmap of " + name, errno);
+  }
+  if (advise_huge_) (void)::madvise(base, size, MADV_HUGEPAGE);
   seg->base = static_cast<std::byte*>(base);
   return seg;
 }
 
 Status Arena::Reserve(int fd, uint64_t size) {
-  if (options_.dir.empty()) return Status::OK();
-  // A directory can run out of space under us: reserve the pages now, so a client's write
-  // can never meet a missing page (SIGBUS).
+  if (!ReservedWhole()) return Status::OK();
+  // A directory, or the pool of huge pages, can run out under us: reserve the pages now, so
+  // a client's write can never meet a missing page (SIGBUS).
   if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0) {
-    return Status::OutOfMemory("cannot reserve " + ipc::FormatSize(size) + " in " + options_.dir +
-                               ": " + std::strerror(errno));
+    return Status::OutOfMemory(
+        "cannot reserve " + ipc::FormatSize(size) + " in " +
+        (options_.dir.empty() ? std::string("huge pages (vm.nr_hugepages)") : options_.dir) + ": " +
+        std::strerror(errno));
   }
   return Status::OK();
 }
@@ -159,12 +254,12 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
   UnlockPages(s);
   // In a directory the old file's pages go first (it holds no object), so that the new
   // file's reservation finds room.
-  const bool in_dir = !options_.dir.empty();
-  if (in_dir) GiveBackPages(s.fd->get(), s.size, s.index);
+  const bool in_dir = !options_.dir.empty(), reserved = ReservedWhole();
+  if (reserved) GiveBackPages(s.fd->get(), s.size, s.index);
   // If the new file cannot be had, the segment stays as it was.
   const auto keep = [&](const std::string& why) {
     spdlog::warn("arena: cannot give segment {} a new file: {}", s.index, why);
-    if (in_dir && !Reserve(s.fd->get(), s.size).ok()) {
+    if (reserved && !Reserve(s.fd->get(), s.size).ok()) {
       // Its pages could not be reserved again: retired, so that Revive reserves them first.
       s.retired = true;
       retired_++;
@@ -192,6 +287,7 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
     files->read_fd = ipc::UniqueFd();
     return keep(std::string("mmap: ") + std::strerror(error));
   }
+  if (advise_huge_) (void)::madvise(s.base, s.size, MADV_HUGEPAGE);
   std::shared_ptr<const ipc::UniqueFd> old = std::move(s.fd);
   s.fd = std::make_shared<const ipc::UniqueFd>(std::move(files->fd));
   s.read_fd = std::make_shared<const ipc::UniqueFd>(std::move(files->read_fd));
@@ -202,8 +298,9 @@ bool Arena::Reassign(Segment& s, uint32_t writers) {
   // The old file goes on a worker: its pages given back, whoever still maps it (a client of
   // the previous class may, writable), and in a directory its size too, so that such a
   // mapping cannot fill the directory again.
-  boost::asio::post(prefault_pool_, [old = std::move(old), size = s.size, index = s.index, in_dir] {
-    if (!in_dir) GiveBackPages(old->get(), size, index);
+  boost::asio::post(prefault_pool_, [old = std::move(old), size = s.size, index = s.index, in_dir,
+                                     reserved] {
+    if (!reserved) GiveBackPages(old->get(), size, index);
     if (in_dir && ::ftruncate(old->get(), 0) != 0) {
       spdlog::warn("arena: cannot truncate segment {}'s old file: {}", index, std::strerror(errno));
     }
@@ -362,7 +459,7 @@ std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size, uint32_t wri
 }
 
 void Arena::Backfill(Segment& segment) {
-  if (!options_.dir.empty() || !options_.prefault) return;
+  if (ReservedWhole() || !options_.prefault) return;
   segment.backfill = std::make_shared<Segment::Backfill>();
   boost::asio::post(prefault_pool_, [fd = segment.fd, state = segment.backfill, size = segment.size,
                                      index = segment.index] {
@@ -391,8 +488,8 @@ void Arena::StopBackfill(Segment& segment) {
 
 void Arena::SchedulePrepare(Segment& segment) {
   segment.prefaulted = 0;  // a new, revived or reassigned file: no page allocated yet
-  // memfd segments are allocated here (unless !prefault), those in a directory at creation.
-  if (options_.dir.empty() ? !options_.prefault : !options_.lock_pages) return;
+  // memfd segments are allocated here (unless !prefault), those reserved whole at creation.
+  if (ReservedWhole() ? !options_.lock_pages : !options_.prefault) return;
   // Page-locking needs every page; else the first kPrefaultAhead bytes are enough for now.
   segment.window_job = false;
   Prepare(segment, Windowed() ? std::min(segment.size, kPrefaultAhead) : segment.size);
@@ -438,7 +535,7 @@ void Arena::PrepareSegment(Segment& segment, uint64_t from, uint64_t upto) {
       preparing.notify_all();
     }
   } done{segment.preparing};
-  if (options_.dir.empty() && upto > from &&
+  if (!ReservedWhole() && upto > from &&
       ::fallocate(segment.fd->get(), 0, static_cast<off_t>(from),
                   static_cast<off_t>(upto - from)) != 0) {
     // Not fatal: pages are then allocated as they are first written.

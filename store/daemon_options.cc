@@ -42,6 +42,7 @@ struct RawOptions {
   std::string arena_dir;
   bool no_prefault = false;
   bool no_keep_large = false;
+  bool huge_pages = false;
   bool no_evict = false;
   std::string spill_dir;
   std::string spill_limit = "0";
@@ -121,6 +122,10 @@ void Declare(CLI::App& app, RawOptions& raw) {
                "allocate the arena's pages as objects first use them, not 64 MiB ahead of them "
                "in each segment (less memory, slower puts into new pages; memfd segments are "
                "not page-locked for GPUs)");
+  app.add_flag("--huge-pages", raw.huge_pages,
+               "make the arena of 2 MiB pages: the host's reserved huge pages (vm.nr_hugepages) "
+               "if they hold --memory, else transparent huge pages where the kernel allows them "
+               "in shared memory; never fails for lack of them (status says what it got)");
   app.add_flag("--no-keep-large", raw.no_keep_large,
                "give back the memory of an object larger than a segment when it goes, instead "
                "of keeping it (free for any object) for the next large object");
@@ -419,6 +424,7 @@ Result<DaemonSettings> Resolve(const CLI::App& app, const RawOptions& raw) {
   s.arena_dir = raw.arena_dir;
   s.prefault = !raw.no_prefault;
   s.keep_large = !raw.no_keep_large;
+  s.huge_pages = raw.huge_pages;
   s.evict = !raw.no_evict;
   s.spill_dir = raw.spill_dir;
   DEPOT_ASSIGN_OR_RETURN(s.spill_limit, SizeOf("--spill-limit", raw.spill_limit));

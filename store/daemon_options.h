@@ -48,8 +48,9 @@ struct DaemonSettings {
   uint64_t memory = 0;  // the host arena's capacity, in bytes
   uint64_t segment_size = 0;
   std::string arena_dir;
-  bool prefault = true;    // allocate shared segments' pages ahead of use (ArenaOptions)
-  bool keep_large = true;  // keep large objects' memory for the next ones (ArenaOptions)
+  bool prefault = true;     // allocate shared segments' pages ahead of use (ArenaOptions)
+  bool keep_large = true;   // keep large objects' memory for the next ones (ArenaOptions)
+  bool huge_pages = false;  // ask for 2 MiB pages (ArenaOptions)
   bool evict = true;
   std::string spill_dir;
   uint64_t spill_limit = 0;

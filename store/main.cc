@@ -245,6 +245,7 @@ int main(int argc, char** argv) {
     depot::store::ArenaOptions arena_options{s.memory, s.segment_size, s.arena_dir};
     arena_options.prefault = s.prefault;
     arena_options.keep_large = s.keep_large;
+    arena_options.huge_pages = s.huge_pages;
     if (depot::store::gpu::DeviceBackend* backend = (*gpus)->backend.get();
         backend != nullptr && backend->kind() == "cuda" && !backend->devices().empty()) {
       arena_options.lock_pages = [backend](void* base, uint64_t bytes) {
@@ -333,10 +334,11 @@ int main(int argc, char** argv) {
       spdlog::info("serving metrics at http://{}:{}/metrics", s.metrics_address,
                    metrics_http.port());
     }
-    spdlog::info("depotd {} listening on {} (arena {} {}, segments of {}{}, eviction {}{})",
+    spdlog::info("depotd {} listening on {} (arena {} {}, segments of {} in {}{}, eviction {}{})",
                  depot::store::kDepotVersion, s.socket_path,
                  depot::ipc::FormatSize((*arena)->capacity()), (*arena)->backend(),
                  depot::ipc::FormatSize((*arena)->segment_size()),
+                 depot::ipc::FormatSize((*arena)->page_bytes()) + " pages",
                  s.prefault ? "" : ", pages allocated as used", s.evict ? "on" : "off",
                  s.config_file.empty() ? "" : ", settings from " + s.config_file);
     Notify("READY=1\nSTATUS=listening on " + s.socket_path);

@@ -3,10 +3,12 @@
 // object larger than --segment-size gets a segment of its own, mapped by a client only while
 // it holds the object, and its capacity comes back when it goes.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -410,6 +412,124 @@ TEST_F(ArenaTest, ALargeObjectThatHeldObjectsLeaveNoRoomForIsOutOfMemory) {
   for (int i = 0; i < 3; ++i) ExpectReads(*client_, "held" + std::to_string(i), 6 * kMiB);
   held.clear();
   ASSERT_OK(Put("large", 20 * kMiB));  // fits once they are released
+}
+
+// A number from /proc/meminfo ("HugePages_Free:", "Hugepagesize:" in kB); 0 if absent.
+uint64_t MemInfo(const std::string& key) {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string name; meminfo >> name;) {
+    uint64_t value = 0;
+    meminfo >> value;
+    if (name == key) return value;
+    meminfo.ignore(256, '\n');
+  }
+  return 0;
+}
+
+uint64_t HugePageBytes() { return MemInfo("Hugepagesize:") * 1024; }
+uint64_t FreeHugePageBytes() { return MemInfo("HugePages_Free:") * HugePageBytes(); }
+
+// The page sizes (KernelPageSize, in bytes) of this process's mappings whose path contains
+// `name`, from /proc/self/smaps.
+std::set<uint64_t> PageSizesOfMappings(const std::string& name) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::set<uint64_t> sizes;
+  bool in = false;
+  for (std::string line; std::getline(smaps, line);) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+        line.find('-') < line.find(' ')) {
+      in = line.find(name) != std::string::npos;
+    } else if (in && line.starts_with("KernelPageSize:")) {
+      sizes.insert(std::stoull(line.substr(15)) * 1024);
+    }
+  }
+  return sizes;
+}
+
+// What a daemon with 2 MiB pages must do: hold small and large objects, serve them to
+// another client, private copies and populated reads of them, and a large object's segment
+// kept and reused.
+void ExpectObjectsOfAllKindsWork(Client& writer, const std::string& socket) {
+  const auto put = [&](const std::string& name, uint64_t bytes) {
+    return writer.Put(Id(name), SeededBytes(bytes, Xxh3(AsBytes(name))));
+  };
+  ASSERT_OK(put("small", 5000));
+  ASSERT_OK(put("large", 20 * kMiB));
+  ASSERT_OK_AND_ASSIGN(Client reader, Client::Connect(socket));
+  for (const auto& [name, bytes] :
+       {std::pair{"small", uint64_t{5000}}, std::pair{"large", 20 * kMiB}}) {
+    ASSERT_OK_AND_ASSIGN(Buffer buffer, reader.Get(Id(name)));
+    buffer.Populate();
+    EXPECT_EQ(Xxh3(buffer.data()), Xxh3(SeededBytes(bytes, Xxh3(AsBytes(name))))) << name;
+    ASSERT_OK_AND_ASSIGN(PrivateBuffer copy, buffer.PrivateCopy());
+    copy.data()[0] = std::byte{1};
+    EXPECT_EQ(Xxh3(buffer.data()), Xxh3(SeededBytes(bytes, Xxh3(AsBytes(name))))) << name;
+  }
+  ASSERT_OK(writer.Delete(Id("large")));
+  ASSERT_OK(put("again", 20 * kMiB));
+  ASSERT_OK_AND_ASSIGN(Buffer again, reader.Get(Id("again")));
+  EXPECT_EQ(Xxh3(again.data()), Xxh3(SeededBytes(20 * kMiB, Xxh3(AsBytes("again")))));
+}
+
+TEST_F(ArenaTest, HugePagesAskedForWithoutEnoughReservedGiveSmallPagesAndSaySoWhy) {
+  if (FreeHugePageBytes() >= 64 * kMiB) {
+    GTEST_SKIP() << "this host has " << FreeHugePageBytes() / kMiB
+                 << " MiB of huge pages free: a daemon of 64 MiB gets them (the next test)";
+  }
+  ASSERT_NO_FATAL_FAILURE(Start({"--memory", "64MiB", "--segment-size", "8MiB", "--huge-pages"}));
+  const StoreStatus status = Stats();
+  EXPECT_EQ(status.arena_page_bytes, 4096u);
+  EXPECT_NE(status.arena_pages.find("4 KiB pages"), std::string::npos) << status.arena_pages;
+  EXPECT_NE(status.arena_pages.find("vm.nr_hugepages"), std::string::npos) << status.arena_pages;
+  ExpectObjectsOfAllKindsWork(*client_, daemon_->socket_path());
+}
+
+TEST_F(ArenaTest, ADaemonWithoutHugePagesSaysItsPagesAre4KiB) {
+  Start();
+  EXPECT_EQ(Stats().arena_page_bytes, 4096u);
+  EXPECT_EQ(Stats().arena_pages.rfind("4 KiB pages", 0), 0u) << Stats().arena_pages;
+}
+
+TEST_F(ArenaTest, ReservedHugePagesMakeTheArena) {
+  if (FreeHugePageBytes() < 64 * kMiB) {
+    GTEST_SKIP() << "needs 64 MiB of reserved huge pages free (vm.nr_hugepages); this host has "
+                 << FreeHugePageBytes() / kMiB << " MiB";
+  }
+  ASSERT_NO_FATAL_FAILURE(Start({"--memory", "64MiB", "--segment-size", "8MiB", "--huge-pages"}));
+  const StoreStatus status = Stats();
+  EXPECT_EQ(status.arena_page_bytes, HugePageBytes());
+  EXPECT_NE(status.arena_pages.find("hugetlb"), std::string::npos) << status.arena_pages;
+  ExpectObjectsOfAllKindsWork(*client_, daemon_->socket_path());
+  // This process maps the arena in huge pages: one entry per 2 MiB.
+  EXPECT_EQ(PageSizesOfMappings("depot-segment-"), std::set<uint64_t>{HugePageBytes()});
+  EXPECT_EQ(PageSizesOfMappings("depot-object-"), std::set<uint64_t>{HugePageBytes()});
+}
+
+TEST_F(ArenaTest, AHugetlbfsArenaDirGivesHugePages) {
+  if (::geteuid() != 0 || FreeHugePageBytes() < 64 * kMiB) {
+    GTEST_SKIP() << "mounting hugetlbfs needs root and 64 MiB of reserved huge pages free "
+                    "(vm.nr_hugepages); this host has "
+                 << FreeHugePageBytes() / kMiB << " MiB" << (::geteuid() != 0 ? ", not root" : "");
+  }
+  TempDir dir;
+  if (::mount("none", dir.path().c_str(), "hugetlbfs", 0, nullptr) != 0) {
+    GTEST_SKIP() << "cannot mount hugetlbfs here: " << std::strerror(errno);
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }  // even with files still open
+  } unmount{dir.path()};
+  {
+    ASSERT_NO_FATAL_FAILURE(
+        Start({"--memory", "64MiB", "--segment-size", "8MiB", "--arena-dir", dir.path()}));
+    const StoreStatus status = Stats();
+    EXPECT_EQ(status.arena_page_bytes, HugePageBytes());
+    EXPECT_NE(status.arena_pages.find("hugetlbfs"), std::string::npos) << status.arena_pages;
+    ExpectObjectsOfAllKindsWork(*client_, daemon_->socket_path());
+    ExpectObjectsOnHostMatchTheList(*client_);
+  }
+  client_.reset();
+  daemon_.reset();  // before the mount goes
 }
 
 TEST_F(ArenaTest, ManyLargeObjectsInOneGet) {

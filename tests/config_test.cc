@@ -194,6 +194,7 @@ TEST(ConfigTest, ABadValueFailsNamingTheKeyAndTheFile) {
       {"lease-entries = 3\n", "not a power of two"},
       {"client-max-objects = \"lots\"\n", "client-max-objects: Could not convert"},
       {"no-prefault = \"maybe\"\n", "no-prefault: Could not convert"},
+      {"huge-pages = \"maybe\"\n", "huge-pages: Could not convert"},
       {"config = \"other.toml\"\n", "config is a flag of the command line only"},
       {"spill-dir = \"/tmp/x\"\nno-evict = true\n", "do not go together"},
   };

@@ -323,6 +323,7 @@ def first_read(socket, ref, populate, keep_client=False):
 def bench_first_read(client, size, repeat, ray=None):
     """A fresh process's first full read of an array of `size` bytes, depot with and
     without populate and Ray, against a sum of a warm private array."""
+    pages = client.status().arena_page_bytes
     array = np.random.default_rng(1).random(size // 8)  # float64: a sum runs at memory speed
     expected = float(array.sum())
     floor = median_time(array.sum, repeat)
@@ -366,8 +367,8 @@ def bench_first_read(client, size, repeat, ray=None):
         r_first = statistics.median(r_times)
     plain, populated = statistics.median(times[False]), statistics.median(times[True])
     kept = statistics.median(kept_times)
-    print(f"\nfirst full read (get + sum) of a new {size / 1e6:.0f} MB array (ms; ratio to "
-          f"the floor)")
+    print(f"\nfirst full read (get + sum) of a new {size / 1e6:.0f} MB array, an arena of "
+          f"{pages >> 10} KiB pages (ms; ratio to the floor)")
     print(f"  baseline: sum of a warm private array        {floor * 1e3:8.2f}")
     print(f"  depot get, a fresh process                   {plain * 1e3:8.2f}   "
           f"{plain / floor:5.2f}x")
@@ -378,6 +379,16 @@ def bench_first_read(client, size, repeat, ray=None):
     if r_first is not None:
         print(f"  ray.get in a Ray worker that read the last  {r_first * 1e3:8.2f}   "
               f"{r_first / floor:5.2f}x   depot's reader is {r_first / kept:.2f}x faster")
+
+
+def free_huge_page_bytes():
+    """Bytes of the host's reserved huge pages that are free (/proc/meminfo)."""
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            info[key] = int(value.split()[0])
+    return info.get("HugePages_Free", 0) * info.get("Hugepagesize", 0) * 1024
 
 
 def _gpu_library():
@@ -535,6 +546,14 @@ def main():
             for size in sizes:
                 bench_array(client, size, args.repeat, ray)
             bench_first_read(client, largest, args.repeat, ray)
+    huge_memory = memory - memory % (2 << 20)
+    if free_huge_page_bytes() >= huge_memory:
+        with depot.start_daemon(memory=huge_memory, segment_size=largest + (64 << 20),
+                                args=["--huge-pages"]) as daemon, daemon.client() as client:
+            bench_first_read(client, largest, args.repeat)
+    else:
+        print(f"\n(no first read with 2 MiB pages: {free_huge_page_bytes() >> 20} MiB of huge "
+              f"pages reserved and free, {huge_memory >> 20} MiB needed: vm.nr_hugepages)")
     if ray is not None:
         ray.shutdown()
     if not args.no_gpu:

@@ -348,6 +348,9 @@ struct InfoFields<StoreStatus> {
             Metric{"depot_kept_bytes", MetricType::kGauge,
                    "Host memory of large objects gone, kept for the next ones (free for any "
                    "object)."}},
+      Field{"arena_page_bytes", &StoreStatus::arena_page_bytes, &R::getArenaPageBytes,
+            &B::setArenaPageBytes},
+      Field{"arena_pages", &StoreStatus::arena_pages, &R::getArenaPages, &B::setArenaPages},
       Field{"segments", &StoreStatus::segments, &R::getSegments, &B::setSegments},
       Field{"objects_sealed", &StoreStatus::objects_sealed, &R::getObjectsSealed,
             &B::setObjectsSealed, Metric{metric::kObjects, R"(state="sealed")"}},

@@ -281,6 +281,7 @@ Status ShowStatus(const std::string& socket, bool json) {
        (s.config_file.empty() ? "from flags" : "from " + s.config_file) + " (--json lists them)"},
       {"arena", s.arena_backend + ": " + FormatSize(s.capacity_bytes) + " capacity, " +
                     FormatSize(s.mapped_bytes) + " mapped in " + Count(s.segments, "segment") +
+                    ", " + s.arena_pages +
                     (s.arena_page_locked_bytes == 0 ? std::string()
                                                     : ", " + FormatSize(s.arena_page_locked_bytes) +
                                                           " page-locked for GPU copies")},

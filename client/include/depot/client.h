@@ -249,7 +249,9 @@ struct StoreStatus {
   uint64_t held_bytes = 0;    // of which referenced by some client (not evictable)
   uint64_t pinned_bytes = 0;
   uint64_t largest_free_block = 0;
-  uint64_t kept_bytes = 0;  // of large objects gone, kept for the next (free, not mapped)
+  uint64_t kept_bytes = 0;        // of large objects gone, kept for the next (free, not mapped)
+  uint64_t arena_page_bytes = 0;  // the arena's page size (2 MiB with huge pages)
+  std::string arena_pages;        // how it got them, or why not huge ones if asked
   uint32_t segments = 0;
   uint64_t objects_sealed = 0;
   uint64_t objects_creating = 0;
