@@ -358,6 +358,42 @@ TEST_F(HostileTest, AnObjectsOwnSegmentCannotBeResizedNorMadeWritableByItsReader
   EXPECT_EQ(buffer.size(), kBytes);
 }
 
+// The same guarantees on an arena of huge pages (hugetlb memfds): where the host has none
+// reserved, the daemon runs on 4 KiB pages and there is nothing new to attack.
+class HugePagesHostileTest : public HostileTest {
+ protected:
+  HugePagesHostileTest() : HostileTest({"--huge-pages"}) {}
+};
+
+TEST_F(HugePagesHostileTest, ItsSegmentsCannotBeResizedNorMadeWritableByReaders) {
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, victim_->GetStatus());
+  if (status.arena_page_bytes == 4096) {
+    GTEST_SKIP() << "no huge pages reserved for the arena here: " << status.arena_pages;
+  }
+  auto attacker = OpenSession();
+  uint64_t rid = 2;
+  for (const uint64_t bytes : {uint64_t{4096}, uint64_t{20} << 20}) {  // shared, and its own
+    const ObjectId id = ObjectId::FromName("hostile/huge/" + std::to_string(bytes));
+    auto created = attacker->Call(rid++, CreateOf(id, bytes));
+    ASSERT_TRUE(created);
+    ASSERT_TRUE(created->get().isCreate()) << created->get().getMessage().cStr();
+    auto segments = created->get().getNewSegments();
+    ASSERT_EQ(segments.size(), created->fds.size());
+    for (unsigned i = 0; i < segments.size(); ++i) {
+      if (segments[i].getWritable()) {
+        ExpectCannotResize(created->fds[i].get());
+      } else {
+        EXPECT_EQ(WaysToWrite(created->fds[i].get(), segments[i].getSize()), "");
+        EXPECT_EQ(ReopenReadWriteInChild(created->fds[i].get()), 0);
+      }
+    }
+    ASSERT_TRUE(attacker->Call(rid++, SealOf(id)));
+    ASSERT_TRUE(attacker->Call(rid++, ListOf(IdList::kRelease, {id})));
+    ASSERT_OK_AND_ASSIGN(Buffer buffer, victim_->Get(id));
+    EXPECT_EQ(buffer.size(), bytes);
+  }
+}
+
 TEST_F(HostileTest, AReaderThatKeepsAnObjectsOwnSegmentMappedKeepsNoneOfItsMemory) {
   constexpr uint64_t kBytes = 20 << 20;   // a segment of its own (the test daemon's are 16 MiB)
   constexpr uint64_t kLarger = 40 << 20;  // no kept 20 MiB segment holds it
