@@ -146,7 +146,9 @@ void Arena::ChooseHugePages() {
     return;
   }
   const uint64_t huge = MemInfo("Hugepagesize:") * 1024;
-  const uint64_t free_pages = MemInfo("HugePages_Free:");
+  // Free and not reserved by another process's mappings.
+  const uint64_t free_pages =
+      MemInfo("HugePages_Free:") - std::min(MemInfo("HugePages_Free:"), MemInfo("HugePages_Rsvd:"));
   const uint64_t needed = huge == 0 ? 0 : (options_.capacity + huge - 1) / huge;
   if (huge > kPage && options_.capacity >= huge && free_pages >= needed) {
     // Whole huge pages: segments, and the capacity, are multiples of them.
@@ -179,7 +181,14 @@ void Arena::ChooseHugePages() {
 }
 
 Arena::~Arena() {
-  // Prefault jobs use the segments: wait for them before unlocking and unmapping.
+  // Prefault jobs use the segments: wait for them before unlocking and unmapping, with the
+  // backfills (which post their next steps) told to stop.
+  for (auto& [index, s] : dedicated_) {
+    if (s->backfill) s->backfill->stop.store(true, std::memory_order_relaxed);
+  }
+  for (auto& s : kept_) {
+    if (s->backfill) s->backfill->stop.store(true, std::memory_order_relaxed);
+  }
   prefault_pool_.wait();
   for (auto& s : shared_) {
     if (s->base == nullptr) continue;
@@ -314,12 +323,12 @@ Status Arena::AddSegment() {
     if (s->retired && s->size <= options_.capacity - mapped_) return Revive(*s);
   }
   const uint64_t size = std::min(options_.segment_size, options_.capacity - mapped_);
-  GiveBackKept(size);
   // A new segment beside retired ones too large for the capacity left, up to the bound on
   // shared segments (each may go with a reply as a descriptor).
   if (size == 0 || shared_.size() >= kMaxSharedSegments) {
     return Status::OutOfMemory("the arena is at its capacity");
   }
+  GiveBackKept(size);
   const auto index = static_cast<uint32_t>(shared_.size());
   DEPOT_ASSIGN_OR_RETURN(auto seg, MakeSegment(size, "depot-segment-" + std::to_string(index)));
   seg->index = index;
@@ -354,8 +363,14 @@ void Arena::DropKept(size_t i, bool now) {
   kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
   kept_bytes_ -= gone->size;
   spdlog::debug("arena: gave back kept segment {} ({})", gone->index, ipc::FormatSize(gone->size));
-  // As for an object's own segment when it goes (Free): the hole punched first frees the
-  // pages whoever maps them; in a directory the file is truncated too.
+  GiveBack(std::move(gone), now);
+}
+
+void Arena::GiveBack(std::unique_ptr<Segment> gone, bool now) {
+  // The hole punched first frees the pages whoever maps them: a client that kept its
+  // mapping cannot keep them alive outside the capacity (the mapping reads zeros after). In
+  // a directory the file is truncated too, so that such a writable mapping cannot fill the
+  // directory again.
   auto give_back = [gone = std::move(gone), in_dir = !options_.dir.empty()] {
     StopBackfill(*gone);
     GiveBackPages(gone->fd->get(), gone->size, gone->index);
@@ -368,6 +383,7 @@ void Arena::DropKept(size_t i, bool now) {
   if (now) {
     give_back();
   } else {
+    // About 0.13 s per GiB: on a worker, off the loop.
     boost::asio::post(prefault_pool_, std::move(give_back));
   }
 }
@@ -461,23 +477,28 @@ std::optional<Arena::Block> Arena::AllocateDedicated(uint64_t size, uint32_t wri
 void Arena::Backfill(Segment& segment) {
   if (ReservedWhole() || !options_.prefault) return;
   segment.backfill = std::make_shared<Segment::Backfill>();
-  boost::asio::post(prefault_pool_, [fd = segment.fd, state = segment.backfill, size = segment.size,
-                                     index = segment.index] {
-    for (uint64_t end = size; end > 0;) {
-      std::lock_guard lock(state->mu);
-      if (state->stop.load(std::memory_order_relaxed)) return;
-      const uint64_t begin = end > kPrefaultAhead ? end - kPrefaultAhead : 0;
-      // Pages the writer allocated already are skipped; a failure is not fatal either: the
-      // writer then allocates what is left.
-      if (::fallocate(fd->get(), 0, static_cast<off_t>(begin), static_cast<off_t>(end - begin)) !=
-          0) {
-        spdlog::debug("arena: cannot allocate segment {}'s pages ahead: {}", index,
-                      std::strerror(errno));
-        return;
-      }
-      end = begin;
-    }
-  });
+  BackfillStep(segment.fd, segment.backfill, segment.size, segment.index);
+}
+
+void Arena::BackfillStep(std::shared_ptr<const ipc::UniqueFd> fd,
+                         std::shared_ptr<Segment::Backfill> state, uint64_t end, uint32_t index) {
+  // One window a job, each posting the next: the pool's threads (few, and shared with
+  // pre-faulting, spills and checksums) are never held for a whole large object.
+  boost::asio::post(
+      prefault_pool_, [this, fd = std::move(fd), state = std::move(state), end, index]() mutable {
+        std::lock_guard lock(state->mu);
+        if (state->stop.load(std::memory_order_relaxed)) return;
+        const uint64_t begin = end > kPrefaultAhead ? end - kPrefaultAhead : 0;
+        // Pages the writer allocated already are skipped; a failure is not fatal either: the
+        // writer then allocates what is left.
+        if (::fallocate(fd->get(), 0, static_cast<off_t>(begin), static_cast<off_t>(end - begin)) !=
+            0) {
+          spdlog::debug("arena: cannot allocate segment {}'s pages ahead: {}", index,
+                        std::strerror(errno));
+          return;
+        }
+        if (begin > 0) BackfillStep(std::move(fd), std::move(state), begin, index);
+      });
 }
 
 void Arena::StopBackfill(Segment& segment) {
@@ -638,23 +659,11 @@ void Arena::Free(uint32_t segment, uint32_t handle) {
     gone->allocator.Free(handle);
     kept_bytes_ += gone->size;
     kept_.push_back(std::move(gone));
-    if (kept_.size() > kMaxKept) DropKept(0, /*now=*/false);
+    if (kept_.size() > kMaxKept) DropKept(0, /*now=*/hugetlb_);
     return;
   }
-  // Freeing the pages takes about 0.13 s per GiB: on a worker, off the loop. A client maps a
-  // dedicated segment only while it holds the object, but one that kept its mapping would
-  // keep the pages alive, outside the capacity: the hole punched first frees them whoever
-  // maps them (a mapping left behind reads zeros). In a directory the file is truncated too,
-  // so that such a writable mapping cannot fill the directory again.
-  boost::asio::post(prefault_pool_, [gone = std::move(gone), in_dir = !options_.dir.empty()] {
-    StopBackfill(*gone);
-    GiveBackPages(gone->fd->get(), gone->size, gone->index);
-    if (in_dir && ::ftruncate(gone->fd->get(), 0) != 0) {
-      spdlog::warn("arena: cannot truncate the file of segment {}: {}", gone->index,
-                   std::strerror(errno));
-    }
-    ::munmap(gone->base, gone->size);
-  });
+  // Huge pages go back now: the pool is a fixed size, and the next file must find them.
+  GiveBack(std::move(gone), /*now=*/hugetlb_);
 }
 
 std::vector<uint32_t> Arena::segments_in_use() const {

@@ -338,6 +338,9 @@ class Arena final : public TierPool {
   std::optional<Block> AllocateDedicated(uint64_t size, uint32_t writers);
   // Queues the allocation of a new dedicated segment's pages from its end (see above).
   void Backfill(Segment& segment);
+  // Queues the allocation of the window of pages that ends at `end`, then of the next.
+  void BackfillStep(std::shared_ptr<const ipc::UniqueFd> fd,
+                    std::shared_ptr<Segment::Backfill> state, uint64_t end, uint32_t index);
   // Stops a segment's backfill, waiting for a fallocate under way (at most kPrefaultAhead
   // bytes' worth), so that pages given back after stay given back.
   static void StopBackfill(Segment& segment);
@@ -352,6 +355,9 @@ class Arena final : public TierPool {
   bool GiveBackKept(uint64_t bytes);
   // Gives back kept segment kept_[i]: its pages now (`now`), or on a worker.
   void DropKept(size_t i, bool now);
+  // Gives back a segment no longer counted in the arena: its pages, mapping and files, now
+  // (`now`) or on a worker.
+  void GiveBack(std::unique_ptr<Segment> gone, bool now);
   // Whether `index` names a dedicated segment, in use or kept.
   bool DedicatedIndexTaken(uint32_t index) const;
   // Gives back kept segments, then retires empty shared segments, until `bytes` of capacity

@@ -57,7 +57,8 @@ struct Holding {
   std::byte* const writable;
   // For an object in a dedicated segment, what keeps the segment mapped (null otherwise).
   // Members are destroyed after the destructor's body: the mapping goes after the release
-  // is queued, which is safe as the daemon never reuses a dedicated segment's index.
+  // is queued, which is safe as a dedicated segment's index names one file for the daemon's
+  // life (Segments checks the file too).
   const std::shared_ptr<const Mapping> readable_mapping;
   const std::shared_ptr<const Mapping> writable_mapping;
   const uint64_t data_size;

@@ -4,6 +4,7 @@
 #include "depot/ipc/protocol.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <cstring>
 
@@ -33,10 +34,24 @@ Result<std::shared_ptr<const Mapping>> Segments::Add(uint32_t index, uint64_t si
                             (dedicated ? "dedicated" : "shared"));
   }
   if (dedicated) {
+    // The file the daemon sent: an index names one file for the daemon's life, but a view
+    // kept from a daemon whose indices wrapped around (2^31 large objects later) must not
+    // pass for this file's.
+    struct stat st {};
+    const bool known = ::fstat(fd.get(), &st) == 0;
     std::lock_guard lock(mu_);
     Dedicated& entry = dedicated_[index];
     std::weak_ptr<const Mapping>& view = writable ? entry.writable : entry.readable;
-    if (auto live = view.lock()) return live;
+    if (auto live = view.lock();
+        live && known && st.st_dev == entry.dev && st.st_ino == entry.ino) {
+      return live;
+    }
+    if (known && (st.st_dev != entry.dev || st.st_ino != entry.ino)) {
+      entry.readable.reset();  // views of another file: this index no longer names it
+      entry.writable.reset();
+      entry.dev = st.st_dev;
+      entry.ino = st.st_ino;
+    }
     // Mapped under the lock: with no populate this is one system call, and a second thread
     // must not map the same view beside it.
     auto mapped = Mapping::Map(fd.get(), size, prot, 0, Describe(index, writable).c_str());

@@ -28,6 +28,8 @@
 // few with the default 1 GiB segments) and one per dedicated segment while it is mapped.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -94,6 +96,8 @@ class Segments {
     std::weak_ptr<const Mapping> writable;
     Status error;              // why mapping it last failed, if it did
     bool first_write = false;  // the writable view is new since FirstWrite last said so
+    dev_t dev = 0;             // the file the views map
+    ino_t ino = 0;
   };
 
   // The mapping of a view, checked to hold the range; mu_ held.

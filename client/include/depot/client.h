@@ -131,7 +131,10 @@ struct CreateOptions {
   // afresh): allocate and map all its pages for writing at Create, in one system call,
   // rather than fault them in 4 KiB at a time as they are first written (about 10% faster
   // in all; bench_put's put/1GiB/dedicated). Turn it off for such an object that will be
-  // written only in part: pages never written then take no memory. Objects in shared
+  // written only in part: pages never written then take no memory in this process's
+  // mapping (a daemon that pre-faults, the default, still allocates a new large object's
+  // pages from its end on a worker as it is written; `depotd --no-prefault` does not; a
+  // segment the daemon kept from an earlier object has its pages already). Objects in shared
   // segments are never prefaulted: their pages are allocated by the daemon ahead of time,
   // and mapped in this process once by their first writer, after which prefaulting would
   // only walk page tables that are there already (as slow as the copy itself).
