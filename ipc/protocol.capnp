@@ -253,7 +253,9 @@ struct Location {
 # reply that names it sends it again; the client maps the new file in place of the old one
 # and drops its writable view of the old. A `dedicated` segment holds one object larger than
 # a shared segment: it comes with every reply that names it (the client maps it while it
-# holds the object, and unmaps it after), and its index is never reused.
+# holds the object, and may keep the mapping after), and its index names one file for the
+# daemon's life (a segment kept when its object went serves the next large object of its
+# writers' class under the same index).
 struct Segment {
   index @0 :UInt32;
   size @1 :UInt64;
