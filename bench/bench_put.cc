@@ -319,8 +319,11 @@ void PutLarge(benchmark::State& state, depot::Client* client, const PageBuffer* 
 
 // Client::Put of `bytes` as a user calls it (create, the copy on the client's copy threads,
 // seal), each object deleted afterwards (not timed); warm: one put and delete first.
+// With `new_client_socket` (else null), each put is from a new client connected to it (untimed): a
+// process that has not mapped the kept segment yet, as a new worker's first put is.
 void PutWhole(benchmark::State& state, depot::Client* client, const PageBuffer* src, size_t bytes,
-              bool warm, const std::string& name, const std::string& baseline) {
+              bool warm, const std::string& name, const std::string& baseline,
+              const std::string* new_client_socket) {
   const std::span<const std::byte> data(src->data(), bytes);
   const auto first = depot::ObjectId::FromWords(g_next_id++, 0x3a01e);
   depot::Status st = warm ? client->Put(first, data) : depot::Status::OK();
@@ -328,46 +331,17 @@ void PutWhole(benchmark::State& state, depot::Client* client, const PageBuffer* 
   Latencies run;
   for (auto _ : state) {
     if (!st.ok()) break;
-    const auto id = depot::ObjectId::FromWords(g_next_id++, 0x3a01e);
-    const auto t0 = Latencies::Clock::now();
-    st = client->Put(id, data);
-    const double ns = static_cast<double>((Latencies::Clock::now() - t0).count());
-    if (st.ok()) st = client->Delete(id);
-    state.SetIterationTime(ns / 1e9);
-    run.Add(ns);
-  }
-  if (!st.ok()) {
-    state.SkipWithError(st.ToString().c_str());
-    return;
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
-  state.counters["GB_per_s"] = static_cast<double>(bytes) / run.Median();
-  if (MedianNs(baseline) > 0) state.counters["ratio_to_memcpy"] = MedianNs(baseline) / run.Median();
-  g_latencies[name].AddRun(run);
-}
-
-// Client::Put of `bytes` after a first put and delete, each time from a new client
-// (connected untimed): a process that has not mapped the kept segment yet, as a new worker's
-// first put is.
-void PutNewClient(benchmark::State& state, const std::string* socket, const PageBuffer* src,
-                  size_t bytes, const std::string& name, const std::string& baseline) {
-  const std::span<const std::byte> data(src->data(), bytes);
-  depot::Status st = depot::Status::OK();
-  {
-    auto first = depot::Client::Connect(*socket);
-    const auto id = depot::ObjectId::FromWords(g_next_id++, 0x9e3c);
-    st = first.ok() ? first->Put(id, data) : first.status();
-    if (st.ok()) st = first->Delete(id);
-  }
-  Latencies run;
-  for (auto _ : state) {
-    if (!st.ok()) break;
-    auto client = depot::Client::Connect(*socket);
-    if (!client.ok()) {
-      st = client.status();
-      break;
+    std::optional<depot::Client> fresh;
+    if (new_client_socket != nullptr) {
+      auto connected = depot::Client::Connect(*new_client_socket);
+      if (!connected.ok()) {
+        st = connected.status();
+        break;
+      }
+      fresh.emplace(std::move(connected).value());
+      client = &*fresh;
     }
-    const auto id = depot::ObjectId::FromWords(g_next_id++, 0x9e3c);
+    const auto id = depot::ObjectId::FromWords(g_next_id++, 0x3a01e);
     const auto t0 = Latencies::Clock::now();
     st = client->Put(id, data);
     const double ns = static_cast<double>((Latencies::Clock::now() - t0).count());
@@ -537,7 +511,7 @@ int main(int argc, char** argv) {
   for (auto [name, c] : {std::pair{"Put/256MiB/warm/1_thread", &*one_thread},
                          std::pair{"Put/256MiB/warm/default_threads", &*client}}) {
     benchmark::RegisterBenchmark(name, PutWhole, c, &src, kLargeBytes, true, std::string(name),
-                                 std::string("memcpy/256MiB"))
+                                 std::string("memcpy/256MiB"), nullptr)
         ->Repetitions(3)
         ->DisplayAggregatesOnly(true)
         ->UseManualTime()
@@ -571,19 +545,21 @@ int main(int argc, char** argv) {
   for (auto [name, c] : {std::pair{"Put/1GiB/again/1_thread", &*large_one_thread},
                          std::pair{"Put/1GiB/again/default_threads", &*large_client}}) {
     repeat(benchmark::RegisterBenchmark(name, PutWhole, c, &huge, kHugeBytes, true,
-                                        std::string(name), std::string("memcpy/1GiB/warm")));
+                                        std::string(name), std::string("memcpy/1GiB/warm"),
+                                        nullptr));
   }
   repeat(benchmark::RegisterBenchmark("put/1GiB/again", PutLarge, &*large_client, &huge,
                                       LargePut{.bytes = kHugeBytes}, std::string("put/1GiB/again"),
                                       std::string("memcpy/1GiB/warm")));
   const std::string large_socket = large_daemon.socket_path();
-  repeat(benchmark::RegisterBenchmark("Put/1GiB/again/new_client", PutNewClient, &large_socket,
-                                      &huge, kHugeBytes, std::string("Put/1GiB/again/new_client"),
-                                      std::string("memcpy/1GiB/warm")));
+  repeat(benchmark::RegisterBenchmark("Put/1GiB/again/new_client", PutWhole, &*large_client, &huge,
+                                      kHugeBytes, true, std::string("Put/1GiB/again/new_client"),
+                                      std::string("memcpy/1GiB/warm"), &large_socket));
   for (auto [name, c] : {std::pair{"Put/1GiB/first", &*first_client},
                          std::pair{"Put/1GiB/first/no_backfill", &*plain_client}}) {
     repeat(benchmark::RegisterBenchmark(name, PutWhole, c, &huge, kHugeBytes, false,
-                                        std::string(name), std::string("memcpy/1GiB/fresh")));
+                                        std::string(name), std::string("memcpy/1GiB/fresh"),
+                                        nullptr));
   }
   // 4 GiB where the machine has room for the source, the baseline's copy and the object,
   // and 2 GiB to spare.
@@ -607,7 +583,8 @@ int main(int argc, char** argv) {
     for (auto [name, c] : {std::pair{"Put/4GiB/again/1_thread", &*giant_one_thread},
                            std::pair{"Put/4GiB/again/default_threads", &*giant_client}}) {
       repeat(benchmark::RegisterBenchmark(name, PutWhole, c, &*giant, kGiantBytes, true,
-                                          std::string(name), std::string("memcpy/4GiB/warm")));
+                                          std::string(name), std::string("memcpy/4GiB/warm"),
+                                          nullptr));
     }
   } else {
     std::printf("4 GiB puts left out: %.1f GiB available, %.1f needed\n",

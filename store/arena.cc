@@ -68,17 +68,24 @@ Result<std::pair<uint64_t, uint64_t>> BackingSpace(const std::string& dir) {
   return std::pair<uint64_t, uint64_t>{static_cast<uint64_t>(fs.f_bavail) * fs.f_bsize, page};
 }
 
-// A line of /proc/meminfo ("HugePages_Free:", "Hugepagesize:"), as a number (kB for sizes);
-// 0 if absent.
-uint64_t MemInfo(const std::string& key) {
+// The host's huge pages, from /proc/meminfo: their size in bytes (0 if the kernel has none)
+// and how many are free and not reserved by some process's mappings.
+struct HugePagePool {
+  uint64_t page = 0;
+  uint64_t free_pages = 0;
+};
+HugePagePool HugePages() {
   std::ifstream meminfo("/proc/meminfo");
+  uint64_t free_pages = 0, reserved = 0, size_kib = 0;
   for (std::string name; meminfo >> name;) {
     uint64_t value = 0;
     meminfo >> value;
-    if (name == key) return value;
+    if (name == "HugePages_Free:") free_pages = value;
+    if (name == "HugePages_Rsvd:") reserved = value;
+    if (name == "Hugepagesize:") size_kib = value;
     meminfo.ignore(256, '\n');
   }
-  return 0;
+  return {size_kib * 1024, free_pages - std::min(free_pages, reserved)};
 }
 
 // The kernel's policy for transparent huge pages in shared memory: the bracketed word of
@@ -145,10 +152,7 @@ void Arena::ChooseHugePages() {
     }
     return;
   }
-  const uint64_t huge = MemInfo("Hugepagesize:") * 1024;
-  // Free and not reserved by another process's mappings.
-  const uint64_t free_pages =
-      MemInfo("HugePages_Free:") - std::min(MemInfo("HugePages_Free:"), MemInfo("HugePages_Rsvd:"));
+  const auto [huge, free_pages] = HugePages();
   const uint64_t needed = huge == 0 ? 0 : (options_.capacity + huge - 1) / huge;
   if (huge > kPage && options_.capacity >= huge && free_pages >= needed) {
     // Whole huge pages: segments, and the capacity, are multiples of them.
