@@ -181,6 +181,12 @@ void SpillAndRestore(benchmark::State& state) {
     state.counters["restored_GiB"] = static_cast<double>(restored.restored_bytes) / kGiB;
     state.counters["restore_GBps"] = restore_rate / 1e9;
     state.counters["get_wall_GBps"] = static_cast<double>(count * object) / get_s / 1e9;
+    // How many objects went to (came from) disk in one write (read) of the daemon's.
+    state.counters["spills_per_write"] = static_cast<double>(spilled.spills) /
+                                         static_cast<double>(std::max<uint64_t>(spilled.writes, 1));
+    state.counters["restores_per_read"] =
+        static_cast<double>(restored.restores) /
+        static_cast<double>(std::max<uint64_t>(restored.reads, 1));
     state.counters["get_us"] = gets.Median() / 1e3;
     state.counters["get_p99_us"] = gets.Quantile(0.99) / 1e3;
     if (g_disk_write > 0) state.counters["spill_vs_disk"] = spill_rate / g_disk_write;

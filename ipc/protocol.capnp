@@ -673,6 +673,8 @@ struct DiskStatus {
   restoreFailures @16 :UInt64;  # reads that failed (I/O error, checksum mismatch): objects lost
   copiesInFlight @17 :UInt32;   # spills (ahead of need too) and restores under way
   directIo @18 :Bool;           # the bulk of each copy bypasses the page cache (O_DIRECT)
+  writes @19 :UInt64;           # disk writes made by spills: one for each run of small objects
+  reads @20 :UInt64;            # disk reads made by restores: one for each window of small objects
 }
 
 # A connected session (the `clients` request). pid, uid and command come from SO_PEERCRED

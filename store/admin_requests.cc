@@ -169,6 +169,8 @@ DiskStatus DiskStatusOf(const ObjectStore& store) {
       .restore_failures = t.disk_restore_failures,
       .copies_in_flight = store.DiskCopiesInFlight(),
       .direct_io = pool->direct_io(),
+      .writes = t.disk_writes,
+      .reads = store.DiskReads(),
   };
 }
 

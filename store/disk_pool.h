@@ -100,6 +100,10 @@ class DiskPool final : public TierPool {
   uint64_t file_bytes() const { return file_bytes_; }
   uint32_t file_count() const { return open_files_; }
   uint64_t file_size() const { return file_size_; }
+  // Whether region `file` is a live file (its index may be free, or reused by a later file).
+  bool live(uint32_t file) const { return file < files_.size() && files_[file] != nullptr; }
+  // The size of one live file.
+  uint64_t size(uint32_t file) const { return files_[file]->size; }
 
  private:
   struct File {

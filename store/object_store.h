@@ -378,6 +378,7 @@ class ObjectStore final : private Tiers::Owner {
   // The spill directory's pool, or null.
   const DiskPool* disk() const { return tiers_.disk(); }
   uint32_t DiskCopiesInFlight() const { return tiers_.disk_copies_running(); }
+  uint64_t DiskReads() const { return tiers_.disk_reads(); }
   // Objects with a copy on disk.
   uint64_t ObjectsOnDisk() const { return tiers_.disk() ? tiers_.usage(kDisk).replicas : 0; }
   // The copies between tiers as measured so far (Tiers).

@@ -31,6 +31,7 @@
 #include "store/gpu/pool.h"
 #include "store/log_limiter.h"
 #include "store/object_table.h"
+#include "store/read_windows.h"
 #include "store/waiting_gets.h"
 
 namespace depot::store {
@@ -66,6 +67,11 @@ struct TierCounters {
   uint64_t disk_dropped_bytes = 0;
   uint64_t disk_spill_failures = 0;
   uint64_t disk_restore_failures = 0;  // objects lost: I/O error or checksum mismatch
+  // Disk writes made by spills (one for each run of small objects written together, one for
+  // each larger object), and reads made by restores of larger objects (Tiers::disk_reads adds
+  // those of small objects).
+  uint64_t disk_writes = 0;
+  uint64_t disk_reads = 0;
 };
 
 // Bytes per second of the copies between tiers: as the start-up probe timed them
@@ -76,6 +82,18 @@ struct CopyRates {
   double host_to_gpu = 0;
   double gpu_to_host = 0;
   double gpu_to_gpu = 0;
+};
+
+// A small object's spill, written with the others of its turn (Tiers::WritePackedSpills):
+// `bytes` from `from` in host memory to its disk block of `block` bytes at `at`.
+struct PackedWrite {
+  uint32_t slot = 0;
+  int fd = -1;
+  int direct = -1;  // the file opened with O_DIRECT; -1 without
+  uint64_t at = 0;
+  uint64_t bytes = 0;
+  uint64_t block = 0;
+  const std::byte* from = nullptr;
 };
 
 class Tiers {
@@ -121,6 +139,8 @@ class Tiers {
   const EvictionPlanner& planner() const { return planner_; }
   // Counts the object in `slot`, whose last copy is on disk, as dropped for good.
   void CountDiskDrop(uint32_t slot);
+  // Disk reads made by restores: of larger objects, and of small ones (ReadWindows).
+  uint64_t disk_reads() const { return counters_.disk_reads + read_windows_.reads(); }
   // Copies from or to disk running on the executor.
   uint32_t disk_copies_running() const { return disk_copies_running_; }
   TierUsage& usage(int32_t tier) { return usage_[Index(tier)]; }
@@ -198,11 +218,21 @@ class Tiers {
     Status status;
     bool lost = true;  // a failure is the disk's (read, short read, checksum): the object is lost
     std::vector<std::byte> metadata;  // read from disk for a GPU copy, which holds data only
+    uint32_t calls = 0;               // disk writes or reads it made (TierCounters)
   };
   // Copies to (or from) disk under way, and since when there have been some.
   struct DiskBusy {
     uint32_t running = 0;
     std::chrono::steady_clock::time_point since{};
+    void Start() {
+      if (running++ == 0) since = std::chrono::steady_clock::now();
+    }
+    // Adds the time since the first started to `seconds` once the last ends.
+    void End(double& seconds) {
+      if (--running == 0) {
+        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+      }
+    }
   };
   struct RoomWait {
     uint64_t bytes = 0;
@@ -228,6 +258,13 @@ class Tiers {
   // The same for a copy from or to disk: pread and pwrite on the spill file, through a
   // staging buffer for a GPU.
   void RunDiskCopy(uint32_t slot, int32_t tier, int32_t source);
+  // Small objects (under a MiB) are not written one by one: RunDiskCopy queues them, and
+  // once per turn of the loop this writes them all, sorted by place on disk, with one write
+  // for each run of blocks that lie end to end (a fresh spill file fills from its start, so
+  // objects spilled together are one run), in jobs of up to 8 MiB.
+  void WritePackedSpills();
+  // Starts the read ahead that restores asked for (ReadWindows), if any, on the executor.
+  void ReadAheadIfAsked();
   // After a disk copy, on the loop.
   void FinishDiskCopy(uint32_t slot, int32_t tier, DiskCopy done);
   // `seconds`: how long the copy itself took (0 when none ran).
@@ -250,10 +287,14 @@ class Tiers {
   // Writes ahead: once host memory is fuller than its capacity less kHeadroomShare of it,
   // copies the least recently used objects to disk while they stay in memory, so that room
   // is then made at once by dropping their host copies, with no create waiting for a write.
-  // At most kAheadInFlight bytes are being written ahead at a time.
+  // At most kAheadInFlight bytes are being written ahead at a time, and at least kAheadStep
+  // (or half the headroom, if less) once writing ahead starts: small objects are then written
+  // together, in one write for each run of them on disk (WritePackedSpills), rather than one
+  // by one as each new object pushes the arena past the watermark.
   static constexpr uint64_t kHeadroomShare = 4;                // a quarter of the arena...
   static constexpr uint64_t kMaxHeadroom = uint64_t{1} << 30;  // ...up to 1 GiB
   static constexpr uint64_t kAheadInFlight = uint64_t{256} << 20;
+  static constexpr uint64_t kAheadStep = uint64_t{8} << 20;
   void SpillAhead();
   // SpillAhead soon, from the loop, once however often it is asked for meanwhile.
   void ScheduleSpillAhead();
@@ -286,6 +327,13 @@ class Tiers {
   DiskBusy disk_writes_, disk_reads_;
   uint32_t disk_copies_running_ = 0;  // copies from or to disk on the executor
   bool spill_ahead_scheduled_ = false;
+  // Small spills waiting for WritePackedSpills; its jobs on the executor, at most
+  // kPackedJobs at a time: what is spilled while they run waits and is written together after.
+  static constexpr uint32_t kPackedJobs = 2;
+  std::vector<PackedWrite> packed_writes_;
+  ReadWindows read_windows_;  // restores of small objects (RunDiskCopy)
+  bool packed_writes_scheduled_ = false;
+  uint32_t packed_jobs_running_ = 0;
   std::map<std::pair<uint32_t, int32_t>, Transfer> transfers_;  // (slot, destination tier)
   TierCounters counters_;
   CopyRates copy_rates_;

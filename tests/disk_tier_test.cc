@@ -164,6 +164,57 @@ TEST_F(DiskTierTest, FourTimesTheArenaAllComesBackByteExact) {
   EXPECT_EQ(status.objects_sealed, static_cast<uint64_t>(n));
 }
 
+TEST_F(DiskTierTest, SmallObjectsGoToDiskTogetherAndComeBackByteExactAsTheirSpaceIsReused) {
+  Start();
+  // Objects of about 64 KiB (not whole pages, some with checksums), three times the arena in
+  // all: most spill, written together, and come back through read windows.
+  const auto size = [](int i) { return 64 * kKiB - 512 + (i % 9) * 64; };
+  const auto put = [&](int i) {
+    CreateOptions options;
+    const std::string metadata = MetadataOf(i);
+    options.metadata = AsBytes(metadata);
+    options.checksum = i % 4 == 0;
+    return client_->Put(IdOf(i), DataOf(i, size(i)), options);
+  };
+  const auto intact = [&](int i) {
+    auto got = client_->Get(IdOf(i));
+    if (!got.ok()) return ::testing::AssertionFailure() << i << ": " << got.status().ToString();
+    if (!SameBytes(got->data(), DataOf(i, size(i))) ||
+        !SameBytes(got->metadata(), AsBytes(MetadataOf(i)))) {
+      return ::testing::AssertionFailure() << "object " << i << " came back changed";
+    }
+    return ::testing::AssertionSuccess();
+  };
+  constexpr int kFirst = 2048;
+  for (int i = 0; i < kFirst; ++i) ASSERT_OK(put(i));
+  Settle();
+  const DiskStatus spilled = Disk();
+  ASSERT_GT(spilled.spills, 1000u);
+  if (spilled.direct_io) {
+    EXPECT_LT(spilled.writes * 8, spilled.spills) << "small objects are written one by one";
+  } else {
+    EXPECT_EQ(spilled.writes, spilled.spills) << "buffered: each on its own";
+  }
+  // The oldest half, oldest first: restores that read on share windows.
+  for (int i = 0; i < kFirst / 2; ++i) ASSERT_TRUE(intact(i));
+  const DiskStatus restored = Disk();
+  ASSERT_GT(restored.restores, 500u);
+  if (restored.direct_io) {
+    EXPECT_LT((restored.reads - spilled.reads) * 4, restored.restores - spilled.restores)
+        << "small objects are read one by one";
+  }
+  // Every other one of them deleted: their disk blocks are free for the spills the next
+  // objects cause, within the ranges windows were read from.
+  for (int i = 0; i < kFirst / 2; i += 2) ASSERT_OK(client_->Delete(IdOf(i)));
+  for (int i = kFirst; i < kFirst + kFirst / 2; ++i) ASSERT_OK(put(i));
+  for (int i = 1; i < kFirst + kFirst / 2; i += (i < kFirst / 2 ? 2 : 1)) ASSERT_TRUE(intact(i));
+  const DiskStatus after = Disk();
+  EXPECT_EQ(after.restore_failures, 0u);
+  EXPECT_EQ(after.spill_failures, 0u);
+  ASSERT_OK_AND_ASSIGN(StoreStatus status, client_->GetStatus());
+  EXPECT_EQ(status.evictions, 0u) << "an object left the store instead of spilling";
+}
+
 TEST_F(DiskTierTest, ABatchedGetRestoresSpilledObjectsTogether) {
   Start();
   for (int i = 0; i < 24; ++i) ASSERT_OK(PutObject(i));

@@ -140,6 +140,9 @@ inline constexpr MetricFamily kDiskObjectsTotal{
     "reached), and spills and restores that failed."};
 inline constexpr MetricFamily kDiskIoBytesTotal{"depot_disk_io_bytes_total", MetricType::kCounter,
                                                 "Bytes written by spills and read by restores."};
+inline constexpr MetricFamily kDiskIoCallsTotal{
+    "depot_disk_io_calls_total", MetricType::kCounter,
+    "Disk writes made by spills and reads made by restores (small objects share them)."};
 inline constexpr MetricFamily kDiskIoSecondsTotal{
     "depot_disk_io_seconds_total", MetricType::kCounter,
     "Seconds during which spill writes (restore reads) were under way (bytes / seconds: "
@@ -302,6 +305,10 @@ struct InfoFields<DiskStatus> {
       Field{"copies_in_flight", &DiskStatus::copies_in_flight, &R::getCopiesInFlight,
             &B::setCopiesInFlight},
       Field{"direct_io", &DiskStatus::direct_io, &R::getDirectIo, &B::setDirectIo},
+      Field{"writes", &DiskStatus::writes, &R::getWrites, &B::setWrites,
+            Metric{metric::kDiskIoCallsTotal, R"(op="write")"}},
+      Field{"reads", &DiskStatus::reads, &R::getReads, &B::setReads,
+            Metric{metric::kDiskIoCallsTotal, R"(op="read")"}},
   };
 };
 

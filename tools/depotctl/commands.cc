@@ -218,13 +218,14 @@ void AddDiskFields(std::vector<std::pair<std::string, std::string>>& fields, con
                                   " of " + FormatSize(d.file_bytes) + "), " +
                                   Count(d.objects, "object") + ", " +
                                   (d.direct_io ? "direct" : "buffered") + " I/O");
-  fields.emplace_back("", Count(d.spills, "spill") + " (" + FormatSize(d.spilled_bytes) + ", " +
-                              Rate(d.spilled_bytes, d.spill_seconds) + "), " +
-                              Count(d.restores, "restore") + " (" + FormatSize(d.restored_bytes) +
-                              ", " + Rate(d.restored_bytes, d.restore_seconds) + "), " +
-                              Count(d.drops, "drop") + " for good (" + FormatSize(d.dropped_bytes) +
-                              "); failed: " + std::to_string(d.spill_failures) + " spills, " +
-                              std::to_string(d.restore_failures) + " restores (objects lost)");
+  fields.emplace_back(
+      "", Count(d.spills, "spill") + " (" + FormatSize(d.spilled_bytes) + ", " +
+              Rate(d.spilled_bytes, d.spill_seconds) + ", " + Count(d.writes, "write") + "), " +
+              Count(d.restores, "restore") + " (" + FormatSize(d.restored_bytes) + ", " +
+              Rate(d.restored_bytes, d.restore_seconds) + ", " + Count(d.reads, "read") + "), " +
+              Count(d.drops, "drop") + " for good (" + FormatSize(d.dropped_bytes) +
+              "); failed: " + std::to_string(d.spill_failures) + " spills, " +
+              std::to_string(d.restore_failures) + " restores (objects lost)");
 }
 
 // The status lines about tasks: the scheduler's totals and what placement assumes.

@@ -230,6 +230,10 @@ struct DiskStatus {
   uint64_t restore_failures = 0;  // reads that failed (I/O error, checksum): objects lost
   uint32_t copies_in_flight = 0;  // spills (ahead of need too) and restores under way
   bool direct_io = false;         // the bulk of each copy bypasses the page cache (O_DIRECT)
+  // Disk writes made by spills (small objects spilled together share one) and reads made by
+  // restores (small objects restored one after another share a read window).
+  uint64_t writes = 0;
+  uint64_t reads = 0;
 };
 
 // A setting the daemon runs with (StoreStatus::settings): its key, the flag's name without
