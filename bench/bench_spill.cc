@@ -3,7 +3,7 @@
 //   disk/write, disk/read    the baseline: one 1 GiB file in the spill directory's file system
 //                            written with O_DIRECT in 64 MiB pieces, then fdatasync, then read
 //                            back with O_DIRECT (no page cache either way). bytes_per_second.
-//   spill+restore/<size>/direct:<0|1>
+//   spill+restore/<size>/direct:<0|1>/batch:<n>
 //                            a daemon with --memory --arena_MiB and a spill directory there
 //                            (--spill-io direct, or buffered: through the page cache); puts
 //                            four times the arena in objects of <size>, waits until no copy to
@@ -11,10 +11,12 @@
 //                            GiB, spill_GBps (bytes written / the writes' time, each copy timed
 //                            alone; copies run two at a time, so this is per copy) and
 //                            spill_vs_disk (that over disk/write).
-//                            Then gets every object once, oldest first (most are on disk):
-//                            restore_GBps and restore_vs_disk as above, get_us (median) and
-//                            get_p99_us per get, and wall_GBps (object bytes / wall time of
-//                            the gets, restores and the spills they cause included).
+//                            Then gets every object once, oldest first (most are on disk), one
+//                            at a time or <batch> ids a get: restore_GBps and restore_vs_disk
+//                            as above, get_us (median) and get_p99_us per get, and
+//                            get_wall_GBps (object bytes / wall time of the gets, restores and
+//                            the spills they cause included); spills_per_write and
+//                            restores_per_read: objects per disk write (read) of the daemon's.
 //
 // Flags besides Google Benchmark's: --spill_dir=DIR (default $TMPDIR or /tmp: pass a directory
 // on the disk to measure), --arena_MiB=N (default 256).
@@ -130,6 +132,7 @@ depot::DiskStatus Settled(depot::Client& client) {
 void SpillAndRestore(benchmark::State& state) {
   const uint64_t object = static_cast<uint64_t>(state.range(0));
   const bool direct = state.range(1) != 0;
+  const size_t batch = static_cast<size_t>(state.range(2));
   const uint64_t arena = g_arena_mib * kMiB;
   const uint64_t count = 4 * arena / object;
   for (auto _ : state) {
@@ -156,17 +159,21 @@ void SpillAndRestore(benchmark::State& state) {
     }
     const depot::DiskStatus spilled = Settled(*client);
     const double put_s = Seconds(put_start);
-    // Every object once, oldest first: most of them come back from disk.
+    // Every object once, oldest first: most of them come back from disk. One at a time, or
+    // `batch` ids a get.
     Latencies gets;
     const auto get_start = Clock::now();
-    for (const depot::ObjectId& id : ids) {
+    for (size_t i = 0; i < ids.size(); i += batch) {
+      const std::vector<depot::ObjectId> some(
+          ids.begin() + static_cast<ptrdiff_t>(i),
+          ids.begin() + static_cast<ptrdiff_t>(std::min(ids.size(), i + batch)));
       const auto t = Clock::now();
-      auto got = client->Get(id);
+      auto got = client->Get(some);
       if (!got.ok()) {
         state.SkipWithError(got.status().ToString().c_str());
         return;
       }
-      benchmark::DoNotOptimize(got->data()[0]);
+      for (const depot::Buffer& b : *got) benchmark::DoNotOptimize(b.data()[0]);
       gets.Add(std::chrono::duration<double, std::nano>(Clock::now() - t).count());
     }
     const double get_s = Seconds(get_start);
@@ -201,11 +208,12 @@ BENCHMARK(DiskWrite)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(SpillAndRestore)
     ->Name("spill+restore")
-    ->ArgNames({"", "direct"})
-    ->Args({64 * kMiB, 1})
-    ->Args({64 * kMiB, 0})
-    ->Args({64 << 10, 1})
-    ->Args({64 << 10, 0})
+    ->ArgNames({"", "direct", "batch"})
+    ->Args({64 * kMiB, 1, 1})
+    ->Args({64 * kMiB, 0, 1})
+    ->Args({64 << 10, 1, 1})
+    ->Args({64 << 10, 0, 1})
+    ->Args({64 << 10, 1, 64})
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -4,9 +4,9 @@
 // spilled together are usually wanted together again (they were the least recently used
 // ones, in order). A restore that continues where the last one in the same file ended reads
 // the next kWindow bytes of the file with one direct read, keeps them, and the restores that
-// follow copy from them (on the loop: no trip to a worker). A restore that does not read on from the last one reads its own
-// bytes only. The page cache is not used for either: the bytes of spilled objects are not
-// kept in memory outside the arena and these few windows.
+// follow copy from them (on the loop: no trip to a worker). A restore that does not read on from
+// the last one reads its own bytes only. The page cache is not used for either: the bytes of
+// spilled objects are not kept in memory outside the arena and these few windows.
 //
 // Restores that go on through a window have the next one read ahead of them, so that a
 // client getting spilled objects one by one does not wait for the disk at each window.
@@ -14,8 +14,8 @@
 // A window holds what the file held when it was read. Blocks in it that were free then may be
 // written later, by spills; so every write to a spill file invalidates the windows over its
 // range before its object counts as on disk, and a window whose read raced with an
-// invalidation of its range is not kept. A restore's own block is live and unchanging while it is read, so
-// its bytes in any window read after its spill was written are right.
+// invalidation of its range is not kept. A restore's own block is live and unchanging while it is
+// read, so its bytes in any window read after its spill was written are right.
 //
 // Reads run on the worker threads, invalidations on the loop: both under one mutex, held only
 // to look up and replace windows, never during I/O or copies.
@@ -98,8 +98,8 @@ class ReadWindows {
 
   mutable std::mutex mu_;
   std::vector<Window> windows_;
-  std::vector<Sequence> sequences_;  // the last few files restored from, and where they ended
-  std::optional<Ahead> ahead_;       // asked for, not taken yet
+  std::vector<Sequence> sequences_;     // the last few files restored from, and where they ended
+  std::optional<Ahead> ahead_;          // asked for, not taken yet
   std::optional<Ahead> reading_ahead_;  // taken, being read
   uint64_t uses_ = 0;
   // The invalidations: how many so far, and the last kLog of them. A window read across one

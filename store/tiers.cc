@@ -56,6 +56,15 @@ Status DiskRead(int fd, int direct, std::byte* to, uint64_t bytes, uint64_t offs
   return Status::OK();
 }
 
+// Each worker's staging buffer for small objects' runs (kDiskChunk bytes, page-aligned),
+// made at its first and kept.
+std::byte* Staging() {
+  thread_local const std::unique_ptr<std::byte, decltype(&std::free)> staging(
+      static_cast<std::byte*>(std::aligned_alloc(DiskPool::kAlignment, kDiskChunk)), &std::free);
+  if (staging == nullptr) std::abort();
+  return staging.get();
+}
+
 // Whether `bytes` read back from disk at `to` match the object's checksum, if it has one.
 Status CheckRestored(const std::byte* to, uint64_t bytes, std::optional<uint64_t> checksum) {
   if (checksum && XXH3_64bits(to, bytes) != *checksum) {
@@ -470,6 +479,22 @@ void Tiers::RunDiskCopy(uint32_t slot, int32_t tier, int32_t source) {
       });
       return;
     }
+    // Else read with the others restored in this turn.
+    packed_reads_.push_back({.slot = slot,
+                             .file = file,
+                             .fd = fd,
+                             .direct = direct,
+                             .at = at,
+                             .bytes = data + metadata,
+                             .block = disk_->BlockSize(data + metadata),
+                             .file_size = file_size,
+                             .to = to,
+                             .checksum = checksum});
+    if (!packed_reads_scheduled_) {
+      packed_reads_scheduled_ = true;
+      executor_.Defer([this] { ReadPackedRestores(); });
+    }
+    return;
   }
   executor_.Offload([this, slot, tier, source, other, fd, direct, file, file_size, at, data,
                      metadata, checksum, address, backend] {
@@ -542,12 +567,7 @@ void Tiers::WritePackedSpills() {
     }
     executor_.Offload(
         [this, job = std::vector<PackedWrite>(writes.begin() + begin, writes.begin() + end)] {
-          // Each worker's staging buffer, made at its first small spill and kept.
-          thread_local const std::unique_ptr<std::byte, decltype(&std::free)> staging(
-              static_cast<std::byte*>(std::aligned_alloc(DiskPool::kAlignment, kDiskChunk)),
-              &std::free);
-          if (staging == nullptr) std::abort();
-          Packed packed = WritePacked(job, staging.get());
+          Packed packed = WritePacked(job, Staging());
           return std::function<void()>([this, job = std::move(job), packed = std::move(packed)] {
             packed_jobs_running_--;
             counters_.disk_writes += packed.writes;
@@ -560,6 +580,59 @@ void Tiers::WritePackedSpills() {
     begin = end;
   }
   packed_writes_.assign(writes.begin() + static_cast<ptrdiff_t>(begin), writes.end());
+}
+
+void Tiers::ReadPackedRestores() {
+  packed_reads_scheduled_ = false;
+  std::vector<PackedRead> reads = std::exchange(packed_reads_, {});
+  std::ranges::sort(reads, [](const PackedRead& a, const PackedRead& b) {
+    return std::tie(a.fd, a.at) < std::tie(b.fd, b.at);
+  });
+  // A job for each run: objects in one file whose blocks are at most kReadOver apart, over at
+  // most kDiskChunk bytes.
+  for (size_t begin = 0; begin < reads.size();) {
+    const PackedRead& first = reads[begin];
+    size_t end = begin + 1;
+    while (end < reads.size() && reads[end].fd == first.fd &&
+           reads[end].at <= reads[end - 1].at + reads[end - 1].block + kReadOver &&
+           reads[end].at + reads[end].block - first.at <= kDiskChunk) {
+      ++end;
+    }
+    executor_.Offload([this,
+                       job = std::vector<PackedRead>(reads.begin() + static_cast<ptrdiff_t>(begin),
+                                                     reads.begin() + static_cast<ptrdiff_t>(end))] {
+      std::vector<DiskCopy> done = ReadPacked(job);
+      return std::function<void()>([this, job = std::move(job), done = std::move(done)]() mutable {
+        for (size_t i = 0; i < job.size(); ++i) {
+          FinishDiskCopy(job[i].slot, kHost, std::move(done[i]));
+        }
+      });
+    });
+    begin = end;
+  }
+}
+
+std::vector<Tiers::DiskCopy> Tiers::ReadPacked(std::span<const PackedRead> run) {
+  std::vector<DiskCopy> done(run.size());
+  const PackedRead& first = run.front();
+  const uint64_t span = run.back().at + run.back().block - first.at;
+  if (run.size() > 1 && first.direct >= 0 && first.at + span <= first.file_size &&
+      ReadAll(first.direct, Staging(), span, first.at).ok()) {
+    done.front().calls = 1;
+    for (size_t i = 0; i < run.size(); ++i) {
+      std::memcpy(run[i].to, Staging() + (run[i].at - first.at), run[i].bytes);
+      done[i].status = CheckRestored(run[i].to, run[i].bytes, run[i].checksum);
+    }
+    return done;
+  }
+  // One on its own (through the read windows: it may read on from the last), or without
+  // direct I/O, or if the run's read failed (each read then says whose bytes are lost).
+  for (size_t i = 0; i < run.size(); ++i) {
+    const PackedRead& r = run[i];
+    done[i].status = read_windows_.Read(r.file, r.fd, r.direct, r.to, r.bytes, r.at, r.file_size);
+    if (done[i].status.ok()) done[i].status = CheckRestored(r.to, r.bytes, r.checksum);
+  }
+  return done;
 }
 
 void Tiers::ReadAheadIfAsked() {

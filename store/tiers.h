@@ -96,6 +96,21 @@ struct PackedWrite {
   const std::byte* from = nullptr;
 };
 
+// A small object's restore, read with the others of its turn (Tiers::ReadPackedRestores):
+// `bytes` at `at` of spill file `file` (its block of `block` bytes) to `to` in host memory.
+struct PackedRead {
+  uint32_t slot = 0;
+  uint32_t file = 0;
+  int fd = -1;
+  int direct = -1;
+  uint64_t at = 0;
+  uint64_t bytes = 0;
+  uint64_t block = 0;
+  uint64_t file_size = 0;
+  std::byte* to = nullptr;
+  std::optional<uint64_t> checksum;
+};
+
 class Tiers {
  public:
   // What a copy needs of the store around the tiers.
@@ -263,6 +278,14 @@ class Tiers {
   // for each run of blocks that lie end to end (a fresh spill file fills from its start, so
   // objects spilled together are one run), in jobs of up to 8 MiB.
   void WritePackedSpills();
+  // Restores of small objects that no read window holds are read the same way as they were
+  // written: once per turn of the loop, sorted by place on disk, one direct read for each run
+  // of them in a file (blocks at most kReadOver apart, at most 8 MiB in all), a job each; a
+  // run of one goes through the read windows.
+  static constexpr uint64_t kReadOver = 256 << 10;
+  void ReadPackedRestores();
+  // A run's job, on a worker.
+  std::vector<DiskCopy> ReadPacked(std::span<const PackedRead> run);
   // Starts the read ahead that restores asked for (ReadWindows), if any, on the executor.
   void ReadAheadIfAsked();
   // After a disk copy, on the loop.
@@ -331,7 +354,9 @@ class Tiers {
   // kPackedJobs at a time: what is spilled while they run waits and is written together after.
   static constexpr uint32_t kPackedJobs = 2;
   std::vector<PackedWrite> packed_writes_;
-  ReadWindows read_windows_;  // restores of small objects (RunDiskCopy)
+  ReadWindows read_windows_;              // restores of small objects (RunDiskCopy)
+  std::vector<PackedRead> packed_reads_;  // waiting for ReadPackedRestores
+  bool packed_reads_scheduled_ = false;
   bool packed_writes_scheduled_ = false;
   uint32_t packed_jobs_running_ = 0;
   std::map<std::pair<uint32_t, int32_t>, Transfer> transfers_;  // (slot, destination tier)

@@ -9,6 +9,7 @@
 
 #include "connection.h"
 #include "holding.h"
+#include "parts.h"
 
 namespace depot {
 
@@ -16,17 +17,22 @@ namespace {
 
 constexpr ObjectId kNilId;
 
-// Maps the pages of [data, data + size) for reading, in one system call.
-void PopulateForReading(const std::byte* data, size_t size) {
+// Maps the pages of [data, data + size) for reading: one system call for each slice, on up to
+// `threads` threads for a large object (InSlices), as page tables fill at a core's pace.
+void PopulateForReading(const std::byte* data, size_t size, unsigned threads) {
 #ifdef MADV_POPULATE_READ
   if (size == 0) return;
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
   const uintptr_t end = reinterpret_cast<uintptr_t>(data) + size;
-  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+  // Slices start on 64 KiB boundaries from `begin`: on pages.
+  internal::InSlices(end - begin, threads, [begin](uint64_t from, uint64_t len) {
+    (void)::madvise(reinterpret_cast<void*>(begin + from), len, MADV_POPULATE_READ);
+  });
 #else
   (void)data;
   (void)size;
+  (void)threads;
 #endif
 }
 
@@ -55,10 +61,14 @@ Result<PrivateBuffer> Buffer::PrivateCopy() const {
 }
 
 void Buffer::Populate() const {
-  if (holding_) PopulateForReading(holding_->data, holding_->data_size);
+  if (holding_) {
+    PopulateForReading(holding_->data, holding_->data_size, holding_->conn->copy_threads());
+  }
 }
 
-void PrivateBuffer::Populate() const { PopulateForReading(data_, size_); }
+void PrivateBuffer::Populate() const {
+  if (holding_) PopulateForReading(data_, size_, holding_->conn->copy_threads());
+}
 
 const ObjectId& PrivateBuffer::id() const { return holding_ ? holding_->id : kNilId; }
 

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -11,13 +12,14 @@
 
 namespace depot::internal {
 
-void CopyBytes(std::byte* dst, const std::byte* src, uint64_t bytes, unsigned threads) {
+void InSlices(uint64_t bytes, unsigned threads,
+              const std::function<void(uint64_t from, uint64_t len)>& work) {
   // Slices of at least a quarter of the threshold, on 64 KiB boundaries.
   constexpr uint64_t kAlign = 64 << 10;
   const uint64_t most = bytes / (kParallelCopyBytes / 4);
   const unsigned n = static_cast<unsigned>(std::min<uint64_t>(threads, most));
   if (bytes < kParallelCopyBytes || n <= 1) {
-    std::memcpy(dst, src, bytes);
+    work(0, bytes);
     return;
   }
   const uint64_t slice = ((bytes + n - 1) / n + kAlign - 1) / kAlign * kAlign;  // n cover it
@@ -28,13 +30,18 @@ void CopyBytes(std::byte* dst, const std::byte* src, uint64_t bytes, unsigned th
     if (from >= bytes) break;
     const uint64_t len = std::min(slice, bytes - from);
     try {
-      helpers.emplace_back([=] { std::memcpy(dst + from, src + from, len); });
+      helpers.emplace_back([&work, from, len] { work(from, len); });
     } catch (const std::system_error&) {
-      std::memcpy(dst + from, src + from, len);  // no thread to be had: copied here
+      work(from, len);  // no thread to be had: done here
     }
   }
-  std::memcpy(dst, src, std::min(slice, bytes));  // the first slice: this thread's
+  work(0, std::min(slice, bytes));  // the first slice: this thread's
   for (std::thread& t : helpers) t.join();
+}
+
+void CopyBytes(std::byte* dst, const std::byte* src, uint64_t bytes, unsigned threads) {
+  InSlices(bytes, threads,
+           [&](uint64_t from, uint64_t len) { std::memcpy(dst + from, src + from, len); });
 }
 
 Result<unsigned> ParseCopyThreads(std::string_view value) {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -27,6 +28,10 @@ void FillParts(std::byte* dst, std::span<const PutPart> parts, uint64_t size, un
 inline constexpr uint64_t kParallelCopyBytes = uint64_t{16} << 20;
 inline constexpr unsigned kMaxCopyThreads = 64;
 void CopyBytes(std::byte* dst, const std::byte* src, uint64_t bytes, unsigned threads);
+// Runs `work` over [0, bytes) as CopyBytes copies: slices on 64 KiB boundaries, one for each
+// of up to `threads` threads (this one among them) for kParallelCopyBytes or more, else one.
+void InSlices(uint64_t bytes, unsigned threads,
+              const std::function<void(uint64_t from, uint64_t len)>& work);
 
 // The copy threads of a client that asks none (ConnectOptions::copy_threads 0):
 // $DEPOT_COPY_THREADS if it is set (ParseCopyThreads), else 4, or the hardware's threads if

@@ -43,6 +43,27 @@ def test_four_times_the_arena_comes_back_byte_exact(spilling):
         assert status.disk.drops == 0 and status.evictions == 0
 
 
+def test_small_objects_spill_and_come_back_many_to_a_disk_write_and_read(spilling):
+    with spilling.client() as c:
+        sizes = [(i, 64 * 1024 - 8 * (i % 7)) for i in range(3000)]  # three times the arena
+        refs = [c.put(array(i, s)) for i, s in sizes]
+        # The oldest, in gets of 100 (read in runs), then one by one (through read windows).
+        for start in range(0, 1000, 100):
+            got = c.get_many(refs[start:start + 100])
+            for (i, s), g in zip(sizes[start:start + 100], got):
+                assert np.array_equal(g, array(i, s)), i
+            del got
+        for (i, s), ref in zip(sizes[1000:2000], refs[1000:2000]):
+            assert np.array_equal(c.get(ref), array(i, s)), i
+        disk = c.status().disk
+        assert disk.restores > 1000 and disk.restore_failures == 0, disk
+        if disk.direct_io:
+            assert disk.writes * 8 < disk.spills, disk
+            assert disk.reads * 4 < disk.restores, disk
+        else:
+            assert disk.writes == disk.spills and disk.reads == disk.restores, disk
+
+
 def test_a_spilled_object_restores_onto_a_gpu(spilling):
     with spilling.client() as c:
         first = c.put(array(1, 8 * MiB), name="spill/gpu")

@@ -62,12 +62,14 @@ class Buffer {
   // if no memory can be had for it.
   Result<PrivateBuffer> PrivateCopy() const;
 
-  // Maps the data's pages into this process now, in one system call (MADV_POPULATE_READ),
-  // instead of a page fault per 4 KiB as they are first read: a first full pass over a large
-  // object (bench_first_get: 1 GiB) then runs at nearly the speed of warm memory. Costs a
-  // walk of the page tables (about 45 ms per GiB) when they are filled already, and maps
-  // pages a partial reader would not touch: for objects read whole, and read first here.
-  // Best effort: nothing on Linux before 5.14, and nothing for an empty Buffer.
+  // Maps the data's pages into this process now (MADV_POPULATE_READ), instead of a page
+  // fault per 4 KiB as they are first read: a first full pass over a large object then runs
+  // at nearly the speed of warm memory. One system call, or for an object of 16 MiB or more
+  // one per slice on the client's copy threads (ConnectOptions::copy_threads), since the
+  // page tables fill at a core's pace. Costs a walk of the page tables (about 45 ms per GiB)
+  // when they are filled already, and maps pages a partial reader would not touch: for
+  // objects read whole, and read first here. Best effort: nothing on Linux before 5.14, and
+  // nothing for an empty Buffer.
   void Populate() const;
 
  private:
