@@ -102,20 +102,41 @@ bool ReadWindows::InvalidatedSince(uint64_t since, uint32_t file, uint64_t start
   });
 }
 
+bool ReadWindows::WaitForAhead(uint32_t file, uint64_t at) {
+  std::unique_lock lock(mu_);
+  const auto reading = [&] {
+    return reading_ahead_ && reading_ahead_->file == file && reading_ahead_->start <= at &&
+           at < reading_ahead_->start + kWindow;
+  };
+  if (!reading()) return false;
+  ahead_read_.wait_for(lock, kAheadWait, [&] { return !reading(); });
+  return true;
+}
+
+bool ReadWindows::Overlaps(uint32_t file, uint64_t at, uint64_t end) const {
+  const auto overlaps = [&](uint64_t start, uint64_t bytes) {
+    return start < end && at < start + bytes;
+  };
+  return std::ranges::any_of(
+             windows_,
+             [&](const Window& w) { return w.file == file && overlaps(w.start, w.bytes); }) ||
+         (reading_ahead_ && reading_ahead_->file == file &&
+          overlaps(reading_ahead_->start, kWindow));
+}
+
 Status ReadWindows::Read(uint32_t file, int fd, int direct, std::byte* to, uint64_t bytes,
                          uint64_t at, uint64_t file_size) {
   if (Copy(file, direct, to, bytes, at, file_size)) return Status::OK();
+  if (WaitForAhead(file, at) && Copy(file, direct, to, bytes, at, file_size)) return Status::OK();
   bool reads_on = false;
   uint64_t invalidations = 0;
   {
     std::lock_guard lock(mu_);
     reads_on = ReadsOn(file, at, BlockEnd(at, bytes));
     invalidations = invalidations_;
-    // Being read ahead: this object alone now, the rest from that window once it is here.
-    if (reading_ahead_ && reading_ahead_->file == file && reading_ahead_->start <= at &&
-        at < reading_ahead_->start + kWindow) {
-      reads_on = false;
-    }
+    // Partly in a window, or in one being read ahead (which took too long): this object
+    // alone, the next ones from that window.
+    if (Overlaps(file, at, BlockEnd(at, bytes))) reads_on = false;
   }
   if (reads_on && direct >= 0) {
     // A window from `at` (if its direct read fails, the buffered read below: a real I/O
@@ -147,8 +168,11 @@ std::optional<ReadWindows::Ahead> ReadWindows::TakeAhead() {
 void ReadWindows::ReadAhead(const Ahead& ahead, int direct, uint64_t file_size) {
   const uint64_t bytes = WindowBytes(ahead.start, file_size, 0);
   if (bytes != 0) ReadWindow(ahead.file, direct, ahead.start, bytes, ahead.invalidations);
-  std::lock_guard lock(mu_);
-  reading_ahead_.reset();
+  {
+    std::lock_guard lock(mu_);
+    reading_ahead_.reset();
+  }
+  ahead_read_.notify_all();
 }
 
 void ReadWindows::Invalidate(uint32_t file, uint64_t at, uint64_t bytes) {

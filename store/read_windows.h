@@ -21,6 +21,8 @@
 // to look up and replace windows, never during I/O or copies.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -37,6 +39,7 @@ class ReadWindows {
  public:
   static constexpr uint64_t kWindow = uint64_t{2} << 20;
   static constexpr size_t kWindows = 4;  // 8 MiB of daemon memory, made as first needed
+  static constexpr std::chrono::seconds kAheadWait{1};
 
   // Reads `bytes` at `at` (page-aligned, the start of its block) of spill file `file` into
   // `to`: from a window, or through `direct` (the file opened with O_DIRECT) into a new
@@ -54,9 +57,11 @@ class ReadWindows {
   void Invalidate(uint32_t file, uint64_t at, uint64_t bytes);
 
   // Reading ahead: once restores read on in a window, the window after it is read before
-  // they reach it. The window to read that reads asked for, if any (on the loop,
-  // after a restore), and its read (on a worker, through the file's descriptor with O_DIRECT:
-  // one that stays open while it reads).
+  // they reach it. A restore that reaches it while it is being read waits for that read
+  // (kAheadWait at most: it was asked for, and so posted to the workers, before the restore
+  // was, and runs first), rather than read its own bytes beside it. The window to read that reads
+  // asked for, if any (on the loop, after a restore), and its read (on a worker, through the file's
+  // descriptor with O_DIRECT: one that stays open while it reads).
   struct Ahead {
     uint32_t file = 0;
     uint64_t start = 0;
@@ -85,6 +90,10 @@ class ReadWindows {
 
   // A window of `file` holding [at, at + bytes), or null. Under mu_.
   Window* Find(uint32_t file, uint64_t at, uint64_t bytes);
+  // Waits while the window holding `at` of `file` is read ahead; whether it did.
+  bool WaitForAhead(uint32_t file, uint64_t at);
+  // Whether a window, or the one being read ahead, holds any of [at, end) of `file`. Under mu_.
+  bool Overlaps(uint32_t file, uint64_t at, uint64_t end) const;
   // Whether the restore of [at, end) from `file` reads on from the last one there; it is
   // then the last. Under mu_.
   bool ReadsOn(uint32_t file, uint64_t at, uint64_t end);
@@ -101,6 +110,7 @@ class ReadWindows {
   std::vector<Sequence> sequences_;     // the last few files restored from, and where they ended
   std::optional<Ahead> ahead_;          // asked for, not taken yet
   std::optional<Ahead> reading_ahead_;  // taken, being read
+  std::condition_variable ahead_read_;  // reading_ahead_ is done
   uint64_t uses_ = 0;
   // The invalidations: how many so far, and the last kLog of them. A window read across one
   // of its range is not kept.

@@ -32,6 +32,8 @@ constexpr uint64_t kDiskChunk = 8u << 20;
 // buffers); the rest is buffered. Smaller objects are written packed instead (WritePacked),
 // and read buffered.
 constexpr uint64_t kDirectFrom = 1 << 20;
+// Restores of fewer bytes that a read window holds are copied on the loop.
+constexpr uint64_t kCopyOnLoop = 256 << 10;
 
 uint64_t DirectBulk(int direct, const std::byte* memory, uint64_t bytes) {
   if (direct < 0 || bytes < kDirectFrom ||
@@ -101,9 +103,18 @@ Packed WritePacked(std::span<const PackedWrite> writes, std::byte* staging) {
       ++end;
     }
     const Status st = WriteAll(first.direct, staging, run, first.at);
-    std::fill(packed.done.begin() + static_cast<ptrdiff_t>(begin),
-              packed.done.begin() + static_cast<ptrdiff_t>(end), st);
-    begin = end;
+    if (st.ok()) {
+      std::fill(packed.done.begin() + static_cast<ptrdiff_t>(begin),
+                packed.done.begin() + static_cast<ptrdiff_t>(end), st);
+      begin = end;
+      continue;
+    }
+    // A file system may take O_DIRECT opens and refuse the writes: each object buffered
+    // then (a real I/O error fails those too).
+    for (; begin < end; ++begin, ++packed.writes) {
+      const PackedWrite& w = writes[begin];
+      packed.done[begin] = WriteAll(w.fd, w.from, w.bytes, w.at);
+    }
   }
   return packed;
 }
@@ -471,9 +482,11 @@ void Tiers::RunDiskCopy(uint32_t slot, int32_t tier, int32_t source) {
     return;
   }
   if (source == kDisk && other == kHost && data + metadata < kDirectFrom) {
-    // A small object that a read window holds: copied here, with no trip to a worker.
+    // A small object that a read window holds: copied (and checked) here, with no trip to a
+    // worker, if it is small enough not to hold the loop.
     std::byte* to = reinterpret_cast<std::byte*>(address);
-    if (read_windows_.Copy(file, direct, to, data + metadata, at, file_size)) {
+    if (data + metadata < kCopyOnLoop &&
+        read_windows_.Copy(file, direct, to, data + metadata, at, file_size)) {
       executor_.Defer([this, slot, tier, st = CheckRestored(to, data + metadata, checksum)] {
         FinishDiskCopy(slot, tier, DiskCopy{.status = st});
       });

@@ -68,8 +68,8 @@ struct TierCounters {
   uint64_t disk_spill_failures = 0;
   uint64_t disk_restore_failures = 0;  // objects lost: I/O error or checksum mismatch
   // Disk writes made by spills (one for each run of small objects written together, one for
-  // each larger object), and reads made by restores of larger objects (Tiers::disk_reads adds
-  // those of small objects).
+  // each larger object), and reads made by restores of larger objects and of runs of small
+  // ones (Tiers::disk_reads adds those of ReadWindows: windows, reads ahead, lone objects).
   uint64_t disk_writes = 0;
   uint64_t disk_reads = 0;
 };

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "store/disk_pool.h"
@@ -141,6 +142,50 @@ TEST_F(ReadWindowsTest, AnInvalidationElsewhereKeepsAWindowReadAcrossIt) {
   std::vector<std::byte> got(kObject);
   EXPECT_TRUE(windows_.Copy(kFile, direct_, got.data(), kObject, 40 * kObject, kFileSize));
   EXPECT_EQ(got, Bytes(kObject, 40));
+}
+
+TEST_F(ReadWindowsTest, ManyInvalidationsElsewhereKeepNoWindowReadAcrossThem) {
+  ASSERT_TRUE(Restores(0, 0));
+  ASSERT_TRUE(Restores(1, 1));
+  ASSERT_TRUE(Restores(2, 2));
+  const std::optional<ReadWindows::Ahead> ahead = windows_.TakeAhead();
+  ASSERT_TRUE(ahead.has_value());
+  // More than the log keeps: whether one of them was in its range cannot be told.
+  for (int i = 0; i < 1100; ++i) windows_.Invalidate(kFile + 1, 0, kObject);
+  windows_.ReadAhead(*ahead, direct_, kFileSize);
+  std::vector<std::byte> got(kObject);
+  EXPECT_FALSE(windows_.Copy(kFile, direct_, got.data(), kObject, 40 * kObject, kFileSize));
+}
+
+TEST_F(ReadWindowsTest, ARestoreThatReachesAWindowBeingReadAheadWaitsForIt) {
+  ASSERT_TRUE(Restores(0, 0));
+  ASSERT_TRUE(Restores(1, 1));
+  ASSERT_TRUE(Restores(2, 2));
+  const std::optional<ReadWindows::Ahead> ahead = windows_.TakeAhead();
+  ASSERT_TRUE(ahead.has_value());
+  const uint64_t reads = windows_.reads();
+  // Object 40 is in the window taken: its restore, before or after that read lands, reads
+  // nothing of its own.
+  bool intact = false;
+  std::thread restore([&] { intact = Restores(40, 40); });
+  windows_.ReadAhead(*ahead, direct_, kFileSize);
+  restore.join();
+  EXPECT_TRUE(intact);
+  EXPECT_EQ(windows_.reads(), reads + 1) << "only the window read ahead";
+}
+
+TEST_F(ReadWindowsTest, AnObjectPartlyInAWindowIsReadAloneAndByteExact) {
+  for (uint64_t i = 0; i < 32; ++i) ASSERT_TRUE(Restores(i, static_cast<uint8_t>(i)));
+  const uint64_t reads = windows_.reads();
+  // Reads on from object 31, across the end of the window of objects 1 to 32.
+  std::vector<std::byte> got(2 * kObject);
+  ASSERT_TRUE(
+      windows_.Read(kFile, fd_, direct_, got.data(), 2 * kObject, 32 * kObject, kFileSize).ok());
+  std::vector<std::byte> expected = Bytes(kObject, 32);
+  const std::vector<std::byte> next = Bytes(kObject, 33);
+  expected.insert(expected.end(), next.begin(), next.end());
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(windows_.reads(), reads + 1) << "its own bytes, not a window over the one held";
 }
 
 TEST_F(ReadWindowsTest, WithoutDirectIoEveryRestoreReadsItsOwnBytes) {
