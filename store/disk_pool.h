@@ -71,7 +71,11 @@ class DiskPool final : public TierPool {
   // A file holds bytes, not addresses: the offset itself (copies use fd()).
   uint64_t address(uint32_t /*file*/, uint64_t offset) const override { return offset; }
   uint64_t BlockSize(uint64_t bytes) const override {
-    return bytes == 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    return bytes == 0 ? kAlignment : RoundUp(bytes);
+  }
+  // `bytes` rounded up to whole pages (kAlignment).
+  static constexpr uint64_t RoundUp(uint64_t bytes) {
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
   }
   // Checked before rounding, which would wrap for sizes near 2^64.
   bool CouldFit(uint64_t bytes) const override {

@@ -13,9 +13,8 @@ namespace depot::store {
 namespace {
 constexpr size_t kSequences = 8;
 
-uint64_t BlockEnd(uint64_t at, uint64_t bytes) {
-  return (at + bytes + DiskPool::kAlignment - 1) / DiskPool::kAlignment * DiskPool::kAlignment;
-}
+// Where the block of `bytes` at `at` (page-aligned) ends.
+uint64_t BlockEnd(uint64_t at, uint64_t bytes) { return at + DiskPool::RoundUp(bytes); }
 }  // namespace
 
 ReadWindows::Window* ReadWindows::Find(uint32_t file, uint64_t at, uint64_t bytes) {

@@ -41,9 +41,8 @@ Status ReadAll(int fd, std::byte* to, uint64_t bytes, uint64_t offset) {
 }
 
 void DropCached(int fd, uint64_t offset, uint64_t bytes) {
-  constexpr uint64_t kPage = DiskPool::kAlignment;
-  const uint64_t start = offset / kPage * kPage;
-  const uint64_t end = (offset + bytes + kPage - 1) / kPage * kPage;
+  const uint64_t start = offset / DiskPool::kAlignment * DiskPool::kAlignment;
+  const uint64_t end = DiskPool::RoundUp(offset + bytes);
   // Advice only: nothing to do if the kernel declines.
   (void)posix_fadvise(fd, static_cast<off_t>(start), static_cast<off_t>(end - start),
                       POSIX_FADV_DONTNEED);

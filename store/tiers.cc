@@ -509,8 +509,8 @@ void Tiers::RunDiskCopy(uint32_t slot, int32_t tier, int32_t source) {
     }
     return;
   }
-  executor_.Offload([this, slot, tier, source, other, fd, direct, file, file_size, at, data,
-                     metadata, checksum, address, backend] {
+  executor_.Offload([this, slot, tier, source, other, fd, direct, at, data, metadata, checksum,
+                     address, backend] {
     DiskCopy done;
     if (source != kDisk) {
       // Host memory to disk: data and metadata as they lie.
@@ -518,14 +518,10 @@ void Tiers::RunDiskCopy(uint32_t slot, int32_t tier, int32_t source) {
           DiskWrite(fd, direct, reinterpret_cast<const std::byte*>(address), data + metadata, at);
       done.calls = 1;
     } else if (other == kHost) {
+      // An object of kDirectFrom bytes or more (smaller ones went above).
       std::byte* to = reinterpret_cast<std::byte*>(address);
-      // A small object through the read windows: read back in runs, as it was written.
-      if (data + metadata < kDirectFrom) {
-        done.status = read_windows_.Read(file, fd, direct, to, data + metadata, at, file_size);
-      } else {
-        done.status = DiskRead(fd, direct, to, data + metadata, at);
-        done.calls = 1;
-      }
+      done.status = DiskRead(fd, direct, to, data + metadata, at);
+      done.calls = 1;
       if (done.status.ok()) done.status = CheckRestored(to, data + metadata, checksum);
     } else {
       // To a GPU through a staging buffer, and the metadata into daemon memory.
@@ -629,11 +625,12 @@ std::vector<Tiers::DiskCopy> Tiers::ReadPacked(std::span<const PackedRead> run) 
   std::vector<DiskCopy> done(run.size());
   const PackedRead& first = run.front();
   const uint64_t span = run.back().at + run.back().block - first.at;
+  std::byte* staging = Staging();
   if (run.size() > 1 && first.direct >= 0 && first.at + span <= first.file_size &&
-      ReadAll(first.direct, Staging(), span, first.at).ok()) {
+      ReadAll(first.direct, staging, span, first.at).ok()) {
     done.front().calls = 1;
     for (size_t i = 0; i < run.size(); ++i) {
-      std::memcpy(run[i].to, Staging() + (run[i].at - first.at), run[i].bytes);
+      std::memcpy(run[i].to, staging + (run[i].at - first.at), run[i].bytes);
       done[i].status = CheckRestored(run[i].to, run[i].bytes, run[i].checksum);
     }
     return done;

@@ -61,6 +61,13 @@ class ReadWindowsTest : public ::testing::Test {
     return got == Bytes(kObject, seed);
   }
 
+  // Restores objects 0, 1 (a window of objects 1 to 32) and 2 (from it), checking their
+  // bytes; the read ahead they asked for (of objects 33 to 64), taken.
+  std::optional<ReadWindows::Ahead> ReadOnIntoTheFirstWindow() {
+    for (uint64_t i = 0; i < 3; ++i) EXPECT_TRUE(Restores(i, static_cast<uint8_t>(i)));
+    return windows_.TakeAhead();
+  }
+
   static constexpr uint32_t kFile = 3;
   std::string path_;
   int fd_ = -1;
@@ -112,10 +119,7 @@ TEST_F(ReadWindowsTest, AWriteThatInvalidatesAWindowIsSeenByTheNextRestore) {
 }
 
 TEST_F(ReadWindowsTest, AWindowReadAcrossAnInvalidationOfItsRangeIsNotKept) {
-  ASSERT_TRUE(Restores(0, 0));
-  ASSERT_TRUE(Restores(1, 1));
-  ASSERT_TRUE(Restores(2, 2));
-  const std::optional<ReadWindows::Ahead> ahead = windows_.TakeAhead();
+  const std::optional<ReadWindows::Ahead> ahead = ReadOnIntoTheFirstWindow();
   ASSERT_TRUE(ahead.has_value());
   // Asked for before object 40 was rewritten; read after. (A read under way while the
   // write lands may see either: so such a window is never kept.)
@@ -131,10 +135,7 @@ TEST_F(ReadWindowsTest, AWindowReadAcrossAnInvalidationOfItsRangeIsNotKept) {
 }
 
 TEST_F(ReadWindowsTest, AnInvalidationElsewhereKeepsAWindowReadAcrossIt) {
-  ASSERT_TRUE(Restores(0, 0));
-  ASSERT_TRUE(Restores(1, 1));
-  ASSERT_TRUE(Restores(2, 2));
-  const std::optional<ReadWindows::Ahead> ahead = windows_.TakeAhead();
+  const std::optional<ReadWindows::Ahead> ahead = ReadOnIntoTheFirstWindow();
   ASSERT_TRUE(ahead.has_value());
   windows_.Invalidate(kFile + 1, 40 * kObject, kObject);  // another file
   windows_.Invalidate(kFile, 10 * kObject, kObject);      // before the window
@@ -145,10 +146,7 @@ TEST_F(ReadWindowsTest, AnInvalidationElsewhereKeepsAWindowReadAcrossIt) {
 }
 
 TEST_F(ReadWindowsTest, ManyInvalidationsElsewhereKeepNoWindowReadAcrossThem) {
-  ASSERT_TRUE(Restores(0, 0));
-  ASSERT_TRUE(Restores(1, 1));
-  ASSERT_TRUE(Restores(2, 2));
-  const std::optional<ReadWindows::Ahead> ahead = windows_.TakeAhead();
+  const std::optional<ReadWindows::Ahead> ahead = ReadOnIntoTheFirstWindow();
   ASSERT_TRUE(ahead.has_value());
   // More than the log keeps: whether one of them was in its range cannot be told.
   for (int i = 0; i < 1100; ++i) windows_.Invalidate(kFile + 1, 0, kObject);
@@ -158,10 +156,7 @@ TEST_F(ReadWindowsTest, ManyInvalidationsElsewhereKeepNoWindowReadAcrossThem) {
 }
 
 TEST_F(ReadWindowsTest, ARestoreThatReachesAWindowBeingReadAheadWaitsForIt) {
-  ASSERT_TRUE(Restores(0, 0));
-  ASSERT_TRUE(Restores(1, 1));
-  ASSERT_TRUE(Restores(2, 2));
-  const std::optional<ReadWindows::Ahead> ahead = windows_.TakeAhead();
+  const std::optional<ReadWindows::Ahead> ahead = ReadOnIntoTheFirstWindow();
   ASSERT_TRUE(ahead.has_value());
   const uint64_t reads = windows_.reads();
   // Object 40 is in the window taken: its restore, before or after that read lands, reads
