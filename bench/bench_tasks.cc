@@ -186,6 +186,8 @@ class TableStore final : public depot::scheduler::StoreAccess {
   void Drop(const depot::ObjectId&) override {}
   void SealFailed(std::span<const depot::ObjectId>, std::string_view) override {}
   uint64_t Room(int32_t) const override { return UINT64_MAX; }
+  bool CanSpill() const override { return false; }
+  bool Spill(const depot::ObjectId&) override { return false; }
   void AbortCreating(uint64_t, std::span<const depot::ObjectId>) override {}
   void Delete(const depot::ObjectId&) override {}
   depot::Status Charge(uint64_t, int64_t) override { return depot::Status::OK(); }

@@ -2,11 +2,21 @@
 
 #include <algorithm>
 #include <limits>
+#include <unordered_set>
 #include <utility>
 
 #include "depot/ipc/units.h"
 
 namespace depot::scheduler {
+namespace {
+
+void Add(uint64_t& to, uint64_t bytes) {
+  to = bytes > std::numeric_limits<uint64_t>::max() - to ? std::numeric_limits<uint64_t>::max()
+                                                         : to + bytes;
+}
+void Take(uint64_t& from, uint64_t bytes) { from -= std::min(from, bytes); }
+
+}  // namespace
 
 Status Bounds::Check(SessionId submitter, const TaskSpec& spec,
                      std::map<uint64_t, uint64_t>& batch) const {
@@ -67,6 +77,7 @@ void Bounds::Leave(SessionId submitter, const TaskSpec& spec) {
 
 void Bounds::Changed(Bound& b, const Key& key) {
   b.held_since = -1;
+  b.spilling = false;
   changed_.push_back(key);
 }
 
@@ -83,9 +94,29 @@ bool Bounds::Fits(SessionId submitter, const TaskSpec& spec, uint64_t bytes) con
   if (b == nullptr) return true;
   // Nothing known of its size yet, but its kind will be measured: it runs alone, so that the
   // first of each kind cannot overshoot the bound unseen beside others.
-  if (bytes == 0) return spec.kind.empty() || b->placed == 0;
-  const unsigned __int128 taken = static_cast<unsigned __int128>(b->live) + b->reserved;
-  return taken <= b->bytes && b->bytes - static_cast<uint64_t>(taken) >= bytes;
+  const uint64_t on_disk = OnDisk(submitter, spec);
+  if (bytes == 0 && (on_disk == 0 || (!spec.kind.empty() && b->placed > 0))) {
+    return spec.kind.empty() || b->placed == 0;
+  }
+  const unsigned __int128 wanted =
+      static_cast<unsigned __int128>(b->live) + b->reserved + bytes + on_disk;
+  return wanted <= b->bytes;
+}
+
+uint64_t Bounds::OnDisk(SessionId submitter, const TaskSpec& spec) const {
+  const Bound* b = Find(submitter, spec);
+  if (b == nullptr || b->on_disk == 0) return 0;
+  const Key key{submitter, spec.bound_id};
+  uint64_t bytes = 0;
+  std::unordered_set<ObjectId> counted;  // read twice, brought back once
+  for (const ObjectId& id : spec.inputs) {
+    auto it = made_.find(id);
+    if (it != made_.end() && !it->second.in_memory && it->second.bound == key &&
+        counted.insert(id).second) {
+      Add(bytes, it->second.bytes);
+    }
+  }
+  return bytes;
 }
 
 bool Bounds::Idle(SessionId submitter, uint64_t id) const {
@@ -116,34 +147,71 @@ std::string Bounds::Why(SessionId submitter, const TaskSpec& spec, uint64_t byte
   }
   return whose + ipc::FormatSize(bytes) + " does not fit its graph's memory bound of " +
          ipc::FormatSize(b->bytes) + " beside the " + ipc::FormatSize(b->live) +
-         " of the graph's results still stored, " +
-         "and no task of the graph runs that could free any";
+         " of the graph's results still stored in memory" +
+         (b->on_disk > 0 ? " (and " + ipc::FormatSize(b->on_disk) + " on disk)" : "") +
+         ", no task of the graph runs that could free any, and " +
+         (b->in_memory.empty() ? "none of them is in memory to move to disk"
+                               : "none of those in memory could move to disk (no spill "
+                                 "directory, or a client holds them)");
 }
 
-void Bounds::Placed(SessionId submitter, const TaskSpec& spec, uint64_t bytes) {
-  if (Bound* b = Find(submitter, spec)) {
-    ++b->placed;
-    b->reserved += bytes;
-    Changed(*b, {submitter, spec.bound_id});
+bool Bounds::SpillFor(SessionId submitter, const TaskSpec& spec, uint64_t bytes,
+                      const std::function<bool(const ObjectId&)>& spill) {
+  Bound* b = Find(submitter, spec);
+  if (b == nullptr) return false;
+  const unsigned __int128 wanted =
+      static_cast<unsigned __int128>(b->live) + b->reserved + bytes + OnDisk(submitter, spec);
+  if (wanted <= b->bytes) return false;
+  unsigned __int128 missing = wanted - b->bytes;
+  const std::unordered_set<ObjectId> reads(spec.inputs.begin(), spec.inputs.end());
+  bool leaving = false;
+  size_t looks = 0;
+  for (const auto& [seq, id] : b->in_memory) {
+    if (++looks > kSpillLooks) break;
+    if (reads.contains(id)) continue;
+    if (!spill(id)) continue;
+    leaving = true;
+    const uint64_t out = made_.at(id).bytes;
+    if (out >= missing) break;
+    missing -= out;
   }
+  b->spilling = b->spilling || leaving;
+  return leaving;
 }
 
-void Bounds::Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t bytes) {
+bool Bounds::Spilling(SessionId submitter, uint64_t id) const {
+  auto it = bounds_.find({submitter, id});
+  return it != bounds_.end() && it->second.spilling;
+}
+
+uint64_t Bounds::Placed(SessionId submitter, const TaskSpec& spec, uint64_t bytes) {
+  Bound* b = Find(submitter, spec);
+  if (b == nullptr) return 0;
+  Add(bytes, OnDisk(submitter, spec));
+  ++b->placed;
+  b->reserved += bytes;
+  Changed(*b, {submitter, spec.bound_id});
+  return bytes;
+}
+
+void Bounds::Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t reserved) {
   if (Bound* b = Find(submitter, spec)) {
     --b->placed;
-    b->reserved -= bytes;
+    b->reserved -= reserved;
     Changed(*b, {submitter, spec.bound_id});
   }
 }
 
 void Bounds::Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes) {
   Bound* b = Find(submitter, spec);
-  if (b == nullptr || !made_.try_emplace(id, Output{{submitter, spec.bound_id}, bytes}).second) {
+  const uint64_t seq = next_seq_;
+  if (b == nullptr ||
+      !made_.try_emplace(id, Output{{submitter, spec.bound_id}, bytes, seq}).second) {
     return;
   }
-  b->live = bytes > std::numeric_limits<uint64_t>::max() - b->live
-                ? std::numeric_limits<uint64_t>::max()
-                : b->live + bytes;
+  ++next_seq_;
+  Add(b->live, bytes);
+  b->in_memory.emplace(seq, id);
   ++b->outputs;
   Changed(*b, {submitter, spec.bound_id});
 }
@@ -154,10 +222,34 @@ bool Bounds::Freed(const ObjectId& id) {
   const Output out = it->second;
   made_.erase(it);
   auto b = bounds_.find(out.bound);
-  b->second.live -= std::min(b->second.live, out.bytes);
+  if (out.in_memory) {
+    Take(b->second.live, out.bytes);
+    b->second.in_memory.erase(out.seq);
+  } else {
+    Take(b->second.on_disk, out.bytes);
+  }
   --b->second.outputs;
   Changed(b->second, out.bound);
   Tidy(out.bound);
+  return true;
+}
+
+bool Bounds::Moved(const ObjectId& id, bool in_memory) {
+  auto it = made_.find(id);
+  if (it == made_.end() || it->second.in_memory == in_memory) return false;
+  Output& out = it->second;
+  out.in_memory = in_memory;
+  Bound& b = bounds_.at(out.bound);
+  if (in_memory) {
+    Take(b.on_disk, out.bytes);
+    Add(b.live, out.bytes);
+    b.in_memory.emplace(out.seq, id);
+  } else {
+    Take(b.live, out.bytes);
+    Add(b.on_disk, out.bytes);
+    b.in_memory.erase(out.seq);
+  }
+  Changed(b, out.bound);
   return true;
 }
 

@@ -1,21 +1,26 @@
 // Memory bounds of groups of tasks: a client's graph on a shared daemon that must not take
-// more than so many bytes of the store at once (depot.dask's `memory=`).
+// more than so many bytes of memory at once (depot.dask's `memory=`).
 //
 // A task names its bound (TaskSpec.bound_id, with bound_bytes): its submitter's tasks naming
-// the same id share it. What a bound counts is the outputs of its tasks still stored (live:
-// from the completion of their task until they are freed) and the outputs its placed tasks
-// declared (TaskSpec.output_bytes, or what OutputSizes expects of its kind: reserved from
-// placement until the task is unplaced, as WorkerTable reserves room on a device). A task starts
-// only while the bound holds its own declared output beside those (Fits); a task that declares
-// nothing is not held back. When no task of a bound is placed and none of its ready tasks fits,
-// nothing of the graph will free any of it: the scheduler fails the first such task, naming it, its
-// size and the bound (Why), rather than let the graph wait for ever.
+// the same id share it. What a bound counts is the outputs of its tasks stored in memory (live:
+// from the completion of their task until they are freed, but for while their bytes are on disk
+// only) and the outputs its placed tasks declared (TaskSpec.output_bytes, or what OutputSizes
+// expects of its kind: reserved from placement until the task is unplaced, as WorkerTable
+// reserves room on a device), with the inputs of theirs on disk, which their reads bring back. A
+// task starts only while the bound holds its own declared output and its inputs on disk beside
+// those (Fits); a task that declares nothing is not held back. When no task of a bound is placed
+// and none of its ready tasks fits, nothing of the graph will free any of it: with a disk tier,
+// the scheduler moves the bound's oldest outputs to disk until the first task held back fits
+// (SpillFor); without one, or when nothing can leave, it fails the first such task, naming it,
+// its size and the bound (Why), rather than let the graph wait for ever.
 //
 // All of it runs on the daemon's loop thread.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -43,10 +48,13 @@ class Bounds {
   void Leave(SessionId submitter, const TaskSpec& spec);
 
   // Whether the task's bound holds its output of `bytes` (declared, or expected of its
-  // kind: Task::reserve) now. True without a bound, or for 0 bytes (unknown) without a kind;
-  // a task of a kind not measured yet fits only while no task of its bound is placed (it
-  // runs alone until its kind is measured).
+  // kind: Task::reserve) and its inputs on disk (OnDisk) now. True without a bound, or for 0
+  // bytes (unknown) without a kind; a task of a kind not measured yet fits only while no
+  // task of its bound is placed (it runs alone until its kind is measured).
   bool Fits(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const;
+  // The bytes of the task's inputs that are outputs of its bound on disk only, each once:
+  // reading them brings them back into memory.
+  uint64_t OnDisk(SessionId submitter, const TaskSpec& spec) const;
   // Whether no task of the bound is placed (true for none).
   bool Idle(SessionId submitter, uint64_t id) const;
   // A round held back a task of the bound, idle, at `now` (seconds): the first such moment
@@ -57,14 +65,29 @@ class Bounds {
   // Why the task's bound cannot hold its output of `bytes`, for its failure.
   std::string Why(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const;
 
-  // The task was placed on a worker / taken off it: its output of `bytes` (Task::reserve)
-  // is reserved / not.
-  void Placed(SessionId submitter, const TaskSpec& spec, uint64_t bytes);
-  void Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t bytes);
+  // Makes room in the task's bound for its output of `bytes` and its inputs on disk, by
+  // asking `spill` to move the bound's outputs in memory out of it, oldest first, but none of
+  // the task's inputs, until the bytes leaving (those `spill` says are) make up what is
+  // missing. Whether any is leaving: then the bound is spilling (Spilling) until it next
+  // changes (an output that left memory, among others), and is not stuck meanwhile. At most
+  // kSpillLooks outputs are asked a call: a client holding thousands of its bound's outputs
+  // (which cannot leave) costs each round a bounded look, and its graph fails as stuck.
+  static constexpr size_t kSpillLooks = 1024;
+  bool SpillFor(SessionId submitter, const TaskSpec& spec, uint64_t bytes,
+                const std::function<bool(const ObjectId&)>& spill);
+  bool Spilling(SessionId submitter, uint64_t id) const;
+
+  // The task was placed on a worker: its output of `bytes` (Task::reserve) and its inputs on
+  // disk are reserved; what that reserved, which Unplaced gives back when it is taken off.
+  uint64_t Placed(SessionId submitter, const TaskSpec& spec, uint64_t bytes);
+  void Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t reserved);
   // Its task's output `id` of `bytes` is stored (the task completed); `id` was freed.
   void Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes);
   // Whether `id` was a live output of a bound task (its bound has more room now).
   bool Freed(const ObjectId& id);
+  // A copy of `id` came into memory, or its last one there left it for disk (in_memory
+  // false): whether that changed what its bound counts.
+  bool Moved(const ObjectId& id, bool in_memory);
 
   size_t size() const { return bounds_.size(); }
 
@@ -76,12 +99,15 @@ class Bounds {
  private:
   struct Bound {
     uint64_t bytes = 0;
-    uint64_t live = 0;
+    uint64_t live = 0;               // of outputs in memory
+    uint64_t on_disk = 0;            // of outputs on disk only
     unsigned __int128 reserved = 0;  // summed exactly: each declaration may be 2^64 - 1
     size_t tasks = 0;                // pending
     size_t placed = 0;
-    size_t outputs = 0;      // live ones (made_ holds them)
-    double held_since = -1;  // HeldBack, until the bound changes; -1: not
+    size_t outputs = 0;                      // live ones (made_ holds them)
+    double held_since = -1;                  // HeldBack, until the bound changes; -1: not
+    bool spilling = false;                   // SpillFor, until the bound changes
+    std::map<uint64_t, ObjectId> in_memory;  // its live outputs in memory, by Output::seq
   };
   const Bound* Find(SessionId submitter, const TaskSpec& spec) const;
   Bound* Find(SessionId submitter, const TaskSpec& spec);
@@ -95,9 +121,12 @@ class Bounds {
   struct Output {
     Key bound;
     uint64_t bytes;
+    uint64_t seq;  // in the order they were made
+    bool in_memory = true;
   };
   std::unordered_map<ObjectId, Output> made_;  // live outputs of bound tasks
   std::vector<Key> changed_;
+  uint64_t next_seq_ = 0;
 };
 
 }  // namespace depot::scheduler

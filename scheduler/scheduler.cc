@@ -163,8 +163,17 @@ void Scheduler::Dispatch() {
   const auto& held = dispatcher_.held_back();
   if (held.empty()) return;
   const double now = workers_.Now();
+  const bool can_spill = store_.CanSpill();
   for (const auto& [key, tasks] : held) {
-    if (bounds_.Idle(key.first, key.second)) bounds_.HeldBack(key.first, key.second, now);
+    if (!bounds_.Idle(key.first, key.second)) continue;
+    // Nothing of the graph runs that could free room in its bound: with a disk tier, its
+    // oldest outputs in memory leave for disk until the first task it holds back fits.
+    if (can_spill) {
+      const Task& first = graph_.at(tasks.begin()->id);
+      bounds_.SpillFor(first.submitter, first.spec, dispatcher_.Expected(first),
+                       [this](const ObjectId& id) { return store_.Spill(id); });
+    }
+    bounds_.HeldBack(key.first, key.second, now);
   }
   if (options_.bounds_stuck) options_.bounds_stuck();
 }
@@ -173,7 +182,8 @@ void Scheduler::FailStuckBounds(double grace_s) {
   Dispatch();  // afresh: what was freed since may have let the tasks start
   const double now = workers_.Now();
   std::vector<TaskId> stuck = dispatcher_.OverBound([&](SessionId submitter, uint64_t id) {
-    return bounds_.Idle(submitter, id) && bounds_.HeldSince(submitter, id) <= now - grace_s;
+    return bounds_.Idle(submitter, id) && !bounds_.Spilling(submitter, id) &&
+           bounds_.HeldSince(submitter, id) <= now - grace_s;
   });
   for (TaskId id : stuck) {
     Task& t = graph_.at(id);
@@ -320,6 +330,11 @@ void Scheduler::OnFreed(const ObjectId& id) {
   // Room in a bound lets its tasks start; an input gone fails its readers.
   const bool room = bounds_.Freed(id);
   if (graph_.OnFreed(id) || room) Dispatch();
+}
+
+void Scheduler::OnMemory(const ObjectId& id, bool in_memory) {
+  // An output of a bound left memory (room for its tasks) or came back into it.
+  if (bounds_.Moved(id, in_memory)) Dispatch();
 }
 
 std::vector<WorkerInfo> Scheduler::Workers() const { return workers_.Info(); }

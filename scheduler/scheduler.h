@@ -166,8 +166,9 @@ class Scheduler final : public ObjectEvents {
   // it has none).
   std::string Describe(TaskId id) const;
   // Fails the ready tasks of memory bounds that nothing can make room in any more (no task
-  // of the bound is placed, none of its ready tasks fits, and so it has been for `grace_s`
-  // seconds with nothing of the bound changing: Bounds::HeldSince), naming each, its size
+  // of the bound is placed, none of its ready tasks fits, none of its outputs is leaving
+  // memory for disk (Bounds::SpillFor), and so it has been for `grace_s` seconds with
+  // nothing of the bound changing: Bounds::HeldSince), naming each, its size
   // and the bound, rather than let them wait for ever (Dispatcher::OverBound). A task that
   // waits for its submitter's frees (TaskSpec::bound_waits) fails only if its output alone
   // is larger than the bound.
@@ -194,6 +195,7 @@ class Scheduler final : public ObjectEvents {
   // ObjectEvents.
   void OnSealed(const ObjectId& id, bool failed) override;
   void OnFreed(const ObjectId& id) override;
+  void OnMemory(const ObjectId& id, bool in_memory) override;
 
   std::vector<WorkerInfo> Workers() const;
   // Pending tasks in id order, then the finished ones kept; at most `limit` of them.

@@ -75,6 +75,15 @@ class StoreAccess {
   // Bytes an object could be given on `device` now without evicting anything a client or
   // the graph holds: free memory of the tier's limit plus what unreferenced objects use.
   virtual uint64_t Room(int32_t device) const = 0;
+
+  // Whether the store has a disk tier that objects can leave memory for (Spill).
+  virtual bool CanSpill() const = 0;
+  // Starts moving the sealed object `id` out of memory to disk, the graph's reference going
+  // with it: a graph's memory bound makes room so (Bounds). True when its bytes are leaving
+  // memory (a copy to disk under way, or its memory copy dropped now beside a ready disk
+  // copy: ObjectEvents::OnMemory follows); false when they cannot now (no disk tier, a
+  // client holds it, a GPU's copy, the disk failing, already out of memory).
+  virtual bool Spill(const ObjectId& id) = 0;
 };
 
 // What the store tells the scheduler, after the change (StoreAccess calls are allowed).
@@ -85,6 +94,9 @@ class ObjectEvents {
   virtual void OnSealed(const ObjectId& id, bool failed) = 0;
   // `id` is gone: deleted, evicted or aborted.
   virtual void OnFreed(const ObjectId& id) = 0;
+  // A copy of `id` came into memory (host or a GPU: `in_memory` true, perhaps when it had
+  // one already), or its last copy in memory went while it stays on disk (false).
+  virtual void OnMemory(const ObjectId& id, bool in_memory) = 0;
 };
 
 }  // namespace depot::scheduler

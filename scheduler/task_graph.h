@@ -93,6 +93,9 @@ struct Task {
   // Output bytes reserved for it while placed: declared, or expected of its kind
   // (OutputSizes), as of its placement.
   uint64_t reserve = 0;
+  // What its memory bound reserved for it while placed: `reserve` and its inputs on disk
+  // (Bounds::Placed).
+  uint64_t bound_reserve = 0;
   // Running, its function waits for room for an output (the daemon's RoomWaits): it gave
   // its resources back for another task to use meanwhile, and holds none until it ends.
   bool lent = false;

@@ -175,7 +175,9 @@ bool WorkerTable::Place(Worker& worker, Task& task, bool now) {
   task.placed = true;
   worker.pending_s += task.duration_s;
   if (task.reserve > 0) reserved_[task.device] += task.reserve;
-  if (options_.bounds != nullptr) options_.bounds->Placed(task.submitter, task.spec, task.reserve);
+  if (options_.bounds != nullptr) {
+    task.bound_reserve = options_.bounds->Placed(task.submitter, task.spec, task.reserve);
+  }
   if (now && worker.running.size() < kMaxRunningPerWorker &&
       worker.resources.Reserve(task.request, task.device)) {
     Start(worker, task);
@@ -282,7 +284,7 @@ void WorkerTable::Unplace(Task& task) {
   if (!task.placed) return;
   task.placed = false;
   if (options_.bounds != nullptr) {
-    options_.bounds->Unplaced(task.submitter, task.spec, task.reserve);
+    options_.bounds->Unplaced(task.submitter, task.spec, task.bound_reserve);
   }
   if (task.reserve > 0) {
     auto it = reserved_.find(task.device);

@@ -198,6 +198,15 @@ void ObjectStore::MoveGraphHold(uint32_t slot, int32_t to) {
 
 void ObjectStore::Evict(uint32_t slot) { FreeObject(slot); }
 
+void ObjectStore::LeftMemory(uint32_t slot) {
+  Notify([id = table_.IdAt(slot)](StoreListener& l) { l.OnLeftMemory(id); });
+}
+
+bool ObjectStore::SpillToDisk(const ObjectId& id) {
+  const uint32_t slot = table_.Find(id);
+  return slot != HeaderTable::kNoSlot && table_.IsUsable(slot) && tiers_.SpillToDisk(slot);
+}
+
 bool ObjectStore::Reclaim(uint32_t slot) {
   const bool free = leases_.Reclaim(slot);
   if (free == table_.at(slot).leased) tiers_.SetLeased(slot, !free);

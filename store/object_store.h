@@ -315,6 +315,11 @@ class ObjectStore final : private Tiers::Owner {
   // (Replica::graph_held). Nothing if the graph holds none.
   void ReleaseGraphHold(const ObjectId& id);
 
+  // Takes the sealed object `id` out of memory to disk for the scheduler (a graph's memory
+  // bound): Tiers::SpillToDisk. Whether its bytes are leaving memory (StoreListener's
+  // OnLeftMemory follows once they have).
+  bool SpillToDisk(const ObjectId& id);
+
   // Bytes an object could be given on `tier` now without evicting, dropping or spilling
   // anything referenced or being created: the tier's limit less the bytes of such replicas
   // (in host memory, of pinned objects too), or, with eviction off, the host's free bytes.
@@ -413,6 +418,7 @@ class ObjectStore final : private Tiers::Owner {
   void Evict(uint32_t slot) override;
   bool Reclaim(uint32_t slot) override;
   void ChargeObject(uint32_t slot, uint64_t bytes) override;
+  void LeftMemory(uint32_t slot) override;
 
   Location LocationOf(uint32_t slot, int32_t tier) const;
   // Before a get that waited is answered: the places of objects it granted early, as they

@@ -71,6 +71,10 @@ void SchedulerStore::Delete(const ObjectId& id) { (void)store_.Delete(std::span(
 
 uint64_t SchedulerStore::Room(int32_t device) const { return store_.Room(device); }
 
+bool SchedulerStore::CanSpill() const { return store_.disk() != nullptr; }
+
+bool SchedulerStore::Spill(const ObjectId& id) { return store_.SpillToDisk(id); }
+
 void SchedulerStore::OnSealed(const ObjectId& id, uint64_t /*tiers*/) {
   events_.OnSealed(id, /*failed=*/false);
 }
@@ -78,6 +82,12 @@ void SchedulerStore::OnSealed(const ObjectId& id, uint64_t /*tiers*/) {
 void SchedulerStore::OnSealedFailed(const ObjectId& id) { events_.OnSealed(id, /*failed=*/true); }
 
 void SchedulerStore::OnFreed(const ObjectId& id) { events_.OnFreed(id); }
+
+void SchedulerStore::OnReplicaReady(const ObjectId& id, int32_t /*tier*/) {
+  events_.OnMemory(id, /*in_memory=*/true);  // the store tells of no copy ready on disk
+}
+
+void SchedulerStore::OnLeftMemory(const ObjectId& id) { events_.OnMemory(id, false); }
 
 scheduler::Bandwidths SchedulerStore::CopyBandwidths(const scheduler::Bandwidths& assumed) const {
   const CopyRates& measured = store_.copy_rates();

@@ -58,6 +58,9 @@ class SchedulerStore final : public scheduler::StoreAccess, private StoreListene
   // ObjectStore::Room: the tier's limit less what references, creates (and, in host memory,
   // pinned objects) take; 0 for a device the store does not have.
   uint64_t Room(int32_t device) const override;
+  // Whether the daemon has a spill directory; ObjectStore::SpillToDisk.
+  bool CanSpill() const override;
+  bool Spill(const ObjectId& id) override;
   // ObjectStore::copy_rates, where measured.
   scheduler::Bandwidths CopyBandwidths(const scheduler::Bandwidths& assumed) const override;
 
@@ -66,6 +69,8 @@ class SchedulerStore final : public scheduler::StoreAccess, private StoreListene
   void OnSealed(const ObjectId& id, uint64_t tiers) override;
   void OnSealedFailed(const ObjectId& id) override;
   void OnFreed(const ObjectId& id) override;
+  void OnReplicaReady(const ObjectId& id, int32_t tier) override;
+  void OnLeftMemory(const ObjectId& id) override;
 
   ObjectStore& store_;
   scheduler::ObjectEvents& events_;

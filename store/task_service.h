@@ -95,6 +95,10 @@ class TaskService final : public DataRequests::OutputRoom,
     scheduler_.OnFreed(id);
     room_waits_.Freed();
   }
+  void OnMemory(const ObjectId& id, bool in_memory) override {
+    scheduler_.OnMemory(id, in_memory);
+    if (!in_memory) room_waits_.Freed();  // its host memory is free now
+  }
 
   // Fails the waits for room of outputs nobody wants any more (a graph given up).
   void EndUnwantedWaits();

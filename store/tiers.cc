@@ -257,6 +257,46 @@ void Tiers::DropReplica(uint32_t slot, int32_t tier) {
   FreeReplica(slot, tier);
   table_.PublishTiers(slot);
   policy_.Reconsider(slot);  // the copy left may be the only one now
+  if (tier != kDisk && !InMemory(slot)) owner_.LeftMemory(slot);
+}
+
+bool Tiers::InMemory(uint32_t slot) const {
+  bool in_memory = false;
+  table_.at(slot).replicas.ForEach([&](const Replica& r) { in_memory |= r.tier != kDisk; });
+  return in_memory;
+}
+
+bool Tiers::SpillToDisk(uint32_t slot) {
+  const Replica* host = table_.FindReplica(slot, kHost);
+  if (disk_ == nullptr || host == nullptr || !host->ready) return false;
+  bool on_gpu = false;
+  table_.at(slot).replicas.ForEach(
+      [&](const Replica& r) { on_gpu |= r.tier != kHost && r.tier != kDisk; });
+  if (on_gpu) return false;
+  if (transfers_.contains({slot, kDisk})) return true;
+  if (table_.IsReady(slot, kDisk)) {
+    // Written ahead of need, or read back for a reader: the graph's reference is on disk
+    // already (ObjectStore::MoveGraphHold), so a reference here is a client's.
+    if (host->refs != 0 || host->spilling || !owner_.Reclaim(slot)) return false;
+    counters_.replicas_dropped++;
+    DropReplica(slot, kHost);
+    return true;
+  }
+  if (policy_.ActionFor(slot, kHost) != EvictionPolicy::Action::kSpill || SpillsToDiskWait()) {
+    return false;
+  }
+  table_.FindReplica(slot, kHost)->spilling = true;
+  spills_in_flight_[Index(kHost)]++;
+  policy_.Reconsider(slot);  // no candidate while it spills
+  StartTransfer(slot, kDisk, /*spill=*/true, 0);
+  return true;
+}
+
+bool Tiers::SpillsToDiskWait() {
+  if (spill_failure_.ok()) return false;
+  if (std::chrono::steady_clock::now() - spill_failed_at_ < kSpillRetry) return true;
+  spill_failure_ = Status::OK();  // time to try again
+  return false;
 }
 
 std::optional<TierPool::Block> Tiers::AllocateOrEvict(uint64_t bytes, uint32_t writers) {
@@ -855,13 +895,7 @@ std::optional<TierPool::Block> Tiers::TryAllocate(int32_t tier, uint64_t bytes, 
 
 bool Tiers::StartSpills(int32_t tier, uint64_t bytes) {
   const int32_t below = Below(tier);
-  if (below == kNoTier) return SpillsInFlight(tier);
-  if (below == kDisk && !spill_failure_.ok()) {
-    if (std::chrono::steady_clock::now() - spill_failed_at_ < kSpillRetry) {
-      return SpillsInFlight(tier);
-    }
-    spill_failure_ = Status::OK();  // time to try again
-  }
+  if (below == kNoTier || (below == kDisk && SpillsToDiskWait())) return SpillsInFlight(tier);
   EvictionPlanner::Plan plan =
       planner_.Require({.tier = tier,
                         .actions = EvictionPlanner::Of(EvictionPolicy::Action::kSpill),

@@ -133,6 +133,8 @@ class Tiers {
     virtual bool Reclaim(uint32_t slot) = 0;
     // Counts `bytes` more of daemon memory for the object in `slot` (its kept metadata).
     virtual void ChargeObject(uint32_t slot, uint64_t bytes) = 0;
+    // The last copy in memory of the object in `slot` went; it stays on disk.
+    virtual void LeftMemory(uint32_t slot) = 0;
   };
 
   // `gpus`: one pool per GPU, in device order; `disk`: the spill directory's, or null. All of
@@ -199,6 +201,14 @@ class Tiers {
   // client's lease holds it, when nothing goes. Says which.
   enum class Freed : uint8_t { kNothing, kReplica, kObject };
   Freed FreeHostBlock(uint32_t slot);
+  // Takes the object in `slot` out of memory for a reason other than room there (a graph's
+  // memory bound: the scheduler asks): drops its host copy where a ready disk copy stands
+  // beside it and no client holds it, else spills it to disk as making room would, if its
+  // host copy is a spill candidate (the task graph's reference going with it). Whether its
+  // bytes are leaving memory: dropped now, or a copy to disk under way (one ahead of need
+  // leaves its host copy, which a later call drops). False with a copy on a GPU, with no
+  // spill directory, or while spills wait after a failed one.
+  bool SpillToDisk(uint32_t slot);
   // Room on `tier` for `bytes` (of the class `writers` in host memory): at once if it can
   // (evicting or dropping what may go at once: TryAllocate), else after spills to the tier
   // below or copies into it under way (whose copies may then go), or nullopt when nothing
@@ -263,6 +273,10 @@ class Tiers {
   // host memory's to disk (with a spill directory); kNoTier for none.
   static constexpr int32_t kNoTier = kHost - 1;
   int32_t Below(int32_t tier) const;
+  // Whether the object in `slot` has a copy in memory (host or a GPU), ready or not.
+  bool InMemory(uint32_t slot) const;
+  // Whether spills to disk wait now, after one that failed (kSpillRetry).
+  bool SpillsToDiskWait();
   // Room on `tier` at once: host memory evicts (or drops copies that have another), a GPU
   // and the disk drop copies that have another, and the disk drops objects for good.
   std::optional<TierPool::Block> TryAllocate(int32_t tier, uint64_t bytes, uint32_t writers);

@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -98,6 +99,16 @@ class FakeStore final : public StoreAccess {
     auto it = room.find(device);
     return it == room.end() ? UINT64_MAX : it->second;
   }
+  bool CanSpill() const override { return disk; }
+  // With a disk, a sealed object not in `kept` starts leaving memory: LeaveMemory ends that.
+  bool Spill(const ObjectId& id) override {
+    auto it = objects.find(id);
+    if (!disk || it == objects.end() || it->second.state != State::kSealed || kept.contains(id)) {
+      return false;
+    }
+    spilled.push_back(id);
+    return true;
+  }
 
   // What clients and workers do to the store.
   ObjectId Put(uint64_t bytes, int32_t device = kHostMemory) {
@@ -117,6 +128,10 @@ class FakeStore final : public StoreAccess {
   void Free(const ObjectId& id) {
     objects.erase(id);
     events.push_back([id](ObjectEvents& e) { e.OnFreed(id); });
+  }
+  // The object's last copy in memory went to disk (false), or a copy came back (true).
+  void Moved(const ObjectId& id, bool in_memory) {
+    events.push_back([id, in_memory](ObjectEvents& e) { e.OnMemory(id, in_memory); });
   }
   void Deliver(ObjectEvents& to) {
     while (!events.empty()) {
@@ -141,6 +156,9 @@ class FakeStore final : public StoreAccess {
   std::map<int32_t, uint64_t> room;
   std::vector<std::pair<uint64_t, ObjectId>> aborted;
   std::vector<ObjectId> deleted;
+  bool disk = false;              // CanSpill
+  std::vector<ObjectId> spilled;  // Spill's, in order
+  std::set<ObjectId> kept;        // Spill refuses these
   std::map<uint64_t, int64_t> charged;
   int64_t charge_limit = INT64_MAX;
   bool room_for_failed = true;

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,18 +31,37 @@ struct Events final : scheduler::ObjectEvents {
     heard.push_back((failed ? "failed " : "sealed ") + std::to_string(id.lo()));
   }
   void OnFreed(const ObjectId& id) override { heard.push_back("freed " + std::to_string(id.lo())); }
+  void OnMemory(const ObjectId& id, bool in_memory) override {
+    moved.push_back((in_memory ? "in memory " : "on disk ") + std::to_string(id.lo()));
+  }
   std::vector<std::string> heard;
+  std::vector<std::string> moved;  // OnMemory's
 };
 
 class SchedulerStoreTest : public ::testing::Test {
  protected:
-  SchedulerStoreTest()
+  // With `disk`, a spill directory in a fresh temporary directory.
+  explicit SchedulerStoreTest(bool disk = false)
       : tiers_(/*host_bytes=*/8 * kMiB, /*segment_bytes=*/4 * kMiB, /*gpus=*/2,
                /*gpu_bytes=*/2 * kMiB),
+        disk_(disk ? OpenDisk() : nullptr),
         store_(loop_, executor_, *tiers_.arena, *tiers_.headers, ClientLimits{},
-               /*eviction=*/true, tiers_.gpu_pools()),
+               /*eviction=*/true, tiers_.gpu_pools(), Leases::kDefaultEntries, disk_.get()),
         graph_(std::in_place, store_, events_) {
     store_.AddClient(kClient, 1000);
+  }
+  ~SchedulerStoreTest() override {
+    graph_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  std::unique_ptr<DiskPool> OpenDisk() {
+    char name[] = "/tmp/depot-scheduler-store-XXXXXX";
+    EXPECT_NE(mkdtemp(name), nullptr);
+    dir_ = name;
+    auto pool = DiskPool::Open(DiskOptions{.dir = dir_ + "/spill", .limit = 64 * kMiB}, closer_);
+    EXPECT_TRUE(pool.ok()) << pool.status().ToString();
+    return pool.ok() ? std::move(pool).value() : nullptr;
   }
 
   // Creates `n` of `bytes` (and `metadata` bytes of metadata) on `tier`, sealed unless not
@@ -83,6 +104,9 @@ class SchedulerStoreTest : public ::testing::Test {
   boost::asio::io_context loop_;
   ManualExecutor executor_;
   Tiers tiers_;
+  std::string dir_;
+  boost::asio::thread_pool closer_{1};
+  std::unique_ptr<DiskPool> disk_;
   ObjectStore store_;
   Events events_;
   std::optional<SchedulerStore> graph_;
@@ -256,6 +280,46 @@ TEST_F(SchedulerStoreTest, AGpuObjectTasksWaitForSpillsToHostMemoryWhenItsPoolNe
   EXPECT_EQ(store_.EvictUnreferenced(0, /*all=*/true).objects, 1u);
   // A client's reference on the GPU still pins it there.
   graph_->Drop(Id(2));
+}
+
+class SchedulerStoreDiskTest : public SchedulerStoreTest {
+ protected:
+  SchedulerStoreDiskTest() : SchedulerStoreTest(/*disk=*/true) {}
+};
+
+// A graph's memory bound moves its outputs out of memory (Spill): an object the graph alone
+// holds is copied to disk and its host copy dropped, the graph's reference going with it,
+// and the scheduler hears that it left memory. One a client holds stays.
+TEST_F(SchedulerStoreDiskTest, SpillMovesWhatTheGraphAloneHoldsToDiskAndSaysItLeftMemory) {
+  ASSERT_NE(disk_, nullptr);
+  EXPECT_TRUE(graph_->CanSpill());
+  Put(1, kMiB);
+  ASSERT_TRUE(graph_->Hold(Id(1)));
+  Put(2, kMiB, kHost, 0, /*seal=*/true, /*keep=*/true);  // the client keeps its reference
+  ASSERT_TRUE(graph_->Hold(Id(2)));
+  Put(4, kMiB, /*tier=*/0);
+  ASSERT_TRUE(graph_->Hold(Id(4)));
+  executor_.Drain();
+  events_.moved.clear();
+
+  EXPECT_TRUE(graph_->Spill(Id(1)));
+  EXPECT_FALSE(graph_->Spill(Id(2))) << "a client holds it";
+  EXPECT_FALSE(graph_->Spill(Id(3))) << "no such object";
+  EXPECT_FALSE(graph_->Spill(Id(4))) << "on a GPU: a spill of its pool's moves it to host memory";
+  EXPECT_TRUE(graph_->Spill(Id(1))) << "asked again while it leaves: still leaving";
+  executor_.Drain();
+  EXPECT_EQ(events_.moved, std::vector<std::string>{"on disk 1"});
+  EXPECT_EQ(Locate(1).where.tiers, 0u) << "no copy to read from without a restore";
+  const std::vector<ReplicaInfo> replicas = store_.ReplicasOf(store_.SlotOf(Id(1)));
+  ASSERT_EQ(replicas.size(), 1u);
+  EXPECT_EQ(replicas[0].device, kDisk);
+  EXPECT_EQ(replicas[0].references, 1u) << "the graph's reference went with it";
+  EXPECT_EQ(Locate(2).where.tiers, ipc::kTierHost);
+  EXPECT_FALSE(graph_->Spill(Id(1))) << "out of memory already";
+  EXPECT_EQ(store_.tier_counters().disk_spills, 1u);
+  graph_->Drop(Id(1));
+  graph_->Drop(Id(2));
+  graph_->Drop(Id(4));
 }
 
 TEST_F(SchedulerStoreTest, HoldIsFalseForAnObjectThatIsNotSealed) {

@@ -924,6 +924,83 @@ TEST_F(SchedulerTest, ATaskItsIdleBoundCannotHoldFailsSayingWhy) {
   EXPECT_EQ(found.state, StoreAccess::State::kMissing) << "it waits";
 }
 
+// With a disk tier, a bound that holds back a task while nothing of its graph runs moves its
+// oldest outputs in memory to disk (not the task's own inputs) until the task fits; an output
+// on disk counts against the bound again for the task that reads it (its read brings it
+// back), and what comes back into memory counts as stored again.
+TEST_F(SchedulerTest, AnIdleBoundMovesItsOldestOutputsToDiskUntilItsHeldTaskFits) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000 * kMiB;
+  store_.disk = true;
+  const ObjectId a = Submit(Bounded(7, 10 * kMiB, 4 * kMiB))[0];
+  const ObjectId b = Submit(Bounded(7, 10 * kMiB, 4 * kMiB))[0];
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 2u);
+  Run(sent[0], 4 * kMiB);
+  Run(sent[1], 4 * kMiB);
+  // 8 MiB stored: a third output of 4 MiB needs 2 MiB to leave; the oldest output goes.
+  const ObjectId c = Submit(Bounded(7, 10 * kMiB, 4 * kMiB))[0];
+  EXPECT_TRUE(link_.Take().empty());
+  EXPECT_EQ(store_.spilled, std::vector<ObjectId>{a});
+  now_ = 10;
+  scheduler_.FailStuckBounds(0.5);
+  StoreAccess::Object found;
+  store_.Locate(std::span(&c, 1), std::span(&found, 1));
+  EXPECT_EQ(found.state, StoreAccess::State::kMissing) << "not stuck while its output leaves";
+  store_.Moved(a, /*in_memory=*/false);
+  store_.Deliver(scheduler_);
+  auto third = link_.Take();
+  ASSERT_EQ(third.size(), 1u) << "a on disk: room for c";
+
+  // A reader of a (on disk) counts a as well as its own output: 4 + 4 beside b and c's 8.
+  TaskSpec reader = Bounded(7, 10 * kMiB, 4 * kMiB);
+  reader.inputs = {a, a};  // read twice, brought back once
+  Submit(reader);
+  EXPECT_TRUE(link_.Take().empty()) << "c runs: it may free room, nothing moves yet";
+  store_.spilled.clear();
+  Run(third[0], 4 * kMiB);
+  EXPECT_EQ(store_.spilled, (std::vector<ObjectId>{b, c})) << "6 MiB must leave, oldest first";
+  EXPECT_TRUE(link_.Take().empty());
+  store_.Moved(b, false);
+  store_.Moved(c, false);
+  store_.Deliver(scheduler_);
+  auto reads = link_.Take();
+  ASSERT_EQ(reads.size(), 1u);
+  // Its read brings a back into memory: stored again, beside the reservation of the reader.
+  store_.Moved(a, true);
+  store_.Deliver(scheduler_);
+  Submit(Bounded(7, 10 * kMiB, 4 * kMiB));
+  EXPECT_TRUE(link_.Take().empty()) << "4 + 8 reserved + 4 > 10";
+  store_.spilled.clear();
+  Run(reads[0], 4 * kMiB);  // idle again: a (in memory, the oldest) leaves for disk
+  EXPECT_EQ(store_.spilled, std::vector<ObjectId>{a});
+}
+
+// An output that cannot leave memory (a client holds it) makes no room: the task held back
+// fails once nothing of the graph has moved for the grace period, saying so.
+TEST_F(SchedulerTest, ABoundWhoseOutputsCannotLeaveMemoryFailsItsHeldTaskSayingWhy) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000 * kMiB;
+  store_.disk = true;
+  const ObjectId held = Submit(Bounded(5, 6 * kMiB, 4 * kMiB))[0];
+  store_.kept.insert(held);
+  Run(link_.Take().at(0), 4 * kMiB);
+  const ObjectId waits = Submit(Bounded(5, 6 * kMiB, 4 * kMiB))[0];
+  EXPECT_TRUE(link_.Take().empty());
+  EXPECT_TRUE(store_.spilled.empty());
+  now_ = 1;
+  scheduler_.FailStuckBounds(0.5);
+  StoreAccess::Object found;
+  store_.Locate(std::span(&waits, 1), std::span(&found, 1));
+  ASSERT_EQ(found.state, StoreAccess::State::kFailed);
+  const std::string why = store_.objects[waits].message;
+  EXPECT_NE(why.find("beside the 4.00 MiB of the graph's results still stored in memory, no "
+                     "task of the graph runs that could free any, and none of those in memory "
+                     "could move to disk"),
+            std::string::npos)
+      << why;
+}
+
 // A group whose caller frees results as it goes (Client.map(memory=)): a task held back by
 // its bound waits for those frees however long nothing of the group moves; only one whose
 // output alone is larger than the bound fails.

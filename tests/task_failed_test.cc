@@ -108,6 +108,7 @@ class InProcessDaemon {
   struct : scheduler::ObjectEvents {
     void OnSealed(const ObjectId&, bool) override {}
     void OnFreed(const ObjectId&) override {}
+    void OnMemory(const ObjectId&, bool) override {}
   } events_;
   std::unique_ptr<store::SchedulerStore> graph_;
   std::thread thread_;

@@ -65,6 +65,7 @@ class TaskGraphTest : public ::testing::Test {
     explicit Events(TaskGraph& g) : graph(g) {}
     void OnSealed(const ObjectId& id, bool failed) override { graph.OnSealed(id, failed); }
     void OnFreed(const ObjectId& id) override { graph.OnFreed(id); }
+    void OnMemory(const ObjectId&, bool) override {}  // the graph keeps no bounds
     TaskGraph& graph;
   };
 

@@ -39,6 +39,7 @@ struct RecordingOwner final : store::Tiers::Owner {
     table->Remove(slot);
   }
   void ChargeObject(uint32_t, uint64_t bytes) override { charged += bytes; }
+  void LeftMemory(uint32_t slot) override { left_memory.push_back(slot); }
   // No client leases anything here but the slots in `leased`.
   bool Reclaim(uint32_t slot) override {
     if (!leased.contains(slot)) return true;
@@ -51,7 +52,7 @@ struct RecordingOwner final : store::Tiers::Owner {
   store::Tiers* tiers = nullptr;
   std::vector<std::pair<uint32_t, int32_t>> held, let_go;
   std::vector<std::tuple<uint32_t, int32_t, StatusCode, std::vector<WaitingGets::Id>>> done;
-  std::vector<uint32_t> evicted;
+  std::vector<uint32_t> evicted, left_memory;
   uint64_t charged = 0;
 };
 

@@ -597,6 +597,62 @@ def test_a_graphs_bound_on_a_shared_daemon_is_kept_and_one_it_cannot_hold_says_s
         assert part in str(failure.value), str(failure.value)
 
 
+def _paired_blocks(count, doubles):
+    """``count`` blocks of ``doubles`` doubles, made in order before any is read (they outrank
+    their readers), block i read with block count - 1 - i: nothing can be read until the last
+    block is made. The sums of the pairs, and their values."""
+
+    @delayed
+    def block(i):
+        return np.full(doubles, float(i))
+
+    @delayed
+    def pair(a, b):
+        return float(a.sum() + b.sum())
+
+    blocks = []
+    for i in range(count):  # in order: the first read is made last
+        with dask.annotate(priority=count + 10 - i):
+            blocks.append(block(i, dask_key_name=f"block-{i}"))
+    pairs = [pair(blocks[i], blocks[count - 1 - i]) for i in range(count // 2)]
+    return pairs, tuple(float((count - 1) * doubles) for _ in pairs)
+
+
+def test_a_bound_on_a_daemon_with_a_spill_directory_moves_its_outputs_to_disk(sched, tmp_path):
+    # Eight blocks of 2 MiB, every one made before any is read, in a bound of 6 MiB on a
+    # shared daemon. Without a spill directory (the module's daemon) three blocks fill the
+    # bound and nothing of the graph runs that could free one: it stops, saying so.
+    mib2 = 2 * 2**20 // 8
+    pairs, values = _paired_blocks(8, mib2)
+    with depot.dask.Scheduler(socket=sched.client.socket, memory="6MiB", fuse=False) as bounded:
+        with pytest.raises(depot.TaskFailed, match="could move to disk"):
+            dask.compute(*pairs, scheduler=bounded.get)
+    # With one, the bound counts what is in memory: when nothing of the graph runs and a
+    # block does not fit, the oldest go to disk and come back when read. The graph completes
+    # with its store never holding more than the bound.
+    with depot.dask.Scheduler(workers=1, memory="64MiB", spill_dir=tmp_path / "spill") as d:
+        used, stop = [0], threading.Event()
+
+        def sample():
+            with depot.Client(d.client.socket) as watcher:
+                while not stop.is_set():
+                    used[0] = max(used[0], watcher.status().used_bytes)
+                    stop.wait(0.001)
+
+        with depot.dask.Scheduler(socket=d.client.socket, memory="6MiB", fuse=False) as bounded:
+            watching = threading.Thread(target=sample)
+            watching.start()
+            try:
+                assert dask.compute(*pairs, scheduler=bounded.get) == values
+            finally:
+                stop.set()
+                watching.join()
+        assert 0 < used[0] <= 6 * 2**20, used[0]
+        disk = d.client.status().disk
+        assert disk.spills >= 2 and disk.restores >= 2, disk
+        assert wait_for(lambda: d.client.list() == [], timeout=30)
+
+
 def _bytes_in(client):
     """Bytes of objects the daemon created in host memory so far."""
     import re

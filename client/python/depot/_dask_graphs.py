@@ -574,7 +574,7 @@ class _Run:
         self.plan = plan
         # The graph's memory bound on a shared daemon: every task names it (an id of this
         # run's), and the daemon starts a task only while the outputs of the graph's tasks
-        # still stored, and those declared by its placed tasks, leave room for its own.
+        # stored in memory, and those declared by its placed tasks, leave room for its own.
         self.bound = _tasks.new_bound(bound) if bound else None
         self.wanted = {plan.resolve(k) for k in keys}
         self.batch = batch
@@ -1016,9 +1016,11 @@ class Scheduler:
 
     ``memory`` is also the graphs' bound: on a daemon of its own, its capacity; attached to
     a running one, each graph's own bound there (the daemon starts a task only while the
-    outputs of the graph's tasks still stored, those declared by its tasks placed and its
-    own declared output fit; a task that cannot fit while nothing of the graph runs fails,
-    naming itself, its size and the bound), else that daemon's capacity. With ``check``, a
+    outputs of the graph's tasks stored in memory, those declared by its tasks placed, with
+    their inputs on disk, and its own declared output fit; when one cannot fit while
+    nothing of the graph runs, a daemon with a spill directory moves the graph's oldest
+    outputs to disk until it does, and without one the task fails, naming itself, its size
+    and the bound), else that daemon's capacity. With ``check``, a
     graph whose projected peak (:func:`plan`) exceeds it is refused before anything runs
     (StoreFull, naming the stage); ``get(..., check=...)`` decides per graph. Tasks whose
     output size the graph's metadata gives (``dask.array`` chunks) declare it to the
