@@ -653,6 +653,34 @@ def test_a_bound_on_a_daemon_with_a_spill_directory_moves_its_outputs_to_disk(sc
         assert wait_for(lambda: d.client.list() == [], timeout=30)
 
 
+def test_fused_chains_of_elementwise_operations_run_a_slab_at_a_time_on_the_workers(sched):
+    # Ten elementwise operations and a sum on 8 MiB chunks: Dask fuses each chunk's chain into
+    # one task; depot's workers run it a slab at a time (depot._dask_tiling, whose own tests
+    # check the values and the temporaries task by task). The nodes sent name depot's runner
+    # in place of Dask's where depot's fusion is on, and not with fuse=False; the values are
+    # the threaded scheduler's.
+    from dask._task_spec import Task, _execute_subgraph
+
+    from depot._dask_graphs import _Functions
+
+    a = da.random.default_rng(9).random((2048, 2048), chunks=1024)
+    b = np.exp(np.sin(np.abs(np.log(np.sqrt((a + 1) * 2)) - 0.25)) ** 2) / 3
+    x = (b.sum(), (a * a.T).sum(), b.max(axis=1))
+    want = dask.compute(*x, scheduler="threads")
+    for fuse in (True, False):
+        with depot.dask.Scheduler(socket=sched.client.socket, fuse=fuse) as s:
+            got = dask.compute(*x, scheduler=s.get)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-12)
+        del got
+    dsk = dict(b.sum().__dask_optimize__(b.sum().__dask_graph__(), b.sum().__dask_keys__()))
+    node = next(v for v in dsk.values() if isinstance(v, Task) and v.func is _execute_subgraph)
+    functions = _Functions(sched.client)
+    plain = functions.dumps(node)
+    functions.tiled = True
+    assert b"_tiled" in functions.dumps(node) and b"_tiled" not in plain
+
+
 def _bytes_in(client):
     """Bytes of objects the daemon created in host memory so far."""
     import re

@@ -35,7 +35,7 @@ from typing import (
     Tuple, Union,
 )
 
-from . import _dask_fusion, _dask_gpu, _depot, _tasks
+from . import _dask_fusion, _dask_gpu, _dask_tiling, _depot, _tasks
 from ._client import Client
 from ._dask_plan import GraphPlan, parse_memory, project
 from ._dask_sizes import Sizes
@@ -135,6 +135,8 @@ class _SharingPickler:
             form = self.gpu.reduction(obj)
             if form is not None:
                 return form
+        if self.store.tiled and obj is _execute_subgraph():
+            return (_tiled, ())  # fused chains run a slab at a time (_dask_tiling)
         if isinstance(obj, types.FunctionType) and self.store.by_name(obj):
             return None
         if isinstance(obj, _SHARED_KINDS):
@@ -182,6 +184,19 @@ def _cloud_pickler() -> type:
     return _CloudNodePickler
 
 
+def _execute_subgraph() -> Any:
+    """Dask's runner of a fused chain of blockwise tasks."""
+    from dask._task_spec import _execute_subgraph as execute
+
+    return execute
+
+
+def _tiled() -> Any:
+    """depot's, which runs such a chain a slab at a time: a node's reference to Dask's
+    becomes a call of this on the worker that loads it."""
+    return _dask_tiling.execute_subgraph
+
+
 def _shared_kinds() -> Tuple[type, ...]:
     kinds: List[type] = [types.FunctionType, functools.partial]
     try:
@@ -210,6 +225,7 @@ class _Functions:
         self.stored: List[ObjectRef] = []
         self.node = 0  # the node being pickled
         self.cloud = _cloud_pickler()
+        self.tiled = False  # fused chains run a slab at a time (depot's fusion is on)
 
     def by_name(self, fn: Any) -> bool:
         key = id(fn)
@@ -417,6 +433,7 @@ class _Plan:
         from dask._task_spec import convert_legacy_graph
 
         self.annotations = _annotations(dsk)
+        self.share = share
         source = dsk
         if not isinstance(dsk, Mapping):
             dsk = dsk.__dask_graph__()
@@ -587,6 +604,7 @@ class _Run:
         self.given_up: Set[Key] = set()
         self.key_of: Dict[ObjectRef, Key] = {}  # while following: each task's key by its output
         self.functions = _Functions(client)
+        self.functions.tiled = plan.share is not None
         self.gpus: Optional[bool] = None  # whether a worker attached has a GPU (may_offload)
         self.batch_bytes = _BATCH_BYTES
         # The outputs of submitted tasks not seen to have ended, oldest first; and those

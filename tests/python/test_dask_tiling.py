@@ -1,0 +1,122 @@
+"""Fused chains run a slab at a time (depot._dask_tiling): the same values as Dask's own run of
+each fused task, temporaries of a slab's size, and chains it does not understand run whole.
+In process: no daemon."""
+
+import tracemalloc
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from dask._task_spec import DataNode, Task, TaskRef, _execute_subgraph, execute_graph
+
+from depot import _dask_tiling
+
+
+def _fused_tasks(x):
+    """The fused chains (Dask's ``_execute_subgraph`` tasks) of ``x``'s optimised graph, at
+    its top level or inside another, each with the values of its arguments."""
+    dsk = dict(x.__dask_optimize__(x.__dask_graph__(), x.__dask_keys__()))
+    found = []
+
+    def value(arg, graph):
+        if isinstance(arg, TaskRef):
+            return execute_graph(graph, keys=[arg.key])[arg.key]
+        return arg.value if isinstance(arg, DataNode) else arg
+
+    def visit(node, graph):
+        if not (isinstance(node, Task) and node.func is _execute_subgraph):
+            return
+        inner, outkey, inkeys, *refs = node.args
+        deps = [value(r, graph) for r in refs]
+        found.append((inner, outkey, inkeys, deps))
+        nested = dict(inner)
+        nested.update({k: DataNode(k, v) for k, v in zip(inkeys, deps)})
+        for child in inner.values():
+            visit(child, nested)
+
+    for node in dsk.values():
+        visit(node, dsk)
+    return found
+
+
+def _both_ways(args):
+    """The task's value run by Dask, and by depot a slab at a time, with the peak bytes
+    NumPy allocated for each (tracemalloc)."""
+    out = []
+    for runner in (_execute_subgraph, _dask_tiling.execute_subgraph):
+        tracemalloc.start()
+        value = runner(args[0], args[1], args[2], *args[3])
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        out.append((value, peak))
+    return out
+
+
+def _tiles(args):
+    """Whether depot runs the task's chain a slab at a time (rather than whole)."""
+    inner, outkey, inkeys, deps = args
+    try:
+        _dask_tiling._run(_dask_tiling._Chain(inner, dict(zip(inkeys, deps)), outkey))
+        return True
+    except _dask_tiling._NotTiled:
+        return False
+
+
+def _chain(a):
+    a = np.sqrt((a + 1) * 2)
+    a = np.abs(np.log(a) - 0.25)
+    return np.exp(np.sin(a) ** 2) / 3
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda a: _chain(a), id="elementwise"),
+        pytest.param(lambda a: _chain(a).sum(), id="sum"),
+        pytest.param(lambda a: _chain(a).max(axis=0), id="max-along-slabs"),
+        pytest.param(lambda a: _chain(a).min(axis=1), id="min-across-slabs"),
+        pytest.param(lambda a: (a * a.T).sum(), id="product-7449"),
+        pytest.param(lambda a: (_chain(a) > 0.3).sum(), id="comparison"),
+    ],
+)
+def test_a_fused_chain_gives_what_dask_gives_with_slab_sized_temporaries(make):
+    # 2048 x 2048 float64 in chunks of 1024 x 1024: 8 MiB each, over LEAST_BYTES.
+    a = da.random.default_rng(3).random((2048, 2048), chunks=1024)
+    tiled = 0
+    for args in _fused_tasks(make(a)):
+        (want, whole_peak), (got, tiled_peak) = _both_ways(args)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        assert np.asarray(got).dtype == np.asarray(want).dtype
+        if _tiles(args):
+            tiled += 1
+            output = np.asarray(got).nbytes
+            # Whole, the chain makes chunk-sized temporaries; a slab at a time, its output and
+            # a few slabs' worth.
+            assert tiled_peak <= output + 4 * _dask_tiling.SLAB_BYTES, (tiled_peak, output)
+            assert whole_peak >= 2**23, whole_peak
+    assert tiled >= 4, "every chunk's chain runs a slab at a time"
+
+
+def test_chains_it_does_not_understand_or_too_small_to_gain_run_as_dask_runs_them():
+    a = da.random.default_rng(3).random((2048, 2048), chunks=1024)
+    row = da.random.default_rng(4).random((1, 2048), chunks=(1, 1024))
+    small = da.random.default_rng(5).random((256, 256), chunks=128)
+    cases = {
+        "broadcast": (a + row).sum(),
+        "mean (a dict of partial results)": _chain(a).mean(),
+        "small chunks": _chain(small).sum(),
+        "a reduction of the input alone": a.sum(),
+    }
+    for name, x in cases.items():
+        fused = _fused_tasks(x)
+        assert fused, name
+        for args in fused:
+            assert not _tiles(args), name
+            (want, _), (got, _) = _both_ways(args)
+            if isinstance(want, dict):  # mean's partial results: counts and totals
+                assert want.keys() == got.keys(), name
+                for k in want:
+                    np.testing.assert_array_equal(got[k], want[k])
+            else:
+                np.testing.assert_array_equal(got, want)
