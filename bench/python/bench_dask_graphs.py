@@ -19,6 +19,9 @@ Each workload runs on each scheduler with --workers workers:
 - depot: ``depot.dask.Scheduler(workers=N, memory=--store-memory)``: a private depotd with N
   Python worker processes, its ``get`` as the scheduler;
 - depot-unfused: the same with ``fuse=False``: only Dask's own fusion;
+- depot-nothing-fused (not run unless named): the same, computed with
+  ``optimize_graph=False``: no fusion at all, every operation a task of its own whose
+  output is stored;
 - depot-gpu (not run unless named): depot with a simulated GPU of --gpu-pool (its memory is
   host memory, counted in the peak), given to the first worker;
 - depot-bound (not run unless named): ``depot.dask.Scheduler(workers=N, memory=--bound)``,
@@ -108,7 +111,7 @@ import _measured  # beside this script
 
 MiB = 1 << 20
 SCHEDULERS = ("threads", "processes", "local", "local-depot", "depot", "depot-unfused")
-OPTIONAL_SCHEDULERS = ("depot-bound", "depot-gpu")
+OPTIONAL_SCHEDULERS = ("depot-bound", "depot-gpu", "depot-nothing-fused")
 
 
 # The workloads: each returns the collections that one dask.compute runs.
@@ -362,7 +365,7 @@ def _started(scheduler: str, args) -> contextlib.AbstractContextManager:
         return _depot_gpu(args)
     if scheduler == "local-depot":
         return _local(args, with_depot=True)
-    if scheduler == "depot-unfused":
+    if scheduler in ("depot-unfused", "depot-nothing-fused"):
         return _depot(args, fuse=False)
     if scheduler == "depot-bound":
         return _depot(args, memory=args.bound)
@@ -406,7 +409,7 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
         dask.compute(*[dask.delayed(_warm)(i) for i in range(2 * args.workers)])
         _measured.go(say)
         workload = {**WORKLOADS, **OPTIONAL_WORKLOADS}[kind]
-        optimize = kind not in UNOPTIMIZED
+        optimize = kind not in UNOPTIMIZED and scheduler != "depot-nothing-fused"
         start = time.perf_counter()
         values = dask.compute(*workload(args), optimize_graph=optimize)
         seconds = time.perf_counter() - start
