@@ -47,6 +47,12 @@ debs=(
 # Pure-Python wheels for building the package without network: the versions rehearsed here,
 # rather than whatever the host has (scikit-build-core's own needs included).
 wheels=(scikit-build-core nanobind packaging pathspec)
+# What the host lacks to run depot.dask's tests (its GPU ones among them: CuPy chunks paged
+# through a GPU): Dask and distributed with what they need, as wheels for the host's Python
+# (3.12; binary ones for manylinux x86-64), at the versions this machine's tests run with
+# (build-py's venv) where there is one. None needs numpy or pandas, which the host has.
+host_python=3.12
+dask_wheels=(dask distributed)
 
 usage() {
   sed -n '2,12p' "$self" | sed 's/^# \{0,1\}//'
@@ -95,11 +101,23 @@ prepare() {
   echo "== pip download ${wheels[*]}"
   "${PYTHON:-python3}" -m pip download -q --disable-pip-version-check --no-deps \
     --only-binary=:all: -d "$tmp/wheels" "${wheels[@]}"
+  local pinned=() name version
+  for name in "${dask_wheels[@]}"; do
+    version=$("$repo/build-py/venv/bin/python" -c "import $name; print($name.__version__)" \
+      2>/dev/null || true)
+    pinned+=("$name${version:+==$version}")
+  done
+  echo "== pip download ${pinned[*]} (and what they need) for Python $host_python"
+  "${PYTHON:-python3}" -m pip download -q --disable-pip-version-check --only-binary=:all: \
+    --python-version "$host_python" --implementation cp --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
+    -d "$tmp/py-wheels" "${pinned[@]}"
 
   rm -rf "$bundle"
-  mkdir -p "$bundle/wheels"
+  mkdir -p "$bundle/wheels" "$bundle/py-wheels"
   tar -C "$tmp/prefix" -czf "$bundle/prefix.tar.gz" usr
   cp "$tmp"/wheels/*.whl "$bundle/wheels/"
+  cp "$tmp"/py-wheels/*.whl "$bundle/py-wheels/"
   {
     echo "depot GPU bundle, made $(date -u +%Y-%m-%dT%H:%MZ) on $(. /etc/os-release && echo "$PRETTY_NAME")"
     echo "by scripts/gpu-check.sh prepare; unpacked and used by scripts/gpu-check.sh run"
@@ -110,6 +128,8 @@ prepare() {
     done | sed 's/^/  /'
     echo "wheels/:"
     (cd "$bundle/wheels" && ls) | sed 's/^/  /'
+    echo "py-wheels/ (for Python $host_python, installed beside depot where the host lacks Dask):"
+    (cd "$bundle/py-wheels" && ls) | sed 's/^/  /'
     # What the host's C and C++ libraries must provide for the bundle's programs and libraries.
     if command -v objdump >/dev/null; then
       echo "needs on the host: $(find "$usr" -type f \( -name '*.so*' -o -path '*/bin/*' \) \
@@ -215,6 +235,7 @@ do_wheel() {
 # pytest through python-gpu-check.sh: it installs the wheel into SITE and runs the suite.
 pytest_suite() {
   DEPOT_LIBS="$P/lib/$arch" SITE="$work/site" JUNIT_DIR="$work" SUITES="$1" PYTHON="$PYTHON" \
+    EXTRA_WHEELS="$bundle/py-wheels" EXTRA_PACKAGES="${dask_wheels[*]}" \
     "$repo/scripts/python-gpu-check.sh" "$work/dist"
 }
 do_pytest_gpu() { pytest_suite gpu; }

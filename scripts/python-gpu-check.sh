@@ -10,6 +10,8 @@
 # the host's libcapnp/libkj/libspdlog/libfmt/libxxhash shared libraries; if they live
 # elsewhere, put their directory in DEPOT_LIBS (prepended to LD_LIBRARY_PATH).
 # Environment: PYTHON (default python3), SITE (default /tmp/site, emptied first);
+# EXTRA_PACKAGES, packages to install beside depot from the wheels in EXTRA_WHEELS (no index)
+# where the host's Python cannot import them (scripts/gpu-check.sh: Dask and distributed);
 # SUITES, the runs to make, in order (default "gpu all"): gpu (pytest -m gpu), all (the whole
 # of tests/python), rest (all but the gpu tests: pytest -m "not gpu"); JUNIT_DIR, if set, gets
 # a JUnit XML report of each run, pytest-<suite>.xml (scripts/gpu-check.sh sums them up).
@@ -30,6 +32,21 @@ SITE=${SITE:-/tmp/site}
 rm -rf "$SITE"
 mkdir -p "$SITE"
 "$PYTHON" -m pip install --no-index --no-deps --target "$SITE" "$wheel" || exit 2
+missing=()
+for package in ${EXTRA_PACKAGES:-}; do
+  "$PYTHON" -c "import $package" 2>/dev/null || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ -d "${EXTRA_WHEELS:-}" ]; then
+    echo "== ${missing[*]} from $EXTRA_WHEELS"
+    # Not fatal: the tests that need them skip, saying so.
+    "$PYTHON" -m pip install -q --no-index --disable-pip-version-check \
+      --find-links "$EXTRA_WHEELS" --target "$SITE" "${missing[@]}" ||
+      echo "could not install ${missing[*]}: their tests skip" >&2
+  else
+    echo "${missing[*]} not importable and no wheels for them: their tests skip" >&2
+  fi
+fi
 
 # pip --target puts the wheel's programs (depotd, depotctl) in $SITE/bin.
 export DEPOT_DAEMON=${DEPOT_DAEMON:-$SITE/bin/depotd}
