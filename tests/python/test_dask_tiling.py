@@ -18,10 +18,12 @@ def _fused_tasks(x):
     its top level or inside another, each with the values of its arguments."""
     dsk = dict(x.__dask_optimize__(x.__dask_graph__(), x.__dask_keys__()))
     found = []
+    fused = [v for v in dsk.values() if isinstance(v, Task) and v.func is _execute_subgraph]
+    known = execute_graph(dsk, keys=set().union(*(v.dependencies for v in fused)))
 
     def value(arg, graph):
         if isinstance(arg, TaskRef):
-            return execute_graph(graph, keys=[arg.key])[arg.key]
+            return known[arg.key] if graph is dsk else execute_graph(graph, keys=[arg.key])[arg.key]
         return arg.value if isinstance(arg, DataNode) else arg
 
     def visit(node, graph):
@@ -63,6 +65,12 @@ def _tiles(args):
         return False
 
 
+def _rows(a):
+    """``a`` in chunks of whole rows, 2 MiB each, for a rechunk to columns (a task that merges
+    four slices of them)."""
+    return a.rechunk((128, 2048))
+
+
 def _chain(a):
     a = np.sqrt((a + 1) * 2)
     a = np.abs(np.log(a) - 0.25)
@@ -78,6 +86,11 @@ def _chain(a):
         pytest.param(lambda a: _chain(a).min(axis=1), id="min-across-slabs"),
         pytest.param(lambda a: (a * a.T).sum(), id="product-7449"),
         pytest.param(lambda a: (_chain(a) > 0.3).sum(), id="comparison"),
+        pytest.param(lambda a: _rows(a).rechunk((2048, 512), method="tasks").sum(), id="merge-sum"),
+        pytest.param(
+            lambda a: _chain(_rows(a).rechunk((2048, 512), method="tasks")).sum(axis=1),
+            id="merge-chain",
+        ),
     ],
 )
 def test_a_fused_chain_gives_what_dask_gives_with_slab_sized_temporaries(make):
@@ -96,6 +109,30 @@ def test_a_fused_chain_gives_what_dask_gives_with_slab_sized_temporaries(make):
             assert tiled_peak <= output + 4 * _dask_tiling.SLAB_BYTES, (tiled_peak, output)
             assert whole_peak >= 2**23, whole_peak
     assert tiled >= 4, "every chunk's chain runs a slab at a time"
+
+
+def test_a_merge_fused_with_the_slices_it_reads_is_never_made():
+    # depot's fusion runs a rechunk's splits inside the merge that reads them (Task.fuse of
+    # the merge and its splits: one subgraph reading the row chunks). A slab of the merge is
+    # a slice of one row chunk: the task's allocations are its output's few KiB and a slab's.
+    a = da.random.default_rng(3).random((2048, 2048), chunks=(128, 2048))
+    x = _chain(a.rechunk((2048, 512), method="tasks"))
+    dsk = dict(x.__dask_optimize__(x.__dask_graph__(), x.__dask_keys__()))
+    merges = [k for k, v in dsk.items() if isinstance(v, Task) and "rechunk-merge" in str(k)]
+    assert merges
+    rows = execute_graph(dsk, keys={d for k in merges for s in dsk[k].dependencies
+                                    for d in dsk[s].dependencies})
+    for key in merges:
+        node = dsk[key]
+        splits = [dsk[d] for d in node.dependencies]
+        fused = Task.fuse(node, *splits, key=key)
+        values = {d: rows[d] for d in fused.dependencies}
+        args = (fused.args[0], fused.args[1], fused.args[2], [values[r.key] for r in fused.args[3:]])
+        assert _tiles(args)
+        (want, whole_peak), (got, tiled_peak) = _both_ways(args)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        assert tiled_peak <= np.asarray(got).nbytes + 4 * _dask_tiling.SLAB_BYTES, tiled_peak
+        assert whole_peak >= 2**23, whole_peak  # the 8 MiB merge, at least
 
 
 def test_chains_it_does_not_understand_or_too_small_to_gain_run_as_dask_runs_them():
