@@ -564,28 +564,37 @@ def test_check_refuses_a_graph_that_cannot_fit_before_anything_runs():
         depot.dask.Scheduler(socket="/nonexistent", memory="lots")
 
 
+class _PeakUsed:
+    """While inside, samples the store's used bytes every millisecond: ``peak`` is the most."""
+
+    def __init__(self, socket):
+        self.socket, self.peak, self.stop = socket, 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample)
+
+    def _sample(self):
+        with depot.Client(self.socket) as watcher:
+            while not self.stop.is_set():
+                self.peak = max(self.peak, watcher.status().used_bytes)
+                self.stop.wait(0.001)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
 def test_a_graphs_bound_on_a_shared_daemon_is_kept_and_one_it_cannot_hold_says_so(sched):
     # The module's daemon (512 MiB, two workers) is shared: memory= bounds each graph's use
     # of it. Blocks of 2 MiB, a product reading two: unbounded, the daemon ran 6 to 8 blocks
     # at once here; bounded to 6 MiB, the store never holds more than that.
     x, value = _pairs(4, 512)
-    used, stop = [0], threading.Event()
-
-    def sample():
-        with depot.Client(sched.client.socket) as watcher:
-            while not stop.is_set():
-                used[0] = max(used[0], watcher.status().used_bytes)
-                stop.wait(0.001)
-
     with depot.dask.Scheduler(socket=sched.client.socket, memory="6MiB") as bounded:
-        watching = threading.Thread(target=sample)
-        watching.start()
-        try:
+        with _PeakUsed(sched.client.socket) as used:
             assert dask.compute(x, scheduler=bounded.get)[0] == value
-        finally:
-            stop.set()
-            watching.join()
-        assert 0 < used[0] <= 6 * 2**20, used[0]
+        assert 0 < used.peak <= 6 * 2**20, used.peak
 
     # 3 MiB holds one block and not a second beside it: the graph fails, naming the task,
     # its size and the bound, instead of waiting for ever.
@@ -631,23 +640,10 @@ def test_a_bound_on_a_daemon_with_a_spill_directory_moves_its_outputs_to_disk(sc
     # block does not fit, the oldest go to disk and come back when read. The graph completes
     # with its store never holding more than the bound.
     with depot.dask.Scheduler(workers=1, memory="64MiB", spill_dir=tmp_path / "spill") as d:
-        used, stop = [0], threading.Event()
-
-        def sample():
-            with depot.Client(d.client.socket) as watcher:
-                while not stop.is_set():
-                    used[0] = max(used[0], watcher.status().used_bytes)
-                    stop.wait(0.001)
-
         with depot.dask.Scheduler(socket=d.client.socket, memory="6MiB", fuse=False) as bounded:
-            watching = threading.Thread(target=sample)
-            watching.start()
-            try:
+            with _PeakUsed(d.client.socket) as used:
                 assert dask.compute(*pairs, scheduler=bounded.get) == values
-            finally:
-                stop.set()
-                watching.join()
-        assert 0 < used[0] <= 6 * 2**20, used[0]
+        assert 0 < used.peak <= 6 * 2**20, used.peak
         disk = d.client.status().disk
         assert disk.spills >= 2 and disk.restores >= 2, disk
         assert wait_for(lambda: d.client.list() == [], timeout=30)
