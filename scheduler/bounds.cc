@@ -94,7 +94,7 @@ bool Bounds::Fits(SessionId submitter, const TaskSpec& spec, uint64_t bytes) con
   if (b == nullptr) return true;
   // Nothing known of its size yet, but its kind will be measured: it runs alone, so that the
   // first of each kind cannot overshoot the bound unseen beside others.
-  const uint64_t on_disk = OnDisk(submitter, spec);
+  const uint64_t on_disk = Restores(submitter, spec, bytes);
   if (bytes == 0 && (on_disk == 0 || (!spec.kind.empty() && b->placed > 0))) {
     return spec.kind.empty() || b->placed == 0;
   }
@@ -103,10 +103,15 @@ bool Bounds::Fits(SessionId submitter, const TaskSpec& spec, uint64_t bytes) con
   return wanted <= b->bytes;
 }
 
-uint64_t Bounds::OnDisk(SessionId submitter, const TaskSpec& spec) const {
+uint64_t Bounds::Restores(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const {
   const Bound* b = Find(submitter, spec);
   if (b == nullptr || b->on_disk == 0) return 0;
-  const Key key{submitter, spec.bound_id};
+  const uint64_t on_disk = OnDisk(*b, {submitter, spec.bound_id}, spec);
+  return bytes <= b->bytes && on_disk <= b->bytes - bytes ? on_disk : 0;
+}
+
+uint64_t Bounds::OnDisk(const Bound& b, const Key& key, const TaskSpec& spec) const {
+  if (b.on_disk == 0) return 0;
   uint64_t bytes = 0;
   std::unordered_set<ObjectId> counted;  // read twice, brought back once
   for (const ObjectId& id : spec.inputs) {
@@ -155,19 +160,20 @@ std::string Bounds::Why(SessionId submitter, const TaskSpec& spec, uint64_t byte
                                  "directory, or a client holds them)");
 }
 
-bool Bounds::SpillFor(SessionId submitter, const TaskSpec& spec, uint64_t bytes,
+bool Bounds::SpillFor(SessionId submitter, const TaskSpec& spec, uint64_t bytes, size_t& looks,
                       const std::function<bool(const ObjectId&)>& spill) {
   Bound* b = Find(submitter, spec);
   if (b == nullptr) return false;
-  const unsigned __int128 wanted =
-      static_cast<unsigned __int128>(b->live) + b->reserved + bytes + OnDisk(submitter, spec);
+  b->spilling = false;
+  const unsigned __int128 wanted = static_cast<unsigned __int128>(b->live) + b->reserved +
+                                   bytes + Restores(submitter, spec, bytes);
   if (wanted <= b->bytes) return false;
   unsigned __int128 missing = wanted - b->bytes;
   const std::unordered_set<ObjectId> reads(spec.inputs.begin(), spec.inputs.end());
   bool leaving = false;
-  size_t looks = 0;
   for (const auto& [seq, id] : b->in_memory) {
-    if (++looks > kSpillLooks) break;
+    if (looks == 0) break;
+    --looks;
     if (reads.contains(id)) continue;
     if (!spill(id)) continue;
     leaving = true;
@@ -175,7 +181,7 @@ bool Bounds::SpillFor(SessionId submitter, const TaskSpec& spec, uint64_t bytes,
     if (out >= missing) break;
     missing -= out;
   }
-  b->spilling = b->spilling || leaving;
+  b->spilling = leaving;
   return leaving;
 }
 
@@ -187,7 +193,7 @@ bool Bounds::Spilling(SessionId submitter, uint64_t id) const {
 uint64_t Bounds::Placed(SessionId submitter, const TaskSpec& spec, uint64_t bytes) {
   Bound* b = Find(submitter, spec);
   if (b == nullptr) return 0;
-  Add(bytes, OnDisk(submitter, spec));
+  Add(bytes, Restores(submitter, spec, bytes));
   ++b->placed;
   b->reserved += bytes;
   Changed(*b, {submitter, spec.bound_id});
@@ -202,16 +208,21 @@ void Bounds::Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t reserv
   }
 }
 
-void Bounds::Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes) {
+void Bounds::Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes,
+                  bool in_memory) {
   Bound* b = Find(submitter, spec);
   const uint64_t seq = next_seq_;
   if (b == nullptr ||
-      !made_.try_emplace(id, Output{{submitter, spec.bound_id}, bytes, seq}).second) {
+      !made_.try_emplace(id, Output{{submitter, spec.bound_id}, bytes, seq, in_memory}).second) {
     return;
   }
   ++next_seq_;
-  Add(b->live, bytes);
-  b->in_memory.emplace(seq, id);
+  if (in_memory) {
+    Add(b->live, bytes);
+    b->in_memory.emplace(seq, id);
+  } else {
+    Add(b->on_disk, bytes);
+  }
   ++b->outputs;
   Changed(*b, {submitter, spec.bound_id});
 }

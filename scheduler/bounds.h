@@ -48,13 +48,16 @@ class Bounds {
   void Leave(SessionId submitter, const TaskSpec& spec);
 
   // Whether the task's bound holds its output of `bytes` (declared, or expected of its
-  // kind: Task::reserve) and its inputs on disk (OnDisk) now. True without a bound, or for 0
-  // bytes (unknown) without a kind; a task of a kind not measured yet fits only while no
-  // task of its bound is placed (it runs alone until its kind is measured).
+  // kind: Task::reserve) and its inputs on disk (Restores) now. True without a bound, or for
+  // 0 bytes (unknown) with no input on disk and no kind; a task of a kind not measured yet
+  // fits only while no task of its bound is placed (it runs alone until its kind is
+  // measured).
   bool Fits(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const;
   // The bytes of the task's inputs that are outputs of its bound on disk only, each once:
-  // reading them brings them back into memory.
-  uint64_t OnDisk(SessionId submitter, const TaskSpec& spec) const;
+  // reading them brings them back into memory. Not counted (0) when with the task's output
+  // of `bytes` they are more than the whole bound: such a task could never start, and runs
+  // as it did before its inputs went to disk.
+  uint64_t Restores(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const;
   // Whether no task of the bound is placed (true for none).
   bool Idle(SessionId submitter, uint64_t id) const;
   // A round held back a task of the bound, idle, at `now` (seconds): the first such moment
@@ -68,12 +71,16 @@ class Bounds {
   // Makes room in the task's bound for its output of `bytes` and its inputs on disk, by
   // asking `spill` to move the bound's outputs in memory out of it, oldest first, but none of
   // the task's inputs, until the bytes leaving (those `spill` says are) make up what is
-  // missing. Whether any is leaving: then the bound is spilling (Spilling) until it next
-  // changes (an output that left memory, among others), and is not stuck meanwhile. At most
-  // kSpillLooks outputs are asked a call: a client holding thousands of its bound's outputs
-  // (which cannot leave) costs each round a bounded look, and its graph fails as stuck.
+  // missing. Whether any is leaving, as of this call: the bound is spilling (Spilling) while
+  // the last call found some leaving and nothing of the bound changed since (an output that
+  // left memory, among others), and is not stuck meanwhile; a spill that failed, or a copy
+  // kept in memory, is found not leaving by the next call. Each call asks about at most
+  // `looks` outputs and takes those it asked about off it: the caller's budget for a round
+  // over every bound (kSpillLooks), so that a client holding thousands of its bounds'
+  // outputs (which cannot leave) costs each round a bounded look, and its graph fails as
+  // stuck.
   static constexpr size_t kSpillLooks = 1024;
-  bool SpillFor(SessionId submitter, const TaskSpec& spec, uint64_t bytes,
+  bool SpillFor(SessionId submitter, const TaskSpec& spec, uint64_t bytes, size_t& looks,
                 const std::function<bool(const ObjectId&)>& spill);
   bool Spilling(SessionId submitter, uint64_t id) const;
 
@@ -81,8 +88,10 @@ class Bounds {
   // disk are reserved; what that reserved, which Unplaced gives back when it is taken off.
   uint64_t Placed(SessionId submitter, const TaskSpec& spec, uint64_t bytes);
   void Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t reserved);
-  // Its task's output `id` of `bytes` is stored (the task completed); `id` was freed.
-  void Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes);
+  // Its task's output `id` of `bytes` is stored (the task completed), in memory or (spilled
+  // already) on disk only; `id` was freed.
+  void Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes,
+            bool in_memory = true);
   // Whether `id` was a live output of a bound task (its bound has more room now).
   bool Freed(const ObjectId& id);
   // A copy of `id` came into memory, or its last one there left it for disk (in_memory
@@ -110,6 +119,8 @@ class Bounds {
     std::map<uint64_t, ObjectId> in_memory;  // its live outputs in memory, by Output::seq
   };
   const Bound* Find(SessionId submitter, const TaskSpec& spec) const;
+  // The bytes of the task's inputs that are outputs of `b` on disk only, each once.
+  uint64_t OnDisk(const Bound& b, const Key& key, const TaskSpec& spec) const;
   Bound* Find(SessionId submitter, const TaskSpec& spec);
   // Drops a bound no pending task names and no live output counts against.
   void Tidy(const Key& key);

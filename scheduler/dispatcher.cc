@@ -360,12 +360,15 @@ bool Dispatcher::TryPlace(Task& task) {
   if (const Bounds* bounds = workers_.bounds();
       bounds != nullptr && !bounds->Fits(task.submitter, task.spec, task.reserve)) {
     // An output of unknown size held back (its kind not measured yet) holds back every other
-    // such one; one of known size every one as large.
-    Held& held = held_at_[{task.submitter, task.spec.bound_id}];
-    if (task.reserve == 0) {
-      held.unknown = true;
-    } else {
-      held.least = std::min(held.least, task.reserve);
+    // such one; one of known size every one as large. Not so one held back for its inputs on
+    // disk as well: another as large may have none.
+    if (bounds->Restores(task.submitter, task.spec, task.reserve) == 0) {
+      Held& held = held_at_[{task.submitter, task.spec.bound_id}];
+      if (task.reserve == 0) {
+        held.unknown = true;
+      } else {
+        held.least = std::min(held.least, task.reserve);
+      }
     }
     held_by_bound_ = true;
     return false;

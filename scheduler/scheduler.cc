@@ -164,13 +164,14 @@ void Scheduler::Dispatch() {
   if (held.empty()) return;
   const double now = workers_.Now();
   const bool can_spill = store_.CanSpill();
+  size_t looks = Bounds::kSpillLooks;  // over every bound this round
   for (const auto& [key, tasks] : held) {
     if (!bounds_.Idle(key.first, key.second)) continue;
     // Nothing of the graph runs that could free room in its bound: with a disk tier, its
     // oldest outputs in memory leave for disk until the first task it holds back fits.
     if (can_spill) {
       const Task& first = graph_.at(tasks.begin()->id);
-      bounds_.SpillFor(first.submitter, first.spec, dispatcher_.Expected(first),
+      bounds_.SpillFor(first.submitter, first.spec, dispatcher_.Expected(first), looks,
                        [this](const ObjectId& id) { return store_.Spill(id); });
     }
     bounds_.HeldBack(key.first, key.second, now);
@@ -237,7 +238,10 @@ Status Scheduler::Complete(SessionId worker, std::span<const Completion> complet
     ++w->done;
     uint64_t made = 0;
     for (size_t k = 0; k < found.size(); ++k) {
-      bounds_.Made(task->submitter, task->spec, task->outputs[k], found[k].where.bytes);
+      // Spilled already (for room, before this completion came), an output is on disk only:
+      // Locate names no tier for it.
+      bounds_.Made(task->submitter, task->spec, task->outputs[k], found[k].where.bytes,
+                   /*in_memory=*/found[k].where.tiers != 0);
       made += found[k].where.bytes;
     }
     output_sizes_.Record(task->submitter, task->spec.kind, made);

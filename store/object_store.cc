@@ -204,7 +204,12 @@ void ObjectStore::LeftMemory(uint32_t slot) {
 
 bool ObjectStore::SpillToDisk(const ObjectId& id) {
   const uint32_t slot = table_.Find(id);
-  return slot != HeaderTable::kNoSlot && table_.IsUsable(slot) && tiers_.SpillToDisk(slot);
+  if (slot == HeaderTable::kNoSlot || !table_.IsUsable(slot)) return false;
+  // A graph's reference taken while the object had a ready disk copy beside its host copy
+  // went to the host copy (Hold prefers it): it goes down to the disk copy, as a spill takes
+  // it, so that the host copy may go.
+  if (table_.IsReady(slot, kDisk)) MoveGraphHold(slot, kDisk);
+  return tiers_.SpillToDisk(slot);
 }
 
 bool ObjectStore::Reclaim(uint32_t slot) {

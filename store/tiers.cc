@@ -285,11 +285,17 @@ bool Tiers::SpillToDisk(uint32_t slot) {
   if (policy_.ActionFor(slot, kHost) != EvictionPolicy::Action::kSpill || SpillsToDiskWait()) {
     return false;
   }
+  // Only into free disk space: making room there would drop others' spilled objects for
+  // good, which no memory needs.
+  const uint64_t block = disk_->BlockSize(table_.BytesOn(slot, kDisk));
+  if (disk_->used_bytes() > disk_->capacity() || disk_->capacity() - disk_->used_bytes() < block) {
+    return false;
+  }
   table_.FindReplica(slot, kHost)->spilling = true;
   spills_in_flight_[Index(kHost)]++;
   policy_.Reconsider(slot);  // no candidate while it spills
   StartTransfer(slot, kDisk, /*spill=*/true, 0);
-  return true;
+  return transfers_.contains({slot, kDisk});  // else its disk block could not be had
 }
 
 bool Tiers::SpillsToDiskWait() {

@@ -1001,6 +1001,71 @@ TEST_F(SchedulerTest, ABoundWhoseOutputsCannotLeaveMemoryFailsItsHeldTaskSayingW
       << why;
 }
 
+// Spills that stop leaving (the disk failed, or a client took a reference to the copy in
+// memory) leave the bound stuck, as before: its held task fails once nothing of it has moved
+// for the grace period, rather than waiting for ever on spills that will not come.
+TEST_F(SchedulerTest, ABoundWhoseSpillsStopLeavingFailsItsHeldTaskAfterAll) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000 * kMiB;
+  store_.disk = true;
+  const ObjectId a = Submit(Bounded(8, 6 * kMiB, 4 * kMiB))[0];
+  Run(link_.Take().at(0), 4 * kMiB);
+  const ObjectId waits = Submit(Bounded(8, 6 * kMiB, 4 * kMiB))[0];
+  EXPECT_EQ(store_.spilled, std::vector<ObjectId>{a});
+  now_ = 10;
+  scheduler_.FailStuckBounds(0.5);
+  StoreAccess::Object found;
+  store_.Locate(std::span(&waits, 1), std::span(&found, 1));
+  EXPECT_EQ(found.state, StoreAccess::State::kMissing) << "a is leaving";
+  store_.kept.insert(a);  // its spill failed: it stays, and cannot leave now
+  now_ = 20;
+  scheduler_.FailStuckBounds(0.5);
+  store_.Locate(std::span(&waits, 1), std::span(&found, 1));
+  EXPECT_EQ(found.state, StoreAccess::State::kFailed);
+}
+
+// An output spilled before its task's completion came counts as on disk from the start. An
+// output on disk counts for its reader's room only where it could ever fit: a reader whose
+// inputs on disk and output are more than the whole bound runs as it did before they went
+// to disk.
+TEST_F(SchedulerTest, InputsOnDiskCountForTheirReaderOnlyWhereTheyCouldFit) {
+  AddWorker(1, 4);
+  store_.room[kHostMemory] = 1000 * kMiB;
+  store_.disk = true;
+  const ObjectId a = Submit(Bounded(9, 8 * kMiB, 6 * kMiB))[0];
+  const ObjectId b = Submit(Bounded(9, 8 * kMiB, 2 * kMiB))[0];
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 2u);
+  Run(sent[0], 6 * kMiB);
+  for (const ObjectId& o : sent[1].outputs) store_.Seal(o, 2 * kMiB);
+  store_.objects[b].tiers = 0;  // spilled for room before its completion came
+  Completion done{.task = sent[1].task};
+  ASSERT_TRUE(scheduler_.Complete(sent[1].worker, std::span(&done, 1)).ok());
+  store_.Deliver(scheduler_);
+  const ObjectId c = Submit(Bounded(9, 8 * kMiB, 2 * kMiB))[0];
+  auto third = link_.Take();
+  ASSERT_EQ(third.size(), 1u) << "6 MiB in memory and b's 2 on disk: room for 2 more";
+  Run(third[0], 2 * kMiB);
+  store_.Moved(a, false);  // 2 MiB in memory (c), 8 on disk (a, b)
+  store_.Deliver(scheduler_);
+
+  TaskSpec reads_all = Bounded(9, 8 * kMiB, kMiB);
+  reads_all.inputs = {a, b};  // 8 on disk and its own 1 MiB: more than the bound
+  Submit(reads_all);
+  auto all = link_.Take();
+  ASSERT_EQ(all.size(), 1u) << "it could never fit: its 1 MiB beside c's 2 is what counts";
+  store_.spilled.clear();
+  TaskSpec reads_disk = Bounded(9, 8 * kMiB, 0);
+  reads_disk.inputs = {a, b};  // 8 on disk: the whole bound, once c leaves
+  Submit(reads_disk);
+  EXPECT_TRUE(link_.Take().empty());
+  Run(all[0], 0);  // its output is left out of the bound's count: 0 bytes
+  EXPECT_EQ(store_.spilled, std::vector<ObjectId>{c}) << "idle: c leaves for its room";
+  store_.Moved(c, false);
+  store_.Deliver(scheduler_);
+  EXPECT_EQ(link_.Take().size(), 1u);
+}
+
 // A group whose caller frees results as it goes (Client.map(memory=)): a task held back by
 // its bound waits for those frees however long nothing of the group moves; only one whose
 // output alone is larger than the bound fails.

@@ -139,11 +139,20 @@ def test_chains_it_does_not_understand_or_too_small_to_gain_run_as_dask_runs_the
     a = da.random.default_rng(3).random((2048, 2048), chunks=1024)
     row = da.random.default_rng(4).random((1, 2048), chunks=(1, 1024))
     small = da.random.default_rng(5).random((256, 256), chunks=128)
+    class Unhashable:  # __eq__ without __hash__: a callable no set can hold
+        def __eq__(self, other):
+            return self is other
+
+        def __call__(self, x):
+            return x * 2
+
     cases = {
         "broadcast": (a + row).sum(),
         "mean (a dict of partial results)": _chain(a).mean(),
         "small chunks": _chain(small).sum(),
         "a reduction of the input alone": a.sum(),
+        "a gufunc (matmul's core dimensions)": da.map_blocks(np.matmul, a + 1, a.T + 1).sum(),
+        "an unhashable callable": da.map_blocks(Unhashable(), a + 1).sum(),
     }
     for name, x in cases.items():
         fused = _fused_tasks(x)
@@ -157,3 +166,15 @@ def test_chains_it_does_not_understand_or_too_small_to_gain_run_as_dask_runs_the
                     np.testing.assert_array_equal(got[k], want[k])
             else:
                 np.testing.assert_array_equal(got, want)
+
+
+def test_a_chain_longer_than_the_recursion_limit_gives_dasks_values():
+    # 600 operations: each is a level of recursion while a task is looked at and a slab
+    # worked out, so past _MOST_OPERATIONS a task runs whole; whatever Dask fused into one
+    # task, nothing but Dask's values comes out.
+    x = da.random.default_rng(3).random((2048, 2048), chunks=1024)
+    for _ in range(600):
+        x = x + 1
+    for args in _fused_tasks(x.sum()):
+        (want, _), (got, _) = _both_ways(args)
+        np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -35,7 +35,7 @@ from typing import (
     Tuple, Union,
 )
 
-from . import _dask_fusion, _dask_gpu, _dask_tiling, _depot, _tasks
+from . import _dask_fusion, _dask_gpu, _depot, _tasks
 from ._client import Client
 from ._dask_plan import GraphPlan, parse_memory, project
 from ._dask_sizes import Sizes
@@ -193,7 +193,10 @@ def _execute_subgraph() -> Any:
 
 def _tiled() -> Any:
     """depot's, which runs such a chain a slab at a time: a node's reference to Dask's
-    becomes a call of this on the worker that loads it."""
+    becomes a call of this on the worker that loads it. (Imported here: workers import this
+    module without NumPy or Dask.)"""
+    from . import _dask_tiling
+
     return _dask_tiling.execute_subgraph
 
 

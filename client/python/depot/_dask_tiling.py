@@ -64,6 +64,7 @@ _OPERATORS = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=None)
 def _reductions() -> Dict[Any, Callable[[Any, Any], Any]]:
     """The reductions of a chunk a chain may end with, and how two partial results combine."""
     found: Dict[Any, Callable[[Any, Any], Any]] = {
@@ -79,9 +80,7 @@ def _reductions() -> Dict[Any, Callable[[Any, Any], Any]]:
     return found
 
 
-_REDUCTIONS = _reductions()
-
-
+@functools.lru_cache(maxsize=None)
 def _concatenate_shaped() -> Any:
     try:
         from dask.array.core import concatenate_shaped
@@ -91,7 +90,17 @@ def _concatenate_shaped() -> Any:
         return None
 
 
-_CONCATENATE = _concatenate_shaped()
+_MOST_OPERATIONS = 256
+"""Operations a task may have to run a slab at a time: each is a level of recursion while a
+slab is worked out (longer chains run whole)."""
+
+
+def _member(func: Any, functions: Any) -> bool:
+    """``func in functions``, false for a callable that cannot be hashed."""
+    try:
+        return func in functions
+    except TypeError:
+        return False
 
 
 class _NotTiled(Exception):
@@ -209,6 +218,8 @@ class _Chain:
             if isinstance(node, self.DataNode):
                 name = self._leaf(node.value)
             elif isinstance(node, self.Task) and not isinstance(node, self.List):
+                if len(self.ops) >= _MOST_OPERATIONS:
+                    raise _NotTiled()
                 name = (space, key)
                 self.ops[name], shape = self._op(space, node)
                 self.shapes[name] = shape
@@ -238,7 +249,7 @@ class _Chain:
             return ("transpose", child, axes), tuple(self.shapes[child][a] for a in axes)
         if func in _getitems():
             return self._slice(space, task)
-        if func is _CONCATENATE and func is not None:
+        if func is _concatenate_shaped() and func is not None:
             return self._merge(space, task)
         if not (_elementwise(func) and not task.kwargs):
             raise _NotTiled()
@@ -279,7 +290,14 @@ class _Chain:
         layout = task.args[1]
         layout = layout.value if isinstance(layout, self.DataNode) else layout
         pieces = [self._array(space, arg) for arg in task.args[0].args]
-        if not pieces or not isinstance(layout, (list, tuple)) or layout[0] != len(pieces):
+        if not pieces or not isinstance(layout, (list, tuple)) or not layout or (
+            layout[0] != len(pieces)
+        ):
+            raise _NotTiled()
+        # A slab of a merge is a slab of one piece, or a few: their dtypes must be one, as
+        # NumPy's concatenation of the whole would make it (slices of inputs: the splits).
+        dtypes = {self._dtype(p) for p in pieces}
+        if len(dtypes) != 1 or None in dtypes:
             raise _NotTiled()
         rest = self.shapes[pieces[0]][1:]
         if list(layout[1:]) != [1] * len(rest) or any(self.shapes[p][1:] != rest for p in pieces):
@@ -290,18 +308,30 @@ class _Chain:
             at += self.shapes[p][0]
         return ("merge", tuple(pieces), tuple(offsets)), (at,) + rest
 
+    def _dtype(self, name: Name) -> Optional[np.dtype]:
+        """The dtype of an input, or of slices and merges of inputs; None for any other."""
+        op = self.ops[name]
+        if op[0] == "input":
+            return op[1].dtype
+        if op[0] == "slice":
+            return self._dtype(op[1])
+        if op[0] == "merge":
+            dtypes = {self._dtype(p) for p in op[1]}
+            return dtypes.pop() if len(dtypes) == 1 else None
+        return None
+
     def _reduction(self, task: Any) -> Optional[Tuple[Callable[[Any, Any], Any], Any]]:
         func, kwargs = task.func, dict(task.kwargs)
         if isinstance(func, functools.partial):
             kwargs = {**func.keywords, **kwargs}
             func = func.func
-        if func not in _REDUCTIONS or len(task.args) != 1:
+        if not _member(func, _reductions()) or len(task.args) != 1:
             return None
         if kwargs.get("keepdims") is not True or not set(kwargs) <= {"axis", "keepdims", "dtype"}:
             raise _NotTiled()
         if any(isinstance(v, (self.Task, self.TaskRef, self.DataNode)) for v in kwargs.values()):
             raise _NotTiled()
-        return _REDUCTIONS[func], kwargs.get("axis")
+        return _reductions()[func], kwargs.get("axis")
 
     def _axes(self, axis: Any) -> Tuple[int, ...]:
         ndim = len(self.shape)
@@ -394,20 +424,26 @@ def _scalar(value: Any) -> Any:
 
 def _elementwise(func: Any) -> bool:
     if isinstance(func, np.ufunc):
-        return func.nout == 1
-    return func in _OPERATORS
+        return func.nout == 1 and func.signature is None  # not a gufunc such as matmul
+    return _member(func, _OPERATORS)
 
 
 def execute_subgraph(inner: Mapping[Any, Any], outkey: Any, inkeys: Sequence[Any], *deps: Any) -> Any:
     """What Dask's ``_execute_subgraph`` computes (the value of ``outkey`` in the graph
     ``inner`` whose inputs ``inkeys`` have the values ``deps``), a slab at a time where the
     task is one this module runs, else as Dask does."""
+    from dask._task_spec import _execute_subgraph
+
     try:
         chain = _Chain(inner, dict(zip(inkeys, deps)), outkey)
+    except (_NotTiled, RecursionError, TypeError, ValueError, IndexError, KeyError):
+        # Not a task this module runs, or one it misread: Dask runs it.
+        return _execute_subgraph(inner, outkey, inkeys, *deps)
+    try:
         return _run(chain)
-    except _NotTiled:
-        from dask._task_spec import _execute_subgraph
-
+    except Exception:
+        # Not worth it (_NotTiled), or an error a slab met: the task runs whole, as Dask
+        # runs it, and an error of its own functions is raised from there.
         return _execute_subgraph(inner, outkey, inkeys, *deps)
 
 
