@@ -165,8 +165,8 @@ bool Bounds::SpillFor(SessionId submitter, const TaskSpec& spec, uint64_t bytes,
   Bound* b = Find(submitter, spec);
   if (b == nullptr) return false;
   b->spilling = false;
-  const unsigned __int128 wanted = static_cast<unsigned __int128>(b->live) + b->reserved +
-                                   bytes + Restores(submitter, spec, bytes);
+  const unsigned __int128 wanted = static_cast<unsigned __int128>(b->live) + b->reserved + bytes +
+                                   Restores(submitter, spec, bytes);
   if (wanted <= b->bytes) return false;
   unsigned __int128 missing = wanted - b->bytes;
   const std::unordered_set<ObjectId> reads(spec.inputs.begin(), spec.inputs.end());
