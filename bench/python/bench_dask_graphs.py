@@ -19,6 +19,11 @@ Each workload runs on each scheduler with --workers workers:
 - depot: ``depot.dask.Scheduler(workers=N, memory=--store-memory)``: a private depotd with N
   Python worker processes, its ``get`` as the scheduler;
 - depot-unfused: the same with ``fuse=False``: only Dask's own fusion;
+- depot-spill-bound (not run unless named): a private depotd of --store-memory with a spill
+  directory (a temporary one in /var/tmp) and --workers workers, shared: the graph attaches to
+  it as another client would, with a bound of its own, --bound (as depot-bound's), on what it
+  keeps in memory; when nothing of it runs and a task does not fit, its oldest outputs go to
+  disk;
 - depot-nothing-fused (not run unless named): the same, computed with
   ``optimize_graph=False``: no fusion at all, every operation a task of its own whose
   output is stored;
@@ -111,7 +116,7 @@ import _measured  # beside this script
 
 MiB = 1 << 20
 SCHEDULERS = ("threads", "processes", "local", "local-depot", "depot", "depot-unfused")
-OPTIONAL_SCHEDULERS = ("depot-bound", "depot-gpu", "depot-nothing-fused")
+OPTIONAL_SCHEDULERS = ("depot-bound", "depot-spill-bound", "depot-gpu", "depot-nothing-fused")
 
 
 # The workloads: each returns the collections that one dask.compute runs.
@@ -349,6 +354,19 @@ def _depot(args, fuse: bool = True, memory: Optional[str] = None) -> Iterator[_S
 
 
 @contextlib.contextmanager
+def _depot_spill_bound(args) -> Iterator[_Started]:
+    """depot-spill-bound: a daemon with a spill directory, and the graph's bound on it."""
+    import tempfile
+
+    import depot.dask
+
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as spill, depot.dask.Scheduler(
+        workers=args.workers, memory=args.store_memory, spill_dir=os.path.join(spill, "spill")
+    ) as daemon, depot.dask.Scheduler(socket=daemon.client.socket, memory=args.bound) as bounded:
+        yield _Started({"scheduler": bounded.get}, daemon.client)
+
+
+@contextlib.contextmanager
 def _depot_gpu(args) -> Iterator[_Started]:
     """depot with a simulated GPU of --gpu-pool, the first worker's."""
     import depot.dask
@@ -369,6 +387,8 @@ def _started(scheduler: str, args) -> contextlib.AbstractContextManager:
         return _depot(args, fuse=False)
     if scheduler == "depot-bound":
         return _depot(args, memory=args.bound)
+    if scheduler == "depot-spill-bound":
+        return _depot_spill_bound(args)
     return {"threads": _threads, "processes": _processes, "local": _local,
             "depot": _depot}[scheduler](args)
 
@@ -427,7 +447,10 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
         del values
         gc.collect()
         left = None if started.store is None else _objects_left(started.store)
-        say("result", seconds=seconds, warm_seconds=warm, digest=digest, objects_left=left)
+        disk = None if started.store is None else started.store.status().disk
+        spills = disk.spills if disk is not None and disk.enabled else None
+        say("result", seconds=seconds, warm_seconds=warm, digest=digest, objects_left=left,
+            disk_spills=spills)
 
 
 # The benchmark's side of a run.
@@ -454,7 +477,7 @@ def _runs(kind: str, args, schedulers: List[str]) -> Dict[str, List[Dict[str, An
     for _ in range(args.repeat):
         for scheduler in schedulers:
             extra = None
-            if scheduler == "depot-bound" and args.bound == "half":
+            if scheduler in ("depot-bound", "depot-spill-bound") and args.bound == "half":
                 local = runs.get("local", [])
                 if not local or "peak_memory" not in local[-1]:
                     runs[scheduler].append({"error": "--bound half needs a run of local before"})
@@ -514,7 +537,12 @@ def _report(kind: str, runs: Dict[str, List[Dict[str, Any]]]) -> None:
               f"{_ratio(local, m['warm_seconds']) if local else '-':>8}"
               f"{m['peak_memory'] / MiB:10.0f}{_ratio(m['peak_memory'], lowest):>9}"
               f"{m['idle_memory'] / MiB:10.0f}{max(left) if left else '-':>14}")
-    bounds = [r["bound"] for r in runs.get("depot-bound", []) if "bound" in r]
+    for scheduler, rs in runs.items():
+        spills = [r["disk_spills"] for r in rs if r.get("disk_spills") is not None]
+        if spills:
+            print(f"  {scheduler}: {statistics.median(spills):.0f} objects spilled to disk a run")
+    bounds = [r["bound"] for s in ("depot-bound", "depot-spill-bound")
+              for r in runs.get(s, []) if "bound" in r]
     if bounds:
         print(f"  depot-bound: memory= {statistics.median(bounds) / MiB:.0f} MiB (half of "
               f"LocalCluster's peak in the same repetition)")
@@ -544,7 +572,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--delayed", type=int, default=10_000, help="delayed tasks")
     parser.add_argument("--store-memory", default="50%", help="depotd's --memory")
     parser.add_argument("--bound", default="half",
-                        help="depot-bound's memory=: a size, or half of LocalCluster's peak")
+                        help="depot-bound's and depot-spill-bound's memory=: a size, or half "
+                        "of LocalCluster's peak")
     parser.add_argument("--paging-blocks", type=int, default=64, help="paging's blocks")
     parser.add_argument("--paging-block", type=int, default=4 * MiB, help="paging's block bytes")
     parser.add_argument("--gpu-pool", default="64MiB", help="depot-gpu's simulated GPU")
