@@ -117,10 +117,11 @@ class _Chain:
     others (``ops``) with its shape, whatever fused subgraph it was in."""
 
     def __init__(self, inner: Mapping[Any, Any], inputs: Mapping[Any, Any], out: Any) -> None:
-        from dask._task_spec import Alias, DataNode, List, Task, TaskRef
+        from dask._task_spec import Alias, DataNode, Task, TaskRef
+        from dask._task_spec import List as ListNode
 
         self.Alias, self.DataNode, self.List, self.Task, self.TaskRef = (
-            Alias, DataNode, List, Task, TaskRef,
+            Alias, DataNode, ListNode, Task, TaskRef,
         )
         # Each subgraph met: its graph, and its inputs by key: ("value", v), or ("ref",
         # space, key) for a key of the subgraph around it.
@@ -134,7 +135,7 @@ class _Chain:
         top = self.spaces[space][0].get(key) if key not in self.spaces[space][1] else None
         reduction = self._reduction(top) if isinstance(top, self.Task) else None
         self.reduce: Optional[Tuple[Any, Callable[[Any, Any], Any], Tuple[int, ...]]] = None
-        if reduction is not None:
+        if top is not None and reduction is not None:
             self.root = self._name(space, self._key(top.args[0]))
         else:
             self.root = self._name(space, key)
@@ -279,7 +280,8 @@ class _Chain:
         ):
             raise _NotTiled()
         bounds = []
-        for i, extent in itertools.zip_longest(index, shape, fillvalue=slice(None)):
+        index = index + (slice(None),) * (len(shape) - len(index))
+        for i, extent in zip(index, shape):
             start, stop, _ = i.indices(extent)
             bounds.append((start, max(start, stop)))
         return ("slice", child, tuple(bounds)), tuple(hi - lo for lo, hi in bounds)
