@@ -261,8 +261,11 @@ void Tiers::DropReplica(uint32_t slot, int32_t tier) {
 }
 
 bool Tiers::InMemory(uint32_t slot) const {
+  // Ready copies only: one being made (a restore) tells of itself when ready (CopyDone), and
+  // one that fails is freed with no word.
   bool in_memory = false;
-  table_.at(slot).replicas.ForEach([&](const Replica& r) { in_memory |= r.tier != kDisk; });
+  table_.at(slot).replicas.ForEach(
+      [&](const Replica& r) { in_memory |= r.tier != kDisk && r.ready; });
   return in_memory;
 }
 

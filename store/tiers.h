@@ -273,7 +273,7 @@ class Tiers {
   // host memory's to disk (with a spill directory); kNoTier for none.
   static constexpr int32_t kNoTier = kHost - 1;
   int32_t Below(int32_t tier) const;
-  // Whether the object in `slot` has a copy in memory (host or a GPU), ready or not.
+  // Whether the object in `slot` has a ready copy in memory (host or a GPU).
   bool InMemory(uint32_t slot) const;
   // Whether spills to disk wait now, after one that failed (kSpillRetry).
   bool SpillsToDiskWait();
