@@ -98,9 +98,30 @@ bool Bounds::Fits(SessionId submitter, const TaskSpec& spec, uint64_t bytes) con
   if (bytes == 0 && (on_disk == 0 || (!spec.kind.empty() && b->placed > 0))) {
     return spec.kind.empty() || b->placed == 0;
   }
-  const unsigned __int128 wanted =
-      static_cast<unsigned __int128>(b->live) + b->reserved + bytes + on_disk;
-  return wanted <= b->bytes;
+  return Wanted(*b, bytes, on_disk) <= b->bytes;
+}
+
+unsigned __int128 Bounds::Wanted(const Bound& b, uint64_t bytes, uint64_t restores) {
+  return static_cast<unsigned __int128>(b.live) + b.reserved + bytes + restores;
+}
+
+void Bounds::Count(Bound& b, const ObjectId& id, Output& out, bool in_memory) {
+  out.in_memory = in_memory;
+  if (in_memory) {
+    Add(b.live, out.bytes);
+    b.in_memory.emplace(out.seq, id);
+  } else {
+    Add(b.on_disk, out.bytes);
+  }
+}
+
+void Bounds::Uncount(Bound& b, const Output& out) {
+  if (out.in_memory) {
+    Take(b.live, out.bytes);
+    b.in_memory.erase(out.seq);
+  } else {
+    Take(b.on_disk, out.bytes);
+  }
 }
 
 uint64_t Bounds::Restores(SessionId submitter, const TaskSpec& spec, uint64_t bytes) const {
@@ -165,8 +186,7 @@ bool Bounds::SpillFor(SessionId submitter, const TaskSpec& spec, uint64_t bytes,
   Bound* b = Find(submitter, spec);
   if (b == nullptr) return false;
   b->spilling = false;
-  const unsigned __int128 wanted = static_cast<unsigned __int128>(b->live) + b->reserved + bytes +
-                                   Restores(submitter, spec, bytes);
+  const unsigned __int128 wanted = Wanted(*b, bytes, Restores(submitter, spec, bytes));
   if (wanted <= b->bytes) return false;
   unsigned __int128 missing = wanted - b->bytes;
   const std::unordered_set<ObjectId> reads(spec.inputs.begin(), spec.inputs.end());
@@ -211,18 +231,11 @@ void Bounds::Unplaced(SessionId submitter, const TaskSpec& spec, uint64_t reserv
 void Bounds::Made(SessionId submitter, const TaskSpec& spec, const ObjectId& id, uint64_t bytes,
                   bool in_memory) {
   Bound* b = Find(submitter, spec);
-  const uint64_t seq = next_seq_;
-  if (b == nullptr ||
-      !made_.try_emplace(id, Output{{submitter, spec.bound_id}, bytes, seq, in_memory}).second) {
-    return;
-  }
+  if (b == nullptr) return;
+  auto [it, fresh] = made_.try_emplace(id, Output{{submitter, spec.bound_id}, bytes, next_seq_});
+  if (!fresh) return;
   ++next_seq_;
-  if (in_memory) {
-    Add(b->live, bytes);
-    b->in_memory.emplace(seq, id);
-  } else {
-    Add(b->on_disk, bytes);
-  }
+  Count(*b, id, it->second, in_memory);
   ++b->outputs;
   Changed(*b, {submitter, spec.bound_id});
 }
@@ -233,12 +246,7 @@ bool Bounds::Freed(const ObjectId& id) {
   const Output out = it->second;
   made_.erase(it);
   auto b = bounds_.find(out.bound);
-  if (out.in_memory) {
-    Take(b->second.live, out.bytes);
-    b->second.in_memory.erase(out.seq);
-  } else {
-    Take(b->second.on_disk, out.bytes);
-  }
+  Uncount(b->second, out);
   --b->second.outputs;
   Changed(b->second, out.bound);
   Tidy(out.bound);
@@ -249,17 +257,9 @@ bool Bounds::Moved(const ObjectId& id, bool in_memory) {
   auto it = made_.find(id);
   if (it == made_.end() || it->second.in_memory == in_memory) return false;
   Output& out = it->second;
-  out.in_memory = in_memory;
   Bound& b = bounds_.at(out.bound);
-  if (in_memory) {
-    Take(b.on_disk, out.bytes);
-    Add(b.live, out.bytes);
-    b.in_memory.emplace(out.seq, id);
-  } else {
-    Take(b.live, out.bytes);
-    Add(b.on_disk, out.bytes);
-    b.in_memory.erase(out.seq);
-  }
+  Uncount(b, out);
+  Count(b, id, out, in_memory);
   Changed(b, out.bound);
   return true;
 }

@@ -121,6 +121,8 @@ class Bounds {
   const Bound* Find(SessionId submitter, const TaskSpec& spec) const;
   // The bytes of the task's inputs that are outputs of `b` on disk only, each once.
   uint64_t OnDisk(const Bound& b, const Key& key, const TaskSpec& spec) const;
+  // What `b` would hold with a task's output of `bytes` and its `restores` placed.
+  static unsigned __int128 Wanted(const Bound& b, uint64_t bytes, uint64_t restores);
   Bound* Find(SessionId submitter, const TaskSpec& spec);
   // Drops a bound no pending task names and no live output counts against.
   void Tidy(const Key& key);
@@ -135,6 +137,9 @@ class Bounds {
     uint64_t seq;  // in the order they were made
     bool in_memory = true;
   };
+  // Counts `out` (of `id`) in `b`, as in memory or as on disk; takes it off where it counts.
+  static void Count(Bound& b, const ObjectId& id, Output& out, bool in_memory);
+  static void Uncount(Bound& b, const Output& out);
   std::unordered_map<ObjectId, Output> made_;  // live outputs of bound tasks
   std::vector<Key> changed_;
   uint64_t next_seq_ = 0;

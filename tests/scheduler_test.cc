@@ -62,6 +62,14 @@ class SchedulerTest : public ::testing::Test {
     return out.ok() ? out.value()[0] : std::vector<ObjectId>{};
   }
 
+  // One worker of 4 CPUs, a store with room for everything and a disk tier: where a bound's
+  // outputs may leave memory.
+  void OneWorkerOnADiskTier() {
+    AddWorker(1, 4);
+    store_.room[kHostMemory] = 1000 * kMiB;
+    store_.disk = true;
+  }
+
   // A task declaring `output` bytes, in the memory bound `id` of `bytes`.
   static TaskSpec Bounded(uint64_t id, uint64_t bytes, uint64_t output) {
     TaskSpec t = Task();
@@ -929,9 +937,7 @@ TEST_F(SchedulerTest, ATaskItsIdleBoundCannotHoldFailsSayingWhy) {
 // on disk counts against the bound again for the task that reads it (its read brings it
 // back), and what comes back into memory counts as stored again.
 TEST_F(SchedulerTest, AnIdleBoundMovesItsOldestOutputsToDiskUntilItsHeldTaskFits) {
-  AddWorker(1, 4);
-  store_.room[kHostMemory] = 1000 * kMiB;
-  store_.disk = true;
+  OneWorkerOnADiskTier();
   const ObjectId a = Submit(Bounded(7, 10 * kMiB, 4 * kMiB))[0];
   const ObjectId b = Submit(Bounded(7, 10 * kMiB, 4 * kMiB))[0];
   auto sent = link_.Take();
@@ -979,9 +985,7 @@ TEST_F(SchedulerTest, AnIdleBoundMovesItsOldestOutputsToDiskUntilItsHeldTaskFits
 // An output that cannot leave memory (a client holds it) makes no room: the task held back
 // fails once nothing of the graph has moved for the grace period, saying so.
 TEST_F(SchedulerTest, ABoundWhoseOutputsCannotLeaveMemoryFailsItsHeldTaskSayingWhy) {
-  AddWorker(1, 4);
-  store_.room[kHostMemory] = 1000 * kMiB;
-  store_.disk = true;
+  OneWorkerOnADiskTier();
   const ObjectId held = Submit(Bounded(5, 6 * kMiB, 4 * kMiB))[0];
   store_.kept.insert(held);
   Run(link_.Take().at(0), 4 * kMiB);
@@ -1005,9 +1009,7 @@ TEST_F(SchedulerTest, ABoundWhoseOutputsCannotLeaveMemoryFailsItsHeldTaskSayingW
 // memory) leave the bound stuck, as before: its held task fails once nothing of it has moved
 // for the grace period, rather than waiting for ever on spills that will not come.
 TEST_F(SchedulerTest, ABoundWhoseSpillsStopLeavingFailsItsHeldTaskAfterAll) {
-  AddWorker(1, 4);
-  store_.room[kHostMemory] = 1000 * kMiB;
-  store_.disk = true;
+  OneWorkerOnADiskTier();
   const ObjectId a = Submit(Bounded(8, 6 * kMiB, 4 * kMiB))[0];
   Run(link_.Take().at(0), 4 * kMiB);
   const ObjectId waits = Submit(Bounded(8, 6 * kMiB, 4 * kMiB))[0];
@@ -1029,9 +1031,7 @@ TEST_F(SchedulerTest, ABoundWhoseSpillsStopLeavingFailsItsHeldTaskAfterAll) {
 // inputs on disk and output are more than the whole bound runs as it did before they went
 // to disk.
 TEST_F(SchedulerTest, InputsOnDiskCountForTheirReaderOnlyWhereTheyCouldFit) {
-  AddWorker(1, 4);
-  store_.room[kHostMemory] = 1000 * kMiB;
-  store_.disk = true;
+  OneWorkerOnADiskTier();
   const ObjectId a = Submit(Bounded(9, 8 * kMiB, 6 * kMiB))[0];
   const ObjectId b = Submit(Bounded(9, 8 * kMiB, 2 * kMiB))[0];
   auto sent = link_.Take();
