@@ -409,6 +409,60 @@ def test_the_depot_worker_command_runs_a_modules_tasks_and_drains_on_sigterm(
             command.wait()
 
 
+def _shared_dirty(pid):
+    """Bytes of a process's pages written before a fork and still shared with its relatives."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) * 1024 for line in f if line.startswith("Shared_Dirty:"))
+
+
+def _ended(pid):
+    """Whether a process has exited: gone, or a zombie that its new parent (a container's
+    init, maybe) has not reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_the_depot_worker_commands_processes_share_what_it_preloaded_and_stop_with_it(
+    client, daemon
+):
+    command = subprocess.Popen(
+        [_depot_worker(), "--socket", daemon.socket, "--cpus", "2", "--preload", "numpy,json"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert wait_for(lambda: client.status().scheduler.workers == 2, timeout=60)
+        pids = set(client.get_many([client.submit(os.getpid) for _ in range(20)], timeout=60))
+        assert command.pid not in pids
+        with open(f"/proc/{command.pid}/task/{command.pid}/children") as f:
+            forked = {int(p) for p in f.read().split()}
+        assert pids <= forked and len(forked) == 2
+        # numpy's heap, loaded by the parent before the fork, is shared by the workers: not
+        # loaded again by each (more than 2 MiB in each worker here).
+        for pid in forked:
+            assert _shared_dirty(pid) > 2 << 20
+        # A worker whose parent dies is told to stop, and drains.
+        command.kill()
+        command.wait()
+        assert wait_for(lambda: client.status().scheduler.workers == 0, timeout=60)
+        assert wait_for(lambda: all(_ended(p) for p in forked), timeout=60)
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+
+
+def test_the_depot_worker_command_names_a_module_it_cannot_preload(daemon):
+    run = subprocess.run(
+        [_depot_worker(), "--socket", daemon.socket, "--cpus", "2", "--preload", "no_such_mod"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode != 0
+    assert "depot-worker: cannot preload no_such_mod: No module named 'no_such_mod'" in run.stderr
+
+
 def test_on_sigterm_the_depot_worker_command_lets_its_running_task_finish(
     client, daemon, tmp_path
 ):

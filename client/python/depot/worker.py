@@ -14,6 +14,8 @@ task and exit once their running ones are done.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import importlib
 import importlib.util
 import multiprocessing
@@ -44,6 +46,23 @@ def _stop_on_sigterm() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def _stop_with_parent() -> None:
+    """Has the kernel send this process SIGTERM when its parent exits (Linux's
+    PR_SET_PDEATHSIG), so that no forked worker outlives its launcher unseen."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: a parent's SIGTERM still reaches them
+        pass
+
+
+def _forked_serve(parent: int, **plan: object) -> None:
+    _stop_with_parent()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        return
+    serve(**plan)  # type: ignore[arg-type]
 
 
 def serve(
@@ -79,6 +98,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--resource", action="append", default=[], metavar="NAME=AMOUNT",
                         help="a custom resource (repeatable), offered by the first process")
     parser.add_argument("--name", default="", help="for depotctl workers")
+    parser.add_argument("--preload", action="append", default=[], metavar="MODULE",
+                        help="a module (repeatable, or comma-separated) to import once, "
+                             "before the worker processes are forked, so that they share it")
     args = parser.parse_args(argv)
     if args.cpus < 0:
         parser.error("--cpus is 0 or more")
@@ -96,6 +118,7 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         if not sep or not key:
             parser.error(f"--resource takes NAME=AMOUNT, not {r!r}")
     args.resources = resources
+    args.preload = [m.strip() for p in args.preload for m in p.split(",") if m.strip()]
     if args.cpus == 0 and not args.gpus and not resources:
         parser.error("a worker offers something: --cpus, --gpus or --resource")
     return args
@@ -119,10 +142,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         serve(**plans[0])
         return 0
     _stop_on_sigterm()
-    spawn = multiprocessing.get_context("spawn")
+    for module in args.preload:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise SystemExit(f"depot-worker: cannot preload {module}: {e}") from None
+    # What is loaded now is shared by the forked workers until one writes it: the collector
+    # is told to leave these objects alone, so that its passes do not write every page.
+    gc.collect()
+    gc.freeze()
+    fork = multiprocessing.get_context("fork")
     processes: List[multiprocessing.process.BaseProcess] = []
     for plan in plans:
-        process = spawn.Process(target=serve, kwargs=plan, name=plan["name"])
+        process = fork.Process(target=_forked_serve, args=(os.getpid(),), kwargs=plan,
+                               name=plan["name"])
         process.start()
         processes.append(process)
     try:
