@@ -93,7 +93,7 @@ depot::VerifyState Public(VerifyState state) {
 depot::Holder HolderOf(const DaemonViews& daemon, const HolderInfo& held) {
   depot::Holder h{.session_id = held.client, .references = held.references};
   for (const auto& [device, references] : held.tiers) {
-    h.tiers.push_back({.device = device, .references = references});
+    h.tiers.push_back({.device = device == kDisk ? kWireDisk : device, .references = references});
   }
   const auto self = [&](uint32_t uid, const char* client_name) {
     h.pid = static_cast<uint32_t>(::getpid());

@@ -227,12 +227,14 @@ std::vector<HolderInfo> ClientAccounts::HoldersOf(uint32_t slot) const {
   for (const auto& [client, account] : accounts_) {
     HolderInfo holder;
     holder.client = client;
-    for (int32_t tier = kHost; tier < tiers_ - 1; ++tier) {
+    const auto add = [&](int32_t tier) {
       if (auto it = account.refs.find(RefKey(slot, tier)); it != account.refs.end()) {
         holder.references += it->second;
         holder.tiers.emplace_back(tier, it->second);
       }
-    }
+    };
+    for (int32_t tier = kHost; tier < tiers_ - 1; ++tier) add(tier);
+    add(kDisk);  // a reference that went to disk with a spill (the scheduler's)
     if (holder.references != 0) holders.push_back(std::move(holder));
   }
   std::sort(holders.begin(), holders.end(),

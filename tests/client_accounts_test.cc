@@ -55,6 +55,11 @@ TEST(ClientAccountsTest, HoldersAreListedInClientOrderWithTheirTiers) {
   EXPECT_EQ(holders[0].tiers, (std::vector<std::pair<int32_t, uint32_t>>{{kHost, 1}, {0, 1}}));
   EXPECT_EQ(holders[1].client, 2u);
   EXPECT_EQ(holders[1].tiers, (std::vector<std::pair<int32_t, uint32_t>>{{1, 1}}));
+
+  // A reference on the disk copy (the scheduler's, moved there with a spill) is listed last.
+  accounts.AddRef(accounts.at(2), 9, kDisk, 64);
+  EXPECT_EQ(accounts.HoldersOf(9)[1].tiers,
+            (std::vector<std::pair<int32_t, uint32_t>>{{1, 1}, {kDisk, 1}}));
 }
 
 TEST(ClientAccountsTest, HoldingLimitsNameTheFlagThatSetsThem) {

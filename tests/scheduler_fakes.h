@@ -102,6 +102,7 @@ class FakeStore final : public StoreAccess {
   bool CanSpill() const override { return disk; }
   // With a disk, a sealed object not in `kept` starts leaving memory: LeaveMemory ends that.
   bool Spill(const ObjectId& id) override {
+    ++spill_asks;
     auto it = objects.find(id);
     if (!disk || it == objects.end() || it->second.state != State::kSealed || kept.contains(id)) {
       return false;
@@ -159,6 +160,7 @@ class FakeStore final : public StoreAccess {
   bool disk = false;              // CanSpill
   std::vector<ObjectId> spilled;  // Spill's, in order
   std::set<ObjectId> kept;        // Spill refuses these
+  size_t spill_asks = 0;          // calls of Spill
   std::map<uint64_t, int64_t> charged;
   int64_t charge_limit = INT64_MAX;
   bool room_for_failed = true;

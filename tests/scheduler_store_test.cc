@@ -322,6 +322,63 @@ TEST_F(SchedulerStoreDiskTest, SpillMovesWhatTheGraphAloneHoldsToDiskAndSaysItLe
   graph_->Drop(Id(4));
 }
 
+// An object read back from disk (a restore for a reader) has its disk copy still: a spill
+// drops the host copy at once, with no second write, and a reference the graph took on the
+// host copy (Hold prefers it) goes down to the disk copy first.
+TEST_F(SchedulerStoreDiskTest, ASpillOfAnObjectReadBackDropsItsHostCopyWithNoNewWrite) {
+  Put(1, kMiB);
+  ASSERT_TRUE(graph_->Hold(Id(1)));
+  ASSERT_TRUE(graph_->Spill(Id(1)));
+  executor_.Drain();
+  ASSERT_EQ(store_.tier_counters().disk_spills, 1u);
+  EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{kDisk, 1}}));
+  graph_->Drop(Id(1));
+  const ObjectId id = Id(1);
+  graph_->Prefetch(std::span(&id, 1), kHost);
+  executor_.Drain();
+  ASSERT_EQ(Locate(1).where.tiers, ipc::kTierHost) << "read back";
+  ASSERT_TRUE(graph_->Hold(Id(1)));
+  EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{kHost, 1}}));
+  events_.moved.clear();
+
+  EXPECT_TRUE(graph_->Spill(Id(1)));
+  executor_.Drain();
+  EXPECT_EQ(events_.moved, std::vector<std::string>{"on disk 1"});
+  EXPECT_EQ(Locate(1).where.tiers, 0u) << "the host copy dropped";
+  EXPECT_EQ(GraphHolds(1), (std::vector<std::pair<int32_t, uint32_t>>{{kDisk, 1}}));
+  EXPECT_EQ(store_.tier_counters().disk_spills, 1u) << "no second write";
+  graph_->Drop(Id(1));
+}
+
+// A bound's spill takes free disk space only: it never drops others' spilled objects from
+// disk (for good) to make room, which no memory needs.
+TEST_F(SchedulerStoreDiskTest, ASpillTakesOnlyFreeDiskSpace) {
+  constexpr uint64_t kObject = 4 * kMiB;
+  constexpr uint64_t kFull = 64 * kMiB / kObject;  // the disk pool's limit
+  for (uint64_t n = 1; n <= kFull; ++n) {
+    Put(n, kObject);
+    ASSERT_TRUE(graph_->Hold(Id(n)));
+    ASSERT_TRUE(graph_->Spill(Id(n))) << n;
+    executor_.Drain();
+    ASSERT_EQ(Locate(n).where.tiers, 0u) << n;
+  }
+  Put(kFull + 1, kObject);
+  ASSERT_TRUE(graph_->Hold(Id(kFull + 1)));
+  EXPECT_FALSE(graph_->Spill(Id(kFull + 1))) << "the disk is full";
+  executor_.Drain();
+  EXPECT_EQ(Locate(kFull + 1).where.tiers, ipc::kTierHost);
+  EXPECT_EQ(store_.tier_counters().disk_spills, kFull);
+  for (uint64_t n = 1; n <= kFull; ++n) {
+    EXPECT_NE(store_.SlotOf(Id(n)), HeaderTable::kNoSlot) << n << " still on disk";
+  }
+  Delete(1);
+  graph_->Drop(Id(1));  // freed: its disk space is free again
+  EXPECT_TRUE(graph_->Spill(Id(kFull + 1)));
+  executor_.Drain();
+  EXPECT_EQ(Locate(kFull + 1).where.tiers, 0u);
+  for (uint64_t n = 2; n <= kFull + 1; ++n) graph_->Drop(Id(n));
+}
+
 TEST_F(SchedulerStoreTest, HoldIsFalseForAnObjectThatIsNotSealed) {
   Put(1, 100, kHost, 0, /*seal=*/false);
   EXPECT_FALSE(graph_->Hold(Id(1)));

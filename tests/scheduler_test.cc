@@ -1026,6 +1026,55 @@ TEST_F(SchedulerTest, ABoundWhoseSpillsStopLeavingFailsItsHeldTaskAfterAll) {
   EXPECT_EQ(found.state, StoreAccess::State::kFailed);
 }
 
+// A task its bound holds back because its inputs on disk would come back beside its output
+// does not hold back the bound's other tasks as large: they may read nothing from disk.
+TEST_F(SchedulerTest, ATaskHeldBackForItsInputsOnDiskHoldsBackNoOtherAsLarge) {
+  OneWorkerOnADiskTier();
+  const ObjectId a = Submit(Bounded(6, 10 * kMiB, 4 * kMiB))[0];
+  Run(link_.Take().at(0), 4 * kMiB);
+  store_.Moved(a, /*in_memory=*/false);  // spilled under the store's own pressure
+  store_.Deliver(scheduler_);
+  Submit(Bounded(6, 10 * kMiB, 4 * kMiB));
+  Run(link_.Take().at(0), 4 * kMiB);  // 4 MiB in memory, 4 on disk
+  // In one batch, the reader of a first: it needs 4 + 4 beside the 4 in memory, and waits;
+  // the other needs 4, and starts.
+  TaskSpec reader = Bounded(6, 10 * kMiB, 4 * kMiB);
+  reader.inputs = {a};
+  const std::vector<TaskSpec> batch = {reader, Bounded(6, 10 * kMiB, 4 * kMiB)};
+  auto submitted = scheduler_.Submit(100, batch);
+  ASSERT_TRUE(submitted.ok()) << submitted.status().ToString();
+  auto sent = link_.Take();
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].outputs, submitted.value()[1]) << "the one that reads nothing from disk";
+  EXPECT_TRUE(store_.spilled.empty()) << "a task of the bound runs: nothing needs to leave";
+}
+
+// A client that holds thousands of a graph's outputs (they cannot leave memory) costs each
+// dispatch round a bounded look at them (Bounds::kSpillLooks, over all bounds), and the task
+// held back fails as stuck.
+TEST_F(SchedulerTest, ABoundsSpillsAskAboutABoundedNumberOfOutputsARound) {
+  OneWorkerOnADiskTier();
+  constexpr size_t kOutputs = Bounds::kSpillLooks + 500;
+  constexpr uint64_t kBound = kOutputs * 1024 + 1024;
+  std::vector<ObjectId> outputs;
+  for (size_t i = 0; i < kOutputs; ++i) {
+    outputs.push_back(Submit(Bounded(3, kBound, 1024))[0]);
+    store_.kept.insert(outputs.back());
+    for (const Sent& s : link_.Take()) Run(s, 1024);
+  }
+  ASSERT_EQ(scheduler_.counters().tasks_pending, 0u);
+  const ObjectId held = Submit(Bounded(3, kBound, 4096))[0];
+  EXPECT_TRUE(link_.Take().empty());
+  EXPECT_LE(store_.spill_asks, Bounds::kSpillLooks) << "one round's looks";
+  EXPECT_GT(store_.spill_asks, 0u);
+  EXPECT_TRUE(store_.spilled.empty());
+  now_ = 10;
+  scheduler_.FailStuckBounds(0.5);
+  StoreAccess::Object found;
+  store_.Locate(std::span(&held, 1), std::span(&found, 1));
+  EXPECT_EQ(found.state, StoreAccess::State::kFailed);
+}
+
 // An output spilled before its task's completion came counts as on disk from the start. An
 // output on disk counts for its reader's room only where it could ever fit: a reader whose
 // inputs on disk and output are more than the whole bound runs as it did before they went

@@ -68,9 +68,9 @@ tasks. The issue's figures need a larger machine: 8 workers, 128 MiB chunks (--c
 as large an array as memory allows (--n: a multiple of 4096), 100,000 delayed tasks.
 
 Each run is a fresh process (this script with --child), started by the benchmark, which
-samples it from outside. The run starts its scheduler's workers, runs a warm-up graph (2 x
---workers tasks, each importing numpy, pandas, dask.array and dask.dataframe), then says it is
-ready; the benchmark measures idle memory and tells it to go. Measured:
+samples it from outside. The run imports numpy, pandas, dask.array and dask.dataframe, starts
+its scheduler's workers, runs a warm-up graph (2 x --workers tasks, each importing those
+modules), then says it is ready; the benchmark measures idle memory and tells it to go. Measured:
 - wall time, first and again: building the collection (the graph; for set_index also the
   nested compute of its divisions, on the same scheduler) and ``dask.compute`` of it, to
   the values in the run's process; then the same once more, in the same process with the
@@ -421,11 +421,13 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
 
     import dask
 
+    # The modules the workloads use, imported here (where the graphs are built) before the
+    # scheduler starts, as a script imports them at its top; then in every worker: the
+    # threaded scheduler's warm-up imports them in this process, and the others' would not,
+    # leaving their first import (0.3 to 0.6 s) in the timed run. depot's workers are forked
+    # with those this process has imported already loaded (start_daemon's preloads).
+    _warm(0)
     with _started(scheduler, args) as started, dask.config.set(started.config):
-        # The modules the workloads use, here (where the graphs are built) as in every
-        # worker: the threaded scheduler's warm-up imports them in this process, and the
-        # others' would not, leaving their first import (0.3 to 0.6 s) in the timed run.
-        _warm(0)
         dask.compute(*[dask.delayed(_warm)(i) for i in range(2 * args.workers)])
         _measured.go(say)
         workload = {**WORKLOADS, **OPTIONAL_WORKLOADS}[kind]
