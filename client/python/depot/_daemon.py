@@ -53,20 +53,26 @@ _PRELOADS = (
 )
 
 
-def _children(pid: int) -> List[int]:
-    """The process ids of a process's children; empty once it is gone."""
+def _worker_pids(launcher: subprocess.Popen, pid_file: str) -> List[int]:
+    """The worker processes `launcher` (a depot-worker command) started and that still run:
+    those its pid file lists that are alive (not zombies) and its children, or itself when
+    it is its one worker."""
     try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
+        with open(pid_file) as f:
+            listed = [int(line) for line in f if line.strip()]
+    except (OSError, ValueError):
         return []
-    children: List[int] = []
-    for tid in threads:
+    running = []
+    for pid in listed:
         try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                children += [int(c) for c in f.read().split()]
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
-            pass
-    return children
+            continue
+        state, parent = fields[0], int(fields[1])
+        if state not in ("Z", "X") and (pid == launcher.pid or parent == launcher.pid):
+            running.append(pid)
+    return running
 
 
 class Daemon:
@@ -82,7 +88,8 @@ class Daemon:
         self._directory = directory
         self._workers: List[subprocess.Popen] = []
         self._finalizer = weakref.finalize(
-            self, Daemon._stop, process, directory, self._workers
+            self, Daemon._stop, process, directory, self._workers,
+            os.path.join(directory, "workers.pids"),
         )
 
     @property
@@ -106,7 +113,8 @@ class Daemon:
             return ""
 
     def close(self) -> None:
-        """Stops the daemon (SIGTERM, then SIGKILL after 5 s) and removes its directory.
+        """Stops its workers, then the daemon (each SIGTERM, then SIGKILL after 5 s: a worker
+        finishes its running task if it can in that time), and removes its directory.
         Objects in it are gone; values still viewing them stay readable."""
         self._finalizer()
 
@@ -114,7 +122,11 @@ class Daemon:
     def workers(self) -> List[int]:
         """The process ids of the worker processes started with it (``workers=N``) that
         still run."""
-        return [pid for w in self._workers for pid in _children(w.pid)]
+        return [pid for w in self._workers for pid in _worker_pids(w, self._pid_file)]
+
+    @property
+    def _pid_file(self) -> str:
+        return os.path.join(self._directory, "workers.pids")
 
     def _start_workers(self, count: int, gpus: Sequence[int], timeout: float) -> None:
         # Each worker offers one CPU: its numerical libraries use one thread each, unless
@@ -126,13 +138,16 @@ class Daemon:
                 "--cpus", str(count)]
         if gpus:
             argv += ["--gpus", ",".join(str(int(g)) for g in gpus[:count])]
-        preload = [m for m in _PRELOADS if m in sys.modules]
+        preload = [m for m in _PRELOADS if sys.modules.get(m) is not None]
         if preload:
             argv += ["--preload", ",".join(preload)]
+        argv += ["--pid-file", self._pid_file]
         with open(self.log_path, "ab") as log:
             self._workers.append(
                 subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
             )
+        # The preloads (a few seconds of imports on a busy machine) come before any attaches.
+        timeout = max(timeout, 60.0)
         deadline = time.monotonic() + timeout
         with self.client(name="start_daemon") as client:
             while client.status().scheduler.workers < count:
@@ -144,7 +159,9 @@ class Daemon:
                 time.sleep(0.01)
 
     @staticmethod
-    def _stop(process: subprocess.Popen, directory: str, workers: List[subprocess.Popen]) -> None:
+    def _stop(
+        process: subprocess.Popen, directory: str, workers: List[subprocess.Popen], pid_file: str
+    ) -> None:
         for w in workers:  # first: they drain, and exit once their tasks are done
             if w.poll() is None:
                 w.send_signal(signal.SIGTERM)
@@ -152,6 +169,13 @@ class Daemon:
             try:
                 w.wait(5)
             except subprocess.TimeoutExpired:
+                # A task still running: its worker goes, and then the command that forked it.
+                for pid in _worker_pids(w, pid_file):
+                    if pid != w.pid:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass  # gone meanwhile
                 w.kill()
                 w.wait()
         if process.poll() is None:
@@ -216,10 +240,10 @@ def start_daemon(
     of GPU code paths on machines without a GPU.
 
     ``workers`` starts that many Python worker processes attached to it (``depot-worker
-    --cpus N``: forked from one parent that has first imported those of numpy, SciPy, pandas,
-    pyarrow, Dask, xarray, Zarr and Cubed that this process has imported, so that the workers
-    share those modules' memory), which run the functions clients submit by value: tasks with
-    no other set-up. Each offers one CPU, so its numerical libraries run on one thread
+    --cpus N``: several are forked from one parent that has first imported those of numpy,
+    SciPy, pandas, pyarrow, Dask, xarray, Zarr and Cubed that this process has imported, so
+    that the workers share those modules' memory), which run the functions clients submit by
+    value: tasks with no other set-up. Each offers one CPU, so its numerical libraries run on one thread
     (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
     ``VECLIB_MAXIMUM_THREADS`` and ``NUMEXPR_NUM_THREADS`` are 1 in its environment, except
     those this process's environment sets). Worker i also offers GPU ``worker_gpus[i]``
@@ -230,7 +254,8 @@ def start_daemon(
 
     Returns a :class:`Daemon`; use it as a context manager, or call ``close()``. It is
     stopped at interpreter exit in any case. Raises DepotError with the daemon's log if it
-    (or its workers) does not start within ``timeout`` seconds.
+    does not start within ``timeout`` seconds, or its workers within ``timeout`` or a
+    minute, whichever is longer.
     """
     program = executable or find_depotd()
     directory = tempfile.mkdtemp(prefix="depot-")

@@ -1,6 +1,7 @@
 """The depot-worker command: worker processes for depotd's scheduler.
 
-    depot-worker [--socket PATH] [--cpus N] [--gpus 0,1] [--resource NAME=AMOUNT]... [MODULE]...
+    depot-worker [--socket PATH] [--cpus N] [--gpus 0,1] [--resource NAME=AMOUNT]...
+                 [--preload MODULE]... [--pid-file PATH] [MODULE]...
 
 Imports each MODULE (a module name, or the path of a .py file) and registers the functions
 in it marked with ``@depot.task``; functions sent by value (``client.submit(callable)``)
@@ -9,6 +10,15 @@ interpreter: ``--cpus 4 --gpus 0,1`` starts four processes, the first two also o
 GPU 0 and GPU 1 (a GPU task asking for no CPU can run there beside a CPU task). Custom
 resources go to the first process. SIGTERM or Ctrl-C drains the workers: they take no new
 task and exit once their running ones are done.
+
+Several processes are forked from this one once it has imported each ``--preload`` module
+(numpy, pandas, dask.array, ...; one that fails to import is named on stderr and left to the
+workers): the pages of those modules' code and data are then shared between the workers
+(copy-on-write), not loaded again by each. The parent stays, holding nothing else: it waits
+for its workers, and passes SIGTERM on to them; a worker whose parent dies is sent SIGTERM
+(and drains). Each forked worker seeds numpy's global random state afresh, as a spawned one
+would. One process (``--cpus 1``) runs its worker itself. ``--pid-file`` names a file to
+write the workers' process ids to, one a line, once they are started.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import os
 import signal
 import sys
 from types import ModuleType
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from ._worker import Worker
 
@@ -51,18 +61,22 @@ def _stop_on_sigterm() -> None:
 def _stop_with_parent() -> None:
     """Has the kernel send this process SIGTERM when its parent exits (Linux's
     PR_SET_PDEATHSIG), so that no forked worker outlives its launcher unseen."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: a parent's SIGTERM still reaches them
-        pass
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        error = ctypes.get_errno()
+        raise OSError(error, f"prctl(PR_SET_PDEATHSIG): {os.strerror(error)}")
 
 
-def _forked_serve(parent: int, **plan: object) -> None:
+def _forked_serve(parent: int, **plan: Any) -> None:
     _stop_with_parent()
     if os.getppid() != parent:  # the parent died before prctl took effect
         return
-    serve(**plan)  # type: ignore[arg-type]
+    # CPython seeds `random` afresh in a forked child; numpy's global RandomState is not,
+    # and every worker would draw the same numbers.
+    if sys.modules.get("numpy.random") is not None:
+        sys.modules["numpy.random"].seed()
+    plan["name"] = f"{plan['name']}, pid {os.getpid()}"
+    serve(**plan)
 
 
 def serve(
@@ -101,6 +115,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--preload", action="append", default=[], metavar="MODULE",
                         help="a module (repeatable, or comma-separated) to import once, "
                              "before the worker processes are forked, so that they share it")
+    parser.add_argument("--pid-file", metavar="PATH",
+                        help="where to write the worker processes' ids, one a line")
     args = parser.parse_args(argv)
     if args.cpus < 0:
         parser.error("--cpus is 0 or more")
@@ -139,26 +155,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for i in range(count)
     ]
     if count == 1:
+        _write_pids(args.pid_file, [os.getpid()])
         serve(**plans[0])
         return 0
-    _stop_on_sigterm()
     for module in args.preload:
         try:
             importlib.import_module(module)
-        except ImportError as e:
-            raise SystemExit(f"depot-worker: cannot preload {module}: {e}") from None
+        except Exception as e:  # its workers import what they need themselves
+            print(f"depot-worker: cannot preload {module}: {e}", file=sys.stderr, flush=True)
     # What is loaded now is shared by the forked workers until one writes it: the collector
     # is told to leave these objects alone, so that its passes do not write every page.
     gc.collect()
     gc.freeze()
+    _stop_on_sigterm()  # after the preloads: one of them may have set a handler of its own
     fork = multiprocessing.get_context("fork")
     processes: List[multiprocessing.process.BaseProcess] = []
-    for plan in plans:
-        process = fork.Process(target=_forked_serve, args=(os.getpid(),), kwargs=plan,
-                               name=plan["name"])
-        process.start()
-        processes.append(process)
     try:
+        for plan in plans:
+            process = fork.Process(target=_forked_serve, args=(os.getpid(),), kwargs=plan,
+                                   name=plan["name"])
+            process.start()
+            processes.append(process)
+        _write_pids(args.pid_file, [p.pid for p in processes if p.pid is not None])
         for p in processes:
             p.join()
     except KeyboardInterrupt:
@@ -168,6 +186,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for p in processes:
             p.join()
     return max((p.exitcode or 0) for p in processes)
+
+
+def _write_pids(path: Optional[str], pids: Sequence[int]) -> None:
+    if path is None:
+        return
+    partial = f"{path}.partial"
+    with open(partial, "w") as f:
+        f.write("".join(f"{pid}\n" for pid in pids))
+    os.replace(partial, path)  # whole, or not there
 
 
 if __name__ == "__main__":
