@@ -954,6 +954,41 @@ TEST_F(TaskTest, CancelledTasksFailTheirGets) {
   EXPECT_EQ(unknown, std::vector{CancelOutcome::kUnknown});
 }
 
+// depotctl passes what a task's output takes: a task declaring more than the store has room
+// for beside a running task's declared output waits; one declaring nothing does not.
+TEST_F(TaskTest, DepotctlSubmitDeclaresOutputBytesThatWaitForRoom) {
+  ChildProcess worker = StartWorker({"--cpus", "2"});
+  const auto submit = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {DEPOTCTL_PATH, "--socket", daemon_.socket_path(), "submit"});
+    ProgramRun run = RunProgram(args);
+    EXPECT_EQ(run.exit_code, 0) << run.Explain();
+    return ObjectId::FromHex(run.out.substr(0, 32)).value_or(ObjectId{});
+  };
+  const ObjectId stalls = submit({"stall_once", "--output-bytes", "160MiB", "--kind", "big"});
+  ASSERT_TRUE(Eventually([&] {
+    auto task = TaskOf(stalls);
+    return task.ok() && task->state == TaskState::kRunning;
+  }));
+  const ObjectId waits = submit({"noop", "--output-bytes", "160MiB"});
+  const ObjectId runs = submit({"noop"});
+  ASSERT_OK(client_->Get(runs, kPatience).status());
+  ASSERT_OK_AND_ASSIGN(TaskInfo waiting, TaskOf(waits));
+  EXPECT_EQ(waiting.state, TaskState::kReady);
+  EXPECT_NE(waiting.reason.find("no worker has room for it now"), std::string::npos)
+      << waiting.reason;
+
+  ProgramRun bad = RunProgram({DEPOTCTL_PATH, "--socket", daemon_.socket_path(), "submit", "noop",
+                               "--output-bytes", "lots"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--output-bytes: 'lots' is not a size"), std::string::npos)
+      << bad.Explain();
+  ProgramRun long_kind = RunProgram({DEPOTCTL_PATH, "--socket", daemon_.socket_path(), "submit",
+                                     "noop", "--kind", std::string(257, 'k')});
+  EXPECT_EQ(long_kind.exit_code, 1);
+  EXPECT_NE(long_kind.err.find("a kind of 257 bytes is over 256"), std::string::npos)
+      << long_kind.Explain();
+}
+
 TEST_F(TaskTest, DepotctlSubmitsWaitsAndShowsWorkersAndTasks) {
   ChildProcess worker = StartWorker({"--cpus", "2"});
   const auto depotctl = [&](std::vector<std::string> args) {

@@ -85,6 +85,9 @@ struct SubmitOptions {
   int32_t priority = 0;
   uint32_t retries = 1;
   std::string label;  // what `tasks` shows of it
+  // What its outputs take (a size, ipc::ParseSize), if known: it starts only where they fit.
+  std::string output_bytes;
+  std::string kind;   // outputs expected as large as the most its kind made so far
   bool wait = false;  // wait for the outputs; fail with the task's message if it failed
 };
 // Submits one task and prints its output ids, one per line.

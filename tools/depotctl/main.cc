@@ -160,6 +160,15 @@ int main(int argc, char** argv) {
       ->add_option("--label", submit_options.label,
                    "what depotctl tasks shows of it (at most 256 bytes)")
       ->option_text("TEXT");
+  submit
+      ->add_option("--output-bytes", submit_options.output_bytes,
+                   "what its outputs take, if known (e.g. 64MiB): it starts only where they fit")
+      ->option_text("SIZE");
+  submit
+      ->add_option("--kind", submit_options.kind,
+                   "its kind (at most 256 bytes): with no --output-bytes, its outputs are "
+                   "expected as large as the most a task of its kind made so far")
+      ->option_text("TEXT");
   submit->add_flag("--wait", submit_options.wait,
                    "wait for the outputs; exit 1 with the task's message if it failed");
   submit->callback([&] { result = SubmitTask(socket, submit_options); });

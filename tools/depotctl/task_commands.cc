@@ -123,6 +123,12 @@ Status SubmitTask(const std::string& socket, const SubmitOptions& options) {
   task.priority = options.priority;
   task.retries = options.retries;
   task.label = options.label;
+  if (!options.output_bytes.empty()) {
+    Result<uint64_t> bytes = ipc::ParseSize(options.output_bytes);
+    if (!bytes.ok()) return Status::InvalidArgument("--output-bytes: " + bytes.status().message());
+    task.output_bytes = *bytes;
+  }
+  task.kind = options.kind;
   // depotctl leaves at once unless it waits: the task must outlive it.
   task.detach = !options.wait;
   DEPOT_ASSIGN_OR_RETURN(Client client, Client::Connect(socket));
