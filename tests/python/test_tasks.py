@@ -114,6 +114,32 @@ def test_an_output_filled_in_place_is_sealed_as_it_is(client, workers):
         depot.output_array(4)
 
 
+def test_a_value_returned_instead_of_an_output_it_views_is_stored_whole(client, workers):
+    # What was made is dropped, and its memory may go to the next object created (this
+    # output's, made again for what was returned): what the value views of it is copied first.
+    workers(1)
+    n = 512  # 2 MiB
+
+    def transposed(n):
+        out = depot.output_array((n, n), "float64")
+        out[:] = np.arange(n * n, dtype=np.float64).reshape(n, n)
+        return out.T
+
+    def in_a_dict(n):
+        out = depot.output_array(n * n, "float64")
+        out[:] = np.arange(n * n, dtype=np.float64)
+        return {"tail": out[n:], "head": out[:n]}
+
+    expected = np.arange(n * n, dtype=np.float64)
+    for _ in range(3):
+        np.testing.assert_array_equal(client.get(client.submit(transposed, n), timeout=60),
+                                      expected.reshape(n, n).T)
+        got = client.get(client.submit(in_a_dict, n), timeout=60)
+        np.testing.assert_array_equal(got["tail"], expected[n:])
+        np.testing.assert_array_equal(got["head"], expected[:n])
+    assert client.status().objects_creating == 0
+
+
 def _seal_requests(client):
     for line in client.metrics().splitlines():
         if line.startswith('depot_requests_total{type="seal"} '):

@@ -55,7 +55,8 @@ def output_array(shape: Any, dtype: Any = "float64", *, index: int = 0) -> Any:
     in the store, to fill in place and then return as that output. The worker seals it
     instead of copying a private array into the store: the array is made where its readers
     will map it. Returning anything else as that output drops it (and stores what was
-    returned); so does an exception. Raises RuntimeError outside a task, IndexError for an
+    returned, copying first what that views of it, ``out.T`` or ``{"a": out[:8]}``); so does
+    an exception. Raises RuntimeError outside a task, IndexError for an
     output the task does not have, ValueError when called twice for one output."""
     get_client()  # only in a task
     task = _running.task
@@ -82,6 +83,28 @@ def task_device() -> Optional[int]:
     task on host memory. Raises RuntimeError anywhere else."""
     get_client()  # only in a task
     return getattr(_running, "device", None)
+
+
+def _apart_from(encoded: Any, made: Any) -> Any:
+    """`encoded` with a private copy of each of its parts that lies in the numpy array
+    `made`'s memory (an output made in place, about to be dropped)."""
+    import numpy as np
+
+    if isinstance(encoded, _codec.StridedArray):
+        if np.may_share_memory(encoded.array, made):
+            return encoded._replace(array=encoded.array.copy())
+        return encoded
+    if not isinstance(encoded, _codec.Encoded):
+        return encoded  # on a GPU: not in host memory made here
+    start = made.__array_interface__["data"][0]
+    end = start + made.nbytes
+    parts = []
+    for part in encoded.parts:
+        view = memoryview(part)
+        address = _codec._address(view)
+        inside = address is not None and address < end and start < address + view.nbytes
+        parts.append(bytes(view) if inside else part)
+    return encoded._replace(parts=parts)
 
 
 class Worker:
@@ -348,14 +371,18 @@ class Worker:
             if task.sealed(k):
                 continue  # an earlier attempt stored it before its worker died
             made = created.pop(k, None)
-            if made is not None:
-                if value is made:
-                    continue  # filled in place: the daemon seals it with the completion
-                task.abort(k)  # something else was returned: that is stored
+            if made is not None and value is made:
+                continue  # filled in place: the daemon seals it with the completion
             # Host values are made through the task, and sealed with its completion (small
             # ones travel in it); a GPU array goes to its own GPU, and one whose GPU its
             # pointer does not tell (a simulated GPU's) to the task's.
             encoded = _codec.encode(value)
+            if made is not None:
+                # Something else was returned: that is stored, and what was made dropped,
+                # its memory free for the next object (this output's, made again). What
+                # the value views of it is copied out first.
+                encoded = _apart_from(encoded, made)
+                task.abort(k)
             if isinstance(encoded, _codec.Encoded):
                 task.put_parts(k, encoded.parts, encoded.offsets, encoded.size, encoded.metadata)
                 continue
