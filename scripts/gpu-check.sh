@@ -20,9 +20,9 @@
 # so a warm device machine keeps it between calls and a rerun rebuilds only what changed),
 # GPU_CHECK_BUDGET (seconds for the whole run, default 450: the check must end within 8
 # minutes), GPU_CHECK_STEPS (which steps, default all: unpack configure build ctest bench-gpu
-# wheel pytest-gpu bench-python pytest-rest), GPU_CHECK_SCALE (each step's own time limit is
-# multiplied by it: the rehearsal's 2 cores are slower than the host's 16), JOBS (default
-# nproc), PYTHON (default python3).
+# wheel pytest-gpu bench-python bench-dask-gpu pytest-rest), GPU_CHECK_SCALE (each step's own
+# time limit is multiplied by it: the rehearsal's 2 cores are slower than the host's 16), JOBS
+# (default nproc), PYTHON (default python3).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -250,6 +250,24 @@ do_bench_python() {
   "$PYTHON" bench_python.py --gpu-only --sizes 1GB --repeat 5
 }
 
+# Issue 40: the #7449 product on depot's scheduler through a GPU pool of a quarter of the
+# array, against CuPy in one process and the CPU, with the cost model's choice. Needs dask,
+# which the pytest steps installed into the site where the host has none.
+do_bench_dask_gpu() {
+  export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
+  export LD_LIBRARY_PATH="$P/lib/$arch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export DEPOT_DAEMON="$work/site/bin/depotd" PATH="$work/site/bin:$PATH"
+  cd "$repo/bench/python"
+  echo "== bench_gpu_product.py"
+  if nvidia-smi -L > /dev/null 2>&1; then
+    "$PYTHON" bench_gpu_product.py --n 32768 --chunk 4096 --pool 2GiB --workers 8 \
+      --store-memory 16GiB --repeat 1
+  else  # a rehearsal: the script's plumbing, on a simulated GPU
+    "$PYTHON" bench_gpu_product.py --simulate --n 4096 --chunk 1024 --pool 64MiB --workers 2 \
+      --store-memory 1GiB --repeat 1
+  fi
+}
+
 # step NAME MAX_SECONDS LOGFILE [ARGS]: runs do_NAME under a timeout that keeps the whole
 # run inside its budget, appends its output to LOGFILE, and records how it ended. A failing
 # step does not stop the run: the steps after it that need it say so and are skipped.
@@ -370,7 +388,8 @@ run() {
   local unpacked=0 built=0 wheel=0 s
   step unpack 120 "$out/build.log" && unpacked=1
   if [ $unpacked = 0 ]; then
-    for s in configure build ctest bench-gpu wheel pytest-gpu bench-python pytest-rest; do
+    for s in configure build ctest bench-gpu wheel pytest-gpu bench-python bench-dask-gpu \
+      pytest-rest; do
       skip "$s" "the bundle did not unpack"
     done
   else
@@ -390,10 +409,13 @@ run() {
     if [ $wheel = 1 ]; then
       step pytest-gpu 150 "$out/python.log" || true
       step bench-python 120 "$out/bench.log" || true
+      step bench-dask-gpu 150 "$out/bench.log" || true
       # The rest of tests/python (simulated GPUs), with the time left: a bonus, not required.
       step pytest-rest 600 "$out/rest.log" || true
     else
-      for s in pytest-gpu bench-python pytest-rest; do skip "$s" "the Python package did not build"; done
+      for s in pytest-gpu bench-python bench-dask-gpu pytest-rest; do
+        skip "$s" "the Python package did not build"
+      done
     fi
   fi
   summary "$(($(date +%s) - begin))" | tee "$out/summary.txt"
@@ -485,6 +507,9 @@ print(m.group(0).strip("\n") if m else "  no summary (see bench.log)")
 print("\nbench_python.py --gpu-only:")
 m = re.search(r"(get of a 100-byte object.*?)(?=\n== |\Z)", bench, re.S)
 print("\n".join("  " + l for l in m.group(1).rstrip().splitlines()) if m else "  no figures (see bench.log)")
+print("\nbench_gpu_product.py (issue 40):")
+m = re.search(r"\n== bench_gpu_product\.py\n(.*?)(?=\n== |\Z)", bench, re.S)
+print("\n".join("  " + l for l in m.group(1).rstrip().splitlines()[:40]) if m else "  not run (see bench.log)")
 
 # The goals of issue 35 that these figures measure.
 goals = []
@@ -573,7 +598,8 @@ print(f"== rehearsal in {os.path.dirname(hide)}: {n} files of the bundled packag
     done
     cd "$1/repo"
     # pytest-rest (the whole Python suite on simulated GPUs) is left out: CI runs it here.
-    : "${GPU_CHECK_STEPS=unpack configure build ctest bench-gpu wheel pytest-gpu bench-python}"
+    : "${GPU_CHECK_STEPS=unpack configure build ctest bench-gpu wheel pytest-gpu bench-python \
+bench-dask-gpu}"
     export GPU_CHECK_STEPS
     PATH="$2/bin:$PATH" OUT="$1/out" GPU_CHECK_WORK="$1/work" \
       JOBS=${JOBS:-2} GPU_CHECK_BUDGET=${GPU_CHECK_BUDGET:-5400} GPU_CHECK_SCALE=${GPU_CHECK_SCALE:-10} \
