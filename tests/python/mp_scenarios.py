@@ -609,6 +609,29 @@ def scenario_torch_write_torch(method):
     return _write_in_child(torch.multiprocessing.get_context(method))
 
 
+def scenario_torch_cuda_write(method):
+    """A CUDA tensor received and written in place (a real GPU): the writer's own copy; the
+    sender's tensor and the store's object (the same tensor sent again) stay zeros."""
+    import torch
+
+    ctx = mp.get_context(method)
+    q, back = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=add_one_to_received, args=(q, back))
+    child.start()
+    t = torch.zeros(1 << 20, device="cuda")
+    q.put(t)
+    total = back.get(timeout=120)
+    child.join(60)
+    q.put(t)
+    again = q.get(timeout=60)
+    again.add_(2)  # this process's own copy too
+    q.put(t)
+    third = q.get(timeout=60)
+    return {"exitcode": child.exitcode, "total": total, "sender": float(t.sum()),
+            "again": float(again.sum()), "third": float(third.sum()),
+            "device": str(third.device)}
+
+
 def scenario_strategies(method):
     """torch.multiprocessing's sharing-strategy functions, and what each strategy does."""
     import torch

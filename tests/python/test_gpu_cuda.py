@@ -193,3 +193,33 @@ def test_dask_array_tasks_run_on_the_gpu_through_cupy_and_page_through_a_small_p
             (t.label, t.device, t.variant_reason) for t in offloaded[:5]]
         assert s.client.gpus()[0].limit_bytes * 4 <= x.nbytes
         assert wait_for(lambda: s.client.list() == [], timeout=60)
+
+
+def test_a_cuda_tensor_received_through_depot_multiprocessing_is_written_as_its_own(torch):
+    # Issue 38: received GPU tensors are writable and private, as CPU ones are (a copy on
+    # the receiver's GPU at receipt): the sender's tensor and the store's object unchanged.
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for name in ("DEPOT_SOCKET", "DEPOT_MP_GROUP", "DEPOT_MP_THRESHOLD"):
+        env.pop(name, None)
+    with depot.start_daemon(memory="512MiB", args=["--gpu-memory", "1GiB"]) as d:
+        env["DEPOT_SOCKET"] = d.socket
+        done = subprocess.run(
+            [sys.executable, os.path.join(here, "mp_scenarios.py"), "torch_cuda_write", "spawn"],
+            env=env, capture_output=True, text=True, timeout=240,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        import json
+
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        assert out["exitcode"] == 0
+        assert out["total"] == float(1 << 20)
+        assert out["sender"] == 0.0 and out["third"] == 0.0
+        assert out["again"] == 2.0 * (1 << 20)
+        assert out["device"].startswith("cuda")
+        with d.client() as c:
+            assert wait_for(lambda: c.status().objects_sealed == 0, timeout=20)

@@ -437,7 +437,10 @@ def _rebuild_tensor(
 
     value = _claim(ref_id, uuid)
     if kind == "cuda":
-        tensor = torch.from_dlpack(value)
+        # CUDA IPC maps the store's GPU memory writable, with no copy-on-write: a private
+        # copy on the same GPU (one device-to-device copy), so that writing the tensor, as
+        # a CPU one may be written, changes neither the sender's nor another receiver's.
+        tensor = torch.from_dlpack(value).clone()
     else:
         # The array is a private, writable view: so is the tensor.
         tensor = torch.from_numpy(value).view(getattr(torch, dtype)).reshape(shape)
@@ -530,8 +533,11 @@ def _reduce_gpu_array(value: Any) -> Any:
 
 
 def _rebuild_gpu_array(ref_id: bytes, uuid: Optional[bytes], module: str) -> Any:
-    # CuPy's, or a depot.DeviceArray (DLPack and __cuda_array_interface__) for any other.
-    return _gpus.as_library(_claim(ref_id, uuid), "cupy" if module == "cupy" else "")
+    # CuPy's, a private copy as a received CUDA tensor is; or a depot.DeviceArray (DLPack
+    # and __cuda_array_interface__, read-only) for any other.
+    if module == "cupy":
+        return _gpus.as_library(_claim(ref_id, uuid), "cupy").copy()
+    return _claim(ref_id, uuid)
 
 
 def reducer_override(self: Any, obj: Any) -> Any:
