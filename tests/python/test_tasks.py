@@ -501,6 +501,36 @@ def test_the_depot_worker_commands_processes_share_what_it_preloaded_and_stop_wi
             command.wait()
 
 
+def test_the_depot_worker_command_forks_again_a_worker_killed_by_a_signal(
+    client, daemon, tmp_path
+):
+    pid_file = tmp_path / "pids"
+    command = subprocess.Popen(
+        [_depot_worker(), "--socket", daemon.socket, "--cpus", "2", "--pid-file", str(pid_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert wait_for(lambda: client.status().scheduler.workers == 2, timeout=60)
+        first = [int(p) for p in pid_file.read_text().split()]
+        os.kill(first[0], signal.SIGKILL)
+
+        def replaced():
+            pids = [int(p) for p in pid_file.read_text().split()]
+            return len(pids) == 2 and first[0] not in pids and first[1] in pids
+
+        assert wait_for(replaced, timeout=60)
+        assert wait_for(lambda: client.status().scheduler.workers == 2, timeout=60)
+        assert client.get(client.submit(operator.mul, 6, 7), timeout=60) == 42
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(60) == 0
+        output = command.stdout.read()
+        assert "was killed by signal 9; starting another" in output, output
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+
+
 def test_the_depot_worker_command_names_a_module_it_cannot_preload_and_serves_on(
     client, daemon
 ):

@@ -16,24 +16,28 @@ Several processes are forked from this one once it has imported each ``--preload
 workers): the pages of those modules' code and data are then shared between the workers
 (copy-on-write), not loaded again by each. The parent stays, holding nothing else: it waits
 for its workers, and passes SIGTERM on to them; a worker whose parent dies is sent SIGTERM
-(and drains). Each forked worker seeds numpy's global random state afresh, as a spawned one
-would. One process (``--cpus 1``) runs its worker itself. ``--pid-file`` names a file to
+(and drains). A worker killed by a signal (the OOM killer, a crash) is forked again, at most
+five times a minute. Each forked worker seeds numpy's global random state afresh, as a
+spawned one would. One process (``--cpus 1``) runs its worker itself. ``--pid-file`` names a file to
 write the workers' process ids to, one a line, once they are started.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import gc
 import importlib
 import importlib.util
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
+import time
 from types import ModuleType
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Deque, Dict, List, Optional, Sequence
 
 from ._worker import Worker
 
@@ -169,23 +173,64 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     gc.freeze()
     _stop_on_sigterm()  # after the preloads: one of them may have set a handler of its own
     fork = multiprocessing.get_context("fork")
-    processes: List[multiprocessing.process.BaseProcess] = []
+    parent = os.getpid()
+
+    def start(plan: Dict[str, Any]) -> multiprocessing.process.BaseProcess:
+        process = fork.Process(target=_forked_serve, args=(parent,), kwargs=plan,
+                               name=plan["name"])
+        process.start()
+        return process
+
+    running: Dict[int, multiprocessing.process.BaseProcess] = {}  # by slot
+    ended: List[int] = []  # exit statuses of those not started again
+    restarts: Deque[float] = collections.deque()
     try:
-        for plan in plans:
-            process = fork.Process(target=_forked_serve, args=(os.getpid(),), kwargs=plan,
-                                   name=plan["name"])
-            process.start()
-            processes.append(process)
-        _write_pids(args.pid_file, [p.pid for p in processes if p.pid is not None])
-        for p in processes:
-            p.join()
+        for slot, plan in enumerate(plans):
+            running[slot] = start(plan)
+        _write_pids(args.pid_file, [p.pid for p in running.values() if p.pid is not None])
+        while running:
+            ready = multiprocessing.connection.wait([p.sentinel for p in running.values()])
+            for slot, process in list(running.items()):
+                if process.sentinel not in ready:
+                    continue
+                process.join()
+                del running[slot]
+                code = process.exitcode or 0
+                if code < 0 and _may_restart(restarts):
+                    # Killed (the OOM killer, a crash): its slot gets a fresh fork; its
+                    # tasks the daemon retries elsewhere, or on it.
+                    print(f"depot-worker: {process.name} was killed by signal {-code}; "
+                          "starting another", file=sys.stderr, flush=True)
+                    running[slot] = start(plans[slot])
+                    _write_pids(args.pid_file,
+                                [p.pid for p in running.values() if p.pid is not None])
+                else:
+                    ended.append(code)
     except KeyboardInterrupt:
-        for p in processes:
+        for p in running.values():
             if p.is_alive() and p.pid is not None:
                 os.kill(p.pid, signal.SIGTERM)
-        for p in processes:
+        for p in running.values():
             p.join()
-    return max((p.exitcode or 0) for p in processes)
+            ended.append(p.exitcode or 0)
+    return 0 if all(code == 0 for code in ended) else 1
+
+
+# At most this many workers started again in a minute: past that, one that is killed stays
+# gone (a crash at every start would otherwise fork for ever).
+_RESTARTS_A_MINUTE = 5
+
+
+def _may_restart(restarts: Deque[float]) -> bool:
+    now = time.monotonic()
+    while restarts and restarts[0] < now - 60:
+        restarts.popleft()
+    if len(restarts) >= _RESTARTS_A_MINUTE:
+        print(f"depot-worker: {_RESTARTS_A_MINUTE} workers started again within a minute; "
+              "no more", file=sys.stderr, flush=True)
+        return False
+    restarts.append(now)
+    return True
 
 
 def _write_pids(path: Optional[str], pids: Sequence[int]) -> None:
