@@ -449,7 +449,7 @@ for line in read(os.path.join(work, "steps.tsv")).splitlines():
     name, how, secs, log = line.split("\t")
     if how != "ok" and not how.startswith("not asked") and name != "pytest-rest":
         failed = True
-    print(f"  {name:<13} {how:<34} {secs:>4} s  {'' if log == '-' else log}")
+    print(f"  {name:<14} {how:<34} {secs:>4} s  {'' if log == '-' else log}")
 
 def junit(path):
     """(passed, failed, skipped, {reason: count}, [failed names]) of a JUnit XML file."""
