@@ -88,8 +88,7 @@ class Daemon:
         self._directory = directory
         self._workers: List[subprocess.Popen] = []
         self._finalizer = weakref.finalize(
-            self, Daemon._stop, process, directory, self._workers,
-            os.path.join(directory, "workers.pids"),
+            self, Daemon._stop, process, directory, self._workers, self._pid_file
         )
 
     @property
@@ -243,8 +242,8 @@ def start_daemon(
     --cpus N``: several are forked from one parent that has first imported those of numpy,
     SciPy, pandas, pyarrow, Dask, xarray, Zarr and Cubed that this process has imported, so
     that the workers share those modules' memory), which run the functions clients submit by
-    value: tasks with no other set-up. Each offers one CPU, so its numerical libraries run on one thread
-    (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
+    value: tasks with no other set-up. Each offers one CPU, so its numerical libraries run
+    on one thread (``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
     ``VECLIB_MAXIMUM_THREADS`` and ``NUMEXPR_NUM_THREADS`` are 1 in its environment, except
     those this process's environment sets). Worker i also offers GPU ``worker_gpus[i]``
     (this process's ordinal), if the list has that many. They stop with the daemon.
