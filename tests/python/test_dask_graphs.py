@@ -747,6 +747,52 @@ def test_slices_run_inside_the_tasks_that_read_them_and_are_never_stored(sched):
         depot.dask.plan(chain, workers=0)
 
 
+def _groups(seed):
+    """A shuffle's split: four groups of 1 MB, by their names."""
+    rng = np.random.default_rng(seed)
+    return {name: rng.random(131072) for name in "abcd"}
+
+
+def test_items_of_a_tasks_value_are_made_as_its_outputs_and_their_tasks_never_run(sched):
+    # Each of six tasks makes four groups that four item tasks take apart (getitem with a
+    # constant, as a task-based shuffle's splits do), and each group is summed. The six
+    # tasks are run with an output per group: their dicts are never stored, and the 24
+    # item tasks never run.
+    dsk = {}
+    for i in range(6):
+        dsk[("group-x", i)] = (_groups, i)
+        for name in "abcd":
+            dsk[("split-x", i, name)] = (operator.getitem, ("group-x", i), name)
+            dsk[("sum-x", i, name)] = (np.sum, ("split-x", i, name))
+    keys = [("sum-x", i, name) for i in range(6) for name in "abcd"]
+    want = list(dask.get(dsk, keys))
+    before = _bytes_in(sched.client)
+    assert sched.get(dsk, keys) == want
+    made = _bytes_in(sched.client) - before
+    labels = [t.label for t in sched.client.tasks()]
+    assert not any("split-x" in label for label in labels), labels
+    assert sum("group-x" in label for label in labels) == 6
+    assert made < 6 * 4 * 1_100_000, made  # each group stored once, no dict besides
+
+    # An item asked for is a result; one the value lacks raises in the tasks reading it.
+    assert np.array_equal(sched.get(dsk, [("split-x", 2, "c")])[0], _groups(2)["c"])
+    dsk[("split-x", 5, "z")] = (operator.getitem, ("group-x", 5), "z")
+    dsk[("sum-x", 5, "z")] = (np.sum, ("split-x", 5, "z"))
+    with pytest.raises(KeyError, match="z"):
+        sched.get(dsk, [("sum-x", 5, "z")])
+    # A value read whole too is stored whole, and the items run as tasks; so too unfused.
+    dsk[("all-x", 1)] = (len, ("group-x", 1))
+    assert sched.get(dsk, [("all-x", 1), ("sum-x", 1, "a")]) == [4, want[4]]
+    assert sched.get(dsk, keys, fuse=False) == want
+    assert any("split-x" in t.label for t in sched.client.tasks())
+    # Callbacks see the split tasks and their items end.
+    finished = []
+    with dask.callbacks.Callback(posttask=lambda key, *_: finished.append(key)):
+        assert sched.get(dsk, keys[:8]) == want[:8]
+    assert {("group-x", 0), ("split-x", 0, "a"), ("sum-x", 1, "d")} <= set(finished)
+    assert len(finished) == len(set(finished)) == 2 + 8 + 8
+
+
 def test_depotctl_tasks_shows_each_tasks_dask_key(sched):
     import shutil
 

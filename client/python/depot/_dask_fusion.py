@@ -33,7 +33,7 @@ same fused task by the same rules (a slice of a slice). The fused task is Dask's
 key of the task that read them, which makes the same output: results are unchanged.
 """
 
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Callable, Dict, Iterable, List, Mapping, Sequence, Set, Tuple
 
 from ._dask_sizes import Sizes, is_slice
 
@@ -59,10 +59,11 @@ def groups(
     sizes: Sizes,
     options: Callable[[Key], Dict[str, Any]],
     share: int,
+    kept: AbstractSet[Key] = frozenset(),
 ) -> Tuple[Dict[Key, List[Key]], Dict[Key, int]]:
     """The tasks to fuse: by the key of the task that runs them, its members (itself first),
     only groups of two or more; and by the same key, what its absorbed members make (their
-    sizes as above)."""
+    sizes as above). Tasks in ``kept`` are absorbed into none (they may absorb others)."""
     # Each task's inputs, by resolved key, once each; and the tasks reading each key.
     inputs: Dict[Key, List[Key]] = {}
     readers: Dict[Key, Set[Key]] = {}
@@ -100,7 +101,7 @@ def groups(
         candidates = list(inputs[key])
         while candidates:
             p = candidates.pop()
-            if p not in inputs or p in leader_of or p in wanted or p in data:
+            if p not in inputs or p in leader_of or p in wanted or p in data or p in kept:
                 continue
             reader = next(iter(readers[p]))
             if len(readers[p]) != 1 or any(

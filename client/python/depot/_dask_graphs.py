@@ -24,6 +24,7 @@ import functools
 import io
 import itertools
 import math
+import operator
 import os
 import pickle
 import threading
@@ -64,6 +65,10 @@ _MOST_INPUTS = 4000
 """Inputs of one depot task at most (the daemon takes 4,096, and a task may read its stored
 arguments too). A Dask task that depends on more reads
 them through tasks that gather them in lists of this many."""
+
+_MOST_OUTPUTS = 64
+"""Outputs of one depot task at most (the daemon's limit): a task whose value more items of
+are read is not split (_Plan._split)."""
 
 _GATHER = 10_000
 """Results read with one get."""
@@ -329,6 +334,23 @@ def _run(node_bytes: bytes, keys: Sequence[Key], *values: Any) -> Any:
         return _Raised(error, traceback.format_exc(), getattr(node, "key", None))
 
 
+def _run_split(node_bytes: bytes, keys: Sequence[Key], items: Sequence[Any], *values: Any) -> Any:
+    """``_run`` of a task whose readers take items of its value (_Plan._split): those items,
+    each an output of its own (alone, the output). An item that cannot be taken (a key the
+    value lacks) is what its own readers get as raised."""
+    value = _run(node_bytes, keys, *values)
+    if isinstance(value, _Raised):
+        made: List[Any] = [value] * len(items)
+    else:
+        made = []
+        for item in items:
+            try:
+                made.append(value[item])
+            except Exception as error:
+                made.append(_Raised(error, traceback.format_exc(), None))
+    return made[0] if len(made) == 1 else tuple(made)
+
+
 def _run_offloadable(
     node_bytes: bytes, gpu_bytes: Optional[bytes], keys: Sequence[Key], *values: Any
 ) -> Any:
@@ -380,7 +402,8 @@ def _gather(*values: Any) -> List[Any]:
 
 # What every Python worker registers (depot.Worker), by the names tasks run them under.
 BUILTINS = {"depot.dask.run": _run, "depot.dask.run_gathered": _run_gathered,
-            "depot.dask.gather": _gather, "depot.dask.run_offloadable": _run_offloadable}
+            "depot.dask.gather": _gather, "depot.dask.run_offloadable": _run_offloadable,
+            "depot.dask.run_split": _run_split}
 # Their GPU variants, which a worker with a GPU registers beside them.
 GPU_BUILTINS = {"depot.dask.run_offloadable": _run_offloadable_gpu}
 
@@ -449,9 +472,13 @@ class _Plan:
         self._walk(graph, keys)
         # What each task will make, where the graph's metadata says (dask.array chunks).
         self.sizes = Sizes(source, graph, self.order, self.aliases)
+        # Tasks whose value only items of are read, by the key of each item's task.
+        self.split: Dict[Key, List[Tuple[Key, Any]]] = {}
+        self.items: Dict[Key, Key] = {}
         self.fused: Dict[Key, List[Key]] = {}
         self.fused_bytes: Dict[Key, int] = {}  # what the absorbed tasks make, by fused task
         if share is not None:
+            self._split(keys)
             self._fuse(keys, share)
         # The task (by its place in order) that reads each key last.
         self.last_reader: Dict[Key, int] = {}
@@ -514,7 +541,7 @@ class _Plan:
         wanted = {self.resolve(k) for k in keys}
         found, inside = _dask_fusion.groups(
             self.order, self.graph, self.deps, self.resolve, self.aliases, self.data, wanted,
-            self.sizes, self.options, share,
+            self.sizes, self.options, share, kept=set(self.split) | set(self.items),
         )
         if not found:
             return
@@ -534,6 +561,55 @@ class _Plan:
         self.fused = found
         self.fused_bytes = inside
         self._walk(graph, keys)
+        for key, parts in list(self.split.items()):
+            if len(self.deps[key]) > _MOST_INPUTS:  # its producers' inputs now its own
+                del self.split[key]
+                for part, _ in parts:
+                    del self.items[part]
+
+    def _split(self, keys: Sequence[Key]) -> None:
+        """Finds the tasks whose readers all take an item of their value (``getitem`` with
+        a constant, as the splits of a task-based shuffle take each group of a partition):
+        such a task makes each item read as an output of its own, and the item's task is
+        not run. Its value is never stored whole, nor read whole by each item's task (a
+        shuffle's group of 16 frames unpickled 16 times, each frame stored twice). Up to
+        _MOST_OUTPUTS items, each read as its own output (two readers of the same item
+        included: each is given up with its own readers). Not a dask.array chunk (whose
+        size the graph's metadata gives): its slices are views that fusion takes inside
+        their readers, where nothing is copied. Fusion absorbs neither a split task nor its
+        items."""
+        from dask._task_spec import Alias, GraphNode, Task, TaskRef
+
+        wanted = {self.resolve(k) for k in keys}
+        items: Dict[Key, List[Tuple[Key, Any]]] = {}
+        refused: Set[Key] = set(wanted) | self.data
+        for key in self.order:
+            if key in self.aliases or key in self.data:
+                continue
+            node = self.graph[key]
+            item = None
+            if (
+                isinstance(node, Task) and node.func is operator.getitem and not node.kwargs
+                and len(node.args) == 2 and isinstance(node.args[0], (Alias, TaskRef))
+                and not isinstance(node.args[1], (Alias, TaskRef, GraphNode))
+                and len(node.dependencies) == 1
+            ):
+                source = node.args[0]
+                item = self.resolve(source.target if isinstance(source, Alias) else source.key)
+            for dep in self.deps[key]:
+                dep = self.resolve(dep)
+                if dep == item:
+                    items.setdefault(dep, []).append((key, node.args[1]))
+                else:
+                    refused.add(dep)
+        for key, parts in items.items():
+            if (
+                key not in refused and key not in self.items and len(parts) <= _MOST_OUTPUTS
+                and len(self.deps[key]) <= _MOST_INPUTS and not self.sizes.declared(key)
+            ):
+                self.split[key] = parts
+                for part, _ in parts:
+                    self.items[part] = key
 
     def resolve(self, key: Key) -> Key:
         return self.aliases.get(key, key)
@@ -605,7 +681,10 @@ class _Run:
         # them): read by their task only.
         self.extra: List[ObjectRef] = []
         self.given_up: Set[Key] = set()
-        self.key_of: Dict[ObjectRef, Key] = {}  # while following: each task's key by its output
+        # A split task's first output, by its key (it has no value of its own in refs).
+        self.split_refs: Dict[Key, ObjectRef] = {}
+        # While following: the keys whose values, or tasks, each output stands for.
+        self.key_of: Dict[ObjectRef, List[Key]] = {}
         self.functions = _Functions(client)
         self.functions.tiled = plan.share is not None
         self.gpus: Optional[bool] = None  # whether a worker attached has a GPU (may_offload)
@@ -624,8 +703,8 @@ class _Run:
         token = _depot.random_id().hex()
         tasks: List[Tuple[int, Dict[str, Any]]] = []
         for i, key in enumerate(plan.order):
-            if key in plan.aliases:
-                continue
+            if key in plan.aliases or key in plan.items:
+                continue  # an item of a split task is its output, named with it
             node = plan.graph[key]
             if key in plan.data:
                 self.refs[key] = self.client.put(node.value)
@@ -638,9 +717,13 @@ class _Run:
             array_task = declared > 0 and bool(inputs)  # a dask.array chunk made from others
             fn = "depot.dask.run"
             gpu_bytes: Optional[bytes] = None
+            parts = plan.split.get(key)
             try:
                 node_bytes = self.functions.dumps(node)
-                if len(inputs) > _MOST_INPUTS:
+                if parts is not None:
+                    fn = "depot.dask.run_split"
+                    options["num_outputs"] = len(parts)
+                elif len(inputs) > _MOST_INPUTS:
                     fn, inputs = "depot.dask.run_gathered", self.gathered(key, inputs, token, i, tasks)
                 elif self.may_offload(array_task):
                     forms = _dask_gpu.Forms()
@@ -659,9 +742,11 @@ class _Run:
                 # Reserved before it starts: producers placed at once cannot together
                 # overshoot the store's room (a hint: it never holds the graph up for good).
                 options["output_bytes"] = declared
-            args = (node_bytes, deps, *inputs)
+            args: Tuple[Any, ...] = (node_bytes, deps, *inputs)
             if fn == "depot.dask.run_offloadable":
                 args = (node_bytes, gpu_bytes, deps, *inputs)
+            elif parts is not None:
+                args = (node_bytes, deps, [item for _, item in parts], *inputs)
             task = self.encode_one(key, fn, args, f"depot.dask/{token}/{i}", _label(key), options)
             kind = _kind(key)
             if kind:
@@ -669,7 +754,13 @@ class _Run:
                 # CPU and a GPU form), and expects a task that declares no size to make what
                 # the most of its layer made so far.
                 task["kind"] = kind
-            self.refs[key] = ObjectRef(task["outputs"][0], task["names"][0])
+            made = [ObjectRef(o, n) for o, n in zip(task["outputs"], task["names"])]
+            if parts is None:
+                self.refs[key] = made[0]
+            else:
+                for (part, _), ref in zip(parts, made):
+                    self.refs[part] = ref
+                self.split_refs[key] = made[0]  # for callbacks: sealed with the others
             tasks.append((i, task))
         return tasks
 
@@ -882,7 +973,10 @@ class _Run:
         answered when a twentieth of what is left has ended or after 100 ms. The graph's
         intermediates are given up here, each once it has been seen sealed (submit did not):
         one deleted before that would never be."""
-        pending = {ref: key for key, ref in self.refs.items() if key in state["waiting"]}
+        pending: Dict[ObjectRef, List[Key]] = {}
+        for key, ref in itertools.chain(self.split_refs.items(), self.refs.items()):
+            if key in state["waiting"]:
+                pending.setdefault(ref, []).append(key)  # a split task before its first item
         self.key_of = dict(pending)
         while pending:
             refs = list(pending)
@@ -894,14 +988,16 @@ class _Run:
                 sealed = self.client._native.wait(ids, min(enough, len(ids)), 100)
                 done += [r for r, s in zip(part, sealed) if s]
             for ref in done:
-                key = pending.pop(ref)
-                state["waiting"].discard(key)
-                state["finished"].add(key)
-                for f in pretask:
-                    f(key, self.plan.graph, state)
-                for f in posttask:
-                    f(key, None, self.plan.graph, state, None)
-            self.give_up(self.key_of[ref] for ref in done if self.key_of[ref] not in self.wanted)
+                for key in pending.pop(ref):
+                    state["waiting"].discard(key)
+                    state["finished"].add(key)
+                    for f in pretask:
+                        f(key, self.plan.graph, state)
+                    for f in posttask:
+                        f(key, None, self.plan.graph, state, None)
+            self.give_up(
+                key for ref in done for key in self.key_of[ref] if key not in self.wanted
+            )
 
     def clean_up(self) -> None:
         """After a failure or an interrupt: what has not started is cancelled, and all the
