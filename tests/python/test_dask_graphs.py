@@ -792,6 +792,14 @@ def test_items_of_a_tasks_value_are_made_as_its_outputs_and_their_tasks_never_ru
     assert {("group-x", 0), ("split-x", 0, "a"), ("sum-x", 1, "d")} <= set(finished)
     assert len(finished) == len(set(finished)) == 2 + 8 + 8
 
+    # A task-based shuffle: its splits are no stage of the plan, its results as Dask's.
+    frame = pd.DataFrame({"a": np.arange(4000.0)[::-1], "b": np.arange(4000) % 7})
+    shuffled = dd.from_pandas(frame, npartitions=8).set_index("a", shuffle_method="tasks")
+    stages = [stage.name for stage in sched.plan(shuffled).stages]
+    assert any(name.startswith("group-") for name in stages), stages
+    assert not any(name.startswith("split-") for name in stages), stages
+    pd.testing.assert_frame_equal(*same(shuffled, sched))
+
 
 def test_depotctl_tasks_shows_each_tasks_dask_key(sched):
     import shutil

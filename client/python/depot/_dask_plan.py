@@ -7,7 +7,9 @@ of tasks until their last reader has run (the results asked for until the end), 
 output of the task running. Its peak is the least memory the graph needs in that order;
 with several workers the scheduler runs more at once only while the outputs it reserves
 (the sizes declared from the graph's metadata) fit the store's room. Sizes come from
-:mod:`._dask_sizes`; a task with no metadata counts as the sum of its inputs.
+:mod:`._dask_sizes`; a task with no metadata counts as the sum of its inputs. The items of
+a split task's value (``getitem`` readers made its outputs, ``_Plan._split``) count as even
+parts of it, and not as tasks.
 """
 
 import heapq
@@ -144,7 +146,11 @@ def project(plan: Any, keys: Sequence[Key], memory: int) -> GraphPlan:
             continue
         ins = list(dict.fromkeys(plan.resolve(d) for d in plan.deps[key]))
         inputs[key] = ins
-        size[key] = sizes.projected(key, (size[d] for d in ins))
+        source = plan.items.get(key)
+        if source is None:
+            size[key] = sizes.projected(key, (size[d] for d in ins))
+        else:  # an item of a split task's value, made by it (one of its outputs): a part of it
+            size[key] = size[source] // len(plan.split[source])
         depth[key] = 1 + max((depth[d] for d in ins if d in depth), default=-1)
         for d in ins:
             consumers.setdefault(d, []).append(key)
@@ -192,6 +198,7 @@ def project(plan: Any, keys: Sequence[Key], memory: int) -> GraphPlan:
             if waiting[c] == 0:
                 push(c)
 
+    tasks = [k for k in tasks if k not in plan.items]  # those are outputs, not tasks
     stages: Dict[str, List[Any]] = {}
     for key in tasks:
         stage = stages.setdefault(_name(key), [0, 0, 0, True])
