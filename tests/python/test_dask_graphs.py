@@ -801,6 +801,27 @@ def test_items_of_a_tasks_value_are_made_as_its_outputs_and_their_tasks_never_ru
     pd.testing.assert_frame_equal(*same(shuffled, sched))
 
 
+def test_dataframes_shuffle_by_tasks_inside_a_schedulers_block_unless_configured(sched):
+    with dask.config.set({"dataframe.shuffle.method": None}):  # as if none were open
+        _tasks_shuffle_inside_a_block_only()
+
+
+def _tasks_shuffle_inside_a_block_only():
+    with depot.dask.Scheduler(workers=1) as s:
+        assert dask.config.get("dataframe.shuffle.method") == "tasks"
+        frame = pd.DataFrame({"a": np.arange(300.0)[::-1], "b": np.arange(300) % 7})
+        shuffled = dd.from_pandas(frame, npartitions=3).set_index("a")
+        with dask.config.set(scheduler=s.get):
+            stages = [stage.name for stage in s.plan(shuffled).stages]
+            assert any(name.startswith("group-") for name in stages), stages
+            pd.testing.assert_frame_equal(shuffled.compute(), frame.set_index("a").sort_index())
+    assert dask.config.get("dataframe.shuffle.method", None) is None
+    with dask.config.set({"dataframe.shuffle.method": "disk"}):
+        with depot.dask.Scheduler(workers=1):
+            assert dask.config.get("dataframe.shuffle.method") == "disk"
+        assert dask.config.get("dataframe.shuffle.method") == "disk"
+
+
 def test_depotctl_tasks_shows_each_tasks_dask_key(sched):
     import shutil
 

@@ -1129,7 +1129,10 @@ class Scheduler:
     ``spill_dir`` gives the private daemon a disk tier there (``depotd --spill-dir``):
     intermediates waiting for their readers spill to it when the store needs room, instead
     of the graph stopping with an error.
-    As a context manager it is also what :func:`get` uses inside the ``with`` block.
+    As a context manager it is also what :func:`get` uses inside the ``with`` block, and
+    there dask.dataframe shuffles by tasks unless ``dataframe.shuffle.method`` is
+    configured (Dask's default on one host writes files; a shuffle's groups are then
+    outputs in the store, each made once and read with no copy).
 
     ``memory`` is also the graphs' bound: on a daemon of its own, its capacity; attached to
     a running one, each graph's own bound there (the daemon starts a task only while the
@@ -1183,6 +1186,7 @@ class Scheduler:
         self.check = check
         self.fuse = fuse
         self._daemon = None
+        self._shuffle: Any = None  # dask configuration left by __exit__
         if workers is not None and socket is None:
             from ._daemon import start_daemon
 
@@ -1238,11 +1242,14 @@ class Scheduler:
     def __enter__(self) -> "Scheduler":
         with _lock:
             _active.append(self)
+        self._shuffle = _tasks_shuffle()
         return self
 
     def __exit__(self, *exc: object) -> None:
         with _lock:
             _active.remove(self)
+        if self._shuffle is not None:
+            self._shuffle.__exit__(None, None, None)
         self.close()
 
     def __repr__(self) -> str:
@@ -1250,6 +1257,22 @@ class Scheduler:
 
 
 _default: Optional[Scheduler] = None
+
+
+def _tasks_shuffle() -> Any:
+    """Inside a Scheduler's ``with`` block, dask.dataframe shuffles by tasks where no
+    method is configured (Dask's default on one host is "disk": partd files that every
+    worker appends to and reads back; by tasks, a shuffle's groups are outputs in the store,
+    read with no copy: set_index on two workers 0.32 s by disk, 0.20 by tasks). As
+    distributed's Client picks "p2p" while it is the default client. The configuration
+    object to leave (its ``__exit__``), or None."""
+    try:
+        import dask
+    except ImportError:
+        return None
+    if dask.config.get("dataframe.shuffle.method", None) is not None:
+        return None
+    return dask.config.set({"dataframe.shuffle.method": "tasks"})
 
 
 def get(dsk: Mapping[Key, Any], keys: Any, **kwargs: Any) -> Any:
