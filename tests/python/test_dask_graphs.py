@@ -801,25 +801,108 @@ def test_items_of_a_tasks_value_are_made_as_its_outputs_and_their_tasks_never_ru
     pd.testing.assert_frame_equal(*same(shuffled, sched))
 
 
-def test_dataframes_shuffle_by_tasks_inside_a_schedulers_block_unless_configured(sched):
-    with dask.config.set({"dataframe.shuffle.method": None}):  # as if none were open
-        _tasks_shuffle_inside_a_block_only()
+_SHUFFLE_BLOCKS = """
+import threading
+import dask, numpy as np, pandas as pd, dask.dataframe as dd, depot.dask
+
+def method():
+    return dask.config.get("dataframe.shuffle.method", None)
+
+assert method() is None
+with depot.dask.Scheduler(workers=1) as s:
+    assert method() == "tasks"
+    frame = pd.DataFrame({"a": np.arange(300.0)[::-1], "b": np.arange(300) % 7})
+    shuffled = dd.from_pandas(frame, npartitions=3).set_index("a")
+    with dask.config.set(scheduler=s.get):
+        stages = [stage.name for stage in s.plan(shuffled).stages]
+        assert any(name.startswith("group-") for name in stages), stages
+        pd.testing.assert_frame_equal(shuffled.compute(), frame.set_index("a").sort_index())
+assert method() is None
+# Blocks that do not nest (another thread's, or closed out of order): set while any is open.
+a, b = depot.dask.Scheduler(workers=1), depot.dask.Scheduler(workers=1)
+a.__enter__(); b.__enter__(); a.__exit__(None, None, None)
+assert method() == "tasks"
+b.__exit__(None, None, None)
+assert method() is None
+# What the user configured, before or during a block, is theirs.
+with dask.config.set({"dataframe.shuffle.method": "disk"}):
+    with depot.dask.Scheduler(workers=1):
+        assert method() == "disk"
+    assert method() == "disk"
+with depot.dask.Scheduler(workers=1):
+    dask.config.set({"dataframe.shuffle.method": "p2p"})
+assert method() == "p2p"
+print("ok")
+"""
 
 
-def _tasks_shuffle_inside_a_block_only():
-    with depot.dask.Scheduler(workers=1) as s:
-        assert dask.config.get("dataframe.shuffle.method") == "tasks"
-        frame = pd.DataFrame({"a": np.arange(300.0)[::-1], "b": np.arange(300) % 7})
-        shuffled = dd.from_pandas(frame, npartitions=3).set_index("a")
-        with dask.config.set(scheduler=s.get):
-            stages = [stage.name for stage in s.plan(shuffled).stages]
-            assert any(name.startswith("group-") for name in stages), stages
-            pd.testing.assert_frame_equal(shuffled.compute(), frame.set_index("a").sort_index())
-    assert dask.config.get("dataframe.shuffle.method", None) is None
-    with dask.config.set({"dataframe.shuffle.method": "disk"}):
-        with depot.dask.Scheduler(workers=1):
-            assert dask.config.get("dataframe.shuffle.method") == "disk"
-        assert dask.config.get("dataframe.shuffle.method") == "disk"
+def test_dataframes_shuffle_by_tasks_while_a_schedulers_block_is_open_unless_configured():
+    # In a process of its own: this module's scheduler keeps a block open meanwhile.
+    run = subprocess.run(
+        [sys.executable, "-c", _SHUFFLE_BLOCKS], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_items_that_could_overlap_or_are_equal_or_missing(sched, monkeypatch):
+    # Forty slices of one 8 MB array: split, they would be forty copies (300 MB, past the
+    # 512 MiB store's room with the rest); unsplit, each is a view taken in its reader.
+    dsk = {"t": (np.arange, 1_000_000.0)}
+    for i in range(40):
+        dsk[("s", i)] = (operator.getitem, "t", slice(i * 1000, None))
+        dsk[("r", i)] = (np.sum, ("s", i))
+    keys = [("r", i) for i in range(40)]
+    before = _bytes_in(sched.client)
+    assert sched.get(dsk, keys) == list(dask.get(dsk, keys))
+    assert _bytes_in(sched.client) - before < 20_000_000
+    # Twenty readers of the same item: one output, kept until the last of them is done,
+    # although the batches holding the first readers end before the later ones are
+    # submitted.
+    dsk = {"t": (_groups, 0)}
+    for i in range(20):
+        dsk[("s", i)] = (operator.getitem, "t", "a")
+        dsk[("r", i)] = (np.sum, ("s", i))
+    keys = [("r", i) for i in range(20)]
+    submit = depot._dask_graphs._Run.submit_batch
+
+    submitted = []
+
+    def batch_by_batch(run, batch):
+        submit(run, batch)
+        readers = [t["outputs"][0] for t in batch if t["label"].startswith("('r'")]
+        assert all(run.client._native.wait(readers, len(readers), 30_000))
+        submitted.extend(readers)
+        if len(submitted) < 20:  # not given up (deleted once its readers are done) yet
+            assert run.refs[("s", 0)] not in run.given_refs
+
+    before = _bytes_in(sched.client)
+    with monkeypatch.context() as patch:
+        patch.setattr(depot._dask_graphs._Run, "submit_batch", batch_by_batch)
+        patch.setattr(sched, "batch", 3)
+        assert sched.get(dsk, keys) == list(dask.get(dsk, keys))
+    assert len(submitted) == 20
+    assert _bytes_in(sched.client) - before < 2_000_000  # one group of 1 MB
+    # An item that cannot be taken is raised under its own key.
+    dsk = {"t": (_groups, 0), ("item", "z"): (operator.getitem, "t", "z")}
+    dsk["n"] = (len, ("item", "z"))
+    with pytest.raises(KeyError) as raised:
+        sched.get(dsk, ["n"])
+    assert "('item', 'z')" in "".join(getattr(raised.value, "__notes__", [])), raised.value
+
+
+def _same(x):
+    return x
+
+
+def test_a_task_annotated_to_run_on_a_gpu_is_not_split():
+    with depot.dask.Scheduler(
+        workers=2, gpus=1, simulate_gpus="1:64MiB", memory="128MiB"
+    ) as s:
+        a = delayed(np.arange)(1000.0)
+        with dask.annotate(resources={"GPU": 1}):
+            on_gpu = delayed(_same)(a)
+        assert dask.compute(*[on_gpu[i * 10] for i in range(3)], scheduler=s.get) == (0, 10, 20)
+        assert wait_for(lambda: s.client.list() == [], timeout=30)
 
 
 def test_depotctl_tasks_shows_each_tasks_dask_key(sched):

@@ -334,20 +334,24 @@ def _run(node_bytes: bytes, keys: Sequence[Key], *values: Any) -> Any:
         return _Raised(error, traceback.format_exc(), getattr(node, "key", None))
 
 
-def _run_split(node_bytes: bytes, keys: Sequence[Key], items: Sequence[Any], *values: Any) -> Any:
+def _run_split(
+    node_bytes: bytes, keys: Sequence[Key], items: Sequence[Any], item_keys: Sequence[Key],
+    *values: Any,
+) -> Any:
     """``_run`` of a task whose readers take items of its value (_Plan._split): those items,
     each an output of its own (alone, the output). An item that cannot be taken (a key the
-    value lacks) is what its own readers get as raised."""
+    value lacks) is what its own readers get as raised, under the key of the task that
+    took it in the graph (``item_keys``)."""
     value = _run(node_bytes, keys, *values)
     if isinstance(value, _Raised):
         made: List[Any] = [value] * len(items)
     else:
         made = []
-        for item in items:
+        for item, key in zip(items, item_keys):
             try:
                 made.append(value[item])
             except Exception as error:
-                made.append(_Raised(error, traceback.format_exc(), None))
+                made.append(_Raised(error, traceback.format_exc(), key))
     return made[0] if len(made) == 1 else tuple(made)
 
 
@@ -448,6 +452,14 @@ def _source_graphs(dsk: Any) -> List[Any]:
     return graphs
 
 
+def _key_like(item: Any) -> bool:
+    """Whether ``item`` names a part of a value that no other item overlaps, unless equal:
+    an int, a string, bytes, or a tuple of those (a dict's key, a tuple's place)."""
+    if isinstance(item, tuple):
+        return all(_key_like(i) for i in item)
+    return isinstance(item, (int, str, bytes)) and not isinstance(item, bool)
+
+
 class _Plan:
     """A graph checked and put in order: the tasks to submit (producers first), where each
     key's value will be (an alias's: its target's), and which keys are read last by which
@@ -472,9 +484,12 @@ class _Plan:
         self._walk(graph, keys)
         # What each task will make, where the graph's metadata says (dask.array chunks).
         self.sizes = Sizes(source, graph, self.order, self.aliases)
-        # Tasks whose value only items of are read, by the key of each item's task.
+        # Tasks whose value only items of are read (_split): by the key of each, its
+        # outputs (the first key reading each, and the item); and by the key of each item's
+        # task, the split task and its output.
         self.split: Dict[Key, List[Tuple[Key, Any]]] = {}
-        self.items: Dict[Key, Key] = {}
+        self.items: Dict[Key, Tuple[Key, int]] = {}
+        self.taken: Dict[Key, List[Key]] = {}  # the keys of the items of each split task
         self.fused: Dict[Key, List[Key]] = {}
         self.fused_bytes: Dict[Key, int] = {}  # what the absorbed tasks make, by fused task
         if share is not None:
@@ -561,55 +576,69 @@ class _Plan:
         self.fused = found
         self.fused_bytes = inside
         self._walk(graph, keys)
-        for key, parts in list(self.split.items()):
+        for key in list(self.split):
             if len(self.deps[key]) > _MOST_INPUTS:  # its producers' inputs now its own
-                del self.split[key]
-                for part, _ in parts:
-                    del self.items[part]
+                self.unsplit(key)
 
     def _split(self, keys: Sequence[Key]) -> None:
         """Finds the tasks whose readers all take an item of their value (``getitem`` with
-        a constant, as the splits of a task-based shuffle take each group of a partition):
-        such a task makes each item read as an output of its own, and the item's task is
-        not run. Its value is never stored whole, nor read whole by each item's task (a
-        shuffle's group of 16 frames unpickled 16 times, each frame stored twice). Up to
-        _MOST_OUTPUTS items, each read as its own output (two readers of the same item
-        included: each is given up with its own readers). Not a dask.array chunk (whose
-        size the graph's metadata gives): its slices are views that fusion takes inside
-        their readers, where nothing is copied. Fusion absorbs neither a split task nor its
-        items."""
-        from dask._task_spec import Alias, GraphNode, Task, TaskRef
+        a key-like constant: an int, a string, bytes, or a tuple of those, as the splits of
+        a task-based shuffle take each group of a partition): such a task makes each item
+        read as an output of its own, and the items' tasks are not run. Its value is never
+        stored whole, nor read whole by each item's task (a shuffle's group of 16 frames
+        unpickled 16 times, each frame stored twice). Items that are equal are one output,
+        read by all their readers; at most _MOST_OUTPUTS of them. Not where an item could
+        overlap another (a slice, None, a list or an array: each would be a copy of its
+        own), nor a dask.array chunk (whose size the graph's metadata gives: its slices are
+        views that fusion takes inside their readers, where nothing is copied), nor a task
+        annotated to run on a GPU (its value stays there, where items are not taken).
+        Fusion absorbs neither a split task nor its items."""
+        from dask._task_spec import Alias, Task, TaskRef
 
         wanted = {self.resolve(k) for k in keys}
-        items: Dict[Key, List[Tuple[Key, Any]]] = {}
+        parts: Dict[Key, List[Tuple[Key, Any]]] = {}
         refused: Set[Key] = set(wanted) | self.data
         for key in self.order:
             if key in self.aliases or key in self.data:
                 continue
             node = self.graph[key]
-            item = None
+            source = None
             if (
                 isinstance(node, Task) and node.func is operator.getitem and not node.kwargs
                 and len(node.args) == 2 and isinstance(node.args[0], (Alias, TaskRef))
-                and not isinstance(node.args[1], (Alias, TaskRef, GraphNode))
-                and len(node.dependencies) == 1
+                and _key_like(node.args[1]) and len(node.dependencies) == 1
             ):
-                source = node.args[0]
-                item = self.resolve(source.target if isinstance(source, Alias) else source.key)
+                ref = node.args[0]
+                source = self.resolve(ref.target if isinstance(ref, Alias) else ref.key)
             for dep in self.deps[key]:
                 dep = self.resolve(dep)
-                if dep == item:
-                    items.setdefault(dep, []).append((key, node.args[1]))
+                if dep == source:
+                    parts.setdefault(dep, []).append((key, node.args[1]))
                 else:
                     refused.add(dep)
-        for key, parts in items.items():
+        for key, taken in parts.items():
+            outputs: Dict[Any, int] = {}
+            for _, item in taken:
+                outputs.setdefault(item, len(outputs))
+            options = self.options(key)
             if (
-                key not in refused and key not in self.items and len(parts) <= _MOST_OUTPUTS
-                and len(self.deps[key]) <= _MOST_INPUTS and not self.sizes.declared(key)
+                key in refused or key in self.items or len(outputs) > _MOST_OUTPUTS
+                or len(self.deps[key]) > _MOST_INPUTS or self.sizes.declared(key)
+                or options.get("resources", {}).get("GPU") or "variant" in options
             ):
-                self.split[key] = parts
-                for part, _ in parts:
-                    self.items[part] = key
+                continue
+            firsts: Dict[int, Key] = {}
+            for part, item in taken:
+                self.items[part] = (key, outputs[item])
+                firsts.setdefault(outputs[item], part)
+            self.split[key] = [(firsts[i], item) for item, i in outputs.items()]
+            self.taken[key] = [part for part, _ in taken]
+
+    def unsplit(self, key: Key) -> None:
+        """Runs the task of ``key`` as written after all, and its items' tasks."""
+        del self.split[key]
+        for part in self.taken.pop(key):
+            del self.items[part]
 
     def resolve(self, key: Key) -> Key:
         return self.aliases.get(key, key)
@@ -681,8 +710,10 @@ class _Run:
         # them): read by their task only.
         self.extra: List[ObjectRef] = []
         self.given_up: Set[Key] = set()
-        # A split task's first output, by its key (it has no value of its own in refs).
+        # A split task's first output, by its key (it has no value of its own in refs); and
+        # how many keys not yet given up stand for an output of one, where more than one.
         self.split_refs: Dict[Key, ObjectRef] = {}
+        self.sharing: Dict[ObjectRef, int] = {}
         # While following: the keys whose values, or tasks, each output stands for.
         self.key_of: Dict[ObjectRef, List[Key]] = {}
         self.functions = _Functions(client)
@@ -720,20 +751,26 @@ class _Run:
             parts = plan.split.get(key)
             try:
                 node_bytes = self.functions.dumps(node)
+                form = None
+                if len(inputs) <= _MOST_INPUTS and self.may_offload(array_task):
+                    forms = _dask_gpu.Forms()
+                    gpu_bytes = self.functions.dumps(node, forms)
+                    form = _dask_gpu.has_form(forms, array_task)
+                if parts is not None and form is not None:
+                    # Its GPU form would leave its value on a GPU, where no item is taken:
+                    # it runs as written, and its items' tasks too (they come after it).
+                    plan.unsplit(key)
+                    parts = None
                 if parts is not None:
                     fn = "depot.dask.run_split"
                     options["num_outputs"] = len(parts)
                 elif len(inputs) > _MOST_INPUTS:
                     fn, inputs = "depot.dask.run_gathered", self.gathered(key, inputs, token, i, tasks)
-                elif self.may_offload(array_task):
-                    forms = _dask_gpu.Forms()
-                    gpu_bytes = self.functions.dumps(node, forms)
-                    form = _dask_gpu.has_form(forms, array_task)
-                    if form is not None:
-                        fn = "depot.dask.run_offloadable"
-                        gpu_bytes = gpu_bytes if form == "replaced" else None
-                        if offload:
-                            options["variant"] = offload
+                elif form is not None:
+                    fn = "depot.dask.run_offloadable"
+                    gpu_bytes = gpu_bytes if form == "replaced" else None
+                    if offload:
+                        options["variant"] = offload
             except InvalidArgument:
                 raise
             except Exception as error:
@@ -746,7 +783,8 @@ class _Run:
             if fn == "depot.dask.run_offloadable":
                 args = (node_bytes, gpu_bytes, deps, *inputs)
             elif parts is not None:
-                args = (node_bytes, deps, [item for _, item in parts], *inputs)
+                items = [item for _, item in parts]
+                args = (node_bytes, deps, items, [part for part, _ in parts], *inputs)
             task = self.encode_one(key, fn, args, f"depot.dask/{token}/{i}", _label(key), options)
             kind = _kind(key)
             if kind:
@@ -758,8 +796,13 @@ class _Run:
             if parts is None:
                 self.refs[key] = made[0]
             else:
-                for (part, _), ref in zip(parts, made):
+                readers: Dict[ObjectRef, int] = {}
+                for part in plan.taken[key]:
+                    ref = made[plan.items[part][1]]
                     self.refs[part] = ref
+                    readers[ref] = readers.get(ref, 0) + 1
+                # An output that several item keys stand for goes with the last of them.
+                self.sharing.update((r, n) for r, n in readers.items() if n > 1)
                 self.split_refs[key] = made[0]  # for callbacks: sealed with the others
             tasks.append((i, task))
         return tasks
@@ -910,8 +953,13 @@ class _Run:
         for key in keys:
             if key in self.refs and key not in self.given_up:
                 self.given_up.add(key)
-                refs.append(self.refs[key])
-                self.given_refs.add(self.refs[key])
+                ref = self.refs[key]
+                others = self.sharing.get(ref, 1) - 1  # keys standing for it still read
+                if others:
+                    self.sharing[ref] = others
+                    continue
+                refs.append(ref)
+                self.given_refs.add(ref)
         self.delete_after_tasks(refs)
 
     def delete_after_tasks(self, refs: List[ObjectRef]) -> None:
@@ -1003,7 +1051,7 @@ class _Run:
         """After a failure or an interrupt: what has not started is cancelled, and all the
         graph made goes once no task of it runs any more; the gets of its results end."""
         self.stopped.set()
-        refs = list(self.refs.values()) + self.extra
+        refs = list(dict.fromkeys(self.refs.values())) + self.extra
         try:
             for start in range(0, len(refs), self.batch):
                 self.client.cancel(refs[start : start + self.batch])
@@ -1186,7 +1234,6 @@ class Scheduler:
         self.check = check
         self.fuse = fuse
         self._daemon = None
-        self._shuffle: Any = None  # dask configuration left by __exit__
         if workers is not None and socket is None:
             from ._daemon import start_daemon
 
@@ -1242,14 +1289,13 @@ class Scheduler:
     def __enter__(self) -> "Scheduler":
         with _lock:
             _active.append(self)
-        self._shuffle = _tasks_shuffle()
+        _shuffle_by_tasks(+1)
         return self
 
     def __exit__(self, *exc: object) -> None:
         with _lock:
             _active.remove(self)
-        if self._shuffle is not None:
-            self._shuffle.__exit__(None, None, None)
+        _shuffle_by_tasks(-1)
         self.close()
 
     def __repr__(self) -> str:
@@ -1259,20 +1305,35 @@ class Scheduler:
 _default: Optional[Scheduler] = None
 
 
-def _tasks_shuffle() -> Any:
-    """Inside a Scheduler's ``with`` block, dask.dataframe shuffles by tasks where no
-    method is configured (Dask's default on one host is "disk": partd files that every
-    worker appends to and reads back; by tasks, a shuffle's groups are outputs in the store,
-    read with no copy: set_index on two workers 0.32 s by disk, 0.20 by tasks). As
-    distributed's Client picks "p2p" while it is the default client. The configuration
-    object to leave (its ``__exit__``), or None."""
+_SHUFFLE = "dataframe.shuffle.method"
+_blocks = 0  # Scheduler blocks open, in all threads
+_shuffle_set = False  # whether the first of them set _SHUFFLE
+
+
+def _shuffle_by_tasks(change: int) -> None:
+    """While a Scheduler's ``with`` block is open (``change`` +1 as one opens, -1 as it
+    closes), dask.dataframe shuffles by tasks where no method is configured. Dask's
+    default on one host is "disk": partd files that every worker appends to and reads
+    back; by tasks, a shuffle's groups are outputs in the store, read with no copy (set_index
+    on two workers: 0.32 s by disk, 0.20 by tasks). As distributed's Client sets "p2p"
+    while it is the default client. Dask's configuration is global: the first block to open
+    sets it, and the last to close sets it back unless something else has changed it
+    since."""
+    global _blocks, _shuffle_set
     try:
         import dask
     except ImportError:
-        return None
-    if dask.config.get("dataframe.shuffle.method", None) is not None:
-        return None
-    return dask.config.set({"dataframe.shuffle.method": "tasks"})
+        return
+    with _lock:
+        _blocks += change
+        if change > 0 and _blocks == 1:
+            _shuffle_set = dask.config.get(_SHUFFLE, None) is None
+            if _shuffle_set:
+                dask.config.set({_SHUFFLE: "tasks"})
+        elif change < 0 and _blocks == 0 and _shuffle_set:
+            _shuffle_set = False
+            if dask.config.get(_SHUFFLE, None) == "tasks":
+                dask.config.set({_SHUFFLE: None})
 
 
 def get(dsk: Mapping[Key, Any], keys: Any, **kwargs: Any) -> Any:

@@ -146,11 +146,11 @@ def project(plan: Any, keys: Sequence[Key], memory: int) -> GraphPlan:
             continue
         ins = list(dict.fromkeys(plan.resolve(d) for d in plan.deps[key]))
         inputs[key] = ins
-        source = plan.items.get(key)
-        if source is None:
+        item = plan.items.get(key)
+        if item is None:
             size[key] = sizes.projected(key, (size[d] for d in ins))
         else:  # an item of a split task's value, made by it (one of its outputs): a part of it
-            size[key] = size[source] // len(plan.split[source])
+            size[key] = size[item[0]] // len(plan.split[item[0]])
         depth[key] = 1 + max((depth[d] for d in ins if d in depth), default=-1)
         for d in ins:
             consumers.setdefault(d, []).append(key)
