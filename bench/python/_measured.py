@@ -7,7 +7,8 @@ once its workers are up and warm; then, told "go" on its stdin, "done" when the 
 is over and "result" with its figures; or "error". :func:`run_child` measures the idle
 memory at "ready" and the peak from "go" to "done" (bench/python/_memory.py's count of the
 run's process tree, every 20 ms), and kills the run's process group when it is over, or
-after ``timeout`` seconds.
+after ``timeout`` seconds. :func:`run_apart` times one run and samples another, as the
+sampling itself takes CPU time from the run.
 """
 
 from __future__ import annotations
@@ -67,11 +68,41 @@ def _expect(proc: subprocess.Popen, event: str) -> Dict[str, Any]:
     return message
 
 
-def run_child(script: str, child: str, argv: List[str], timeout: float) -> Dict[str, Any]:
+def run_apart(script: str, child: str, argv: List[str], timeout: float) -> Dict[str, Any]:
+    """Two runs of ``script --child CHILD ARGV...`` (run_child): one sampled for its
+    memory, one not, for its times. Reading /proc/PID/smaps_rollup of every process of a
+    run costs 1.4-3.9 ms of CPU per Python process on this project's 2-core machine, so a
+    sample every 20 ms took a third of a core from a run of four Python processes, more
+    from runs of more: the times of the unsampled run, the memory of the sampled one
+    (``digest`` and ``objects_left`` from both: the worse). {"error": why} if either
+    failed."""
+    timed = run_child(script, child, argv, timeout, sample=False)
+    if "error" in timed:
+        return timed
+    sampled = run_child(script, child, argv, timeout)
+    if "error" in sampled:
+        return sampled
+    why = differs(sampled.get("digest", []), timed.get("digest", []), rel_tol=1e-9)
+    if why:
+        return {"error": f"the timed run and the sampled run: {why}"}
+    merged = dict(sampled)
+    for key in ("seconds", "warm_seconds"):
+        merged[key] = timed[key]
+        merged[f"sampled_{key}"] = sampled[key]
+    left = [r.get("objects_left") for r in (timed, sampled) if r.get("objects_left") is not None]
+    if left:
+        merged["objects_left"] = max(left)
+    return merged
+
+
+def run_child(
+    script: str, child: str, argv: List[str], timeout: float, sample: bool = True
+) -> Dict[str, Any]:
     """One run: ``script --child CHILD ARGV...``. Returns its "result" message's fields with
     ``idle_memory`` and ``peak_memory`` (_memory.tree_memory), ``idle_private`` and
     ``peak_private`` (its processes' private memory alone, without the store's pages), or
-    {"error": why} if it failed or took longer than ``timeout`` seconds."""
+    {"error": why} if it failed or took longer than ``timeout`` seconds. Not ``sample``:
+    the peaks are not sampled (None), so that the sampling takes no time from the run."""
     command = [sys.executable, os.path.abspath(script), "--child", child, *argv]
     proc = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -83,14 +114,15 @@ def run_child(script: str, child: str, argv: List[str], timeout: float) -> Dict[
         _expect(proc, "ready")
         idle_private, idle_store = _memory.tree_memory_parts(proc.pid)
         idle = idle_private + idle_store
-        sampler = PeakSampler(proc.pid)
-        sampler.start()
+        sampler = PeakSampler(proc.pid) if sample else None
+        if sampler is not None:
+            sampler.start()
         proc.stdin.write("go\n")
         proc.stdin.flush()
         try:
             _expect(proc, "done")
         finally:
-            peak = sampler.stop()
+            peak = sampler.stop() if sampler is not None else None
         result = _expect(proc, "result")
         if proc.wait() != 0:
             raise RunFailed(f"the run exited with status {proc.returncode}")
@@ -103,8 +135,8 @@ def run_child(script: str, child: str, argv: List[str], timeout: float) -> Dict[
             os.killpg(proc.pid, signal.SIGKILL)  # what it left running, if anything
         proc.wait()
     del result["event"]
-    return {**result, "idle_memory": idle, "peak_memory": peak,
-            "idle_private": idle_private, "peak_private": sampler.private_peak}
+    return {**result, "idle_memory": idle, "peak_memory": peak, "idle_private": idle_private,
+            "peak_private": sampler.private_peak if sampler is not None else None}
 
 
 def channel() -> Callable[..., None]:

@@ -28,7 +28,9 @@ The executors, each with --workers processes or threads and Cubed's ``allowed_me
 - depot-files (not run unless named): depot's executor with the arrays in files under
   --work-dir, as the local executors keep them: what the store adds over the executor.
 
-Each run is a fresh process (this script with --child; bench/python/_measured.py). It builds
+Each run is a fresh process (this script with --child; bench/python/_measured.py), run
+twice: timed, and sampled for its memory (the sampling takes CPU time from what it samples;
+--sampled-times times the sampled run, as this benchmark did before). It builds
 its executor, computes a small plan on it (so that workers have imported Cubed and Zarr),
 says it is ready, and then computes the workload twice: "first" and "again" (the same plan
 built anew). Measured: wall time of each, from building the plan to the values in the run's
@@ -175,7 +177,8 @@ def _runs(kind: str, args, executors: List[str]) -> Dict[str, List[Dict[str, Any
     runs: Dict[str, List[Dict[str, Any]]] = {e: [] for e in executors}
     for _ in range(args.repeat):
         for executor in executors:
-            run = _measured.run_child(__file__, f"{kind}:{executor}", sys.argv[1:], args.timeout)
+            measure = _measured.run_child if args.sampled_times else _measured.run_apart
+            run = measure(__file__, f"{kind}:{executor}", sys.argv[1:], args.timeout)
             if "digest" in run:
                 reference = reference or run["digest"]
                 why = _differs(run["digest"], reference)
@@ -237,6 +240,11 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--store-memory", default="4GiB", help="depot's store")
     parser.add_argument("--work-dir", default="/var/tmp", help="where files go")
     parser.add_argument("--timeout", type=float, default=600, help="seconds, per run")
+    parser.add_argument(
+        "--sampled-times", action="store_true",
+        help="time the run whose memory is sampled (one run, not two: the sampling's CPU "
+        "time then slows the run)",
+    )
     parser.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # WORKLOAD:EXECUTOR, one run
     args = parser.parse_args()

@@ -68,7 +68,10 @@ tasks. The issue's figures need a larger machine: 8 workers, 128 MiB chunks (--c
 as large an array as memory allows (--n: a multiple of 4096), 100,000 delayed tasks.
 
 Each run is a fresh process (this script with --child), started by the benchmark, which
-samples it from outside. The run imports numpy, pandas, dask.array and dask.dataframe, starts
+samples it from outside. Each is run twice: timed, and sampled for its memory (the sampling
+reads every process's smaps_rollup, 1.4-3.9 ms of CPU per Python process, and would slow
+the run it samples, runs of many processes most); --sampled-times times the sampled run
+alone, as this benchmark did before. The run imports numpy, pandas, dask.array and dask.dataframe, starts
 its scheduler's workers, runs a warm-up graph (2 x --workers tasks, each importing those
 modules), then says it is ready; the benchmark measures idle memory and tells it to go. Measured:
 - wall time, first and again: building the collection (the graph; for set_index also the
@@ -461,8 +464,8 @@ def _child(kind: str, scheduler: str, args, say: Callable[..., None]) -> None:
 def _run(kind: str, scheduler: str, args, extra: Optional[List[str]] = None) -> Dict[str, Any]:
     """One run of a workload on a scheduler, in a fresh process (_measured.run_child): its
     figures, or {"error": why}. ``extra``: arguments for the run beyond the benchmark's own."""
-    return _measured.run_child(__file__, f"{kind}:{scheduler}", sys.argv[1:] + (extra or []),
-                               args.timeout)
+    run = _measured.run_child if args.sampled_times else _measured.run_apart
+    return run(__file__, f"{kind}:{scheduler}", sys.argv[1:] + (extra or []), args.timeout)
 
 
 def _differs(digest: List[float], reference: List[float]) -> Optional[str]:
@@ -580,6 +583,11 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--paging-block", type=int, default=4 * MiB, help="paging's block bytes")
     parser.add_argument("--gpu-pool", default="64MiB", help="depot-gpu's simulated GPU")
     parser.add_argument("--timeout", type=float, default=600, help="seconds, per run")
+    parser.add_argument(
+        "--sampled-times", action="store_true",
+        help="time the run whose memory is sampled (one run, not two: the sampling's CPU "
+        "time then slows the run)",
+    )
     parser.add_argument("--json", action="store_true", help="print every run's figures as JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # WORKLOAD:SCHEDULER, one run
     args = parser.parse_args()
