@@ -665,7 +665,8 @@ def test_a_function_with_two_variants_runs_where_its_input_already_is():
                 # depot.dask's tasks (depot.dask.*), as built-ins; one with a GPU has the
                 # GPU variant of depot.dask's tasks that have a GPU form.
                 builtins = ["depot.call", "depot.dask.gather", "depot.dask.run",
-                            "depot.dask.run_gathered", "depot.dask.run_offloadable"]
+                            "depot.dask.run_gathered", "depot.dask.run_offloadable",
+                            "depot.dask.run_split"]
                 assert (w.functions, w.gpu_functions) == (
                     builtins + ["describe", "kinds"], ["depot.dask.run_offloadable", "describe"]
                 )
