@@ -747,10 +747,21 @@ def test_slices_run_inside_the_tasks_that_read_them_and_are_never_stored(sched):
         depot.dask.plan(chain, workers=0)
 
 
-def _groups(seed):
-    """A shuffle's split: four groups of 1 MB, by their names."""
-    rng = np.random.default_rng(seed)
-    return {name: rng.random(131072) for name in "abcd"}
+def _by_value():
+    """Functions for graphs, made here so that they travel by value (workers cannot import
+    tests): a shuffle's split, four groups of 1 MB by their names; and the identity."""
+
+    def groups(seed):
+        rng = np.random.default_rng(seed)
+        return {name: rng.random(131072) for name in "abcd"}
+
+    def same(x):
+        return x
+
+    return groups, same
+
+
+_groups, _same = _by_value()
 
 
 def test_items_of_a_tasks_value_are_made_as_its_outputs_and_their_tasks_never_run(sched):
@@ -888,10 +899,6 @@ def test_items_that_could_overlap_or_are_equal_or_missing(sched, monkeypatch):
     with pytest.raises(KeyError) as raised:
         sched.get(dsk, ["n"])
     assert "('item', 'z')" in "".join(getattr(raised.value, "__notes__", [])), raised.value
-
-
-def _same(x):
-    return x
 
 
 def test_a_task_annotated_to_run_on_a_gpu_is_not_split():
