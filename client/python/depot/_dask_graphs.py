@@ -710,9 +710,8 @@ class _Run:
         # them): read by their task only.
         self.extra: List[ObjectRef] = []
         self.given_up: Set[Key] = set()
-        # A split task's first output, by its key (it has no value of its own in refs); and
-        # how many keys not yet given up stand for an output of one, where more than one.
-        self.split_refs: Dict[Key, ObjectRef] = {}
+        # How many keys not yet given up stand for an output of a split task, where more
+        # than one.
         self.sharing: Dict[ObjectRef, int] = {}
         # While following: the keys whose values, or tasks, each output stands for.
         self.key_of: Dict[ObjectRef, List[Key]] = {}
@@ -803,7 +802,6 @@ class _Run:
                     readers[ref] = readers.get(ref, 0) + 1
                 # An output that several item keys stand for goes with the last of them.
                 self.sharing.update((r, n) for r, n in readers.items() if n > 1)
-                self.split_refs[key] = made[0]  # for callbacks: sealed with the others
             tasks.append((i, task))
         return tasks
 
@@ -1022,7 +1020,10 @@ class _Run:
         intermediates are given up here, each once it has been seen sealed (submit did not):
         one deleted before that would never be."""
         pending: Dict[ObjectRef, List[Key]] = {}
-        for key, ref in itertools.chain(self.split_refs.items(), self.refs.items()):
+        # A split task has no value of its own: it ends as its outputs are sealed, the first
+        # item's among them.
+        split = ((key, self.refs[parts[0][0]]) for key, parts in self.plan.split.items())
+        for key, ref in itertools.chain(split, self.refs.items()):
             if key in state["waiting"]:
                 pending.setdefault(ref, []).append(key)  # a split task before its first item
         self.key_of = dict(pending)
