@@ -835,6 +835,100 @@ TEST_F(TaskTest, LargeOutputsAreSealedWithTheCompletionWithoutASealRequest) {
   runner.join();
 }
 
+// Several outputs at once (TaskContext::PutPartsMany): the small ones travel with the
+// completion, the large ones are created together, one round trip for all; a batch with a
+// wrong item makes none of its outputs.
+TEST_F(TaskTest, PutPartsManySendsSmallOutputsWithTheCompletionAndCreatesLargeOnesTogether) {
+  ASSERT_OK_AND_ASSIGN(auto worker,
+                       Worker::Connect({.socket_path = daemon_.socket_path(), .cpus = 1}));
+  constexpr uint64_t kLarge = 1 * kMiB;
+  const std::vector<std::byte> bytes = SeededBytes(kLarge, 43);
+  const std::span<const std::byte> all(bytes);
+  std::atomic<int> checks_failed{0};
+  worker->Register("four", [&](TaskContext& task) -> Status {
+    const PutPart whole[] = {{.offset = 0, .data = all}};
+    const PutPart halves[] = {{.offset = 0, .data = all.first(kLarge / 2)},
+                              {.offset = kLarge / 2, .data = all.subspan(kLarge / 2)}};
+    const PutPart small[] = {{.offset = 0, .data = all.first(100)}};
+    const std::string meta = "m";
+    // Wrong batches first: an output named twice, one out of range, parts past the end.
+    const TaskContext::OutputParts twice[] = {{.output = 0, .data_size = 100, .parts = small},
+                                              {.output = 0, .data_size = 100, .parts = small}};
+    if (task.PutPartsMany(twice).code() != StatusCode::kAlreadyExists) ++checks_failed;
+    const TaskContext::OutputParts beyond[] = {{.output = 1, .data_size = 100, .parts = small},
+                                               {.output = 9, .data_size = 100, .parts = small}};
+    if (task.PutPartsMany(beyond).code() != StatusCode::kInvalidArgument) ++checks_failed;
+    const TaskContext::OutputParts past[] = {{.output = 1, .data_size = 50, .parts = small}};
+    if (task.PutPartsMany(past).code() != StatusCode::kInvalidArgument) ++checks_failed;
+    const TaskContext::OutputParts batch[] = {
+        {.output = 0, .data_size = kLarge, .parts = whole},
+        {.output = 1, .data_size = 100, .parts = small},
+        {.output = 2,
+         .data_size = kLarge,
+         .parts = halves,
+         .metadata = std::as_bytes(std::span(meta))},
+        {.output = 3, .data_size = kLarge + 100, .parts = halves}};
+    DEPOT_RETURN_NOT_OK(task.PutPartsMany(batch));
+    // Made now: naming one again is refused.
+    if (task.PutPartsMany(std::span(batch).first(1)).code() != StatusCode::kAlreadyExists) {
+      ++checks_failed;
+    }
+    return Status::OK();
+  });
+  std::thread runner([&] { EXPECT_OK(worker->Run()); });
+  ASSERT_TRUE(Eventually([&] { return WorkerCount() == 1; }));
+  ASSERT_OK_AND_ASSIGN(std::string before, client_->Metrics());
+
+  ASSERT_OK_AND_ASSIGN(auto outputs, client_->Submit({.function = "four", .num_outputs = 4}));
+  ASSERT_OK_AND_ASSIGN(auto out, client_->Get(outputs, kPatience));
+  EXPECT_EQ(checks_failed.load(), 0);
+  EXPECT_TRUE(SameBytes(out[0].data(), all));
+  EXPECT_TRUE(SameBytes(out[1].data(), all.first(100)));
+  EXPECT_TRUE(SameBytes(out[2].data(), all));
+  EXPECT_EQ(out[2].metadata().size(), 1u);
+  std::vector<std::byte> padded = bytes;
+  padded.resize(kLarge + 100);  // what no part covers reads as zeros
+  EXPECT_TRUE(SameBytes(out[3].data(), padded));
+  ASSERT_OK_AND_ASSIGN(std::string after, client_->Metrics());
+  const auto creates = [](const std::string& m) {
+    return MetricValue(m, "depot_requests_total{type=\"create\"}");
+  };
+  EXPECT_EQ(creates(after) - creates(before), 3) << after;  // the large ones, the small inline
+  EXPECT_EQ(MetricValue(after, "depot_requests_total{type=\"seal\"}"), 0) << after;
+
+  worker->Stop();
+  runner.join();
+}
+
+// Client::CreateMany creates each item as Create would, in one round trip, and reports each
+// failure in its place without spoiling the others.
+TEST_F(TaskTest, CreateManyCreatesEachItemAndReportsEachFailureInItsPlace) {
+  const ObjectId taken = ObjectId::FromName("create-many-taken");
+  ASSERT_OK(client_->Put(taken, std::as_bytes(std::span("x", 1))));
+  const std::string meta = "meta";
+  const CreateItem items[] = {
+      {.id = ObjectId::FromName("create-many-a"), .data_size = 3 * kMiB},
+      {.id = taken, .data_size = 10},
+      {.id = ObjectId::FromName("create-many-b"),
+       .data_size = 10,
+       .options = {.metadata = std::as_bytes(std::span(meta))}},
+      {.id = ObjectId::FromName("create-many-c"), .data_size = uint64_t{1} << 60}};
+  std::vector<Result<MutableBuffer>> made = client_->CreateMany(items);
+  ASSERT_EQ(made.size(), 4u);
+  ASSERT_OK(made[0].status());
+  EXPECT_EQ(made[0]->size(), 3 * kMiB);
+  EXPECT_EQ(made[1].status().code(), StatusCode::kAlreadyExists) << made[1].status().ToString();
+  ASSERT_OK(made[2].status());
+  EXPECT_EQ(made[3].status().code(), StatusCode::kInvalidArgument) << made[3].status().ToString();
+  std::memset(made[2]->ptr(), 7, 10);
+  ASSERT_OK(client_->Seal(items[2].id));
+  ASSERT_OK_AND_ASSIGN(Buffer b, client_->Get(items[2].id, kPatience));
+  EXPECT_EQ(b.data()[9], std::byte{7});
+  EXPECT_EQ(b.metadata().size(), meta.size());
+  ASSERT_OK(client_->Abort(items[0].id));
+  EXPECT_TRUE(client_->CreateMany({}).empty());
+}
+
 // Tasks sent ahead (pipelined) run one after another on a slot: a worker of two slots never
 // runs more than two at once, whatever the daemon sent it ahead.
 TEST_F(TaskTest, TasksSentAheadNeverRunBesideWhatTheyFollow) {

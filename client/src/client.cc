@@ -461,6 +461,11 @@ Result<MutableBuffer> Client::Create(const ObjectId& id, uint64_t data_size,
   InitCreate(request, id, data_size, options);
   Reply reply;
   DEPOT_RETURN_NOT_OK(conn_->Call(request, &reply));
+  return Created(id, data_size, options, reply);
+}
+
+Result<MutableBuffer> Client::Created(const ObjectId& id, uint64_t data_size,
+                                      const CreateOptions& options, Reply& reply) {
   return Decode([&]() -> Result<MutableBuffer> {
     auto r = reply.get();
     if (!r.isCreate()) return UnexpectedReply("create");
@@ -472,6 +477,31 @@ Result<MutableBuffer> Client::Create(const ObjectId& id, uint64_t data_size,
     conn_->holdings().Replace(holding);
     return MutableBuffer(std::move(holding));
   });
+}
+
+std::vector<Result<MutableBuffer>> Client::CreateMany(std::span<const CreateItem> items) {
+  std::vector<Result<MutableBuffer>> results;
+  results.reserve(items.size());
+  for (size_t start = 0; start < items.size(); start += kPutManyWindow) {
+    const auto window = items.subspan(start, std::min(kPutManyWindow, items.size() - start));
+    std::vector<RequestMessage> requests(window.size());
+    std::vector<RequestMessage*> pointers;
+    pointers.reserve(window.size());
+    for (size_t k = 0; k < window.size(); ++k) {
+      InitCreate(requests[k], window[k].id, window[k].data_size, window[k].options);
+      pointers.push_back(&requests[k]);
+    }
+    std::unique_ptr<Reply[]> replies(new Reply[window.size()]);
+    std::vector<Status> done = conn_->CallMany(pointers, replies.get());
+    for (size_t k = 0; k < window.size(); ++k) {
+      if (!done[k].ok()) {
+        results.emplace_back(std::move(done[k]));
+        continue;
+      }
+      results.push_back(Created(window[k].id, window[k].data_size, window[k].options, replies[k]));
+    }
+  }
+  return results;
 }
 
 Status Client::Seal(const ObjectId& id) {

@@ -109,6 +109,50 @@ Status TaskContext::PutParts(size_t output, uint64_t data_size, std::span<const 
   return Status::OK();
 }
 
+Status TaskContext::PutPartsMany(std::span<const OutputParts> outputs) {
+  std::vector<size_t> named;  // the outputs of the batch checked so far
+  named.reserve(outputs.size());
+  for (const OutputParts& o : outputs) {
+    DEPOT_RETURN_NOT_OK(CheckParts(o.parts, o.data_size));
+    if (o.output < outputs_.size() && sealed(o.output)) continue;
+    DEPOT_RETURN_NOT_OK(CheckNew(o.output));
+    if (std::ranges::find(named, o.output) != named.end()) {
+      return Status::AlreadyExists("output " + std::to_string(o.output) + " of task " +
+                                   std::to_string(task_) + " is named twice in one batch");
+    }
+    named.push_back(o.output);
+  }
+  // Those the completion has room for go in it, as PutParts would send them; the others
+  // are created together.
+  std::vector<const OutputParts*> large;
+  std::vector<CreateItem> items;
+  for (const OutputParts& o : outputs) {
+    if (o.output < outputs_.size() && sealed(o.output)) continue;
+    const uint64_t bytes = o.data_size + o.metadata.size();
+    if (bytes <= ipc::kMaxInlineOutputBytes && inline_bytes_ + bytes <= inline_budget_) {
+      DEPOT_RETURN_NOT_OK(PutParts(o.output, o.data_size, o.parts, o.metadata));
+      continue;
+    }
+    large.push_back(&o);
+    items.push_back(
+        {.id = outputs_[o.output], .data_size = o.data_size, .options = {.metadata = o.metadata}});
+  }
+  std::vector<Result<MutableBuffer>> made = client_.CreateMany(items);
+  Status first;
+  for (size_t k = 0; k < made.size(); ++k) {
+    if (!made[k].ok()) {
+      if (first.ok()) first = made[k].status();
+      continue;
+    }
+    created_.push_back({.index = static_cast<uint32_t>(large[k]->output), .buffer = *made[k]});
+  }
+  DEPOT_RETURN_NOT_OK(first);
+  for (size_t k = 0; k < made.size(); ++k) {
+    internal::FillParts(made[k]->ptr(), large[k]->parts, large[k]->data_size, copy_threads_);
+  }
+  return Status::OK();
+}
+
 Result<MutableBuffer> TaskContext::Create(size_t output, uint64_t data_size,
                                           std::span<const std::byte> metadata) {
   DEPOT_RETURN_NOT_OK(CheckNew(output));

@@ -747,6 +747,42 @@ def test_slices_run_inside_the_tasks_that_read_them_and_are_never_stored(sched):
         depot.dask.plan(chain, workers=0)
 
 
+def test_a_block_that_branches_and_joins_again_runs_as_one_task(sched):
+    # One value read by two tasks whose results are joined: fused, the branches are never
+    # stored. A join of two sources is not: its inputs may run on two workers at once.
+    start = delayed(operator.add)(1, 2)
+    diamond = delayed(operator.add)(delayed(operator.mul)(start, 3), delayed(operator.neg)(start))
+    plan = sched.plan(diamond)
+    assert plan.tasks == 1 and sum(f.tasks for f in plan.fused) == 3, plan
+    assert diamond.compute(scheduler=sched.get) == 6
+    two = delayed(operator.mul)(delayed(operator.add)(1, 2), delayed(operator.add)(3, 4))
+    assert sched.plan(two).tasks == 3 and sched.plan(two).fused == []
+    assert two.compute(scheduler=sched.get) == 21
+    # Nor are blocks a reduction combines: eight sources.
+    total = delayed(sum)([delayed(operator.add)(i, 1) for i in range(8)])
+    assert sched.plan(total).tasks == 9 and total.compute(scheduler=sched.get) == 36
+
+    # A frame's key column computed apart and assigned back, then grouped by it: each
+    # partition's eight tasks run as one, and only its partial aggregate is stored.
+    import dask.dataframe as dd
+
+    def grouped():
+        rows = da.random.RandomState(0).random_sample((40_000, 4), chunks=(10_000, 4))
+        frame = dd.from_dask_array(rows, columns=["a", "b", "c", "d"])
+        frame = frame.assign(k=(frame["b"] * 10).astype("int64"))
+        return frame.groupby("k").agg({"a": "mean", "c": "sum"}, split_out=1)
+
+    plan = sched.plan(grouped())
+    unfused = depot.dask.plan(grouped(), memory="512MiB", workers=2, fuse=False)
+    assert plan.tasks == 5 and unfused.tasks > 30, (plan, unfused)
+    before = _bytes_in(sched.client)
+    ours = grouped().compute(scheduler=sched.get)
+    made = _bytes_in(sched.client) - before
+    pd.testing.assert_frame_equal(ours, grouped().compute(scheduler="threads"))
+    assert made < 40_000 * 8, made  # partial aggregates; not the columns (1.3 MB)
+    del ours
+
+
 def _by_value():
     """Functions for graphs, made here so that they travel by value (workers cannot import
     tests): a shuffle's split, four groups of 1 MB by their names; and the identity."""

@@ -160,6 +160,13 @@ struct PutPart {
 // call it to refuse a batch before putting any of it.
 Status CheckParts(std::span<const PutPart> parts, uint64_t data_size);
 
+// One object of Client::CreateMany, as Create takes it.
+struct CreateItem {
+  ObjectId id;
+  uint64_t data_size = 0;
+  CreateOptions options;
+};
+
 // One object of Client::PutManyParts, as PutParts takes it.
 struct PutPartsItem {
   ObjectId id;
@@ -399,6 +406,12 @@ class Client {
   // client's quotas.
   Result<MutableBuffer> Create(const ObjectId& id, uint64_t data_size,
                                const CreateOptions& options = {});
+  // Creates each item as Create does, and returns each one's result, in order: one failing
+  // does not stop the others. The requests are pipelined, up to kPutManyWindow in one
+  // write, so that several objects cost about one round trip instead of one each (a task
+  // with several outputs; TaskContext::PutPartsMany). If the connection breaks, the items
+  // not yet answered fail with Disconnected.
+  std::vector<Result<MutableBuffer>> CreateMany(std::span<const CreateItem> items);
 
   // Makes the object immutable and visible to all; wakes everyone waiting in Get for it.
   // Handles from Create stay valid (now read-only by contract). Fails with NotFound for an
@@ -662,6 +675,9 @@ class Client {
   friend class Worker;  // runs tasks over a Client's connection
   explicit Client(std::shared_ptr<internal::Connection> conn);
   Status Delete(std::span<const ObjectId> ids, bool after_tasks);
+  // The object `reply` (to a create of `id`) made: its holding, filed with the connection.
+  Result<MutableBuffer> Created(const ObjectId& id, uint64_t data_size,
+                                const CreateOptions& options, internal::Reply& reply);
   // Handoff; with `seal`, of the one object in `ids` this client is creating, which the
   // daemon seals first (and deletes if the handoff fails): SealAndHandoff in one request.
   Status Handoff(std::span<const ObjectId> ids, int device, std::chrono::milliseconds ttl,

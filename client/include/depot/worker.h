@@ -77,6 +77,19 @@ class TaskContext {
   // CheckParts refuses.
   Status PutParts(size_t output, uint64_t data_size, std::span<const PutPart> parts,
                   std::span<const std::byte> metadata = {});
+  // One output of PutPartsMany, as PutParts takes it.
+  struct OutputParts {
+    size_t output = 0;
+    uint64_t data_size = 0;
+    std::span<const PutPart> parts;
+    std::span<const std::byte> metadata;
+  };
+  // PutParts of several outputs, those that the completion cannot carry created in one
+  // round trip (Client::CreateMany) rather than one each: a task with many outputs waits
+  // for the daemon once. Checks every item first (its parts, its index, an output named
+  // twice) and makes none if one is wrong; then returns the first create's error, if any
+  // (the outputs made are aborted with the task, as Create's are).
+  Status PutPartsMany(std::span<const OutputParts> outputs);
   // Output `output` in host memory, `data_size` bytes, to fill in place: the daemon seals it
   // with the task's completion when the function returns OK (no round trip for the seal),
   // and it is aborted when the function fails. The buffer must not be written after the

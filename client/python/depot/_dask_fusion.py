@@ -27,6 +27,14 @@ each piece. Here a task is absorbed into its reader when
   metadata counted as the sum of its inputs), at most ``share`` bytes (the bound over the
   workers).
 
+One block's work that branches and joins again is fused whole, though its join combines
+several inputs and its branches share a producer (several readers): a frame's column
+computed apart and assigned back (``df.assign(k=f(df.b))``, before a groupby or a set_index,
+is eight tasks a partition when Dask cannot fuse it, each storing a frame). Such a group is
+kept only when one member, its source, is the only one reading no other member and the only
+one reading from outside the group (:func:`_one_source`); else it is made again by the
+rules above.
+
 Absorbed tasks are absorbed in turn into nothing else; their own producers may join the
 same fused task by the same rules (a slice of a slice). The fused task is Dask's
 ``Task.fuse`` of its members (a subgraph run by ``execute_graph`` on the worker), under the
@@ -91,44 +99,91 @@ def groups(
     leader_of: Dict[Key, Key] = {}
     out: Dict[Key, List[Key]] = {}
     inside: Dict[Key, int] = {}
-    for key in reversed(order):  # readers before what they read
-        if key not in inputs or key in leader_of:
-            continue
-        leader_of[key] = key
+
+    def absorbable(p: Key) -> bool:
+        return not (p not in inputs or p in leader_of or p in wanted or p in data or p in kept)
+
+    def grow(key: Key, joins: bool) -> Tuple[List[Key], bool]:
+        """The members of the group ``key`` leads (itself first), and whether a join was
+        taken in: with ``joins``, tasks the rules above would leave out because their
+        reader combines several inputs, or because several members read them."""
         members = [key]
+        taken = {key}
+        joined = False
         outside = dict.fromkeys(inputs[key])  # the group's inputs from outside it
         held = size_of(key) + sum(size_of(d) for d in outside)
         candidates = list(inputs[key])
-        while candidates:
+        waiting: List[Key] = []  # read by members and by tasks not (yet) in the group
+        while candidates or waiting:
+            if not candidates:
+                # Those whose readers have all joined since; the rest stay out.
+                ready = [p for p in waiting if readers[p] <= taken]
+                if not ready:
+                    break
+                waiting = [p for p in waiting if p not in ready]
+                candidates = ready
             p = candidates.pop()
-            if p not in inputs or p in leader_of or p in wanted or p in data or p in kept:
+            if p in taken or not absorbable(p):
+                continue
+            shared = len(readers[p]) != 1
+            if shared and not joins:
+                continue
+            if shared and not readers[p] <= taken:
+                if p not in waiting:
+                    waiting.append(p)
+                continue
+            if any(getattr(graph[k], "block_fusion", False) for k in (p, *readers[p])):
+                continue
+            if any(options(p) != options(r) for r in readers[p]):
                 continue
             reader = next(iter(readers[p]))
-            if len(readers[p]) != 1 or any(
-                getattr(graph[k], "block_fusion", False) for k in (p, reader)
-            ):
-                continue
-            combines = not (is_slice(graph[p]) or len(inputs[reader]) == 1)
+            combines = not shared and not (is_slice(graph[p]) or len(inputs[reader]) == 1)
             if combines and not _combines(p, reader):
-                continue
-            if options(p) != options(reader):
-                continue
-            fresh = [d for d in inputs[p] if d not in outside and d not in leader_of]
+                if not joins:
+                    continue
+                combines, shared = False, True  # a join: kept only if the group has one source
+            fresh = [d for d in inputs[p] if d not in outside and d not in taken]
             if held + sum(size_of(d) for d in fresh) > (share // _COMBINED if combines else share):
                 continue
             if combines and len(outside) - 1 + len(fresh) > _COMBINED_INPUTS:
                 continue
             held += sum(size_of(d) for d in fresh)
             # p's output is made inside now, no longer read from outside: it stays counted.
-            del outside[p]
+            outside.pop(p, None)
             outside.update(dict.fromkeys(fresh))
-            leader_of[p] = key
             members.append(p)
+            taken.add(p)
+            joined = joined or shared
             candidates.extend(inputs[p])
+        return members, joined
+
+    for key in reversed(order):  # readers before what they read
+        if key not in inputs or key in leader_of:
+            continue
+        members, joined = grow(key, joins=True)
+        if joined and not _one_source(members, inputs):
+            members, _ = grow(key, joins=False)
+        for m in members:
+            leader_of[m] = key
         if len(members) > 1:
             out[key] = members
             inside[key] = sum(size_of(m) for m in members[1:])
     return out, inside
+
+
+def _one_source(members: List[Key], inputs: Mapping[Key, List[Key]]) -> bool:
+    """Whether one member, the group's source, is the only one that reads no other member
+    and the only one that reads anything from outside the group: one block's work that
+    branches and joins again (a frame's column computed apart and assigned back). Fused,
+    its branches run one after the other, as they would on one worker each where there are
+    other blocks for the other workers. Groups that join several sources (the blocks a
+    reduction combines), or a branch with what other tasks make, are left to the rules
+    above: fused, they would hold up work that can run beside them."""
+    taken = set(members)
+    sources = [m for m in members if not any(d in taken for d in inputs[m])]
+    return len(sources) == 1 and all(
+        d in taken for m in members if m != sources[0] for d in inputs[m]
+    )
 
 
 def _name(key: Key) -> str:

@@ -6,7 +6,7 @@ import os
 import pickle
 import threading
 import traceback
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _codec, _dask_graphs, _depot, _tasks
 from ._client import Client, _array_layout, _copy_strided
@@ -367,6 +367,9 @@ class Worker:
                     f"the task has {len(outputs)} outputs: its function returned "
                     f"{len(results)} values"
                 )
+        # The values kept as parts, stored together: a task of several outputs waits for
+        # the daemon's creates once, not once an output (TaskView.put_parts_many).
+        batch: List[Tuple[int, List[Any], List[int], int, bytes]] = []
         for k, value in enumerate(results):
             if task.sealed(k):
                 continue  # an earlier attempt stored it before its worker died
@@ -384,7 +387,7 @@ class Worker:
                 encoded = _apart_from(encoded, made)
                 task.abort(k)
             if isinstance(encoded, _codec.Encoded):
-                task.put_parts(k, encoded.parts, encoded.offsets, encoded.size, encoded.metadata)
+                batch.append((k, encoded.parts, encoded.offsets, encoded.size, encoded.metadata))
                 continue
             if isinstance(encoded, _codec.StridedArray):
                 _copy_strided(task.create(k, encoded.array.nbytes, encoded.metadata), encoded.array)
@@ -393,3 +396,7 @@ class Worker:
             self._client._put_encoded(
                 ObjectRef(outputs[k]), value, encoded, False, default_device=device
             )
+        if len(batch) == 1:
+            task.put_parts(*batch[0])
+        elif batch:
+            task.put_parts_many(batch)

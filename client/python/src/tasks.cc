@@ -2,10 +2,12 @@
 
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "buffers.h"
@@ -137,6 +139,34 @@ class TaskView {
     {
       ReleaseGil release;
       st = task.PutParts(output, size, viewed.parts, BytesOf(metadata));
+    }
+    RaiseIfError(st);
+  }
+  // Several outputs given as parts, each a tuple (output, parts, offsets, size,
+  // metadata): those not carried by the completion are created in one round trip
+  // (TaskContext::PutPartsMany).
+  void PutPartsMany(nb::list outputs) {
+    TaskContext& task = context();
+    std::vector<Parts> viewed;
+    std::vector<nb::bytes> metadata;
+    std::vector<TaskContext::OutputParts> batch;
+    viewed.reserve(outputs.size());
+    metadata.reserve(outputs.size());
+    batch.reserve(outputs.size());
+    for (nb::handle item : outputs) {
+      auto [output, parts, offsets, size, meta] =
+          nb::cast<std::tuple<size_t, nb::list, std::vector<uint64_t>, uint64_t, nb::bytes>>(item);
+      viewed.push_back(ViewParts(parts, offsets));
+      metadata.push_back(std::move(meta));
+      batch.push_back({.output = output,
+                       .data_size = size,
+                       .parts = viewed.back().parts,
+                       .metadata = BytesOf(metadata.back())});
+    }
+    Status st;
+    {
+      ReleaseGil release;
+      st = task.PutPartsMany(batch);
     }
     RaiseIfError(st);
   }
@@ -292,6 +322,7 @@ void BindTasks(nb::module_& m) {
       .def("put", &TaskView::Put, "output"_a, "data"_a, "metadata"_a)
       .def("put_parts", &TaskView::PutParts, "output"_a, "parts"_a, "offsets"_a, "size"_a,
            "metadata"_a)
+      .def("put_parts_many", &TaskView::PutPartsMany, "outputs"_a)
       .def("create", &TaskView::Create, "output"_a, "size"_a, "metadata"_a)
       .def("abort", &TaskView::Abort, "output"_a);
   nb::class_<PyWorker>(m, "Worker", "A worker process's attachment to depotd's scheduler.")
