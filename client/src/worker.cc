@@ -138,19 +138,18 @@ Status TaskContext::PutPartsMany(std::span<const OutputParts> outputs) {
         {.id = outputs_[o.output], .data_size = o.data_size, .options = {.metadata = o.metadata}});
   }
   std::vector<Result<MutableBuffer>> made = client_.CreateMany(items);
+  // Those created are filled even when another create failed: what was made is whole, as
+  // after PutParts calls one by one, whether the function then fails or goes on.
   Status first;
   for (size_t k = 0; k < made.size(); ++k) {
     if (!made[k].ok()) {
       if (first.ok()) first = made[k].status();
       continue;
     }
+    internal::FillParts(made[k]->ptr(), large[k]->parts, large[k]->data_size, copy_threads_);
     created_.push_back({.index = static_cast<uint32_t>(large[k]->output), .buffer = *made[k]});
   }
-  DEPOT_RETURN_NOT_OK(first);
-  for (size_t k = 0; k < made.size(); ++k) {
-    internal::FillParts(made[k]->ptr(), large[k]->parts, large[k]->data_size, copy_threads_);
-  }
-  return Status::OK();
+  return first;
 }
 
 Result<MutableBuffer> TaskContext::Create(size_t output, uint64_t data_size,

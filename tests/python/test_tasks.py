@@ -130,6 +130,11 @@ def test_a_value_returned_instead_of_an_output_it_views_is_stored_whole(client, 
         out[:] = np.arange(n * n, dtype=np.float64)
         return {"tail": out[n:], "head": out[:n]}
 
+    def one_views_the_other(n):
+        out = depot.output_array(n * n, "float64", index=1)
+        out[:] = np.arange(n * n, dtype=np.float64)
+        return out[: n * n // 2], out + 1
+
     expected = np.arange(n * n, dtype=np.float64)
     for _ in range(3):
         np.testing.assert_array_equal(client.get(client.submit(transposed, n), timeout=60),
@@ -137,6 +142,13 @@ def test_a_value_returned_instead_of_an_output_it_views_is_stored_whole(client, 
         got = client.get(client.submit(in_a_dict, n), timeout=60)
         np.testing.assert_array_equal(got["tail"], expected[n:])
         np.testing.assert_array_equal(got["head"], expected[:n])
+        # One output views what was made for another, which is dropped: the view is copied
+        # out before the drop, whichever output comes first.
+        refs = client.submit(one_views_the_other, n, num_outputs=2)
+        a, b = client.get_many(list(refs), timeout=60)
+        np.testing.assert_array_equal(a, expected[: n * n // 2])
+        np.testing.assert_array_equal(b, expected + 1)
+        del got, a, b
     assert client.status().objects_creating == 0
 
 

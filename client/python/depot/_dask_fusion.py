@@ -113,15 +113,16 @@ def groups(
         outside = dict.fromkeys(inputs[key])  # the group's inputs from outside it
         held = size_of(key) + sum(size_of(d) for d in outside)
         candidates = list(inputs[key])
-        waiting: List[Key] = []  # read by members and by tasks not (yet) in the group
+        # Read by members and by tasks not (yet) in the group, in the order met.
+        waiting: Dict[Key, None] = {}
         while candidates or waiting:
             if not candidates:
                 # Those whose readers have all joined since; the rest stay out.
-                ready = [p for p in waiting if readers[p] <= taken]
-                if not ready:
+                candidates = [p for p in waiting if readers[p] <= taken]
+                if not candidates:
                     break
-                waiting = [p for p in waiting if p not in ready]
-                candidates = ready
+                for p in candidates:
+                    del waiting[p]
             p = candidates.pop()
             if p in taken or not absorbable(p):
                 continue
@@ -129,8 +130,7 @@ def groups(
             if shared and not joins:
                 continue
             if shared and not readers[p] <= taken:
-                if p not in waiting:
-                    waiting.append(p)
+                waiting[p] = None
                 continue
             if any(getattr(graph[k], "block_fusion", False) for k in (p, *readers[p])):
                 continue

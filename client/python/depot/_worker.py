@@ -367,6 +367,14 @@ class Worker:
                     f"the task has {len(outputs)} outputs: its function returned "
                     f"{len(results)} values"
                 )
+        # Outputs made in place (output_array) for which the function returned something
+        # else: dropped, their memory free for the next object (that output's, made again).
+        # What any value views of them is copied out first, whichever output it is.
+        dropped = [
+            created[k]
+            for k, value in enumerate(results)
+            if k in created and value is not created[k] and not task.sealed(k)
+        ]
         # The values kept as parts, stored together: a task of several outputs waits for
         # the daemon's creates once, not once an output (TaskView.put_parts_many).
         batch: List[Tuple[int, List[Any], List[int], int, bytes]] = []
@@ -380,12 +388,10 @@ class Worker:
             # ones travel in it); a GPU array goes to its own GPU, and one whose GPU its
             # pointer does not tell (a simulated GPU's) to the task's.
             encoded = _codec.encode(value)
+            for gone in dropped:
+                encoded = _apart_from(encoded, gone)
             if made is not None:
-                # Something else was returned: that is stored, and what was made dropped,
-                # its memory free for the next object (this output's, made again). What
-                # the value views of it is copied out first.
-                encoded = _apart_from(encoded, made)
-                task.abort(k)
+                task.abort(k)  # something else was returned: that is stored
             if isinstance(encoded, _codec.Encoded):
                 batch.append((k, encoded.parts, encoded.offsets, encoded.size, encoded.metadata))
                 continue
