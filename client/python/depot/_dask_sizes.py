@@ -22,6 +22,7 @@ is misdescribed by its own graph: its declared size is wrong the same way.
 
 import math
 import operator
+import sys
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 Key = Any
@@ -101,12 +102,12 @@ class _Layer:
 
 def _getitems() -> Tuple[Any, ...]:
     """The functions a task slices a chunk with: Python's and dask.array's (which copies a
-    slice smaller than half its chunk)."""
-    try:
-        from dask.array.chunk import getitem
-    except ImportError:  # dask without its array extra
-        return (operator.getitem,)
-    return (operator.getitem, getitem)
+    slice smaller than half its chunk), where dask.array is imported: a graph holding its
+    function has imported it, and a graph of others (dask.delayed) does not pay for
+    importing it (about a second, on the first compute)."""
+    chunk = sys.modules.get("dask.array.chunk")
+    getitem = getattr(chunk, "getitem", None)
+    return (operator.getitem,) if getitem is None else (operator.getitem, getitem)
 
 
 def is_slice(node: Any) -> bool:
