@@ -77,12 +77,16 @@ Status TaskContext::CheckNew(size_t output) const {
   return Status::OK();
 }
 
+bool TaskContext::Carries(uint64_t bytes) const {
+  return bytes <= ipc::kMaxInlineOutputBytes && inline_bytes_ + bytes <= inline_budget_;
+}
+
 Status TaskContext::Put(size_t output, std::span<const std::byte> data,
                         std::span<const std::byte> metadata) {
   if (output < outputs_.size() && sealed(output)) return Status::OK();
   DEPOT_RETURN_NOT_OK(CheckNew(output));
   const size_t bytes = data.size() + metadata.size();
-  if (bytes > ipc::kMaxInlineOutputBytes || inline_bytes_ + bytes > inline_budget_) {
+  if (!Carries(bytes)) {
     DEPOT_ASSIGN_OR_RETURN(MutableBuffer buffer, Create(output, data.size(), metadata));
     if (!data.empty()) internal::CopyBytes(buffer.ptr(), data.data(), data.size(), copy_threads_);
     return Status::OK();
@@ -128,8 +132,7 @@ Status TaskContext::PutPartsMany(std::span<const OutputParts> outputs) {
   std::vector<CreateItem> items;
   for (const OutputParts& o : outputs) {
     if (o.output < outputs_.size() && sealed(o.output)) continue;
-    const uint64_t bytes = o.data_size + o.metadata.size();
-    if (bytes <= ipc::kMaxInlineOutputBytes && inline_bytes_ + bytes <= inline_budget_) {
+    if (Carries(o.data_size + o.metadata.size())) {
       DEPOT_RETURN_NOT_OK(PutParts(o.output, o.data_size, o.parts, o.metadata));
       continue;
     }

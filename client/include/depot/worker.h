@@ -87,8 +87,9 @@ class TaskContext {
   // PutParts of several outputs, those that the completion cannot carry created in one
   // round trip (Client::CreateMany) rather than one each: a task with many outputs waits
   // for the daemon once. Checks every item first (its parts, its index, an output named
-  // twice) and makes none if one is wrong; then returns the first create's error, if any
-  // (the outputs made are aborted with the task, as Create's are).
+  // twice) and makes none if one is wrong; then returns the first create's error, if any,
+  // having filled the outputs it did create (aborted with the task if it fails, as
+  // Create's are).
   Status PutPartsMany(std::span<const OutputParts> outputs);
   // Output `output` in host memory, `data_size` bytes, to fill in place: the daemon seals it
   // with the task's completion when the function returns OK (no round trip for the seal),
@@ -116,6 +117,9 @@ class TaskContext {
   };
   // InvalidArgument for an index out of range, AlreadyExists for an output made already.
   Status CheckNew(size_t output) const;
+  // Whether the completion carries an output of `bytes` (data and metadata): small enough,
+  // and room left in it (Put, PutPartsMany).
+  bool Carries(uint64_t bytes) const;
   TaskContext(Client& client, uint64_t task, uint32_t attempt, int device, size_t inline_budget,
               unsigned copy_threads)
       : client_(client),
