@@ -269,11 +269,12 @@ void DataRequests::Handoff(const Responder& reply, const Requester& who,
   const ClientId group = *who.group;
   const int32_t device = handoff.getDevice();
   const uint32_t ttl_ms = handoff.getTtlMs();
+  const uint32_t grace_ms = handoff.getGraceMs();
   const std::optional<uint32_t> only_own = who.only_own_objects;
-  auto hand_off = [this, reply, client, group, device, ttl_ms, only_own](
+  auto hand_off = [this, reply, client, group, device, ttl_ms, grace_ms, only_own](
                       std::span<const ObjectId> ids, bool delete_unless_handed) {
     Result<std::vector<StatusCode>> codes =
-        store_.Handoff(client, group, ids, device, ttl_ms, only_own);
+        store_.Handoff(client, group, ids, device, ttl_ms, grace_ms, only_own);
     if (delete_unless_handed && (!codes.ok() || codes->at(0) != StatusCode::kOk)) {
       (void)store_.Delete(ids, only_own);
     }

@@ -118,6 +118,11 @@ void ObjectStore::RemoveClient(ClientId client) {
   Account* account = accounts_.Find(client);
   if (account == nullptr) return;
   waiting_.DropClient(client);
+  // What it handed off with a grace, unclaimed, now has a time to go back.
+  if (handoff_deadlines_.graced() != 0) {
+    handoff_deadlines_.SenderEnded(client, ipc::MonotonicNanos());
+    ArmHandoffTimer();
+  }
   // A group's deadlines go with it (its references are dropped below).
   if (const uint64_t charged = handoff_deadlines_.ForgetGroup(client); charged != 0) {
     accounts_.CountMetadata(client, -static_cast<int64_t>(charged));
@@ -846,12 +851,16 @@ std::vector<StatusCode> ObjectStore::Delete(std::span<const ObjectId> ids,
 
 Result<std::vector<StatusCode>> ObjectStore::Handoff(ClientId client, ClientId group,
                                                      std::span<const ObjectId> ids, int32_t tier,
-                                                     uint32_t ttl_ms,
+                                                     uint32_t ttl_ms, uint32_t grace_ms,
                                                      std::optional<uint32_t> only_of_uid) {
   // Checked first: a reference key keeps 8 bits of the tier.
   DEPOT_RETURN_NOT_OK(CheckTier(tier));
   Account& sender = accounts_.at(client);
   Account& holder = accounts_.at(group);
+  const uint64_t now = ipc::MonotonicNanos();
+  const uint64_t deadline = ttl_ms != 0 ? now + ttl_ms * 1'000'000ull : HandoffDeadlines::kNever;
+  const ClientId graced_by = grace_ms != 0 ? client : 0;
+  const uint64_t cost = HandoffDeadlines::Cost(deadline, graced_by);
   std::vector<StatusCode> out;
   out.reserve(ids.size());
   for (const ObjectId& id : ids) {
@@ -868,16 +877,15 @@ Result<std::vector<StatusCode>> ObjectStore::Handoff(ClientId client, ClientId g
     } else if (held == 0 && accounts_.RefsOf(sender, slot, tier) == 0) {
       // Neither the sender nor the group holds it there: not the sender's to hand over.
       out.push_back(StatusCode::kNotHeld);
-    } else if (ttl_ms != 0 &&
-               !accounts_.CheckMetadata(group, holder, HandoffDeadlines::kBytes).ok()) {
-      out.push_back(StatusCode::kLimitExceeded);  // the deadline is daemon memory
+    } else if (cost != 0 && !accounts_.CheckMetadata(group, holder, cost).ok()) {
+      out.push_back(StatusCode::kLimitExceeded);  // a deadline or a grace is daemon memory
     } else {
       out.push_back(StatusCode::kOk);
       AddRef(holder, slot, tier);
       if (!table_.IsDeletePending(slot)) MarkDeleted(slot);
-      if (ttl_ms != 0) {
-        handoff_deadlines_.Add({group, slot, tier}, ipc::MonotonicNanos() + ttl_ms * 1'000'000ull);
-        accounts_.CountMetadata(group, HandoffDeadlines::kBytes);
+      if (cost != 0) {
+        handoff_deadlines_.Add({group, slot, tier}, deadline, graced_by, grace_ms * 1'000'000ull);
+        accounts_.CountMetadata(group, static_cast<int64_t>(cost));
       }
     }
   }
@@ -936,7 +944,9 @@ Result<std::vector<GetResult>> ObjectStore::Claim(ClientId client, ClientId grou
     // unless the claimer is at its limits: then the group keeps it.
     out.push_back(Grant(&claimer, slot, tier, now));
     if (out.back().code != StatusCode::kOk) continue;
-    handoff_deadlines_.Claimed({group, slot, tier});
+    if (const uint64_t freed = handoff_deadlines_.Claimed({group, slot, tier}); freed != 0) {
+      accounts_.CountMetadata(group, -static_cast<int64_t>(freed));
+    }
     DropRef(holder, slot, tier);
     counters_.get_hits++;
   }

@@ -272,13 +272,14 @@ class ObjectStore final : private Tiers::Owner {
   // (a value sent again). Per id: kOk, kNotFound, kNotSealed (being created), kNotHeld,
   // kLimitExceeded (the group holds kMaxHandoffs of it, or a deadline would pass the group's
   // metadata limits). With `ttl_ms` > 0 the group gives each reference back after that long
-  // if nobody has claimed it (HandoffDeadlines). Fails as a whole for a bad tier.
+  // if nobody has claimed it (HandoffDeadlines); with `grace_ms` > 0, also that long after
+  // `client`'s session has ended (RemoveClient), if sooner. Fails as a whole for a bad tier.
   static constexpr uint32_t kMaxHandoffs = 1u << 20;
   // A handoff deletes the object's name, so with `only_of_uid` (another uid that may write,
   // Access::kWrite) an object whose owner is another uid is kPermissionDenied, as in Delete.
   Result<std::vector<StatusCode>> Handoff(ClientId client, ClientId group,
                                           std::span<const ObjectId> ids, int32_t tier,
-                                          uint32_t ttl_ms = 0,
+                                          uint32_t ttl_ms = 0, uint32_t grace_ms = 0,
                                           std::optional<uint32_t> only_of_uid = std::nullopt);
   // Moves one of `group`'s references to each of `ids` on `tier` to `client`, answered as a
   // get there (a location granting the reference), or kNotHeld, with a message, where the

@@ -79,5 +79,78 @@ TEST(HandoffDeadlinesTest, ManyGroupsExpireInTimeOrderAndInSlices) {
   EXPECT_EQ(freed[1] + freed[2] + freed[3], (30 - 8) * HandoffDeadlines::kBytes);
 }
 
+// Graces: references bound to their sender's end.
+constexpr uint64_t kNever = HandoffDeadlines::kNever;
+
+TEST(HandoffDeadlinesTest, AGracedReferenceGetsItsDueTimeWhenItsSenderEnds) {
+  HandoffDeadlines deadlines;
+  const Key a{1, 10, -1};
+  deadlines.Add(a, kNever, /*sender=*/7, /*grace_ns=*/50);
+  EXPECT_EQ(deadlines.next(), 0u) << "nothing is due while its sender lives";
+  EXPECT_EQ(deadlines.graced(), 1u);
+  std::map<ClientId, uint64_t> freed;
+  EXPECT_EQ(deadlines.Expire(1'000'000, &freed), std::vector<Key>{});
+  deadlines.SenderEnded(8, 1000);  // another session: nothing changes
+  EXPECT_EQ(deadlines.next(), 0u);
+  deadlines.SenderEnded(7, 1000);
+  EXPECT_EQ(deadlines.graced(), 0u);
+  EXPECT_EQ(deadlines.next(), 1050u);
+  EXPECT_EQ(deadlines.Expire(1049, &freed), std::vector<Key>{});
+  EXPECT_EQ(deadlines.Expire(1050, &freed), std::vector<Key>{a});
+  // The one charge, a grace's, passed to the deadline it became and ends with it.
+  EXPECT_EQ(freed[1], HandoffDeadlines::kBytes);
+  EXPECT_EQ(deadlines.size(), 0u);
+}
+
+TEST(HandoffDeadlinesTest, AGraceEndsAtTheHandoffsOwnDeadlineIfThatComesFirst) {
+  HandoffDeadlines deadlines;
+  const Key a{1, 10, -1}, b{1, 11, -1};
+  EXPECT_EQ(HandoffDeadlines::Cost(300, 7), 2 * HandoffDeadlines::kBytes);
+  deadlines.Add(a, 300, 7, 1000);  // due at 300 or 1000 after its sender's end
+  deadlines.Add(b, 5000, 7, 1000);
+  std::map<ClientId, uint64_t> freed;
+  // a's own deadline comes while its sender lives: given back, both charges freed.
+  EXPECT_EQ(deadlines.Expire(300, &freed), std::vector<Key>{a});
+  EXPECT_EQ(freed[1], 2 * HandoffDeadlines::kBytes);
+  EXPECT_EQ(deadlines.graced(), 1u);
+  // b's sender ends at 400: due at 1400, before its own 5000.
+  deadlines.SenderEnded(7, 400);
+  EXPECT_EQ(deadlines.next(), 1400u);
+  freed.clear();
+  EXPECT_EQ(deadlines.Expire(1400, &freed), std::vector<Key>{b});
+  // Its old deadline, still charged, comes due later with nothing to give back.
+  EXPECT_EQ(deadlines.Expire(5000, &freed), std::vector<Key>{});
+  EXPECT_EQ(freed[1], 2 * HandoffDeadlines::kBytes);
+  EXPECT_EQ(deadlines.size(), 0u);
+}
+
+TEST(HandoffDeadlinesTest, AClaimTakesAGracedReferenceAfterThoseWithDeadlines) {
+  HandoffDeadlines deadlines;
+  const Key a{1, 10, -1};
+  deadlines.Add(a, kNever, 7, 50);
+  deadlines.Add(a, 900);
+  EXPECT_EQ(deadlines.Claimed(a), 0u) << "the one due at 900 is taken: its charge stays";
+  EXPECT_EQ(deadlines.Claimed(a), HandoffDeadlines::kBytes) << "the grace's charge ends";
+  EXPECT_EQ(deadlines.graced(), 0u);
+  deadlines.SenderEnded(7, 100);  // nothing of its is left waiting
+  std::map<ClientId, uint64_t> freed;
+  EXPECT_EQ(deadlines.Expire(1'000'000, &freed), std::vector<Key>{});
+  EXPECT_EQ(freed[1], HandoffDeadlines::kBytes);  // the claimed deadline's
+}
+
+TEST(HandoffDeadlinesTest, AGroupsEndForgetsTheGracesOfItsReferences) {
+  HandoffDeadlines deadlines;
+  deadlines.Add({3, 1, -1}, kNever, 7, 50);
+  deadlines.Add({3, 2, -1}, 200, 7, 50);
+  deadlines.Add({4, 1, -1}, kNever, 7, 50);
+  EXPECT_EQ(deadlines.ForgetGroup(3), 3 * HandoffDeadlines::kBytes);
+  EXPECT_EQ(deadlines.graced(), 1u);
+  deadlines.SenderEnded(7, 1000);
+  std::map<ClientId, uint64_t> freed;
+  EXPECT_EQ(deadlines.Expire(2000, &freed), (std::vector<Key>{{4, 1, -1}}));
+  EXPECT_EQ(freed.count(3), 0u);
+  EXPECT_EQ(freed[4], HandoffDeadlines::kBytes);
+}
+
 }  // namespace
 }  // namespace depot::store

@@ -590,6 +590,104 @@ TEST_F(HandoffTest, ATtlOutOfRangeIsRefused) {
   EXPECT_EQ(huge.code(), StatusCode::kInvalidArgument) << huge.ToString();
 }
 
+Result<Client> JoinWithGrace(const TestDaemon& daemon, const std::string& group,
+                             std::chrono::milliseconds grace) {
+  ConnectOptions options;
+  options.group = group;
+  options.handoff_grace = grace;
+  return Client::Connect(daemon.socket_path(), options);
+}
+
+// A sender with a grace (a DataLoader's worker): what it handed off waits for a claim while
+// it lives, however long, and goes back that long after it has gone; what was claimed stays.
+TEST_F(HandoffTest, WhatASenderWithAGraceLeftUnclaimedGoesBackAfterItEnds) {
+  const std::string group = GroupKey('g');
+  const ObjectId claimed_id = ObjectId::Random(), left_id = ObjectId::Random();
+  auto receiver = Join(daemon_, group);
+  ASSERT_TRUE(receiver.ok());
+  Client observer = Observer();
+  const uint64_t baseline = observer.GetStatus()->metadata_bytes;
+  std::vector<Buffer> claimed;
+  {
+    auto sender = JoinWithGrace(daemon_, group, std::chrono::milliseconds(50));
+    ASSERT_TRUE(sender.ok()) << sender.status().ToString();
+    ASSERT_OK(PutAndHandOff(*sender, claimed_id, SeededBytes(64 * kKiB, 20)));
+    ASSERT_OK(PutAndHandOff(*sender, left_id, SeededBytes(64 * kKiB, 21)));
+    // Both wait while the sender lives (no ttl), their graces charged as daemon memory.
+    EXPECT_GT(observer.GetStatus()->metadata_bytes, baseline);
+    ASSERT_OK_AND_ASSIGN(claimed, receiver->Claim(std::span(&claimed_id, 1)));
+  }
+  // The sender has gone; 50 ms later the group gives back what nobody claimed, though the
+  // receiver keeps the group alive.
+  EXPECT_EQ(SealedObjects(observer, 1), 1u);
+  EXPECT_EQ(receiver->Claim(std::span(&left_id, 1)).status().code(), StatusCode::kNotHeld);
+  ASSERT_EQ(claimed.size(), 1u);
+  const std::vector<std::byte> bytes = SeededBytes(64 * kKiB, 20);
+  EXPECT_EQ(std::memcmp(claimed[0].ptr(), bytes.data(), bytes.size()), 0);
+  claimed.clear();
+  EXPECT_EQ(SealedObjects(observer, 0), 0u);
+  EXPECT_EQ(MetadataBytes(observer, baseline), baseline);  // the graces' charges too
+}
+
+// Within its grace, what a sender that has gone handed off is still claimed.
+TEST_F(HandoffTest, AClaimWithinTheGraceAfterTheSenderHasGoneSucceeds) {
+  const std::string group = GroupKey('h');
+  const ObjectId id = ObjectId::Random();
+  auto receiver = Join(daemon_, group);
+  ASSERT_TRUE(receiver.ok());
+  Client observer = Observer();
+  {
+    // A minute: a thousand times what the claim below takes.
+    auto sender = JoinWithGrace(daemon_, group, std::chrono::minutes(1));
+    ASSERT_TRUE(sender.ok()) << sender.status().ToString();
+    ASSERT_OK(PutAndHandOff(*sender, id, SeededBytes(kKiB, 22)));
+  }
+  // The sender's end reaches the daemon before the receiver's next request does not
+  // matter: either way the grace has not run out.
+  auto got = receiver->Claim(std::span(&id, 1));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  got->clear();
+  EXPECT_EQ(SealedObjects(observer, 0), 0u);
+}
+
+TEST_F(HandoffTest, AGraceOutOfRangeIsRefusedAtConnect) {
+  for (const auto grace : {std::chrono::milliseconds(-1), std::chrono::milliseconds(1ll << 33)}) {
+    auto sender = JoinWithGrace(daemon_, GroupKey('i'), grace);
+    ASSERT_FALSE(sender.ok());
+    EXPECT_EQ(sender.status().code(), StatusCode::kInvalidArgument) << sender.status().ToString();
+    EXPECT_NE(sender.status().message().find("grace"), std::string::npos);
+  }
+}
+
+// Graces are daemon memory as deadlines are: a member that hands one object off again and
+// again with a grace is stopped at its group's metadata limit; its end turns them into
+// deadlines, which give everything back while another member keeps the group alive.
+TEST(HandoffDeadlineTest, GracesCountAgainstTheGroupsMetadataLimit) {
+  TestDaemon daemon({"--memory", "64MiB", "--client-max-metadata", "64KiB"});
+  ASSERT_TRUE(daemon.ok()) << daemon.error();
+  auto observer = Client::Connect(daemon.socket_path());
+  ASSERT_TRUE(observer.ok());
+  const uint64_t baseline = observer->GetStatus()->metadata_bytes;
+  const ObjectId id = ObjectId::Random();
+  auto keeper = Join(daemon, GroupKey('y'));
+  ASSERT_TRUE(keeper.ok());
+  {
+    auto member = JoinWithGrace(daemon, GroupKey('y'), std::chrono::milliseconds(20));
+    ASSERT_TRUE(member.ok());
+    ASSERT_OK(PutAndHandOff(*member, id, SeededBytes(kKiB, 23)));
+    Status st;
+    int handed = 1;
+    for (; handed < 10'000 && st.ok(); ++handed) st = member->Handoff(std::span(&id, 1));
+    EXPECT_EQ(st.code(), StatusCode::kLimitExceeded) << st.ToString();
+    EXPECT_LT(handed, 1000) << "64 KiB holds a few hundred graces";
+    EXPECT_OK(member->GetStatus());
+  }
+  // The member has gone, the keeper stays: 20 ms later every reference is given back.
+  EXPECT_EQ(SealedObjects(*observer, 0), 0u);
+  EXPECT_EQ(MetadataBytes(*observer, baseline), baseline);
+  EXPECT_OK(keeper->GetStatus());
+}
+
 // Deadlines are daemon memory: a member that hands one object off again and again, each
 // with a long deadline, is stopped at its group's metadata limit, and everything is given
 // back when the group ends.

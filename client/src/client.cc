@@ -839,6 +839,7 @@ Status Client::Handoff(std::span<const ObjectId> ids, int device, std::chrono::m
   auto handoff = request.root().initHandoff();
   handoff.setDevice(tier);
   handoff.setTtlMs(static_cast<uint32_t>(ttl.count()));
+  handoff.setGraceMs(conn_->handoff_grace_ms());
   handoff.setSeal(seal);
   auto list = handoff.initIds(static_cast<unsigned>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) ipc::ToWire(ids[i], list[i]);

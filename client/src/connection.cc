@@ -220,10 +220,16 @@ wire::Reply::Reader Reply::get() {
 
 Result<std::shared_ptr<Connection>> Connection::Open(const std::string& socket_path,
                                                      const ConnectOptions& options) {
+  if (options.handoff_grace.count() < 0 || options.handoff_grace.count() > UINT32_MAX) {
+    return Status::InvalidArgument("a handoff grace is between 0 and " +
+                                   std::to_string(UINT32_MAX) + " ms, not " +
+                                   std::to_string(options.handoff_grace.count()));
+  }
   DEPOT_ASSIGN_OR_RETURN(ipc::UniqueFd socket, ipc::ConnectUnix(socket_path));
   DEPOT_RETURN_NOT_OK(ipc::CheckDaemonCredentials(socket.get(), socket_path));
   auto conn = std::make_shared<Connection>(std::move(socket), socket_path, options.spin);
   DEPOT_ASSIGN_OR_RETURN(conn->copy_threads_, CopyThreads(options.copy_threads));
+  conn->handoff_grace_ms_ = static_cast<uint32_t>(options.handoff_grace.count());
   DEPOT_RETURN_NOT_OK(conn->Handshake(options));
   return conn;
 }

@@ -159,6 +159,8 @@ class Connection {
   Connection(ipc::UniqueFd socket, std::string socket_path, std::chrono::microseconds spin);
   // Threads a put copies a large object with (ConnectOptions::copy_threads, resolved).
   unsigned copy_threads() const { return copy_threads_; }
+  // ConnectOptions::handoff_grace, in milliseconds.
+  uint32_t handoff_grace_ms() const { return handoff_grace_ms_; }
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
   // Stops the flusher; releases still queued are dropped (closing the socket releases
@@ -335,6 +337,7 @@ class Connection {
   const std::string socket_path_;
   const std::chrono::microseconds spin_;
   unsigned copy_threads_ = 1;
+  uint32_t handoff_grace_ms_ = 0;
   const uint64_t fork_generation_;  // the process's fork generation when connected
   std::atomic<uint64_t> next_id_{1};
 

@@ -464,6 +464,33 @@ def scenario_dataloader_left(method):
     return out
 
 
+def scenario_dataloader_graced(method):
+    """A DataLoader left early with no ttl set: what its workers prefetched waits while they
+    live, and goes within their grace (DATALOADER_GRACE) once they have exited."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from depot.multiprocessing import _store
+
+    out = {"ttl": mp.get_handoff_ttl(), "grace": _store.DATALOADER_GRACE}
+    loader = DataLoader(Squares(64), batch_size=2, num_workers=2, prefetch_factor=4,
+                        multiprocessing_context=mp.get_context(method))
+    it = iter(loader)
+    first = next(it)
+    out["first_exact"] = bool(torch.equal(first[:, 0], torch.tensor([0.0, 1.0])))
+    del first
+    out["prefetched"] = _until(lambda: mp.store().status().objects_sealed >= 3, 60)
+    # No ttl: what waits stays while the workers live (they are not told to stop yet).
+    workers = list(it._workers)
+    out["workers_alive"] = all(w.is_alive() for w in workers)
+    out["waiting"] = mp.store().status().objects_sealed
+    del it  # the loop left early: the workers are told to stop, and exit
+    out["workers_exited_after"] = _until(lambda: not any(w.is_alive() for w in workers), 60)
+    out["empty_after"] = _until_empty(20 * _store.DATALOADER_GRACE)
+    del loader
+    return out
+
+
 def scenario_late_receiver(method):
     """A value received after its ttl: a clear error, and nothing left."""
     mp.set_handoff_ttl(0.2)

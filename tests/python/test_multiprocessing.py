@@ -241,6 +241,19 @@ def test_a_dataloader_left_early_killed_or_collected_leaves_nothing_within_its_t
     assert store_empties(mp_daemon)
 
 
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs PyTorch (pip install torch)")
+def test_a_dataloader_left_early_with_no_ttl_leaves_nothing_once_its_workers_have_gone(mp_daemon):
+    out, err = run("dataloader_graced", "spawn", mp_daemon.socket)
+    assert "terminate called" not in err and "Aborted" not in err, err
+    assert out["ttl"] is None and out["first_exact"] and out["prefetched"] is not None, out
+    assert out["workers_alive"] and out["waiting"] >= 3, out  # prefetched, waiting
+    assert out["workers_exited_after"] is not None, out
+    # Gone within the workers' grace after they exited (20 graces of slack on a busy machine),
+    # though the tree lives on and no ttl was set.
+    assert out["empty_after"] is not None, out
+    assert store_empties(mp_daemon)
+
+
 def test_values_that_fail_to_pickle_are_refused_and_leave_no_send_under_way(mp_daemon):
     out, err = run("bad_send", "fork", mp_daemon.socket)
     assert out["reported"] and out["good"] == 2.0

@@ -111,6 +111,13 @@ struct ConnectOptions {
   // Connect with InvalidArgument), else 4 or the hardware's threads if fewer. 1 copies on the
   // calling thread alone.
   unsigned copy_threads = 0;
+  // How long what this client hands off (Handoff, SealAndHandoff, PutAndHandoff) outlives
+  // it unclaimed: the group gives each such reference back this long after this session has
+  // ended (or at the handoff's ttl, if sooner). 0, the default: until the group ends (or the
+  // ttl). For a sender whose receiver stops claiming when it ends (a DataLoader's worker),
+  // a few seconds covers what was already on its way. At most about 49 days (2^32 - 1 ms):
+  // Connect fails with InvalidArgument beyond, or below 0.
+  std::chrono::milliseconds handoff_grace{0};
 };
 
 struct CreateOptions {

@@ -39,14 +39,14 @@ def _device_ordinal(device: Any) -> int:
     return device
 
 
-def _ttl_ms(ttl: Optional[float]) -> int:
-    """A handoff's ttl in seconds (None: none) as the whole milliseconds the daemon takes
-    (0: none)."""
+def _ttl_ms(ttl: Optional[float], what: str = "handoff's ttl") -> int:
+    """A handoff's ttl (or grace) in seconds (None: none) as the whole milliseconds the
+    daemon takes (0: none)."""
     if ttl is None:
         return 0
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not _MIN_TTL_S <= ttl <= _MAX_TTL_S:
         raise InvalidArgument(
-            f"a handoff's ttl is between {_MIN_TTL_S} and {_MAX_TTL_S} seconds, not {ttl!r}"
+            f"a {what} is between {_MIN_TTL_S} and {_MAX_TTL_S} seconds, not {ttl!r}"
         )
     return int(ttl * 1000)
 
@@ -121,23 +121,34 @@ class Client:
 
     ``group`` (16 random bytes, the same in each process) joins a group of clients that hand
     values to one another: see :meth:`handoff`. A group belongs to the uid of its first
-    client.
+    client. ``handoff_grace`` (seconds, up to 49 days; None: none) bounds how long what this
+    client hands off outlives it unclaimed: the group gives each such value back that long
+    after this client has closed or its process has ended (or at the handoff's ttl, if
+    sooner), for a sender whose receivers stop claiming once it is gone (a DataLoader's
+    worker).
     """
 
     def __init__(
         self, socket: Union[str, "os.PathLike[str]", None] = None, *, name: str = "",
-        group: Optional[bytes] = None,
+        group: Optional[bytes] = None, handoff_grace: Optional[float] = None,
     ) -> None:
         self._group = None if group is None else bytes(group)
+        grace_ms = _ttl_ms(handoff_grace, "handoff grace")
+        self._handoff_grace = None if handoff_grace is None else float(handoff_grace)
         # The C++ client (depot::Client) this one wraps.
         self._native = _depot.Client(
-            "" if socket is None else os.fspath(socket), name, self._group or b""
+            "" if socket is None else os.fspath(socket), name, self._group or b"", grace_ms
         )
         # The depot.aio.AsyncClient this one serves, if any: answers are announced per
         # connection, so one AsyncClient takes them all.
         self._aio_client: Optional[Any] = None
         # Functions sent by value, and the refs they are stored under.
         self._functions: "weakref.WeakKeyDictionary[Any, ObjectRef]" = weakref.WeakKeyDictionary()
+
+    @property
+    def handoff_grace(self) -> Optional[float]:
+        """How long what this client hands off outlives it unclaimed (seconds), or None."""
+        return self._handoff_grace
 
     @property
     def socket(self) -> str:

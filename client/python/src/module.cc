@@ -62,10 +62,12 @@ struct Held {
 // _depot.Client: one depot::Client, for depot.Client (Python) to wrap. Thread-safe.
 class Client {
  public:
-  Client(const std::string& socket_path, const std::string& client_name, nb::bytes group) {
+  Client(const std::string& socket_path, const std::string& client_name, nb::bytes group,
+         uint32_t handoff_grace_ms) {
     ConnectOptions options;
     options.client_name = client_name;
     options.group.assign(group.c_str(), group.size());
+    options.handoff_grace = std::chrono::milliseconds(handoff_grace_ms);
     Result<depot::Client> client = [&] {
       ReleaseGil release;
       return depot::Client::Connect(socket_path, options);
@@ -496,8 +498,8 @@ NB_MODULE(_depot, m) {
 
   nb::class_<Client>(m, "Client",
                      "A client of depotd (depot::Client), which depot.Client wraps. Thread-safe.")
-      .def(nb::init<const std::string&, const std::string&, nb::bytes>(), "socket_path"_a,
-           "client_name"_a, "group"_a = nb::bytes(""))
+      .def(nb::init<const std::string&, const std::string&, nb::bytes, uint32_t>(), "socket_path"_a,
+           "client_name"_a, "group"_a = nb::bytes(""), "handoff_grace_ms"_a = 0)
       .def("close", &Client::Close)
       .def_prop_ro("closed", &Client::closed)
       .def_prop_ro("socket_path", &Client::socket_path)

@@ -34,9 +34,10 @@ How long a value lives:
   memory itself: clone it before writing.)
 - Values sent but never received (a queue dropped with items in it, a receiver killed before
   taking them) go when the last process of the tree has exited, or once they have waited
-  their ttl (``set_handoff_ttl``; a DataLoader worker's batches: an hour, so that a loader
-  left early, by a break, a killed worker or being collected, leaves nothing behind while
-  the program goes on). A killed process gives back everything it held.
+  their ttl (``set_handoff_ttl``). A DataLoader worker's batches wait while it lives and go
+  10 seconds after it has exited, so that a loader left early, by a break, a killed worker
+  or being collected, leaves nothing behind while the program goes on. A killed process
+  gives back everything it held.
 - The sender's stored copy stays while the sender's own value lives: the same value sent
   again, unchanged, is not copied again (a Pool broadcasting an argument stores it once).
 

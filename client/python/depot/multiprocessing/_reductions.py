@@ -42,7 +42,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional, Tuple
 
 from .. import _depot, _gpus
-from .._client import _MAX_TTL_S, _MIN_TTL_S
+from .._client import _MAX_TTL_S, _MIN_TTL_S, Client
 from .._errors import DepotError, NotHeld
 from .._identity import ByIdentity
 from .._ref import ObjectRef
@@ -52,11 +52,13 @@ THRESHOLD_ENV = "DEPOT_MP_THRESHOLD"
 DEFAULT_THRESHOLD = 64 * 1024
 EVERYWHERE_ENV = "DEPOT_MP_EVERYWHERE"
 TTL_ENV = "DEPOT_MP_TTL"
-# How long a DataLoader worker's batch waits to be received before the group lets it go
-# (unless set_handoff_ttl says otherwise): a loader left early (a break, a killed worker,
-# the loader collected) never receives the batches it prefetched, and the tree may live on.
-# Long, because a training loop that pauses longer than this in the middle of an epoch (an
-# evaluation, a checkpoint) loses the batches its workers prefetched.
+# How long a DataLoader worker's batch waits to be received before the group lets it go,
+# when its worker's client has no grace (_store.DATALOADER_GRACE: it connected before torch
+# marked the process a worker, unpickling the dataset say) and set_handoff_ttl says nothing:
+# a loader left early (a break, a killed worker, the loader collected) never receives the
+# batches it prefetched, and the tree may live on. Long, because a training loop that pauses
+# longer than this in the middle of an epoch (an evaluation, a checkpoint) loses the batches
+# its workers prefetched. With a grace (the rule), a batch waits while its worker lives.
 DATALOADER_TTL = 3600.0
 STRATEGY_ENV = "DEPOT_MP_SHARING_STRATEGY"
 # "depot": tensors through the store; torch's own strategies: tensors left to torch.
@@ -171,7 +173,8 @@ def _parse_ttl(text: str) -> Optional[float]:
     return seconds
 
 
-# Sends' ttl: None (unset) gives DataLoader workers' sends DATALOADER_TTL and others none.
+# Sends' ttl: None (unset) gives none, but DATALOADER_TTL to a DataLoader worker's sends
+# through a client with no grace (see DATALOADER_TTL).
 _ttl: Optional[float] = _parse_ttl(os.environ.get(TTL_ENV, ""))
 
 
@@ -198,11 +201,13 @@ def get_handoff_ttl() -> Optional[float]:
     return _ttl
 
 
-def _send_ttl() -> Optional[float]:
-    """The ttl of a send from this process now."""
+def _send_ttl(client: Client) -> Optional[float]:
+    """The ttl of a send from this process now, through ``client``."""
     if _ttl is not None:
         return _ttl
-    return DATALOADER_TTL if _in_dataloader_worker() else None
+    if client.handoff_grace is not None or not _store.in_dataloader_worker():
+        return None
+    return DATALOADER_TTL
 
 
 def _initial_threshold() -> int:
@@ -272,7 +277,7 @@ def _send_again(value: Any, digest: Any) -> Optional[Tuple[ObjectRef, Optional[i
         return None
     ref, gpu = entry[0], entry[1]
     try:
-        client.handoff_again(ref, device=gpu, ttl=_send_ttl())
+        client.handoff_again(ref, device=gpu, ttl=_send_ttl(client))
     except DepotError:  # the store lost it (the daemon restarted, say): store it anew
         _sent.discard(value)
         return None
@@ -297,7 +302,7 @@ def _hand_off(
         if again is not None:
             return again
     try:
-        ref, gpu, held = client._handoff(payload, ttl=_send_ttl())
+        ref, gpu, held = client._handoff(payload, ttl=_send_ttl(client))
     except DepotError as e:  # full, too large, or the daemon gone: never a deadlock
         _store.warn_once(
             type(e).__name__,
@@ -334,8 +339,8 @@ def _claim(ref_id: bytes, uuid: Optional[bytes]) -> Any:
         raise NotHeld(
             "depot.multiprocessing received a value the store no longer holds for this tree: "
             "it was received already, or it waited longer than its ttl (set_handoff_ttl, "
-            f"DEPOT_MP_TTL; a DataLoader's batches: {DATALOADER_TTL:g} s), or the tree's "
-            f"first process has exited ({e})"
+            f"DEPOT_MP_TTL), or it came from a DataLoader worker that exited over "
+            f"{_store.DATALOADER_GRACE:g} s ago, or the tree's first process has exited ({e})"
         ) from e
 
 
@@ -373,7 +378,7 @@ def _reduce_tensor(tensor: Any) -> Any:
         return NotImplemented
     if tensor.device.type not in ("cpu", "cuda") or _strategy != "depot":
         return NotImplemented
-    if tensor.device.type == "cpu" and tensor.is_shared() and not _in_dataloader_worker():
+    if tensor.device.type == "cpu" and tensor.is_shared() and not _store.in_dataloader_worker():
         # In torch's shared memory (share_memory_(), Hogwild training): torch's reducer keeps
         # it shared, writable by every process. (A DataLoader worker's batches are there too,
         # put there by its collate to save a copy: those go through the store.)
@@ -401,11 +406,6 @@ def _reduce_tensor(tensor: Any) -> Any:
     ref, gpu = sent
     kind = "cuda" if data.is_cuda else "cpu"
     return _rebuild_tensor, (ref.id, _gpu_uuid(gpu), kind) + layout
-
-
-def _in_dataloader_worker() -> bool:
-    data = sys.modules.get("torch.utils.data")
-    return data is not None and data.get_worker_info() is not None
 
 
 def _as_sent(tensor: Any, requires_grad: bool, parameter: bool) -> Any:

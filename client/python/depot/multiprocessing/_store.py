@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import warnings
 from multiprocessing import process, util
@@ -35,6 +36,20 @@ GROUP_ENV = "DEPOT_MP_GROUP"
 PRIVATE_SOCKET_ENV = "DEPOT_MP_SOCKET"
 SOCKET_ENV = "DEPOT_SOCKET"
 MEMORY_ENV = "DEPOT_MP_MEMORY"
+
+
+# How long a DataLoader worker's unclaimed batches outlive it (Client's handoff_grace). A
+# worker ends when its loader is done with it: after the last batch of an epoch was received,
+# or when the loop was left early (a break, the loader collected), when the batches it
+# prefetched will never be; or it was killed, and the loader fails. Seconds are plenty for
+# what was on its way.
+DATALOADER_GRACE = 10.0
+
+
+def in_dataloader_worker() -> bool:
+    """Whether this process is a torch DataLoader's worker (torch imported, worker info set)."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
 
 
 class StoreUnavailableWarning(RuntimeWarning):
@@ -132,7 +147,12 @@ def client() -> Optional[Client]:
         if _unavailable is not None:
             return None
         try:
-            _client = Client(_socket(), name="depot.multiprocessing", group=_key)
+            # A DataLoader's worker: what it sends and nobody claims goes back a little after
+            # it has gone (its loader was left early, or it was killed), not with the tree.
+            grace = DATALOADER_GRACE if in_dataloader_worker() else None
+            _client = Client(
+                _socket(), name="depot.multiprocessing", group=_key, handoff_grace=grace
+            )
         except (DepotError, OSError) as e:
             _unavailable = str(e)
             warn_once(
