@@ -134,8 +134,7 @@ struct Request {
     # 0: none. Otherwise the group also gives each reference back this many milliseconds
     # after this session has ended, if nobody has claimed it by then (or at its ttl, if
     # sooner): a sender's values outlive it only as long as a receiver needs to claim what
-    # was already on its way (depot.multiprocessing's DataLoader workers). Added within
-    # protocol 20: a daemon older than the field holds them for the group's life.
+    # was already on its way (depot.multiprocessing's DataLoader workers). Protocol 21.
     graceMs @4 :UInt32;
   }
 

@@ -1,6 +1,7 @@
 #include "store/handoff_deadlines.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace depot::store {
 
@@ -19,7 +20,7 @@ void HandoffDeadlines::Add(const Key& key, uint64_t deadline_ns, ClientId sender
   if (deadline_ns != kNever) AddDue(key, deadline_ns);
   by_key_[key].insert(Entry{deadline_ns, sender});
   if (sender != 0) {
-    graces_[sender].emplace(key, Grace{deadline_ns, grace_ns});
+    graces_[sender].emplace(std::pair(key, deadline_ns), grace_ns);
     ++graced_count_;
   }
 }
@@ -28,10 +29,8 @@ uint64_t HandoffDeadlines::Ungrace(const Key& key, const Entry& entry) {
   if (entry.sender == 0) return 0;
   const auto mine = graces_.find(entry.sender);
   if (mine == graces_.end()) return 0;
-  auto [first, last] = mine->second.equal_range(key);
-  const auto it = std::find_if(
-      first, last, [&](const auto& kv) { return kv.second.deadline_ns == entry.deadline_ns; });
-  if (it == last) return 0;
+  const auto it = mine->second.find(std::pair(key, entry.deadline_ns));
+  if (it == mine->second.end()) return 0;
   mine->second.erase(it);
   if (mine->second.empty()) graces_.erase(mine);
   --graced_count_;
@@ -47,25 +46,31 @@ uint64_t HandoffDeadlines::Claimed(const Key& key) {
   return Ungrace(key, taken);
 }
 
-void HandoffDeadlines::SenderEnded(ClientId sender, uint64_t now_ns) {
+bool HandoffDeadlines::SenderEnded(ClientId sender, uint64_t ended_ns, size_t max) {
   const auto mine = graces_.find(sender);
-  if (mine == graces_.end()) return;
-  graced_count_ -= mine->second.size();
-  for (const auto& [key, grace] : mine->second) {
-    // Waiting still: a claim, an expiry or the group's end would have taken it off here.
+  if (mine == graces_.end()) return false;
+  auto& graces = mine->second;
+  for (size_t done = 0; done < max && !graces.empty(); ++done) {
+    const auto first = graces.begin();
+    const auto [key, deadline] = first->first;
+    const uint64_t due = std::min(deadline, ended_ns + first->second);
+    graces.erase(first);
+    --graced_count_;
+    // Still waiting: a claim, an expiry or the group's end takes a grace off here with its
+    // reference (Ungrace), so its entry is there.
     const auto it = by_key_.find(key);
     if (it == by_key_.end()) continue;
-    auto& entries = it->second;
-    const auto entry = entries.find(Entry{grace.deadline_ns, sender});
-    if (entry == entries.end()) continue;
-    entries.erase(entry);
-    const uint64_t due = std::min(grace.deadline_ns, now_ns + grace.grace_ns);
+    const auto entry = it->second.find(Entry{deadline, sender});
+    if (entry == it->second.end()) continue;
+    it->second.erase(entry);
     // Its grace's charge passes to the deadline made of it; one it had already stays
     // charged until it comes due, as a claimed one's does.
     AddDue(key, due);
-    entries.insert(Entry{due, 0});
+    it->second.insert(Entry{due, 0});
   }
+  if (!graces.empty()) return true;
   graces_.erase(mine);
+  return false;
 }
 
 uint64_t HandoffDeadlines::ForgetGroup(ClientId group) {

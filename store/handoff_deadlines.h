@@ -59,9 +59,11 @@ class HandoffDeadlines {
   // (one bound to a sender's end only after those with deadlines). Returns the bytes freed
   // (a grace's charge; a deadline's stays charged until it comes due).
   uint64_t Claimed(const Key& key);
-  // The session `sender` ended: each reference it handed off with a grace and still waiting
-  // gets its due time, `now_ns` plus the grace (or its own deadline, if sooner).
-  void SenderEnded(ClientId sender, uint64_t now_ns);
+  // The session `sender` ended at `ended_ns`: each reference it handed off with a grace and
+  // still waiting gets its due time, `ended_ns` plus the grace (or its own deadline, if
+  // sooner), at most `max` of them (a session may hold a million graces: the caller goes on
+  // later, after what else is ready). Returns whether some are left.
+  bool SenderEnded(ClientId sender, uint64_t ended_ns, size_t max = SIZE_MAX);
   // Forgets every deadline and grace of `group`, which ended (its references go with it).
   // Returns the bytes they were charged.
   uint64_t ForgetGroup(ClientId group);
@@ -85,10 +87,6 @@ class HandoffDeadlines {
     ClientId sender = 0;
     auto operator<=>(const Entry&) const = default;
   };
-  struct Grace {
-    uint64_t deadline_ns = kNever;
-    uint64_t grace_ns = 0;
-  };
   // Takes `entry` off the graces of its sender, if it has one; returns the bytes freed.
   uint64_t Ungrace(const Key& key, const Entry& entry);
   void AddDue(const Key& key, uint64_t deadline_ns);
@@ -101,8 +99,9 @@ class HandoffDeadlines {
   // The deadlines (and senders) of each key's references not claimed yet.
   std::map<Key, std::multiset<Entry>> by_key_;
   size_t size_ = 0;  // deadlines in by_group_
-  // Each sender's references waiting for its end, by key.
-  std::map<ClientId, std::multimap<Key, Grace>> graces_;
+  // Each sender's references waiting for its end: by key and deadline (equal ones are as
+  // good as one another, as in by_key_), their graces.
+  std::map<ClientId, std::multimap<std::pair<Key, uint64_t>, uint64_t>> graces_;
   size_t graced_count_ = 0;
 };
 

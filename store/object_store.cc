@@ -119,10 +119,7 @@ void ObjectStore::RemoveClient(ClientId client) {
   if (account == nullptr) return;
   waiting_.DropClient(client);
   // What it handed off with a grace, unclaimed, now has a time to go back.
-  if (handoff_deadlines_.graced() != 0) {
-    handoff_deadlines_.SenderEnded(client, ipc::MonotonicNanos());
-    ArmHandoffTimer();
-  }
+  if (handoff_deadlines_.graced() != 0) SenderEnded(client, ipc::MonotonicNanos());
   // A group's deadlines go with it (its references are dropped below).
   if (const uint64_t charged = handoff_deadlines_.ForgetGroup(client); charged != 0) {
     accounts_.CountMetadata(client, -static_cast<int64_t>(charged));
@@ -891,6 +888,15 @@ Result<std::vector<StatusCode>> ObjectStore::Handoff(ClientId client, ClientId g
   }
   if (ttl_ms != 0) ArmHandoffTimer();
   return out;
+}
+
+void ObjectStore::SenderEnded(ClientId sender, uint64_t ended_ns) {
+  // In slices, as expiries go: a session may have handed off a million values with a grace.
+  constexpr size_t kSlice = 4096;
+  if (handoff_deadlines_.SenderEnded(sender, ended_ns, kSlice)) {
+    executor_.Defer([this, sender, ended_ns] { SenderEnded(sender, ended_ns); });
+  }
+  ArmHandoffTimer();
 }
 
 void ObjectStore::ArmHandoffTimer() {

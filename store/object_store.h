@@ -488,6 +488,9 @@ class ObjectStore final : private Tiers::Owner {
   // Gives back the handed-off references whose deadlines have passed, and sets the timer
   // for the next.
   void ExpireHandoffs();
+  // Gives what `sender` handed off with a grace and is still unclaimed its due time, from
+  // `ended_ns` on (HandoffDeadlines::SenderEnded), in slices.
+  void SenderEnded(ClientId sender, uint64_t ended_ns);
   void ArmHandoffTimer();
 
   Executor& executor_;

@@ -138,6 +138,39 @@ TEST(HandoffDeadlinesTest, AClaimTakesAGracedReferenceAfterThoseWithDeadlines) {
   EXPECT_EQ(freed[1], HandoffDeadlines::kBytes);  // the claimed deadline's
 }
 
+TEST(HandoffDeadlinesTest, ASendersEndIsTakenInSlicesFromTheTimeItEnded) {
+  HandoffDeadlines deadlines;
+  for (uint32_t i = 0; i < 5; ++i) deadlines.Add({1, i, -1}, kNever, 7, 100);
+  EXPECT_TRUE(deadlines.SenderEnded(7, 1000, /*max=*/2));
+  EXPECT_EQ(deadlines.graced(), 3u);
+  // A claim between two slices takes one still waiting, with its grace.
+  EXPECT_EQ(deadlines.Claimed({1, 4, -1}), HandoffDeadlines::kBytes);
+  EXPECT_TRUE(deadlines.SenderEnded(7, 1000, 1));
+  EXPECT_FALSE(deadlines.SenderEnded(7, 1000, 10));
+  EXPECT_EQ(deadlines.graced(), 0u);
+  EXPECT_FALSE(deadlines.SenderEnded(7, 5000));  // nothing left of it
+  std::map<ClientId, uint64_t> freed;
+  EXPECT_EQ(deadlines.Expire(1100, &freed).size(), 4u) << "all due at its end plus 100";
+  EXPECT_EQ(freed[1], 4 * HandoffDeadlines::kBytes);
+}
+
+// Many graces of one key with deadlines in the other order than they came: each claim and
+// expiry finds its own grace at once (a scan of the sender's graces made this quadratic).
+TEST(HandoffDeadlinesTest, GracesOfOneKeyAreFoundByTheirDeadline) {
+  HandoffDeadlines deadlines;
+  const Key a{1, 10, -1};
+  constexpr uint64_t kMany = 20'000;
+  for (uint64_t i = 0; i < kMany; ++i) deadlines.Add(a, 1'000'000 + i, 7, 50);
+  for (uint64_t i = 0; i < kMany; ++i) deadlines.Add(a, kMany - i, 7, 50);
+  std::map<ClientId, uint64_t> freed;
+  EXPECT_EQ(deadlines.Expire(kMany, &freed).size(), kMany);
+  for (uint64_t i = 0; i < kMany; ++i) {
+    ASSERT_EQ(deadlines.Claimed(a), HandoffDeadlines::kBytes);
+  }
+  EXPECT_EQ(deadlines.graced(), 0u);
+  EXPECT_EQ(freed[1], 2 * kMany * HandoffDeadlines::kBytes);
+}
+
 TEST(HandoffDeadlinesTest, AGroupsEndForgetsTheGracesOfItsReferences) {
   HandoffDeadlines deadlines;
   deadlines.Add({3, 1, -1}, kNever, 7, 50);

@@ -14,7 +14,7 @@
 namespace depot::ipc {
 
 // Bumped on every incompatible change to protocol.capnp or to ObjectHeader.
-inline constexpr uint32_t kProtocolVersion = 20;
+inline constexpr uint32_t kProtocolVersion = 21;
 
 // Arena segments from this index up are dedicated: each holds one object larger than a
 // shared segment, and its index is never reused (wire::Segment.dedicated).
