@@ -130,3 +130,23 @@ def test_a_handoff_with_a_ttl_is_given_back_if_unclaimed(daemon):
         for bad in (0, -1, 5e6):
             with pytest.raises(depot.InvalidArgument, match="ttl"):
                 sender.handoff_again(ref, ttl=bad)
+
+
+def test_what_a_client_with_a_grace_handed_off_goes_back_after_it_has_closed(daemon):
+    key = os.urandom(16)
+    with depot.Client(daemon.socket, group=key) as receiver, daemon.client() as observer:
+        with depot.Client(daemon.socket, group=key, handoff_grace=0.05) as sender:
+            assert sender.handoff_grace == 0.05 and receiver.handoff_grace is None
+            kept, _ = sender.handoff(b"k" * 100_000)
+            left, _ = sender.handoff(b"l" * 100_000)
+            claimed = receiver.claim(kept)
+            assert observer.status().objects_sealed == 2  # both wait while the sender lives
+        # 50 ms after the sender has closed, what nobody claimed goes, though the receiver
+        # keeps the group alive; what was claimed stays with its claimer.
+        assert wait_for(lambda: observer.status().objects_sealed == 1)
+        with pytest.raises(depot.NotHeld):
+            receiver.claim(left)
+        assert bytes(claimed) == b"k" * 100_000
+        for bad in (0, -1, 5e6, "10"):
+            with pytest.raises(depot.InvalidArgument, match="handoff grace"):
+                depot.Client(daemon.socket, group=key, handoff_grace=bad)
